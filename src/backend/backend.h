@@ -1,0 +1,129 @@
+// The backend interface: memory, copies and every op the H3 forward needs.
+//
+// Contract for every op (DESIGN.md §1, h3-model.md §3):
+//  - Ops are row-wise over dimension 0 ("tokens"). A row's result depends on that
+//    row's inputs only, through a reduction order fixed by the op and independent of
+//    how many rows are passed, which other rows are present, or how threads/blocks
+//    are split. So computing rows [a, b) alone gives exactly the bytes of computing
+//    all rows (tested with memcmp). Attention is row-wise over queries.
+//  - Ops never allocate: outputs and scratch are views the caller took from an Arena.
+//  - Views may be strided (row stride and, where noted, head stride); the innermost
+//    dimension is contiguous.
+//  - Arithmetic is fp32 (bf16 inputs are widened exactly); results are rounded once
+//    to the output dtype unless a rounding point is named in the op's comment.
+//  - Outputs may alias inputs only where the comment says "in place".
+//  - Failures that depend on input (unsupported dtype combination) return a Status;
+//    broken invariants (shape mismatch between arguments) are bugs (LS_CHECK).
+//
+// The CPU backend (src/backend/cpu) is the reference every other backend is checked
+// against by tests/test_backend_ops (parity harness).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace ls {
+
+struct AttentionParams {
+  float scale = 0.0f;   // softmax scale; 0 means 1/sqrt(head_dim)
+  int64_t kv_tile = 1024;  // keys per tile: a numerics setting (DESIGN.md §1.2)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)"
+
+  // ---- memory ------------------------------------------------------------------
+  // The resource arenas on this device draw from (the only raw allocator).
+  virtual MemoryResource& memory() = 0;
+  // Copy between views of equal shape and dtype (host<->device or within a device).
+  // Both views must be contiguous, or both row-strided with contiguous rows.
+  virtual Status copy(const TensorView& dst, const TensorView& src) = 0;
+  // Wait until all work queued on this backend has finished.
+  virtual Status synchronize() = 0;
+
+  // ---- ops ---------------------------------------------------------------------
+  // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])      (PyTorch's F.linear)
+  //   x: bf16|f32 [M, K]; w: same dtype as x, or bf16 with f32 x (widened exactly);
+  //   bias: null or f32|bf16 [N] (added in fp32 before the one output rounding);
+  //   out: bf16|f32 [M, N]. Accumulation in fp32 with a per-element order that
+  //   depends only on K (the backend documents it).
+  virtual Status gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) = 0;
+
+  // out = bf16( x * rsqrt(mean(x^2) + eps) * w ), fp32 inside, one rounding.
+  //   x: bf16 [M, D]; w: bf16 [D]; out: bf16 [M, D] (may alias x: in place).
+  virtual Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& out) = 0;
+
+  // AdaLN modulation of row m with table row r = rows[m]:
+  //   out bf16: sc = bf16(1 + bf16(scale[r])); out = bf16(bf16(in * sc) + bf16(shift[r]))
+  //   out f32 (pruned/fp32 final layer: tables f32): out = fl32(fl32(in * (1 + scale[r])) + shift[r])
+  //   in: bf16 [M, D]; shift, scale: bf16|f32 [R, D] (row-strided views of the AdaLN
+  //   output); rows: i32 [M] on the backend's device; out: bf16|f32 [M, D] (may alias in).
+  virtual Status modulate(const TensorView& in, const TensorView& shift, const TensorView& scale,
+                          const TensorView& rows, const TensorView& out) = 0;
+
+  // In place: x[m] = bf16( fma(y[m], bf16(gate[rows[m]]), x[m]) )  (one rounding).
+  //   x, y: bf16 [M, D]; gate: bf16|f32 [R, D]; rows: i32 [M].
+  virtual Status gated_add(const TensorView& x, const TensorView& y, const TensorView& gate,
+                           const TensorView& rows) = 0;
+
+  // In place: x = bf16(x + y) (token refiner residual).
+  virtual Status add(const TensorView& x, const TensorView& y) = 0;
+
+  // Per-head RMSNorm over head_dim, then (if rope is given) split-half partial RoPE,
+  // in place (h3-model.md §2.8):
+  //   rrms = 1/sqrt(sum_d x_d^2 / Dh + eps); n_d = bf16(x_d * rrms * w_d) (fp32, one rounding);
+  //   for pair j < P (rot_dim = 2P, P = rope.size(1)): x0 = n_j, x1 = n_{j+P}, c, s from the table,
+  //     out_j = bf16(c*x0 - s*x1), out_{j+P} = bf16(s*x0 + c*x1); dims >= 2P keep n_d.
+  //   x: bf16 [M, H, Dh] (strided: row stride, head stride); w: bf16 [Dh];
+  //   rope: empty view (no rotation) or bf16 [M, P, 2] holding (cos, sin) per pair.
+  virtual Status qk_norm_rope(const TensorView& x, const TensorView& w, const TensorView& rope, float eps) = 0;
+
+  // SwiGLU: out[m, i] = bf16( bf16(silu(u[m, i])) * u[m, F + i] ), silu(g) = g / (1 + exp(-g)).
+  //   u: bf16 [M, 2F] (gate = first half); out: bf16 [M, F].
+  virtual Status swiglu(const TensorView& u, const TensorView& out) = 0;
+
+  // In place, fp32: x = silu(x). x: f32 [M, N].
+  virtual Status silu(const TensorView& x) = 0;
+
+  // Sinusoidal time embedding, cos first (h3-model.md §2.5):
+  //   half = N/2, freq_j = exp(-ln(10000) * j / half), arg = t[m] * freq_j,
+  //   out[m] = [cos(arg_0..half-1), sin(arg_0..half-1)].  t: f32 [M]; out: f32 [M, N].
+  virtual Status time_embedding(const TensorView& t, const TensorView& out) = 0;
+
+  // Elementwise dtype conversion with the rounding rules of core/dtype.h.
+  //   src, dst: same shape, any float dtypes; rows may be strided.
+  virtual Status convert(const TensorView& src, const TensorView& dst) = 0;
+
+  // Full (bidirectional, unmasked) attention of queries against all keys, walking the
+  // keys in tiles of p.kv_tile, in order (DESIGN.md §1.2). Per (query, head), fp32 state:
+  //   m = -inf, l = 0, acc[Dh] = 0
+  //   for each tile T (keys [t0, t1)):
+  //     s_j = scale * dot(q, k_j)                     (fp32, backend-documented order)
+  //     m_new = max(m, max_j s_j); alpha = exp(m - m_new)   (alpha = 0 when m = -inf)
+  //     p_j = exp(s_j - m_new)
+  //     l = l * alpha + sum_j p_j                      (fp32, j ascending)
+  //     acc = acc * alpha + sum_j bf16(p_j) * v_j      (P rounded to bf16, as FlashAttention-2)
+  //     m = m_new
+  //   out = bf16(acc / l)
+  //   q: bf16 [Mq, H, Dh]; k, v: bf16 [Mk, H, Dh] (strided); out: bf16 [Mq, H, Dh].
+  virtual Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                           const AttentionParams& p) = 0;
+};
+
+// The CPU backend (always present).
+std::unique_ptr<Backend> make_cpu_backend();
+
+// Backend by name: "cpu", "cuda", "cuda:N". Fails with a clear message when the build
+// has no CUDA or the device is absent. Implemented in src/backend/registry.cpp, the one
+// file that tests LAYERSTREAM_CUDA.
+Expected<std::unique_ptr<Backend>> make_backend(const std::string& name);
+
+}  // namespace ls

@@ -1,0 +1,36 @@
+// The one file that knows which backends were built (style-lessons §2).
+#include <string>
+
+#include "backend/backend.h"
+
+#ifdef LAYERSTREAM_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace ls {
+
+Expected<std::unique_ptr<Backend>> make_backend(const std::string& name) {
+  if (name == "cpu") return make_cpu_backend();
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (name.size() > 5) {
+      try {
+        size_t used = 0;
+        index = std::stoi(name.substr(5), &used);
+        if (used != name.size() - 5 || index < 0) throw 0;
+      } catch (...) {
+        return make_error(ErrorCode::invalid_argument, "bad device '" + name + "': expected cuda or cuda:N");
+      }
+    }
+#ifdef LAYERSTREAM_CUDA
+    return make_cuda_backend(index);
+#else
+    (void)index;
+    return make_error(ErrorCode::unsupported,
+                      "this layerstream was built without CUDA; rebuild with -DLAYERSTREAM_CUDA=ON to use '" + name + "'");
+#endif
+  }
+  return make_error(ErrorCode::invalid_argument, "unknown device '" + name + "': expected cpu, cuda or cuda:N");
+}
+
+}  // namespace ls

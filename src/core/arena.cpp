@@ -1,0 +1,80 @@
+#include "core/arena.h"
+
+#include <sys/mman.h>
+
+#include <cstdio>
+
+namespace ls {
+
+namespace {
+class HostMemoryResource final : public MemoryResource {
+ public:
+  Device device() const override { return Device{}; }
+  Expected<void*> allocate(size_t bytes) override {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    // MAP_NORESERVE: a large capacity costs address space, not memory, until touched.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      return make_error(ErrorCode::out_of_memory, "cannot reserve " + format_bytes(bytes) + " of host memory");
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    if (p) munmap(p, bytes);
+  }
+};
+}  // namespace
+
+MemoryResource& host_memory_resource() {
+  static HostMemoryResource r;
+  return r;
+}
+
+Expected<std::unique_ptr<Arena>> Arena::create(MemoryResource& res, size_t capacity) {
+  capacity = aligned_bytes(capacity);
+  LS_ASSIGN_OR_RETURN(void* base, res.allocate(capacity));
+  return std::unique_ptr<Arena>(new Arena(res, base, capacity));
+}
+
+Arena::~Arena() { res_.deallocate(base_, capacity_); }
+
+Expected<void*> Arena::alloc_bytes(size_t bytes, const char* what) {
+  size_t n = aligned_bytes(bytes);
+  if (n > capacity_ - used_) {
+    return make_error(ErrorCode::out_of_budget,
+                      std::string("arena on ") + res_.device().str() + ": " + what + " needs " + format_bytes(n) +
+                          " but only " + format_bytes(capacity_ - used_) + " of " + format_bytes(capacity_) +
+                          " are free");
+  }
+  void* p = static_cast<char*>(base_) + used_;
+  used_ += n;
+  if (used_ > peak_) peak_ = used_;
+  return p;
+}
+
+Expected<TensorView> Arena::alloc(DType t, std::initializer_list<int64_t> dims, const char* what) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    LS_CHECK_MSG(d >= 0, std::string("negative dimension for ") + what);
+    n *= d;
+  }
+  LS_ASSIGN_OR_RETURN(void* p, alloc_bytes(static_cast<size_t>(n) * static_cast<size_t>(dtype_size(t)), what));
+  TensorView v(p, t, dims, res_.device());
+  return v;
+}
+
+void Arena::rewind(Mark m) {
+  LS_CHECK_MSG(m.offset <= used_, "Arena::rewind to a mark above the top (LIFO order broken)");
+  used_ = m.offset;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.3f GiB", b / (1ull << 30));
+  else if (bytes >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1ull << 20));
+  else if (bytes >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1ull << 10));
+  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+}  // namespace ls

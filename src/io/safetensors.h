@@ -1,0 +1,99 @@
+// safetensors reading (mmap, validated against hostile files) and writing (streamed,
+// atomic: temporary file + rename).
+//
+// File format: u64 little-endian header length N, N bytes of JSON
+//   {"__metadata__": {"k": "v", ...}, "name": {"dtype": "BF16", "shape": [..],
+//    "data_offsets": [begin, end]}, ...}
+// then the data section; offsets are relative to the data section's start.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace ls {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets relative to the data section
+  uint64_t end = 0;
+  int64_t numel() const;
+};
+
+class SafetensorsReader {
+ public:
+  // Header limit: 100 MB (the format's reference implementation uses the same).
+  static constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
+
+  // Maps the file read-only and validates everything (see the .cpp for the list).
+  static Expected<std::unique_ptr<SafetensorsReader>> open(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // file order (by offset)
+  const SafetensorsEntry* find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const void* data(const SafetensorsEntry& e) const;
+  // A read-only host view of the tensor (at most kMaxDims dims; scalars become [1]).
+  TensorView view(const SafetensorsEntry& e) const;
+  uint64_t file_size() const { return size_; }
+
+ private:
+  SafetensorsReader() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Streamed writer: declare every tensor first (the header must know all offsets),
+// then write their bytes in declaration order, possibly in pieces, then commit().
+// Writes go to "<path>.tmp-<pid>" and commit() renames over `path` after fsync; if the
+// writer is destroyed without commit() (error, exception, ^C path), the temporary file
+// is removed and `path` is untouched.
+class SafetensorsWriter {
+ public:
+  explicit SafetensorsWriter(std::string path);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  void set_metadata(const std::string& key, const std::string& value);
+  Status declare(const std::string& name, DType dtype, const std::vector<int64_t>& shape);
+  // Writes the header; call after every declare().
+  Status begin();
+  // Appends bytes of the current tensor; tensors must be completed in declaration order.
+  Status write(const void* bytes, size_t n);
+  // Convenience: declare-order write of a whole tensor.
+  Status write_tensor(const std::string& name, const void* bytes, size_t n);
+  Status commit();
+
+ private:
+  struct Decl { std::string name; DType dtype; std::vector<int64_t> shape; uint64_t bytes; };
+  std::string path_, tmp_path_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<Decl> decls_;
+  size_t current_ = 0;
+  uint64_t written_in_current_ = 0;
+  int fd_ = -1;
+  bool begun_ = false, committed_ = false;
+};
+
+// Writes a set of host tensors (contiguous views) in one go (for small outputs).
+struct NamedTensor { std::string name; TensorView view; };
+Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace ls

@@ -1,0 +1,91 @@
+// H3 model configuration, tensor table, presets and clip geometry (h3-model.md §1, §6).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace ls::h3 {
+
+struct H3Config {
+  int64_t hidden = 5376;               // D, residual width
+  int64_t num_layers = 50;             // DiT blocks
+  int64_t refiner_layers = 2;          // token refiner blocks
+  int64_t heads = 56;                  // H
+  int64_t head_dim = 128;              // Dh; attention inner width I = H * Dh
+  int64_t ffn = 14336;                 // F (fc1 out = 2F)
+  int64_t latents_dim = 24;            // video latent channels (patch dim = 4 * this)
+  int64_t audio_latents_dim = 32;      // audio latent channels
+  int64_t text_dim = 5120;             // condition_proj input width
+  int64_t timestep_input_dim = 256;    // sinusoid width (unpruned form)
+  int64_t time_embed_hidden = 5376;    // time MLP hidden (unpruned form)
+  int64_t time_embed_dim = 2688;       // t_emb width (= k of the curve table in curve form)
+  int64_t rope_inv_freq_len = 16;      // frequencies per axis: 3 axes -> 3*len pairs, rot_dim 6*len
+  int64_t adaln_curve_grid = 0;        // 0 = unpruned (time embedder); else curve table [grid, k]
+  bool gate_compress = false;          // VSA checkpoints carry an unused to_gate_compress linear
+  int64_t pdd_heads = 1;               // n of the PDD head bank (video_out rows = n * 4 * latents_dim)
+  std::string key_prefix;              // prefix stripped from every key ("" for bare keys)
+
+  int64_t inner() const { return heads * head_dim; }          // I
+  int64_t video_patch_dim() const { return latents_dim * 4; }  // patch (1,2,2)
+  int64_t rope_pairs() const { return 3 * rope_inv_freq_len; } // P; rot_dim = 2P
+  bool curve_form() const { return adaln_curve_grid > 0; }
+  DType adaln_dtype() const { return curve_form() ? DType::f32 : DType::bf16; }
+};
+
+// Presets: "tiny" (tests, the built-in default), "small" (CPU clips of a few thousand
+// tokens), "h3" (the real 33 B dimensions). Unknown name -> error listing the valid ones.
+Expected<H3Config> h3_preset(const std::string& name);
+
+// Every tensor a checkpoint of this config holds, with real key names, shapes and
+// declared dtypes (h3-model.md §1.3), in a stable order (top level, refiner, blocks).
+struct TensorSpec {
+  std::string name;        // without key_prefix
+  DType dtype;
+  std::vector<int64_t> shape;
+  enum class Group { blocks, adaln, heads, refiner, embed, other } group;
+  int64_t numel() const;
+};
+std::vector<TensorSpec> h3_tensor_specs(const H3Config& cfg);
+
+// What a checkpoint holds (name with prefix, dtype, shape), e.g. from SafetensorsReader.
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+// Config from tensor shapes (h3-model.md §1.2), including key prefix detection and
+// safetensors metadata overrides (config.transformer JSON). Error names what is missing.
+Expected<H3Config> detect_h3_config(const std::vector<TensorInfo>& tensors,
+                                    const std::string& transformer_metadata_json = "");
+// Every expected tensor present with the right shape and dtype; the error names the
+// first that is wrong (and how).
+Status validate_h3_tensors(const H3Config& cfg, const std::vector<TensorInfo>& tensors);
+
+// Deterministic synthetic weights: the values make-model writes for tensor `spec`
+// under `seed`, generated in pieces (element range [begin, begin + count)) so a 66 GB
+// model never needs to be in memory. Same (spec.name, seed, index) -> same value,
+// whatever the piece boundaries. Values are scaled so activations stay in a
+// realistic range through 50 blocks. `out` has spec.dtype.
+void fill_synthetic(const TensorSpec& spec, uint64_t seed, int64_t begin, int64_t count, void* out);
+
+// ---- clip geometry (h3-model.md §6.3) -----------------------------------------------
+struct ClipGeometry {
+  int64_t frames = 0;       // pixel frames, snapped up to 17j + 5
+  int64_t width = 0, height = 0;  // pixels (multiples of 32)
+  int64_t T = 0;            // latent frames
+  int64_t Hl = 0, Wl = 0;   // latent height / width (pixels / 16)
+  int64_t A = 0;            // audio latent frames
+  int64_t text_tokens = 0;  // L
+  int64_t video_tokens() const { return T * (Hl / 2) * (Wl / 2); }
+  int64_t audio_rows() const { return 2 * A; }
+  int64_t tokens() const { return text_tokens + audio_rows() + video_tokens(); }  // S for t2va
+};
+// Snaps frames up to the 17j+5 grid; width/height must be positive multiples of 32.
+Expected<ClipGeometry> clip_geometry(int64_t frames, int64_t width, int64_t height, int64_t text_tokens);
+
+}  // namespace ls::h3
