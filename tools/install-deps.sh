@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the Debian packages LayerStream builds with (skips apt when all are present).
+# Used by the README's commands and by .ci/run.
+set -euo pipefail
+PKGS="cmake g++ make ninja-build libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev python3"
+missing=""
+for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+[ -z "$missing" ] && exit 0
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends $missing
