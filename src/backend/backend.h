@@ -49,6 +49,14 @@ class Backend {
   // Wait until all work queued on this backend has finished.
   virtual Status synchronize() = 0;
 
+  // ---- scratch -------------------------------------------------------------------
+  // Bytes of scratch the backend's ops need (0 on the CPU; the CUDA GEMM's cuBLASLt
+  // workspace). The caller takes this many bytes from its arena once and hands them
+  // over with set_workspace before the first op; the view must stay valid while ops
+  // run. The amount is a constant of the backend, so it never changes a result.
+  virtual size_t workspace_bytes() const { return 0; }
+  virtual Status set_workspace(const TensorView& ws) { (void)ws; return Status(); }
+
   // ---- ops ---------------------------------------------------------------------
   // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])      (PyTorch's F.linear)
   //   x: bf16|f32 [M, K]; w: same dtype as x, or bf16 with f32 x (widened exactly);
