@@ -1,0 +1,139 @@
+// The engine: the public C++ API the sampler and the CLI drive. One Engine holds a
+// model's weights on one backend and runs H3 denoiser calls under a Plan.
+//
+//   auto src = h3::open_h3_checkpoint(path);                 // or H3SyntheticSource
+//   auto backend = make_backend("cpu");
+//   auto engine = exec::Engine::create(**src, **backend);   // weights resident
+//   auto text = engine->refine_text(states);                 // once per prompt per run
+//   h3::Conditioning cond; cond.geometry = *h3::clip_geometry(frames, w, h, L);
+//   auto plan = exec::make_plan(cfg, cond, knobs);           // or plan_for_budget(...)
+//   engine->precompute_adaln(all_sigmas, cond);              // before the first step
+//   for each step: auto r = engine->forward(cond, *text, video, audio, sigma, *plan);
+//                  r->video, r->audio: velocities (ComfyUI sign), r->report
+//
+// Exactness (DESIGN.md §1): for fixed (weights, inputs, backend, kv_tile) the output
+// bytes do not depend on the plan's slice sizes, on whether precompute_adaln ran, or on
+// the number of CPU threads. tests/test_exactness*.cpp prove it by memcmp.
+//
+// Memory: activations come from one Arena per forward whose capacity is the plan's
+// predicted peak (exceeding it is an error, never a silent growth). Weights live in a
+// WeightStore (exec/weights.h): host views on the CPU, an arena on the device otherwise.
+// Modulation tables (AdaLN outputs) live in their own arena, sized exactly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "exec/plan.h"
+#include "model/h3/conditioning.h"
+#include "model/h3/config.h"
+
+namespace ls::h3 {
+class H3TensorSource;
+}
+
+namespace ls::exec {
+
+using h3::Conditioning;
+
+// Refined text states (condition_proj + token refiner + final_norm), computed once per
+// prompt per run and reused by every step. Host bf16 [L, D].
+struct RefinedText {
+  int64_t L = 0, D = 0;
+  std::vector<uint16_t> bf16;  // bf16 bits [L, D]
+  TensorView view() const;     // host bf16 [L, D] (read-only in spirit)
+};
+
+// What one forward did (for the status line and --json).
+struct RunReport {
+  bool two_pass_attention = false;
+  bool sliced_mlp = false;
+  bool sliced_head = false;
+  bool stock = true;
+  int64_t S = 0;             // packed rows
+  int64_t target_rows = 0;   // rows through the final layer
+  int64_t attn_slice = 0;    // 0 = stock attention
+  int64_t mlp_slice = 0;
+  int64_t final_slice = 0;
+  int64_t kv_tile = 0;
+  uint64_t predicted_peak_bytes = 0;  // activation arena: planner's prediction
+  uint64_t measured_peak_bytes = 0;   // activation arena: high-water mark of this call
+  uint64_t stock_peak_bytes = 0;      // the stock plan's predicted peak, for comparison
+  uint64_t adaln_table_bytes = 0;     // modulation tables held (precomputed or per call)
+  bool adaln_precomputed = false;     // tables came from precompute_adaln
+  double wall_seconds = 0.0;
+  std::string backend;                // "cpu", "cuda:0 (...)"
+
+  // One line like ComfyUI's memory-patch nodes:
+  // "[LayerStream] two-pass attention (4096-row slices), sliced MLP (4096), stock head; S 8 234;
+  //  activation peak 88.1 MiB measured / 88.1 MiB predicted (stock 412.6 MiB, -78.6 %); 3.41 s"
+  std::string status_line() const;
+  std::string to_json() const;  // one JSON object with every field above
+};
+
+struct ForwardResult {
+  // Velocities in ComfyUI's sign convention (x0 = x - sigma * v), already negated, masks
+  // and the audio carry transform applied. fp32 holding bf16-exact values.
+  std::vector<float> video;  // fp32 [latents_dim, T, Hl, Wl]
+  std::vector<float> audio;  // fp32 [audio_latents_dim, 2, A]
+  RunReport report;
+};
+
+// Named intermediates (style-lessons §7), called synchronously with device views that
+// are valid only during the call. Names: "text.embed" [L, D] (after condition_proj),
+// "text.refined" [L, D]; "t_emb" [M, t]; "x.embed" [S, D] (packed input rows);
+// "block.attn" / "block.mlp" [S, D] (residual after each half of block `layer`);
+// Plan-independent: the residual is whole at these points whatever the slicing.
+using EvalCallback = std::function<void(const std::string& name, int64_t layer, const TensorView& t)>;
+
+struct EngineOptions {
+  EvalCallback eval;  // optional
+};
+
+class Engine {
+ public:
+  // Checks the config, takes every weight the forward needs through a WeightStore
+  // (resident: copied to the device once for a non-CPU backend). `weights` and
+  // `backend` must outlive the engine.
+  static Expected<std::unique_ptr<Engine>> create(const h3::H3TensorSource& weights, Backend& backend,
+                                                  const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const h3::H3Config& config() const;
+  Backend& backend() const;
+
+  // condition_proj (if text_dim != hidden) + refiner blocks + final_norm on raw text
+  // states: host f32|bf16 [L, text_dim] (f32 is rounded to bf16 first, as ComfyUI casts).
+  Expected<RefinedText> refine_text(const TensorView& text_states);
+
+  // Computes the modulation tables of every block and the final layer for every
+  // distinct timestep any of `sigmas` (the whole schedule, video sigmas) produces under
+  // `cond`; afterwards forward() at those sigmas reads the tables and never touches an
+  // AdaLN weight. Bytes equal computing per step (tested). Replaces earlier tables.
+  Status precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond);
+  void drop_adaln_tables();
+
+  // One denoiser call at video sigma `sigma` (the sampler's fp32 sigma; the timestep is
+  // fl32(sigma * 1000) as ComfyUI passes it). Inputs are host fp32:
+  //   video fp32 [latents_dim, T, Hl, Wl], audio fp32 [audio_latents_dim, 2, A]
+  // (the sampler's state: rounded to bf16 on entry, as ComfyUI casts to the compute
+  // dtype; the audio part is the carried variable when cond.audio_scale != 1).
+  // The plan must have been made for (config(), cond); a mismatch is an error.
+  Expected<ForwardResult> forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
+                                  const TensorView& audio, float sigma, const Plan& plan);
+
+ private:
+  Engine();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ls::exec
