@@ -44,8 +44,20 @@ class SafetensorsReader {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const void* data(const SafetensorsEntry& e) const;
   // A read-only host view of the tensor (at most kMaxDims dims; scalars become [1]).
+  // More dims is a caller bug (LS_CHECK); try_view() says so as an error instead.
+  // The view may be misaligned for its dtype when the file's writer did not order
+  // tensors by element size: read such a tensor with memcpy from data().
   TensorView view(const SafetensorsEntry& e) const;
+  // Like view(), but refuses (with a message naming the tensor) more than kMaxDims
+  // dims and data that is not aligned to the element size in memory.
+  Expected<TensorView> try_view(const SafetensorsEntry& e) const;
+  // Whether the tensor's first byte is aligned to its element size in memory.
+  bool is_aligned(const SafetensorsEntry& e) const;
   uint64_t file_size() const { return size_; }
+  uint64_t data_start() const { return data_start_; }  // file offset of the data section
+  // Tensors of a valid safetensors dtype LayerStream does not handle (I64, BOOL, U16,
+  // F8_E5M2, ...): validated like the others but not in entries(); "name (I64 [3])".
+  const std::vector<std::string>& unsupported_tensors() const { return unsupported_; }
 
  private:
   SafetensorsReader() = default;
@@ -56,10 +68,19 @@ class SafetensorsReader {
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
+  std::vector<std::string> unsupported_;
 };
 
 // Streamed writer: declare every tensor first (the header must know all offsets),
 // then write their bytes in declaration order, possibly in pieces, then commit().
+// Tensors lie in the data section back to back in declaration order (no gaps, as
+// the reference reader requires); the header is padded with spaces to a multiple of
+// 8 bytes, so every tensor is aligned to its element size when tensors are declared
+// in order of decreasing element size (write_safetensors() orders them so).
+// A write() must not cross the end of the current tensor (that catches a wrong byte
+// count per tensor); zero-size tensors need no write.
+// Every failure is a Status with a message; after an I/O failure the writer refuses
+// further calls and the destructor cleans up.
 // Writes go to "<path>.tmp-<pid>" and commit() renames over `path` after fsync; if the
 // writer is destroyed without commit() (error, exception, ^C path), the temporary file
 // is removed and `path` is untouched.
@@ -89,9 +110,24 @@ class SafetensorsWriter {
   uint64_t written_in_current_ = 0;
   int fd_ = -1;
   bool begun_ = false, committed_ = false;
+  // Added: the first I/O failure (every later call repeats it), whether the temporary
+  // file exists (and is ours to remove), the total data size, and a write buffer so
+  // that many small pieces cost few system calls.
+  Status failed_;
+  bool tmp_created_ = false;
+  uint64_t data_bytes_ = 0;
+  uint64_t data_written_ = 0;
+  std::vector<char> buffer_;
+  Status flush_buffer();
+  Status write_fully(const void* bytes, size_t n);
+  Status fail_io(const std::string& what, int err);
+  void skip_complete_tensors();
 };
 
 // Writes a set of host tensors (contiguous views) in one go (for small outputs).
+// The file lists them by decreasing element size (stable otherwise), so every tensor
+// is aligned in the file; a view that is not contiguous or not on the host is an
+// invalid_argument error.
 struct NamedTensor { std::string name; TensorView view; };
 Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                          const std::map<std::string, std::string>& metadata = {});

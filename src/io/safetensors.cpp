@@ -1,0 +1,644 @@
+// safetensors reader and writer. docs/safetensors.md lists what the reader validates
+// and how the writer stays atomic.
+//
+// Reader checks, each with its own message (naming the file and, where one is
+// concerned, the tensor):
+//   file shorter than 8 bytes; header length over kMaxHeaderBytes or over the rest of
+//   the file; JSON syntax (nlohmann's message, with its byte position); keys repeated
+//   in one JSON object (nlohmann keeps the last silently: a parser callback sees every
+//   key); nesting deeper than kMaxJsonDepth; header not an object; __metadata__ not an
+//   object of strings; entry not an object; dtype, shape, data_offsets missing or of
+//   the wrong JSON type; unknown dtype (a valid safetensors dtype we do not handle is
+//   listed in unsupported_tensors() instead of failing the file); shape dims negative,
+//   not integers or beyond int64; element count beyond int64; byte count beyond
+//   uint64; data_offsets not two ascending non-negative integers; byte range length
+//   != element count x element size; byte range past the data section; byte ranges
+//   of two tensors overlapping. Gaps between tensors and trailing bytes are accepted.
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "core/arena.h"  // format_bytes
+
+namespace ls {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Our structure needs depth 3 (header object > entry object > shape array); a little
+// room for foreign metadata, and a hostile "[[[[..." stops early.
+constexpr int kMaxJsonDepth = 64;
+
+// Valid safetensors dtypes LayerStream does not handle, with their element sizes so
+// their byte ranges can still be validated. Sub-byte types (F4, F6_*) are absent:
+// their byte length cannot be checked the same way, so a file holding them fails as
+// "unknown dtype".
+struct ForeignDType { const char* name; int size; };
+constexpr ForeignDType kForeignDTypes[] = {
+    {"BOOL", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
+    {"U32", 4},  {"I64", 8},     {"U64", 8},     {"C64", 8},
+};
+
+// A name or key quoted for a message: bytes outside printable ASCII become \xNN and
+// very long names are cut, so a hostile header cannot garble a terminal or a log.
+std::string quote_name(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "'";
+  size_t n = std::min<size_t>(s.size(), 200);
+  for (size_t i = 0; i < n; ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (s.size() > n) out += "...";
+  out += "'";
+  return out;
+}
+
+std::string json_text(const json& j) {
+  // Values that passed the parser are valid UTF-8, so dump() cannot throw here; cut
+  // long ones (a 10 MB array in a message helps no one).
+  std::string s = j.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Thrown from the parser callback to stop parsing at once (duplicate key, depth).
+struct HeaderStructureError {
+  std::string message;
+};
+
+// A JSON value that must be a non-negative integer (shape dim, data offset). Sets
+// `out` or returns what is wrong with it, e.g. "is negative (-3)".
+std::string read_unsigned(const json& v, uint64_t& out) {
+  if (v.is_number_unsigned()) {
+    out = v.get<uint64_t>();
+    return {};
+  }
+  if (v.is_number_integer()) return "is negative (" + json_text(v) + ")";
+  if (v.is_number_float()) return "is not an integer (" + json_text(v) + ")";
+  return std::string("is not a number (it is a ") + v.type_name() + ")";
+}
+
+}  // namespace
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;  // validated at open: cannot overflow
+  return n;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_) munmap(map_, size_);
+}
+
+Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path) {
+  auto invalid = [&](const std::string& msg) {
+    return make_error(ErrorCode::invalid_file, path + ": " + msg);
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return make_error(e == ENOENT ? ErrorCode::not_found : ErrorCode::io,
+                      "cannot open safetensors file " + path + ": " + std::strerror(e));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return make_error(ErrorCode::io, "cannot stat " + path + ": " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return invalid("not a regular file");
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return invalid("file is " + std::to_string(size) +
+                   " bytes, shorter than the 8-byte header length that starts a safetensors file");
+  }
+  // Read-only private mapping: the weights are used in place, never copied; pages come
+  // in as they are touched. A file truncated by someone else while mapped would fault
+  // on access (SIGBUS): safetensors files are treated as immutable while open.
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) {
+    return make_error(ErrorCode::io, "cannot map " + path + " (" + format_bytes(size) + "): " +
+                                         std::strerror(map_errno));
+  }
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->path_ = path;
+  r->map_ = map;
+  r->size_ = size;
+  const auto* bytes = static_cast<const unsigned char*>(map);
+
+  uint64_t header_len = 0;  // u64 little endian, whatever the host's byte order
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | bytes[i];
+  if (header_len > kMaxHeaderBytes) {
+    return invalid("header length " + std::to_string(header_len) + " exceeds the limit of " +
+                   std::to_string(kMaxHeaderBytes) + " bytes (corrupt file, or not a safetensors file)");
+  }
+  if (header_len > size - 8) {
+    return invalid("header length " + std::to_string(header_len) + " is larger than the " +
+                   std::to_string(size - 8) + " bytes that follow it (truncated file?)");
+  }
+  r->data_start_ = 8 + header_len;
+  const uint64_t data_size = size - r->data_start_;
+
+  // Parse with a callback that sees every key of every object: nlohmann keeps only
+  // the last of repeated keys, which would hide a tensor listed twice.
+  std::vector<std::set<std::string>> open_objects;
+  int depth = 0;
+  auto callback = [&](int, json::parse_event_t event, json& parsed) -> bool {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (++depth > kMaxJsonDepth)
+          throw HeaderStructureError{"header JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"};
+        if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        --depth;
+        open_objects.pop_back();
+        break;
+      case json::parse_event_t::array_end:
+        --depth;
+        break;
+      case json::parse_event_t::key: {
+        const auto& key = parsed.get_ref<const std::string&>();
+        if (!open_objects.back().insert(key).second) {
+          if (open_objects.size() == 1)
+            throw HeaderStructureError{"tensor " + quote_name(key) + ": listed twice in the header (duplicate name)"};
+          throw HeaderStructureError{"key " + quote_name(key) + " appears twice in one JSON object of the header"};
+        }
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+  json root;
+  try {
+    const char* text = reinterpret_cast<const char*>(bytes + 8);
+    root = json::parse(text, text + header_len, callback);
+  } catch (const json::parse_error& e) {
+    return invalid(std::string("header is not valid JSON: ") + e.what());
+  } catch (const HeaderStructureError& e) {
+    return invalid(e.message);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::out_of_memory, path + ": out of memory parsing the " +
+                                                    format_bytes(header_len) + " header");
+  }
+  if (!root.is_object())
+    return invalid(std::string("header is not a JSON object (it is a ") + root.type_name() + ")");
+
+  std::string dtype_list;
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::f8e4m3, DType::i8, DType::i32, DType::u8})
+    dtype_list += std::string(dtype_list.empty() ? "" : ", ") + dtype_safetensors_name(t);
+
+  struct Range { uint64_t begin, end; std::string name; };
+  std::vector<Range> ranges;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        return invalid(std::string("__metadata__ is not an object of strings (it is a ") + v.type_name() + ")");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          return invalid("__metadata__ is not an object of strings: key " + quote_name(m.key()) + " holds a " +
+                         m.value().type_name());
+        r->metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& msg) { return invalid("tensor " + quote_name(name) + ": " + msg); };
+    if (!v.is_object()) return bad(std::string("entry is not a JSON object (it is a ") + v.type_name() + ")");
+
+    // dtype
+    auto dt = v.find("dtype");
+    if (dt == v.end()) return bad("missing \"dtype\"");
+    if (!dt->is_string()) return bad(std::string("\"dtype\" is not a string (it is a ") + dt->type_name() + ")");
+    const std::string& dtype_str = dt->get_ref<const std::string&>();
+    std::optional<DType> dtype = dtype_from_safetensors_name(dtype_str);
+    int elem_size = 0;
+    if (dtype) {
+      elem_size = dtype_size(*dtype);
+    } else {
+      for (const auto& f : kForeignDTypes)
+        if (dtype_str == f.name) elem_size = f.size;
+      if (elem_size == 0) return bad("unknown dtype " + quote_name(dtype_str) + " (supported: " + dtype_list + ")");
+    }
+
+    // shape
+    auto sh = v.find("shape");
+    if (sh == v.end()) return bad("missing \"shape\"");
+    if (!sh->is_array()) return bad(std::string("\"shape\" is not an array (it is a ") + sh->type_name() + ")");
+    std::vector<int64_t> shape;
+    bool has_zero = false;
+    for (size_t i = 0; i < sh->size(); ++i) {
+      uint64_t d = 0;
+      std::string why = read_unsigned((*sh)[i], d);
+      if (!why.empty()) return bad("shape[" + std::to_string(i) + "] " + why);
+      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return bad("shape[" + std::to_string(i) + "] = " + std::to_string(d) + " does not fit in int64");
+      shape.push_back(static_cast<int64_t>(d));
+      has_zero = has_zero || d == 0;
+    }
+    int64_t numel = 1;
+    if (has_zero) {
+      numel = 0;  // [0, 2^62, 2^62] is an empty tensor, not an overflow
+    } else {
+      for (int64_t d : shape)
+        if (__builtin_mul_overflow(numel, d, &numel))
+          return bad("shape " + shape_text(shape) + " has more elements than int64 can count");
+    }
+    uint64_t nbytes = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem_size), &nbytes))
+      return bad("byte size of " + dtype_str + " " + shape_text(shape) + " overflows 64 bits");
+
+    // data_offsets
+    auto off = v.find("data_offsets");
+    if (off == v.end()) return bad("missing \"data_offsets\"");
+    if (!off->is_array() || off->size() != 2)
+      return bad("\"data_offsets\" is not an array of two integers (it is " + json_text(*off) + ")");
+    uint64_t begin = 0, end = 0;
+    std::string why = read_unsigned((*off)[0], begin);
+    if (!why.empty()) return bad("data_offsets[0] " + why);
+    why = read_unsigned((*off)[1], end);
+    if (!why.empty()) return bad("data_offsets[1] " + why);
+    const std::string range_str = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) return bad("data_offsets " + range_str + " are not ascending");
+    if (end - begin != nbytes)
+      return bad("data_offsets " + range_str + " span " + std::to_string(end - begin) + " bytes but " + dtype_str +
+                 " " + shape_text(shape) + " needs " + std::to_string(nbytes) + " bytes");
+    if (end > data_size)
+      return bad("data_offsets " + range_str + " reach past the end of the data section (" +
+                 std::to_string(data_size) + " bytes; truncated file?)");
+
+    ranges.push_back(Range{begin, end, name});
+    if (!dtype) {
+      std::string shape_s = shape_text(shape);
+      r->unsupported_.push_back(name + " (" + dtype_str + " " + shape_s + ")");
+      continue;
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    e.dtype = *dtype;
+    e.shape = std::move(shape);
+    e.begin = begin;
+    e.end = end;
+    r->entries_.push_back(std::move(e));
+  }
+
+  // Overlaps: walk the ranges by start and compare each with the furthest end seen so
+  // far. Empty ranges hold no bytes and overlap nothing.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Range* furthest = nullptr;
+  for (const Range& rg : ranges) {
+    if (rg.begin == rg.end) continue;
+    if (furthest && rg.begin < furthest->end)
+      return invalid("tensor " + quote_name(rg.name) + ": bytes [" + std::to_string(rg.begin) + ", " +
+                     std::to_string(rg.end) + ") overlap those of tensor " + quote_name(furthest->name) + " [" +
+                     std::to_string(furthest->begin) + ", " + std::to_string(furthest->end) + ")");
+    if (!furthest || rg.end > furthest->end) furthest = &rg;
+  }
+
+  std::sort(r->entries_.begin(), r->entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return a.name < b.name;
+  });
+  for (size_t i = 0; i < r->entries_.size(); ++i) r->index_[r->entries_[i].name] = i;
+  return r;
+}
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+const void* SafetensorsReader::data(const SafetensorsEntry& e) const {
+  LS_CHECK_MSG(e.begin <= e.end && e.end <= size_ - data_start_, "entry does not belong to " + path_);
+  return static_cast<const char*>(map_) + data_start_ + e.begin;
+}
+
+bool SafetensorsReader::is_aligned(const SafetensorsEntry& e) const {
+  return reinterpret_cast<uintptr_t>(data(e)) % static_cast<uintptr_t>(dtype_size(e.dtype)) == 0;
+}
+
+TensorView SafetensorsReader::view(const SafetensorsEntry& e) const {
+  LS_CHECK_MSG(e.shape.size() <= static_cast<size_t>(kMaxDims),
+               "tensor '" + e.name + "' has " + std::to_string(e.shape.size()) + " dims; views hold at most " +
+                   std::to_string(kMaxDims) + " (use try_view() to get an error instead)");
+  // The mapping is read-only: TensorView has no const flavour, writing through this
+  // view faults.
+  void* p = const_cast<void*>(data(e));
+  if (e.shape.empty()) {
+    const int64_t one = 1;  // a scalar becomes [1]
+    return TensorView::contiguous(p, e.dtype, &one, 1);
+  }
+  return TensorView::contiguous(p, e.dtype, e.shape.data(), static_cast<int>(e.shape.size()));
+}
+
+Expected<TensorView> SafetensorsReader::try_view(const SafetensorsEntry& e) const {
+  if (e.shape.size() > static_cast<size_t>(kMaxDims))
+    return make_error(ErrorCode::unsupported, path_ + ": tensor " + quote_name(e.name) + " has " +
+                                                  std::to_string(e.shape.size()) + " dims " + shape_text(e.shape) +
+                                                  "; LayerStream views hold at most " + std::to_string(kMaxDims));
+  if (!is_aligned(e))
+    return make_error(ErrorCode::unsupported,
+                      path_ + ": tensor " + quote_name(e.name) + " (" + dtype_safetensors_name(e.dtype) +
+                          ") starts at file offset " + std::to_string(data_start_ + e.begin) +
+                          ", not a multiple of its element size: read it by copying from data()");
+  return view(e);
+}
+
+// ---------------------------------------------------------------------------------
+// Writer
+
+namespace {
+constexpr size_t kWriteBufferBytes = 4u << 20;  // pieces smaller than this are batched
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(std::string path) : path_(std::move(path)) {
+  tmp_path_ = path_ + ".tmp-" + std::to_string(static_cast<long>(getpid()));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  // Not committed: the temporary file goes, `path` was never touched.
+  if (tmp_created_ && !committed_) ::unlink(tmp_path_.c_str());
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  LS_CHECK_MSG(!begun_, "SafetensorsWriter::set_metadata after begin()");
+  metadata_[key] = value;
+}
+
+Status SafetensorsWriter::declare(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  auto bad = [&](const std::string& msg) {
+    return make_error(ErrorCode::invalid_argument, path_ + ": tensor " + quote_name(name) + ": " + msg);
+  };
+  if (begun_) return bad("declared after begin() (declare every tensor first)");
+  if (name == "__metadata__") return bad("the name is reserved for the metadata");
+  for (const Decl& d : decls_)
+    if (d.name == name) return bad("declared twice");
+  uint64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return bad("negative dimension in shape " + shape_text(shape));
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
+      return bad("shape " + shape_text(shape) + " is too large");
+  }
+  uint64_t bytes = 0;
+  if (numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+      __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(dtype)), &bytes) ||
+      __builtin_add_overflow(data_bytes_, bytes, &data_bytes_))
+    return bad("shape " + shape_text(shape) + " is too large");
+  decls_.push_back(Decl{name, dtype, shape, bytes});
+  return {};
+}
+
+Status SafetensorsWriter::fail_io(const std::string& what, int err) {
+  failed_ = make_error(ErrorCode::io, "cannot write " + path_ + ": " + what + " " + tmp_path_ + ": " +
+                                          std::strerror(err) +
+                                          (err == ENOSPC || err == EFBIG ? " (disk full or file size limit)" : ""));
+  return failed_;
+}
+
+Status SafetensorsWriter::write_fully(const void* bytes, size_t n) {
+  const char* p = static_cast<const char*>(bytes);
+  while (n > 0) {
+    ssize_t k = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return fail_io("writing", errno);
+    }
+    if (k == 0) return fail_io("writing", EIO);
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return {};
+}
+
+Status SafetensorsWriter::flush_buffer() {
+  if (buffer_.empty()) return {};
+  Status s = write_fully(buffer_.data(), buffer_.size());
+  buffer_.clear();
+  return s;
+}
+
+void SafetensorsWriter::skip_complete_tensors() {
+  while (current_ < decls_.size() && written_in_current_ == decls_[current_].bytes) {
+    ++current_;
+    written_in_current_ = 0;
+  }
+}
+
+Status SafetensorsWriter::begin() {
+  if (!failed_.ok()) return failed_;
+  if (begun_) return make_error(ErrorCode::invalid_argument, path_ + ": begin() called twice");
+
+  // Header: metadata first, then tensors in declaration order (= data order), with
+  // offsets back to back. ordered_json keeps that order in the text.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata_) m[k] = v;
+    header["__metadata__"] = std::move(m);
+  }
+  uint64_t offset = 0;
+  for (const Decl& d : decls_) {
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["dtype"] = dtype_safetensors_name(d.dtype);
+    e["shape"] = d.shape;
+    e["data_offsets"] = {offset, offset + d.bytes};
+    header[d.name] = std::move(e);
+    offset += d.bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::ordered_json::type_error& e) {
+    return make_error(ErrorCode::invalid_argument,
+                      path_ + ": a tensor name or metadata string is not valid UTF-8 (" + e.what() + ")");
+  }
+  // Pad with spaces to a multiple of 8 (as the reference writer does), so that the
+  // data section starts 8-aligned in the file and in a page-aligned mapping.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  if (text.size() > SafetensorsReader::kMaxHeaderBytes)
+    return make_error(ErrorCode::invalid_argument, path_ + ": header of " + std::to_string(text.size()) +
+                                                       " bytes exceeds the format's limit of " +
+                                                       std::to_string(SafetensorsReader::kMaxHeaderBytes));
+
+  // O_EXCL: never write into a file someone else is writing; a leftover from a
+  // crashed process with the same pid is reported, not silently reused.
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    int e = errno;
+    failed_ = make_error(ErrorCode::io, "cannot create " + tmp_path_ + " (temporary file for " + path_ +
+                                            "): " + std::strerror(e) +
+                                            (e == EEXIST ? " (a leftover from an interrupted run? remove it)" : ""));
+    return failed_;
+  }
+  tmp_created_ = true;
+  begun_ = true;
+  const uint64_t total = 8 + text.size() + data_bytes_;
+  // Reserve the whole file now: a full disk fails here, before gigabytes are written.
+  // Filesystems without fallocate just skip the reservation.
+  if (total > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(total)) != 0) {
+    int e = errno;
+    if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) return fail_io("reserving " + format_bytes(total) + " for", e);
+  }
+  buffer_.reserve(kWriteBufferBytes);
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  buffer_.insert(buffer_.end(), len, len + 8);
+  buffer_.insert(buffer_.end(), text.begin(), text.end());
+  current_ = 0;
+  written_in_current_ = 0;
+  skip_complete_tensors();  // leading zero-size tensors
+  return {};
+}
+
+Status SafetensorsWriter::write(const void* bytes, size_t n) {
+  if (!failed_.ok()) return failed_;
+  if (!begun_) return make_error(ErrorCode::invalid_argument, path_ + ": write() before begin()");
+  if (committed_) return make_error(ErrorCode::invalid_argument, path_ + ": write() after commit()");
+  if (n == 0) return {};
+  if (current_ >= decls_.size())
+    return make_error(ErrorCode::invalid_argument, path_ + ": writing " + std::to_string(n) +
+                                                       " bytes past the declared size (" +
+                                                       std::to_string(data_bytes_) + " bytes, all written)");
+  const Decl& d = decls_[current_];
+  if (n > d.bytes - written_in_current_)
+    return make_error(ErrorCode::invalid_argument,
+                      path_ + ": tensor " + quote_name(d.name) + ": a write of " + std::to_string(n) +
+                          " bytes goes past its end (" + std::to_string(written_in_current_) + " of " +
+                          std::to_string(d.bytes) + " bytes written so far): wrong byte count for this tensor");
+  if (buffer_.size() + n > kWriteBufferBytes) LS_TRY(flush_buffer());
+  if (n >= kWriteBufferBytes) {
+    LS_TRY(write_fully(bytes, n));
+  } else {
+    const char* p = static_cast<const char*>(bytes);
+    buffer_.insert(buffer_.end(), p, p + n);
+  }
+  written_in_current_ += n;
+  data_written_ += n;
+  skip_complete_tensors();
+  return {};
+}
+
+Status SafetensorsWriter::write_tensor(const std::string& name, const void* bytes, size_t n) {
+  if (!failed_.ok()) return failed_;
+  if (!begun_) return make_error(ErrorCode::invalid_argument, path_ + ": write_tensor() before begin()");
+  auto it = std::find_if(decls_.begin(), decls_.end(), [&](const Decl& d) { return d.name == name; });
+  if (it == decls_.end())
+    return make_error(ErrorCode::invalid_argument, path_ + ": tensor " + quote_name(name) + " was not declared");
+  if (it->bytes == 0 && n == 0) return {};  // zero-size tensors need no write
+  if (current_ >= decls_.size() || decls_[current_].name != name || written_in_current_ != 0) {
+    std::string expected = current_ < decls_.size() ? "tensor " + quote_name(decls_[current_].name) : "nothing (all written)";
+    return make_error(ErrorCode::invalid_argument, path_ + ": tensor " + quote_name(name) +
+                                                       " written out of declaration order; next expected: " + expected);
+  }
+  if (n != it->bytes)
+    return make_error(ErrorCode::invalid_argument,
+                      path_ + ": tensor " + quote_name(name) + ": wrong byte count: got " + std::to_string(n) + ", " +
+                          dtype_safetensors_name(it->dtype) + " " + shape_text(it->shape) + " needs " +
+                          std::to_string(it->bytes));
+  return write(bytes, n);
+}
+
+Status SafetensorsWriter::commit() {
+  if (!failed_.ok()) return failed_;
+  if (!begun_) return make_error(ErrorCode::invalid_argument, path_ + ": commit() before begin()");
+  if (committed_) return make_error(ErrorCode::invalid_argument, path_ + ": commit() called twice");
+  if (current_ < decls_.size()) {
+    const Decl& d = decls_[current_];
+    return make_error(ErrorCode::invalid_argument,
+                      path_ + ": commit() with tensors incomplete: tensor " + quote_name(d.name) + " has " +
+                          std::to_string(written_in_current_) + " of " + std::to_string(d.bytes) +
+                          " bytes written (" + std::to_string(decls_.size() - current_) + " tensor(s) unfinished)");
+  }
+  LS_TRY(flush_buffer());
+  // Durable before visible: the data reaches the disk, then the rename publishes it,
+  // so `path` is always either the old file or the complete new one.
+  if (::fsync(fd_) != 0) return fail_io("syncing", errno);
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return fail_io("closing", errno);
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    int e = errno;
+    failed_ = make_error(ErrorCode::io, "cannot rename " + tmp_path_ + " to " + path_ + ": " + std::strerror(e));
+    return failed_;
+  }
+  committed_ = true;
+  // Make the rename itself durable (best effort: the file is complete either way).
+  std::string dir = ".";
+  if (auto slash = path_.find_last_of('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path_.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
+}
+
+Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  std::vector<const NamedTensor*> order;
+  for (const NamedTensor& t : tensors) {
+    if (t.view.device.kind != DeviceKind::cpu)
+      return make_error(ErrorCode::invalid_argument, path + ": tensor " + quote_name(t.name) + " is on " +
+                                                         t.view.device.str() + ", not on the host");
+    if (!t.view.is_contiguous())
+      return make_error(ErrorCode::invalid_argument,
+                        path + ": tensor " + quote_name(t.name) + " (" + t.view.shape_str() + ") is not contiguous");
+    if (t.view.numel() > 0 && t.view.data == nullptr)
+      return make_error(ErrorCode::invalid_argument, path + ": tensor " + quote_name(t.name) + " has no data");
+    order.push_back(&t);
+  }
+  // Larger elements first: every tensor then starts at a multiple of its element size.
+  std::stable_sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
+    return dtype_size(a->view.dtype) > dtype_size(b->view.dtype);
+  });
+  SafetensorsWriter w(path);
+  for (const auto& [k, v] : metadata) w.set_metadata(k, v);
+  for (const NamedTensor* t : order)
+    LS_TRY(w.declare(t->name, t->view.dtype,
+                     std::vector<int64_t>(t->view.shape.begin(), t->view.shape.begin() + t->view.ndim)));
+  LS_TRY(w.begin());
+  for (const NamedTensor* t : order)
+    LS_TRY(w.write_tensor(t->name, t->view.data, static_cast<size_t>(t->view.nbytes())));
+  return w.commit();
+}
+
+}  // namespace ls
