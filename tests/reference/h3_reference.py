@@ -1,0 +1,1006 @@
+#!/usr/bin/env python3
+"""PyTorch reference for LayerStream's golden files (tests/data/golden).
+
+An independent implementation, written from docs/h3-model.md (shared/docs), of
+  (a) every op of src/backend/backend.h with the rounding points of h3-model.md §3, and
+  (b) the full MiniMax H3 denoiser forward (text refiner, time embedding or AdaLN curve,
+      packed layout + RoPE, DiT blocks, final layer, audio carry transform, masks)
+for tiny configurations with seeded random weights under the real key names (§1.3).
+
+Every computation runs twice:
+  * "bf16" mode: what ComfyUI computes on a GPU (bf16 activations, cuBLAS GEMMs with fp32
+    accumulation, fp32 islands with TF32 OFF, SDPA = FlashAttention-2 where available),
+    following every rounding point of h3-model.md §2-§3;
+  * "exact" mode: the same formulas in float64 with no rounding at all.
+The exact result lets the C++ tests bound their error the FlashAttention way (DESIGN.md
+§4): err(LayerStream, exact) <= 2 * err(PyTorch, exact) + a small floor.
+
+Output (all written with the `safetensors` package; metadata on every file):
+  ops_v1.safetensors                 per op case: inputs, "<case>.out" (PyTorch, bf16 mode)
+                                     and "<case>.exact" (float64)
+  h3_golden_tiny.safetensors         tiny unpruned model: model tensors only, bare keys,
+                                     declared dtypes (a normal checkpoint)
+  h3_golden_tiny_curve.safetensors   the same config in the pruned / AdaLN-curve form
+  forward_v1_<case>.safetensors      inputs, named intermediates, velocities, and the
+                                     same names under "exact." (float64 math, stored f32)
+
+Regenerate (on a machine with a CUDA GPU, PyTorch and safetensors):
+  python3 tests/reference/h3_reference.py --out tests/data/golden
+It also runs on the CPU (--device cpu, any PyTorch >= 1.13) for a dry run; the files
+then record device "cpu" and are NOT the committed golden data.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+GOLDEN_FORMAT = "1"
+GENERATOR = "tests/reference/h3_reference.py"
+REGENERATE = "python3 tests/reference/h3_reference.py --out tests/data/golden"
+EPS = 1e-5
+
+# Which attention kernel bf16 SDPA really used ("flash", "default", "math-fallback").
+ATTN_BACKENDS = set()
+
+
+# ---------------------------------------------------------------------------------------
+# fp32 / bf16 scalar helpers (host-side scalars follow fp32 arithmetic exactly: an IEEE
+# op on two fp32 values computed in double and rounded once to fp32 is correctly rounded)
+# ---------------------------------------------------------------------------------------
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", float(x)))[0]
+
+
+def bf16_scalar(x):
+    return float(torch.tensor([f32(x)], dtype=torch.float32).to(torch.bfloat16).float()[0])
+
+
+class Prec:
+    """Numerics mode. bf16: activations bf16, fp32 islands fp32. exact: float64 everywhere."""
+
+    def __init__(self, exact):
+        self.exact = exact
+        self.lo = torch.float64 if exact else torch.bfloat16  # activation dtype
+        self.f32 = torch.float64 if exact else torch.float32  # fp32 islands / op internals
+
+    def fp32(self, x):  # a host fp32 scalar (exact mode: unrounded)
+        return float(x) if self.exact else f32(x)
+
+
+BF16 = Prec(False)
+EXACT = Prec(True)
+
+
+# ---------------------------------------------------------------------------------------
+# Ops (backend.h), each with its rounding points.  Shapes PyTorch-order.
+# ---------------------------------------------------------------------------------------
+def op_gemm(x, w, b=None):
+    """out = x @ w^T (+ b). bf16: cuBLAS, fp32 accumulate, one rounding (bias added in
+    fp32 inside the epilogue/beta term). fp32: TF32 off (set globally)."""
+    return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+
+
+def op_rms_norm(x, w, eps, P):
+    """bf16 [M, D] -> bf16( x * rsqrt(mean(x^2) + eps) * w ): fp32 inside, ONE rounding
+    (the fused single-rounding form of h3-model.md §3.2)."""
+    xf = x.to(P.f32)
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * r * w.to(P.f32)).to(P.lo)
+
+
+def op_modulate(h, shift, scale, rows, P):
+    """h bf16 [M, D]; shift/scale tables [R, D] (bf16, or f32 cast to bf16 first);
+    rows long [M]. sc = bf16(1 + bf16(scale)); out = bf16(bf16(h * sc) + bf16(shift))."""
+    sc = 1 + scale.to(P.lo)  # bf16 add, rounded
+    out = h * sc[rows]  # rounded
+    return out + shift.to(P.lo)[rows]  # rounded
+
+
+def op_modulate_f32(h, shift, scale, rows, P):
+    """f32 tables (pruned final layer): out = fl32(fl32(h * (1 + scale)) + shift)."""
+    sc = 1 + scale.to(P.f32)
+    return h.to(P.f32) * sc[rows] + shift.to(P.f32)[rows]
+
+
+def op_gated_add(x, y, gate, rows, P):
+    """x + y * bf16(gate[rows]) with one rounding (torch.addcmul: fp32 opmath)."""
+    return torch.addcmul(x, y, gate.to(P.lo)[rows])
+
+
+def op_add(x, y):
+    return x + y
+
+
+def op_qk_norm_rope(x, w, rope, eps, P):
+    """x bf16 [M, H, Dh]; w bf16 [Dh]; rope None or bf16 [M, P, 2] (cos, sin).
+    rrms = rsqrt(sum_d x_d^2 / Dh + eps) (fp32); n = bf16(x * rrms * w) (one rounding);
+    split-half partial RoPE on dims [0, 2P): pairs (j, j + P):
+      out_j = bf16(c*n_j - s*n_{j+P}), out_{j+P} = bf16(s*n_j + c*n_{j+P}) (fp32 math);
+    dims >= 2P keep n."""
+    dh = x.shape[-1]
+    xf = x.to(P.f32)
+    rrms = torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) / dh + eps)
+    n = (xf * rrms * w.to(P.f32)).to(P.lo)
+    if rope is None:
+        return n
+    npairs = rope.shape[1]
+    c = rope[:, :, 0].to(P.f32)[:, None, :]  # [M, 1, P]
+    s = rope[:, :, 1].to(P.f32)[:, None, :]
+    x0 = n[..., :npairs].to(P.f32)
+    x1 = n[..., npairs:2 * npairs].to(P.f32)
+    y0 = (c * x0 - s * x1).to(P.lo)
+    y1 = (s * x0 + c * x1).to(P.lo)
+    return torch.cat([y0, y1, n[..., 2 * npairs:]], dim=-1)
+
+
+def op_swiglu(u, P):
+    """u bf16 [M, 2F] (gate first): bf16( bf16(silu(gate)) * up )."""
+    f = u.shape[-1] // 2
+    return F.silu(u[:, :f]) * u[:, f:]
+
+
+def op_silu(x):
+    return F.silu(x)
+
+
+def op_time_embedding(t, n, P):
+    """t f32 [M] -> f32 [M, n]: half = n/2, freq_j = exp(-ln(10000) * j / half),
+    arg = t * freq, [cos(arg), sin(arg)] (cos first)."""
+    half = n // 2
+    j = torch.arange(half, dtype=P.f32, device=t.device)
+    freq = torch.exp(-math.log(10000.0) * j / half)
+    arg = t.to(P.f32)[:, None] * freq[None, :]
+    return torch.cat([torch.cos(arg), torch.sin(arg)], dim=-1)
+
+
+def _sdpa_math(q, k, v, scale):
+    # [H, Mq, Dh] x [H, Mk, Dh]: plain softmax attention in the inputs' dtype.
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def op_attention(q, k, v, P, scale=None):
+    """q [Mq, H, Dh], k/v [Mk, H, Dh] -> [Mq, H, Dh]; full bidirectional attention,
+    scale 1/sqrt(Dh). bf16: torch SDPA (FlashAttention-2 on CUDA: fp32 online softmax,
+    P rounded to bf16 before P.V, bf16 out). exact: float64 softmax."""
+    dh = q.shape[-1]
+    sc = 1.0 / math.sqrt(dh) if scale is None else scale
+    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))  # [H, M, Dh] views
+    if P.exact:
+        return _sdpa_math(qh, kh, vh, sc).transpose(0, 1)
+    if not hasattr(F, "scaled_dot_product_attention"):
+        # Old PyTorch (dry runs only): fp32 softmax, bf16 P, bf16 out.
+        ATTN_BACKENDS.add("math-fallback")
+        s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * sc
+        p = torch.softmax(s, dim=-1).to(torch.bfloat16).float()
+        return torch.matmul(p, vh.float()).to(torch.bfloat16).transpose(0, 1)
+    # [1, H, M, Dh]. Made contiguous so every SDPA build accepts them for the flash kernel
+    # (its arithmetic does not depend on strides; ComfyUI passes strided views).
+    q4, k4, v4 = (t.unsqueeze(0).contiguous() for t in (qh, kh, vh))
+    kw = {} if scale is None else {"scale": scale}
+    out = None
+    if q.is_cuda:
+        try:
+            try:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                ctx = sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+            except ImportError:  # PyTorch < 2.3
+                ctx = torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
+            with ctx:
+                out = F.scaled_dot_product_attention(q4, k4, v4, **kw)
+            ATTN_BACKENDS.add("flash")
+        except Exception as e:  # noqa: BLE001 - record and fall back
+            print(f"note: flash SDPA unavailable ({type(e).__name__}: {e}); default SDPA", file=sys.stderr)
+            out = None
+    if out is None:
+        out = F.scaled_dot_product_attention(q4, k4, v4, **kw)
+        ATTN_BACKENDS.add("default")
+    return out[0].transpose(0, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Model configuration and weights
+# ---------------------------------------------------------------------------------------
+class Cfg:
+    def __init__(self, **kw):
+        self.hidden = 64
+        self.num_layers = 2
+        self.refiner_layers = 1
+        self.heads = 3           # I = 96 != hidden 64, so a D/I mix-up cannot pass
+        self.head_dim = 32
+        self.ffn = 128
+        self.latents = 24
+        self.audio_latents = 32
+        self.text_dim = 48
+        self.timestep_input_dim = 32
+        self.time_embed_hidden = 80
+        self.time_embed_dim = 32
+        self.rope_len = 4        # pairs 12, rot_dim 24 < head_dim 32 (partial rotation)
+        self.curve_grid = 0      # > 0: pruned / curve form
+        self.curve_k = 8
+        self.__dict__.update(kw)
+
+    @property
+    def inner(self):
+        return self.heads * self.head_dim
+
+    @property
+    def pairs(self):
+        return 3 * self.rope_len
+
+    @property
+    def curve(self):
+        return self.curve_grid > 0
+
+    def to_json(self):
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def tensor_specs(cfg):
+    """(name, shape, dtype, init kind, fan_in) in h3-model.md §1.3 naming."""
+    D, I, Fh, Dh = cfg.hidden, cfg.inner, cfg.ffn, cfg.head_dim
+    f32_, bf = torch.float32, torch.bfloat16
+    ada_dt = f32_ if cfg.curve else bf
+    specs = []
+
+    def add(name, shape, dtype, kind, fan=1):
+        specs.append((name, tuple(shape), dtype, kind, fan))
+
+    pv = 4 * cfg.latents
+    add("video_patch_proj.weight", [D, pv], f32_, "lin", pv)
+    add("video_patch_proj.bias", [D], f32_, "bias")
+    add("audio_patch_proj.weight", [D, cfg.audio_latents], f32_, "lin", cfg.audio_latents)
+    add("audio_patch_proj.bias", [D], f32_, "bias")
+    add("condition_proj.weight", [D, cfg.text_dim], bf, "lin", cfg.text_dim)
+    add("condition_proj.bias", [D], bf, "bias")
+    if cfg.curve:
+        add("adaln_t_table", [cfg.curve_grid, cfg.curve_k], f32_, "curve")
+        t = cfg.curve_k
+    else:
+        th, tin, t = cfg.time_embed_hidden, cfg.timestep_input_dim, cfg.time_embed_dim
+        add("time_embedder.proj_in.weight", [th, tin], f32_, "lin", tin)
+        add("time_embedder.proj_in.bias", [th], f32_, "bias_te")
+        add("time_embedder.proj_out.weight", [t, th], f32_, "lin", th)
+        add("time_embedder.proj_out.bias", [t], f32_, "bias_te")
+    add("rope.inv_freq", [cfg.rope_len], f32_, "inv_freq")
+    for i in range(cfg.refiner_layers):
+        p = f"token_refiner.blocks.{i}."
+        add(p + "norm1.weight", [D], bf, "norm")
+        add(p + "norm2.weight", [D], bf, "norm")
+        add(p + "attn.qkv_proj.weight", [3 * I, D], bf, "lin", D)
+        add(p + "attn.q_norm.weight", [Dh], bf, "norm")
+        add(p + "attn.k_norm.weight", [Dh], bf, "norm")
+        add(p + "attn.out_proj.weight", [D, I], bf, "lin_out", I)
+        add(p + "mlp.fc1.weight", [2 * Fh, D], bf, "lin", D)
+        add(p + "mlp.fc2.weight", [D, Fh], bf, "lin_out", Fh)
+    add("token_refiner.final_norm.weight", [D], bf, "norm")
+    add("final_layer.norm.weight", [D], bf, "norm")
+    add("final_layer.adaln_proj.linear.weight", [2 * D, t], ada_dt, "ada_w", t)
+    add("final_layer.adaln_proj.linear.bias", [2 * D], ada_dt, "ada_b")
+    add("final_layer.video_out.weight", [pv, D], f32_, "lin", D)
+    add("final_layer.video_out.bias", [pv], f32_, "bias")
+    add("final_layer.audio_out.weight", [cfg.audio_latents, D], f32_, "lin", D)
+    add("final_layer.audio_out.bias", [cfg.audio_latents], f32_, "bias")
+    for i in range(cfg.num_layers):
+        p = f"blocks.{i}."
+        add(p + "norm1.weight", [D], bf, "norm")
+        add(p + "norm2.weight", [D], bf, "norm")
+        add(p + "attn.qkv_proj.weight", [3 * I, D], bf, "lin", D)
+        add(p + "attn.q_norm.weight", [Dh], bf, "norm")
+        add(p + "attn.k_norm.weight", [Dh], bf, "norm")
+        add(p + "attn.out_proj.weight", [D, I], bf, "lin_out", I)
+        add(p + "mlp.fc1.weight", [2 * Fh, D], bf, "lin", D)
+        add(p + "mlp.fc2.weight", [D, Fh], bf, "lin_out", Fh)
+        add(p + "adaln_proj.linear.weight", [18 * D, t], ada_dt, "ada_w", t)
+        add(p + "adaln_proj.linear.bias", [18 * D], ada_dt, "ada_b")
+    return specs
+
+
+def make_weights(cfg, seed):
+    """Seeded (CPU generator, spec order) random weights in their declared dtypes."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape, dtype, kind, fan in tensor_specs(cfg):
+        r = torch.randn(shape, generator=g, dtype=torch.float32)
+        if kind == "lin":
+            v = r / math.sqrt(fan)
+        elif kind == "lin_out":
+            v = r * (0.7 / math.sqrt(fan))
+        elif kind == "bias":
+            v = r * 0.02
+        elif kind == "bias_te":
+            v = r * 0.1
+        elif kind == "norm":
+            v = 1.0 + 0.1 * r
+        elif kind == "ada_w":
+            v = r / math.sqrt(fan)
+        elif kind == "ada_b":
+            v = r * 0.3
+        elif kind == "inv_freq":
+            # fp32 10000^(-i/len), computed in double then rounded (h3-model.md §1.3)
+            n = shape[0]
+            v = (10000.0 ** (-torch.arange(n, dtype=torch.float64) / n)).to(torch.float32)
+        elif kind == "curve":
+            # A plausible post-SiLU curve table [G, k]: smooth in t, silu-shaped values.
+            G, k = shape
+            s = torch.linspace(0, 1, G, dtype=torch.float64)[:, None]
+            coef = torch.randn((4, k), generator=g, dtype=torch.float32).double()
+            pre = sum(coef[m][None, :] * torch.cos(math.pi * m * s) for m in range(4))
+            v = F.silu(pre * 1.5).to(torch.float32)
+        else:
+            raise ValueError(kind)
+        out[name] = v.to(dtype).contiguous()
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Packed layout (h3-model.md §2.3-§2.4): float64 positions, mod rows, final-layer rows
+# ---------------------------------------------------------------------------------------
+FPT = (1, 4, 4, 4, 4)
+
+
+def time_shift_sigma(s, f, g):
+    b = s / (f + s * (1 - f))
+    return g * b / (1 + (g - 1) * b)
+
+
+def time_shift_sigma_f32(s, f, g):
+    """Same formula in fp32 tensor arithmetic (each op rounded to fp32)."""
+    b = f32(s / f32(f + f32(s * f32(1 - f))))
+    return f32(f32(g * b) / f32(1 + f32((g - 1) * b)))
+
+
+def spatial_axis(d, Hl, Wl):
+    r = d / math.sqrt(Hl * Wl)
+    n = d // 2
+    return [(i * r / n + (1 - r) / 2) * 32 for i in range(n)]
+
+
+def video_grid(T, Hl, Wl, origin, single_t=None):
+    """Rows t-major, then h, then w. single_t: every frame at that t (cond images)."""
+    ha, wa = spatial_axis(Hl, Hl, Wl), spatial_axis(Wl, Hl, Wl)
+    rows = []
+    off = 0.0
+    for k in range(T):
+        t = single_t if single_t is not None else origin + off
+        for h in ha:
+            for w in wa:
+                rows.append((t, h, w))
+        off += 5.0 / 3.0 * FPT[k % 5]
+    return rows
+
+
+def audio_grid(A, origin, Hl, Wl):
+    wa = spatial_axis(Wl, Hl, Wl)
+    return [(origin + j, 0.0, wa[0]) for j in range(A)] + [(origin + j, 0.0, wa[-1]) for j in range(A)]
+
+
+def pool_patch_amax(m, T, Hl, Wl):
+    """[T, Hl, Wl] -> per 2x2 patch amax, rows t, h', w' order; quantised ceil(m*256)/256."""
+    mm = torch.as_tensor(m, dtype=torch.float64).reshape(T, Hl // 2, 2, Wl // 2, 2)
+    p = mm.amax(dim=(2, 4)).reshape(-1)
+    return [math.ceil(float(x) * 256) / 256 for x in p]
+
+
+def build_layout(cfg, case, sigma_v):
+    """Returns dict: positions [(t,h,w)] f64, tags/t per row, segments, unique_t, mod rows,
+    final rows. sigma_v: python double of the fp32 video sigma."""
+    T, Hl, Wl, A, L = case["T"], case["Hl"], case["Wl"], case["A"], case["L"]
+    sv, sa_shift = case["shift_v"], case["shift_a"]
+    t_v = 1.0 - sigma_v
+    sigma_a = time_shift_sigma(sigma_v, sv, sa_shift)
+    t_a = 1.0 - sigma_a
+    vis_aug, aud_aug = case.get("vis_aug", 0.999), case.get("aud_aug", 1.0)
+    t_cond_v = max(t_v, vis_aug)
+    t_cond_a = max(t_a, aud_aug)
+    tags = case.get("text_tags") or [1] * L
+    pos, row_t, row_tag, segs = [], [], [], []
+
+    def seg(name, rows, ts, tg):
+        start = len(pos)
+        pos.extend(rows)
+        row_t.extend(ts if isinstance(ts, list) else [ts] * len(rows))
+        row_tag.extend(tg if isinstance(tg, list) else [tg] * len(rows))
+        segs.append((name, start, len(pos)))
+
+    seg("text", [(float(i), 0.0, 0.0) for i in range(L)], t_v, [1 if x else 0 for x in tags])
+    c = float(L)
+    for kf in case.get("keyframes", []):
+        cond_t = c + 5.0 / 3.0 * kf["pixel_frame"]
+        seg("cond", video_grid(1, Hl, Wl, cond_t, single_t=cond_t), t_cond_v, 0)
+    # target audio, then target video, at the cursor
+    am = case.get("audio_mask")
+    if am is not None:
+        pin = max(t_a, t_cond_a)
+        mrow = [math.ceil(float(x) * 256) / 256 for x in torch.as_tensor(am).reshape(-1)]
+        ta = [min(1.0 - m * sigma_a, pin) for m in mrow]
+    else:
+        ta = t_a
+    seg("audio", audio_grid(A, c, Hl, Wl), ta, 2)
+    vm = case.get("video_mask")
+    if vm is not None:
+        pin = max(t_v, t_cond_v)
+        ta_v = [min(1.0 - m * sigma_v, pin) for m in pool_patch_amax(vm, T, Hl, Wl)]
+    else:
+        ta_v = t_v
+    seg("video", video_grid(T, Hl, Wl, c), ta_v, 0)
+    unique_t = sorted(set(row_t) | {t_v, t_a})
+    t_row = {t: i for i, t in enumerate(unique_t)}
+    mod_rows = [t_row[t] * 3 + tag for t, tag in zip(row_t, row_tag)]
+    segd = {n: (a, b) for n, a, b in segs}
+    fa, fb = segd["audio"]
+    va, vb = segd["video"]
+    return {
+        "positions": pos, "unique_t": unique_t, "mod_rows": mod_rows,
+        "final_rows_audio": [t_row[t] for t in row_t[fa:fb]],
+        "final_rows_video": [t_row[t] for t in row_t[va:vb]],
+        "segments": segs, "t_v": t_v, "t_a": t_a, "sigma_a": sigma_a,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------
+class H3Reference:
+    def __init__(self, cfg, weights, P, device):
+        self.cfg, self.P, self.dev = cfg, P, device
+        self.W = {k: (v.to(torch.float64) if P.exact else v).to(device) for k, v in weights.items()}
+        self.trace = {}
+
+    def t(self, name, x):
+        self.trace[name] = x.detach()
+
+    # ---- shared pieces ----------------------------------------------------------------
+    def attention(self, pre, h, rope):
+        cfg, P = self.cfg, self.P
+        S, H, Dh, I = h.shape[0], cfg.heads, cfg.head_dim, cfg.inner
+        qkv = op_gemm(h, self.W[pre + "qkv_proj.weight"])  # bf16 [S, 3I]
+        q = qkv[:, :I].reshape(S, H, Dh)  # contiguous thirds, head-major (§1.2)
+        k = qkv[:, I:2 * I].reshape(S, H, Dh)
+        v = qkv[:, 2 * I:].reshape(S, H, Dh)
+        q = op_qk_norm_rope(q, self.W[pre + "q_norm.weight"], rope, EPS, P)
+        k = op_qk_norm_rope(k, self.W[pre + "k_norm.weight"], rope, EPS, P)
+        o = op_attention(q, k, v, P)  # bf16 [S, H, Dh]
+        return op_gemm(o.reshape(S, I), self.W[pre + "out_proj.weight"])
+
+    def mlp(self, pre, h):
+        u = op_gemm(h, self.W[pre + "fc1.weight"])  # bf16 [S, 2F]
+        return op_gemm(op_swiglu(u, self.P), self.W[pre + "fc2.weight"])
+
+    # ---- text path (§2.13) ------------------------------------------------------------
+    def refine_text(self, text):
+        P, W = self.P, self.W
+        x = op_gemm(text.to(P.lo), W["condition_proj.weight"], W["condition_proj.bias"])
+        self.t("text.embed", x)
+        for i in range(self.cfg.refiner_layers):
+            p = f"token_refiner.blocks.{i}."
+            a = self.attention(p + "attn.", op_rms_norm(x, W[p + "norm1.weight"], EPS, P), None)
+            x = op_add(a, x)
+            self.t(f"text.refiner.{i}.attn", x)
+            m = self.mlp(p + "mlp.", op_rms_norm(x, W[p + "norm2.weight"], EPS, P))
+            x = op_add(m, x)
+            self.t(f"text.refiner.{i}.mlp", x)
+        x = op_rms_norm(x, W["token_refiner.final_norm.weight"], EPS, P)
+        self.t("text.refined", x)
+        return x
+
+    # ---- time embedding (§2.5) and AdaLN (§2.6) -----------------------------------------
+    def time_embed(self, unique_t):
+        P, W, cfg = self.P, self.W, self.cfg
+        tv = torch.tensor(unique_t, dtype=torch.float64, device=self.dev).to(P.f32)  # double -> fp32
+        if cfg.curve:
+            table = W["adaln_t_table"].to(P.f32)  # f32 [G, k]
+            G = table.shape[0]
+            pos = tv.clamp(0, 1) * (G - 1)
+            i0 = torch.clamp(torch.floor(pos), max=G - 2).long()
+            w = pos - i0.to(pos.dtype)
+            return torch.lerp(table[i0], table[i0 + 1], w[:, None])  # f32 [M, k]
+        emb = op_time_embedding(tv, cfg.timestep_input_dim, P)  # f32 [M, tin]
+        h = F.silu(op_gemm(emb, W["time_embedder.proj_in.weight"], W["time_embedder.proj_in.bias"]))
+        out = op_gemm(h, W["time_embedder.proj_out.weight"], W["time_embedder.proj_out.bias"])
+        return out.to(P.lo)  # bf16 [M, t]
+
+    def adaln(self, pre, temb, mo):
+        """[M, E*D*Mo] -> [M*Mo, E*D]; row r = t_index * Mo + modality."""
+        x = temb if self.cfg.curve else F.silu(temb)  # curve table stores post-SiLU values
+        y = op_gemm(x, self.W[pre + "adaln_proj.linear.weight"], self.W[pre + "adaln_proj.linear.bias"])
+        return y.reshape(y.shape[0] * mo, y.shape[1] // mo)
+
+    # ---- the denoiser call (§2.2-§2.12) ---------------------------------------------------
+    def forward(self, case, refined_text):
+        cfg, P, W, dev = self.cfg, self.P, self.W, self.dev
+        D, T, Hl, Wl, A = cfg.hidden, case["T"], case["Hl"], case["Wl"], case["A"]
+        s = case["audio_scale"]
+        # §10.1-2: sigma_v = fl32(fl32(sigma * 1000) / 1000), clamp 1e-6; audio carry in fp32.
+        sig32 = f32(case["sigma"])
+        if P.exact:
+            sigma_v = sig32  # the same double value, no rounding afterwards
+            sigma_a32 = time_shift_sigma(sigma_v, case["shift_v"], case["shift_a"])
+            carry = sigma_a32 / sigma_v
+        else:
+            sigma_v = max(f32(f32(sig32 * 1000.0) / 1000.0), f32(1e-6))
+            sigma_a32 = time_shift_sigma_f32(sigma_v, case["shift_v"], case["shift_a"])
+            carry = bf16_scalar(f32(sigma_a32 / sigma_v))
+        video = case["video"].to(dev).to(P.lo)  # sampler fp32 -> compute dtype
+        audio_src = case["audio"].to(dev).to(P.lo)
+        carry_t = torch.tensor(carry, dtype=P.lo, device=dev)
+        if s != 1.0:
+            audio = audio_src * carry_t  # bf16 multiply
+        else:
+            audio = audio_src
+        self.t("audio.carried", audio)
+
+        lay = build_layout(cfg, case, sigma_v)
+        S = len(lay["positions"])
+        pos = torch.tensor(lay["positions"], dtype=torch.float64, device=dev).to(P.f32)  # [S, 3]
+        self.t("layout.positions", pos)
+        inv = W["rope.inv_freq"].to(P.f32)
+        ang = (pos[:, :, None] * inv[None, None, :]).reshape(S, cfg.pairs)  # [S, P] (t, h, w axes)
+        rope = torch.stack([torch.cos(ang), torch.sin(ang)], dim=-1).to(P.lo)  # bf16 [S, P, 2]
+        self.t("layout.rope", rope)
+        mod_rows = torch.tensor(lay["mod_rows"], dtype=torch.long, device=dev)
+        self.trace["layout.mod_rows"] = mod_rows.to(torch.int32)
+        self.trace["layout.unique_t"] = torch.tensor(lay["unique_t"], dtype=torch.float64).to(P.f32)
+
+        temb = self.time_embed(lay["unique_t"])
+        self.t("t_emb", temb)
+
+        # Embedding (§2.7): fp32 patch rows -> fp32 GEMM -> bf16.
+        def patchify(v):  # [C, t, Hl, Wl] -> [t*Hl/2*Wl/2, 4C], feature 4c + 2p + q
+            C, tt = v.shape[0], v.shape[1]
+            r = v.reshape(C, tt, Hl // 2, 2, Wl // 2, 2).permute(1, 2, 4, 0, 3, 5)
+            return r.reshape(tt * (Hl // 2) * (Wl // 2), 4 * C)
+
+        vrows = patchify(video.to(P.f32))
+        arows = audio.to(P.f32).permute(1, 2, 0).reshape(2 * A, cfg.audio_latents)  # channel-major
+        v_emb = op_gemm(vrows, W["video_patch_proj.weight"], W["video_patch_proj.bias"]).to(P.lo)
+        a_emb = op_gemm(arows, W["audio_patch_proj.weight"], W["audio_patch_proj.bias"]).to(P.lo)
+        parts = [refined_text.to(P.lo)]
+        for kf in case.get("keyframes", []):
+            kr = patchify(kf["latent"].to(dev).to(P.f32))  # cond latents stay fp32 (no aug at vis_aug 1)
+            parts.append(op_gemm(kr, W["video_patch_proj.weight"], W["video_patch_proj.bias"]).to(P.lo))
+        parts += [a_emb, v_emb]
+        x = torch.cat(parts, dim=0)  # bf16 [S, D]
+        assert x.shape[0] == S, (x.shape, S)
+        self.t("x.embed", x)
+
+        for i in range(cfg.num_layers):
+            p = f"blocks.{i}."
+            ada = self.adaln(p, temb, 3)  # [3M, 6D]
+            self.t(f"block.{i}.adaln", ada)
+            ch = [ada[:, c * D:(c + 1) * D] for c in range(6)]
+            sh_msa, sc_msa, g_msa, sh_mlp, sc_mlp, g_mlp = ch
+            h = op_modulate(op_rms_norm(x, W[p + "norm1.weight"], EPS, P), sh_msa, sc_msa, mod_rows, P)
+            a = self.attention(p + "attn.", h, rope)
+            x = op_gated_add(x, a, g_msa, mod_rows, P)
+            self.t(f"block.{i}.attn", x)
+            h = op_modulate(op_rms_norm(x, W[p + "norm2.weight"], EPS, P), sh_mlp, sc_mlp, mod_rows, P)
+            m = self.mlp(p + "mlp.", h)
+            x = op_gated_add(x, m, g_mlp, mod_rows, P)
+            self.t(f"block.{i}.mlp", x)
+
+        # Final layer (§2.12) on the target segments only.
+        ada_f = self.adaln("final_layer.", temb, 1)  # [M, 2D]
+        self.t("final.adaln", ada_f)
+        shift, scale = ada_f[:, :D], ada_f[:, D:]
+        segd = {n: (a0, b0) for n, a0, b0 in lay["segments"]}
+
+        def head(seg_name, rows_t, wname):
+            a0, b0 = segd[seg_name]
+            n = op_rms_norm(x[a0:b0], W["final_layer.norm.weight"], EPS, P)
+            rt = torch.tensor(rows_t, dtype=torch.long, device=dev)
+            if scale.dtype == P.lo:  # unpruned: bf16 ops, then fp32
+                mod = op_modulate(n, shift, scale, rt, P).to(P.f32)
+            else:  # pruned: fp32 tables, bf16 norm output promoted, fp32 ops
+                mod = op_modulate_f32(n, shift, scale, rt, P)
+            return op_gemm(mod, W[wname + ".weight"], W[wname + ".bias"])  # fp32 head
+
+        v_rows = head("video", lay["final_rows_video"], "final_layer.video_out")  # f32 [Nv, 4C]
+        a_rows = head("audio", lay["final_rows_audio"], "final_layer.audio_out")  # f32 [2A, Ca]
+        self.t("final.video_rows", v_rows)
+        self.t("final.audio_rows", a_rows)
+        C = cfg.latents
+        vout = v_rows.reshape(T, Hl // 2, Wl // 2, C, 2, 2).permute(3, 0, 1, 4, 2, 5).reshape(C, T, Hl, Wl)
+        aout = a_rows.reshape(2, A, cfg.audio_latents).permute(2, 0, 1)
+        vout = -(vout.to(P.lo))  # cast, then negate
+        aout = -(aout.to(P.lo))
+        # Masks (§2.2 step 5): velocities times the denoise masks.
+        if case.get("video_mask") is not None:
+            vout = vout * torch.as_tensor(case["video_mask"]).to(dev).to(P.lo)[None]
+        if case.get("audio_mask") is not None:
+            aout = aout * torch.as_tensor(case["audio_mask"]).to(dev).to(P.lo)[None]
+        self.t("out.audio_model", aout)
+        # Audio carry conversion (§2.2 step 6), bf16 tensor ops.
+        if s != 1.0:
+            if P.exact:
+                cfac = 1.0 + (s - 1.0) * sigma_a32
+            else:
+                cfac = bf16_scalar(f32(1.0 + f32((s - 1.0) * sigma_a32)))
+            cfac_t = torch.tensor(cfac, dtype=P.lo, device=dev)
+            aout = (1.0 - s) * audio + cfac_t * aout
+        self.t("out.video", vout)
+        self.t("out.audio", aout)
+        return vout, aout, lay
+
+
+# ---------------------------------------------------------------------------------------
+# Writing safetensors (the `safetensors` package; a minimal writer for dry runs without it)
+# ---------------------------------------------------------------------------------------
+_ST_DT = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+          torch.int32: "I32", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8"}
+
+
+def save(path, tensors, metadata):
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    meta = {k: str(v) for k, v in metadata.items()}
+    try:
+        from safetensors.torch import save_file
+        save_file(tensors, path, metadata=meta)
+        return "safetensors"
+    except ImportError:
+        pass
+    # Fallback (dry runs): the same format, written by hand.
+    header, blobs, off = {"__metadata__": meta}, [], 0
+    for k in sorted(tensors):
+        v = tensors[k]
+        raw = v.view(torch.int16).numpy().tobytes() if v.dtype == torch.bfloat16 else v.numpy().tobytes()
+        header[k] = {"dtype": _ST_DT[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for b in blobs:
+            f.write(b)
+    os.replace(path + ".tmp", path)
+    return "fallback-writer"
+
+
+def base_metadata(device):
+    return {
+        "golden_format": GOLDEN_FORMAT, "generator": GENERATOR, "torch": torch.__version__,
+        "regenerate": REGENERATE, "device": device,
+        "cuda_device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "none",
+        "cuda_runtime": str(torch.version.cuda), "tf32": "off", "bf16_reduced_precision_reduction": "off",
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Errors (for the summary): max abs and relative L2 vs the exact result
+# ---------------------------------------------------------------------------------------
+def err(a, ref):
+    a = a.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    fin = torch.isfinite(ref)
+    d = (a - ref)[fin]
+    mx = float(d.abs().max()) if d.numel() else 0.0
+    rn = float(ref[fin].norm())
+    return {"max_abs": mx, "rel_l2": float(d.norm()) / rn if rn > 0 else 0.0}
+
+
+# ---------------------------------------------------------------------------------------
+# Op golden cases
+# ---------------------------------------------------------------------------------------
+def gen_ops(dev, seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def rn(*shape, scale=1.0):
+        return torch.randn(shape, generator=g, dtype=torch.float32) * scale
+
+    def bf(x):
+        return x.to(torch.bfloat16)
+
+    tensors, cases, summary = {}, [], {}
+
+    def put(case, op, params, inputs, out, exact):
+        for k, v in inputs.items():
+            tensors[f"{case}.{k}"] = v
+        tensors[f"{case}.out"] = out
+        # float64 twin: stored f64 for fp32 outputs, f32 for bf16 outputs (6e-8 relative,
+        # far below bf16's 4e-3 ulp; keeps the file small).
+        tensors[f"{case}.exact"] = exact.to(torch.float64 if out.dtype == torch.float32 else torch.float32)
+        cases.append({"case": case, "op": op, **params})
+        summary[case] = err(out, exact)
+
+    def both(fn, inputs):
+        """Run fn(P, **inputs on device) in bf16 mode and exact mode (inputs widened)."""
+        on = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in inputs.items()}
+        ex = {k: (v.to(dev).to(torch.float64) if torch.is_tensor(v) and v.is_floating_point() else
+                  (v.to(dev) if torch.is_tensor(v) else v)) for k, v in inputs.items()}
+        return fn(BF16, **on), fn(EXACT, **ex)
+
+    # gemm: bf16 (no bias / bf16 bias), long K, fp32 with bias (TF32 off)
+    for case, M, K, N, dt, bias in [("gemm_bf16", 37, 96, 80, "bf16", None),
+                                    ("gemm_bf16_bias", 37, 96, 80, "bf16", "bf16"),
+                                    ("gemm_bf16_k1000", 9, 1000, 24, "bf16", None),
+                                    ("gemm_f32_bias", 37, 96, 80, "f32", "f32"),
+                                    ("gemm_f32_k1000", 9, 1000, 24, "f32", None)]:
+        conv = bf if dt == "bf16" else (lambda t: t)
+        ins = {"x": conv(rn(M, K)), "w": conv(rn(N, K, scale=1 / math.sqrt(K)))}
+        if bias:
+            ins["bias"] = conv(rn(N, scale=0.5))
+        o, e = both(lambda P, x, w, bias=None: op_gemm(x, w, bias), ins)
+        put(case, "gemm", {"M": M, "K": K, "N": N}, ins, o, e)
+
+    # rms_norm (odd width)
+    ins = {"x": bf(rn(37, 200, scale=3.0)), "w": bf(1 + 0.2 * rn(200))}
+    o, e = both(lambda P, x, w: op_rms_norm(x, w, EPS, P), ins)
+    put("rms_norm", "rms_norm", {"eps": EPS}, ins, o, e)
+
+    # modulate: bf16 tables and f32 tables (bf16 out), and the f32-out form
+    R, M, D = 5, 37, 64
+    rows = torch.randint(0, R, (M,), generator=g, dtype=torch.int32)
+    for case, tdt in [("modulate_bf16", "bf16"), ("modulate_f32tables", "f32")]:
+        conv = bf if tdt == "bf16" else (lambda t: t)
+        ins = {"in": bf(rn(M, D, scale=2.0)), "shift": conv(rn(R, D, scale=0.5)),
+               "scale": conv(rn(R, D, scale=0.5)), "rows": rows}
+        o, e = both(lambda P, shift, scale, rows, **kw: op_modulate(kw["in"], shift, scale, rows.long(), P), ins)
+        put(case, "modulate", {"out_dtype": "bf16"}, ins, o, e)
+    ins = {"in": bf(rn(M, D, scale=2.0)), "shift": rn(R, D, scale=0.5), "scale": rn(R, D, scale=0.5), "rows": rows}
+    o, e = both(lambda P, shift, scale, rows, **kw: op_modulate_f32(kw["in"], shift, scale, rows.long(), P), ins)
+    put("modulate_f32out", "modulate", {"out_dtype": "f32"}, ins, o, e)
+
+    # gated_add: bf16 gate and f32 gate (rounded to bf16 first)
+    for case, gdt in [("gated_add_bf16", "bf16"), ("gated_add_f32gate", "f32")]:
+        conv = bf if gdt == "bf16" else (lambda t: t)
+        ins = {"x": bf(rn(M, D, scale=2.0)), "y": bf(rn(M, D)), "gate": conv(rn(R, D, scale=0.5)), "rows": rows}
+        o, e = both(lambda P, x, y, gate, rows: op_gated_add(x, y, gate, rows.long(), P), ins)
+        put(case, "gated_add", {}, ins, o, e)
+
+    ins = {"x": bf(rn(M, D, scale=2.0)), "y": bf(rn(M, D))}
+    o, e = both(lambda P, x, y: op_add(x, y), ins)
+    put("add", "add", {}, ins, o, e)
+
+    # qk_norm_rope: tiny heads with partial rotation, no-rope form, real head_dim 128 / P 48
+    for case, Mr, H, Dh, npairs in [("qk_norm_rope", 37, 3, 32, 12), ("qk_norm", 37, 3, 32, 0),
+                                    ("qk_norm_rope_dh128", 19, 2, 128, 48)]:
+        ins = {"x": bf(rn(Mr, H, Dh, scale=2.0)), "w": bf(1 + 0.2 * rn(Dh))}
+        if npairs:
+            ang = rn(Mr, npairs, scale=10.0)
+            ins["rope"] = bf(torch.stack([torch.cos(ang), torch.sin(ang)], dim=-1))
+        o, e = both(lambda P, x, w, rope=None: op_qk_norm_rope(x, w, rope, EPS, P), ins)
+        put(case, "qk_norm_rope", {"eps": EPS, "pairs": npairs}, ins, o, e)
+
+    ins = {"u": bf(rn(37, 160, scale=2.0))}
+    o, e = both(lambda P, u: op_swiglu(u, P), ins)
+    put("swiglu", "swiglu", {}, ins, o, e)
+
+    ins = {"x": rn(37, 50, scale=4.0)}
+    o, e = both(lambda P, x: op_silu(x), ins)
+    put("silu", "silu", {}, ins, o, e)
+
+    tvals = torch.tensor([0.0, 0.2, 0.5, 0.6, 0.999, 1.0, 0.0123], dtype=torch.float64).to(torch.float32)
+    for n in (32, 256):
+        ins = {"t": tvals}
+        o, e = both(lambda P, t, n=n: op_time_embedding(t, n, P), ins)
+        put(f"time_embedding_{n}", "time_embedding", {"N": n}, ins, o, e)
+
+    # convert f32 -> bf16: ties (even/odd mantissa), near-ties, extremes, subnormals, inf, NaN
+    specials = []
+    for m in range(8):  # exact ties: 1 + (m + 0.5) * 2^-7
+        specials.append(1.0 + (m + 0.5) * 2.0 ** -7)
+        specials.append(-(1.0 + (m + 0.5) * 2.0 ** -7))
+    specials += [0.0, -0.0, 1e-40, -1e-40, 3e38, -3.3e38, 1e-38, 65504.0, 1.0000001, 0.99999994,
+                 float("inf"), float("-inf"), float("nan")]
+    xs = torch.cat([torch.tensor(specials, dtype=torch.float32), rn(97, scale=100.0)])
+    put("convert_f32_bf16", "convert", {"src": "f32", "dst": "bf16"}, {"x": xs}, xs.to(dev).to(torch.bfloat16),
+        xs.double())
+    xb = bf(rn(41, scale=5.0))
+    put("convert_bf16_f32", "convert", {"src": "bf16", "dst": "f32"}, {"x": xb}, xb.to(dev).float(), xb.double())
+
+    # attention (bf16, FlashAttention-2 on CUDA): awkward sizes, Mq != Mk, large logits
+    for case, Mq, Mk, H, Dh, qs in [("attention", 97, 97, 3, 64, 1.0), ("attention_dh128", 33, 257, 1, 128, 1.0),
+                                    ("attention_sharp", 17, 130, 2, 32, 4.0), ("attention_one", 1, 1, 1, 32, 1.0)]:
+        ins = {"q": bf(rn(Mq, H, Dh, scale=qs)), "k": bf(rn(Mk, H, Dh)), "v": bf(rn(Mk, H, Dh))}
+        o, e = both(lambda P, q, k, v: op_attention(q, k, v, P), ins)
+        put(case, "attention", {"scale": 1.0 / math.sqrt(Dh)}, ins, o, e)
+
+    return tensors, cases, summary
+
+
+# ---------------------------------------------------------------------------------------
+# Forward golden cases
+# ---------------------------------------------------------------------------------------
+def make_case(cfg, name, seed, frames=22, width=96, height=64, L=8, sigma=0.8, audio_scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    T = 2 if frames <= 5 else ((frames - 5) // 17) * 5 + 2
+    Hl, Wl = height // 16, width // 16
+    A = int(round(frames / 24 * 40))
+
+    def bfx(*shape, scale=1.0):  # fp32 holding bf16-exact values (the sampler state)
+        return (torch.randn(shape, generator=g) * scale).to(torch.bfloat16).float()
+
+    case = {"name": name, "frames": frames, "width": width, "height": height, "L": L,
+            "T": T, "Hl": Hl, "Wl": Wl, "A": A, "sigma": sigma, "audio_scale": audio_scale,
+            "shift_v": 12.0, "shift_a": 3.0, "vis_aug": 0.999, "aud_aug": 1.0,
+            "text": (torch.randn((L, cfg.text_dim), generator=g) * 3.0).to(torch.bfloat16),
+            "video": bfx(cfg.latents, T, Hl, Wl), "audio": bfx(cfg.audio_latents, 2, A, scale=2.0)}
+    return case, g
+
+
+def case_list(cfg):
+    out = []
+    c, _ = make_case(cfg, "t2va", 101)
+    out.append(c)
+    c, _ = make_case(cfg, "t2va_sigma1", 102, sigma=1.0)
+    out.append(c)
+    c, g = make_case(cfg, "keyframes", 103)
+    c["vis_aug"] = 1.0  # no noise augmentation: keeps the case free of PyTorch's CPU RNG
+    c["text_tags"] = [1, 1, 0, 0, 0, 1, 1, 1]  # vision tokens inside the text use the video row
+    c["keyframes"] = [{"pixel_frame": pf, "latent": (torch.randn((cfg.latents, 1, c["Hl"], c["Wl"]), generator=g))
+                       .to(torch.bfloat16).float()} for pf in (0, c["frames"] - 1)]
+    out.append(c)
+    c, g = make_case(cfg, "mask", 104)
+    T, Hl, Wl, A = c["T"], c["Hl"], c["Wl"], c["A"]
+    vals = torch.tensor([0.0, 0.5, 1.0])
+    pm = vals[torch.randint(0, 3, (T, Hl // 2, Wl // 2), generator=g)]  # constant per 2x2 patch
+    c["video_mask"] = pm.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2).contiguous()
+    c["audio_mask"] = vals[torch.randint(0, 3, (2, A), generator=g)].contiguous()
+    out.append(c)
+    return out
+
+
+# Intermediates whose float64 twin ("exact.<name>") every case stores; the first case of
+# each checkpoint ("full") stores the twin of every float intermediate (size budget).
+EXACT_ALWAYS = ("text.refined", "t_emb", "x.embed", "final.video_rows", "final.audio_rows", "out.video",
+                "out.audio", "out.audio_model", "audio.carried")
+
+
+def run_forward_case(cfg, weights, case, dev, ckpt_name, full, check_determinism):
+    ref = H3Reference(cfg, weights, BF16, dev)
+    ex = H3Reference(cfg, weights, EXACT, dev)
+    text = ref.refine_text(case["text"].to(dev))
+    ref.forward(case, text)
+    deterministic = None
+    if check_determinism:  # a second bf16 run must give the same bytes
+        again = H3Reference(cfg, weights, BF16, dev)
+        again.forward(case, again.refine_text(case["text"].to(dev)))
+        deterministic = all(torch.equal(ref.trace[k], again.trace[k]) for k in ref.trace)
+    text_e = ex.refine_text(case["text"].to(dev))
+    _, _, lay = ex.forward(case, text_e)
+    tensors = {
+        "in.text_states": case["text"], "in.video": case["video"], "in.audio": case["audio"],
+        "in.sigma": torch.tensor([f32(case["sigma"])], dtype=torch.float32),
+    }
+    if case.get("keyframes"):
+        for i, kf in enumerate(case["keyframes"]):
+            tensors[f"in.keyframe.{i}"] = kf["latent"]
+    if case.get("text_tags"):
+        tensors["in.text_tags"] = torch.tensor(case["text_tags"], dtype=torch.int8)
+    if case.get("video_mask") is not None:
+        tensors["in.video_mask"] = case["video_mask"].to(torch.float32)
+    if case.get("audio_mask") is not None:
+        tensors["in.audio_mask"] = case["audio_mask"].to(torch.float32)
+    summary = {}
+    for k, v in ref.trace.items():
+        tensors[k] = v
+        if k in ex.trace and v.is_floating_point():
+            summary[k] = err(v, ex.trace[k])
+            if (full and not k.startswith("layout.")) or k in EXACT_ALWAYS:
+                tensors["exact." + k] = ex.trace[k].to(torch.float32)
+    meta_case = {k: case[k] for k in ("name", "frames", "width", "height", "L", "T", "Hl", "Wl", "A", "sigma",
+                                      "audio_scale", "shift_v", "shift_a", "vis_aug", "aud_aug")}
+    meta_case["keyframe_pixel_frames"] = [kf["pixel_frame"] for kf in case.get("keyframes", [])]
+    meta_case["S"] = len(lay["positions"])
+    meta_case["segments"] = lay["segments"]
+    meta_case["unique_t"] = lay["unique_t"]
+    meta_case["checkpoint"] = ckpt_name
+    meta_case["deterministic_rerun"] = deterministic
+    return tensors, meta_case, summary
+
+
+def probe_torch_numerics(dev):
+    """Facts about this PyTorch build that h3-model.md §9 lists as uncertain: does
+    F.rms_norm round once (fused) or twice (composite) for bf16? Counted over random rows."""
+    out = {}
+    try:
+        g = torch.Generator().manual_seed(7)
+        x = (torch.randn((512, 320), generator=g) * 3).to(torch.bfloat16).to(dev)
+        w = (1 + 0.3 * torch.randn((320,), generator=g)).to(torch.bfloat16).to(dev)
+        if hasattr(F, "rms_norm"):
+            y = F.rms_norm(x, (320,), w, EPS)
+            xf = x.float()
+            r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
+            one = (xf * r * w.float()).to(torch.bfloat16)
+            two = ((xf * r).to(torch.bfloat16) * w).to(torch.bfloat16)
+            out["rms_norm_elements"] = y.numel()
+            out["rms_norm_differs_from_single_rounding"] = int((y != one).sum())
+            out["rms_norm_differs_from_double_rounding"] = int((y != two).sum())
+        else:
+            out["rms_norm"] = "F.rms_norm absent"
+    except Exception as e:  # noqa: BLE001
+        out["error"] = str(e)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output folder (e.g. tests/data/golden)")
+    ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    os.makedirs(args.out, exist_ok=True)
+    # fp32 GEMMs without TF32 (ComfyUI does not enable it; PyTorch's default is off).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    # bf16 GEMMs accumulate in fp32 throughout: forbid cuBLAS's reduced-precision (bf16)
+    # split-K reductions, which PyTorch allows by default (irrelevant at these sizes, but
+    # the reference must be the plain fp32-accumulating GEMM of the op contract).
+    try:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    except (AttributeError, AssertionError):  # PyTorch without the switch
+        pass
+    if hasattr(torch, "set_float32_matmul_precision"):
+        torch.set_float32_matmul_precision("highest")
+    torch.manual_seed(args.seed)
+    t0 = time.time()
+    summary = {"device": dev, "torch": torch.__version__, "probe": probe_torch_numerics(dev)}
+    print(f"torch {torch.__version__} cuda {torch.version.cuda} device {dev}: probe {summary['probe']}")
+
+    tensors, cases, s_ops = gen_ops(dev, args.seed)
+    meta = base_metadata(dev)
+    meta["kind"] = "ops"
+    meta["cases"] = json.dumps(cases)
+    meta["attention_backend"] = ",".join(sorted(ATTN_BACKENDS))
+    writer = save(os.path.join(args.out, "ops_v1.safetensors"), tensors, meta)
+    summary["ops"] = s_ops
+    print(f"ops_v1: {len(cases)} cases, attention backend {meta['attention_backend']} ({writer})")
+    for k, v in s_ops.items():
+        print(f"  {k:24s} torch vs exact: max_abs {v['max_abs']:.3e} rel_l2 {v['rel_l2']:.3e}")
+
+    summary["forward"] = {}
+    for ckpt_name, cfg, cases_for in [("h3_golden_tiny.safetensors", Cfg(), None),
+                                      ("h3_golden_tiny_curve.safetensors", Cfg(curve_grid=65, curve_k=8), ["t2va"])]:
+        weights = make_weights(cfg, args.seed + (7 if cfg.curve else 0))
+        meta = base_metadata(dev)
+        meta["kind"] = "checkpoint"
+        meta["golden_config"] = json.dumps(cfg.to_json())
+        save(os.path.join(args.out, ckpt_name), weights, meta)
+        first = True
+        for case in case_list(cfg):
+            if cases_for is not None and case["name"] not in cases_for:
+                continue
+            cname = case["name"] + ("_curve" if cfg.curve else "")
+            try:
+                ATTN_BACKENDS.clear()
+                tensors, meta_case, s_fw = run_forward_case(cfg, weights, case, dev, ckpt_name, first, first)
+                first = False
+            except Exception as e:  # noqa: BLE001 - one broken case must not lose the others
+                import traceback
+                traceback.print_exc()
+                print(f"forward case {cname} FAILED: {e}")
+                summary["forward"][cname] = {"error": str(e)}
+                continue
+            meta = base_metadata(dev)
+            meta["kind"] = "forward"
+            meta["case"] = json.dumps(meta_case)
+            meta["golden_config"] = json.dumps(cfg.to_json())
+            meta["attention_backend"] = ",".join(sorted(ATTN_BACKENDS))
+            save(os.path.join(args.out, f"forward_v1_{cname}.safetensors"), tensors, meta)
+            summary["forward"][cname] = s_fw
+            print(f"forward_v1_{cname}: S {meta_case['S']}, unique_t {meta_case['unique_t']}, "
+                  f"attention {meta['attention_backend']}, deterministic rerun {meta_case['deterministic_rerun']}")
+            for k in ("text.refined", "x.embed", "block.0.attn", "block.0.mlp", f"block.{cfg.num_layers - 1}.mlp",
+                      "final.video_rows", "out.video", "out.audio"):
+                if k in s_fw:
+                    print(f"  {k:22s} torch vs exact: max_abs {s_fw[k]['max_abs']:.3e} "
+                          f"rel_l2 {s_fw[k]['rel_l2']:.3e}")
+    with open(os.path.join(args.out, "reference_errors.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+    print(f"done in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
