@@ -1,0 +1,77 @@
+#include "sample/noise.h"
+
+#include <cmath>
+
+#include "core/status.h"
+
+namespace ls::sample {
+
+namespace {
+constexpr double kPi = 3.14159265358979323846;
+
+// One block of 16 uniforms -> 16 normals, in place (pairs j, j + 8).
+void box_muller_block16(float* d) {
+  for (int j = 0; j < 8; ++j) {
+    const float u1 = 1.0f - d[j];  // [0, 1) -> (0, 1] so the log is finite
+    const float u2 = d[j + 8];
+    const float radius = std::sqrt(-2.0f * std::log(u1));
+    const float theta = static_cast<float>(2.0 * kPi * static_cast<double>(u2));
+    d[j] = radius * std::cos(theta);
+    d[j + 8] = radius * std::sin(theta);
+  }
+}
+}  // namespace
+
+TorchCpuGenerator::TorchCpuGenerator(uint64_t seed) : engine_(static_cast<uint32_t>(seed & 0xffffffffu)) {}
+
+float TorchCpuGenerator::uniform24() {
+  return static_cast<float>(engine_() & ((1u << 24) - 1)) * (1.0f / 16777216.0f);
+}
+
+double TorchCpuGenerator::uniform53() {
+  // random64(): the first 32-bit draw is the high word.
+  const uint64_t hi = engine_();
+  const uint64_t lo = engine_();
+  const uint64_t r = (hi << 32) | lo;
+  return static_cast<double>(r & ((uint64_t{1} << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+std::vector<float> TorchCpuGenerator::randn(int64_t n) {
+  LS_CHECK(n >= 0);
+  std::vector<float> out(static_cast<size_t>(n));
+  if (n >= 16) {
+    for (float& v : out) v = uniform24();
+    for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_block16(out.data() + i);
+    if (n % 16 != 0) {
+      float* tail = out.data() + (n - 16);
+      for (int j = 0; j < 16; ++j) tail[j] = uniform24();
+      box_muller_block16(tail);
+    }
+    return out;
+  }
+  for (float& v : out) {
+    if (have_cached_normal_) {
+      have_cached_normal_ = false;
+      v = static_cast<float>(cached_normal_);
+      continue;
+    }
+    const double u1 = uniform53();
+    const double u2 = uniform53();
+    const double r = std::sqrt(-2.0 * std::log1p(-u2));
+    const double theta = 2.0 * kPi * u1;
+    cached_normal_ = r * std::sin(theta);
+    have_cached_normal_ = true;
+    v = static_cast<float>(r * std::cos(theta));
+  }
+  return out;
+}
+
+std::vector<float> packed_noise(uint64_t seed, int64_t video_elems, int64_t audio_elems) {
+  TorchCpuGenerator gen(seed);
+  std::vector<float> noise = gen.randn(video_elems);
+  const std::vector<float> audio = gen.randn(audio_elems);
+  noise.insert(noise.end(), audio.begin(), audio.end());
+  return noise;
+}
+
+}  // namespace ls::sample
