@@ -1,0 +1,81 @@
+// CpuBackend: forwards each Backend method to its cpu_op_* entry (one file per op
+// family) and implements memory and copies for host memory.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cstring>
+#include <string>
+
+#include "backend/cpu/cpu_ops.h"
+
+namespace ls {
+namespace cpu {
+
+// Copy between host views of equal shape and dtype whose innermost dimension is
+// contiguous: one memcpy when both are contiguous, else one memcpy per innermost row.
+Status cpu_op_copy(const TensorView& dst, const TensorView& src) {
+  LS_TRY(require_host("copy", {&dst, &src}));
+  LS_CHECK_MSG(dst.dtype == src.dtype && dst.ndim == src.ndim,
+               "copy between different views: " + dst.shape_str() + " <- " + src.shape_str());
+  for (int i = 0; i < src.ndim; ++i)
+    LS_CHECK_MSG(dst.size(i) == src.size(i), "copy shape mismatch: " + dst.shape_str() + " <- " + src.shape_str());
+  LS_CHECK_MSG(dst.inner_contiguous() && src.inner_contiguous(), "copy needs contiguous rows");
+  const int64_t n = src.numel();
+  if (n == 0) return Status();
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(dst.data, src.data, static_cast<size_t>(n * src.elem_size()));
+    return Status();
+  }
+  const int nd = src.ndim;
+  const int64_t inner = src.size(nd - 1);
+  const int64_t outer = n / inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rem = o, soff = 0, doff = 0;
+    for (int i = nd - 2; i >= 0; --i) {
+      const int64_t idx = rem % src.size(i);
+      rem /= src.size(i);
+      soff += idx * src.stride[static_cast<size_t>(i)];
+      doff += idx * dst.stride[static_cast<size_t>(i)];
+    }
+    std::memcpy(static_cast<char*>(dst.data) + doff * dst.elem_size(),
+                static_cast<const char*>(src.data) + soff * src.elem_size(),
+                static_cast<size_t>(inner * src.elem_size()));
+  }
+  return Status();
+}
+
+MemoryResource& CpuBackend::memory() { return host_memory_resource(); }
+Status CpuBackend::copy(const TensorView& dst, const TensorView& src) { return cpu_op_copy(dst, src); }
+Status CpuBackend::gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) {
+  return cpu_op_gemm(x, w, bias, out);
+}
+Status CpuBackend::rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& out) {
+  return cpu_op_rms_norm(x, w, eps, out);
+}
+Status CpuBackend::modulate(const TensorView& in, const TensorView& shift, const TensorView& scale,
+                            const TensorView& rows, const TensorView& out) {
+  return cpu_op_modulate(in, shift, scale, rows, out);
+}
+Status CpuBackend::gated_add(const TensorView& x, const TensorView& y, const TensorView& gate,
+                             const TensorView& rows) {
+  return cpu_op_gated_add(x, y, gate, rows);
+}
+Status CpuBackend::add(const TensorView& x, const TensorView& y) { return cpu_op_add(x, y); }
+Status CpuBackend::qk_norm_rope(const TensorView& x, const TensorView& w, const TensorView& rope, float eps) {
+  return cpu_op_qk_norm_rope(x, w, rope, eps);
+}
+Status CpuBackend::swiglu(const TensorView& u, const TensorView& out) { return cpu_op_swiglu(u, out); }
+Status CpuBackend::silu(const TensorView& x) { return cpu_op_silu(x); }
+Status CpuBackend::time_embedding(const TensorView& t, const TensorView& out) {
+  return cpu_op_time_embedding(t, out);
+}
+Status CpuBackend::convert(const TensorView& src, const TensorView& dst) { return cpu_op_convert(src, dst); }
+Status CpuBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const AttentionParams& p) {
+  return cpu_op_attention(q, k, v, out, p);
+}
+
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+
+}  // namespace ls

@@ -1,0 +1,46 @@
+// The CPU backend: the reference every other backend is checked against.
+//
+// Every op is fp32 arithmetic over bf16/f32 storage with the reduction orders and
+// rounding points written down in docs/numerics.md (and at the top of each op file),
+// batch-invariant by construction, multithreaded over rows with ls::parallel_for
+// without any bit depending on the thread count. Memory comes from
+// host_memory_resource(); copies are memcpy per contiguous row; there is no queue, so
+// synchronize() returns at once.
+//
+// Usage:
+//   std::unique_ptr<ls::Backend> cpu = ls::make_cpu_backend();
+//   LS_TRY(cpu->gemm(x, w, &bias, out));   // bf16 [M, K] x bf16 [N, K] -> bf16 [M, N]
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace ls::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device{}; }
+  std::string name() const override { return "cpu"; }
+
+  MemoryResource& memory() override;
+  Status copy(const TensorView& dst, const TensorView& src) override;
+  Status synchronize() override { return Status(); }
+
+  Status gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) override;
+  Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& out) override;
+  Status modulate(const TensorView& in, const TensorView& shift, const TensorView& scale, const TensorView& rows,
+                  const TensorView& out) override;
+  Status gated_add(const TensorView& x, const TensorView& y, const TensorView& gate, const TensorView& rows) override;
+  Status add(const TensorView& x, const TensorView& y) override;
+  Status qk_norm_rope(const TensorView& x, const TensorView& w, const TensorView& rope, float eps) override;
+  Status swiglu(const TensorView& u, const TensorView& out) override;
+  Status silu(const TensorView& x) override;
+  Status time_embedding(const TensorView& t, const TensorView& out) override;
+  Status convert(const TensorView& src, const TensorView& dst) override;
+  Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const AttentionParams& p) override;
+};
+
+}  // namespace ls::cpu
