@@ -40,6 +40,16 @@ struct H3Config {
 // Presets: "tiny" (tests, the built-in default), "small" (CPU clips of a few thousand
 // tokens), "h3" (the real 33 B dimensions). Unknown name -> error listing the valid ones.
 Expected<H3Config> h3_preset(const std::string& name);
+// The curve ("pruned") form of a config: no time embedder, AdaLN linears in fp32 fed
+// by an adaln_t_table [grid, k] (Comfy-Org pruned files: grid 1025, k 8).
+H3Config h3_curve_form(H3Config cfg, int64_t grid = 1025, int64_t k = 8);
+// Checks a config's dimensions are usable (positive, rot_dim 6*len <= head_dim, ...).
+Status check_h3_config(const H3Config& cfg);
+// One line: "hidden 5376, 50 blocks (+2 refiner), 56x128 heads, ffn 14336, ...".
+std::string h3_config_summary(const H3Config& cfg);
+// The config as a JSON object with ComfyUI's constructor names (hidden_size,
+// num_layers, ...), the format detect_h3_config reads as metadata overrides.
+std::string h3_config_json(const H3Config& cfg);
 
 // Every tensor a checkpoint of this config holds, with real key names, shapes and
 // declared dtypes (h3-model.md §1.3), in a stable order (top level, refiner, blocks).
@@ -51,6 +61,7 @@ struct TensorSpec {
   int64_t numel() const;
 };
 std::vector<TensorSpec> h3_tensor_specs(const H3Config& cfg);
+const char* group_name(TensorSpec::Group g);  // "blocks", "adaln", ...
 
 // What a checkpoint holds (name with prefix, dtype, shape), e.g. from SafetensorsReader.
 struct TensorInfo {
@@ -65,6 +76,14 @@ Expected<H3Config> detect_h3_config(const std::vector<TensorInfo>& tensors,
 // Every expected tensor present with the right shape and dtype; the error names the
 // first that is wrong (and how).
 Status validate_h3_tensors(const H3Config& cfg, const std::vector<TensorInfo>& tensors);
+// Same; with allow_dtype_conversion, a float tensor stored in another float dtype than
+// declared (bf16/f16/f32) is accepted (the loader converts it on use).
+Status validate_h3_tensors(const H3Config& cfg, const std::vector<TensorInfo>& tensors,
+                           bool allow_dtype_conversion);
+// The key prefix ComfyUI's loader would strip (§1.2): the dominant one of
+// "model.diffusion_model.", "model.model.", "net." if it starts more than 5 keys, else
+// "model."; "" when no key starts with the chosen prefix (keys are used as they are).
+std::string detect_key_prefix(const std::vector<TensorInfo>& tensors);
 
 // Deterministic synthetic weights: the values make-model writes for tensor `spec`
 // under `seed`, generated in pieces (element range [begin, begin + count)) so a 66 GB
