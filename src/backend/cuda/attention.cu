@@ -1,0 +1,323 @@
+// Attention with the kv_tile contract (backend.h, DESIGN.md §1.2): a FlashAttention-2
+// style kernel on mma.sync m16n8k16 (bf16 in, fp32 accumulate), head_dim 32, 64 or 128.
+//
+// Work split: one CTA = 64 queries x 1 head, 4 warps of 16 queries each. The keys are
+// walked in order in blocks of at most 64 keys that never straddle a kv_tile boundary
+// (block = [b, min(b + 64, end of b's kv_tile, Mk))). Per (query, head) the state is
+// fp32 (m, l, acc[Dh]) carried across the whole key range:
+//   s_j   = dot(q, k_j) * (scale * log2 e)            (tensor-core fp32 accumulation)
+//   m_new = max(m, max_j s_j); alpha = 2^(m - m_new) (0 when m = -inf)
+//   p_j   = 2^(s_j - m_new)                           (exp2f, ~2 ulp)
+//   l     = l * alpha + sum_j p_j                     (per thread over its 16 keys of
+//                                                      the block, then the 4 threads of
+//                                                      a quad added by xor-shuffle 1, 2 at the end)
+//   acc   = acc * alpha + sum_j bf16(p_j) * v_j       (P rounded to bf16, as FA-2)
+//   out   = bf16(acc / l)
+// This is the contract's math in the log2 domain with the running max refreshed every
+// 64 keys instead of every kv_tile keys: equal up to fp32 rounding of the exponent
+// arguments and of the bf16(P) rounding points, which the parity test bounds
+// (relative L2 vs fp64 <= 2x the CPU reference's). It is bitwise query-slice
+// invariant: a query's arithmetic uses its own row of Q and the same key blocks in
+// the same order whatever Mq is or which other queries share its CTA.
+// Two-pass / streamed K/V: since blocks never straddle a kv_tile, a caller that feeds
+// the same tiles in the same order through this state gets the same bits.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/ops.cuh"
+
+namespace ls::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kBr = 16 * kWarps;  // queries per CTA
+constexpr int kBc = 64;           // keys per inner block
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;  // 0: zero-fill the 16 bytes
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// d += a * b  (m16n8k16, bf16 inputs, fp32 accumulators)
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(f32_to_bf16_bits(lo)) | (static_cast<uint32_t>(f32_to_bf16_bits(hi)) << 16);
+}
+
+// Shared-memory tiles are [rows][D] bf16 with the 16-byte chunk index xor-swizzled by
+// (row & 7) when a row has >= 8 chunks, so ldmatrix's 8 row reads hit 8 bank groups.
+template <int D>
+__device__ __forceinline__ int sm_idx(int r, int chunk) {
+  constexpr int kChunks = D / 8;
+  const int c = kChunks >= 8 ? (chunk ^ (r & 7)) : chunk;
+  return r * D + c * 8;
+}
+
+// Rows [row0, row0 + R) of a [rows, H, D] view at head h into smem; rows >= nrows are zeros.
+template <int D, int R>
+__device__ __forceinline__ void load_tile(uint16_t* sm, const uint16_t* base, int64_t stride, int64_t row0,
+                                          int64_t nrows) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < R * kChunks; i += kWarps * 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < nrows;
+    const uint16_t* src = valid ? base + (row0 + r) * stride + c * 8 : base;
+    cp_async16(sm + sm_idx<D>(r, c), src, valid);
+  }
+}
+
+struct AttnArgs {
+  const uint16_t* q;  // bf16 [Mq, H, D]
+  const uint16_t* k;  // bf16 [Mk, H, D]
+  const uint16_t* v;  // bf16 [Mk, H, D]
+  uint16_t* o;        // bf16 [Mq, H, D]
+  int64_t sq, hq, sk, hk, sv, hv, so, ho;  // row and head strides (elements)
+  int64_t Mq, Mk, kv_tile;
+  float scale_log2;  // softmax scale * log2(e)
+};
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) {
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* Qs = smem;                    // [kBr][D]
+  uint16_t* Ks = Qs + kBr * D;            // [2][kBc][D]
+  uint16_t* Vs = Ks + 2 * kBc * D;        // [2][kBc][D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBr;
+  const uint16_t* qh = a.q + h * a.hq;
+  const uint16_t* kh = a.k + h * a.hk;
+  const uint16_t* vh = a.v + h * a.hv;
+
+  auto block_end = [&](int64_t b) {
+    const int64_t tile_end = (b / a.kv_tile + 1) * a.kv_tile;
+    int64_t e = b + kBc;
+    if (e > tile_end) e = tile_end;
+    if (e > a.Mk) e = a.Mk;
+    return e;
+  };
+
+  load_tile<D, kBr>(Qs, qh, a.sq, q0, a.Mq);
+  load_tile<D, kBc>(Ks, kh, a.sk, 0, a.Mk);
+  load_tile<D, kBc>(Vs, vh, a.sv, 0, a.Mk);
+  cp_async_commit();
+
+  uint32_t qf[D / 16][4];
+  float acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m_r[2] = {-INFINITY, -INFINITY};  // rows g, g + 8 (log2 domain)
+  float l_r[2] = {0.0f, 0.0f};            // this thread's partial sums
+
+  int buf = 0;
+  for (int64_t b = 0; b < a.Mk; buf ^= 1) {
+    const int64_t e = block_end(b);
+    const int nk = static_cast<int>(e - b);
+    if (e < a.Mk) {
+      load_tile<D, kBc>(Ks + (buf ^ 1) * kBc * D, kh, a.sk, e, a.Mk);
+      load_tile<D, kBc>(Vs + (buf ^ 1) * kBc * D, vh, a.sv, e, a.Mk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (b == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(qf[kk], Qs + sm_idx<D>(row, 2 * kk + lane / 16));
+      }
+    }
+    const uint16_t* Kb = Ks + buf * kBc * D;
+    const uint16_t* Vb = Vs + buf * kBc * D;
+
+    // S = Q K^T for this warp's 16 rows x 64 keys.
+    float s[kBc / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBc / 8; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, Kb + sm_idx<D>(8 * j + (lane % 8), 2 * kk + lane / 8));
+        mma_bf16(s[j], qf[kk], kf[0], kf[1]);
+        mma_bf16(s[j], qf[kk + 1], kf[2], kf[3]);
+      }
+    }
+    // Scale, mask keys past the block end, row max.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = 8 * j + 2 * t + (i & 1);
+        const float x = col < nk ? s[j][i] * a.scale_log2 : -INFINITY;
+        s[j][i] = x;
+        mx[i / 2] = fmaxf(mx[i / 2], x);
+      }
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m_r[r], mx[r]);
+      alpha[r] = m_r[r] == -INFINITY ? 0.0f : exp2f(m_r[r] - m_new);
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      m_r[r] = m_new;
+    }
+    float psum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float p = exp2f(s[j][i] - m_use[i / 2]);
+        s[j][i] = p;
+        psum[i / 2] += p;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + psum[r];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      acc[j][0] *= alpha[0];
+      acc[j][1] *= alpha[0];
+      acc[j][2] *= alpha[1];
+      acc[j][3] *= alpha[1];
+    }
+    // acc += bf16(P) V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment.
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t pf[4];
+      pf[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+      pf[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+      pf[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, Vb + sm_idx<D>(16 * kk + (lane % 8) + 8 * ((lane / 8) % 2), j + lane / 16));
+        mma_bf16(acc[j], pf, vf[0], vf[1]);
+        mma_bf16(acc[j + 1], pf, vf[2], vf[3]);
+      }
+    }
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+    b = e;
+  }
+
+  // l over the quad, then out = bf16(acc / l).
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_r[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = l;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = q0 + warp * 16 + g + 8 * r;
+    if (row >= a.Mq) continue;
+    uint16_t* orow = a.o + row * a.so + h * a.ho;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t v = pack_bf16x2(acc[j][2 * r] / inv[r], acc[j][2 * r + 1] / inv[r]);
+      *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t) = v;
+    }
+  }
+}
+
+template <int D>
+Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
+  const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * D * sizeof(uint16_t);
+  static bool configured = false;  // per instantiation; the attribute is per device function
+  if (!configured) {
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    configured = true;
+  }
+  dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
+  attention_bf16<D><<<grid, kWarps * 32, smem, ctx.stream>>>(a);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+}  // namespace
+
+Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const AttentionParams& p) {
+  LS_CHECK_MSG(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && out.ndim == 3 && k.shape[0] == v.shape[0] &&
+                   q.shape[1] == k.shape[1] && q.shape[1] == v.shape[1] && q.shape[1] == out.shape[1] &&
+                   q.shape[2] == k.shape[2] && q.shape[2] == v.shape[2] && q.shape[2] == out.shape[2] &&
+                   q.shape[0] == out.shape[0] && q.inner_contiguous() && k.inner_contiguous() &&
+                   v.inner_contiguous() && out.inner_contiguous() && p.kv_tile > 0,
+               "attention: q " + q.shape_str() + " k " + k.shape_str() + " v " + v.shape_str() + " out " +
+                   out.shape_str());
+  if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
+    return unsupported("attention", "needs bf16 q, k, v, out");
+  const int64_t Dh = q.shape[2];
+  if (Dh != 32 && Dh != 64 && Dh != 128)
+    return unsupported("attention", "head_dim " + std::to_string(Dh) + " (supported: 32, 64, 128)");
+  bool aligned = true;
+  for (const TensorView* t : {&q, &k, &v, &out})
+    aligned = aligned && aligned16(t->data) && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0;
+  if (!aligned)
+    return unsupported("attention", "q, k, v, out need 16-byte aligned rows and heads (strides multiple of 8)");
+  if (q.shape[0] == 0) return Status();
+  if (k.shape[0] == 0) return unsupported("attention", "no keys");
+  if (q.shape[1] > 65535) return unsupported("attention", "more than 65535 heads");
+  AttnArgs a{};
+  a.q = q.ptr<const uint16_t>();
+  a.k = k.ptr<const uint16_t>();
+  a.v = v.ptr<const uint16_t>();
+  a.o = out.ptr<uint16_t>();
+  a.sq = q.stride[0];
+  a.hq = q.stride[1];
+  a.sk = k.stride[0];
+  a.hk = k.stride[1];
+  a.sv = v.stride[0];
+  a.hv = v.stride[1];
+  a.so = out.stride[0];
+  a.ho = out.stride[1];
+  a.Mq = q.shape[0];
+  a.Mk = k.shape[0];
+  a.kv_tile = p.kv_tile;
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / sqrtf(static_cast<float>(Dh));
+  a.scale_log2 = scale * kLog2e;
+  const int H = static_cast<int>(q.shape[1]);
+  switch (Dh) {
+    case 32: return launch<32>(ctx, a, H);
+    case 64: return launch<64>(ctx, a, H);
+    default: return launch<128>(ctx, a, H);
+  }
+}
+
+}  // namespace ls::cuda

@@ -1,0 +1,304 @@
+// CudaBackend: the Backend interface on one CUDA device (DESIGN.md §3).
+//
+// Memory: MemoryResource over cudaMalloc (the arena takes its one block from it);
+// nothing else in the backend allocates device memory. Work: one compute stream per
+// backend; every op and copy is queued on it in call order, so ops see the results of
+// earlier ops without extra synchronisation. cuBLASLt's workspace is handed in by the
+// caller (set_workspace), with a fixed size so algorithm choice never depends on it.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ext.h"
+#include "backend/cuda/ops.cuh"
+
+namespace ls::cuda {
+
+void cuda_check_failed(const char* call, const char* func, const char* file, int line, const char* what) {
+  std::fprintf(stderr, "CUDA call failed: %s\n  in %s at %s:%d\n  error: %s\n", call, func, file, line, what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+Error cuda_error(cudaError_t e, const std::string& what) {
+  cudaGetLastError();  // clear a sticky-free error so later calls are not blamed
+  ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::device;
+  return make_error(code, what + ": " + cudaGetErrorString(e));
+}
+
+Error cublas_error(cublasStatus_t s, const std::string& what) {
+  return make_error(ErrorCode::device, what + ": " + cublasLtGetStatusString(s));
+}
+
+Status unsupported(const char* op, const std::string& detail) {
+  return make_error(ErrorCode::unsupported, std::string("cuda ") + op + ": " + detail);
+}
+
+namespace {
+
+// Makes `device` current for the calling thread for the scope (cheap when it already is).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    LS_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) LS_CUDA_CHECK(cudaSetDevice(device));
+    set_ = prev_ != device;
+  }
+  ~DeviceGuard() {
+    if (set_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool set_ = false;
+};
+
+class CudaMemoryResource final : public MemoryResource {
+ public:
+  explicit CudaMemoryResource(int device) : device_(device) {}
+  Device device() const override { return Device{DeviceKind::cuda, device_}; }
+  Expected<void*> allocate(size_t bytes) override {
+    DeviceGuard g(device_);
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      size_t free_b = 0, total_b = 0;
+      cudaGetLastError();
+      cudaMemGetInfo(&free_b, &total_b);
+      return cuda_error(e, "cudaMalloc of " + format_bytes(bytes) + " on cuda:" + std::to_string(device_) + " (" +
+                               format_bytes(free_b) + " free of " + format_bytes(total_b) +
+                               "); lower the memory budget");
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t) override {
+    if (!p) return;
+    DeviceGuard g(device_);
+    LS_CUDA_CHECK(cudaFree(p));
+  }
+
+ private:
+  int device_;
+};
+
+// True when every dimension after the first is packed (rows may have any stride).
+bool rows_packed(const TensorView& v) {
+  int64_t s = 1;
+  for (int i = v.ndim - 1; i >= 1; --i) {
+    if (v.shape[static_cast<size_t>(i)] != 1 && v.stride[static_cast<size_t>(i)] != s) return false;
+    s *= v.shape[static_cast<size_t>(i)];
+  }
+  return true;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const cudaDeviceProp& prop) : mem_(device), prop_name_(prop.name) {
+    ctx_.device = device;
+    ctx_.sm_count = prop.multiProcessorCount;
+    ctx_.max_smem_optin = prop.sharedMemPerBlockOptin;
+    LS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    LS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
+    ctx_.gemm_cache = gemm_cache_create();
+  }
+  ~CudaBackend() override {
+    DeviceGuard g(ctx_.device);
+    cudaStreamSynchronize(ctx_.stream);
+    gemm_cache_destroy(ctx_.gemm_cache);
+    cublasLtDestroy(ctx_.lt);
+    cudaStreamDestroy(ctx_.stream);
+  }
+
+  Device device() const override { return Device{DeviceKind::cuda, ctx_.device}; }
+  std::string name() const override { return "cuda:" + std::to_string(ctx_.device) + " (" + prop_name_ + ")"; }
+  MemoryResource& memory() override { return mem_; }
+
+  Status copy(const TensorView& dst, const TensorView& src) override {
+    DeviceGuard g(ctx_.device);
+    LS_CHECK_MSG(dst.dtype == src.dtype && dst.ndim == src.ndim, "copy: " + dst.shape_str() + " <- " + src.shape_str());
+    for (int i = 0; i < dst.ndim; ++i)
+      LS_CHECK_MSG(dst.shape[static_cast<size_t>(i)] == src.shape[static_cast<size_t>(i)],
+                   "copy: " + dst.shape_str() + " <- " + src.shape_str());
+    if (dst.numel() == 0) return Status();
+    const size_t es = static_cast<size_t>(dst.elem_size());
+    cudaError_t e;
+    if (dst.is_contiguous() && src.is_contiguous()) {
+      e = cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(dst.numel()) * es, cudaMemcpyDefault, ctx_.stream);
+    } else {
+      LS_CHECK_MSG(rows_packed(dst) && rows_packed(src), "copy: views must be contiguous or row-strided");
+      const int64_t rows = dst.shape[0];
+      const size_t width = static_cast<size_t>(dst.numel() / rows) * es;
+      e = cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst.stride[0]) * es, src.data,
+                            static_cast<size_t>(src.stride[0]) * es, width, static_cast<size_t>(rows),
+                            cudaMemcpyDefault, ctx_.stream);
+    }
+    if (e != cudaSuccess) return cuda_error(e, "copy " + src.shape_str() + " " + src.device.str() + " -> " + dst.device.str());
+    return Status();
+  }
+
+  Status synchronize() override {
+    DeviceGuard g(ctx_.device);
+    cudaError_t e = cudaStreamSynchronize(ctx_.stream);
+    if (e != cudaSuccess) return cuda_error(e, "cuda:" + std::to_string(ctx_.device) + " synchronize");
+    return Status();
+  }
+
+  size_t workspace_bytes() const override { return gemm_workspace_bytes(); }
+  Status set_workspace(const TensorView& ws) override {
+    LS_CHECK_MSG(ws.empty() || ws.device == device(), "set_workspace: view on " + ws.device.str());
+    if (!ws.empty() && static_cast<size_t>(ws.nbytes()) < gemm_workspace_bytes())
+      return make_error(ErrorCode::invalid_argument, "cuda set_workspace: " + std::to_string(ws.nbytes()) +
+                                                         " bytes given, workspace_bytes() = " +
+                                                         std::to_string(gemm_workspace_bytes()) + " needed");
+    ctx_.workspace = ws.data;
+    ctx_.workspace_bytes = ws.empty() ? 0 : static_cast<size_t>(ws.nbytes());
+    return Status();
+  }
+
+  Status gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_gemm(ctx_, x, w, bias, out);
+  }
+  Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_rms_norm(ctx_, x, w, eps, out);
+  }
+  Status modulate(const TensorView& in, const TensorView& shift, const TensorView& scale, const TensorView& rows,
+                  const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_modulate(ctx_, in, shift, scale, rows, out);
+  }
+  Status gated_add(const TensorView& x, const TensorView& y, const TensorView& gate, const TensorView& rows) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_gated_add(ctx_, x, y, gate, rows);
+  }
+  Status add(const TensorView& x, const TensorView& y) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_add(ctx_, x, y);
+  }
+  Status qk_norm_rope(const TensorView& x, const TensorView& w, const TensorView& rope, float eps) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_qk_norm_rope(ctx_, x, w, rope, eps);
+  }
+  Status swiglu(const TensorView& u, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_swiglu(ctx_, u, out);
+  }
+  Status silu(const TensorView& x) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_silu(ctx_, x);
+  }
+  Status time_embedding(const TensorView& t, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_time_embedding(ctx_, t, out);
+  }
+  Status convert(const TensorView& src, const TensorView& dst) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_convert(ctx_, src, dst);
+  }
+  Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const AttentionParams& p) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_attention(ctx_, q, k, v, out, p);
+  }
+
+  CudaContext& context() { return ctx_; }
+
+ private:
+  CudaContext ctx_;
+  CudaMemoryResource mem_;
+  std::string prop_name_;
+};
+
+}  // namespace
+
+// ---- cuda_ext.h ------------------------------------------------------------------
+Expected<std::unique_ptr<PinnedHostBuffer>> PinnedHostBuffer::create(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess) return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " pinned host memory");
+  return std::unique_ptr<PinnedHostBuffer>(new PinnedHostBuffer(p, bytes));
+}
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (data_) LS_CUDA_CHECK(cudaFreeHost(data_));
+}
+
+Stream::Stream(int device) : device_(device) {
+  DeviceGuard g(device_);
+  LS_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+}
+Stream::~Stream() {
+  DeviceGuard g(device_);
+  cudaStreamDestroy(s_);
+}
+void Stream::synchronize() const { LS_CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+Event::Event(int device, bool timing) : device_(device) {
+  DeviceGuard g(device_);
+  LS_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+Event::~Event() {
+  DeviceGuard g(device_);
+  cudaEventDestroy(e_);
+}
+void Event::record(cudaStream_t s) const { LS_CUDA_CHECK(cudaEventRecord(e_, s)); }
+void Event::wait_on(cudaStream_t s) const { LS_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
+void Event::synchronize() const { LS_CUDA_CHECK(cudaEventSynchronize(e_)); }
+float Event::elapsed_ms(const Event& start, const Event& stop) {
+  float ms = 0.0f;
+  LS_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, stop.e_));
+  return ms;
+}
+
+cudaStream_t compute_stream(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c ? c->context().stream : nullptr;
+}
+int device_index(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c ? c->context().device : -1;
+}
+std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,
+                                 const TensorView& out) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return "not a CUDA backend";
+  DeviceGuard g(c->context().device);
+  return gemm_describe_pinned(c->context(), x, w, bias, out);
+}
+
+}  // namespace ls::cuda
+
+namespace ls {
+
+Expected<std::unique_ptr<Backend>> make_cuda_backend(int index) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(ErrorCode::device, std::string("no usable CUDA device (") + cudaGetErrorString(e) +
+                                             "); check the NVIDIA driver or use --device cpu");
+  }
+  if (index < 0 || index >= count)
+    return make_error(ErrorCode::device, "cuda:" + std::to_string(index) + " does not exist: this machine has " +
+                                             std::to_string(count) + " CUDA device(s)");
+  cudaDeviceProp prop{};
+  e = cudaGetDeviceProperties(&prop, index);
+  if (e != cudaSuccess) return cuda::cuda_error(e, "cudaGetDeviceProperties(cuda:" + std::to_string(index) + ")");
+  if (prop.major < 8)
+    return make_error(ErrorCode::unsupported, std::string("cuda:") + std::to_string(index) + " (" + prop.name +
+                                                  ") has compute capability " + std::to_string(prop.major) + "." +
+                                                  std::to_string(prop.minor) + "; LayerStream needs 8.0 or newer");
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(index);
+  auto b = std::make_unique<cuda::CudaBackend>(index, prop);
+  cudaSetDevice(prev);
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace ls

@@ -1,0 +1,84 @@
+// CUDA-specific extras for the streaming executor (weights and K/V tiles copied on a
+// side stream while the compute stream works): pinned host buffers, extra streams and
+// events, as small RAII wrappers, and a named lookup of the backend's compute stream.
+// The core never includes this; only CUDA-aware code (streaming, benchmarks) does.
+//
+// Usage:
+//   auto pinned = cuda::PinnedHostBuffer::create(bytes);      // Expected<...>
+//   cuda::Stream copy_stream(device);
+//   cuda::Event ready(device);
+//   cudaMemcpyAsync(dev, pinned->data(), bytes, cudaMemcpyHostToDevice, copy_stream.get());
+//   ready.record(copy_stream.get());
+//   ready.wait_on(cuda::compute_stream(backend));   // compute waits for the copy
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace ls::cuda {
+
+// Page-locked host memory (cudaHostAlloc), so async copies overlap with compute.
+class PinnedHostBuffer {
+ public:
+  static Expected<std::unique_ptr<PinnedHostBuffer>> create(size_t bytes);
+  ~PinnedHostBuffer();
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  PinnedHostBuffer(void* d, size_t n) : data_(d), bytes_(n) {}
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A non-blocking stream on `device`.
+class Stream {
+ public:
+  explicit Stream(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+  void synchronize() const;
+
+ private:
+  int device_ = 0;
+  cudaStream_t s_ = nullptr;
+};
+
+// An event (timing enabled when asked) on `device`.
+class Event {
+ public:
+  explicit Event(int device, bool timing = false);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+  void record(cudaStream_t s) const;
+  void wait_on(cudaStream_t s) const;  // stream s waits for this event
+  void synchronize() const;
+  // Milliseconds between two recorded (and completed) events.
+  static float elapsed_ms(const Event& start, const Event& stop);
+
+ private:
+  int device_ = 0;
+  cudaEvent_t e_ = nullptr;
+};
+
+// The compute stream of a CUDA backend (nullptr when `b` is not one).
+cudaStream_t compute_stream(Backend& b);
+// The device index of a CUDA backend (-1 when `b` is not one).
+int device_index(Backend& b);
+
+// The cuBLASLt algorithm pinned for a GEMM key, as text (for logs and benchmarks):
+// "algo 66 tile 20 stages 5 splitk 1 red 0 swizzle 0 custom 0 cluster 2 ws 0".
+std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,
+                                 const TensorView& out);
+
+}  // namespace ls::cuda

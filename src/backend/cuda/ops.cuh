@@ -1,0 +1,36 @@
+// The CUDA op entries, one per backend op (each defined in its family's .cu file:
+// rms_norm.cu, modulate.cu, elementwise.cu, qk_norm_rope.cu, time_embedding.cu,
+// convert.cu, gemm.cu, attention.cu). Arguments are validated by the entry; shape
+// mismatches are bugs (LS_CHECK), unsupported dtypes return a Status.
+#pragma once
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ls::cuda {
+
+Status cuda_op_gemm(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
+                    const TensorView& out);
+Status cuda_op_rms_norm(CudaContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& out);
+Status cuda_op_modulate(CudaContext& ctx, const TensorView& in, const TensorView& shift, const TensorView& scale,
+                        const TensorView& rows, const TensorView& out);
+Status cuda_op_gated_add(CudaContext& ctx, const TensorView& x, const TensorView& y, const TensorView& gate,
+                         const TensorView& rows);
+Status cuda_op_add(CudaContext& ctx, const TensorView& x, const TensorView& y);
+Status cuda_op_qk_norm_rope(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView& rope,
+                            float eps);
+Status cuda_op_swiglu(CudaContext& ctx, const TensorView& u, const TensorView& out);
+Status cuda_op_silu(CudaContext& ctx, const TensorView& x);
+Status cuda_op_time_embedding(CudaContext& ctx, const TensorView& t, const TensorView& out);
+Status cuda_op_convert(CudaContext& ctx, const TensorView& src, const TensorView& dst);
+Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const AttentionParams& p);
+
+// gemm.cu: the algorithm cache's lifetime is the backend's.
+GemmAlgoCache* gemm_cache_create();
+void gemm_cache_destroy(GemmAlgoCache* c);
+size_t gemm_workspace_bytes();
+std::string gemm_describe_pinned(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
+                                 const TensorView& out);
+
+}  // namespace ls::cuda
