@@ -98,6 +98,26 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, 
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget_bytes,
                                int64_t kv_tile = 1024);
 
+// ---- the buffer lists (shared by the planner and the executor) ---------------------
+// Each phase's buffers in allocation order, for slices of `n` rows (the largest slice
+// of the plan); the executor allocates the same specs with the actual slice's rows.
+std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& sizes);
+PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n);
+// attn_slice 0: stock (h, fused qkv, attention out over S rows); else two-pass:
+// K, V [S, I] then per slice h, Q, attention out.
+PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice);
+PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n);
+// PDD effective video head first (pdd_heads > 1), then per slice h, fp32 modulated rows, fp32 head out.
+PlanPhase final_phase(const h3::H3Config& cfg, int64_t n);
+uint64_t sum_bytes(const std::vector<PlannedBuffer>& buffers);
+
+// The text refiner's arena for L tokens: x [L, D] persistent, then the input cast /
+// condition_proj phase, then one refiner block (stock, all L rows).
+std::vector<PlannedBuffer> refiner_persistent_buffers(const h3::H3Config& cfg, int64_t L);
+PlanPhase refiner_input_phase(const h3::H3Config& cfg, int64_t L);
+PlanPhase refiner_block_phase(const h3::H3Config& cfg, int64_t L);
+uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L);
+
 // "512M", "3G", "3.5GiB", "1.5 GB", "123456" (bytes). K/M/G/T and KiB/MiB/GiB/TiB are
 // binary (1024-based); KB/MB/GB/TB are decimal. Errors name the input.
 Expected<uint64_t> parse_byte_size(const std::string& text);

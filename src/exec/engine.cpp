@@ -1,0 +1,586 @@
+// The engine and its executor: the block loop with slices (DESIGN.md §3). The model
+// (src/model/h3) says which op runs on which rows; this file owns the slicing, the
+// arena and the order of phases:
+//
+//   persistent: x, RoPE table, modulation rows, final rows
+//   embed   : per mlp slice: fp32 patch rows -> fp32 projection -> bf16 into x (text rows copied)
+//   blocks  : attention (stock: one fused slice; two-pass: K/V for all slices, then Q/out per
+//             slice), then the MLP per slice; x is updated in place
+//   final   : per final slice of the target rows: norm, modulation, fp32 head -> host
+//   host    : unpatchify, bf16, negate, masks, audio carry transform
+//
+// Every allocation comes from the activation arena, with the specs of exec/plan.h, so
+// the measured peak can never exceed the plan's prediction.
+#include "exec/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/arena.h"
+#include "exec/weights.h"
+#include "model/h3/adaln.h"
+#include "model/h3/block.h"
+#include "model/h3/checkpoint.h"
+#include "model/h3/embed.h"
+#include "model/h3/final_layer.h"
+#include "model/h3/layout.h"
+#include "model/h3/rope.h"
+
+namespace ls::exec {
+
+TensorView RefinedText::view() const {
+  return TensorView(const_cast<uint16_t*>(bf16.data()), DType::bf16, {L, D});
+}
+
+// ---- RunReport ------------------------------------------------------------------------
+
+std::string RunReport::status_line() const {
+  std::ostringstream os;
+  os << "[LayerStream] ";
+  if (stock) {
+    os << "stock plan (one slice)";
+  } else {
+    os << (two_pass_attention ? "two-pass attention (" + std::to_string(attn_slice) + "-row slices)" : "stock attention")
+       << ", " << (sliced_mlp ? "sliced MLP (" + std::to_string(mlp_slice) + ")" : "stock MLP") << ", "
+       << (sliced_head ? "sliced head (" + std::to_string(final_slice) + ")" : "stock head");
+  }
+  os << "; S " << S << ", kv_tile " << kv_tile << "; activation peak " << format_bytes(measured_peak_bytes)
+     << " measured / " << format_bytes(predicted_peak_bytes) << " predicted (stock " << format_bytes(stock_peak_bytes);
+  if (stock_peak_bytes > 0 && !stock) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, ", %+.1f %%",
+                  100.0 * (static_cast<double>(predicted_peak_bytes) - static_cast<double>(stock_peak_bytes)) /
+                      static_cast<double>(stock_peak_bytes));
+    os << buf;
+  }
+  os << "); AdaLN tables " << format_bytes(adaln_table_bytes) << (adaln_precomputed ? " (precomputed)" : " (this call)");
+  char t[32];
+  std::snprintf(t, sizeof t, "; %.3f s", wall_seconds);
+  os << t << " on " << backend;
+  return os.str();
+}
+
+std::string RunReport::to_json() const {
+  std::ostringstream os;
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  std::string be;
+  for (char c : backend) {
+    if (c == '"' || c == '\\') be += '\\';
+    be += c;
+  }
+  os << "{\"two_pass_attention\": " << b(two_pass_attention) << ", \"sliced_mlp\": " << b(sliced_mlp)
+     << ", \"sliced_head\": " << b(sliced_head) << ", \"stock\": " << b(stock) << ", \"S\": " << S
+     << ", \"target_rows\": " << target_rows << ", \"attn_slice\": " << attn_slice << ", \"mlp_slice\": " << mlp_slice
+     << ", \"final_slice\": " << final_slice << ", \"kv_tile\": " << kv_tile
+     << ", \"predicted_peak_bytes\": " << predicted_peak_bytes << ", \"measured_peak_bytes\": " << measured_peak_bytes
+     << ", \"stock_peak_bytes\": " << stock_peak_bytes << ", \"adaln_table_bytes\": " << adaln_table_bytes
+     << ", \"adaln_precomputed\": " << b(adaln_precomputed) << ", \"wall_seconds\": " << wall_seconds
+     << ", \"backend\": \"" << be << "\"}";
+  return os.str();
+}
+
+// ---- Impl -------------------------------------------------------------------------------
+
+namespace {
+
+// Allocates `spec` with `rows` rows (<= the planned rows) from the arena.
+Expected<TensorView> alloc(Arena& arena, const PlannedBuffer& spec, int64_t rows) {
+  LS_CHECK_MSG(rows <= spec.rows, "slice of " + std::to_string(rows) + " rows exceeds the planned " + spec.what);
+  return arena.alloc(spec.dtype, {rows, spec.cols}, spec.what.c_str());
+}
+
+// Host view of rows [a, b) of a contiguous host buffer [*, cols].
+template <typename T>
+TensorView host_rows(const std::vector<T>& v, DType t, int64_t cols, int64_t a, int64_t b) {
+  return TensorView(const_cast<T*>(v.data()) + a * cols, t, {b - a, cols});
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+// Modulation tables of M timesteps: per block bf16|f32 [M, 18D] (= [3M, 6D]) and the
+// final layer's [M, 2D], in their own arena sized exactly.
+struct AdalnTables {
+  std::vector<double> t;  // ascending
+  std::unique_ptr<Arena> arena;
+  std::vector<TensorView> blocks;
+  TensorView final_table;
+  bool precomputed = false;
+  uint64_t bytes() const { return arena ? arena->used() : 0; }
+};
+
+struct Engine::Impl {
+  const h3::H3TensorSource* src = nullptr;
+  Backend* be = nullptr;
+  h3::H3Config cfg;
+  EngineOptions opts;
+  std::unique_ptr<WeightStore> weights;
+  std::unique_ptr<Arena> workspace_arena;
+  AdalnTables precomputed;  // from precompute_adaln
+  AdalnTables call_tables;  // computed by the last forward when precomputed ones did not cover it
+
+  h3::WeightGetter getter() const {
+    return [this](const std::string& n) { return weights->get(n); };
+  }
+  void eval(const std::string& name, int64_t layer, const TensorView& t) const {
+    if (opts.eval) opts.eval(name, layer, t);
+  }
+  Expected<AdalnTables> compute_tables(const std::vector<double>& t_values);
+};
+
+Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_values) {
+  const int64_t M = static_cast<int64_t>(t_values.size());
+  const int64_t D = cfg.hidden, td = cfg.time_embed_dim;
+  const DType adt = cfg.adaln_dtype();
+  AdalnTables tab;
+  tab.t = t_values;
+  // Table arena: per block [M, 18D] + final [M, 2D].
+  const uint64_t block_bytes = Arena::aligned_bytes(static_cast<size_t>(M * 18 * D * dtype_size(adt)));
+  const uint64_t final_bytes = Arena::aligned_bytes(static_cast<size_t>(M * 2 * D * dtype_size(adt)));
+  LS_ASSIGN_OR_RETURN(tab.arena, Arena::create(be->memory(), block_bytes * static_cast<uint64_t>(cfg.num_layers) + final_bytes));
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    LS_ASSIGN_OR_RETURN(TensorView v, tab.arena->alloc(adt, {M, 18 * D}, "AdaLN block table"));
+    tab.blocks.push_back(TensorView(v.data, adt, {3 * M, 6 * D}, v.device));
+  }
+  LS_ASSIGN_OR_RETURN(tab.final_table, tab.arena->alloc(adt, {M, 2 * D}, "AdaLN final table"));
+
+  // Scratch: time-embedding buffers (unpruned) or the curve rows, the AdaLN input, and
+  // transient device copies of the AdaLN weights (none on the CPU).
+  const bool curve = cfg.curve_form();
+  auto ab = [](int64_t n, DType t) { return Arena::aligned_bytes(static_cast<size_t>(n) * static_cast<size_t>(dtype_size(t))); };
+  uint64_t scratch = ab(M * td, adt);  // AdaLN input
+  if (!curve) {
+    scratch += ab(M, DType::f32) + ab(M * cfg.timestep_input_dim, DType::f32) + ab(M * cfg.time_embed_hidden, DType::f32) +
+               ab(M * td, DType::f32);
+    for (const char* n : {"time_embedder.proj_in.weight", "time_embedder.proj_in.bias", "time_embedder.proj_out.weight",
+                          "time_embedder.proj_out.bias"})
+      scratch += weights->transient_bytes(n);
+  }
+  uint64_t max_w = 0;
+  for (int64_t i = 0; i < cfg.num_layers; ++i)
+    max_w = std::max(max_w, weights->transient_bytes(h3::h3_block_key(i, "adaln_proj.linear.weight")) +
+                                weights->transient_bytes(h3::h3_block_key(i, "adaln_proj.linear.bias")));
+  max_w = std::max(max_w, weights->transient_bytes("final_layer.adaln_proj.linear.weight") +
+                              weights->transient_bytes("final_layer.adaln_proj.linear.bias"));
+  scratch += max_w;
+  LS_ASSIGN_OR_RETURN(auto sa, Arena::create(be->memory(), scratch));
+  LS_ASSIGN_OR_RETURN(TensorView ain, sa->alloc(adt, {M, td}, "AdaLN input"));
+  std::vector<float> t32(t_values.size());
+  for (size_t i = 0; i < t_values.size(); ++i) t32[i] = static_cast<float>(t_values[i]);
+  if (curve) {
+    const std::vector<float> rows = h3::curve_time_embedding(weights->host("adaln_t_table"), t32);
+    LS_TRY(be->copy(ain, TensorView(const_cast<float*>(rows.data()), DType::f32, {M, td})));
+  } else {
+    Arena::Scope te(*sa);
+    h3::TimeEmbedScratch s;
+    LS_ASSIGN_OR_RETURN(s.t, sa->alloc(DType::f32, {M}, "timesteps"));
+    LS_ASSIGN_OR_RETURN(s.sinus, sa->alloc(DType::f32, {M, cfg.timestep_input_dim}, "sinusoid"));
+    LS_ASSIGN_OR_RETURN(s.hidden, sa->alloc(DType::f32, {M, cfg.time_embed_hidden}, "time hidden"));
+    LS_ASSIGN_OR_RETURN(s.temb, sa->alloc(DType::f32, {M, td}, "t_emb fp32"));
+    LS_TRY(be->copy(s.t, TensorView(t32.data(), DType::f32, {M})));
+    std::map<std::string, TensorView> tw;
+    for (const char* n : {"time_embedder.proj_in.weight", "time_embedder.proj_in.bias", "time_embedder.proj_out.weight",
+                          "time_embedder.proj_out.bias"}) {
+      LS_ASSIGN_OR_RETURN(tw[n], weights->transient(n, *sa));
+    }
+    LS_TRY(h3::adaln_input(*be, cfg, [&](const std::string& n) { return tw.at(n); }, s, ain));
+  }
+  eval("adaln.input", -1, ain);
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    Arena::Scope ws(*sa);
+    LS_ASSIGN_OR_RETURN(TensorView w, weights->transient(h3::h3_block_key(i, "adaln_proj.linear.weight"), *sa));
+    LS_ASSIGN_OR_RETURN(TensorView b, weights->transient(h3::h3_block_key(i, "adaln_proj.linear.bias"), *sa));
+    const TensorView out(tab.blocks[static_cast<size_t>(i)].data, adt, {M, 18 * D}, be->device());
+    LS_TRY(h3::adaln_linear(*be, ain, w, b, out));
+  }
+  {
+    Arena::Scope ws(*sa);
+    LS_ASSIGN_OR_RETURN(TensorView w, weights->transient("final_layer.adaln_proj.linear.weight", *sa));
+    LS_ASSIGN_OR_RETURN(TensorView b, weights->transient("final_layer.adaln_proj.linear.bias", *sa));
+    LS_TRY(h3::adaln_linear(*be, ain, w, b, tab.final_table));
+  }
+  LS_TRY(be->synchronize());
+  return tab;
+}
+
+Engine::Engine() : impl_(std::make_unique<Impl>()) {}
+Engine::~Engine() = default;
+
+const h3::H3Config& Engine::config() const { return impl_->cfg; }
+Backend& Engine::backend() const { return *impl_->be; }
+
+Expected<std::unique_ptr<Engine>> Engine::create(const h3::H3TensorSource& weights, Backend& backend,
+                                                 const EngineOptions& options) {
+  LS_TRY(h3::check_h3_config(weights.cfg()));
+  std::unique_ptr<Engine> e(new Engine());
+  Impl& m = *e->impl_;
+  m.src = &weights;
+  m.be = &backend;
+  m.cfg = weights.cfg();
+  m.opts = options;
+  LS_ASSIGN_OR_RETURN(m.weights, WeightStore::create(weights, backend));
+  const size_t ws = backend.workspace_bytes();
+  if (ws > 0) {
+    LS_ASSIGN_OR_RETURN(m.workspace_arena, Arena::create(backend.memory(), ws));
+    LS_ASSIGN_OR_RETURN(void* p, m.workspace_arena->alloc_bytes(ws, "backend workspace"));
+    LS_TRY(backend.set_workspace(TensorView(p, DType::u8, {static_cast<int64_t>(ws)}, backend.device())));
+  }
+  return e;
+}
+
+// ---- text refiner --------------------------------------------------------------------------
+
+Expected<RefinedText> Engine::refine_text(const TensorView& text) {
+  Impl& m = *impl_;
+  const h3::H3Config& cfg = m.cfg;
+  if (text.ndim != 2 || text.shape[1] != cfg.text_dim || !text.is_contiguous() || text.device.kind != DeviceKind::cpu ||
+      (text.dtype != DType::f32 && text.dtype != DType::bf16))
+    return make_error(ErrorCode::invalid_argument, "text states are " + text.shape_str() +
+                                                       ", expected contiguous host f32|bf16 [L, " +
+                                                       std::to_string(cfg.text_dim) + "]");
+  const int64_t L = text.shape[0], D = cfg.hidden;
+  RefinedText out;
+  out.L = L;
+  out.D = D;
+  out.bf16.assign(static_cast<size_t>(L * D), 0);
+  if (L == 0) return out;
+  // The states are cast to bf16 first (ComfyUI casts the fp32 text encoder output).
+  std::vector<uint16_t> in(static_cast<size_t>(L * cfg.text_dim));
+  for (size_t i = 0; i < in.size(); ++i)
+    in[i] = text.dtype == DType::bf16 ? text.ptr<uint16_t>()[i] : f32_to_bf16(text.ptr<float>()[i]);
+  Backend& be = *m.be;
+  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(be.memory(), refiner_peak_bytes(cfg, L)));
+  const auto pers = refiner_persistent_buffers(cfg, L);
+  LS_ASSIGN_OR_RETURN(TensorView x, alloc(*arena, pers[0], L));
+  const TensorView in_host(in.data(), DType::bf16, {L, cfg.text_dim});
+  if (cfg.text_dim != D) {
+    Arena::Scope s(*arena);
+    const PlanPhase ph = refiner_input_phase(cfg, L);
+    LS_ASSIGN_OR_RETURN(TensorView xin, alloc(*arena, ph.buffers[0], L));
+    LS_TRY(be.copy(xin, in_host));
+    const TensorView bias = m.weights->get("condition_proj.bias");
+    LS_TRY(be.gemm(xin, m.weights->get("condition_proj.weight"), &bias, x));  // bf16 Linear + bias
+  } else {
+    LS_TRY(be.copy(x, in_host));
+  }
+  m.eval("text.embed", -1, x);
+  for (int64_t i = 0; i < cfg.refiner_layers; ++i) {
+    Arena::Scope s(*arena);
+    const PlanPhase ph = refiner_block_phase(cfg, L);
+    std::vector<TensorView> b;
+    for (const auto& spec : ph.buffers) {
+      LS_ASSIGN_OR_RETURN(TensorView v, alloc(*arena, spec, L));
+      b.push_back(v);
+    }
+    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(m.getter(), i), x, b[0], b[1], b[2], b[3], b[4], 1024));
+  }
+  LS_TRY(be.rms_norm(x, m.weights->get("token_refiner.final_norm.weight"), 1e-5f, x));
+  m.eval("text.refined", -1, x);
+  LS_TRY(be.copy(out.view(), x));
+  LS_TRY(be.synchronize());
+  return out;
+}
+
+// ---- AdaLN precompute ------------------------------------------------------------------------
+
+Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond) {
+  Impl& m = *impl_;
+  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(m.cfg, cond, /*with_positions=*/false));
+  std::vector<double> all;
+  for (float s : sigmas) {
+    if (!(s > 0.0f)) continue;  // the terminal 0 is never evaluated
+    const auto t = h3::distinct_timesteps(lay, cond, s);
+    all.insert(all.end(), t.begin(), t.end());
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  m.precomputed = AdalnTables{};
+  if (all.empty()) return Status();
+  LS_ASSIGN_OR_RETURN(m.precomputed, m.compute_tables(all));
+  m.precomputed.precomputed = true;
+  return Status();
+}
+
+void Engine::drop_adaln_tables() {
+  impl_->precomputed = AdalnTables{};
+  impl_->call_tables = AdalnTables{};
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
+                                        const TensorView& audio, float sigma, const Plan& plan) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  const h3::H3Config& cfg = m.cfg;
+  Backend& be = *m.be;
+  const int64_t D = cfg.hidden, P = cfg.rope_pairs(), H = cfg.heads, Dh = cfg.head_dim;
+  if (!(sigma > 0.0f) || !std::isfinite(sigma))
+    return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
+
+  // ---- host: layout, timesteps, inputs ----
+  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond));
+  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(cfg, cond, plan.knobs));
+  if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes ||
+      expect.attn_slice != plan.attn_slice || expect.mlp_slice != plan.mlp_slice || expect.final_slice != plan.final_slice)
+    return make_error(ErrorCode::invalid_argument,
+                      "the plan was made for another model or clip (plan S " + std::to_string(plan.sizes.S) +
+                          ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
+  if (text.L != lay.L || (text.L > 0 && text.D != D))
+    return make_error(ErrorCode::invalid_argument, "refined text has " + std::to_string(text.L) + " tokens of width " +
+                                                       std::to_string(text.D) + " but the conditioning says L = " +
+                                                       std::to_string(lay.L) + ", hidden " + std::to_string(D));
+  h3::Timesteps ts = h3::layout_timesteps(lay, cond, sigma);
+  const float carry = cond.audio_scale != 1.0 ? round_bf16(ts.sig.sigma_a_f32 / ts.sig.sigma_v_f32) : 1.0f;
+  LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, lay, cond, video, audio, carry));
+
+  // PDD effective heads (host) before any device work.
+  // The bank enlarges video_out only (the checkpoint table keeps audio_out [Pa, D]), so
+  // the audio head is used as it is.
+  h3::EffectiveHead pdd_v;
+  if (cfg.pdd_heads > 1) {
+    LS_ASSIGN_OR_RETURN(pdd_v, h3::pdd_effective_head(m.weights->host("final_layer.video_out.weight"),
+                                                      m.weights->host("final_layer.video_out.bias"), cfg.pdd_heads,
+                                                      cond.sample_sigmas, ts.sig.sigma_v, cond.shift_video, cond.shift_video));
+  }
+
+  // ---- modulation tables: the precomputed ones if they cover this call ----
+  const AdalnTables* tab = nullptr;
+  std::vector<int32_t> remap(ts.unique_t.size());
+  if (!m.precomputed.t.empty()) {
+    bool covered = true;
+    for (size_t i = 0; i < ts.unique_t.size() && covered; ++i) {
+      auto it = std::lower_bound(m.precomputed.t.begin(), m.precomputed.t.end(), ts.unique_t[i]);
+      covered = it != m.precomputed.t.end() && *it == ts.unique_t[i];
+      if (covered) remap[i] = static_cast<int32_t>(it - m.precomputed.t.begin());
+    }
+    if (covered) tab = &m.precomputed;
+  }
+  if (!tab) {
+    m.call_tables = AdalnTables{};
+    LS_ASSIGN_OR_RETURN(m.call_tables, m.compute_tables(ts.unique_t));
+    for (size_t i = 0; i < remap.size(); ++i) remap[i] = static_cast<int32_t>(i);
+    tab = &m.call_tables;
+  }
+  for (auto& r : ts.mod_rows) r = remap[static_cast<size_t>(r / 3)] * 3 + r % 3;
+  for (auto& r : ts.final_rows) r = remap[static_cast<size_t>(r)];
+
+  // ---- the activation arena: capacity = the plan's predicted peak ----
+  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(be.memory(), plan.predicted_peak_bytes));
+  const int64_t S = lay.S;
+  const auto& pers = plan.persistent;
+  LS_ASSIGN_OR_RETURN(TensorView x, alloc(*arena, pers[0], S));               // bf16 [S, D]
+  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc(*arena, pers[1], S));           // bf16 [S, 2P]
+  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc(*arena, pers[2], S));       // i32 [S, 1]
+  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc(*arena, pers[3], S));     // i32 [S, 1]
+  const TensorView rope(rope2.data, DType::bf16, {S, P, 2}, rope2.device);   // bf16 [S, P, 2]
+  const TensorView mod_rows(mod_rows2.data, DType::i32, {S}, mod_rows2.device);
+  const TensorView final_rows(final_rows2.data, DType::i32, {S}, final_rows2.device);
+  {
+    std::vector<uint16_t> rt(static_cast<size_t>(S * P * 2));
+    const TensorView inv = m.weights->host("rope.inv_freq");
+    h3::rope_table_rows(lay.positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
+    LS_TRY(be.copy(rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
+    LS_TRY(be.copy(mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
+    LS_TRY(be.copy(final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
+  }
+
+  // ---- embed: text rows copied, latent rows projected per slice ----
+  {
+    Arena::Scope phase(*arena);
+    const PlanPhase& ph = plan.phases[0];
+    const TensorView vw = m.weights->get("video_patch_proj.weight"), vb = m.weights->get("video_patch_proj.bias");
+    const TensorView aw = m.weights->get("audio_patch_proj.weight"), ab = m.weights->get("audio_patch_proj.bias");
+    std::vector<float> staging;
+    for (int64_t a = 0; a < S; a += plan.mlp_slice) {
+      const int64_t b = std::min(S, a + plan.mlp_slice);
+      Arena::Scope slice(*arena);
+      LS_ASSIGN_OR_RETURN(TensorView rows, alloc(*arena, ph.buffers[0], b - a));  // f32 [n, max(Pv, Pa)]
+      LS_ASSIGN_OR_RETURN(TensorView emb, alloc(*arena, ph.buffers[1], b - a));   // f32 [n, D]
+      for (const h3::Segment& s : lay.segments) {
+        const int64_t lo = std::max(a, s.start), hi = std::min(b, s.stop);
+        if (lo >= hi) continue;
+        if (s.kind == h3::SegmentKind::text) {
+          LS_TRY(be.copy(x.slice_rows(lo, hi), text.view().slice_rows(lo, hi)));
+          continue;
+        }
+        const int64_t w = inputs.width(s), n = hi - lo;
+        staging.resize(static_cast<size_t>(n * w));
+        inputs.rows(s, lo, hi, staging.data());
+        // Contiguous [n, w] views at the sub-range's offset inside the slice buffers.
+        const TensorView r(static_cast<float*>(rows.data) + (lo - a) * w, DType::f32, {n, w}, rows.device);
+        const TensorView e = emb.slice_rows(lo - a, hi - a);
+        LS_TRY(be.copy(r, TensorView(staging.data(), DType::f32, {n, w})));
+        LS_TRY(be.gemm(r, s.is_video() ? vw : aw, s.is_video() ? &vb : &ab, e));  // fp32 GEMM + bias
+        LS_TRY(be.convert(e, x.slice_rows(lo, hi)));                              // -> bf16
+      }
+      LS_TRY(be.synchronize());  // the staging buffer is reused by the next slice
+    }
+  }
+  m.eval("x.embed", -1, x);
+
+  // ---- the block loop ----
+  const h3::BlockRows br{x, rope, mod_rows};
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    const h3::DitBlock blk(be, cfg, h3::dit_block_weights(m.getter(), i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
+    {
+      Arena::Scope phase(*arena);
+      const PlanPhase& ph = plan.phases[1];
+      if (!plan.two_pass_attention()) {
+        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[0], S));
+        LS_ASSIGN_OR_RETURN(TensorView qkv, alloc(*arena, ph.buffers[1], S));
+        LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, ph.buffers[2], S));
+        LS_TRY(blk.attn_fused(br, h, qkv, o, plan.kv_tile));
+      } else {
+        LS_ASSIGN_OR_RETURN(TensorView k2, alloc(*arena, ph.buffers[0], S));
+        LS_ASSIGN_OR_RETURN(TensorView v2, alloc(*arena, ph.buffers[1], S));
+        const TensorView k_all = k2.unflatten_last(H, Dh), v_all = v2.unflatten_last(H, Dh);  // bf16 [S, H, Dh]
+        // Pass 1: K and V of every row before any residual row changes.
+        for (int64_t a = 0; a < S; a += plan.attn_slice) {
+          const int64_t b = std::min(S, a + plan.attn_slice);
+          Arena::Scope slice(*arena);
+          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[2], b - a));
+          LS_TRY(blk.attn_kv(br, a, b, k_all, v_all, h));
+        }
+        // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
+        for (int64_t a = 0; a < S; a += plan.attn_slice) {
+          const int64_t b = std::min(S, a + plan.attn_slice);
+          Arena::Scope slice(*arena);
+          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[2], b - a));
+          LS_ASSIGN_OR_RETURN(TensorView q, alloc(*arena, ph.buffers[3], b - a));
+          LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, ph.buffers[4], b - a));
+          LS_TRY(blk.attn_q_out(br, a, b, k_all, v_all, h, q, o, plan.kv_tile));
+        }
+      }
+    }
+    m.eval("block.attn", i, x);
+    {
+      Arena::Scope phase(*arena);
+      const PlanPhase& ph = plan.phases[2];
+      for (int64_t a = 0; a < S; a += plan.mlp_slice) {
+        const int64_t b = std::min(S, a + plan.mlp_slice);
+        Arena::Scope slice(*arena);
+        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[0], b - a));
+        LS_ASSIGN_OR_RETURN(TensorView u, alloc(*arena, ph.buffers[1], b - a));
+        LS_ASSIGN_OR_RETURN(TensorView act, alloc(*arena, ph.buffers[2], b - a));
+        LS_TRY(blk.mlp(br, a, b, h, u, act));
+      }
+    }
+    m.eval("block.mlp", i, x);
+  }
+
+  // ---- final layer on the target rows [audio | video] ----
+  const h3::Segment& sa = lay.target_audio();
+  const h3::Segment& sv = lay.target_video();
+  const int64_t Pv = cfg.video_patch_dim(), Pa = cfg.audio_latents_dim;
+  std::vector<float> vout(static_cast<size_t>(sv.rows() * Pv)), aout(static_cast<size_t>(sa.rows() * Pa));
+  {
+    Arena::Scope phase(*arena);
+    const PlanPhase& ph = plan.phases[3];
+    size_t bi = 0;
+    TensorView vw = m.weights->get("final_layer.video_out.weight"), vb = m.weights->get("final_layer.video_out.bias");
+    TensorView aw = m.weights->get("final_layer.audio_out.weight"), ab = m.weights->get("final_layer.audio_out.bias");
+    if (cfg.pdd_heads > 1) {
+      LS_ASSIGN_OR_RETURN(vw, alloc(*arena, ph.buffers[bi++], Pv));
+      LS_ASSIGN_OR_RETURN(TensorView vb2, alloc(*arena, ph.buffers[bi++], Pv));
+      vb = TensorView(vb2.data, DType::f32, {Pv}, vb2.device);
+      LS_TRY(be.copy(vw, TensorView(pdd_v.w.data(), DType::f32, {Pv, D})));
+      LS_TRY(be.copy(vb, TensorView(pdd_v.b.data(), DType::f32, {Pv})));
+    }
+    const TensorView shift = tab->final_table.cols(0, D), scale = tab->final_table.cols(D, 2 * D);
+    const TensorView norm_w = m.weights->get("final_layer.norm.weight");
+    const int64_t pw = ph.buffers[bi + 2].cols;
+    for (int64_t a = sa.start; a < S; a += plan.final_slice) {
+      const int64_t b = std::min(S, a + plan.final_slice);
+      Arena::Scope slice(*arena);
+      LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[bi], b - a));
+      LS_ASSIGN_OR_RETURN(TensorView mod, alloc(*arena, ph.buffers[bi + 1], b - a));
+      LS_ASSIGN_OR_RETURN(TensorView out, alloc(*arena, ph.buffers[bi + 2], b - a));
+      for (const h3::Segment* s : {&sa, &sv}) {
+        const int64_t lo = std::max(a, s->start), hi = std::min(b, s->stop);
+        if (lo >= hi) continue;
+        const bool is_v = s->is_video();
+        const int64_t ow = is_v ? Pv : Pa, n = hi - lo;
+        const TensorView o(static_cast<float*>(out.data) + (lo - a) * pw, DType::f32, {n, ow}, out.device);
+        LS_TRY(h3::final_layer_rows(be, x, final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw, is_v ? vb : ab,
+                                    h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
+        std::vector<float>& dst = is_v ? vout : aout;
+        LS_TRY(be.copy(host_rows(dst, DType::f32, ow, lo - s->start, hi - s->start), o));
+      }
+    }
+    LS_TRY(be.synchronize());
+  }
+  const uint64_t measured = arena->peak();
+  LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
+  arena.reset();
+
+  // ---- host: unpatchify, bf16, negate, masks, audio carry ----
+  const h3::ClipGeometry& g = cond.geometry;
+  ForwardResult res;
+  res.video.assign(static_cast<size_t>(cfg.latents_dim * g.T * g.Hl * g.Wl), 0.0f);
+  res.audio.assign(static_cast<size_t>(cfg.audio_latents_dim * 2 * g.A), 0.0f);
+  // Return [-video.to(bf16), -audio.to(bf16)]: cast first, then negate (exact).
+  for (auto& v : vout) v = -round_bf16(v);
+  for (auto& v : aout) v = -round_bf16(v);
+  for (int64_t r = 0; r < sv.rows(); ++r)
+    h3::video_unpatch_row(vout.data() + r * Pv, cfg.latents_dim, g.T, g.Hl, g.Wl, r, res.video.data());
+  for (int64_t r = 0; r < sa.rows(); ++r) h3::audio_unrow(aout.data() + r * Pa, cfg.audio_latents_dim, g.A, r, res.audio.data());
+  // Masks: out *= mask (bf16 tensor times fp32 mask, in place: one rounding to bf16).
+  if (!cond.video_mask.empty()) {
+    const int64_t plane = g.T * g.Hl * g.Wl;
+    for (int64_t c = 0; c < cfg.latents_dim; ++c)
+      for (int64_t i = 0; i < plane; ++i) {
+        float& v = res.video[static_cast<size_t>(c * plane + i)];
+        v = round_bf16(v * cond.video_mask[static_cast<size_t>(i)]);
+      }
+  }
+  if (!cond.audio_mask.empty()) {
+    const int64_t plane = 2 * g.A;
+    for (int64_t c = 0; c < cfg.audio_latents_dim; ++c)
+      for (int64_t i = 0; i < plane; ++i) {
+        float& v = res.audio[static_cast<size_t>(c * plane + i)];
+        v = round_bf16(v * cond.audio_mask[static_cast<size_t>(i)]);
+      }
+  }
+  // Audio carry (§2.2 step 6): out = (1 - s) * (audio_src * carry) + bf16(1 + (s - 1) * sigma_a) * out,
+  // every op a bf16 tensor op (fp32 inside, one rounding).
+  if (cond.audio_scale != 1.0) {
+    const double s = cond.audio_scale;
+    const auto one_minus_s = static_cast<float>(1.0 - s);
+    const float coef = round_bf16(1.0f + static_cast<float>(s - 1.0) * ts.sig.sigma_a_f32);
+    const std::vector<float>& ain = inputs.audio_in();
+    for (size_t i = 0; i < res.audio.size(); ++i) {
+      const float t1 = round_bf16(one_minus_s * ain[i]);
+      const float t2 = round_bf16(coef * res.audio[i]);
+      res.audio[i] = round_bf16(t1 + t2);
+    }
+  }
+
+  RunReport& rep = res.report;
+  rep.two_pass_attention = plan.two_pass_attention();
+  rep.sliced_mlp = plan.sliced_mlp();
+  rep.sliced_head = plan.sliced_head();
+  rep.stock = plan.stock();
+  rep.S = S;
+  rep.target_rows = plan.sizes.target_rows;
+  rep.attn_slice = plan.attn_slice;
+  rep.mlp_slice = plan.mlp_slice;
+  rep.final_slice = plan.final_slice;
+  rep.kv_tile = plan.kv_tile;
+  rep.predicted_peak_bytes = plan.predicted_peak_bytes;
+  rep.measured_peak_bytes = measured;
+  rep.stock_peak_bytes = plan.stock_peak_bytes;
+  rep.adaln_table_bytes = tab->bytes();
+  rep.adaln_precomputed = tab->precomputed;
+  rep.backend = be.name();
+  rep.wall_seconds = seconds_since(t0);
+  return res;
+}
+
+}  // namespace ls::exec

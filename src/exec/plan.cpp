@@ -1,0 +1,276 @@
+// Planner arithmetic (DESIGN.md §2). Notation: D hidden, I = H * Dh attention width,
+// F ffn width, P rope pairs, Pv = 4 * latents_dim (video patch width), Pa =
+// audio_latents_dim, S packed rows, n slice rows. Every buffer is rounded up to the
+// arena's 256-byte alignment on its own, exactly as Arena::alloc does.
+//
+//   persistent = bf16 [S, D] (x) + bf16 [S, 2P] (rope) + i32 [S] (mod rows) + i32 [S] (final rows)
+//   embed(n)   = f32 [n, max(Pv, Pa)] + f32 [n, D]
+//   attn stock = bf16 [S, D] + bf16 [S, 3I] + bf16 [S, I]
+//   attn(n)    = 2 * bf16 [S, I] (K, V) + bf16 [n, D] + 2 * bf16 [n, I]          (pass 2 >= pass 1)
+//   mlp(n)     = bf16 [n, D] + bf16 [n, 2F] + bf16 [n, F]
+//   final(n)   = [PDD: f32 [Pv, D] + f32 [Pv]] + bf16 [n, D] + f32 [n, D] + f32 [n, max(Pv, Pa)]
+//   peak       = persistent + max(embed(n_mlp), attn, mlp(n_mlp), final(n_final))
+//
+// At H3 size (D 5376, I 7168, F 14336) and S = 111,274 this reproduces DESIGN.md §2:
+// stock attention 1.11 + 4.46 + 1.49 GiB, MLP S * 43008 * 2 B = 8.9 GiB; two-pass K + V
+// = 2.97 GiB + 8192-row slices.
+#include "exec/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <sstream>
+
+#include "core/arena.h"
+#include "model/h3/layout.h"
+
+namespace ls::exec {
+
+uint64_t PlannedBuffer::bytes() const {
+  return Arena::aligned_bytes(static_cast<size_t>(rows) * static_cast<size_t>(cols) * static_cast<size_t>(dtype_size(dtype)));
+}
+
+uint64_t sum_bytes(const std::vector<PlannedBuffer>& buffers) {
+  uint64_t s = 0;
+  for (const auto& b : buffers) s += b.bytes();
+  return s;
+}
+
+uint64_t PlanPhase::bytes() const { return sum_bytes(buffers); }
+
+std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& z) {
+  return {{"residual x", DType::bf16, z.S, cfg.hidden},
+          {"rope table", DType::bf16, z.S, 2 * cfg.rope_pairs()},
+          {"modulation rows", DType::i32, z.S, 1},
+          {"final rows", DType::i32, z.S, 1}};
+}
+
+static int64_t patch_width(const h3::H3Config& cfg) { return std::max(cfg.video_patch_dim(), cfg.audio_latents_dim); }
+
+PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n) {
+  return {"embed", {{"patch rows", DType::f32, n, patch_width(cfg)}, {"patch embedding", DType::f32, n, cfg.hidden}}};
+}
+
+PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice) {
+  const int64_t D = cfg.hidden, I = cfg.inner();
+  if (attn_slice == 0)
+    return {"attn", {{"h", DType::bf16, S, D}, {"qkv", DType::bf16, S, 3 * I}, {"attention out", DType::bf16, S, I}}};
+  const int64_t n = attn_slice;
+  return {"attn",
+          {{"K", DType::bf16, S, I},
+           {"V", DType::bf16, S, I},
+           {"h", DType::bf16, n, D},
+           {"Q", DType::bf16, n, I},
+           {"attention out", DType::bf16, n, I}}};
+}
+
+PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n) {
+  return {"mlp",
+          {{"h", DType::bf16, n, cfg.hidden}, {"fc1 out", DType::bf16, n, 2 * cfg.ffn}, {"swiglu out", DType::bf16, n, cfg.ffn}}};
+}
+
+PlanPhase final_phase(const h3::H3Config& cfg, int64_t n) {
+  PlanPhase p{"final", {}};
+  const int64_t D = cfg.hidden, Pv = cfg.video_patch_dim();
+  if (cfg.pdd_heads > 1) {
+    p.buffers.push_back({"PDD video head", DType::f32, Pv, D});
+    p.buffers.push_back({"PDD video bias", DType::f32, Pv, 1});
+  }
+  p.buffers.push_back({"h", DType::bf16, n, D});
+  p.buffers.push_back({"modulated rows", DType::f32, n, D});
+  p.buffers.push_back({"head out", DType::f32, n, patch_width(cfg)});
+  return p;
+}
+
+std::vector<PlannedBuffer> refiner_persistent_buffers(const h3::H3Config& cfg, int64_t L) {
+  return {{"text x", DType::bf16, L, cfg.hidden}};
+}
+PlanPhase refiner_input_phase(const h3::H3Config& cfg, int64_t L) {
+  if (cfg.text_dim == cfg.hidden) return {"text input", {}};  // no condition_proj: input goes to x
+  return {"text input", {{"text states", DType::bf16, L, cfg.text_dim}}};
+}
+PlanPhase refiner_block_phase(const h3::H3Config& cfg, int64_t L) {
+  const int64_t D = cfg.hidden, I = cfg.inner(), F = cfg.ffn;
+  return {"refiner block",
+          {{"h", DType::bf16, L, D},
+           {"qkv", DType::bf16, L, 3 * I},
+           {"attention out", DType::bf16, L, I},
+           {"fc1 out", DType::bf16, L, 2 * F},
+           {"swiglu out", DType::bf16, L, F}}};
+}
+uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L) {
+  return sum_bytes(refiner_persistent_buffers(cfg, L)) +
+         std::max(refiner_input_phase(cfg, L).bytes(), refiner_block_phase(cfg, L).bytes());
+}
+
+Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond) {
+  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond, /*with_positions=*/false));
+  SequenceSizes z;
+  z.S = lay.S;
+  z.target_rows = lay.target_rows();
+  return z;
+}
+
+namespace {
+
+struct Resolved {
+  int64_t attn = 0, mlp = 0, fin = 0;
+};
+
+Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& knobs, Resolved r) {
+  Plan p;
+  p.knobs = knobs;
+  p.sizes = z;
+  p.attn_slice = r.attn;
+  p.mlp_slice = r.mlp;
+  p.final_slice = r.fin;
+  p.kv_tile = knobs.kv_tile;
+  p.persistent = persistent_buffers(cfg, z);
+  p.phases = {embed_phase(cfg, r.mlp), attention_phase(cfg, z.S, r.attn), mlp_phase(cfg, r.mlp), final_phase(cfg, r.fin)};
+  uint64_t phase_max = 0;
+  for (const auto& ph : p.phases) phase_max = std::max(phase_max, ph.bytes());
+  p.predicted_peak_bytes = sum_bytes(p.persistent) + phase_max;
+  return p;
+}
+
+uint64_t stock_peak(const h3::H3Config& cfg, const SequenceSizes& z) {
+  PlanKnobs k;
+  return assemble(cfg, z, k, Resolved{0, z.S, z.target_rows}).predicted_peak_bytes;
+}
+
+Status check_knobs(const PlanKnobs& k) {
+  if (k.mlp_chunk_tokens < 0 || k.attn_chunk_tokens < 0 || k.final_chunk_tokens < 0)
+    return Status(make_error(ErrorCode::invalid_argument, "slice sizes must be >= 0 (0 = all rows)"));
+  if (k.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
+  return Status();
+}
+
+}  // namespace
+
+Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, const PlanKnobs& knobs) {
+  LS_TRY(check_knobs(knobs));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  Resolved r;
+  r.attn = knobs.attn_chunk_tokens == 0 ? 0 : std::min(knobs.attn_chunk_tokens, z.S);
+  r.mlp = knobs.mlp_chunk_tokens == 0 ? z.S : std::min(knobs.mlp_chunk_tokens, z.S);
+  r.fin = knobs.final_chunk_tokens == 0 ? z.target_rows : std::min(knobs.final_chunk_tokens, z.target_rows);
+  Plan p = assemble(cfg, z, knobs, r);
+  p.stock_peak_bytes = stock_peak(cfg, z);
+  return p;
+}
+
+// Largest n in [1, hi] with f(n) <= budget (f non-decreasing), or 0 if none.
+template <typename F>
+static int64_t largest_fitting(int64_t hi, uint64_t budget, F f) {
+  if (f(1) > budget) return 0;
+  int64_t lo = 1;  // f(lo) fits
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (f(mid) <= budget) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
+                               int64_t kv_tile) {
+  PlanKnobs k;
+  k.kv_tile = kv_tile;
+  LS_TRY(check_knobs(k));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  const uint64_t stock = stock_peak(cfg, z);
+  if (stock <= budget) {
+    Plan p = assemble(cfg, z, k, Resolved{0, z.S, z.target_rows});
+    p.stock_peak_bytes = stock;
+    return p;
+  }
+  // The peak is persistent + max over phases, so each phase's slice is chosen alone:
+  // the largest slice whose phase fits next to the persistent buffers.
+  const uint64_t base = sum_bytes(persistent_buffers(cfg, z));
+  auto attn = [&](int64_t n) { return base + attention_phase(cfg, z.S, n).bytes(); };
+  auto mlp = [&](int64_t n) { return base + std::max(embed_phase(cfg, n).bytes(), mlp_phase(cfg, n).bytes()); };
+  auto fin = [&](int64_t n) { return base + final_phase(cfg, n).bytes(); };
+  Resolved r;
+  const uint64_t attn_stock = base + attention_phase(cfg, z.S, 0).bytes();
+  const bool attn_stock_fits = attn_stock <= budget;
+  const int64_t na = attn_stock_fits ? 0 : largest_fitting(z.S, budget, attn);
+  const int64_t nm = largest_fitting(z.S, budget, mlp);
+  const int64_t nf = largest_fitting(z.target_rows, budget, fin);
+  if ((!attn_stock_fits && na == 0) || nm == 0 || nf == 0) {
+    const uint64_t need = std::max({std::min(attn_stock, attn(1)), mlp(1), fin(1)});
+    return make_error(ErrorCode::out_of_budget,
+                      "an activation budget of " + format_bytes(budget) + " (" + std::to_string(budget) +
+                          " bytes) is too small for S = " + std::to_string(z.S) + " rows: the smallest budget that works is " +
+                          format_bytes(need) + " (" + std::to_string(need) +
+                          " bytes; one-row slices, with K and V of all rows resident). Raise --budget or shorten the clip.");
+  }
+  r.attn = na;
+  r.mlp = nm;
+  r.fin = nf;
+  k.attn_chunk_tokens = na;
+  k.mlp_chunk_tokens = nm;
+  k.final_chunk_tokens = nf;
+  Plan p = assemble(cfg, z, k, r);
+  p.stock_peak_bytes = stock;
+  LS_CHECK(p.predicted_peak_bytes <= budget);
+  return p;
+}
+
+std::string Plan::describe() const {
+  std::ostringstream os;
+  if (stock()) {
+    os << "stock plan (one slice of all " << sizes.S << " rows)";
+  } else {
+    if (two_pass_attention()) os << "two-pass attention (" << attn_slice << "-row slices)";
+    else os << "stock attention";
+    os << ", ";
+    if (sliced_mlp()) os << "sliced MLP (" << mlp_slice << ")";
+    else os << "stock MLP";
+    os << ", ";
+    if (sliced_head()) os << "sliced head (" << final_slice << ")";
+    else os << "stock head";
+  }
+  os << "; kv_tile " << kv_tile << "; activation peak " << format_bytes(predicted_peak_bytes) << " predicted (stock "
+     << format_bytes(stock_peak_bytes) << ")";
+  return os.str();
+}
+
+Expected<uint64_t> parse_byte_size(const std::string& text) {
+  auto fail = [&]() {
+    return Error{ErrorCode::invalid_argument, "cannot read '" + text +
+                                                  "' as a size: expected a number with an optional unit, e.g. 512M, 3G, "
+                                                  "3.5GiB, 1.5GB, 123456 (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, "
+                                                  "KB/MB/GB/TB powers of 1000)"};
+  };
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  const size_t num_begin = i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == num_begin) return fail();
+  const std::string num = text.substr(num_begin, i - num_begin);
+  if (std::count(num.begin(), num.end(), '.') > 1) return fail();
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit;
+  for (; i < text.size(); ++i) {
+    if (std::isspace(static_cast<unsigned char>(text[i]))) break;
+    unit += static_cast<char>(std::toupper(static_cast<unsigned char>(text[i])));
+  }
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  if (i != text.size()) return fail();
+  double mult = 1;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "K" || unit == "KIB") mult = 1024.0;
+  else if (unit == "M" || unit == "MIB") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GIB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  else return fail();
+  const double v = std::strtod(num.c_str(), nullptr) * mult;
+  if (!(v >= 0) || v > 1.8e19) return fail();
+  return static_cast<uint64_t>(std::floor(v));
+}
+
+}  // namespace ls::exec

@@ -1,0 +1,127 @@
+// DiT block and refiner block (h3-model.md §2.9-2.11, §2.13). Rounding points: every op
+// rounds its output to bf16 once (backend.h); the order below is ComfyUI's.
+#include "model/h3/block.h"
+
+namespace ls::h3 {
+
+namespace {
+constexpr float kEps = 1e-5f;  // norm_eps = qk_norm_eps = 1e-5
+TensorView as2d(const TensorView& v) { return v.ndim == 3 ? v.flatten_last2() : v; }
+}  // namespace
+
+static BlockWeights block_weights(const WeightGetter& w, const std::string& p) {
+  BlockWeights b;
+  b.norm1 = w(p + "norm1.weight");
+  b.norm2 = w(p + "norm2.weight");
+  b.attn.qkv = w(p + "attn.qkv_proj.weight");
+  b.attn.q_norm = w(p + "attn.q_norm.weight");
+  b.attn.k_norm = w(p + "attn.k_norm.weight");
+  b.attn.out_proj = w(p + "attn.out_proj.weight");
+  b.fc1 = w(p + "mlp.fc1.weight");
+  b.fc2 = w(p + "mlp.fc2.weight");
+  return b;
+}
+BlockWeights dit_block_weights(const WeightGetter& w, int64_t block) {
+  return block_weights(w, "blocks." + std::to_string(block) + ".");
+}
+BlockWeights refiner_block_weights(const WeightGetter& w, int64_t block) {
+  return block_weights(w, "token_refiner.blocks." + std::to_string(block) + ".");
+}
+
+BlockTables block_tables(const TensorView& out) {
+  LS_CHECK(out.ndim == 2 && out.shape[1] % 6 == 0);
+  const int64_t D = out.shape[1] / 6;
+  // Chunk order of the AdaLN output (§2.6): shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
+  return BlockTables{out.cols(0, D),         out.cols(D, 2 * D),     out.cols(2 * D, 3 * D),
+                     out.cols(3 * D, 4 * D), out.cols(4 * D, 5 * D), out.cols(5 * D, 6 * D)};
+}
+
+Status DitBlock::norm_modulate(const BlockRows& r, int64_t a, int64_t b, const TensorView& norm_w,
+                               const TensorView& shift, const TensorView& scale, const TensorView& h) const {
+  // h = bf16(RMSNorm(x)); h = bf16(bf16(h * bf16(1 + bf16(scale))) + bf16(shift)), in place.
+  LS_TRY(be_.rms_norm(r.x.slice_rows(a, b), norm_w, kEps, h));
+  return be_.modulate(h, shift, scale, r.mod_rows.slice_rows(a, b), h);
+}
+
+Status DitBlock::attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all, const TensorView& v_all,
+                         const TensorView& h) const {
+  const int64_t I = cfg_.inner();
+  LS_CHECK(h.rows() == b - a);
+  LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
+  // K and V projections only: the K and V row ranges of the fused qkv weight.
+  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(I, 2 * I), nullptr, as2d(k_all).slice_rows(a, b)));
+  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(2 * I, 3 * I), nullptr, as2d(v_all).slice_rows(a, b)));
+  // Per-head k RMSNorm + split-half partial RoPE, in place (V is neither normalised nor rotated).
+  return be_.qk_norm_rope(k_all.slice_rows(a, b), w_.attn.k_norm, r.rope.slice_rows(a, b), kEps);
+}
+
+Status DitBlock::attn_q_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all,
+                            const TensorView& v_all, const TensorView& h, const TensorView& q, const TensorView& o,
+                            int64_t kv_tile) const {
+  const int64_t I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
+  LS_CHECK(h.rows() == b - a && q.rows() == b - a && o.rows() == b - a);
+  LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
+  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(0, I), nullptr, q));  // Q rows of the fused weight
+  const TensorView q3 = q.unflatten_last(H, Dh), o3 = o.unflatten_last(H, Dh);
+  LS_TRY(be_.qk_norm_rope(q3, w_.attn.q_norm, r.rope.slice_rows(a, b), kEps));
+  AttentionParams ap;
+  ap.kv_tile = kv_tile;  // scale 0 = 1/sqrt(Dh), no mask, all keys
+  LS_TRY(be_.attention(q3, k_all, v_all, o3, ap));
+  LS_TRY(be_.gemm(o, w_.attn.out_proj, nullptr, h));  // out-projection into h (h is free again)
+  // x = bf16(x + proj * bf16(gate_msa)), the raw gate (no 1 +, no tanh).
+  return be_.gated_add(r.x.slice_rows(a, b), h, t_.gate_msa, r.mod_rows.slice_rows(a, b));
+}
+
+Status DitBlock::attn_fused(const BlockRows& r, const TensorView& h, const TensorView& qkv, const TensorView& o,
+                            int64_t kv_tile) const {
+  const int64_t S = r.x.rows(), I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
+  LS_TRY(norm_modulate(r, 0, S, w_.norm1, t_.shift_msa, t_.scale_msa, h));
+  LS_TRY(be_.gemm(h, w_.attn.qkv, nullptr, qkv));  // [S, 3I] = [q | k | v]
+  const TensorView q = qkv.cols(0, I).unflatten_last(H, Dh);
+  const TensorView k = qkv.cols(I, 2 * I).unflatten_last(H, Dh);
+  const TensorView v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+  LS_TRY(be_.qk_norm_rope(q, w_.attn.q_norm, r.rope, kEps));
+  LS_TRY(be_.qk_norm_rope(k, w_.attn.k_norm, r.rope, kEps));
+  AttentionParams ap;
+  ap.kv_tile = kv_tile;
+  LS_TRY(be_.attention(q, k, v, o.unflatten_last(H, Dh), ap));
+  LS_TRY(be_.gemm(o, w_.attn.out_proj, nullptr, h));
+  return be_.gated_add(r.x, h, t_.gate_msa, r.mod_rows);
+}
+
+Status DitBlock::mlp(const BlockRows& r, int64_t a, int64_t b, const TensorView& h, const TensorView& u,
+                     const TensorView& act) const {
+  LS_CHECK(h.rows() == b - a && u.rows() == b - a && act.rows() == b - a);
+  LS_TRY(norm_modulate(r, a, b, w_.norm2, t_.shift_mlp, t_.scale_mlp, h));
+  LS_TRY(be_.gemm(h, w_.fc1, nullptr, u));  // [n, 2F] = [gate | up]
+  LS_TRY(be_.swiglu(u, act));               // bf16(bf16(silu(gate)) * up)
+  LS_TRY(be_.gemm(act, w_.fc2, nullptr, h));
+  return be_.gated_add(r.x.slice_rows(a, b), h, t_.gate_mlp, r.mod_rows.slice_rows(a, b));
+}
+
+Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, const TensorView& x, const TensorView& h,
+                     const TensorView& qkv, const TensorView& o, const TensorView& u, const TensorView& act,
+                     int64_t kv_tile) {
+  const int64_t I = cfg.inner(), H = cfg.heads, Dh = cfg.head_dim;
+  // x = Attention(norm1(x)) + x
+  LS_TRY(be.rms_norm(x, w.norm1, kEps, h));
+  LS_TRY(be.gemm(h, w.attn.qkv, nullptr, qkv));
+  const TensorView q = qkv.cols(0, I).unflatten_last(H, Dh);
+  const TensorView k = qkv.cols(I, 2 * I).unflatten_last(H, Dh);
+  const TensorView v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+  LS_TRY(be.qk_norm_rope(q, w.attn.q_norm, TensorView(), kEps));  // plain per-head RMSNorm, no rope
+  LS_TRY(be.qk_norm_rope(k, w.attn.k_norm, TensorView(), kEps));
+  AttentionParams ap;
+  ap.kv_tile = kv_tile;
+  LS_TRY(be.attention(q, k, v, o.unflatten_last(H, Dh), ap));
+  LS_TRY(be.gemm(o, w.attn.out_proj, nullptr, h));
+  LS_TRY(be.add(x, h));  // bf16(x + attn), commutative with ComfyUI's attn + x
+  // x = MLP(norm2(x)) + x
+  LS_TRY(be.rms_norm(x, w.norm2, kEps, h));
+  LS_TRY(be.gemm(h, w.fc1, nullptr, u));
+  LS_TRY(be.swiglu(u, act));
+  LS_TRY(be.gemm(act, w.fc2, nullptr, h));
+  return be.add(x, h);
+}
+
+}  // namespace ls::h3

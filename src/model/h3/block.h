@@ -1,0 +1,96 @@
+// The H3 DiT block and the text-refiner block as row-range functions (h3-model.md
+// §2.9-2.11, §2.13). THE MODEL DESCRIBES, THE EXECUTOR SLICES (DESIGN.md §3): every
+// function here computes the rows it is given, with scratch views the caller took from
+// its arena; none knows how the sequence is sliced. Because every backend op is
+// batch-invariant, any slicing gives the bytes of one slice of all rows.
+//
+// Two-pass attention (any slicing):
+//   pass 1, all rows first: attn_kv(rows)      K, V (after k-norm + RoPE) into [S, H, Dh] buffers
+//   pass 2, per slice:      attn_q_out(rows)   norm1 + modulate, Q, q-norm + RoPE, attention
+//                                              against all keys, out-projection, gated add into x
+// Pass 1 completes before pass 2 touches the residual, so every slice reads the
+// pre-attention residual, as the unsliced computation does.
+// Stock attention (one slice of all rows): attn_fused, the fused qkv projection.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/h3/config.h"
+
+namespace ls::h3 {
+
+// name (without prefix) -> view on the backend's device.
+using WeightGetter = std::function<TensorView(const std::string&)>;
+
+struct AttnWeights {
+  TensorView qkv;       // bf16 [3I, D]: rows [q_all | k_all | v_all], each head-major
+  TensorView q_norm;    // bf16 [Dh]
+  TensorView k_norm;    // bf16 [Dh]
+  TensorView out_proj;  // bf16 [D, I]
+};
+struct BlockWeights {
+  TensorView norm1, norm2;  // bf16 [D]
+  AttnWeights attn;
+  TensorView fc1;           // bf16 [2F, D]: rows [gate | up]
+  TensorView fc2;           // bf16 [D, F]
+};
+BlockWeights dit_block_weights(const WeightGetter& w, int64_t block);
+BlockWeights refiner_block_weights(const WeightGetter& w, int64_t block);
+
+// The six modulation tables of one block: bf16|f32 [3M, D] row-strided views of the
+// AdaLN output [3M, 6D] (row = t_index * 3 + tag).
+struct BlockTables {
+  TensorView shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp;
+};
+// Views of a block's AdaLN output, bf16|f32 [3M, 6D] contiguous.
+BlockTables block_tables(const TensorView& adaln_out);
+
+// Sequence-wide inputs of a block (device views).
+struct BlockRows {
+  TensorView x;         // bf16 [S, D] residual stream (updated in place)
+  TensorView rope;      // bf16 [S, P, 2] (cos, sin)
+  TensorView mod_rows;  // i32 [S] modulation row per token
+};
+
+class DitBlock {
+ public:
+  DitBlock(Backend& be, const H3Config& cfg, const BlockWeights& w, const BlockTables& t)
+      : be_(be), cfg_(cfg), w_(w), t_(t) {}
+  // Pass 1 for rows [a, b): K and V into k_all / v_all rows [a, b).
+  //   k_all, v_all: bf16 [S, H, Dh]; h: scratch bf16 [b - a, D].
+  Status attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all, const TensorView& v_all,
+                 const TensorView& h) const;
+  // Pass 2 for rows [a, b) (needs pass 1 done for all rows).
+  //   scratch h bf16 [n, D], q bf16 [n, I], o bf16 [n, I]  (n = b - a)
+  Status attn_q_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all, const TensorView& v_all,
+                    const TensorView& h, const TensorView& q, const TensorView& o, int64_t kv_tile) const;
+  // Stock attention over all S rows with the fused qkv projection.
+  //   scratch h bf16 [S, D], qkv bf16 [S, 3I], o bf16 [S, I]
+  Status attn_fused(const BlockRows& r, const TensorView& h, const TensorView& qkv, const TensorView& o,
+                    int64_t kv_tile) const;
+  // MLP half for rows [a, b): norm2, modulate, fc1, SwiGLU, fc2, gated add into x.
+  //   scratch h bf16 [n, D], u bf16 [n, 2F], act bf16 [n, F]
+  Status mlp(const BlockRows& r, int64_t a, int64_t b, const TensorView& h, const TensorView& u,
+             const TensorView& act) const;
+
+ private:
+  Status norm_modulate(const BlockRows& r, int64_t a, int64_t b, const TensorView& norm_w, const TensorView& shift,
+                       const TensorView& scale, const TensorView& h) const;
+  Backend& be_;
+  const H3Config& cfg_;
+  BlockWeights w_;
+  BlockTables t_;
+};
+
+// Text-refiner block over all L rows (no modulation, no RoPE, plain residual adds).
+//   x bf16 [L, D] in place; scratch h [L, D], qkv [L, 3I], o [L, I], u [L, 2F], act [L, F]
+Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, const TensorView& x, const TensorView& h,
+                     const TensorView& qkv, const TensorView& o, const TensorView& u, const TensorView& act,
+                     int64_t kv_tile);
+
+}  // namespace ls::h3

@@ -1,0 +1,25 @@
+// PyTorch's CPU normal generator, restated (h3-model.md §2.7: condition-latent noise
+// augmentation draws torch.randn(shape) from a CPU generator seeded with the sampler seed).
+//
+// Algorithm (torch.manual_seed(seed); torch.randn(n) for fp32 on the CPU):
+//  - engine: MT19937 initialised with the low 32 bits of the seed (the standard init);
+//  - n uniforms u_i = (next32() & (2^24 - 1)) * 2^-24 (exact fp32), in order;
+//  - Box-Muller over blocks of 16: for j < 8: u1 = 1 - u[j], u2 = u[j + 8],
+//    radius = sqrt(-2 log u1), theta = fl32(2 pi * u2) (pi in double), out[j] = radius cos theta,
+//    out[j + 8] = radius sin theta (fp32 libm);
+//  - if n % 16 != 0, the last 16 values are recomputed from 16 fresh uniforms;
+//  - n < 16 uses torch's double-precision normal_distribution path (random64 pairs,
+//    Box-Muller in double, caching the second value), restated as well.
+// Bits: the uniform stream is exact; x86 PyTorch builds run the block transform with
+// AVX2 SLEEF log/cos/sin (1-ulp functions), so individual values can differ from this
+// scalar restatement by about one fp32 ulp. Documented in docs/exactness.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ls::h3 {
+
+std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n);
+
+}  // namespace ls::h3
