@@ -23,6 +23,8 @@
 // the same tiles in the same order through this state gets the same bits.
 #include <cuda_bf16.h>
 
+#include <cmath>
+
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
@@ -310,7 +312,8 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
   a.Mq = q.shape[0];
   a.Mk = k.shape[0];
   a.kv_tile = p.kv_tile;
-  const float scale = p.scale != 0.0f ? p.scale : 1.0f / sqrtf(static_cast<float>(Dh));
+  // PyTorch's default scale: fl32(1 / sqrt(Dh)) computed in double (as the CPU reference).
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   a.scale_log2 = scale * kLog2e;
   const int H = static_cast<int>(q.shape[1]);
   switch (Dh) {

@@ -81,4 +81,10 @@ int device_index(Backend& b);
 std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out);
 
+// Test helper: adds to `counter` (i64 [1] on the device, zeroed by the caller) the
+// number of elements whose bytes differ between two device views of equal shape and
+// dtype ([M, N], rows may be strided). Lets tests memcmp large GPU results without
+// downloading them.
+Status count_unequal(Backend& b, const TensorView& x, const TensorView& y, const TensorView& counter);
+
 }  // namespace ls::cuda

@@ -1,0 +1,375 @@
+// One H3 DiT block at real width (D = 5376, H = 56, Dh = 128, F = 14336) with
+// synthetic weights, through the backend ops only (h3-model.md §2.9-2.11), on the
+// CUDA backend (or any backend given with --device):
+//   stock:  one slice of S rows (the plain PyTorch-order block);
+//   sliced: pass 1 computes K, V for all tokens (qkv weight rows [I, 3I) alone), pass 2
+//           walks slices of --slice tokens: Q (rows [0, I)), attention against all
+//           keys, out_proj, gated add; then the MLP per slice.
+// Reports per S: median block time (ms) over --iters after --warmup, peak arena bytes
+// of each mode, attention and GEMM TFLOP/s measured alone, and whether the sliced
+// residual equals the stock one byte for byte. Timing: backend synchronize() around
+// each timed region plus a steady clock (regions are tens of ms and up, so this is as
+// good as device events and keeps this file free of CUDA headers). JSON out.
+//
+// Usage: bench_cuda_block [--device cuda] [--S 32768,111274] [--slice 8192]
+//                         [--iters 3] [--warmup 1] [--json out.json]
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "core/dtype.h"
+
+namespace {
+
+using namespace ls;
+
+constexpr int64_t D = 5376, H = 56, Dh = 128, I = H * Dh, F = 14336, P = 48;
+
+[[noreturn]] void die(const std::string& m) {
+  std::fprintf(stderr, "bench_cuda_block: %s\n", m.c_str());
+  std::exit(1);
+}
+void ok(const Status& s, const char* what) {
+  if (!s.ok()) die(std::string(what) + ": " + s.message());
+}
+TensorView take(Arena& a, DType t, std::initializer_list<int64_t> dims, const char* what) {
+  auto r = a.alloc(t, dims, what);
+  if (!r.ok()) die(r.error().message);
+  return r.value();
+}
+
+// Fills a device view with N(0, sd) + mean values, generated on the host in chunks.
+void fill(Backend& b, const TensorView& v, uint32_t seed, float sd, float mean = 0.0f) {
+  const int64_t n = v.numel();
+  const int64_t chunk = int64_t{1} << 22;
+  std::vector<uint8_t> host(static_cast<size_t>(std::min(n, chunk) * v.elem_size()));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  TensorView flat = v;
+  flat.ndim = 1;
+  flat.shape[0] = n;
+  flat.stride[0] = 1;
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t m = std::min(chunk, n - i);
+    for (int64_t j = 0; j < m; ++j) store_from_f32(host.data(), v.dtype, j, mean + sd * nd(rng));
+    TensorView dst = flat;
+    dst.data = static_cast<char*>(v.data) + i * v.elem_size();
+    dst.shape[0] = m;
+    ok(b.copy(dst, TensorView(host.data(), v.dtype, {m})), "upload");
+  }
+  ok(b.synchronize(), "sync");
+}
+
+struct Weights {
+  TensorView norm1, norm2, qn, kn;  // bf16 [D], [D], [Dh], [Dh]
+  TensorView qkv, out, fc1, fc2;    // bf16 [3I, D], [D, I], [2F, D], [D, F]
+  TensorView table;                 // bf16 [3, 6D]: AdaLN rows (shift, scale, gate) x (msa, mlp)
+};
+
+struct Inputs {
+  TensorView x;     // bf16 [S, D] residual
+  TensorView rows;  // i32 [S] AdaLN table row per token
+  TensorView rope;  // bf16 [S, P, 2]
+};
+
+TensorView chunk(const Weights& w, int c) { return w.table.cols(c * D, (c + 1) * D); }  // bf16 [3, D]
+
+// h = modulate(rms_norm(x)) for rows of x (in place in h).
+void norm_mod(Backend& b, const Weights& w, const TensorView& x, const TensorView& rows, const TensorView& norm_w,
+              int shift_chunk, const TensorView& h) {
+  ok(b.rms_norm(x, norm_w, 1e-5f, h), "rms_norm");
+  ok(b.modulate(h, chunk(w, shift_chunk), chunk(w, shift_chunk + 1), rows, h), "modulate");
+}
+
+// The MLP half for rows [a, b) of x.
+void mlp_rows(Backend& b, Arena& ar, const Weights& w, const Inputs& in, int64_t a, int64_t e) {
+  Arena::Scope s(ar);
+  const int64_t c = e - a;
+  TensorView x = in.x.slice_rows(a, e), rows = in.rows.slice_rows(a, e);
+  TensorView h = take(ar, DType::bf16, {c, D}, "mlp h");
+  norm_mod(b, w, x, rows, w.norm2, 3, h);
+  TensorView u = take(ar, DType::bf16, {c, 2 * F}, "fc1 out");
+  ok(b.gemm(h, w.fc1, nullptr, u), "fc1");
+  TensorView sw = take(ar, DType::bf16, {c, F}, "swiglu");
+  ok(b.swiglu(u, sw), "swiglu");
+  ok(b.gemm(sw, w.fc2, nullptr, h), "fc2");  // h reused as the fc2 output
+  ok(b.gated_add(x, h, chunk(w, 5), rows), "gated_add mlp");
+}
+
+void block_stock(Backend& b, Arena& ar, const Weights& w, const Inputs& in, const AttentionParams& ap) {
+  Arena::Scope s(ar);
+  const int64_t S = in.x.rows();
+  {
+    Arena::Scope s2(ar);
+    TensorView h = take(ar, DType::bf16, {S, D}, "h");
+    norm_mod(b, w, in.x, in.rows, w.norm1, 0, h);
+    TensorView qkv = take(ar, DType::bf16, {S, 3 * I}, "qkv");
+    ok(b.gemm(h, w.qkv, nullptr, qkv), "qkv");
+    TensorView q = qkv.cols(0, I).unflatten_last(H, Dh), k = qkv.cols(I, 2 * I).unflatten_last(H, Dh),
+               v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+    ok(b.qk_norm_rope(q, w.qn, in.rope, 1e-5f), "q norm");
+    ok(b.qk_norm_rope(k, w.kn, in.rope, 1e-5f), "k norm");
+    TensorView o = take(ar, DType::bf16, {S, H, Dh}, "attn out");
+    ok(b.attention(q, k, v, o, ap), "attention");
+    ok(b.gemm(o.flatten_last2(), w.out, nullptr, h), "out_proj");
+    ok(b.gated_add(in.x, h, chunk(w, 2), in.rows), "gated_add msa");
+  }
+  mlp_rows(b, ar, w, in, 0, S);
+}
+
+void block_sliced(Backend& b, Arena& ar, const Weights& w, const Inputs& in, const AttentionParams& ap, int64_t c) {
+  Arena::Scope s(ar);
+  const int64_t S = in.x.rows();
+  TensorView kv = take(ar, DType::bf16, {S, 2 * I}, "kv");
+  TensorView k = kv.cols(0, I).unflatten_last(H, Dh), v = kv.cols(I, 2 * I).unflatten_last(H, Dh);
+  // Pass 1: K and V of every token (the residual is not touched).
+  for (int64_t a = 0; a < S; a += c) {
+    Arena::Scope s2(ar);
+    const int64_t e = std::min(S, a + c);
+    TensorView h = take(ar, DType::bf16, {e - a, D}, "h");
+    norm_mod(b, w, in.x.slice_rows(a, e), in.rows.slice_rows(a, e), w.norm1, 0, h);
+    ok(b.gemm(h, w.qkv.slice_rows(I, 3 * I), nullptr, kv.slice_rows(a, e)), "kv proj");
+    ok(b.qk_norm_rope(k.slice_rows(a, e), w.kn, in.rope.slice_rows(a, e), 1e-5f), "k norm");
+  }
+  // Pass 2: per slice Q, attention over all keys, out_proj, gated add.
+  for (int64_t a = 0; a < S; a += c) {
+    Arena::Scope s2(ar);
+    const int64_t e = std::min(S, a + c), n = e - a;
+    TensorView x = in.x.slice_rows(a, e), rows = in.rows.slice_rows(a, e);
+    TensorView h = take(ar, DType::bf16, {n, D}, "h");
+    norm_mod(b, w, x, rows, w.norm1, 0, h);
+    TensorView q = take(ar, DType::bf16, {n, H, Dh}, "q");
+    ok(b.gemm(h, w.qkv.slice_rows(0, I), nullptr, q.flatten_last2()), "q proj");
+    ok(b.qk_norm_rope(q, w.qn, in.rope.slice_rows(a, e), 1e-5f), "q norm");
+    TensorView o = take(ar, DType::bf16, {n, H, Dh}, "attn out");
+    ok(b.attention(q, k, v, o, ap), "attention");
+    ok(b.gemm(o.flatten_last2(), w.out, nullptr, h), "out_proj");
+    ok(b.gated_add(x, h, chunk(w, 2), rows), "gated_add msa");
+  }
+  for (int64_t a = 0; a < S; a += c) mlp_rows(b, ar, w, in, a, std::min(S, a + c));
+}
+
+double seconds_of(Backend& b, const std::function<void()>& f) {
+  ok(b.synchronize(), "sync");
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  ok(b.synchronize(), "sync");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> r;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    r.push_back(std::stoll(s.substr(p, q - p)));
+    p = q + 1;
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device = "cuda", json_path;
+  std::vector<int64_t> Ss = {32768};
+  int64_t slice = 8192, kv_tile = 1024;
+  int iters = 3, warmup = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--device") device = next();
+    else if (a == "--S") Ss = parse_list(next());
+    else if (a == "--slice") slice = std::stoll(next());
+    else if (a == "--iters") iters = std::stoi(next());
+    else if (a == "--warmup") warmup = std::stoi(next());
+    else if (a == "--kv-tile") kv_tile = std::stoll(next());
+    else if (a == "--json") json_path = next();
+    else die("unknown argument " + a);
+  }
+  auto be = make_backend(device);
+  if (!be.ok()) die(be.error().message);
+  Backend& b = **be;
+  const int64_t maxS = *std::max_element(Ss.begin(), Ss.end());
+  // Arena: weights + inputs + a stock block at maxS + a saved residual, with slack.
+  const size_t weights_bytes = static_cast<size_t>((3 * I * D + D * I + 2 * F * D + D * F + 3 * 6 * D + 2 * D + 2 * Dh) * 2);
+  const size_t per_token = static_cast<size_t>((D * 3 /*x, saved, stock result*/ + P * 2 + 2 + D + 3 * I + I + 2 * F + F) * 2 + 4);
+  const size_t capacity = weights_bytes + per_token * static_cast<size_t>(maxS) + (size_t{1} << 30);
+  auto arena_r = Arena::create(b.memory(), capacity);
+  if (!arena_r.ok()) die(arena_r.error().message);
+  Arena& ar = **arena_r;
+  TensorView ws = take(ar, DType::u8, {static_cast<int64_t>(std::max<size_t>(b.workspace_bytes(), 256))}, "workspace");
+  ok(b.set_workspace(ws), "set_workspace");
+
+  Weights w;
+  w.norm1 = take(ar, DType::bf16, {D}, "norm1");
+  w.norm2 = take(ar, DType::bf16, {D}, "norm2");
+  w.qn = take(ar, DType::bf16, {Dh}, "q_norm");
+  w.kn = take(ar, DType::bf16, {Dh}, "k_norm");
+  w.qkv = take(ar, DType::bf16, {3 * I, D}, "qkv_proj");
+  w.out = take(ar, DType::bf16, {D, I}, "out_proj");
+  w.fc1 = take(ar, DType::bf16, {2 * F, D}, "fc1");
+  w.fc2 = take(ar, DType::bf16, {D, F}, "fc2");
+  w.table = take(ar, DType::bf16, {3, 6 * D}, "adaln table");
+  fill(b, w.norm1, 1, 0.1f, 1.0f);
+  fill(b, w.norm2, 2, 0.1f, 1.0f);
+  fill(b, w.qn, 3, 0.1f, 1.0f);
+  fill(b, w.kn, 4, 0.1f, 1.0f);
+  fill(b, w.qkv, 5, 1.0f / std::sqrt(static_cast<float>(D)));
+  fill(b, w.out, 6, 1.0f / std::sqrt(static_cast<float>(I)));
+  fill(b, w.fc1, 7, 1.0f / std::sqrt(static_cast<float>(D)));
+  fill(b, w.fc2, 8, 1.0f / std::sqrt(static_cast<float>(F)));
+  fill(b, w.table, 9, 0.1f);
+
+  nlohmann::json out;
+  out["device"] = b.name();
+  out["slice_tokens"] = slice;
+  out["kv_tile"] = kv_tile;
+  out["iters"] = iters;
+  out["warmup"] = warmup;
+  out["timing"] = "steady_clock around backend synchronize(), median";
+  AttentionParams ap;
+  ap.kv_tile = kv_tile;
+
+  for (int64_t S : Ss) {
+    Arena::Scope scope(ar);
+    Inputs in;
+    in.x = take(ar, DType::bf16, {S, D}, "x");
+    TensorView x0 = take(ar, DType::bf16, {S, D}, "x saved");
+    TensorView x_stock = take(ar, DType::bf16, {S, D}, "x stock result");
+    in.rows = take(ar, DType::i32, {S}, "rows");
+    in.rope = take(ar, DType::bf16, {S, P, 2}, "rope");
+    fill(b, x0, 100 + static_cast<uint32_t>(S), 1.0f);
+    {
+      std::vector<int32_t> r(static_cast<size_t>(S));
+      for (int64_t i = 0; i < S; ++i) r[static_cast<size_t>(i)] = i < S - S / 100 ? 1 : 2;  // video rows, audio rows
+      ok(b.copy(in.rows, TensorView(r.data(), DType::i32, {S})), "rows");
+      std::vector<uint16_t> rp(static_cast<size_t>(S * P * 2));
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < P; ++j) {
+          const float ang = static_cast<float>(i % 4096) * std::pow(10000.0f, -static_cast<float>(j % 16) / 16.0f);
+          rp[static_cast<size_t>((i * P + j) * 2)] = f32_to_bf16(std::cos(ang));
+          rp[static_cast<size_t>((i * P + j) * 2 + 1)] = f32_to_bf16(std::sin(ang));
+        }
+      ok(b.copy(in.rope, TensorView(rp.data(), DType::bf16, {S, P, 2})), "rope");
+      ok(b.synchronize(), "sync");
+    }
+    nlohmann::json rs;
+    rs["S"] = S;
+    auto reset = [&]() { ok(b.copy(in.x, x0), "reset x"); };
+    // Stock.
+    std::vector<double> ts;
+    ar.reset_peak();
+    const size_t base_used = ar.used();
+    for (int i = 0; i < warmup + iters; ++i) {
+      reset();
+      const double t = seconds_of(b, [&] { block_stock(b, ar, w, in, ap); });
+      if (i >= warmup) ts.push_back(t);
+    }
+    ok(b.copy(x_stock, in.x), "save stock");
+    rs["stock_ms"] = median(ts) * 1e3;
+    rs["stock_peak_bytes"] = ar.peak() - base_used;
+    // Sliced.
+    ts.clear();
+    ar.reset_peak();
+    for (int i = 0; i < warmup + iters; ++i) {
+      reset();
+      const double t = seconds_of(b, [&] { block_sliced(b, ar, w, in, ap, slice); });
+      if (i >= warmup) ts.push_back(t);
+    }
+    rs["sliced_ms"] = median(ts) * 1e3;
+    rs["sliced_peak_bytes"] = ar.peak() - base_used;
+    rs["sliced_over_stock"] = rs["sliced_ms"].get<double>() / rs["stock_ms"].get<double>();
+    {
+      // Byte comparison of the residual after one block, on the host in chunks.
+      const int64_t rows_per = 4096;
+      std::vector<uint16_t> ha(static_cast<size_t>(rows_per * D)), hb(ha.size());
+      int64_t diff = 0;
+      for (int64_t a = 0; a < S; a += rows_per) {
+        const int64_t e = std::min(S, a + rows_per);
+        TensorView va(ha.data(), DType::bf16, {e - a, D}), vb(hb.data(), DType::bf16, {e - a, D});
+        ok(b.copy(va, in.x.slice_rows(a, e)), "download");
+        ok(b.copy(vb, x_stock.slice_rows(a, e)), "download");
+        ok(b.synchronize(), "sync");
+        for (size_t i = 0; i < static_cast<size_t>((e - a) * D); ++i) diff += ha[i] != hb[i];
+      }
+      rs["sliced_vs_stock_differing_elements"] = diff;
+      rs["sliced_equals_stock"] = diff == 0;
+    }
+    // Attention alone (full S) and each GEMM alone.
+    {
+      Arena::Scope s2(ar);
+      TensorView qkv = take(ar, DType::bf16, {S, 3 * I}, "qkv");
+      fill(b, qkv, 7 + static_cast<uint32_t>(S), 1.0f);
+      TensorView o = take(ar, DType::bf16, {S, H, Dh}, "o");
+      TensorView q = qkv.cols(0, I).unflatten_last(H, Dh), k = qkv.cols(I, 2 * I).unflatten_last(H, Dh),
+                 v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+      std::vector<double> ta;
+      for (int i = 0; i < warmup + iters; ++i) {
+        const double t = seconds_of(b, [&] { ok(b.attention(q, k, v, o, ap), "attention"); });
+        if (i >= warmup) ta.push_back(t);
+      }
+      const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * Dh * H;
+      rs["attention_ms"] = median(ta) * 1e3;
+      rs["attention_tflops"] = flops / median(ta) / 1e12;
+      struct G {
+        const char* name;
+        TensorView w;
+        int64_t K, N;
+      } gs[] = {{"qkv", w.qkv, D, 3 * I}, {"out_proj", w.out, I, D}, {"fc1", w.fc1, D, 2 * F}, {"fc2", w.fc2, F, D}};
+      double total_ms = 0;
+      for (const G& g : gs) {
+        Arena::Scope s3(ar);
+        const int64_t M = std::min<int64_t>(S, 16384);
+        TensorView xin = qkv.slice_rows(0, M).cols(0, g.K);  // any bf16 data of the right shape
+        TensorView xo = take(ar, DType::bf16, {M, g.N}, "gemm out");
+        std::vector<double> tg;
+        for (int i = 0; i < warmup + iters; ++i) {
+          const double t = seconds_of(b, [&] { ok(b.gemm(xin, g.w, nullptr, xo), g.name); });
+          if (i >= warmup) tg.push_back(t);
+        }
+        const double tf = 2.0 * static_cast<double>(M) * g.N * g.K / median(tg) / 1e12;
+        rs["gemm_tflops"][g.name] = tf;
+        total_ms += 2.0 * static_cast<double>(S) * g.N * g.K / (tf * 1e12) * 1e3;
+      }
+      rs["gemm_ms_at_S_estimated"] = total_ms;
+    }
+    std::printf("S=%" PRId64 ": stock %.1f ms, sliced %.1f ms (x%.3f), equal %s, attention %.1f ms %.0f TFLOP/s, "
+                "gemm TFLOP/s qkv %.0f out %.0f fc1 %.0f fc2 %.0f, peak stock %s sliced %s\n",
+                S, rs["stock_ms"].get<double>(), rs["sliced_ms"].get<double>(), rs["sliced_over_stock"].get<double>(),
+                rs["sliced_equals_stock"].get<bool>() ? "yes" : "NO", rs["attention_ms"].get<double>(),
+                rs["attention_tflops"].get<double>(), rs["gemm_tflops"]["qkv"].get<double>(),
+                rs["gemm_tflops"]["out_proj"].get<double>(), rs["gemm_tflops"]["fc1"].get<double>(),
+                rs["gemm_tflops"]["fc2"].get<double>(), format_bytes(rs["stock_peak_bytes"].get<uint64_t>()).c_str(),
+                format_bytes(rs["sliced_peak_bytes"].get<uint64_t>()).c_str());
+    std::fflush(stdout);
+    out["results"].push_back(rs);
+  }
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) die("cannot write " + json_path);
+    std::fputs(out.dump(2).c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}

@@ -1,0 +1,459 @@
+// Parity harness: every CUDA op against the CPU reference backend (style-lessons §5),
+// at awkward sizes (1, 97, 1025 rows), with guard bytes around every output, NaN and
+// one-sided inf checks, error thresholds, and slice invariance by memcmp on the GPU
+// (rows [a, b) alone give the bytes of the full computation). GEMM: M sweep and
+// column slices at real H3 shapes; attention: error vs fp64 at most 2x the CPU's.
+// Every test skips when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "tests/cuda/cuda_test_util.h"
+
+namespace ls::cudatest {
+namespace {
+
+const int64_t kRows[] = {1, 97, 1025};
+
+// The row slices every invariance check uses: first row, last row, a middle range.
+std::vector<std::pair<int64_t, int64_t>> slices_of(int64_t M) {
+  std::vector<std::pair<int64_t, int64_t>> s = {{0, 1}, {M - 1, M}};
+  if (M > 2) s.push_back({M / 3, M - M / 4});
+  return s;
+}
+
+// ---- rms_norm ----------------------------------------------------------------------
+TEST(CudaOps, RmsNorm) {
+  LS_NEED_GPU();
+  for (int64_t M : kRows) {
+    const int64_t D = M == 1025 ? 200 : (M == 97 ? 5376 : 1001);
+    HostBuf x = random_buf(DType::bf16, {M, D}, 1 + M, 2.0f, 0.5f), w = random_buf(DType::bf16, {D}, 2, 0.3f, 1.0f);
+    HostBuf ref(DType::bf16, {M, D});
+    ASSERT_TRUE(G->cpu->rms_norm(x.v, w.v, 1e-5f, ref.v).ok());
+    DevBuf dx = dev_from(G, x), dw = dev_from(G, w), dout = dev_buf(G, DType::bf16, {M, D});
+    ASSERT_TRUE(G->cuda->rms_norm(dx.v, dw.v, 1e-5f, dout.v).ok());
+    HostBuf got = download(G, dout.v);
+    expect_guards(G, dout, "rms_norm");
+    expect_close(got, ref, 1, 0.0, "rms_norm");
+    for (auto [a, b] : slices_of(M)) {
+      DevBuf o2 = dev_buf(G, DType::bf16, {b - a, D});
+      ASSERT_TRUE(G->cuda->rms_norm(dx.v.slice_rows(a, b), dw.v, 1e-5f, o2.v).ok());
+      EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "rms_norm rows " << a << ".." << b;
+    }
+    // In place gives the same bytes.
+    ASSERT_TRUE(G->cuda->rms_norm(dx.v, dw.v, 1e-5f, dx.v).ok());
+    EXPECT_TRUE(same_bytes(download(G, dx.v), got)) << "rms_norm in place";
+  }
+}
+
+// ---- modulate / gated_add / add -----------------------------------------------------
+TEST(CudaOps, ModulateAndGatedAdd) {
+  LS_NEED_GPU();
+  for (int64_t M : kRows) {
+    for (DType tab : {DType::bf16, DType::f32}) {
+      const int64_t D = M == 1025 ? 136 : 5376 / (M == 1 ? 1 : 4) + 3, R = 3;
+      HostBuf in = random_buf(DType::bf16, {M, D}, 10 + M, 1.5f);
+      HostBuf table = random_buf(tab, {R, 3 * D}, 11, 0.4f);  // [shift | scale | gate] like the AdaLN output
+      HostBuf rows(DType::i32, {M});
+      for (int64_t i = 0; i < M; ++i) rows.v.ptr<int32_t>()[i] = static_cast<int32_t>((i * 7) % R);
+      TensorView hsh = table.v.cols(0, D), hsc = table.v.cols(D, 2 * D), hg = table.v.cols(2 * D, 3 * D);
+      DevBuf din = dev_from(G, in), dtab = dev_from(G, table), drows = dev_from(G, rows);
+      TensorView dsh = dtab.v.cols(0, D), dsc = dtab.v.cols(D, 2 * D), dg = dtab.v.cols(2 * D, 3 * D);
+      for (DType od : {DType::bf16, DType::f32}) {
+        HostBuf ref(od, {M, D});
+        ASSERT_TRUE(G->cpu->modulate(in.v, hsh, hsc, rows.v, ref.v).ok());
+        DevBuf dout = dev_buf(G, od, {M, D});
+        ASSERT_TRUE(G->cuda->modulate(din.v, dsh, dsc, drows.v, dout.v).ok());
+        HostBuf got = download(G, dout.v);
+        expect_guards(G, dout, "modulate");
+        expect_close(got, ref, 0, 0.0, "modulate (same rounding points: exact)");
+        for (auto [a, b] : slices_of(M)) {
+          DevBuf o2 = dev_buf(G, od, {b - a, D});
+          ASSERT_TRUE(G->cuda->modulate(din.v.slice_rows(a, b), dsh, dsc, drows.v.slice_rows(a, b), o2.v).ok());
+          EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "modulate rows " << a << ".." << b;
+        }
+      }
+      // gated_add in place on a copy of `in`.
+      HostBuf y = random_buf(DType::bf16, {M, D}, 20 + M, 3.0f);
+      HostBuf ref = in;
+      ASSERT_TRUE(G->cpu->gated_add(ref.v, y.v, hg, rows.v).ok());
+      DevBuf dx = dev_from(G, in), dy = dev_from(G, y);
+      ASSERT_TRUE(G->cuda->gated_add(dx.v, dy.v, dg, drows.v).ok());
+      HostBuf got = download(G, dx.v);
+      expect_guards(G, dx, "gated_add");
+      expect_close(got, ref, 0, 0.0, "gated_add (fma, one rounding: exact)");
+      for (auto [a, b] : slices_of(M)) {
+        DevBuf x2 = dev_from(G, in);
+        ASSERT_TRUE(G->cuda->gated_add(x2.v.slice_rows(a, b), dy.v.slice_rows(a, b), dg, drows.v.slice_rows(a, b)).ok());
+        HostBuf g2 = download(G, x2.v);
+        EXPECT_TRUE(same_bytes(host_rows(g2, a, b), host_rows(got, a, b))) << "gated_add rows " << a << ".." << b;
+        EXPECT_TRUE(same_bytes(host_rows(g2, 0, a), host_rows(in, 0, a))) << "gated_add touched rows before " << a;
+        EXPECT_TRUE(same_bytes(host_rows(g2, b, M), host_rows(in, b, M))) << "gated_add touched rows after " << b;
+      }
+      // add in place.
+      HostBuf ref_add = in;
+      ASSERT_TRUE(G->cpu->add(ref_add.v, y.v).ok());
+      DevBuf dxa = dev_from(G, in);
+      ASSERT_TRUE(G->cuda->add(dxa.v, dy.v).ok());
+      expect_close(download(G, dxa.v), ref_add, 0, 0.0, "add (exact)");
+      expect_guards(G, dxa, "add");
+    }
+  }
+}
+
+// ---- qk_norm_rope -------------------------------------------------------------------
+TEST(CudaOps, QkNormRope) {
+  LS_NEED_GPU();
+  for (int64_t M : kRows) {
+    for (bool with_rope : {true, false}) {
+      const int64_t H = M == 1025 ? 2 : 3, Dh = 128, P = 48;
+      // q inside a fused [M, 3 * H * Dh] buffer: row stride 3 H Dh, head stride Dh.
+      HostBuf qkv = random_buf(DType::bf16, {M, 3 * H * Dh}, 30 + M, 1.7f);
+      HostBuf w = random_buf(DType::bf16, {Dh}, 31, 0.2f, 1.0f);
+      HostBuf rope(DType::bf16, {M, P, 2});
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < P; ++j) {
+          const float ang = static_cast<float>(m) * std::pow(10000.0f, -static_cast<float>(j % 16) / 16.0f);
+          rope.set((m * P + j) * 2, std::cos(ang));
+          rope.set((m * P + j) * 2 + 1, std::sin(ang));
+        }
+      HostBuf ref = qkv;
+      TensorView hq = ref.v.cols(H * Dh, 2 * H * Dh).unflatten_last(H, Dh);  // the K third
+      ASSERT_TRUE(G->cpu->qk_norm_rope(hq, w.v, with_rope ? rope.v : TensorView(), 1e-5f).ok());
+      DevBuf d = dev_from(G, qkv), dw = dev_from(G, w), dr = dev_from(G, rope);
+      TensorView dq = d.v.cols(H * Dh, 2 * H * Dh).unflatten_last(H, Dh);
+      ASSERT_TRUE(G->cuda->qk_norm_rope(dq, dw.v, with_rope ? dr.v : TensorView(), 1e-5f).ok());
+      HostBuf got = download(G, d.v);
+      expect_guards(G, d, "qk_norm_rope");
+      expect_close(got, ref, 1, 0.0, "qk_norm_rope");
+      for (auto [a, b] : slices_of(M)) {
+        DevBuf d2 = dev_from(G, qkv);
+        TensorView q2 = d2.v.cols(H * Dh, 2 * H * Dh).unflatten_last(H, Dh).slice_rows(a, b);
+        ASSERT_TRUE(G->cuda->qk_norm_rope(q2, dw.v, with_rope ? dr.v.slice_rows(a, b) : TensorView(), 1e-5f).ok());
+        HostBuf g2 = download(G, d2.v);
+        EXPECT_TRUE(same_bytes(host_rows(g2, a, b), host_rows(got, a, b))) << "qk_norm_rope rows " << a << ".." << b;
+      }
+    }
+  }
+}
+
+// ---- swiglu / silu / time_embedding -----------------------------------------------
+TEST(CudaOps, SwigluSiluTimeEmbedding) {
+  LS_NEED_GPU();
+  for (int64_t M : kRows) {
+    const int64_t F = M == 1025 ? 72 : 1435;
+    HostBuf u = random_buf(DType::bf16, {M, 2 * F}, 40 + M, 3.0f);
+    HostBuf ref(DType::bf16, {M, F});
+    ASSERT_TRUE(G->cpu->swiglu(u.v, ref.v).ok());
+    DevBuf du = dev_from(G, u), dout = dev_buf(G, DType::bf16, {M, F});
+    ASSERT_TRUE(G->cuda->swiglu(du.v, dout.v).ok());
+    HostBuf got = download(G, dout.v);
+    expect_guards(G, dout, "swiglu");
+    expect_close(got, ref, 1, 0.0, "swiglu");
+    for (auto [a, b] : slices_of(M)) {
+      DevBuf o2 = dev_buf(G, DType::bf16, {b - a, F});
+      ASSERT_TRUE(G->cuda->swiglu(du.v.slice_rows(a, b), o2.v).ok());
+      EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "swiglu rows " << a << ".." << b;
+    }
+
+    HostBuf x = random_buf(DType::f32, {M, 257}, 50 + M, 4.0f);
+    HostBuf xs = x;
+    ASSERT_TRUE(G->cpu->silu(xs.v).ok());
+    DevBuf dx = dev_from(G, x);
+    ASSERT_TRUE(G->cuda->silu(dx.v).ok());
+    expect_close(download(G, dx.v), xs, 4, 1e-30, "silu");
+    expect_guards(G, dx, "silu");
+
+    HostBuf t(DType::f32, {M});
+    for (int64_t i = 0; i < M; ++i) t.set(i, static_cast<float>(i + 1) / static_cast<float>(M + 1));
+    HostBuf te(DType::f32, {M, 256});
+    ASSERT_TRUE(G->cpu->time_embedding(t.v, te.v).ok());
+    DevBuf dt = dev_from(G, t), dte = dev_buf(G, DType::f32, {M, 256});
+    ASSERT_TRUE(G->cuda->time_embedding(dt.v, dte.v).ok());
+    expect_close(download(G, dte.v), te, 8, 2e-7, "time_embedding");
+    expect_guards(G, dte, "time_embedding");
+  }
+}
+
+// ---- convert ------------------------------------------------------------------------
+TEST(CudaOps, Convert) {
+  LS_NEED_GPU();
+  const DType types[] = {DType::f32, DType::bf16, DType::f16, DType::f8e4m3};
+  for (int64_t M : kRows) {
+    const int64_t N = M == 1025 ? 33 : 301;
+    HostBuf src32 = random_buf(DType::f32, {M, N}, 60 + M, 100.0f);
+    src32.set(0, std::nanf(""));
+    if (M > 1) {
+      src32.set(1, INFINITY);
+      src32.set(2, -1e-30f);
+      src32.set(3, 70000.0f);
+    }
+    for (DType from : types) {
+      HostBuf src(from, {M, N});
+      ASSERT_TRUE(G->cpu->convert(src32.v, src.v).ok());
+      DevBuf ds = dev_from(G, src);
+      for (DType to : types) {
+        HostBuf ref(to, {M, N});
+        ASSERT_TRUE(G->cpu->convert(src.v, ref.v).ok());
+        DevBuf dd = dev_buf(G, to, {M, N});
+        ASSERT_TRUE(G->cuda->convert(ds.v, dd.v).ok());
+        HostBuf got = download(G, dd.v);
+        EXPECT_TRUE(same_bytes(got, ref)) << "convert " << dtype_name(from) << " -> " << dtype_name(to) << " M=" << M;
+        expect_guards(G, dd, "convert");
+      }
+    }
+  }
+}
+
+// ---- gemm parity ----------------------------------------------------------------------
+struct GemmCase {
+  int64_t M, N, K;
+  DType x, w, out;
+  int bias;  // 0 none, 1 f32, 2 bf16
+};
+
+TEST(CudaOps, GemmParity) {
+  LS_NEED_GPU();
+  const GemmCase cases[] = {
+      {1, 96, 5376, DType::bf16, DType::bf16, DType::bf16, 1},   {97, 200, 320, DType::bf16, DType::bf16, DType::bf16, 0},
+      {1025, 64, 96, DType::bf16, DType::bf16, DType::f32, 2},   {97, 72, 1000, DType::bf16, DType::bf16, DType::f32, 0},
+      {97, 136, 256, DType::f32, DType::f32, DType::f32, 1},     {1, 96, 5376, DType::f32, DType::f32, DType::f32, 1},
+      {97, 96, 512, DType::f32, DType::bf16, DType::f32, 1},     {1025, 32, 200, DType::f32, DType::bf16, DType::f32, 0},
+      {5, 40, 24, DType::bf16, DType::bf16, DType::bf16, 2},
+  };
+  for (const GemmCase& c : cases) {
+    SCOPED_TRACE("gemm M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " " +
+                 dtype_name(c.x) + "x" + dtype_name(c.w) + "->" + dtype_name(c.out) + " bias " + std::to_string(c.bias));
+    HostBuf x = random_buf(c.x, {c.M, c.K}, 70 + static_cast<uint32_t>(c.K), 1.0f);
+    HostBuf w = random_buf(c.w, {c.N, c.K}, 71 + static_cast<uint32_t>(c.N), 0.05f);
+    HostBuf bias = random_buf(c.bias == 2 ? DType::bf16 : DType::f32, {c.N}, 72, 0.5f);
+    HostBuf ref(c.out, {c.M, c.N});
+    ASSERT_TRUE(G->cpu->gemm(x.v, w.v, c.bias ? &bias.v : nullptr, ref.v).ok());
+    DevBuf dx = dev_from(G, x), dw = dev_from(G, w), db = dev_from(G, bias), dout = dev_buf(G, c.out, {c.M, c.N});
+    Status s = G->cuda->gemm(dx.v, dw.v, c.bias ? &db.v : nullptr, dout.v);
+    ASSERT_TRUE(s.ok()) << s.message();
+    HostBuf got = download(G, dout.v);
+    expect_guards(G, dout, "gemm");
+    if (c.out == DType::bf16) {
+      expect_close(got, ref, 1, 0.0, "gemm bf16 out");
+    } else {
+      // fp32 sums in different orders: |diff| <= 4 sqrt(K) 2^-24 sum_k |x_k w_k| (+ bias ulp).
+      int64_t far = 0;
+      for (int64_t m = 0; m < c.M; ++m)
+        for (int64_t n = 0; n < c.N; ++n) {
+          double mag = 0;
+          for (int64_t k = 0; k < c.K; ++k) mag += std::fabs(static_cast<double>(x.get(m * c.K + k)) * w.get(n * c.K + k));
+          if (c.bias) mag += std::fabs(bias.get(n));
+          const double tol = 4.0 * std::sqrt(static_cast<double>(c.K)) * std::ldexp(1.0, -24) * mag;
+          const double a = got.get(m * c.N + n), b = ref.get(m * c.N + n);
+          if (!(std::fabs(a - b) <= tol)) ++far;
+        }
+      EXPECT_EQ(far, 0) << "gemm f32 out beyond the fp32 reordering bound";
+    }
+  }
+}
+
+// ---- gemm: pinned algorithm, M sweep and column slices at real H3 shapes ------------
+TEST(CudaOps, GemmPinnedSliceInvariance) {
+  LS_NEED_GPU();
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+    bool bias;
+    int64_t col_split;  // column slices [0, s), [s, 2s), [2s, N) (0: none)
+  };
+  const Shape shapes[] = {{"qkv", 21504, 5376, false, 7168},
+                          {"out_proj", 5376, 7168, false, 0},
+                          {"fc1", 28672, 5376, false, 14336},
+                          {"fc2", 5376, 14336, false, 0},
+                          {"bias_bf16_1000", 1000, 1000, true, 328}};
+  constexpr int64_t kFull = 4096;
+  for (const Shape& sh : shapes) {
+    Arena::Scope scope(*G->arena);
+    SCOPED_TRACE(sh.name);
+    HostBuf x = random_buf(DType::bf16, {kFull, sh.K}, 80, 1.0f);
+    HostBuf w = random_buf(DType::bf16, {sh.N, sh.K}, 81, 0.02f);
+    HostBuf bias = random_buf(DType::f32, {sh.N}, 82, 0.5f);
+    DevBuf dx = dev_from(G, x), dw = dev_from(G, w), db = dev_from(G, bias);
+    const TensorView* bp = sh.bias ? &db.v : nullptr;
+    auto full = G->arena->alloc(DType::bf16, {kFull, sh.N}, "full");
+    auto part = G->arena->alloc(DType::bf16, {kFull, sh.N}, "part");
+    ASSERT_TRUE(full.ok() && part.ok());
+    ASSERT_TRUE(G->cuda->gemm(dx.v, dw.v, bp, *full).ok());
+    std::printf("  %s pinned: %s\n", sh.name, cuda::describe_pinned_gemm(*G->cuda, dx.v, dw.v, bp, *full).c_str());
+    HostBuf zero(DType::f64, {1});
+    ASSERT_TRUE(G->cuda->copy(G->counter, zero.v).ok());
+    // Every M from 1 to 1024, then a sweep to kFull, each at a varying row offset.
+    std::vector<int64_t> ms;
+    for (int64_t m = 1; m <= 1024; ++m) ms.push_back(m);
+    for (int64_t m : {1025, 1100, 1536, 2000, 2047, 2048, 3000, 4000, 4095, 4096}) ms.push_back(m);
+    for (int64_t m : ms) {
+      const int64_t a = (m * 7919) % (kFull - m + 1);
+      TensorView o = part->slice_rows(0, m);
+      Status s = G->cuda->gemm(dx.v.slice_rows(a, a + m), dw.v, bp, o);
+      ASSERT_TRUE(s.ok()) << s.message();
+      ASSERT_TRUE(cuda::count_unequal(*G->cuda, o, full->slice_rows(a, a + m), G->counter).ok());
+    }
+    HostBuf cnt = download(G, G->counter);
+    EXPECT_EQ(*cnt.v.ptr<uint64_t>(), 0u) << "elements differing between M-sliced and full GEMM";
+    // Column slices: rows [c0, c1) of the weight alone (e.g. the Q rows of a fused qkv weight).
+    if (sh.col_split > 0) {
+      ASSERT_TRUE(G->cuda->copy(G->counter, zero.v).ok());
+      const int64_t cuts[] = {0, sh.col_split, 2 * sh.col_split, sh.N};
+      for (int i = 0; i < 3; ++i) {
+        const int64_t c0 = cuts[i], c1 = cuts[i + 1];
+        for (int64_t m : {1, 7, 333, 4096}) {
+          TensorView bs = db.v;
+          if (sh.bias) bs = db.v.slice_rows(c0, c1);
+          auto o = G->arena->alloc(DType::bf16, {m, c1 - c0}, "cols");
+          ASSERT_TRUE(o.ok());
+          Status s = G->cuda->gemm(dx.v.slice_rows(0, m), dw.v.slice_rows(c0, c1), sh.bias ? &bs : nullptr, *o);
+          ASSERT_TRUE(s.ok()) << s.message();
+          ASSERT_TRUE(cuda::count_unequal(*G->cuda, *o, full->slice_rows(0, m).cols(c0, c1), G->counter).ok());
+          // Also into a strided destination (the column range of a wide buffer).
+          TensorView od = part->slice_rows(0, m).cols(c0, c1);
+          ASSERT_TRUE(G->cuda->gemm(dx.v.slice_rows(0, m), dw.v.slice_rows(c0, c1), sh.bias ? &bs : nullptr, od).ok());
+          ASSERT_TRUE(cuda::count_unequal(*G->cuda, od, full->slice_rows(0, m).cols(c0, c1), G->counter).ok());
+        }
+      }
+      HostBuf c2 = download(G, G->counter);
+      EXPECT_EQ(*c2.v.ptr<uint64_t>(), 0u) << "elements differing between column-sliced and full GEMM";
+    }
+  }
+}
+
+// ---- attention ----------------------------------------------------------------------
+// fp64 reference: softmax(scale q k^T) v, no roundings.
+HostBuf attention_f64(const HostBuf& q, const HostBuf& k, const HostBuf& v, int64_t H, int64_t Dh) {
+  const int64_t Mq = q.v.shape[0], Mk = k.v.shape[0];
+  HostBuf out(DType::f64, {Mq, H, Dh});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  std::vector<double> s(static_cast<size_t>(Mk));
+  for (int64_t i = 0; i < Mq; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < Mk; ++j) {
+        double d = 0;
+        for (int64_t e = 0; e < Dh; ++e)
+          d += static_cast<double>(q.get((i * H + h) * Dh + e)) * k.get((j * H + h) * Dh + e);
+        s[static_cast<size_t>(j)] = d * scale;
+        mx = std::max(mx, d * scale);
+      }
+      double l = 0;
+      for (int64_t j = 0; j < Mk; ++j) l += (s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx));
+      for (int64_t e = 0; e < Dh; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j < Mk; ++j) o += s[static_cast<size_t>(j)] * v.get((j * H + h) * Dh + e);
+        out.v.ptr<double>()[(i * H + h) * Dh + e] = o / l;
+      }
+    }
+  return out;
+}
+
+double rel_l2(const HostBuf& got, const HostBuf& ref64) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < got.n(); ++i) {
+    const double r = ref64.v.ptr<const double>()[i], g = got.get(i);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(CudaOps, AttentionParity) {
+  LS_NEED_GPU();
+  struct Case {
+    int64_t Mq, Mk, H, Dh, kv_tile;
+    float qscale;
+  };
+  const Case cases[] = {{97, 1025, 2, 128, 1024, 1.0f}, {1, 1, 2, 128, 1024, 1.0f},  {1025, 97, 1, 128, 64, 3.0f},
+                        {97, 1025, 2, 128, 100, 3.0f},  {97, 300, 3, 64, 128, 2.0f}, {33, 77, 2, 32, 1024, 1.0f}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
+                 std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
+    const int64_t W = c.H * c.Dh;
+    HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, 90, c.qscale);
+    HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 91, 1.0f);
+    HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
+    for (int64_t j = 0; j < c.Mk; ++j) {
+      std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
+      std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
+    }
+    AttentionParams p;
+    p.kv_tile = c.kv_tile;
+    HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
+    ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
+    HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
+    DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
+    TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
+    Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
+    ASSERT_TRUE(s.ok()) << s.message();
+    HostBuf got = download(G, dout.v);
+    expect_guards(G, dout, "attention");
+    expect_close(got, ref, 1 << 20, 1e30, "attention (NaN/inf only)");
+    const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
+    std::printf("  attention Mq=%lld Mk=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 cuda %.3e cpu %.3e\n",
+                static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.Dh),
+                static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
+    EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "cuda attention error above 2x the plain bf16 reference's";
+    // Query slices give the same bytes.
+    for (auto [a, b] : slices_of(c.Mq)) {
+      DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, c.Dh});
+      ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
+      EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "attention query rows " << a << ".." << b;
+    }
+  }
+}
+
+// Real H3 width: 56 heads x 128 in a fused qkv buffer, query slices at 8192-token scale.
+TEST(CudaOps, AttentionQuerySliceInvarianceLarge) {
+  LS_NEED_GPU();
+  const int64_t S = 12289, H = 56, Dh = 128, I = H * Dh;
+  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 95, 1.0f);
+  DevBuf d = dev_from(G, qkv);
+  TensorView q = d.v.cols(0, I).unflatten_last(H, Dh), k = d.v.cols(I, 2 * I).unflatten_last(H, Dh),
+             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+  auto full = G->arena->alloc(DType::bf16, {S, H, Dh}, "full");
+  auto part = G->arena->alloc(DType::bf16, {S, H, Dh}, "part");
+  ASSERT_TRUE(full.ok() && part.ok());
+  AttentionParams p;
+  ASSERT_TRUE(G->cuda->attention(q, k, v, *full, p).ok());
+  for (int64_t a = 0; a < S; a += 8192) {
+    const int64_t b = std::min(S, a + 8192);
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
+  }
+  ASSERT_TRUE(G->cuda->attention(q.slice_rows(S - 1, S), k, v, part->slice_rows(S - 1, S), p).ok());
+  HostBuf zero(DType::f64, {1});
+  ASSERT_TRUE(G->cuda->copy(G->counter, zero.v).ok());
+  ASSERT_TRUE(cuda::count_unequal(*G->cuda, full->flatten_last2(), part->flatten_last2(), G->counter).ok());
+  HostBuf cnt = download(G, G->counter);
+  EXPECT_EQ(*cnt.v.ptr<uint64_t>(), 0u);
+}
+
+TEST(CudaOps, GemmWithoutWorkspaceFailsCleanly) {
+  LS_NEED_GPU();
+  auto b = make_backend("cuda");
+  ASSERT_TRUE(b.ok());
+  auto x = G->arena->alloc(DType::bf16, {4, 64}, "x");
+  auto w = G->arena->alloc(DType::bf16, {8, 64}, "w");
+  auto o = G->arena->alloc(DType::bf16, {4, 8}, "o");
+  Status s = (*b)->gemm(*x, *w, nullptr, *o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("set_workspace"), std::string::npos) << s.message();
+}
+
+TEST(CudaOps, OutOfMemoryIsAStatus) {
+  LS_NEED_GPU();
+  auto r = G->cuda->memory().allocate(1ull << 50);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::out_of_memory) << r.error().message;
+  auto ok = G->cuda->memory().allocate(1 << 20);  // the device still works afterwards
+  ASSERT_TRUE(ok.ok());
+  G->cuda->memory().deallocate(*ok, 1 << 20);
+}
+
+}  // namespace
+}  // namespace ls::cudatest
