@@ -1,0 +1,159 @@
+#include "tools/report.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
+
+#include "core/arena.h"  // format_bytes
+
+namespace ls::tools {
+
+uint64_t fnv1a64(const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+RunPeaks run_peaks(const sample::GenerateResult& r) {
+  RunPeaks p;
+  p.predicted = r.plan.predicted_peak_bytes;
+  p.stock = r.plan.stock_peak_bytes;
+  if (r.negative_plan) {
+    p.predicted = std::max<uint64_t>(p.predicted, r.negative_plan->predicted_peak_bytes);
+    p.stock = std::max<uint64_t>(p.stock, r.negative_plan->stock_peak_bytes);
+  }
+  for (const auto& f : r.forwards) p.measured = std::max<uint64_t>(p.measured, f.report.measured_peak_bytes);
+  return p;
+}
+
+std::string plan_paths(const exec::Plan& p) {
+  if (p.stock()) return "stock plan (no slicing)";
+  std::string s = p.two_pass_attention() ? "two-pass attention (" + std::to_string(p.attn_slice) + "-row slices)"
+                                         : "stock attention";
+  s += p.sliced_mlp() ? ", sliced MLP (" + std::to_string(p.mlp_slice) + ")" : ", stock MLP";
+  s += p.sliced_head() ? ", sliced head (" + std::to_string(p.final_slice) + ")" : ", stock head";
+  return s;
+}
+
+std::string generate_status_line(const std::string& label, const sample::GenerateResult& r) {
+  const RunPeaks pk = run_peaks(r);
+  const size_t forwards = r.forwards.size();
+  const int64_t steps = r.forwards.empty() ? 0 : r.forwards.back().step + 1;
+  std::string s = "[LayerStream] " + (label.empty() ? std::string() : label + ": ") + plan_paths(r.plan);
+  s += "; S " + std::to_string(r.plan.sizes.S);
+  if (r.negative_plan && r.negative_plan->sizes.S != r.plan.sizes.S)
+    s += " (negative " + std::to_string(r.negative_plan->sizes.S) + ")";
+  s += ", kv_tile " + std::to_string(r.plan.kv_tile);
+  s += "; activation peak " + format_bytes(pk.measured) + " measured / " + format_bytes(pk.predicted) +
+       " predicted vs stock " + format_bytes(pk.stock);
+  if (pk.stock > 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " (%+.1f %%)",
+                  100.0 * (static_cast<double>(pk.predicted) - static_cast<double>(pk.stock)) / static_cast<double>(pk.stock));
+    s += buf;
+  }
+  const bool pre = !r.forwards.empty() && r.forwards.front().report.adaln_precomputed;
+  s += "; AdaLN tables " + format_bytes(r.adaln_table_bytes) + (pre ? " precomputed" : " per call");
+  char t[160];
+  std::snprintf(t, sizeof t, "; %lld steps x %d forward%s = %zu forwards in %.2f s (%.3f s/forward)",
+                static_cast<long long>(steps), r.guided() ? 2 : 1, r.guided() ? "s" : "", forwards, r.total_seconds,
+                forwards ? r.sampling_seconds / static_cast<double>(forwards) : 0.0);
+  s += t;
+  if (!r.forwards.empty()) s += " on " + r.forwards.front().report.backend;
+  return s;
+}
+
+nlohmann::json plan_json(const exec::Plan& p) {
+  nlohmann::json j;
+  j["describe"] = p.describe();
+  j["paths"] = plan_paths(p);
+  j["knobs"] = {{"mlp_chunk_tokens", p.knobs.mlp_chunk_tokens},
+                {"attn_chunk_tokens", p.knobs.attn_chunk_tokens},
+                {"final_chunk_tokens", p.knobs.final_chunk_tokens},
+                {"kv_tile", p.knobs.kv_tile}};
+  j["S"] = p.sizes.S;
+  j["target_rows"] = p.sizes.target_rows;
+  j["attn_slice"] = p.attn_slice;
+  j["mlp_slice"] = p.mlp_slice;
+  j["final_slice"] = p.final_slice;
+  j["kv_tile"] = p.kv_tile;
+  j["two_pass_attention"] = p.two_pass_attention();
+  j["sliced_mlp"] = p.sliced_mlp();
+  j["sliced_head"] = p.sliced_head();
+  j["stock"] = p.stock();
+  j["predicted_peak_bytes"] = p.predicted_peak_bytes;
+  j["stock_peak_bytes"] = p.stock_peak_bytes;
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& ph : p.phases) {
+    nlohmann::json bufs = nlohmann::json::array();
+    for (const auto& b : ph.buffers)
+      bufs.push_back({{"what", b.what}, {"dtype", dtype_name(b.dtype)}, {"rows", b.rows}, {"cols", b.cols},
+                      {"bytes", b.bytes()}});
+    phases.push_back({{"name", ph.name}, {"bytes", ph.bytes()}, {"buffers", bufs}});
+  }
+  j["phases"] = phases;
+  return j;
+}
+
+nlohmann::json run_json(const std::string& label, const sample::GenerateResult& r) {
+  const RunPeaks pk = run_peaks(r);
+  nlohmann::json j;
+  j["label"] = label;
+  j["status_line"] = generate_status_line(label, r);
+  j["plan"] = plan_json(r.plan);
+  if (r.negative_plan) j["negative_plan"] = plan_json(*r.negative_plan);
+  j["peaks"] = {{"measured_bytes", pk.measured}, {"predicted_bytes", pk.predicted}, {"stock_predicted_bytes", pk.stock}};
+  j["adaln_table_bytes"] = r.adaln_table_bytes;
+  j["seconds"] = {{"refine_text", r.refine_seconds},
+                  {"adaln_precompute", r.adaln_seconds},
+                  {"sampling", r.sampling_seconds},
+                  {"total", r.total_seconds}};
+  nlohmann::json fw = nlohmann::json::array();
+  for (const auto& f : r.forwards) {
+    nlohmann::json e = nlohmann::json::parse(f.report.to_json(), nullptr, /*allow_exceptions=*/false);
+    if (e.is_discarded()) e = nlohmann::json::object();
+    e["step"] = f.step;
+    e["prompt"] = f.prompt == sample::Prompt::positive ? "positive" : "negative";
+    e["sigma"] = f.sigma;
+    fw.push_back(e);
+  }
+  j["forwards"] = fw;
+  j["output"] = {{"video_fnv1a64", hex64(fnv1a64(r.video.data(), r.video.size() * sizeof(float)))},
+                 {"audio_fnv1a64", hex64(fnv1a64(r.audio.data(), r.audio.size() * sizeof(float)))},
+                 {"video_values", r.video.size()},
+                 {"audio_values", r.audio.size()}};
+  return j;
+}
+
+Status write_json_file(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return make_error(ErrorCode::io, "cannot write " + tmp + ": " + std::strerror(errno));
+  const std::string text = j.dump(2) + "\n";
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    std::remove(tmp.c_str());
+    return make_error(ErrorCode::io, "cannot write " + path + " (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return make_error(ErrorCode::io, "cannot rename " + tmp + " to " + path + ": " + why);
+  }
+  return {};
+}
+
+}  // namespace ls::tools

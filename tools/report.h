@@ -1,0 +1,49 @@
+// Run reports of `layerstream generate`: the one status line printed after a run and
+// the full JSON written by --json.
+//
+// Status line (one line, like ComfyUI's memory-patch nodes):
+//   [LayerStream] sliced: two-pass attention (128-row slices), sliced MLP (128), sliced head (128);
+//   S 554, kv_tile 1024; activation peak 1.02 MiB measured / 1.02 MiB predicted vs stock 3.41 MiB
+//   (-70.1 %); AdaLN tables 13.5 KiB precomputed; 4 steps x 1 forward = 4 forwards in 1.93 s
+//   (0.48 s/forward) on cpu
+// "measured" is the largest activation-arena high-water mark over every forward of the
+// run; "predicted" the plan's (the larger of the two prompts' plans with CFG).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "sample/generate.h"
+
+namespace ls::tools {
+
+// 64-bit FNV-1a of a byte range: a short fingerprint to compare outputs across runs.
+uint64_t fnv1a64(const void* data, size_t bytes);
+std::string hex64(uint64_t v);
+
+// Peak figures of a run, over all its forwards and both prompts' plans.
+struct RunPeaks {
+  uint64_t measured = 0;   // max arena high-water mark
+  uint64_t predicted = 0;  // max plan prediction
+  uint64_t stock = 0;      // the stock plan's prediction (max over the prompts)
+};
+RunPeaks run_peaks(const sample::GenerateResult& r);
+
+// "two-pass attention (128-row slices), sliced MLP (128), sliced head (128)" or "stock plan (no slicing)".
+std::string plan_paths(const exec::Plan& p);
+
+std::string generate_status_line(const std::string& label, const sample::GenerateResult& r);
+
+// The JSON of one run: plan(s), timings, every forward's RunReport, output fingerprints.
+nlohmann::json run_json(const std::string& label, const sample::GenerateResult& r);
+nlohmann::json plan_json(const exec::Plan& p);
+
+// Writes `j` (pretty) to `path` atomically (temporary file + rename).
+Status write_json_file(const std::string& path, const nlohmann::json& j);
+
+}  // namespace ls::tools
