@@ -1,0 +1,224 @@
+// The exactness contract (DESIGN.md §1) as a property: for random tiny H3
+// configurations (heads, head_dim, layers, curve form, PDD heads, text width) and random
+// layouts (t2va, keyframes, references, masks, text tags), every plan (slice sizes from 1
+// to S, non-divisors, a last slice of one row) gives the stock plan's bytes (memcmp); the
+// measured arena peak never exceeds the prediction; the same inputs give the same bytes;
+// 1 thread gives the bytes of all threads; AdaLN precompute gives the per-step bytes.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/thread_pool.h"
+#include "exactness_util.h"
+
+using namespace ls;
+
+namespace {
+
+struct Case {
+  h3::H3Config cfg;
+  std::unique_ptr<h3::H3SyntheticSource> src;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<exec::Engine> engine;
+  h3::Conditioning cond;
+  test::Inputs in;
+  exec::RefinedText text;
+  float sigma = 0.8f;
+};
+
+std::unique_ptr<Case> make_case(uint64_t seed, bool vary, bool extras) {
+  std::mt19937_64 rng(seed);
+  auto c = std::make_unique<Case>();
+  c->cfg = test::tiny_cfg(rng, vary);
+  c->src = std::make_unique<h3::H3SyntheticSource>(c->cfg, seed);
+  c->be = make_cpu_backend();
+  auto e = exec::Engine::create(*c->src, *c->be);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+  if (!e.ok()) return nullptr;
+  c->engine = std::move(*e);
+  c->cond = test::random_cond(rng, c->cfg, extras);
+  c->in = test::random_inputs(rng, c->cfg, c->cond);
+  auto t = c->engine->refine_text(c->in.text_view(c->cfg, c->cond));
+  EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
+  if (!t.ok()) return nullptr;
+  c->text = std::move(*t);
+  const float sigmas[] = {1.0f, 0.95f, 0.8f, 0.5f, 0.1f};
+  c->sigma = sigmas[std::uniform_int_distribution<int>(0, 4)(rng)];
+  return c;
+}
+
+exec::ForwardResult run(Case& c, const exec::Plan& p) {
+  auto r = c.engine->forward(c.cond, c.text, c.in.video_view(c.cfg, c.cond), c.in.audio_view(c.cfg, c.cond), c.sigma, p);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  if (!r.ok()) return {};
+  EXPECT_LE(r->report.measured_peak_bytes, r->report.predicted_peak_bytes);
+  return std::move(*r);
+}
+
+int64_t random_slice(std::mt19937_64& rng, int64_t n) {
+  switch (std::uniform_int_distribution<int>(0, 5)(rng)) {
+    case 0: return 1;
+    case 1: return n;  // one slice
+    case 2: return n > 1 ? n - 1 : 1;  // a last slice of one row
+    case 3: return 0;  // stock for this knob
+    default: return std::uniform_int_distribution<int64_t>(1, std::max<int64_t>(1, n))(rng);
+  }
+}
+
+void check_plans(uint64_t seed, bool vary, bool extras, int plans) {
+  auto c = make_case(seed, vary, extras);
+  ASSERT_TRUE(c);
+  SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c->cfg));
+  // kv_tile is a numerics setting: fixed per case (both plans), random across cases so
+  // key tiles of every size incl. a last tile of one key are exercised.
+  std::mt19937_64 rng(seed * 7919 + 1);
+  exec::PlanKnobs stock_knobs;
+  stock_knobs.kv_tile = std::uniform_int_distribution<int64_t>(0, 2)(rng) == 0 ? 1024 : std::uniform_int_distribution<int64_t>(1, 16)(rng);
+  auto stock_plan = exec::make_plan(c->cfg, c->cond, stock_knobs);
+  ASSERT_TRUE(stock_plan.ok()) << stock_plan.error().message;
+  ASSERT_TRUE(stock_plan->stock());
+  const exec::ForwardResult ref = run(*c, *stock_plan);
+  // Not vacuous: the outputs are non-zero.
+  ASSERT_GT(test::sum_abs(ref.video), 0.0);
+  ASSERT_GT(test::sum_abs(ref.audio), 0.0);
+  EXPECT_EQ(ref.report.measured_peak_bytes, ref.report.predicted_peak_bytes);
+  const int64_t S = stock_plan->sizes.S, tr = stock_plan->sizes.target_rows;
+  for (int i = 0; i < plans; ++i) {
+    exec::PlanKnobs k;
+    k.kv_tile = stock_knobs.kv_tile;
+    k.attn_chunk_tokens = random_slice(rng, S);
+    k.mlp_chunk_tokens = random_slice(rng, S);
+    k.final_chunk_tokens = random_slice(rng, tr);
+    auto p = exec::make_plan(c->cfg, c->cond, k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    SCOPED_TRACE("S " + std::to_string(S) + ", plan " + p->describe());
+    const exec::ForwardResult r = run(*c, *p);
+    EXPECT_TRUE(test::same_bytes(ref.video, r.video)) << "video differs";
+    EXPECT_TRUE(test::same_bytes(ref.audio, r.audio)) << "audio differs";
+  }
+}
+
+}  // namespace
+
+// t2va only, fixed tiny config, many plans.
+TEST(Exactness, PlansMatchStockT2va) {
+  for (uint64_t seed = 1; seed <= 10; ++seed) check_plans(seed, /*vary=*/false, /*extras=*/false, 8);
+}
+
+// Random configurations (heads, head_dim, layers, curve form, PDD bank) x random layouts
+// (keyframes, references, masks, text tags) x random plans.
+TEST(Exactness, PlansMatchStockRandomConfigsAndLayouts) {
+  for (uint64_t seed = 100; seed < 180; ++seed) check_plans(seed, /*vary=*/true, /*extras=*/true, 6);
+}
+
+// Two-pass attention with every slice size from 1 to S.
+TEST(Exactness, EverySliceSize) {
+  auto c = make_case(977, true, true);
+  ASSERT_TRUE(c);
+  auto stock = exec::make_plan(c->cfg, c->cond, {});
+  ASSERT_TRUE(stock.ok());
+  const auto ref = run(*c, *stock);
+  const int64_t S = stock->sizes.S;
+  for (int64_t n = 1; n <= S; ++n) {
+    exec::PlanKnobs k;
+    k.attn_chunk_tokens = n;
+    k.mlp_chunk_tokens = n;
+    k.final_chunk_tokens = n;
+    auto p = exec::make_plan(c->cfg, c->cond, k);
+    ASSERT_TRUE(p.ok());
+    const auto r = run(*c, *p);
+    EXPECT_TRUE(test::same_bytes(ref.video, r.video) && test::same_bytes(ref.audio, r.audio)) << "slice " << n << " of S " << S;
+  }
+}
+
+TEST(Exactness, SameInputsSameBytes) {
+  for (uint64_t seed : {5u, 6u}) {
+    auto a = make_case(seed, true, true), b = make_case(seed, true, true);
+    ASSERT_TRUE(a && b);
+    exec::PlanKnobs k;
+    k.attn_chunk_tokens = 3;
+    auto p = exec::make_plan(a->cfg, a->cond, k);
+    ASSERT_TRUE(p.ok());
+    const auto ra = run(*a, *p), rb = run(*b, *p), ra2 = run(*a, *p);
+    EXPECT_TRUE(test::same_bytes(ra.video, rb.video) && test::same_bytes(ra.audio, rb.audio));
+    EXPECT_TRUE(test::same_bytes(ra.video, ra2.video) && test::same_bytes(ra.audio, ra2.audio));
+  }
+}
+
+TEST(Exactness, OneThreadEqualsAllThreads) {
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    auto c = make_case(seed, true, true);
+    ASSERT_TRUE(c);
+    exec::PlanKnobs k;
+    k.attn_chunk_tokens = 2;
+    k.mlp_chunk_tokens = 3;
+    auto p = exec::make_plan(c->cfg, c->cond, k);
+    ASSERT_TRUE(p.ok());
+    set_num_threads(0);
+    const auto all = run(*c, *p);
+    set_num_threads(1);
+    const auto one = run(*c, *p);
+    set_num_threads(0);
+    EXPECT_TRUE(test::same_bytes(all.video, one.video) && test::same_bytes(all.audio, one.audio));
+  }
+}
+
+// AdaLN precompute over a whole schedule gives the bytes of computing the tables per step.
+TEST(Exactness, AdalnPrecomputeEqualsPerStep) {
+  for (uint64_t seed : {21u, 22u, 23u, 24u}) {
+    auto c = make_case(seed, true, true);
+    ASSERT_TRUE(c);
+    auto p = exec::make_plan(c->cfg, c->cond, {});
+    ASSERT_TRUE(p.ok());
+    const std::vector<float> schedule = {1.0f, 0.97f, 0.9f, 0.75f, 0.4f, 0.0f};
+    std::vector<exec::ForwardResult> per_step;
+    for (float s : schedule) {
+      if (s == 0.0f) continue;
+      c->sigma = s;
+      per_step.push_back(run(*c, *p));
+      EXPECT_FALSE(per_step.back().report.adaln_precomputed);
+    }
+    ASSERT_TRUE(c->engine->precompute_adaln(schedule, c->cond).ok());
+    size_t i = 0;
+    for (float s : schedule) {
+      if (s == 0.0f) continue;
+      c->sigma = s;
+      const auto r = run(*c, *p);
+      EXPECT_TRUE(r.report.adaln_precomputed);
+      EXPECT_TRUE(test::same_bytes(per_step[i].video, r.video) && test::same_bytes(per_step[i].audio, r.audio)) << "sigma " << s;
+      ++i;
+    }
+  }
+}
+
+// A plan made for another clip is refused.
+TEST(Exactness, MismatchedPlanIsRefused) {
+  auto c = make_case(31, false, false);
+  ASSERT_TRUE(c);
+  h3::Conditioning other = c->cond;
+  other.geometry.A += 1;
+  auto p = exec::make_plan(c->cfg, other, {});
+  ASSERT_TRUE(p.ok());
+  auto r = c->engine->forward(c->cond, c->text, c->in.video_view(c->cfg, c->cond), c->in.audio_view(c->cfg, c->cond), 0.5f, *p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("plan"), std::string::npos);
+}
+
+// The comparisons above are not vacuous: a one-ulp change of one input value, or
+// another kv_tile (a numerics setting), changes the output bytes.
+TEST(Exactness, OutputsAreSensitive) {
+  auto c = make_case(41, false, false);
+  ASSERT_TRUE(c);
+  exec::PlanKnobs k;
+  k.kv_tile = 1;
+  auto p1 = exec::make_plan(c->cfg, c->cond, k);
+  auto p = exec::make_plan(c->cfg, c->cond, {});
+  ASSERT_TRUE(p.ok() && p1.ok());
+  const auto ref = run(*c, *p);
+  const auto tiled = run(*c, *p1);
+  EXPECT_FALSE(test::same_bytes(ref.video, tiled.video) && test::same_bytes(ref.audio, tiled.audio));
+  c->in.video[3] = std::nextafter(round_bf16(c->in.video[3]), 1e9f);
+  c->in.video[3] = std::nextafter(c->in.video[3] + 0.01f, 1e9f);
+  const auto moved = run(*c, *p);
+  EXPECT_FALSE(test::same_bytes(ref.video, moved.video));
+}
