@@ -1,0 +1,220 @@
+// Golden parity of the whole H3 forward (CPU backend) against the PyTorch reference
+// (tests/reference/h3_reference.py, run on an H200; files in tests/data/golden).
+//
+// Each case file forward_v1_<case>.safetensors holds the inputs (raw text states, fp32
+// video/audio latents, sigma, keyframe latents, masks, text tags), PyTorch's named
+// intermediates and velocities, and the same names under "exact." computed in float64
+// without any rounding. The checkpoint it names (h3_golden_tiny[_curve].safetensors) is
+// loaded through the normal checkpoint path (open_h3_checkpoint), so key names, shapes,
+// declared dtypes and config detection are exercised as for a real file.
+//
+// Checks, per case:
+//  - layout: fp32 positions, fp32 distinct timesteps and modulation rows equal PyTorch's
+//    bit for bit (they are float64 host arithmetic on both sides);
+//  - every intermediate the engine reports (text.embed, text.refined, adaln.input,
+//    x.embed, block.{i}.attn/mlp) and both velocities: the error against float64 is at
+//    most 2x PyTorch's (relative L2 and max abs; DESIGN.md §4), plus a floor of 1/8 of a
+//    bf16 ulp relative so that bit-identical-to-exact cases cannot fail on noise;
+//  - the distance to PyTorch itself is printed (max abs, relative L2).
+// Tiny config (hidden 64, 3 heads x 32, 2 blocks, 1 refiner block, S = 124..136).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "exec/engine.h"
+#include "exec/plan.h"
+#include "model/h3/checkpoint.h"
+#include "model/h3/layout.h"
+#include "reference/golden_compare.h"
+
+namespace ls {
+namespace {
+
+using golden::Err;
+
+// Host copy (float64) of a 1-4-D view with a possibly strided outer dimension.
+std::vector<double> host_f64(const TensorView& t) {
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(t.numel()));
+  const int64_t rows = t.ndim == 0 ? 1 : t.size(0);
+  const int64_t inner = rows == 0 ? 0 : t.numel() / rows;
+  for (int64_t r = 0; r < rows; ++r) {
+    // Inner dims contiguous within a row (true for every view the engine reports).
+    const void* row = t.ndim == 0 ? t.data : t.at(r);
+    for (int64_t i = 0; i < inner; ++i) out.push_back(load_as_f64(row, t.dtype, i));
+  }
+  return out;
+}
+
+struct CaseResult {
+  std::map<std::string, std::vector<double>> got;  // engine intermediates + outputs
+};
+
+class GoldenForward : public ::testing::TestWithParam<std::string> {
+ protected:
+  void compare(const SafetensorsReader& g, const std::string& name, const std::vector<double>& a,
+               const std::string& label, double ratio = 2.0) {
+    const SafetensorsEntry* te = g.find(name);
+    ASSERT_NE(te, nullptr) << "golden lacks " << name;
+    std::vector<double> torch_out = golden::to_f64(g.view(*te));
+    ASSERT_EQ(a.size(), torch_out.size()) << name;
+    Err vs_torch = golden::error(a, torch_out);
+    const SafetensorsEntry* ee = g.find("exact." + name);
+    if (ee == nullptr) {
+      std::printf("  %-20s vs torch: max_abs %.3e rel_l2 %.3e\n", label.c_str(), vs_torch.max_abs, vs_torch.rel_l2);
+      // No float64 twin stored for this intermediate: bound by 4 bf16 ulps relative.
+      EXPECT_LE(vs_torch.rel_l2, 4 * 0x1p-8) << name;
+      return;
+    }
+    std::vector<double> exact = golden::to_f64(g.view(*ee));
+    Err mine = golden::error(a, exact), theirs = golden::error(torch_out, exact);
+    double scale = 0;
+    for (double x : exact) scale = std::max(scale, std::fabs(x));
+    std::printf("  %-20s vs torch: max_abs %.3e rel_l2 %.3e | vs exact: engine %.3e/%.3e torch %.3e/%.3e\n",
+                label.c_str(), vs_torch.max_abs, vs_torch.rel_l2, mine.max_abs, mine.rel_l2, theirs.max_abs,
+                theirs.rel_l2);
+    EXPECT_LE(mine.rel_l2, ratio * theirs.rel_l2 + 0x1p-11) << name << ": relative L2 error vs float64";
+    EXPECT_LE(mine.max_abs, ratio * theirs.max_abs + scale * 0x1p-11) << name << ": max abs error vs float64";
+  }
+};
+
+TEST_P(GoldenForward, MatchesPyTorch) {
+  const std::string file = "forward_v1_" + GetParam() + ".safetensors";
+  auto gr = SafetensorsReader::open(golden::golden_path(file));
+  ASSERT_TRUE(gr.ok()) << gr.error().message << "; " << golden::kRegenerate;
+  const SafetensorsReader& g = **gr;
+  const std::string ferr = golden::check_format(g);
+  ASSERT_TRUE(ferr.empty()) << ferr;
+  const nlohmann::json cj = nlohmann::json::parse(golden::meta(g, "case"));
+  std::printf("golden forward %s: torch %s on %s, attention %s, S %d\n", file.c_str(), golden::meta(g, "torch").c_str(),
+              golden::meta(g, "cuda_device").c_str(), golden::meta(g, "attention_backend").c_str(), cj["S"].get<int>());
+
+  auto src = h3::open_h3_checkpoint(golden::golden_path(cj["checkpoint"].get<std::string>()));
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  const h3::H3Config& cfg = (*src)->cfg();
+  auto be = make_cpu_backend();
+
+  CaseResult res;
+  exec::EngineOptions opts;
+  opts.eval = [&](const std::string& name, int64_t layer, const TensorView& t) {
+    std::string key = name;
+    if (name == "block.attn" || name == "block.mlp") key = "block." + std::to_string(layer) + name.substr(5);
+    res.got[key] = host_f64(t);
+  };
+  auto engine = exec::Engine::create(**src, *be, opts);
+  ASSERT_TRUE(engine.ok()) << engine.error().message;
+
+  // ---- inputs ----
+  auto view_of = [&](const std::string& n) {
+    const SafetensorsEntry* e = g.find(n);
+    LS_CHECK_MSG(e != nullptr, "golden lacks " + n);
+    return g.view(*e);
+  };
+  auto floats = [&](const std::string& n) {
+    std::vector<double> d = golden::to_f64(view_of(n));
+    return std::vector<float>(d.begin(), d.end());
+  };
+  const TensorView text_states = view_of("in.text_states");
+  EXPECT_GT(golden::sum_squares(golden::to_f64(text_states)), 0.0);
+  auto text = (*engine)->refine_text(text_states);
+  ASSERT_TRUE(text.ok()) << text.error().message;
+
+  h3::Conditioning cond;
+  auto geo = h3::clip_geometry(cj["frames"], cj["width"], cj["height"], cj["L"]);
+  ASSERT_TRUE(geo.ok()) << geo.error().message;
+  cond.geometry = *geo;
+  ASSERT_EQ(cond.geometry.T, cj["T"].get<int64_t>());
+  ASSERT_EQ(cond.geometry.A, cj["A"].get<int64_t>());
+  cond.vis_aug = cj["vis_aug"];
+  cond.aud_aug = cj["aud_aug"];
+  cond.shift_video = cj["shift_v"];
+  cond.shift_audio = cj["shift_a"];
+  cond.audio_scale = cj["audio_scale"];
+  if (const SafetensorsEntry* e = g.find("in.text_tags")) {
+    TensorView t = g.view(*e);
+    const int8_t* p = t.ptr<const int8_t>();
+    cond.text_token_tags.assign(p, p + t.numel());
+  }
+  const auto& kf_frames = cj["keyframe_pixel_frames"];
+  for (size_t i = 0; i < kf_frames.size(); ++i) {
+    h3::Keyframe k;
+    k.pixel_frame = kf_frames[i];
+    k.video.data = floats("in.keyframe." + std::to_string(i));
+    k.video.T = 1;
+    k.video.Hl = cond.geometry.Hl;
+    k.video.Wl = cond.geometry.Wl;
+    cond.keyframes.push_back(std::move(k));
+  }
+  if (g.find("in.video_mask")) cond.video_mask = floats("in.video_mask");
+  if (g.find("in.audio_mask")) cond.audio_mask = floats("in.audio_mask");
+
+  const float sigma = floats("in.sigma")[0];
+  std::vector<float> video = floats("in.video"), audio = floats("in.audio");
+  EXPECT_GT(golden::sum_squares(std::vector<double>(video.begin(), video.end())), 0.0);
+  const TensorView vv(video.data(), DType::f32, {cfg.latents_dim, cond.geometry.T, cond.geometry.Hl, cond.geometry.Wl});
+  const TensorView av(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, cond.geometry.A});
+
+  // ---- layout: bitwise (host float64 arithmetic on both sides, compared after fp32) ----
+  auto lay = h3::build_layout(cfg, cond);
+  ASSERT_TRUE(lay.ok()) << lay.error().message;
+  ASSERT_EQ(lay->S, cj["S"].get<int64_t>());
+  {
+    std::vector<double> pos = golden::to_f64(view_of("layout.positions"));
+    ASSERT_EQ(pos.size(), lay->positions.size());
+    int64_t bad = 0;
+    for (size_t i = 0; i < pos.size(); ++i) bad += static_cast<float>(lay->positions[i]) != static_cast<float>(pos[i]);
+    EXPECT_EQ(bad, 0) << "fp32 positions differ from PyTorch's in " << bad << " of " << pos.size() << " values";
+    const h3::Timesteps ts = h3::layout_timesteps(*lay, cond, sigma);
+    std::vector<double> ut = golden::to_f64(view_of("layout.unique_t"));
+    ASSERT_EQ(ut.size(), ts.unique_t.size()) << "distinct timesteps";
+    for (size_t i = 0; i < ut.size(); ++i)
+      EXPECT_EQ(static_cast<float>(ts.unique_t[i]), static_cast<float>(ut[i])) << "unique_t[" << i << "]";
+    std::vector<double> mr = golden::to_f64(view_of("layout.mod_rows"));
+    ASSERT_EQ(mr.size(), ts.mod_rows.size());
+    int64_t badr = 0;
+    for (size_t i = 0; i < mr.size(); ++i) badr += ts.mod_rows[i] != static_cast<int32_t>(mr[i]);
+    EXPECT_EQ(badr, 0) << "modulation rows differ in " << badr << " of " << mr.size() << " rows";
+  }
+
+  // ---- forward (stock plan) ----
+  auto plan = exec::make_plan(cfg, cond, exec::PlanKnobs{});
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  auto out = (*engine)->forward(cond, *text, vv, av, sigma, *plan);
+  ASSERT_TRUE(out.ok()) << out.error().message;
+
+  compare(g, "text.embed", res.got["text.embed"], "text.embed");
+  compare(g, "text.refined", std::vector<double>(golden::to_f64(text->view())), "text.refined");
+  if (res.got.count("adaln.input") && !cfg.curve_form()) {
+    // The AdaLN linears' input: bf16(silu(t_emb)), from PyTorch's t_emb (bf16).
+    std::vector<double> te = golden::to_f64(view_of("t_emb"));
+    std::vector<double> want(te.size());
+    for (size_t i = 0; i < te.size(); ++i) want[i] = round_bf16(static_cast<float>(te[i] / (1.0 + std::exp(-te[i]))));
+    Err e = golden::error(res.got["adaln.input"], want);
+    std::printf("  %-20s vs torch: max_abs %.3e rel_l2 %.3e\n", "silu(t_emb)", e.max_abs, e.rel_l2);
+    EXPECT_LE(e.rel_l2, 2 * 0x1p-8);
+  } else if (res.got.count("adaln.input")) {
+    compare(g, "t_emb", res.got["adaln.input"], "t_emb (curve)");
+  }
+  compare(g, "x.embed", res.got["x.embed"], "x.embed");
+  for (int64_t i = 0; i < cfg.num_layers; ++i)
+    for (const char* half : {".attn", ".mlp"}) {
+      const std::string k = "block." + std::to_string(i) + half;
+      ASSERT_TRUE(res.got.count(k)) << "engine reported no " << k;
+      compare(g, k, res.got[k], k);
+    }
+  compare(g, "out.video", std::vector<double>(out->video.begin(), out->video.end()), "velocity video");
+  compare(g, "out.audio", std::vector<double>(out->audio.begin(), out->audio.end()), "velocity audio");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenForward,
+                         ::testing::Values("t2va", "t2va_sigma1", "keyframes", "mask", "t2va_curve"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
+}  // namespace ls
