@@ -39,7 +39,7 @@ std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n) {
   // Small tensors: normal_distribution<double> per element: uniform doubles from
   // random64 (53 bits), Box-Muller in double; the second value of a pair is cached.
   auto random64 = [&]() {
-    const uint64_t lo = gen(), hi = gen();
+    const uint64_t hi = gen(), lo = gen();  // first draw is the high half
     return (hi << 32) | lo;
   };
   auto uniform53 = [&]() {
