@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda/cuda_test_util.h"
+#include "cuda_test_util.h"
 
 namespace ls::cudatest {
 namespace {
