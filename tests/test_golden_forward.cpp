@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -210,6 +211,21 @@ TEST_P(GoldenForward, MatchesPyTorch) {
     }
   compare(g, "out.video", std::vector<double>(out->video.begin(), out->video.end()), "velocity video");
   compare(g, "out.audio", std::vector<double>(out->audio.begin(), out->audio.end()), "velocity audio");
+
+  // A sliced plan (two-pass attention, sliced MLP and head, awkward slice sizes) gives
+  // the stock plan's bytes on the golden inputs too (DESIGN.md §1).
+  exec::PlanKnobs knobs;
+  knobs.attn_chunk_tokens = 7;
+  knobs.mlp_chunk_tokens = 13;
+  knobs.final_chunk_tokens = 5;
+  auto sliced_plan = exec::make_plan(cfg, cond, knobs);
+  ASSERT_TRUE(sliced_plan.ok()) << sliced_plan.error().message;
+  auto sliced = (*engine)->forward(cond, *text, vv, av, sigma, *sliced_plan);
+  ASSERT_TRUE(sliced.ok()) << sliced.error().message;
+  ASSERT_EQ(sliced->video.size(), out->video.size());
+  ASSERT_EQ(sliced->audio.size(), out->audio.size());
+  EXPECT_EQ(0, std::memcmp(sliced->video.data(), out->video.data(), out->video.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(sliced->audio.data(), out->audio.data(), out->audio.size() * sizeof(float)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenForward,
