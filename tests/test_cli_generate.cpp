@@ -1,0 +1,197 @@
+// `layerstream generate` end to end: the built binary (LS_TOOL_PATH) on the built-in
+// demonstration and the tiny preset; outputs readable, plans byte-identical, bad
+// inputs rejected with exit code 2, a message, and no output file.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+class CliGenerate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ls_cli_generate_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    const std::string cmd = "rm -rf '" + dir_ + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  Result run(const std::string& args) {
+    Result r;
+    const std::string out = path("stdout.txt"), err = path("stderr.txt");
+    const std::string cmd = std::string(LS_TOOL_PATH) + " generate " + args + " > '" + out + "' 2> '" + err + "'";
+    const int status = std::system(cmd.c_str());
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+
+  // A text-states file: "text" [L, 96] and optionally "negative" [Ln, 96] (tiny text_dim).
+  std::string text_file(int64_t L, int64_t Ln, int64_t width = 96) {
+    std::vector<float> t(static_cast<size_t>(L * width)), n(static_cast<size_t>(Ln * width));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = std::sin(0.37f * static_cast<float>(i));
+    for (size_t i = 0; i < n.size(); ++i) n[i] = std::cos(0.11f * static_cast<float>(i));
+    std::vector<ls::NamedTensor> ts{{"text", ls::TensorView(t.data(), ls::DType::f32, {L, width})}};
+    if (Ln > 0) ts.push_back({"negative", ls::TensorView(n.data(), ls::DType::f32, {Ln, width})});
+    const std::string p = path("text_" + std::to_string(L) + "_" + std::to_string(Ln) + "_" + std::to_string(width) +
+                               ".safetensors");
+    EXPECT_TRUE(ls::write_safetensors(p, ts).ok());
+    return p;
+  }
+
+  std::string dir_;
+};
+
+// The tensors of an output file as raw bytes, checked for shape, dtype and content.
+std::string latents_bytes(const std::string& file, const std::vector<int64_t>& vshape,
+                          const std::vector<int64_t>& ashape) {
+  auto r = ls::SafetensorsReader::open(file);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  if (!r.ok()) return {};
+  std::string bytes;
+  for (const char* name : {"video", "audio"}) {
+    const ls::SafetensorsEntry* e = (*r)->find(name);
+    EXPECT_NE(e, nullptr) << name;
+    if (!e) return {};
+    EXPECT_EQ(e->dtype, ls::DType::f32);
+    EXPECT_EQ(e->shape, std::string(name) == "video" ? vshape : ashape) << name;
+    const float* p = static_cast<const float*>((*r)->data(*e));
+    double sq = 0;
+    for (int64_t i = 0; i < e->numel(); ++i) {
+      EXPECT_TRUE(std::isfinite(p[i])) << name << " " << i;
+      sq += static_cast<double>(p[i]) * p[i];
+    }
+    EXPECT_GT(sq, 0.0) << name << " is all zeros";
+    bytes.append(reinterpret_cast<const char*>(p), static_cast<size_t>(e->numel()) * 4);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_F(CliGenerate, BuiltinDemonstration) {
+  // The README's main command (plus an output file and a report).
+  const Result r = run("-o '" + path("out.safetensors") + "' --json '" + path("report.json") + "'");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("byte-compare stock vs sliced: identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("video sigma (shift 12): 1, 0.972973, 0.923077, 0.8, 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("audio sigma (shift 3): 1, 0.9, 0.75, 0.5, 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[LayerStream] sliced: two-pass attention (128-row slices)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory: stock plan activation peak"), std::string::npos) << r.out;
+  // 22 frames at 256x256: T 7, latent 16x16, A 37.
+  const std::string bytes = latents_bytes(path("out.safetensors"), {24, 7, 16, 16}, {32, 2, 37});
+  EXPECT_EQ(bytes.size(), (24u * 7 * 16 * 16 + 32 * 2 * 37) * 4);
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("report.json")));
+  EXPECT_TRUE(j["comparison"]["identical"].get<bool>());
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_TRUE(j["runs"][0]["plan"]["stock"].get<bool>());
+  EXPECT_TRUE(j["runs"][1]["plan"]["two_pass_attention"].get<bool>());
+  EXPECT_LT(j["runs"][1]["peaks"]["measured_bytes"].get<uint64_t>(), j["runs"][0]["peaks"]["measured_bytes"].get<uint64_t>());
+  EXPECT_EQ(j["runs"][1]["forwards"].size(), 4u);
+  EXPECT_EQ(j["runs"][0]["output"]["video_fnv1a64"], j["runs"][1]["output"]["video_fnv1a64"]);
+}
+
+TEST_F(CliGenerate, BuiltinWithCfgAndNegative) {
+  const Result r = run("--cfg 3 --steps 2 --frames 5 --width 128 --height 64 -q");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("byte-compare stock vs sliced: identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 steps x 2 forwards = 4 forwards"), std::string::npos) << r.out;
+}
+
+TEST_F(CliGenerate, PresetTextFilePlansAreByteIdentical) {
+  // Positive 5 tokens, negative 8 tokens (another packed layout), CFG 2.
+  const std::string text = text_file(5, 8);
+  const std::string common = "--preset tiny --text '" + text + "' --cfg 2 --steps 2 --frames 22 --width 64 --height 96 -q";
+  const Result a = run(common + " -o '" + path("a.safetensors") + "'");
+  ASSERT_EQ(a.code, 0) << a.out << a.err;
+  const Result b = run(common + " --attn-chunk 7 --mlp-chunk 13 --final-chunk 1 -o '" + path("b.safetensors") + "'");
+  ASSERT_EQ(b.code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("two-pass attention (7-row slices), sliced MLP (13), sliced head (1)"), std::string::npos) << b.out;
+  const Result c = run(common + " --budget 200K -o '" + path("c.safetensors") + "'");
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  // T 7, latent 6x4, A 37.
+  const std::string ba = latents_bytes(path("a.safetensors"), {24, 7, 6, 4}, {32, 2, 37});
+  const std::string bb = latents_bytes(path("b.safetensors"), {24, 7, 6, 4}, {32, 2, 37});
+  const std::string bc = latents_bytes(path("c.safetensors"), {24, 7, 6, 4}, {32, 2, 37});
+  ASSERT_FALSE(ba.empty());
+  EXPECT_TRUE(ba == bb);
+  EXPECT_TRUE(ba == bc);
+  // A different seed gives different latents.
+  const Result d = run(common + " --seed 9 -o '" + path("d.safetensors") + "'");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_FALSE(ba == latents_bytes(path("d.safetensors"), {24, 7, 6, 4}, {32, 2, 37}));
+}
+
+TEST_F(CliGenerate, BadInputsFailCleanly) {
+  const std::string out = path("bad.safetensors");
+  const std::string o = " -o '" + out + "' -q";
+  struct Case {
+    std::string args;
+    std::string message;  // part of the expected error
+  };
+  const std::string text_no_negative = text_file(4, 0);
+  const std::string text_wrong_width = text_file(4, 0, 50);
+  const std::vector<Case> cases = {
+      {"--preset tiny --steps 0", "--steps"},
+      {"--preset tiny --steps abc", "--steps"},
+      {"--preset tiny --frames 22x", "--frames"},
+      {"--preset tiny --width 100", "multiples of 32"},
+      {"--preset nope", "nope"},
+      {"--model '" + path("missing.safetensors") + "'", "missing.safetensors"},
+      {"--preset tiny --budget 1K", "smallest budget"},
+      {"--preset tiny --budget 3 --mlp-chunk 4", "--budget"},
+      {"--preset tiny --cfg 2 --text '" + text_no_negative + "'", "negative"},
+      {"--preset tiny --text '" + text_wrong_width + "'", "text_dim"},
+      {"--preset tiny --keyframe '" + path("nokf.safetensors") + "'", "nokf.safetensors"},
+      {"--preset tiny --cfg nan", "--cfg"},
+      {"--preset tiny --mlp-chunk -3", "--mlp-chunk"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run(c.args + o);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("error:"), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_FALSE(exists(out)) << c.args;
+  }
+  // --preset without -o.
+  const Result r = run("--preset tiny -q");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("-o"), std::string::npos) << r.err;
+  // Nothing half-written (no temporary file) left behind in the folder either.
+  const std::string listing_cmd = "ls '" + dir_ + "' | grep -c tmp > '" + path("count.txt") + "'";
+  (void)std::system(listing_cmd.c_str());
+  EXPECT_EQ(read_file(path("count.txt")), "0\n");
+}
