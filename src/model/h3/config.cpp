@@ -108,8 +108,10 @@ std::string h3_config_json(const H3Config& c) {
   j["latents_dim"] = c.latents_dim;
   j["audio_latents_dim"] = c.audio_latents_dim;
   j["text_dim"] = c.text_dim;
-  j["timestep_input_dim"] = c.timestep_input_dim;
-  j["time_embed_hidden_size"] = c.time_embed_hidden;
+  if (!c.curve_form()) {  // the curve form has no time embedder: its widths mean nothing
+    j["timestep_input_dim"] = c.timestep_input_dim;
+    j["time_embed_hidden_size"] = c.time_embed_hidden;
+  }
   j["time_embed_dim"] = c.time_embed_dim;
   j["rope_inv_freq_len"] = c.rope_inv_freq_len;
   if (c.curve_form())
@@ -528,24 +530,35 @@ void fill_synthetic(const TensorSpec& spec, uint64_t seed, int64_t begin, int64_
   const uint64_t key = splitmix64(fnv1a64(spec.name) ^ splitmix64(seed));
   const DType dt = spec.dtype;
   const int64_t grain = 1 << 15;
+  if (init.kind == InitKind::normal || init.kind == InitKind::norm_weight) {
+    // The bulk of every model: typed loops (no per-element dtype dispatch). The value
+    // is the same fp32 number either way; bf16 rounds it to nearest even (dtype.h).
+    auto value = [&](int64_t idx) {
+      const uint64_t bits = splitmix64(key + static_cast<uint64_t>(idx + 1) * 0x9E3779B97F4A7C15ull);
+      return static_cast<float>(init.mean + init.stddev * approx_normal(bits));
+    };
+    parallel_for(count, grain, [&](int64_t a, int64_t b) {
+      if (dt == DType::bf16) {
+        uint16_t* o = static_cast<uint16_t*>(out);
+        for (int64_t i = a; i < b; ++i) o[i] = f32_to_bf16(value(begin + i));
+      } else if (dt == DType::f32) {
+        float* o = static_cast<float*>(out);
+        for (int64_t i = a; i < b; ++i) o[i] = value(begin + i);
+      } else {
+        for (int64_t i = a; i < b; ++i) store_from_f32(out, dt, i, value(begin + i));
+      }
+    });
+    return;
+  }
   parallel_for(count, grain, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) {
       const int64_t idx = begin + i;
       float v;
-      switch (init.kind) {
-        case InitKind::inv_freq:
-          // fp32 10000^(-i/len): computed in double, rounded once to fp32.
-          v = static_cast<float>(std::pow(10000.0, -static_cast<double>(idx) / static_cast<double>(spec.shape[0])));
-          break;
-        case InitKind::curve_table:
-          v = curve_table_value(key, spec.shape[0], spec.shape[1], idx);
-          break;
-        default: {
-          const uint64_t bits = splitmix64(key + static_cast<uint64_t>(idx + 1) * 0x9E3779B97F4A7C15ull);
-          v = static_cast<float>(init.mean + init.stddev * approx_normal(bits));
-          break;
-        }
-      }
+      if (init.kind == InitKind::inv_freq)
+        // fp32 10000^(-i/len): computed in double, rounded once to fp32.
+        v = static_cast<float>(std::pow(10000.0, -static_cast<double>(idx) / static_cast<double>(spec.shape[0])));
+      else
+        v = curve_table_value(key, spec.shape[0], spec.shape[1], idx);
       store_from_f32(out, dt, i, v);
     }
   });

@@ -48,7 +48,9 @@ Status check_h3_config(const H3Config& cfg);
 // One line: "hidden 5376, 50 blocks (+2 refiner), 56x128 heads, ffn 14336, ...".
 std::string h3_config_summary(const H3Config& cfg);
 // The config as a JSON object with ComfyUI's constructor names (hidden_size,
-// num_layers, ...), the format detect_h3_config reads as metadata overrides.
+// num_layers, ...), the format detect_h3_config reads as metadata overrides. The
+// curve form leaves out the time embedder's widths (it has none), so two configs that
+// describe the same checkpoint give the same string.
 std::string h3_config_json(const H3Config& cfg);
 
 // Every tensor a checkpoint of this config holds, with real key names, shapes and
