@@ -195,3 +195,16 @@ TEST_F(CliGenerate, BadInputsFailCleanly) {
   (void)std::system(listing_cmd.c_str());
   EXPECT_EQ(read_file(path("count.txt")), "0\n");
 }
+
+TEST_F(CliGenerate, TextWithBatchDimension) {
+  // ComfyUI's cross_attn layout [1, L, text_dim].
+  std::vector<float> t(4 * 96);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = std::sin(0.5f * static_cast<float>(i));
+  const std::string p = path("text3d.safetensors");
+  ASSERT_TRUE(ls::write_safetensors(p, {{"text", ls::TensorView(t.data(), ls::DType::f32, {1, 4, 96})}}).ok());
+  const Result r = run("--preset tiny --text '" + p + "' --steps 1 --frames 5 --width 64 --height 64 -q -o '" +
+                       path("o.safetensors") + "'");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("L 4 ->"), std::string::npos) << r.out;
+  EXPECT_FALSE(latents_bytes(path("o.safetensors"), {24, 2, 4, 4}, {32, 2, 8}).empty());
+}

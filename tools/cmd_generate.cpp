@@ -339,7 +339,11 @@ int run_generate(const GenerateOptions& o) {
     if (!e) return fail(o.text + " has no tensor \"text\" (text states [L, text_dim])");
     text_view = text_file->view(*e);
     if (const SafetensorsEntry* n = text_file->find("negative")) negative_view = text_file->view(*n);
-    if (text_view.ndim != 2) return fail(o.text + ": \"text\" must be 2-D [L, text_dim]");
+    // ComfyUI's cross_attn is [1, L, text_dim]: a leading batch of one is accepted.
+    for (TensorView* v : {&text_view, &negative_view})
+      if (!v->empty() && v->ndim == 3 && v->size(0) == 1) *v = TensorView(v->data, v->dtype, {v->size(1), v->size(2)});
+    if (text_view.ndim != 2 || (!negative_view.empty() && negative_view.ndim != 2))
+      return fail(o.text + ": \"text\" and \"negative\" must be [L, text_dim] (or [1, L, text_dim])");
     L = text_view.size(0);
     if (!o.text_tokens.empty()) {
       auto l = parse_int("--text-tokens", o.text_tokens, 1, 10000000);
