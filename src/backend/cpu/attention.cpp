@@ -25,12 +25,14 @@
 // tile: state <- (m_new, l * alpha + rs_T, acc * alpha + o_T). Here the fold is done by
 // one thread per (query, head), so no partials are ever stored.
 //
-// No allocation: acc and o live in fixed stack arrays of kMaxHeadDim floats, scores in a
-// stack array of kScoreChunk floats. A tile longer than kScoreChunk is walked twice
+// No allocation: per query, q (widened), acc and o live in fixed stack arrays of
+// kMaxHeadDim floats, scores in a stack array of kScoreChunk floats (about 26 KiB of
+// stack for a block of kQueryBlock queries). A tile longer than kScoreChunk is walked twice
 // (max first, then p and o), recomputing each s_j bit-identically, so the chunk size is
 // not a numerics setting: only kv_tile is.
-// Parallel over (head, query) pairs, head-major so neighbouring work items share the
-// head's K and V in cache. A query's arithmetic never looks at other queries, so any
+// Parallel over (head, block of 4 queries), head-major so neighbouring work items share
+// the head's K and V in cache; within a block each K and V row is loaded once for the
+// 4 queries, each of which keeps its own lanes and state. A query's arithmetic never looks at other queries, so any
 // query slicing and any thread count give identical bytes.
 #include <algorithm>
 #include <cmath>
@@ -48,6 +50,8 @@ namespace {
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kScoreChunk = 256;
 
+constexpr int kQueryBlock = 4;  // queries of one head sharing each K/V row load
+
 struct AttentionArgs {
   const TensorView* q;
   const TensorView* k;
@@ -57,52 +61,120 @@ struct AttentionArgs {
   float scale;
 };
 
-// o[0..Dh) += p * v[0..Dh), lane by lane (no reduction, so vector width is irrelevant).
-inline void axpy_bf16(float* o, float p, const uint16_t* v, int64_t Dh) {
+// Scores s[qi] = scale * dot16(q[qi], k_j) for QB queries against one key. Each query
+// keeps its own 16 lanes, so the result is dot16's, bit for bit; sharing only saves
+// loading and widening k_j once per query block.
+template <int QB>
+inline void scores_for_key(const float (*qf)[kMaxHeadDim], const uint16_t* kr, int64_t Dh, float scale,
+                           float* s) {
+  F8 lo[QB], hi[QB];
+  for (int qi = 0; qi < QB; ++qi) lo[qi] = hi[qi] = f8_zero();
   int64_t d = 0;
-  const F8 pv = f8_set1(p);
-  for (; d + 8 <= Dh; d += 8) f8_store(o + d, f8_add(f8_load(o + d), f8_mul(pv, f8_load(v + d))));
-  for (; d < Dh; ++d) o[d] = o[d] + p * widen_scalar<uint16_t>(v[d]);
+  for (; d + 16 <= Dh; d += 16) {
+    const F8 k0 = f8_load(kr + d), k1 = f8_load(kr + d + 8);
+    for (int qi = 0; qi < QB; ++qi) {
+      lo[qi] = f8_add(lo[qi], f8_mul(f8_load(qf[qi] + d), k0));
+      hi[qi] = f8_add(hi[qi], f8_mul(f8_load(qf[qi] + d + 8), k1));
+    }
+  }
+  if (d < Dh) {  // zero-padded tail (qf is zero beyond Dh up to a multiple of 16)
+    alignas(32) float kt[16];
+    widen_tail16(kr + d, Dh - d, kt);
+    const F8 k0 = f8_load(kt), k1 = f8_load(kt + 8);
+    for (int qi = 0; qi < QB; ++qi) {
+      lo[qi] = f8_add(lo[qi], f8_mul(f8_load(qf[qi] + d), k0));
+      hi[qi] = f8_add(hi[qi], f8_mul(f8_load(qf[qi] + d + 8), k1));
+    }
+  }
+  for (int qi = 0; qi < QB; ++qi) s[qi] = scale * f8_tree16(lo[qi], hi[qi]);
 }
 
-void attention_one(const AttentionArgs& a, int64_t i, int64_t h) {
+// o[qi][0..Dh) += pb[qi] * v[0..Dh), lane by lane (no reduction: width is irrelevant).
+template <int QB>
+inline void accumulate_value(float (*o)[kMaxHeadDim], const float* pb, const uint16_t* vr, int64_t Dh) {
+  F8 p[QB];
+  for (int qi = 0; qi < QB; ++qi) p[qi] = f8_set1(pb[qi]);
+  int64_t d = 0;
+  for (; d + 8 <= Dh; d += 8) {
+    const F8 vv = f8_load(vr + d);
+    for (int qi = 0; qi < QB; ++qi) f8_store(o[qi] + d, f8_add(f8_load(o[qi] + d), f8_mul(p[qi], vv)));
+  }
+  for (; d < Dh; ++d) {
+    const float vv = widen_scalar<uint16_t>(vr[d]);
+    for (int qi = 0; qi < QB; ++qi) o[qi][d] = o[qi][d] + pb[qi] * vv;
+  }
+}
+
+// Queries [i0, i0 + QB) of head h, each with its own state (m, l, acc); the fold over
+// tiles is the one documented at the top of this file, per query.
+template <int QB>
+void attention_query_block(const AttentionArgs& a, int64_t i0, int64_t h) {
   const int64_t Dh = a.Dh;
-  const uint16_t* qr = static_cast<const uint16_t*>(a.q->at(i, h));  // bf16 [Dh]
-  alignas(32) float acc[kMaxHeadDim];
-  alignas(32) float o[kMaxHeadDim];
-  float s[kScoreChunk];
-  for (int64_t d = 0; d < Dh; ++d) acc[d] = 0.0f;
-  float m = -std::numeric_limits<float>::infinity();
-  float l = 0.0f;
-  auto score = [&](int64_t j) {
-    const uint16_t* kr = static_cast<const uint16_t*>(a.k->at(j, h));
-    return a.scale * dot16(qr, kr, Dh);
-  };
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  alignas(32) float qf[QB][kMaxHeadDim];   // q widened to fp32 (exact), zero-padded to 16
+  alignas(32) float acc[QB][kMaxHeadDim];  // running numerator
+  alignas(32) float o[QB][kMaxHeadDim];    // this tile's sum_j bf16(p_j) v_j
+  float s[kScoreChunk][QB];                // scores of the tile (when it fits)
+  float m[QB], l[QB], m_new[QB], alpha[QB], rs[QB], tile_max[QB], sj[QB], pj[QB], pb[QB];
+  const int64_t padded = (Dh + 15) / 16 * 16;
+  for (int qi = 0; qi < QB; ++qi) {
+    const uint16_t* qr = static_cast<const uint16_t*>(a.q->at(i0 + qi, h));  // bf16 [Dh]
+    for (int64_t d = 0; d < padded; ++d) qf[qi][d] = d < Dh ? widen_scalar<uint16_t>(qr[d]) : 0.0f;
+    for (int64_t d = 0; d < Dh; ++d) acc[qi][d] = 0.0f;
+    m[qi] = neg_inf;
+    l[qi] = 0.0f;
+  }
   for (int64_t t0 = 0; t0 < a.Mk; t0 += a.kv_tile) {
     const int64_t t1 = std::min(a.Mk, t0 + a.kv_tile);
     const bool one_chunk = t1 - t0 <= kScoreChunk;
-    float tile_max = -std::numeric_limits<float>::infinity();
+    for (int qi = 0; qi < QB; ++qi) tile_max[qi] = neg_inf;
     for (int64_t j = t0; j < t1; ++j) {
-      const float sj = score(j);
-      if (one_chunk) s[j - t0] = sj;
-      tile_max = sj > tile_max ? sj : tile_max;
+      scores_for_key<QB>(qf, static_cast<const uint16_t*>(a.k->at(j, h)), Dh, a.scale, sj);
+      for (int qi = 0; qi < QB; ++qi) {
+        if (one_chunk) s[j - t0][qi] = sj[qi];
+        tile_max[qi] = sj[qi] > tile_max[qi] ? sj[qi] : tile_max[qi];
+      }
     }
-    const float m_new = tile_max > m ? tile_max : m;
-    const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m - m_new);
-    float rs = 0.0f;
-    for (int64_t d = 0; d < Dh; ++d) o[d] = 0.0f;
+    for (int qi = 0; qi < QB; ++qi) {
+      m_new[qi] = tile_max[qi] > m[qi] ? tile_max[qi] : m[qi];
+      alpha[qi] = m[qi] == neg_inf ? 0.0f : std::exp(m[qi] - m_new[qi]);
+      rs[qi] = 0.0f;
+      for (int64_t d = 0; d < Dh; ++d) o[qi][d] = 0.0f;
+    }
     for (int64_t j = t0; j < t1; ++j) {
-      const float sj = one_chunk ? s[j - t0] : score(j);
-      const float pj = std::exp(sj - m_new);
-      rs = rs + pj;
-      axpy_bf16(o, round_bf16(pj), static_cast<const uint16_t*>(a.v->at(j, h)), Dh);
+      if (one_chunk) {
+        for (int qi = 0; qi < QB; ++qi) sj[qi] = s[j - t0][qi];
+      } else {
+        scores_for_key<QB>(qf, static_cast<const uint16_t*>(a.k->at(j, h)), Dh, a.scale, sj);
+      }
+      for (int qi = 0; qi < QB; ++qi) {
+        pj[qi] = std::exp(sj[qi] - m_new[qi]);
+        rs[qi] = rs[qi] + pj[qi];
+        pb[qi] = round_bf16(pj[qi]);
+      }
+      accumulate_value<QB>(o, pb, static_cast<const uint16_t*>(a.v->at(j, h)), Dh);
     }
-    l = l * alpha + rs;
-    for (int64_t d = 0; d < Dh; ++d) acc[d] = acc[d] * alpha + o[d];
-    m = m_new;
+    for (int qi = 0; qi < QB; ++qi) {
+      l[qi] = l[qi] * alpha[qi] + rs[qi];
+      for (int64_t d = 0; d < Dh; ++d) acc[qi][d] = acc[qi][d] * alpha[qi] + o[qi][d];
+      m[qi] = m_new[qi];
+    }
   }
-  uint16_t* out = static_cast<uint16_t*>(a.out->at(i, h));
-  for (int64_t d = 0; d < Dh; ++d) out[d] = f32_to_bf16(acc[d] / l);
+  for (int qi = 0; qi < QB; ++qi) {
+    uint16_t* out = static_cast<uint16_t*>(a.out->at(i0 + qi, h));
+    for (int64_t d = 0; d < Dh; ++d) out[d] = f32_to_bf16(acc[qi][d] / l[qi]);
+  }
+}
+
+void attention_queries(const AttentionArgs& a, int64_t i0, int64_t count, int64_t h) {
+  static_assert(kQueryBlock == 4, "extend the switch");
+  switch (count) {
+    case 1: attention_query_block<1>(a, i0, h); return;
+    case 2: attention_query_block<2>(a, i0, h); return;
+    case 3: attention_query_block<3>(a, i0, h); return;
+    case 4: attention_query_block<4>(a, i0, h); return;
+    default: LS_CHECK_MSG(false, "attention query block out of range");
+  }
 }
 
 }  // namespace
@@ -134,9 +206,15 @@ Status cpu_op_attention(const TensorView& q, const TensorView& k, const TensorVi
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
 
   AttentionArgs a{&q, &k, &v, &out, Mq, Mk, H, Dh, p.kv_tile, scale};
-  const int64_t work_per_item = std::max<int64_t>(1, 4 * Mk * Dh);
-  parallel_for(H * Mq, std::max<int64_t>(1, (1 << 18) / work_per_item), [&](int64_t b, int64_t e) {
-    for (int64_t idx = b; idx < e; ++idx) attention_one(a, idx % Mq, idx / Mq);
+  // Work items: (head, block of kQueryBlock queries), head-major. Which queries share
+  // a block changes nothing in any query's arithmetic.
+  const int64_t blocks = (Mq + kQueryBlock - 1) / kQueryBlock;
+  const int64_t work_per_item = std::max<int64_t>(1, 4 * kQueryBlock * Mk * Dh);
+  parallel_for(H * blocks, std::max<int64_t>(1, (1 << 18) / work_per_item), [&](int64_t b, int64_t e) {
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t h = idx / blocks, i0 = (idx % blocks) * kQueryBlock;
+      attention_queries(a, i0, std::min<int64_t>(kQueryBlock, Mq - i0), h);
+    }
   });
   return Status();
 }
