@@ -111,6 +111,9 @@ TEST_F(CliGenerate, BuiltinDemonstration) {
   EXPECT_NE(r.out.find("audio sigma (shift 3): 1, 0.9, 0.75, 0.5, 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[LayerStream] sliced: two-pass attention (128-row slices)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memory: stock plan activation peak"), std::string::npos) << r.out;
+  // Not a terminal: plain progress lines over steps x blocks (4 steps x 2 blocks).
+  EXPECT_NE(r.err.find("sliced: 100% (8/8 block passes)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\r'), std::string::npos);
   // 22 frames at 256x256: T 7, latent 16x16, A 37.
   const std::string bytes = latents_bytes(path("out.safetensors"), {24, 7, 16, 16}, {32, 2, 37});
   EXPECT_EQ(bytes.size(), (24u * 7 * 16 * 16 + 32 * 2 * 37) * 4);
