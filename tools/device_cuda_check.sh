@@ -5,6 +5,7 @@
 # (test.log, bench.json, torch.json, summary.txt); a short table is printed last.
 # Usage (on the GPU machine, carry [".deps"]):
 #   tools/device_cuda_check.sh [S list, e.g. 32768,111274] [gtest filter] [bench iters]
+# TORCH=0 skips the PyTorch baseline (its table then uses a torch.json already in $OUT).
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-cuda-out}
 mkdir -p "$OUT"
@@ -24,19 +25,23 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 : >"$OUT/test.log"
 pass=0; fail=0; failed=""
 for t in $($B/tests/test_backend_ops --gtest_list_tests --gtest_filter="$FILTER" | awk '/^[^ ]/{s=$1} /^  /{print s $1}'); do
-  ts=$(date +%s.%N)
+  ts=$(date +%s%N)
   timeout 240 $B/tests/test_backend_ops --gtest_filter="$t" >>"$OUT/test.log" 2>&1
   rc=$?
-  te=$(date +%s.%N)
+  te=$(date +%s%N)
   if [ $rc -eq 0 ]; then pass=$((pass + 1)); r=PASS; else fail=$((fail + 1)); failed="$failed $t"; r="FAIL($rc)"; fi
-  printf '%-55s %-8s %6.1f s\n' "$t" "$r" "$(echo "$te - $ts" | bc)" | tee -a "$OUT/summary.txt"
+  printf '%-55s %-8s %6d ms\n' "$t" "$r" "$(((te - ts) / 1000000))" | tee -a "$OUT/summary.txt"
 done
 echo "tests: $pass passed, $fail failed:$failed" | tee -a "$OUT/summary.txt"
 grep -E "pinned:|rel L2|Failure|error|differ|beyond|ulp" "$OUT/test.log" | head -60
 
 if [ "$S_LIST" != "none" ]; then
   timeout 300 $B/bench/bench_cuda_block --S "$S_LIST" --iters "$ITERS" --warmup 1 --json "$OUT/bench.json" 2>&1 | tee -a "$OUT/summary.txt"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_block.py --S "$S_LIST" --iters "$ITERS" --warmup 1 \
+  for nw in 8; do
+    LAYERSTREAM_ATTN_WARPS=$nw timeout 120 $B/bench/bench_cuda_block --S "$S_LIST" --iters "$ITERS" --warmup 1 \
+      --attention-only 2>&1 | sed "s/^/[attention, $nw warps] /" | tee -a "$OUT/summary.txt"
+  done
+  [ "${TORCH:-1}" = 1 ] && PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_block.py --S "$S_LIST" --iters "$ITERS" --warmup 1 \
     --json "$OUT/torch.json" 2>&1 | grep -v Warning | tee -a "$OUT/summary.txt"
   python3 - "$OUT" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys, os

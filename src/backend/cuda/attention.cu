@@ -1,13 +1,16 @@
 // Attention with the kv_tile contract (backend.h, DESIGN.md §1.2): a FlashAttention-2
 // style kernel on mma.sync m16n8k16 (bf16 in, fp32 accumulate), head_dim 32, 64 or 128.
 //
-// Work split: one CTA = 64 queries x 1 head, 4 warps of 16 queries each. The keys are
+// Work split: one CTA = 16 x NW queries x 1 head, NW warps (4 by default, 8 with
+// LAYERSTREAM_ATTN_WARPS=8: a speed knob only, a row's arithmetic is the same) of 16
+// queries each. The keys are
 // walked in order in blocks of at most 64 keys that never straddle a kv_tile boundary
 // (block = [b, min(b + 64, end of b's kv_tile, Mk))). Per (query, head) the state is
 // fp32 (m, l, acc[Dh]) carried across the whole key range:
-//   s_j   = dot(q, k_j) * (scale * log2 e)            (tensor-core fp32 accumulation)
-//   m_new = max(m, max_j s_j); alpha = 2^(m - m_new) (0 when m = -inf)
-//   p_j   = 2^(s_j - m_new)                           (exp2f, ~2 ulp)
+//   d_j   = dot(q, k_j)                               (tensor-core fp32 accumulation)
+//   m_new = max(m, max_j d_j * c), c = scale * log2 e (c > 0, so max commutes with c)
+//   alpha = 2^(m - m_new) (0 when m = -inf)
+//   p_j   = 2^(fma(d_j, c, -m_new))                   (ex2.approx, ~2 ulp)
 //   l     = l * alpha + sum_j p_j                     (per thread over its 16 keys of
 //                                                      the block, then the 4 threads of
 //                                                      a quad added by xor-shuffle 1, 2 at the end)
@@ -24,14 +27,13 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kBr = 16 * kWarps;  // queries per CTA
 constexpr int kBc = 64;           // keys per inner block
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -68,8 +70,10 @@ __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two fp32 -> bf16 (round to nearest even, one cvt.rn.bf16x2.f32), lo in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return static_cast<uint32_t>(f32_to_bf16_bits(lo)) | (static_cast<uint32_t>(f32_to_bf16_bits(hi)) << 16);
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Shared-memory tiles are [rows][D] bf16 with the 16-byte chunk index xor-swizzled by
@@ -81,16 +85,21 @@ __device__ __forceinline__ int sm_idx(int r, int chunk) {
   return r * D + c * 8;
 }
 
-// Rows [row0, row0 + R) of a [rows, H, D] view at head h into smem; rows >= nrows are zeros.
-template <int D, int R>
+// Rows [row0, row0 + R) of a [rows, H, D] view at head h into smem; rows >= nrows are
+// zeros. Thread t always copies chunk t % (D/8) of rows t / (D/8) + k * (threads / (D/8)),
+// and that row step is a multiple of 8, so its swizzled smem column is fixed per thread.
+template <int D, int R, int NW>
 __device__ __forceinline__ void load_tile(uint16_t* sm, const uint16_t* base, int64_t stride, int64_t row0,
                                           int64_t nrows) {
-  constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < R * kChunks; i += kWarps * 32) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < nrows;
-    const uint16_t* src = valid ? base + (row0 + r) * stride + c * 8 : base;
-    cp_async16(sm + sm_idx<D>(r, c), src, valid);
+  constexpr int kChunks = D / 8, kStep = NW * 32 / kChunks;
+  static_assert(kStep % 8 == 0 && R % kStep == 0, "tile loader layout");
+  const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  const uint16_t* src = base + (row0 + r0) * stride + c * 8;
+  uint16_t* dst = sm + sm_idx<D>(r0, c);
+#pragma unroll
+  for (int i = 0; i < R / kStep; ++i) {
+    const bool valid = row0 + r0 + i * kStep < nrows;
+    cp_async16(dst + i * kStep * D, valid ? src + i * kStep * stride : base, valid);
   }
 }
 
@@ -104,12 +113,13 @@ struct AttnArgs {
   float scale_log2;  // softmax scale * log2(e)
 };
 
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) {
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
+  constexpr int kBr = 16 * NW;  // queries per CTA
   extern __shared__ __align__(128) uint16_t smem[];
-  uint16_t* Qs = smem;                    // [kBr][D]
-  uint16_t* Ks = Qs + kBr * D;            // [2][kBc][D]
-  uint16_t* Vs = Ks + 2 * kBc * D;        // [2][kBc][D]
+  uint16_t* Qs = smem;              // [kBr][D]
+  uint16_t* Ks = Qs + kBr * D;      // [2][kBc][D]
+  uint16_t* Vs = Ks + 2 * kBc * D;  // [2][kBc][D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
@@ -126,10 +136,18 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
     return e;
   };
 
-  load_tile<D, kBr>(Qs, qh, a.sq, q0, a.Mq);
-  load_tile<D, kBc>(Ks, kh, a.sk, 0, a.Mk);
-  load_tile<D, kBc>(Vs, vh, a.sv, 0, a.Mk);
+  load_tile<D, kBr, NW>(Qs, qh, a.sq, q0, a.Mq);
+  load_tile<D, kBc, NW>(Ks, kh, a.sk, 0, a.Mk);
+  load_tile<D, kBc, NW>(Vs, vh, a.sv, 0, a.Mk);
   cp_async_commit();
+
+  // Per-thread ldmatrix offsets (elements): every row this lane addresses has
+  // row & 7 == lane % 8, so the swizzle is fixed per lane.
+  int koff[D / 32], voff[D / 16];
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) koff[i] = sm_idx<D>(lane % 8, 4 * i + lane / 8);
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) voff[i] = sm_idx<D>((lane % 8) + 8 * ((lane / 8) % 2), 2 * i + lane / 16);
 
   uint32_t qf[D / 16][4];
   float acc[D / 8][4];
@@ -137,14 +155,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
   float m_r[2] = {-INFINITY, -INFINITY};  // rows g, g + 8 (log2 domain)
   float l_r[2] = {0.0f, 0.0f};            // this thread's partial sums
+  const float c = a.scale_log2;
 
   int buf = 0;
   for (int64_t b = 0; b < a.Mk; buf ^= 1) {
     const int64_t e = block_end(b);
     const int nk = static_cast<int>(e - b);
     if (e < a.Mk) {
-      load_tile<D, kBc>(Ks + (buf ^ 1) * kBc * D, kh, a.sk, e, a.Mk);
-      load_tile<D, kBc>(Vs + (buf ^ 1) * kBc * D, vh, a.sv, e, a.Mk);
+      load_tile<D, kBc, NW>(Ks + (buf ^ 1) * kBc * D, kh, a.sk, e, a.Mk);
+      load_tile<D, kBc, NW>(Vs + (buf ^ 1) * kBc * D, vh, a.sv, e, a.Mk);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -161,7 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
     const uint16_t* Kb = Ks + buf * kBc * D;
     const uint16_t* Vb = Vs + buf * kBc * D;
 
-    // S = Q K^T for this warp's 16 rows x 64 keys.
+    // S = Q K^T (raw dot products) for this warp's 16 rows x 64 keys.
     float s[kBc / 8][4];
 #pragma unroll
     for (int j = 0; j < kBc / 8; ++j) {
@@ -169,31 +188,32 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk += 2) {
         uint32_t kf[4];
-        ldmatrix_x4(kf, Kb + sm_idx<D>(8 * j + (lane % 8), 2 * kk + lane / 8));
+        ldmatrix_x4(kf, Kb + j * 8 * D + koff[kk / 2]);
         mma_bf16(s[j], qf[kk], kf[0], kf[1]);
         mma_bf16(s[j], qf[kk + 1], kf[2], kf[3]);
       }
     }
-    // Scale, mask keys past the block end, row max.
+    if (nk < kBc) {  // a short block (end of a kv_tile or of the keys): mask the rest
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (8 * j + 2 * t + (i & 1) >= nk) s[j][i] = -INFINITY;
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kBc / 8; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = 8 * j + 2 * t + (i & 1);
-        const float x = col < nk ? s[j][i] * a.scale_log2 : -INFINITY;
-        s[j][i] = x;
-        mx[i / 2] = fmaxf(mx[i / 2], x);
-      }
+      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
     }
     float alpha[2], m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_r[r], mx[r]);
+      const float m_new = fmaxf(m_r[r], mx[r] * c);
       alpha[r] = m_r[r] == -INFINITY ? 0.0f : exp2f(m_r[r] - m_new);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
       m_r[r] = m_new;
     }
     float psum[2] = {0.0f, 0.0f};
@@ -201,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
     for (int j = 0; j < kBc / 8; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(s[j][i] - m_use[i / 2]);
+        const float p = exp2f(fmaf(s[j][i], c, m_use[i / 2]));
         s[j][i] = p;
         psum[i / 2] += p;
       }
@@ -226,7 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
 #pragma unroll
       for (int j = 0; j < D / 8; j += 2) {
         uint32_t vf[4];
-        ldmatrix_x4_trans(vf, Vb + sm_idx<D>(16 * kk + (lane % 8) + 8 * ((lane / 8) % 2), j + lane / 16));
+        ldmatrix_x4_trans(vf, Vb + kk * 16 * D + voff[j / 2]);
         mma_bf16(acc[j], pf, vf[0], vf[1]);
         mma_bf16(acc[j + 1], pf, vf[2], vf[3]);
       }
@@ -236,13 +256,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
   }
 
   // l over the quad, then out = bf16(acc / l).
-  float inv[2];
+  float lsum[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = l_r[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = l;
+    lsum[r] = l;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -251,25 +271,35 @@ __global__ void __launch_bounds__(kWarps * 32) attention_bf16(const AttnArgs a) 
     uint16_t* orow = a.o + row * a.so + h * a.ho;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const uint32_t v = pack_bf16x2(acc[j][2 * r] / inv[r], acc[j][2 * r + 1] / inv[r]);
+      const uint32_t v = pack_bf16x2(acc[j][2 * r] / lsum[r], acc[j][2 * r + 1] / lsum[r]);
       *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t) = v;
     }
   }
 }
 
-template <int D>
+template <int D, int NW>
 Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
+  constexpr int kBr = 16 * NW;
   const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * D * sizeof(uint16_t);
   static bool configured = false;  // per instantiation; the attribute is per device function
   if (!configured) {
-    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     configured = true;
   }
   dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_bf16<D><<<grid, kWarps * 32, smem, ctx.stream>>>(a);
+  attention_bf16<D, NW><<<grid, NW * 32, smem, ctx.stream>>>(a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
+}
+
+template <int D>
+Status launch_warps(CudaContext& ctx, const AttnArgs& a, int H) {
+  static const int warps = [] {
+    const char* e = std::getenv("LAYERSTREAM_ATTN_WARPS");
+    return e && std::atoi(e) == 8 ? 8 : 4;
+  }();
+  return warps == 8 ? launch<D, 8>(ctx, a, H) : launch<D, 4>(ctx, a, H);
 }
 
 }  // namespace
@@ -314,12 +344,13 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
   a.kv_tile = p.kv_tile;
   // PyTorch's default scale: fl32(1 / sqrt(Dh)) computed in double (as the CPU reference).
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  if (!(scale > 0.0f)) return unsupported("attention", "softmax scale must be positive");
   a.scale_log2 = scale * kLog2e;
   const int H = static_cast<int>(q.shape[1]);
   switch (Dh) {
-    case 32: return launch<32>(ctx, a, H);
-    case 64: return launch<64>(ctx, a, H);
-    default: return launch<128>(ctx, a, H);
+    case 32: return launch_warps<32>(ctx, a, H);
+    case 64: return launch_warps<64>(ctx, a, H);
+    default: return launch_warps<128>(ctx, a, H);
   }
 }
 

@@ -20,12 +20,24 @@ struct View4 {
   int dtype;  // DType as int
 };
 
+// Same bit recipe as ls::f16_to_f32 (core/dtype.cpp), NaN payload included.
+__device__ float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {
+    const float v = ldexpf(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+  return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
 __device__ double load_any(const void* p, int dt, int64_t i) {
   switch (static_cast<DType>(dt)) {
     case DType::f64: return static_cast<const double*>(p)[i];
     case DType::f32: return static_cast<const float*>(p)[i];
     case DType::bf16: return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(p)[i]));
+    case DType::f16: return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::f8e4m3: {
       const uint8_t v = static_cast<const uint8_t*>(p)[i];
       if ((v & 0x7f) == 0x7f) return __int_as_float(0x7fc00000);

@@ -27,8 +27,13 @@
 
 namespace ls::cuda {
 
-// Fixed so the algorithm choice never depends on how much scratch a caller has.
+// Fixed so the algorithm choice never depends on how much scratch a caller has. The
+// workspace holds cuBLASLt's scratch, then an fp32 staging area for bias combinations
+// cuBLASLt's epilogue does not take (e.g. f32 bias with bf16 output): those run the
+// pinned no-bias f32-output GEMM in row chunks into the staging area, then add the
+// bias in fp32 and round once (the same math as the epilogue: fl32(acc) + bias).
 constexpr size_t kGemmWorkspaceBytes = 32ull << 20;
+constexpr size_t kGemmStageBytes = 32ull << 20;
 constexpr int64_t kHeuristicRefDim = 8192;
 
 struct GemmKey {
@@ -54,7 +59,7 @@ struct GemmAlgoCache {
 
 GemmAlgoCache* gemm_cache_create() { return new GemmAlgoCache(); }
 void gemm_cache_destroy(GemmAlgoCache* c) { delete c; }
-size_t gemm_workspace_bytes() { return kGemmWorkspaceBytes; }
+size_t gemm_workspace_bytes() { return kGemmWorkspaceBytes + kGemmStageBytes; }
 
 namespace {
 
@@ -232,6 +237,17 @@ __global__ void __launch_bounds__(256) gemm_f32_bf16w(const float* __restrict__ 
   }
 }
 
+// out[m, n] = round(stage[m, n] + bias[n]): stage f32 [M, ldst]; bias f32|bf16 [N]; out f32|bf16 [M, N].
+__global__ void bias_add_round(const float* __restrict__ stage, int64_t ldst, const void* bias, bool bias_f32,
+                               void* out, int64_t ldo, bool out_f32, int64_t N) {
+  const int64_t m = blockIdx.x;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    const float v = stage[m * ldst + n] + load_bf16_or_f32(bias, bias_f32, n);
+    if (out_f32) static_cast<float*>(out)[m * ldo + n] = v;
+    else static_cast<uint16_t*>(out)[m * ldo + n] = f32_to_bf16_bits(v);
+  }
+}
+
 bool gemm_shapes_ok(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) {
   return x.ndim == 2 && w.ndim == 2 && out.ndim == 2 && x.shape[1] == w.shape[1] && out.shape[0] == x.shape[0] &&
          out.shape[1] == w.shape[0] && x.inner_contiguous() && w.inner_contiguous() && out.inner_contiguous() &&
@@ -260,6 +276,13 @@ std::string gemm_describe_pinned(CudaContext& ctx, const TensorView& x, const Te
   if (!gemm_shapes_ok(x, w, bias, out)) return "bad shapes";
   if (x.dtype == DType::f32 && w.dtype == DType::bf16) return "simt f32 x bf16 (fmaf, k ascending)";
   const GemmPlan& p = plan_for(ctx, make_key(x, w, bias, out));
+  if (!p.ok && bias) {
+    TensorView st = out;
+    st.dtype = DType::f32;
+    st.stride[0] = (out.shape[1] + 3) / 4 * 4;
+    st.data = ctx.workspace;
+    return "staged bias: " + gemm_describe_pinned(ctx, x, w, nullptr, st);
+  }
   return p.ok ? p.desc : p.error;
 }
 
@@ -287,12 +310,30 @@ Status cuda_op_gemm(CudaContext& ctx, const TensorView& x, const TensorView& w, 
     LS_CUDA_CHECK_LAUNCH();
     return Status();
   }
-  if (ctx.workspace_bytes < kGemmWorkspaceBytes)
+  if (ctx.workspace_bytes < gemm_workspace_bytes())
     return make_error(ErrorCode::invalid_argument,
                       "cuda gemm: no workspace; call Backend::set_workspace with workspace_bytes() = " +
-                          std::to_string(kGemmWorkspaceBytes) + " bytes from the device arena first");
+                          std::to_string(gemm_workspace_bytes()) + " bytes from the device arena first");
   const GemmKey key = make_key(x, w, bias, out);
   const GemmPlan& plan = plan_for(ctx, key);
+  if (!plan.ok && bias) {
+    // Staged bias: pinned f32-output GEMM without bias, row chunk by row chunk.
+    const int64_t ldst = (N + 3) / 4 * 4;  // 16-byte rows, so the key's alignment depends on x, w only
+    const int64_t rows_per = static_cast<int64_t>(kGemmStageBytes / (static_cast<size_t>(ldst) * 4));
+    if (rows_per == 0) return unsupported("gemm", "N too large for the staged bias path");
+    float* stage = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + kGemmWorkspaceBytes);
+    for (int64_t m0 = 0; m0 < M; m0 += rows_per) {
+      const int64_t m1 = std::min(M, m0 + rows_per);
+      TensorView st(stage, DType::f32, {m1 - m0, N}, out.device);
+      st.stride[0] = ldst;
+      LS_TRY(cuda_op_gemm(ctx, x.slice_rows(m0, m1), w, nullptr, st));
+      TensorView o = out.slice_rows(m0, m1);
+      bias_add_round<<<static_cast<unsigned>(m1 - m0), 256, 0, ctx.stream>>>(
+          stage, ldst, bias->data, bias->dtype == DType::f32, o.data, o.stride[0], o.dtype == DType::f32, N);
+      LS_CUDA_CHECK_LAUNCH();
+    }
+    return Status();
+  }
   if (!plan.ok)
     return unsupported("gemm", plan.error + " for x " + x.shape_str() + " w " + w.shape_str() + " out " +
                                    out.shape_str());

@@ -1,7 +1,7 @@
 // AdaLN modulation and the gated residual add (h3-model.md §2.6), elementwise, one
 // row per block, so there is no reduction and a row's bits depend on that row only.
 //   modulate, bf16 out:  sc = bf16(1 + bf16(scale[r]));  out = bf16(bf16(in * sc) + bf16(shift[r]))
-//   modulate, f32 out:   out = fl32(fl32(in * (1 + scale[r])) + shift[r])
+//   modulate, f32 out:   out = fl32(fl32(in * (1 + scale[r])) + shift[r])   (f32 tables only)
 //   gated_add (in place): x = bf16( fma(y, bf16(gate[r]), x) )
 // r = rows[m]: the table row of token m (an i32 index on the device).
 #include "backend/cuda/ops.cuh"
@@ -89,7 +89,8 @@ Status cuda_op_modulate(CudaContext& ctx, const TensorView& in, const TensorView
                "modulate: in " + in.shape_str() + " rows " + rows.shape_str() + " out " + out.shape_str());
   const int64_t M = in.shape[0], D = in.shape[1];
   if (in.dtype != DType::bf16 || rows.dtype != DType::i32 || !table_ok(shift, D) || !table_ok(scale, D) ||
-      shift.dtype != scale.dtype || (out.dtype != DType::bf16 && out.dtype != DType::f32))
+      shift.dtype != scale.dtype || (out.dtype != DType::bf16 && out.dtype != DType::f32) ||
+      (out.dtype == DType::f32 && shift.dtype != DType::f32))
     return unsupported("modulate", "in " + in.shape_str() + " shift " + shift.shape_str() + " scale " +
                                        scale.shape_str() + " rows " + rows.shape_str() + " out " + out.shape_str());
   if (M == 0) return Status();
