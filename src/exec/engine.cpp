@@ -198,12 +198,14 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
     LS_ASSIGN_OR_RETURN(TensorView b, weights->transient(h3::h3_block_key(i, "adaln_proj.linear.bias"), *sa));
     const TensorView out(tab.blocks[static_cast<size_t>(i)].data, adt, {M, 18 * D}, be->device());
     LS_TRY(h3::adaln_linear(*be, ain, w, b, out));
+    eval("adaln.block", i, tab.blocks[static_cast<size_t>(i)]);
   }
   {
     Arena::Scope ws(*sa);
     LS_ASSIGN_OR_RETURN(TensorView w, weights->transient("final_layer.adaln_proj.linear.weight", *sa));
     LS_ASSIGN_OR_RETURN(TensorView b, weights->transient("final_layer.adaln_proj.linear.bias", *sa));
     LS_TRY(h3::adaln_linear(*be, ain, w, b, tab.final_table));
+    eval("adaln.final", -1, tab.final_table);
   }
   LS_TRY(be->synchronize());
   return tab;

@@ -86,9 +86,13 @@ struct ForwardResult {
 };
 
 // Named intermediates (style-lessons §7), called synchronously with device views that
-// are valid only during the call. Names: "text.embed" [L, D] (after condition_proj),
-// "text.refined" [L, D]; "t_emb" [M, t]; "x.embed" [S, D] (packed input rows);
-// "block.attn" / "block.mlp" [S, D] (residual after each half of block `layer`);
+// are valid only during the call (layer = -1 when not per block). Names:
+//   "text.embed" bf16 [L, D] (after condition_proj), "text.refined" bf16 [L, D];
+//   "adaln.input" [M, t] (bf16 silu(t_emb) unpruned / f32 curve rows), "adaln.block"
+//   [3M, 6D] per block, "adaln.final" [M, 2D] (tables over the M timesteps being
+//   computed: one call's, or the whole schedule's in precompute_adaln);
+//   "x.embed" bf16 [S, D] (packed input rows); "block.attn" / "block.mlp" bf16 [S, D]
+//   (residual after each half of block `layer`).
 // Plan-independent: the residual is whole at these points whatever the slicing.
 using EvalCallback = std::function<void(const std::string& name, int64_t layer, const TensorView& t)>;
 
