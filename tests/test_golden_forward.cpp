@@ -233,6 +233,40 @@ TEST_P(GoldenForward, MatchesPyTorch) {
   EXPECT_EQ(0, std::memcmp(sliced->audio.data(), out->audio.data(), out->audio.size() * sizeof(float)));
 }
 
+// The golden checkpoints load through the normal path and detect to the generator's
+// config (a non-preset config: attention width 96 != hidden 64, timestep_input_dim 32).
+TEST(GoldenCheckpoint, DetectedConfigMatchesGenerator) {
+  for (const char* file : {"h3_golden_tiny.safetensors", "h3_golden_tiny_curve.safetensors"}) {
+    auto src = h3::open_h3_checkpoint(golden::golden_path(file));
+    ASSERT_TRUE(src.ok()) << src.error().message;
+    const std::string fe = golden::check_format((*src)->file());
+    ASSERT_TRUE(fe.empty()) << fe;
+    const nlohmann::json j = nlohmann::json::parse(golden::meta((*src)->file(), "golden_config"));
+    const h3::H3Config& c = (*src)->cfg();
+    SCOPED_TRACE(file);
+    EXPECT_EQ(c.hidden, j["hidden"].get<int64_t>());
+    EXPECT_EQ(c.num_layers, j["num_layers"].get<int64_t>());
+    EXPECT_EQ(c.refiner_layers, j["refiner_layers"].get<int64_t>());
+    EXPECT_EQ(c.heads, j["heads"].get<int64_t>());
+    EXPECT_EQ(c.head_dim, j["head_dim"].get<int64_t>());
+    EXPECT_EQ(c.ffn, j["ffn"].get<int64_t>());
+    EXPECT_EQ(c.latents_dim, j["latents"].get<int64_t>());
+    EXPECT_EQ(c.audio_latents_dim, j["audio_latents"].get<int64_t>());
+    EXPECT_EQ(c.text_dim, j["text_dim"].get<int64_t>());
+    EXPECT_EQ(c.rope_inv_freq_len, j["rope_len"].get<int64_t>());
+    EXPECT_EQ(c.adaln_curve_grid, j["curve_grid"].get<int64_t>());
+    if (c.curve_form()) {
+      EXPECT_EQ(c.time_embed_dim, j["curve_k"].get<int64_t>());
+    } else {
+      EXPECT_EQ(c.timestep_input_dim, j["timestep_input_dim"].get<int64_t>());
+      EXPECT_EQ(c.time_embed_hidden, j["time_embed_hidden"].get<int64_t>());
+      EXPECT_EQ(c.time_embed_dim, j["time_embed_dim"].get<int64_t>());
+    }
+    EXPECT_EQ(c.pdd_heads, 1);
+    EXPECT_FALSE(c.gate_compress);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenForward,
                          ::testing::Values("t2va", "t2va_sigma1", "keyframes", "mask", "t2va_curve"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
