@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -109,7 +110,13 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{1, 33, 256, DType::f32, DType::f32, DType::bf16, true, DType::f32},
                       GemmCase{33, 19, 300, DType::f32, DType::bf16, DType::f32, true, DType::f32},
                       GemmCase{5, 3, 15, DType::bf16, DType::bf16, DType::f32, true, DType::f32},
-                      GemmCase{2, 2, 1, DType::f32, DType::bf16, DType::bf16, false, DType::f32}));
+                      GemmCase{2, 2, 1, DType::f32, DType::bf16, DType::bf16, false, DType::f32}),
+    [](const ::testing::TestParamInfo<GemmCase>& info) {
+      const GemmCase& c = info.param;
+      return "M" + std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) + "_" +
+             dtype_name(c.x) + "_" + dtype_name(c.w) + "_to_" + dtype_name(c.out) +
+             (c.has_bias ? std::string("_bias_") + dtype_name(c.bias) : std::string("_nobias"));
+    });
 
 TEST(CpuGemm, IntegerInputsAreExact) {
   // |x|, |w| <= 8, K = 301: every partial sum is an integer below 2^24, so any order is
@@ -625,7 +632,12 @@ TEST_P(CpuAttention, ErrorVsFloat64AndDocumentedAlgorithm) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CpuAttention,
                          ::testing::Values(AttnCase{1, 97, 2, 64}, AttnCase{97, 97, 3, 128}, AttnCase{1025, 33, 1, 40},
-                                           AttnCase{9, 1025, 2, 32}, AttnCase{5, 300, 1, 17}));
+                                           AttnCase{9, 1025, 2, 32}, AttnCase{5, 300, 1, 17}),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           const AttnCase& c = info.param;
+                           return "Mq" + std::to_string(c.Mq) + "_Mk" + std::to_string(c.Mk) + "_H" +
+                                  std::to_string(c.H) + "_Dh" + std::to_string(c.Dh);
+                         });
 
 TEST(CpuAttentionTiles, AnyKvTileMatchesTheStatement) {
   // kv_tile = 1 (every key its own tile), odd tiles, one longer than the op's score
