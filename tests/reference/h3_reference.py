@@ -924,12 +924,40 @@ def probe_torch_numerics(dev):
     return out
 
 
+def gen_torch_randn(out_dir):
+    """PyTorch's CPU normal generator (condition-latent noise augmentation, h3-model.md
+    §2.7, and the sampler's initial noise): torch.manual_seed(seed); torch.randn(n) for
+    sizes around the 16-value Box-Muller block and the scalar (n < 16) path, 64-bit seeds,
+    and a keyframe latent's shape. CPU only; needs no GPU."""
+    tensors, cases = {}, []
+    for seed in (0, 42, 123456789, 2 ** 32 + 5, 2 ** 63 + 11):
+        for n in (1, 2, 7, 15, 16, 17, 31, 100, 1000):
+            torch.manual_seed(seed)
+            tensors[f"randn.{len(cases)}"] = torch.randn(n, dtype=torch.float32)
+            cases.append({"name": f"randn.{len(cases)}", "seed": str(seed), "n": n})
+    torch.manual_seed(7)
+    tensors[f"randn.{len(cases)}"] = torch.randn((24, 1, 4, 6), dtype=torch.float32).reshape(-1)
+    cases.append({"name": f"randn.{len(cases)}", "seed": "7", "n": 576, "shape": [24, 1, 4, 6]})
+    meta = base_metadata("cpu")
+    meta["kind"] = "torch_randn"
+    meta["cases"] = json.dumps(cases)
+    meta["regenerate"] = REGENERATE + " --randn-only"
+    save(os.path.join(out_dir, "torch_randn_v1.safetensors"), tensors, meta)
+    print(f"torch_randn_v1: {len(cases)} draws with torch {torch.__version__} on the CPU")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output folder (e.g. tests/data/golden)")
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--randn-only", action="store_true",
+                    help="only write torch_randn_v1.safetensors (PyTorch's CPU randn; no GPU needed)")
     args = ap.parse_args()
+    if args.randn_only:
+        os.makedirs(args.out, exist_ok=True)
+        gen_torch_randn(args.out)
+        return
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     os.makedirs(args.out, exist_ok=True)
     # fp32 GEMMs without TF32 (ComfyUI does not enable it; PyTorch's default is off).
@@ -997,6 +1025,7 @@ def main():
                 if k in s_fw:
                     print(f"  {k:22s} torch vs exact: max_abs {s_fw[k]['max_abs']:.3e} "
                           f"rel_l2 {s_fw[k]['rel_l2']:.3e}")
+    gen_torch_randn(args.out)
     with open(os.path.join(args.out, "reference_errors.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True)
     print(f"done in {time.time() - t0:.1f} s")
