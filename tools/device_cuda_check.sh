@@ -37,9 +37,9 @@ grep -E "pinned:|rel L2|Failure|error|differ|beyond|ulp" "$OUT/test.log" | head 
 
 if [ "$S_LIST" != "none" ]; then
   timeout 300 $B/bench/bench_cuda_block --S "$S_LIST" --iters "$ITERS" --warmup 1 --json "$OUT/bench.json" 2>&1 | tee -a "$OUT/summary.txt"
-  for nw in 8; do
-    LAYERSTREAM_ATTN_WARPS=$nw timeout 120 $B/bench/bench_cuda_block --S "$S_LIST" --iters "$ITERS" --warmup 1 \
-      --attention-only 2>&1 | sed "s/^/[attention, $nw warps] /" | tee -a "$OUT/summary.txt"
+  for v in 8x1 4x2; do
+    LAYERSTREAM_ATTN_VARIANT=$v timeout 120 $B/bench/bench_cuda_block --S "$S_LIST" --iters "$ITERS" --warmup 1 \
+      --attention-only 2>&1 | sed "s/^/[attention variant $v] /" | tee -a "$OUT/summary.txt"
   done
   [ "${TORCH:-1}" = 1 ] && PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_block.py --S "$S_LIST" --iters "$ITERS" --warmup 1 \
     --json "$OUT/torch.json" 2>&1 | grep -v Warning | tee -a "$OUT/summary.txt"

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <vector>
@@ -411,6 +412,38 @@ TEST(CudaOps, AttentionParity) {
       ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
       EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "attention query rows " << a << ".." << b;
     }
+  }
+}
+
+// The kernel variants (warps per CTA, m-tiles per warp) are a speed knob only: every
+// variant must give the same bytes (same per-row arithmetic).
+TEST(CudaOps, AttentionVariantsAgree) {
+  LS_NEED_GPU();
+  for (int64_t Dh : {128, 64, 32}) {
+    const int64_t Mq = 1025, Mk = 2049, H = 2, W = H * Dh;
+    HostBuf q = random_buf(DType::bf16, {Mq, H, Dh}, 96, 2.0f);
+    HostBuf kv = random_buf(DType::bf16, {Mk, 2 * W}, 97, 1.0f);
+    DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv);
+    TensorView dk = dkv.v.cols(0, W).unflatten_last(H, Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(H, Dh);
+    AttentionParams p;
+    p.kv_tile = 1000;  // blocks clipped at tile ends too
+    HostBuf first;
+    for (const char* variant : {"4x1", "8x1", "4x2"}) {
+      setenv("LAYERSTREAM_ATTN_VARIANT", variant, 1);
+      DevBuf o = dev_buf(G, DType::bf16, {Mq, H, Dh});
+      ASSERT_TRUE(G->cuda->attention(dq.v, dk, dv, o.v, p).ok());
+      HostBuf got = download(G, o.v);
+      expect_guards(G, o, "attention variant");
+      if (first.n() == 0) first = got;
+      EXPECT_TRUE(same_bytes(got, first)) << "variant " << variant << " Dh " << Dh << " differs from 4x1";
+      for (auto [a, b] : slices_of(Mq)) {
+        DevBuf o2 = dev_buf(G, DType::bf16, {b - a, H, Dh});
+        ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
+        EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(first, a, b)))
+            << "variant " << variant << " query rows " << a << ".." << b;
+      }
+    }
+    unsetenv("LAYERSTREAM_ATTN_VARIANT");
   }
 }
 

@@ -1,9 +1,8 @@
 // Attention with the kv_tile contract (backend.h, DESIGN.md §1.2): a FlashAttention-2
 // style kernel on mma.sync m16n8k16 (bf16 in, fp32 accumulate), head_dim 32, 64 or 128.
 //
-// Work split: one CTA = 16 x NW queries x 1 head, NW warps (4 by default, 8 with
-// LAYERSTREAM_ATTN_WARPS=8: a speed knob only, a row's arithmetic is the same) of 16
-// queries each. The keys are
+// Work split: one CTA = 16 x NW x MT queries x 1 head, NW warps of MT m-tiles of 16
+// queries (variants below: a speed knob only, a row's arithmetic is the same). The keys are
 // walked in order in blocks of at most 64 keys that never straddle a kv_tile boundary
 // (block = [b, min(b + 64, end of b's kv_tile, Mk))). Per (query, head) the state is
 // fp32 (m, l, acc[Dh]) carried across the whole key range:
@@ -28,13 +27,15 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
 namespace {
 
-constexpr int kBc = 64;           // keys per inner block
+constexpr int kBc = 64;  // keys per inner block
+constexpr const char* kDefaultVariant = "4x1";
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -113,9 +114,16 @@ struct AttnArgs {
   float scale_log2;  // softmax scale * log2(e)
 };
 
-template <int D, int NW>
+// MT m-tiles of 16 queries per warp. MT = 1 keeps Q in registers; MT = 2 reads Q
+// fragments from shared memory per k-step and reuses every K and V fragment for two
+// m-tiles, which halves the shared-memory traffic per MMA (the limit of MT = 1 on an
+// H200: 64 ldmatrix.x4 per 128 mma). A row's arithmetic (same K/V fragments, same
+// k order, same softmax steps) is identical for every (NW, MT), so results are
+// bitwise equal across variants (tested).
+template <int D, int NW, int MT>
 __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
-  constexpr int kBr = 16 * NW;  // queries per CTA
+  constexpr int kBr = 16 * NW * MT;  // queries per CTA
+  constexpr bool kQInRegs = MT == 1;
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t* Qs = smem;              // [kBr][D]
   uint16_t* Ks = Qs + kBr * D;      // [2][kBc][D]
@@ -143,18 +151,25 @@ __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
 
   // Per-thread ldmatrix offsets (elements): every row this lane addresses has
   // row & 7 == lane % 8, so the swizzle is fixed per lane.
-  int koff[D / 32], voff[D / 16];
+  // Q rows of m-tile mt are 16 rows below those of mt - 1: same swizzle, offset 16 D.
+  int koff[D / 32], voff[D / 16], qoff[D / 16];
 #pragma unroll
   for (int i = 0; i < D / 32; ++i) koff[i] = sm_idx<D>(lane % 8, 4 * i + lane / 8);
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) voff[i] = sm_idx<D>((lane % 8) + 8 * ((lane / 8) % 2), 2 * i + lane / 16);
-
-  uint32_t qf[D / 16][4];
-  float acc[D / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  float m_r[2] = {-INFINITY, -INFINITY};  // rows g, g + 8 (log2 domain)
-  float l_r[2] = {0.0f, 0.0f};            // this thread's partial sums
+  for (int kk = 0; kk < D / 16; ++kk)
+    qoff[kk] = sm_idx<D>(warp * MT * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16);
+
+  uint32_t qf[kQInRegs ? D / 16 : 1][4];
+  float acc[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+  float m_r[MT][2], l_r[MT][2];  // rows g, g + 8 of each m-tile (m in the log2 domain)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m_r[mt][0] = m_r[mt][1] = -INFINITY, l_r[mt][0] = l_r[mt][1] = 0.0f;
   const float c = a.scale_log2;
 
   int buf = 0;
@@ -170,85 +185,115 @@ __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (b == 0) {
+    if constexpr (kQInRegs) {
+      if (b == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        ldmatrix_x4(qf[kk], Qs + sm_idx<D>(row, 2 * kk + lane / 16));
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], Qs + qoff[kk]);
       }
     }
     const uint16_t* Kb = Ks + buf * kBc * D;
     const uint16_t* Vb = Vs + buf * kBc * D;
 
-    // S = Q K^T (raw dot products) for this warp's 16 rows x 64 keys.
-    float s[kBc / 8][4];
+    // S = Q K^T (raw dot products) for this warp's 16 MT rows x 64 keys. The fp32
+    // accumulation order of s[mt][j] is kk = 0, 1, ..., D/16 - 1 for every variant.
+    float s[MT][kBc / 8][4];
 #pragma unroll
-    for (int j = 0; j < kBc / 8; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk += 2) {
+      for (int j = 0; j < kBc / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      uint32_t qa[MT][2][4];
+      if constexpr (!kQInRegs) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          ldmatrix_x4(qa[mt][0], Qs + mt * 16 * D + qoff[kk]);
+          ldmatrix_x4(qa[mt][1], Qs + mt * 16 * D + qoff[kk + 1]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
         uint32_t kf[4];
         ldmatrix_x4(kf, Kb + j * 8 * D + koff[kk / 2]);
-        mma_bf16(s[j], qf[kk], kf[0], kf[1]);
-        mma_bf16(s[j], qf[kk + 1], kf[2], kf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (kQInRegs) {
+            mma_bf16(s[mt][j], qf[kk], kf[0], kf[1]);
+            mma_bf16(s[mt][j], qf[kk + 1], kf[2], kf[3]);
+          } else {
+            mma_bf16(s[mt][j], qa[mt][0], kf[0], kf[1]);
+            mma_bf16(s[mt][j], qa[mt][1], kf[2], kf[3]);
+          }
+        }
       }
     }
     if (nk < kBc) {  // a short block (end of a kv_tile or of the keys): mask the rest
 #pragma unroll
-      for (int j = 0; j < kBc / 8; ++j)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (8 * j + 2 * t + (i & 1) >= nk) s[j][i] = -INFINITY;
+        for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (8 * j + 2 * t + (i & 1) >= nk) s[mt][j][i] = -INFINITY;
     }
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kBc / 8; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-    }
-    float alpha[2], m_use[2];
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_r[r], mx[r] * c);
-      alpha[r] = m_r[r] == -INFINITY ? 0.0f : exp2f(m_r[r] - m_new);
-      m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
-      m_r[r] = m_new;
-    }
-    float psum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBc / 8; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(fmaf(s[j][i], c, m_use[i / 2]));
-        s[j][i] = p;
-        psum[i / 2] += p;
+      for (int j = 0; j < kBc / 8; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[mt][j][0], s[mt][j][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[mt][j][2], s[mt][j][3]));
       }
-    }
+      float alpha[2], m_use[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + psum[r];
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_r[mt][r], mx[r] * c);
+        alpha[r] = m_r[mt][r] == -INFINITY ? 0.0f : exp2f(m_r[mt][r] - m_new);
+        m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
+        m_r[mt][r] = m_new;
+      }
+      float psum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      acc[j][0] *= alpha[0];
-      acc[j][1] *= alpha[0];
-      acc[j][2] *= alpha[1];
-      acc[j][3] *= alpha[1];
+      for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float p = exp2f(fmaf(s[mt][j][i], c, m_use[i / 2]));
+          s[mt][j][i] = p;
+          psum[i / 2] += p;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_r[mt][r] = l_r[mt][r] * alpha[r] + psum[r];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        acc[mt][j][0] *= alpha[0];
+        acc[mt][j][1] *= alpha[0];
+        acc[mt][j][2] *= alpha[1];
+        acc[mt][j][3] *= alpha[1];
+      }
     }
     // acc += bf16(P) V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment.
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      uint32_t pf[4];
-      pf[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-      pf[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-      pf[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t pf[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pf[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pf[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pf[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pf[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int j = 0; j < D / 8; j += 2) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, Vb + kk * 16 * D + voff[j / 2]);
-        mma_bf16(acc[j], pf, vf[0], vf[1]);
-        mma_bf16(acc[j + 1], pf, vf[2], vf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(acc[mt][j], pf[mt], vf[0], vf[1]);
+          mma_bf16(acc[mt][j + 1], pf[mt], vf[2], vf[3]);
+        }
       }
     }
     __syncthreads();  // everyone is done with this buffer before it is refilled
@@ -256,50 +301,51 @@ __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
   }
 
   // l over the quad, then out = bf16(acc / l).
-  float lsum[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_r[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    lsum[r] = l;
-  }
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = q0 + warp * 16 + g + 8 * r;
-    if (row >= a.Mq) continue;
-    uint16_t* orow = a.o + row * a.so + h * a.ho;
+    for (int r = 0; r < 2; ++r) {
+      float l = l_r[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = q0 + (warp * MT + mt) * 16 + g + 8 * r;
+      if (row >= a.Mq) continue;
+      uint16_t* orow = a.o + row * a.so + h * a.ho;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const uint32_t v = pack_bf16x2(acc[j][2 * r] / lsum[r], acc[j][2 * r + 1] / lsum[r]);
-      *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t) = v;
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = pack_bf16x2(acc[mt][j][2 * r] / l, acc[mt][j][2 * r + 1] / l);
+        *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t) = v;
+      }
     }
   }
 }
 
-template <int D, int NW>
+template <int D, int NW, int MT>
 Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
-  constexpr int kBr = 16 * NW;
+  constexpr int kBr = 16 * NW * MT;
   const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * D * sizeof(uint16_t);
   static bool configured = false;  // per instantiation; the attribute is per device function
   if (!configured) {
-    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D, NW, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     configured = true;
   }
   dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_bf16<D, NW><<<grid, NW * 32, smem, ctx.stream>>>(a);
+  attention_bf16<D, NW, MT><<<grid, NW * 32, smem, ctx.stream>>>(a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
 
+// Kernel variant (speed only; every variant gives the same bits):
+// LAYERSTREAM_ATTN_VARIANT = "4x1" (4 warps x 1 m-tile), "8x1", or "4x2" (4 warps x 2 m-tiles).
+// Read at every call so tests can compare variants in one process.
 template <int D>
-Status launch_warps(CudaContext& ctx, const AttnArgs& a, int H) {
-  static const int warps = [] {
-    const char* e = std::getenv("LAYERSTREAM_ATTN_WARPS");
-    return e && std::atoi(e) == 8 ? 8 : 4;
-  }();
-  return warps == 8 ? launch<D, 8>(ctx, a, H) : launch<D, 4>(ctx, a, H);
+Status launch_variant(CudaContext& ctx, const AttnArgs& a, int H) {
+  const char* e = std::getenv("LAYERSTREAM_ATTN_VARIANT");
+  const std::string v = e ? e : kDefaultVariant;
+  if (v == "8x1") return launch<D, 8, 1>(ctx, a, H);
+  if (v == "4x2") return launch<D, 4, 2>(ctx, a, H);
+  return launch<D, 4, 1>(ctx, a, H);
 }
 
 }  // namespace
@@ -348,9 +394,9 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
   a.scale_log2 = scale * kLog2e;
   const int H = static_cast<int>(q.shape[1]);
   switch (Dh) {
-    case 32: return launch_warps<32>(ctx, a, H);
-    case 64: return launch_warps<64>(ctx, a, H);
-    default: return launch_warps<128>(ctx, a, H);
+    case 32: return launch_variant<32>(ctx, a, H);
+    case 64: return launch_variant<64>(ctx, a, H);
+    default: return launch_variant<128>(ctx, a, H);
   }
 }
 
