@@ -111,8 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{33, 19, 300, DType::f32, DType::bf16, DType::f32, true, DType::f32},
                       GemmCase{5, 3, 15, DType::bf16, DType::bf16, DType::f32, true, DType::f32},
                       GemmCase{2, 2, 1, DType::f32, DType::bf16, DType::bf16, false, DType::f32}),
-    [](const ::testing::TestParamInfo<GemmCase>& info) {
-      const GemmCase& c = info.param;
+    [](const ::testing::TestParamInfo<GemmCase>& param_info) {
+      const GemmCase& c = param_info.param;
       return "M" + std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) + "_" +
              dtype_name(c.x) + "_" + dtype_name(c.w) + "_to_" + dtype_name(c.out) +
              (c.has_bias ? std::string("_bias_") + dtype_name(c.bias) : std::string("_nobias"));
@@ -633,8 +633,8 @@ TEST_P(CpuAttention, ErrorVsFloat64AndDocumentedAlgorithm) {
 INSTANTIATE_TEST_SUITE_P(Sizes, CpuAttention,
                          ::testing::Values(AttnCase{1, 97, 2, 64}, AttnCase{97, 97, 3, 128}, AttnCase{1025, 33, 1, 40},
                                            AttnCase{9, 1025, 2, 32}, AttnCase{5, 300, 1, 17}),
-                         [](const ::testing::TestParamInfo<AttnCase>& info) {
-                           const AttnCase& c = info.param;
+                         [](const ::testing::TestParamInfo<AttnCase>& param_info) {
+                           const AttnCase& c = param_info.param;
                            return "Mq" + std::to_string(c.Mq) + "_Mk" + std::to_string(c.Mk) + "_H" +
                                   std::to_string(c.H) + "_Dh" + std::to_string(c.Dh);
                          });
