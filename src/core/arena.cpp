@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdio>
 
 namespace ls {
@@ -30,6 +31,8 @@ MemoryResource& host_memory_resource() {
 }
 
 Expected<std::unique_ptr<Arena>> Arena::create(MemoryResource& res, size_t capacity) {
+  if (capacity > SIZE_MAX - kAlignment)  // aligned_bytes would wrap around to a tiny capacity
+    return make_error(ErrorCode::out_of_memory, "cannot reserve an arena of " + format_bytes(capacity));
   capacity = aligned_bytes(capacity);
   LS_ASSIGN_OR_RETURN(void* base, res.allocate(capacity));
   return std::unique_ptr<Arena>(new Arena(res, base, capacity));
@@ -38,8 +41,11 @@ Expected<std::unique_ptr<Arena>> Arena::create(MemoryResource& res, size_t capac
 Arena::~Arena() { res_.deallocate(base_, capacity_); }
 
 Expected<void*> Arena::alloc_bytes(size_t bytes, const char* what) {
-  size_t n = aligned_bytes(bytes);
-  if (n > capacity_ - used_) {
+  // Compare before rounding: aligned_bytes(bytes) wraps around for bytes near SIZE_MAX.
+  // capacity_ and used_ are multiples of kAlignment, so bytes <= free implies n <= free.
+  const size_t free_bytes = capacity_ - used_;
+  size_t n = bytes <= free_bytes ? aligned_bytes(bytes) : bytes;
+  if (n > free_bytes) {
     return make_error(ErrorCode::out_of_budget,
                       std::string("arena on ") + res_.device().str() + ": " + what + " needs " + format_bytes(n) +
                           " but only " + format_bytes(capacity_ - used_) + " of " + format_bytes(capacity_) +
@@ -52,12 +58,20 @@ Expected<void*> Arena::alloc_bytes(size_t bytes, const char* what) {
 }
 
 Expected<TensorView> Arena::alloc(DType t, std::initializer_list<int64_t> dims, const char* what) {
-  int64_t n = 1;
+  uint64_t n = 1;
+  bool overflow = false;
   for (int64_t d : dims) {
     LS_CHECK_MSG(d >= 0, std::string("negative dimension for ") + what);
-    n *= d;
+    overflow = overflow || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n);
   }
-  LS_ASSIGN_OR_RETURN(void* p, alloc_bytes(static_cast<size_t>(n) * static_cast<size_t>(dtype_size(t)), what));
+  uint64_t bytes = 0;
+  overflow = overflow || __builtin_mul_overflow(n, static_cast<uint64_t>(dtype_size(t)), &bytes) ||
+             bytes > static_cast<uint64_t>(INT64_MAX);
+  if (overflow) {
+    return make_error(ErrorCode::out_of_budget, std::string("arena on ") + res_.device().str() + ": " + what +
+                                                    " has a shape whose byte size overflows 64 bits");
+  }
+  LS_ASSIGN_OR_RETURN(void* p, alloc_bytes(static_cast<size_t>(bytes), what));
   TensorView v(p, t, dims, res_.device());
   return v;
 }

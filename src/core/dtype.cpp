@@ -45,56 +45,75 @@ float f16_to_f32(uint16_t h) {
   return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
 }
 
+// Integer-only rounding: the result must not depend on the floating-point
+// environment (a caller's fesetround would otherwise change the bits, breaking the
+// exactness contract), so no nearbyint / rint here.
 uint16_t f32_to_f16(float f) {
-  uint32_t u = f32_bits(f);
-  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  const uint32_t u = f32_bits(f);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN -> quiet NaN
+  // 65520 = 65504 + half an ulp: the tie rounds to the even neighbour, which is
+  // "65536" = inf (65504's mantissa 0x3ff is odd).
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
   if (a < 0x38800000u) {
-    // below the smallest normal (2^-14): subnormal result man * 2^-24, round half even
-    float af = f32_from_bits(a);
-    float scaled = af * 16777216.0f;  // exact: multiply by 2^24
-    float r = std::nearbyint(scaled);  // default rounding mode is nearest-even
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(r));
+    // Below 2^-14, the smallest normal: the result is a subnormal q * 2^-24.
+    // |f| <= 2^-25 (half the smallest subnormal; the tie goes to even 0) gives 0.
+    if (a <= 0x33000000u) return sign;
+    // f = mant * 2^(e-150) with the implicit bit; q = f / 2^-24 = mant >> (126 - e).
+    const uint32_t e = a >> 23;                         // 102..112
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;  // 24 bits
+    const uint32_t shift = 126 - e;                     // 14..24
+    uint32_t q = mant >> shift;
+    const uint32_t rest = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (q & 1u))) ++q;  // q = 1024 is the smallest normal: encodes right
+    return static_cast<uint16_t>(sign | q);
   }
-  uint32_t exp = (a >> 23) - 112;
-  uint32_t man = a & 0x7fffffu;
-  uint32_t half = (exp << 10) | (man >> 13);
-  uint32_t rest = man & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into exponent: fine
+  // Normal: rebias the exponent (127 -> 15), keep 10 of the 23 mantissa bits.
+  uint32_t half = (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu);
+  const uint32_t rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent: fine
   return static_cast<uint16_t>(sign | half);
 }
 
 float f8e4m3_to_f32(uint8_t v) {
-  uint32_t sign = v & 0x80u;
-  uint32_t exp = (v >> 3) & 0xfu;
-  uint32_t man = v & 0x7u;
-  if (exp == 15 && man == 7) return std::nanf("");
-  float r = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
-                     : std::ldexp(static_cast<float>(8 + man), static_cast<int>(exp) - 10);
-  return sign ? -r : r;
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
+  const uint32_t exp = (v >> 3) & 0xfu;
+  const uint32_t man = v & 0x7u;
+  if (exp == 15 && man == 7) return f32_from_bits(sign | 0x7fc00000u);  // NaN (sign kept, as fp16 does)
+  // Exact in fp32: subnormal man * 2^-9, normal (8 + man) * 2^(exp - 10).
+  const float r = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
+                           : std::ldexp(static_cast<float>(8 + man), static_cast<int>(exp) - 10);
+  return f32_from_bits(sign | f32_bits(r));
 }
 
+// Integer-only, like f32_to_f16 (independent of the rounding mode).
 uint8_t f32_to_f8e4m3(float f) {
-  if (std::isnan(f)) return 0x7f;
-  uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  float a = std::fabs(f);
-  if (a >= 448.0f) return static_cast<uint8_t>(sign | 0x7e);  // saturate (inf too)
-  if (a < std::ldexp(1.0f, -6)) {
-    // subnormal: man * 2^-9
-    float r = std::nearbyint(a * 512.0f);
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(r));  // r == 8 is the smallest normal: encodes right
+  const uint32_t u = f32_bits(f);
+  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;  // NaN
+  // 448 = 1.75 * 2^8 (0x43e00000) is the largest finite value; from there on
+  // (inf included) saturate. Values in (448, 464) would round to 448 anyway.
+  if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);
+  if (a < 0x3c800000u) {
+    // Below 2^-6, the smallest normal: subnormal q * 2^-9. |f| <= 2^-10 (half the
+    // smallest subnormal; the tie goes to even 0) gives 0.
+    if (a <= 0x3a800000u) return sign;
+    const uint32_t e = a >> 23;                         // 117..120
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;  // f = mant * 2^(e-150)
+    const uint32_t shift = 141 - e;                     // q = f / 2^-9 = mant >> shift, shift 21..24
+    uint32_t q = mant >> shift;
+    const uint32_t rest = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (q & 1u))) ++q;  // q = 8 is the smallest normal: encodes right
+    return static_cast<uint8_t>(sign | q);
   }
-  int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5,1): exponent of leading bit is e-1
-  int exp = e - 1;    // in [-6, 8]
-  float m = std::ldexp(a, -exp) * 8.0f;  // in [8,16)
-  float r = std::nearbyint(m);
-  if (r == 16.0f) { r = 8.0f; ++exp; }
-  if (exp > 8) return static_cast<uint8_t>(sign | 0x7e);
-  uint8_t code = static_cast<uint8_t>(((exp + 7) << 3) | (static_cast<int>(r) - 8));
-  if (code == 0x7f) code = 0x7e;  // 480 would be NaN's code: saturate to 448
+  // Normal: bits 30..20 of an fp32 are its biased exponent (e) and top 3 mantissa
+  // bits; rebiasing 127 -> 7 subtracts 120 << 3 from that field.
+  uint32_t code = (a >> 20) - (120u << 3);  // 8..0x7d
+  const uint32_t rest = a & 0xfffffu;
+  if (rest > 0x80000u || (rest == 0x80000u && (code & 1u))) ++code;  // carry into the exponent: fine
+  // code <= 0x7e here: a < 448 has code <= 0x7d before rounding (0x7f would be NaN).
   return static_cast<uint8_t>(sign | code);
 }
 
