@@ -25,6 +25,7 @@
 // the same tiles in the same order through this state gets the same bits.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -36,6 +37,7 @@ namespace {
 
 constexpr int kBc = 64;  // keys per inner block
 constexpr const char* kDefaultVariant = "4x1";
+constexpr int kMaxDevices = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -324,11 +326,13 @@ template <int D, int NW, int MT>
 Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
   constexpr int kBr = 16 * NW * MT;
   const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * D * sizeof(uint16_t);
-  static bool configured = false;  // per instantiation; the attribute is per device function
-  if (!configured) {
+  // The shared-memory opt-in is a per-device attribute of this instantiation.
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  LS_CHECK(ctx.device >= 0 && ctx.device < kMaxDevices);
+  if (!configured[ctx.device].load(std::memory_order_acquire)) {
     LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D, NW, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-    configured = true;
+    configured[ctx.device].store(true, std::memory_order_release);
   }
   dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
   attention_bf16<D, NW, MT><<<grid, NW * 32, smem, ctx.stream>>>(a);
