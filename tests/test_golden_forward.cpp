@@ -1,4 +1,5 @@
-// Golden parity of the whole H3 forward (CPU backend) against the PyTorch reference
+// Golden parity of the whole H3 forward (CPU backend; CUDA too when the build and the
+// machine have it, else skipped) against the PyTorch reference
 // (tests/reference/h3_reference.py, run on an H200; files in tests/data/golden).
 //
 // Each case file forward_v1_<case>.safetensors holds the inputs (raw text states, fp32
@@ -26,6 +27,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -59,7 +61,7 @@ struct CaseResult {
   std::map<std::string, std::vector<double>> got;  // engine intermediates + outputs
 };
 
-class GoldenForward : public ::testing::TestWithParam<std::string> {
+class GoldenForward : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   void compare(const SafetensorsReader& g, const std::string& name, const std::vector<double>& a,
                const std::string& label, double ratio = 2.0) {
@@ -92,7 +94,14 @@ class GoldenForward : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(GoldenForward, MatchesPyTorch) {
-  const std::string file = "forward_v1_" + GetParam() + ".safetensors";
+  const std::string file = "forward_v1_" + std::get<0>(GetParam()) + ".safetensors";
+  const std::string backend_name = std::get<1>(GetParam());
+  auto bk = make_backend(backend_name);
+  if (!bk.ok()) {
+    ASSERT_NE(backend_name, "cpu") << bk.error().message;
+    GTEST_SKIP() << "no " << backend_name << " backend here: " << bk.error().message;
+  }
+  std::unique_ptr<Backend> be = std::move(bk).value();
   auto gr = SafetensorsReader::open(golden::golden_path(file));
   ASSERT_TRUE(gr.ok()) << gr.error().message << "; " << golden::kRegenerate;
   const SafetensorsReader& g = **gr;
@@ -105,14 +114,20 @@ TEST_P(GoldenForward, MatchesPyTorch) {
   auto src = h3::open_h3_checkpoint(golden::golden_path(cj["checkpoint"].get<std::string>()));
   ASSERT_TRUE(src.ok()) << src.error().message;
   const h3::H3Config& cfg = (*src)->cfg();
-  auto be = make_cpu_backend();
+  std::printf("backend %s\n", be->name().c_str());
 
   CaseResult res;
   exec::EngineOptions opts;
   opts.eval = [&](const std::string& name, int64_t layer, const TensorView& t) {
     std::string key = name;
     if (name == "block.attn" || name == "block.mlp") key = "block." + std::to_string(layer) + name.substr(5);
-    res.got[key] = host_f64(t);
+    if (t.device.kind == DeviceKind::cpu) {
+      res.got[key] = host_f64(t);
+      return;
+    }
+    // A device view: copy it to the host first (valid only during this call).
+    golden::Owned host(t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim));
+    if (be->copy(host.view, t).ok() && be->synchronize().ok()) res.got[key] = host_f64(host.view);
   };
   auto engine = exec::Engine::create(**src, *be, opts);
   ASSERT_TRUE(engine.ok()) << engine.error().message;
@@ -312,8 +327,11 @@ TEST(GoldenTorchRandom, MatchesPyTorchCpuRandn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenForward,
-                         ::testing::Values("t2va", "t2va_sigma1", "keyframes", "mask", "t2va_curve"),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+                         ::testing::Combine(::testing::Values("t2va", "t2va_sigma1", "keyframes", "mask", "t2va_curve"),
+                                            ::testing::Values("cpu", "cuda")),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& i) {
+                           return std::get<0>(i.param) + "_" + std::get<1>(i.param);
+                         });
 
 }  // namespace
 }  // namespace ls
