@@ -476,6 +476,33 @@ TEST(CudaOps, AttentionQuerySliceInvarianceLarge) {
   EXPECT_EQ(*cnt.v.ptr<uint64_t>(), 0u);
 }
 
+// cuda_ext.h: pinned host buffer, side stream and events (for the streaming executor).
+TEST(CudaOps, ExtensionWrappers) {
+  LS_NEED_GPU();
+  const int dev = cuda::device_index(*G->cuda);
+  ASSERT_GE(dev, 0);
+  EXPECT_EQ(cuda::device_index(*G->cpu), -1);
+  ASSERT_NE(cuda::compute_stream(*G->cuda), nullptr);
+  const int64_t n = 1 << 20;
+  auto pinned = cuda::PinnedHostBuffer::create(static_cast<size_t>(n) * 4);
+  ASSERT_TRUE(pinned.ok()) << pinned.error().message;
+  float* hp = static_cast<float*>((*pinned)->data());
+  for (int64_t i = 0; i < n; ++i) hp[i] = static_cast<float>(i % 977) - 300.0f;
+  auto dst = G->arena->alloc(DType::f32, {n}, "ext dst");
+  ASSERT_TRUE(dst.ok());
+  cuda::Stream side(dev);
+  cuda::Event start(dev, true), done(dev, true);
+  start.record(side.get());
+  ASSERT_EQ(cudaMemcpyAsync(dst->data, hp, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, side.get()),
+            cudaSuccess);
+  done.record(side.get());
+  done.wait_on(cuda::compute_stream(*G->cuda));  // the compute stream waits for the copy
+  HostBuf back = download(G, *dst);               // queued on the compute stream
+  EXPECT_EQ(std::memcmp(back.v.data, hp, static_cast<size_t>(n) * 4), 0);
+  done.synchronize();
+  EXPECT_GE(cuda::Event::elapsed_ms(start, done), 0.0f);
+}
+
 TEST(CudaOps, GemmWithoutWorkspaceFailsCleanly) {
   LS_NEED_GPU();
   auto b = make_backend("cuda");
