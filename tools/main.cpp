@@ -25,7 +25,14 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);
     runs[sub] = c.setup(*sub);
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help / --version print and exit 0; every real parse error (unknown flag,
+    // missing value, bad number) is a usage error: exit code 2, as all commands use.
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
   for (auto& [sub, run] : runs)
     if (sub->parsed()) return run();
   return 1;
