@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/attention_cudnn.cuh"  // cuDNN path hook (see cuda_op_attention)
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
@@ -363,6 +364,9 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
                    v.inner_contiguous() && out.inner_contiguous() && p.kv_tile > 0,
                "attention: q " + q.shape_str() + " k " + k.shape_str() + " v " + v.shape_str() + " out " +
                    out.shape_str());
+  // ---- hook: cuDNN attention path (attention_cudnn.cu), opt-in with
+  // LAYERSTREAM_ATTENTION=cudnn; the native kernel below stays the default. ----
+  if (attention_cudnn_selected()) return attention_cudnn(ctx, q, k, v, out, p);
   if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported("attention", "needs bf16 q, k, v, out");
   const int64_t Dh = q.shape[2];

@@ -1,0 +1,33 @@
+// The cuDNN attention path (attention_cudnn.cu): cuDNN 9's fused flash-attention
+// forward run once per key tile of kv_tile keys, the tiles merged by a log-sum-exp rule
+// in fp32 (numerics: docs/cuda.md, "cuDNN attention path").
+//
+// Selected per call by the environment: LAYERSTREAM_ATTENTION=cudnn (default: native,
+// the mma.sync kernel of attention.cu). Plain C++ header (no CUDA headers), so tests
+// and the executor can size the workspace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace ls::cuda {
+
+struct CudaContext;  // cuda_common.cuh
+
+// True when this build has cuDNN and LAYERSTREAM_ATTENTION=cudnn (read at every call).
+bool attention_cudnn_selected();
+
+// Bytes of Backend workspace (set_workspace) the cuDNN path needs for H heads of
+// head_dim Dh: query chunk staging, per-tile O_t / LSE_t, the fp32 merge state and a
+// fixed reserve for cuDNN's own workspace. Independent of Mq, Mk and kv_tile.
+size_t attention_cudnn_workspace_bytes(int64_t H, int64_t Dh);
+
+// Same contract and argument checks as Backend::attention (bf16 q, k, v, out
+// [rows, H, Dh], strided rows and heads, 16-byte aligned). Fails with a Status when the
+// build has no cuDNN, the workspace is too small, or cuDNN refuses the graph.
+Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const AttentionParams& p);
+
+}  // namespace ls::cuda
