@@ -112,10 +112,17 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{5, 3, 15, DType::bf16, DType::bf16, DType::f32, true, DType::f32},
                       GemmCase{2, 2, 1, DType::f32, DType::bf16, DType::bf16, false, DType::f32}),
     [](const ::testing::TestParamInfo<GemmCase>& param_info) {
+      // built by appending (GCC 12 warns falsely on "literal" + std::string&&)
       const GemmCase& c = param_info.param;
-      return "M" + std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) + "_" +
-             dtype_name(c.x) + "_" + dtype_name(c.w) + "_to_" + dtype_name(c.out) +
-             (c.has_bias ? std::string("_bias_") + dtype_name(c.bias) : std::string("_nobias"));
+      std::string n = "M";
+      n += std::to_string(c.M);
+      n += "_N";
+      n += std::to_string(c.N);
+      n += "_K";
+      n += std::to_string(c.K);
+      n += std::string("_") + dtype_name(c.x) + "_" + dtype_name(c.w) + "_to_" + dtype_name(c.out);
+      n += c.has_bias ? std::string("_bias_") + dtype_name(c.bias) : std::string("_nobias");
+      return n;
     });
 
 TEST(CpuGemm, IntegerInputsAreExact) {
@@ -635,8 +642,15 @@ INSTANTIATE_TEST_SUITE_P(Sizes, CpuAttention,
                                            AttnCase{9, 1025, 2, 32}, AttnCase{5, 300, 1, 17}),
                          [](const ::testing::TestParamInfo<AttnCase>& param_info) {
                            const AttnCase& c = param_info.param;
-                           return "Mq" + std::to_string(c.Mq) + "_Mk" + std::to_string(c.Mk) + "_H" +
-                                  std::to_string(c.H) + "_Dh" + std::to_string(c.Dh);
+                           std::string n = "Mq";
+                           n += std::to_string(c.Mq);
+                           n += "_Mk";
+                           n += std::to_string(c.Mk);
+                           n += "_H";
+                           n += std::to_string(c.H);
+                           n += "_Dh";
+                           n += std::to_string(c.Dh);
+                           return n;
                          });
 
 TEST(CpuAttentionTiles, AnyKvTileMatchesTheStatement) {
