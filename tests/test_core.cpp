@@ -503,7 +503,9 @@ TEST(ThreadPoolTest, EveryIndexExactlyOnceInChunksOfAtLeastGrain) {
               << "n=" << n << " grain=" << grain << " threads=" << threads;
           EXPECT_LE(chunks.load(), threads);
           // Enough work uses every thread.
-          if (n / std::max<int64_t>(grain, 1) >= threads) EXPECT_EQ(chunks.load(), threads) << n << " " << grain;
+          if (n / std::max<int64_t>(grain, 1) >= threads) {
+            EXPECT_EQ(chunks.load(), threads) << n << " " << grain;
+          }
         } else {
           EXPECT_EQ(chunks.load(), 0);
         }

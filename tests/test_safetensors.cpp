@@ -571,6 +571,15 @@ TEST_F(SafetensorsTest, WriterErrorsAreStatusesWithMessages) {
   auto r = SafetensorsReader::open(path);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ((*r)->entries().size(), 2u);
+  {
+    // 2^63 bytes each is declarable; a second one overflows the file's total size.
+    SafetensorsWriter w(file("never.safetensors"));
+    ASSERT_TRUE(w.declare("s1", DType::f32, {1ll << 61}).ok());
+    EXPECT_TRUE(has(w.declare("s2", DType::f32, {1ll << 61}), "'s2': shape [2305843009213693952] is too large"));
+    // The failed declare left the running total intact (a wrapped total would accept this).
+    EXPECT_TRUE(has(w.declare("s3", DType::f32, {1ll << 61}), "too large"));
+    EXPECT_TRUE(w.declare("s4", DType::u8, {1}).ok());
+  }
   // Invalid UTF-8 in a name cannot go into the JSON header.
   {
     SafetensorsWriter w(file("utf8.safetensors"));

@@ -418,11 +418,12 @@ Status SafetensorsWriter::declare(const std::string& name, DType dtype, const st
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
       return bad("shape " + shape_text(shape) + " is too large");
   }
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, total = 0;
   if (numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
       __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(dtype)), &bytes) ||
-      __builtin_add_overflow(data_bytes_, bytes, &data_bytes_))
+      __builtin_add_overflow(data_bytes_, bytes, &total))
     return bad("shape " + shape_text(shape) + " is too large");
+  data_bytes_ = total;
   decls_.push_back(Decl{name, dtype, shape, bytes});
   return {};
 }
@@ -534,6 +535,7 @@ Status SafetensorsWriter::write(const void* bytes, size_t n) {
   if (!begun_) return make_error(ErrorCode::invalid_argument, path_ + ": write() before begin()");
   if (committed_) return make_error(ErrorCode::invalid_argument, path_ + ": write() after commit()");
   if (n == 0) return {};
+  LS_CHECK_MSG(bytes != nullptr, "SafetensorsWriter::write of " + std::to_string(n) + " bytes from nullptr");
   if (current_ >= decls_.size())
     return make_error(ErrorCode::invalid_argument, path_ + ": writing " + std::to_string(n) +
                                                        " bytes past the declared size (" +
