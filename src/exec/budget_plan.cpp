@@ -1,0 +1,444 @@
+// Total-budget planner arithmetic (budget_plan.h, docs/budget.md). Notation: L blocks,
+// R resident blocks, W one block's weight bytes, N the non-block denoiser weights,
+// T modulation tables, X workspace, A(slices) the device activation bytes.
+//
+//   slots(R)   = 0 if R == L, else min(L - R, prefetch ? 2 : 1)
+//   common(R)  = N + R * W + slots(R) * W + X
+//   steps      = common(R) + T + A(slices)
+//   text       = common(R) + text weights not in slots + refiner activations (L_text rows)
+//   precompute = common(R) + T + AdaLN scratch
+//   peak       = max(steps, text, precompute)
+//
+// common(R) never decreases with R and A(slices) never decreases with any slice, so:
+// the most resident blocks that fit is a scan from R = L down; the largest slice of a
+// phase that fits is a binary search; and the smallest budget that works is R = 0 with
+// one-row slices, minimised over the allowed offload levels (offloading can cost more
+// than it saves on tiny sequences: 2 tiles of kv_tile rows against S rows).
+#include "exec/budget_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "core/arena.h"
+#include "exec/weights.h"
+
+namespace ls::exec {
+
+namespace {
+
+using h3::H3Config;
+using h3::TensorSpec;
+
+uint64_t aligned(int64_t elements, DType t) {
+  return Arena::aligned_bytes(static_cast<size_t>(elements) * static_cast<size_t>(dtype_size(t)));
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+
+// Mirrors weights.cpp's host-only set: read on the host (rope.inv_freq) or unused by the
+// dense forward (to_gate_compress). adaln_t_table is precompute-only and read on the host.
+bool host_only(const std::string& n) {
+  return n == "rope.inv_freq" || n.find("to_gate_compress") != std::string::npos;
+}
+
+// Index i of "<prefix>{i}.<rest>", or -1.
+int64_t indexed(const std::string& n, const std::string& prefix) {
+  if (!starts_with(n, prefix)) return -1;
+  const size_t dot = n.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return -1;
+  return std::stoll(n.substr(prefix.size(), dot - prefix.size()));
+}
+
+// Device weight bytes by role, from the declared tensor table (the only dtypes a
+// checkpoint can be loaded as: quantised files are refused by the loader).
+struct WeightTally {
+  uint64_t block = 0;           // largest block (all equal in practice) = slot bytes
+  uint64_t nonblock = 0;        // patch projections, final norm, output heads
+  uint64_t text = 0;            // condition_proj, refiner final norm
+  uint64_t refiner_block = 0;   // largest refiner block
+  int64_t refiner_blocks = 0;
+  uint64_t time_embedder = 0;   // transient during the AdaLN precompute (unpruned form)
+  uint64_t adaln_largest = 0;   // largest AdaLN linear (weight + bias), transient
+};
+
+WeightTally tally_weights(const H3Config& cfg) {
+  WeightTally w;
+  std::map<int64_t, uint64_t> blocks, refiner, adaln_blocks;
+  uint64_t adaln_final = 0;
+  for (const TensorSpec& s : h3::h3_tensor_specs(cfg)) {
+    const uint64_t b = aligned(s.numel(), s.dtype);
+    const std::string& n = s.name;
+    if (host_only(n) || n == "adaln_t_table") continue;
+    if (WeightStore::is_precompute_only(n)) {
+      if (starts_with(n, "time_embedder.")) w.time_embedder += b;
+      else if (starts_with(n, "final_layer.")) adaln_final += b;
+      else adaln_blocks[indexed(n, "blocks.")] += b;
+      continue;
+    }
+    if (const int64_t i = indexed(n, "blocks."); i >= 0) blocks[i] += b;
+    else if (const int64_t r = indexed(n, "token_refiner.blocks."); r >= 0) refiner[r] += b;
+    else if (starts_with(n, "condition_proj.") || starts_with(n, "token_refiner.")) w.text += b;
+    else w.nonblock += b;
+  }
+  for (const auto& [i, b] : blocks) w.block = std::max(w.block, b);
+  for (const auto& [i, b] : refiner) w.refiner_block = std::max(w.refiner_block, b);
+  w.refiner_blocks = static_cast<int64_t>(refiner.size());
+  w.adaln_largest = adaln_final;
+  for (const auto& [i, b] : adaln_blocks) w.adaln_largest = std::max(w.adaln_largest, b);
+  return w;
+}
+
+// Modulation tables: per block [M, 18D] (= [3M, 6D]) + final [M, 2D], AdaLN dtype, as
+// Engine::Impl::compute_tables allocates them.
+uint64_t table_bytes(const H3Config& cfg, int64_t M) {
+  const DType t = cfg.adaln_dtype();
+  return static_cast<uint64_t>(cfg.num_layers) * aligned(M * 18 * cfg.hidden, t) + aligned(M * 2 * cfg.hidden, t);
+}
+
+// The precompute's scratch arena besides the tables (mirrors compute_tables): AdaLN
+// input [M, t]; unpruned: timesteps, sinusoids, time-MLP hidden and output (fp32) and
+// the time embedder's weights; plus the largest AdaLN linear, copied one at a time.
+uint64_t precompute_scratch(const H3Config& cfg, const WeightTally& w, int64_t M) {
+  const int64_t td = cfg.time_embed_dim;
+  uint64_t s = aligned(M * td, cfg.adaln_dtype());
+  if (!cfg.curve_form())
+    s += aligned(M, DType::f32) + aligned(M * cfg.timestep_input_dim, DType::f32) +
+         aligned(M * cfg.time_embed_hidden, DType::f32) + aligned(M * td, DType::f32) + w.time_embedder;
+  return s + w.adaln_largest;
+}
+
+struct Level {
+  bool kv = false, res = false;
+  const char* name() const {
+    if (kv && res) return "K/V + residual offload";
+    if (kv) return "K/V offload";
+    if (res) return "residual offload";
+    return "no offload";
+  }
+};
+
+// Device activation bytes of one offload level as a function of the slices.
+struct ActivationModel {
+  const H3Config& cfg;
+  SequenceSizes z;
+  int64_t kv_tile;
+  Level lv;
+  uint64_t base = 0;
+
+  ActivationModel(const H3Config& c, SequenceSizes sz, int64_t tile, Level l) : cfg(c), z(sz), kv_tile(tile), lv(l) {
+    base = sum_bytes(device_persistent_buffers(cfg, z, lv.res));
+  }
+  bool stock_attention_allowed() const { return !lv.kv && !lv.res; }
+  uint64_t attn(int64_t n) const {  // n = 0: stock
+    return device_phase(cfg, attention_phase(cfg, z.S, n), n == 0 ? z.S : n, kv_tile, z.S, lv.kv, lv.res).bytes();
+  }
+  uint64_t mlp(int64_t n) const {  // the MLP slice is also the patch-embedding slice
+    return std::max(device_phase(cfg, embed_phase(cfg, n), n, kv_tile, z.S, lv.kv, lv.res).bytes(),
+                    device_phase(cfg, mlp_phase(cfg, n), n, kv_tile, z.S, lv.kv, lv.res).bytes());
+  }
+  uint64_t fin(int64_t n) const { return device_phase(cfg, final_phase(cfg, n), n, kv_tile, z.S, lv.kv, lv.res).bytes(); }
+  uint64_t total(int64_t a, int64_t m, int64_t f) const { return base + std::max({attn(a), mlp(m), fin(f)}); }
+};
+
+// Largest n in [lo, hi] with f(n) <= cap, given f(lo) <= cap and f non-decreasing.
+template <typename Fn>
+int64_t largest_fitting(int64_t lo, int64_t hi, uint64_t cap, Fn f) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (f(mid) <= cap) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+struct Context {
+  const H3Config& cfg;
+  const BudgetOptions& o;
+  SequenceSizes z;
+  WeightTally w;
+  int64_t L = 0;
+  uint64_t tables = 0, scratch = 0, refiner_act = 0;
+
+  int64_t slots(int64_t R) const { return R >= L ? 0 : std::min<int64_t>(L - R, o.prefetch ? 2 : 1); }
+  uint64_t common(int64_t R) const {
+    return w.nonblock + static_cast<uint64_t>(R + slots(R)) * w.block + o.workspace_bytes;
+  }
+  // Text weights beyond the slots: condition_proj and the final norm always; the refiner
+  // blocks too unless they stream through existing block slots (same tensors as a
+  // block's non-AdaLN part, so they fit one slot each).
+  uint64_t text_extra(int64_t R) const {
+    const bool through_slots = slots(R) > 0 && w.refiner_block <= w.block;
+    return w.text + (through_slots ? 0 : static_cast<uint64_t>(w.refiner_blocks) * w.refiner_block) + refiner_act;
+  }
+  uint64_t steps_peak(int64_t R, uint64_t act) const { return common(R) + tables + act; }
+  uint64_t text_peak(int64_t R) const { return common(R) + text_extra(R); }
+  uint64_t precompute_peak(int64_t R) const { return common(R) + tables + scratch; }
+  uint64_t peak(int64_t R, uint64_t act) const {
+    return std::max({steps_peak(R, act), text_peak(R), precompute_peak(R)});
+  }
+};
+
+struct Mode {
+  Level lv;
+  int64_t floor = 1;    // smallest slice rows allowed (clamped to each phase's rows)
+  bool keep_resident;   // may keep blocks resident (only the first, no-offload mode)
+  std::string step;
+};
+
+struct Choice {
+  int64_t R = 0, attn = 0, mlp = 0, fin = 0;
+};
+
+// The choice of one mode at `budget`, or false when even its floor does not fit.
+bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
+  const ActivationModel act(c.cfg, c.z, c.o.kv_tile, m.lv);
+  const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
+  const uint64_t act_min = act.total(fa, fm, ff);
+  int64_t R = -1;
+  for (int64_t r = m.keep_resident ? c.L : 0; r >= 0; --r)
+    if (c.peak(r, act_min) <= budget) {
+      R = r;
+      break;
+    }
+  if (R < 0) return false;
+  // What the activation arena may take; the peak is base + max over phases, so each
+  // phase's slice is chosen alone.
+  const uint64_t cap = budget - c.steps_peak(R, 0) - act.base;
+  Choice ch;
+  ch.R = R;
+  if (act.stock_attention_allowed() && act.attn(0) <= cap) ch.attn = 0;
+  else ch.attn = largest_fitting(fa, c.z.S, cap, [&](int64_t n) { return act.attn(n); });
+  ch.mlp = largest_fitting(fm, c.z.S, cap, [&](int64_t n) { return act.mlp(n); });
+  ch.fin = largest_fitting(ff, c.z.target_rows, cap, [&](int64_t n) { return act.fin(n); });
+  *out = ch;
+  return true;
+}
+
+std::vector<Level> levels(const BudgetOptions& o) {
+  std::vector<Level> v{{false, false}};
+  if (o.allow_kv_offload) v.push_back({true, false});
+  if (o.allow_residual_offload) v.push_back({o.allow_kv_offload, true});
+  return v;
+}
+
+// Level-major: an offload level is tried only when no plan of the levels before it fits
+// even with one-row slices ("offload only when it must"), so the first fitting mode's
+// level never grows with the budget. Only the first mode keeps blocks resident, so
+// memory an offload frees is never spent on resident blocks: streaming never grows
+// with the budget either.
+std::vector<Mode> modes(const BudgetOptions& o, int64_t preferred) {
+  std::vector<Mode> v;
+  const auto lv = levels(o);
+  for (size_t i = 0; i < lv.size(); ++i) {
+    if (i == 0) v.push_back({lv[i], preferred, true, "weights streamed"});
+    v.push_back({lv[i], 1, false, i == 0 ? std::string("weights streamed, small slices") : std::string(lv[i].name())});
+  }
+  return v;
+}
+
+Status check_options(const BudgetOptions& o) {
+  if (o.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
+  if (o.modulation_rows < 1)
+    return Status(make_error(ErrorCode::invalid_argument,
+                             "modulation_rows (distinct timesteps of the run's AdaLN tables) must be >= 1"));
+  if (!(o.device.pcie_gb_per_s > 0) || !(o.device.attention_tflops > 0))
+    return Status(make_error(ErrorCode::invalid_argument, "device facts (PCIe GB/s, attention TFLOP/s) must be > 0"));
+  return Status();
+}
+
+Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {
+  LS_TRY(check_options(o));
+  LS_TRY(h3::check_h3_config(cfg));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  Context c{cfg, o, z, tally_weights(cfg)};
+  c.L = cfg.num_layers;
+  c.tables = table_bytes(cfg, o.modulation_rows);
+  c.scratch = precompute_scratch(cfg, c.w, o.modulation_rows);
+  c.refiner_act = refiner_peak_bytes(cfg, cond.geometry.text_tokens);
+  return c;
+}
+
+uint64_t minimum(const Context& c) {
+  uint64_t best = std::numeric_limits<uint64_t>::max();
+  for (const Level& l : levels(c.o)) {
+    const ActivationModel act(c.cfg, c.z, c.o.kv_tile, l);
+    best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
+  }
+  return best;
+}
+
+std::string budget_text(uint64_t b) {
+  return b == std::numeric_limits<uint64_t>::max() ? std::string("unlimited") : format_bytes(b);
+}
+
+}  // namespace
+
+int64_t kv_hiding_slice(const DeviceFacts& f) {
+  // c >= T / B (FLOP per byte): see the header.
+  const double c = std::ceil(f.attention_tflops * 1e12 / (f.pcie_gb_per_s * 1e9));
+  return std::max<int64_t>(1, static_cast<int64_t>(c));
+}
+
+uint64_t block_weight_bytes(const H3Config& cfg) { return tally_weights(cfg).block; }
+
+std::vector<PlannedBuffer> device_persistent_buffers(const H3Config& cfg, const SequenceSizes& sizes,
+                                                     bool residual_offload) {
+  std::vector<PlannedBuffer> v = persistent_buffers(cfg, sizes);
+  if (residual_offload) {
+    auto it = std::find_if(v.begin(), v.end(), [](const PlannedBuffer& b) { return b.what == "residual x"; });
+    LS_CHECK_MSG(it != v.end(), "plan.h's persistent set has no 'residual x'");
+    v.erase(it);
+  }
+  return v;
+}
+
+PlanPhase device_phase(const H3Config& cfg, const PlanPhase& phase, int64_t slice_rows, int64_t kv_tile, int64_t S,
+                       bool kv_offload, bool residual_offload) {
+  PlanPhase out{phase.name, {}};
+  if (residual_offload) {
+    // bf16 [rows, D] x 2: one slice being computed on, one in flight (in or out).
+    out.buffers.push_back({"residual slice 0", DType::bf16, slice_rows, cfg.hidden});
+    out.buffers.push_back({"residual slice 1", DType::bf16, slice_rows, cfg.hidden});
+  }
+  int replaced = 0;
+  for (const PlannedBuffer& b : phase.buffers) {
+    if (kv_offload && (b.what == "K" || b.what == "V")) {
+      // bf16 [min(kv_tile, S), I] x 2: the tile attention reads and the next one
+      // streaming in. Pass 1 computes K and V in tiles of kv_tile rows into these same
+      // buffers and copies each to pinned host memory (GEMMs are row-invariant).
+      const int64_t rows = std::min(kv_tile, S);
+      out.buffers.push_back({b.what + " tile 0", b.dtype, rows, b.cols});
+      out.buffers.push_back({b.what + " tile 1", b.dtype, rows, b.cols});
+      ++replaced;
+      continue;
+    }
+    out.buffers.push_back(b);
+  }
+  LS_CHECK_MSG(!kv_offload || phase.name != "attn" || replaced == 2,
+               "K/V offload needs the two-pass attention lists (K and V [S, I])");
+  return out;
+}
+
+Expected<uint64_t> min_total_budget(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {
+  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o));
+  return minimum(c);
+}
+
+Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
+                                       const BudgetOptions& o) {
+  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o));
+  const int64_t hiding = kv_hiding_slice(o.device);
+  const int64_t preferred = std::min(hiding, c.z.S);
+  const std::vector<Mode> ms = modes(o, preferred);
+  const Mode* chosen = nullptr;
+  Choice ch;
+  for (const Mode& m : ms)
+    if (try_mode(c, m, budget, &ch)) {
+      chosen = &m;
+      break;
+    }
+  if (chosen == nullptr) {
+    const uint64_t need = minimum(c);
+    LS_CHECK(need > budget);
+    return make_error(ErrorCode::out_of_budget,
+                      "a total device budget of " + budget_text(budget) + " (" + std::to_string(budget) +
+                          " bytes) is too small for S = " + std::to_string(c.z.S) + " rows on this model (" +
+                          std::to_string(c.L) + " blocks of " + format_bytes(c.w.block) +
+                          " weights): the smallest total budget that works is " + format_bytes(need) + " (" +
+                          std::to_string(need) +
+                          " bytes: every block streamed, K/V and residual offloaded where that helps, one-row "
+                          "slices). Raise --vram-budget, shorten the clip or allow offloading.");
+  }
+
+  BudgetPlan bp;
+  bp.budget_bytes = budget;
+  bp.sizes = c.z;
+  bp.num_layers = c.L;
+  bp.resident_blocks = ch.R;
+  bp.slots = c.slots(ch.R);
+  bp.prefetch = o.prefetch;
+  bp.kv_offload = chosen->lv.kv;
+  bp.residual_offload = chosen->lv.res;
+  bp.kv_hiding_slice = hiding;
+  bp.slice_floor = chosen->floor;
+  bp.step = chosen == &ms.front() ? (ch.R == c.L ? "all resident" : "weights streamed") : chosen->step;
+
+  PlanKnobs k;
+  k.attn_chunk_tokens = ch.attn;
+  k.mlp_chunk_tokens = ch.mlp;
+  k.final_chunk_tokens = ch.fin;
+  k.kv_tile = o.kv_tile;
+  LS_ASSIGN_OR_RETURN(bp.activations, make_plan(cfg, cond, k));
+  const Plan& p = bp.activations;
+
+  bp.device_persistent = device_persistent_buffers(cfg, c.z, bp.residual_offload);
+  uint64_t phase_max = 0;
+  for (const PlanPhase& ph : p.phases) {
+    int64_t rows = p.mlp_slice;  // embed and mlp
+    if (ph.name == "attn") rows = p.attn_slice == 0 ? c.z.S : p.attn_slice;
+    if (ph.name == "final") rows = p.final_slice;
+    bp.device_phases.push_back(device_phase(cfg, ph, rows, o.kv_tile, c.z.S, bp.kv_offload, bp.residual_offload));
+    phase_max = std::max(phase_max, bp.device_phases.back().bytes());
+  }
+  bp.activation_bytes = sum_bytes(bp.device_persistent) + phase_max;
+  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, o.kv_tile, chosen->lv).total(ch.attn, ch.mlp, ch.fin));
+
+  bp.block_bytes = c.w.block;
+  bp.nonblock_weight_bytes = c.w.nonblock;
+  bp.resident_weight_bytes = c.w.nonblock + static_cast<uint64_t>(ch.R) * c.w.block;
+  bp.slot_bytes = static_cast<uint64_t>(bp.slots) * c.w.block;
+  bp.modulation_table_bytes = c.tables;
+  bp.workspace_bytes = o.workspace_bytes;
+  bp.text_phase_extra_bytes = c.text_extra(ch.R);
+  bp.precompute_scratch_bytes = c.scratch;
+  bp.steps_peak_bytes = c.steps_peak(ch.R, bp.activation_bytes);
+  bp.text_peak_bytes = c.text_peak(ch.R);
+  bp.precompute_peak_bytes = c.precompute_peak(ch.R);
+  bp.predicted_peak_bytes = std::max({bp.steps_peak_bytes, bp.text_peak_bytes, bp.precompute_peak_bytes});
+  LS_CHECK(bp.predicted_peak_bytes <= budget);
+
+  // Traffic per forward.
+  const uint64_t S = static_cast<uint64_t>(c.z.S), D = static_cast<uint64_t>(cfg.hidden),
+                 I = static_cast<uint64_t>(cfg.inner()), Lu = static_cast<uint64_t>(c.L);
+  bp.pcie_weight_bytes = static_cast<uint64_t>(bp.streamed_blocks()) * c.w.block;
+  if (bp.kv_offload) {
+    const uint64_t kv = 2 * S * I * 2;  // K and V of all rows, bf16
+    const uint64_t slices = (S + static_cast<uint64_t>(p.attn_slice) - 1) / static_cast<uint64_t>(p.attn_slice);
+    bp.pcie_kv_bytes = Lu * (kv + slices * kv);  // pass 1 out once, pass 2 in once per query slice
+    bp.host_pinned_bytes += kv;                  // one block's K and V (reused block after block)
+  }
+  if (bp.residual_offload) {
+    const uint64_t x = S * D * 2;
+    bp.pcie_residual_bytes = x * (1 + 5 * Lu) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
+    bp.host_pinned_bytes += x;
+  }
+  return bp;
+}
+
+std::string BudgetPlan::describe() const {
+  std::ostringstream os;
+  const Plan& p = activations;
+  os << "budget " << budget_text(budget_bytes) << ": " << step << "; ";
+  if (!streamed()) {
+    os << "all " << num_layers << " blocks resident";
+  } else {
+    os << resident_blocks << "/" << num_layers << " blocks resident, " << streamed_blocks() << " streamed through "
+       << slots << (slots == 1 ? " slot" : " slots") << " of " << format_bytes(block_bytes)
+       << (prefetch ? " (prefetch)" : " (no prefetch)");
+  }
+  os << "; K/V " << (kv_offload ? "offloaded (tiles of " + std::to_string(p.kv_tile) + ")" : std::string("on device"))
+     << ", residual " << (residual_offload ? "offloaded" : "on device") << "; ";
+  if (p.two_pass_attention()) os << "attention slices " << p.attn_slice;
+  else os << "stock attention";
+  os << ", MLP slices " << p.mlp_slice << ", head slices " << p.final_slice << ", kv_tile " << p.kv_tile;
+  os << "; peak " << format_bytes(predicted_peak_bytes) << " predicted (weights " << format_bytes(resident_weight_bytes)
+     << " + slots " << format_bytes(slot_bytes) << " + AdaLN tables " << format_bytes(modulation_table_bytes)
+     << " + activations " << format_bytes(activation_bytes) << " + workspace " << format_bytes(workspace_bytes) << ")";
+  os << "; PCIe " << format_bytes(pcie_bytes_per_forward()) << " per forward";
+  return os.str();
+}
+
+}  // namespace ls::exec

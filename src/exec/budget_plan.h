@@ -1,0 +1,169 @@
+// Total-VRAM-budget planner (issue 5, the pure part; docs/budget.md): one budget covers
+// weights, modulation tables, activations and workspace. Pure arithmetic, nothing is
+// allocated; the executor follows the plan and its arenas must stay within it.
+//
+// What lives on the device (each its own arena, every tensor rounded up with
+// Arena::aligned_bytes as the arenas do):
+//   resident weights : the denoiser's non-block weights (patch projections, final norm,
+//                      output heads) + the first R blocks' weights (norms, qkv, q/k norm,
+//                      out_proj, fc1, fc2). AdaLN linears and the time embedder never
+//                      live on the device during steps (WeightStore::is_precompute_only);
+//                      to_gate_compress and rope.inv_freq stay on the host.
+//   block slots      : when R < L, the other L - R blocks stream from host memory into
+//                      2 slots (prefetch: block i+1 copies on a copy stream while block i
+//                      computes) or 1 slot (no prefetch), each crossing the bus once per
+//                      forward. Slot bytes = one block's weight bytes.
+//   modulation tables: per block bf16|f32 [3M, 6D] + final [M, 2D] (M = modulation_rows,
+//                      the distinct timesteps of the run), precomputed before step one.
+//   activations      : plan.h's buffer lists for the chosen slices, with K and V [S, I]
+//                      replaced by 2 tiles of kv_tile rows each (K/V offload) and the
+//                      residual x [S, D] replaced by 2 slices of the phase's rows
+//                      (residual offload).
+//   workspace        : GEMM workspace (Backend::workspace_bytes()).
+// Two transient phases happen outside the steps and are checked too:
+//   text refinement  : condition_proj + refiner blocks (streamed through the block slots
+//                      when there are slots, else loaded whole) + refiner activations;
+//                      the text weights are dropped afterwards (before the tables exist).
+//   AdaLN precompute : tables + the engine's precompute scratch (time embedder, one
+//                      block's AdaLN weight at a time).
+// predicted peak = max over {steps, text refinement, AdaLN precompute}.
+//
+// Policy (first that fits wins; "fits" = predicted peak <= budget; the preferred slice
+// is min(S, kv_hiding_slice)):
+//   1) all L blocks resident, no offload, every slice >= the preferred slice;
+//   2) weights streamed: the most resident blocks that still leave slices >= the
+//      preferred slice; failing that, every block streamed and slices down to 1 row;
+//   3) K/V offload (every block streamed), slices down to 1 row;
+//   4) K/V + residual offload, the same;
+//   5) else out_of_budget naming the smallest total budget any of these reach.
+// Within a step slices are the largest that fit (per phase: the peak is a max over
+// phases). Offload steps keep no block resident: memory freed by offloading is never
+// spent on resident blocks, so more budget never streams more (tested). An offload
+// level is used only when no plan without it fits at all (issue 5: "only when it
+// must"), even if that means small slices (docs/budget.md discusses the trade-off).
+//
+// Usage:
+//   BudgetOptions o; o.modulation_rows = 25; o.workspace_bytes = backend.workspace_bytes();
+//   Expected<BudgetPlan> bp = plan_total_budget(cfg, cond, 12ull << 30, o);
+//   bp->describe(); bp->activations (the Plan for Engine::forward)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "exec/plan.h"
+#include "model/h3/conditioning.h"
+#include "model/h3/config.h"
+
+namespace ls::exec {
+
+// Device throughput figures, used ONLY to pick the query-slice size that hides K/V
+// streaming behind attention (kv_hiding_slice). They never change a plan's bytes
+// beyond that choice, and never an output bit.
+struct DeviceFacts {
+  double pcie_gb_per_s = 50.0;       // host -> device copy bandwidth, 1e9 B/s (PCIe Gen5 x16 ~ 50)
+  double attention_tflops = 600.0;   // dense bf16 attention throughput, 1e12 FLOP/s (H200 ~ 600)
+};
+
+struct BudgetOptions {
+  int64_t kv_tile = 1024;                  // keys per attention tile (numerics; also the K/V offload tile)
+  uint64_t workspace_bytes = 64ull << 20;  // GEMM workspace etc. (the CUDA backend: 64 MiB)
+  // M_total: distinct timesteps whose modulation tables are precomputed for the run
+  // (one table row set per timestep; e.g. 8 steps x video/audio/condition t ~ 25).
+  int64_t modulation_rows = 25;
+  bool allow_kv_offload = true;
+  bool allow_residual_offload = true;
+  bool prefetch = true;  // streamed blocks: 2 slots, next block copied while one computes; else 1 slot
+  DeviceFacts device;
+};
+
+// Smallest query slice c whose attention hides streaming all of K and V once:
+// bytes 2 * S * I * 2 (K and V, bf16) cross the bus in 4SI / B seconds; c queries
+// against S keys take 4 * c * S * I FLOP (QK^T and PV, 2 FLOP per multiply-add) in
+// 4cSI / T seconds. Hidden iff c >= T / B: independent of S and of the model width.
+// 600 TFLOP/s over 50 GB/s -> 12,000 queries. (Issue 5's example: 2.67 GB of K/V at
+// S = 93k crosses in ~48 ms; 16k queries take 4 * 16k * 93k * 7168 = 42.7 TFLOP =
+// 71 ms at 600 TFLOP/s, hidden with margin; the break-even there is 10.8k.)
+int64_t kv_hiding_slice(const DeviceFacts& facts);
+
+// Device bytes of one DiT block's weights as the WeightStore holds them (per tensor
+// aligned; AdaLN and to_gate_compress excluded). The largest block's, so = slot bytes.
+uint64_t block_weight_bytes(const h3::H3Config& cfg);
+
+struct BudgetPlan {
+  Plan activations;  // make_plan with the chosen slices (plan.h's lists, K/V and x resident)
+  uint64_t budget_bytes = 0;
+  SequenceSizes sizes;
+
+  // Decisions.
+  int64_t num_layers = 0;
+  int64_t resident_blocks = 0;  // blocks 0 .. resident_blocks-1 stay on the device
+  int64_t slots = 0;            // block slots for the streamed blocks (0 when all resident)
+  bool prefetch = true;
+  bool kv_offload = false;
+  bool residual_offload = false;
+  int64_t kv_hiding_slice = 0;  // see kv_hiding_slice(); the preferred slice is min(this, S)
+  int64_t slice_floor = 0;      // the smallest slice the chosen step allowed
+  std::string step;             // "all resident", "weights streamed", "K/V offload", ...
+  bool streamed() const { return resident_blocks < num_layers; }
+  int64_t streamed_blocks() const { return num_layers - resident_blocks; }
+
+  // Device bytes per component.
+  uint64_t block_bytes = 0;               // one block's weights = one slot
+  uint64_t nonblock_weight_bytes = 0;     // patch projections, final norm and heads
+  uint64_t resident_weight_bytes = 0;     // nonblock + resident_blocks * block_bytes
+  uint64_t slot_bytes = 0;                // slots * block_bytes
+  uint64_t modulation_table_bytes = 0;
+  uint64_t activation_bytes = 0;          // device activation arena (after offload replacements)
+  uint64_t workspace_bytes = 0;
+  uint64_t text_phase_extra_bytes = 0;    // text weights not in slots + refiner activations
+  uint64_t precompute_scratch_bytes = 0;  // AdaLN precompute scratch (tables counted apart)
+  uint64_t steps_peak_bytes = 0;          // resident + slots + tables + activations + workspace
+  uint64_t text_peak_bytes = 0;           // resident + slots + workspace + text extra
+  uint64_t precompute_peak_bytes = 0;     // resident + slots + tables + workspace + scratch
+  uint64_t predicted_peak_bytes = 0;      // max of the three; <= budget_bytes
+
+  // The device activation lists (plan.h's, after the offload replacements).
+  std::vector<PlannedBuffer> device_persistent;
+  std::vector<PlanPhase> device_phases;
+
+  // Traffic per forward (host <-> device, both directions), excluding the latents and
+  // velocities (MB-scale): streamed block weights, K/V (pass 1 out, pass 2 back in once
+  // per query slice) and residual slices (embed out; per block pass 1 in, pass 2 in and
+  // out, MLP in and out; final layer in).
+  uint64_t pcie_weight_bytes = 0;
+  uint64_t pcie_kv_bytes = 0;
+  uint64_t pcie_residual_bytes = 0;
+  uint64_t pcie_bytes_per_forward() const { return pcie_weight_bytes + pcie_kv_bytes + pcie_residual_bytes; }
+  uint64_t host_pinned_bytes = 0;  // K, V of one block [S, I] each and/or the residual [S, D]
+
+  // One line for the CLI, e.g. "budget 12.00 GiB: 14/50 blocks resident, 36 streamed
+  // (2 slots x 735.0 MiB, prefetch); K/V resident, residual resident; attention slices
+  // ...; peak 11.9 GiB predicted = ...; PCIe 27.6 GB per forward".
+  std::string describe() const;
+};
+
+// The plan for a total device budget (see the policy above). Errors: invalid options
+// (kv_tile < 1, modulation_rows < 1, device facts <= 0), an invalid config or
+// geometry, or out_of_budget when nothing fits, naming the smallest budget that works
+// (computed by the same arithmetic; that budget then plans successfully).
+Expected<BudgetPlan> plan_total_budget(const h3::H3Config& cfg, const h3::Conditioning& cond,
+                                       uint64_t total_budget_bytes, const BudgetOptions& options = {});
+
+// The smallest total budget plan_total_budget accepts for these inputs (what the
+// out_of_budget message names).
+Expected<uint64_t> min_total_budget(const h3::H3Config& cfg, const h3::Conditioning& cond,
+                                    const BudgetOptions& options = {});
+
+// plan.h's buffer lists of a phase / the persistent set, as the device holds them
+// under the offload choices: "K", "V" [S, I] -> "K tile 0/1", "V tile 0/1"
+// [min(kv_tile, S), I]; the residual x leaves the persistent set and every phase gets
+// "residual slice 0/1" bf16 [rows, D] first (rows = that phase's slice).
+std::vector<PlannedBuffer> device_persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& sizes,
+                                                     bool residual_offload);
+PlanPhase device_phase(const h3::H3Config& cfg, const PlanPhase& phase, int64_t slice_rows, int64_t kv_tile,
+                       int64_t S, bool kv_offload, bool residual_offload);
+
+}  // namespace ls::exec
