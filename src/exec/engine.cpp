@@ -124,6 +124,7 @@ struct Engine::Impl {
   std::unique_ptr<Arena> workspace_arena;
   AdalnTables precomputed;  // from precompute_adaln
   AdalnTables call_tables;  // computed by the last forward when precomputed ones did not cover it
+  std::unique_ptr<Arena> activations;  // the forward's arena, kept while the plan's peak is unchanged
 
   h3::WeightGetter getter() const {
     return [this](const std::string& n) { return weights->get(n); };
@@ -376,7 +377,19 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   for (auto& r : ts.final_rows) r = remap[static_cast<size_t>(r)];
 
   // ---- the activation arena: capacity = the plan's predicted peak ----
-  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(be.memory(), plan.predicted_peak_bytes));
+  // Kept between calls of the same plan (a sampler calls forward once or twice per
+  // step with one plan): no device allocation per step.
+  if (!m.activations || m.activations->capacity() != Arena::aligned_bytes(plan.predicted_peak_bytes)) {
+    m.activations.reset();
+    LS_ASSIGN_OR_RETURN(m.activations, Arena::create(be.memory(), plan.predicted_peak_bytes));
+  }
+  Arena* arena = m.activations.get();
+  LS_CHECK(arena->used() == 0);
+  arena->reset_peak();
+  struct Rewind {
+    Arena* a;
+    ~Rewind() { a->rewind(Arena::Mark{0}); }
+  } rewind_on_exit{arena};
   const int64_t S = lay.S;
   const auto& pers = plan.persistent;
   LS_ASSIGN_OR_RETURN(TensorView x, alloc(*arena, pers[0], S));               // bf16 [S, D]
@@ -522,7 +535,6 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   }
   const uint64_t measured = arena->peak();
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
-  arena.reset();
 
   // ---- host: unpatchify, bf16, negate, masks, audio carry ----
   const h3::ClipGeometry& g = cond.geometry;
