@@ -41,7 +41,7 @@ namespace {
 constexpr const char* kCmd = "layerstream forward";
 
 struct ForwardOptions {
-  std::string model, preset, weights_seed = "0";
+  std::string model, preset, weights_seed = "0", blocks;
   std::string frames, width, height, text_tokens, sigma, seed = "0";
   std::vector<std::string> keyframes;
   std::string mask;
@@ -151,6 +151,7 @@ int fail(const Error& e) {
 int run_forward(const ForwardOptions& o) {
   if (o.model.empty() == o.preset.empty()) return fail({ErrorCode::invalid_argument, "give exactly one of --model FILE or --preset NAME"});
   if (o.output.empty()) return fail({ErrorCode::invalid_argument, "-o OUT.safetensors is required"});
+  if (!o.blocks.empty() && o.preset.empty()) return fail({ErrorCode::invalid_argument, "--blocks goes with --preset (a file has its own blocks)"});
   for (const auto* f : {&o.frames, &o.width, &o.height, &o.text_tokens, &o.sigma})
     if (f->empty()) return fail({ErrorCode::invalid_argument, "--frames, --width, --height, --text-tokens and --sigma are required"});
   const bool sliced_flags = o.mlp_chunk != "0" || o.attn_chunk != "0" || o.final_chunk != "0";
@@ -188,6 +189,11 @@ int run_forward(const ForwardOptions& o) {
   } else {
     auto cfg = h3::h3_preset(o.preset);
     if (!cfg.ok()) return fail(cfg.error());
+    if (!o.blocks.empty()) {
+      auto nb = parse_int("--blocks", o.blocks, 1, 1000);
+      if (!nb.ok()) return fail(nb.error());
+      cfg->num_layers = *nb;  // full width, fewer blocks (as make-model --blocks)
+    }
     src = std::make_unique<h3::H3SyntheticSource>(*cfg, static_cast<uint64_t>(*wseed));
   }
   const h3::H3Config& cfg = src->cfg();
@@ -253,6 +259,7 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--model", o->model, "H3 checkpoint (.safetensors)");
   sub.add_option("--preset", o->preset, "synthetic weights of a preset instead of --model: tiny | small | h3");
   sub.add_option("--weights-seed", o->weights_seed, "seed of the synthetic weights (--preset; default 0)");
+  sub.add_option("--blocks", o->blocks, "with --preset: number of DiT blocks (full width, fewer blocks)");
   sub.add_option("--frames", o->frames, "pixel frames, snapped up to 17j+5");
   sub.add_option("--width", o->width, "width in pixels, multiple of 32");
   sub.add_option("--height", o->height, "height in pixels, multiple of 32");
