@@ -28,7 +28,9 @@
 // and its plan cache live for the process.
 #include "backend/cuda/attention_cudnn.cuh"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -320,54 +322,79 @@ Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t 
   b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 10, ops, "graph ops");
   b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
   b.finalize(graph, "operation graph");
-  auto heur = b.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  b.set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
-  b.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-  b.finalize(heur, "heuristics");
   if (!b.ok()) return cudnn_error(b.status, "building the SDPA graph (" + b.failed_at + ")");
-  int64_t n = 0;
-  cudnnStatus_t s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n,
-                                             nullptr);
-  if (s != CUDNN_STATUS_SUCCESS) return cudnn_error(s, "counting engine configs");
-  if (n <= 0) return make_error(ErrorCode::unsupported, "cudnn attention: no engine supports the SDPA graph");
-  std::vector<cudnnBackendDescriptor_t> cfgs(static_cast<size_t>(n));
-  for (auto& c : cfgs) c = b.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-  if (!b.ok()) return cudnn_error(b.status, "engine config descriptors");
-  int64_t got = 0;
-  s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got,
-                               cfgs.data());
-  if (s != CUDNN_STATUS_SUCCESS) return cudnn_error(s, "reading engine configs");
-  // The first config (heuristic order) whose plan finalizes and whose workspace fits
-  // the reserve; it stays pinned for this graph for the life of the process.
+  // Engine configs in heuristic order (mode A, then the fallback list); the first whose
+  // plan finalizes and whose workspace fits the reserve stays pinned for this graph for
+  // the life of the process.
   std::string why;
-  for (int64_t i = 0; i < got; ++i) {
-    cudnnBackendDescriptor_t plan = nullptr;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS) continue;
-    cudnnStatus_t ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[static_cast<size_t>(i)]);
-    if (ps == CUDNN_STATUS_SUCCESS)
-      ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-    if (ps == CUDNN_STATUS_SUCCESS) ps = cudnnBackendFinalize(plan);
-    int64_t ws = 0, cnt = 0;
-    if (ps == CUDNN_STATUS_SUCCESS)
-      ps = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws);
-    if (ps != CUDNN_STATUS_SUCCESS) {
-      why += " cfg " + std::to_string(i) + ": " + cudnnGetErrorString(ps) + ";";
-      cudnnBackendDestroyDescriptor(plan);
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Builder hb;
+    auto heur = hb.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    hb.set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
+    hb.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+    hb.finalize(heur, "heuristics");
+    int64_t n = 0;
+    if (hb.ok())
+      hb.note(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n,
+                                       nullptr),
+              "counting engine configs");
+    std::vector<cudnnBackendDescriptor_t> cfgs(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    for (auto& c : cfgs) c = hb.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t got = 0;
+    if (hb.ok() && n > 0)
+      hb.note(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got,
+                                       cfgs.data()),
+              "reading engine configs");
+    if (!hb.ok()) {
+      why += std::string(" heuristics mode ") + std::to_string(static_cast<int>(mode)) + ": " + hb.failed_at + " " +
+             cudnnGetErrorString(hb.status) + ";";
       continue;
     }
-    if (static_cast<size_t>(ws) > kCudnnReserve) {
-      why += " cfg " + std::to_string(i) + ": workspace " + std::to_string(ws) + " bytes;";
-      cudnnBackendDestroyDescriptor(plan);
-      continue;
+    for (int64_t i = 0; i < got; ++i) {
+      cudnnBackendDescriptor_t plan = nullptr;
+      if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
+        continue;
+      cudnnStatus_t ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[static_cast<size_t>(i)]);
+      if (ps == CUDNN_STATUS_SUCCESS)
+        ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+      if (ps == CUDNN_STATUS_SUCCESS) ps = cudnnBackendFinalize(plan);
+      int64_t ws = 0, cnt = 0;
+      if (ps == CUDNN_STATUS_SUCCESS)
+        ps = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws);
+      if (ps != CUDNN_STATUS_SUCCESS || static_cast<size_t>(ws) > kCudnnReserve) {
+        why += " mode " + std::to_string(static_cast<int>(mode)) + " cfg " + std::to_string(i) + ": " +
+               (ps != CUDNN_STATUS_SUCCESS ? std::string(cudnnGetErrorString(ps))
+                                           : "workspace " + std::to_string(ws) + " bytes") +
+               ";";
+        cudnnBackendDestroyDescriptor(plan);
+        continue;
+      }
+      // The engine's global index, for messages and LAYERSTREAM_CUDNN_VERBOSE.
+      int64_t engine_index = -1;
+      {
+        cudnnBackendDescriptor_t eng = nullptr;
+        int64_t c1 = 0;
+        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) == CUDNN_STATUS_SUCCESS) {
+          if (cudnnBackendGetAttribute(cfgs[static_cast<size_t>(i)], CUDNN_ATTR_ENGINECFG_ENGINE,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c1, &eng) == CUDNN_STATUS_SUCCESS)
+            cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &c1, &engine_index);
+          cudnnBackendDestroyDescriptor(eng);
+        }
+      }
+      auto* p = new Plan;
+      p->keep = std::move(b.made);
+      p->keep.insert(p->keep.end(), hb.made.begin(), hb.made.end());
+      p->plan = plan;
+      p->workspace = ws;
+      p->engine = "engine " + std::to_string(engine_index) + " (heuristic mode " +
+                  std::to_string(static_cast<int>(mode)) + " config " + std::to_string(i) + ")";
+      if (std::getenv("LAYERSTREAM_CUDNN_VERBOSE"))
+        std::fprintf(stderr, "cudnn attention: H=%lld Dh=%lld kv=%lld -> %s, workspace %lld bytes\n",
+                     static_cast<long long>(H), static_cast<long long>(Dh), static_cast<long long>(kv),
+                     p->engine.c_str(), static_cast<long long>(ws));
+      return p;
     }
-    auto* p = new Plan;
-    p->keep = std::move(b.made);
-    p->plan = plan;
-    p->workspace = ws;
-    p->engine = "heuristic config " + std::to_string(i);
-    return p;
   }
   return make_error(ErrorCode::unsupported,
                     "cudnn attention: no engine config gave a usable plan for the SDPA graph:" + why);

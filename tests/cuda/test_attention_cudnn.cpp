@@ -1,0 +1,245 @@
+// The cuDNN attention path (src/backend/cuda/attention_cudnn.cu, LAYERSTREAM_ATTENTION=
+// cudnn): error vs an fp64 reference within 2x the CPU reference's, query slices give
+// the same bytes (1, 97 and 4096-row slices at H3 width), kv_tile variants, a too-small
+// workspace is a clear Status, and a TFLOP/s print at S = 32768 and 111274 (H3: 56 x 128).
+// Skips without a GPU or without cuDNN in the build.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/attention_cudnn.cuh"
+#include "cuda_test_util.h"
+
+namespace ls::cudatest {
+namespace {
+
+#ifdef LAYERSTREAM_CUDNN
+constexpr bool kHaveCudnn = true;
+#else
+constexpr bool kHaveCudnn = false;
+#endif
+
+#define LS_NEED_CUDNN()                                                            \
+  LS_NEED_GPU();                                                                   \
+  if (!kHaveCudnn) GTEST_SKIP() << "this build has no cuDNN (LAYERSTREAM_CUDNN)"
+
+// Selects the cuDNN path and hands the backend a workspace big enough for H x Dh for
+// the scope; restores the default workspace and the native path after.
+struct CudnnScope {
+  Gpu* G;
+  explicit CudnnScope(Gpu* g, int64_t H, int64_t Dh) : G(g) {
+    setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
+    const auto bytes = static_cast<int64_t>(cuda::attention_cudnn_workspace_bytes(H, Dh));
+    auto ws = G->arena->alloc(DType::u8, {bytes}, "cudnn attention workspace");
+    LS_CHECK(ws.ok());
+    LS_CHECK(G->cuda->set_workspace(ws.value()).ok());
+  }
+  ~CudnnScope() {
+    unsetenv("LAYERSTREAM_ATTENTION");
+    LS_CHECK(G->cuda->set_workspace(G->workspace).ok());
+  }
+};
+
+// fp64 reference: softmax(scale q k^T) v, no roundings. q, k, v contiguous [rows, H, Dh].
+HostBuf attention_f64(const HostBuf& q, const HostBuf& k, const HostBuf& v, int64_t H, int64_t Dh) {
+  const int64_t Mq = q.v.shape[0], Mk = k.v.shape[0];
+  HostBuf out(DType::f64, {Mq, H, Dh});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  std::vector<double> s(static_cast<size_t>(Mk)), qd(static_cast<size_t>(Dh)), o(static_cast<size_t>(Dh));
+  std::vector<double> kd(static_cast<size_t>(k.n())), vd(static_cast<size_t>(v.n()));
+  for (int64_t i = 0; i < k.n(); ++i) kd[static_cast<size_t>(i)] = k.get(i), vd[static_cast<size_t>(i)] = v.get(i);
+  for (int64_t i = 0; i < Mq; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = 0; e < Dh; ++e) qd[static_cast<size_t>(e)] = q.get((i * H + h) * Dh + e);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < Mk; ++j) {
+        double d = 0;
+        for (int64_t e = 0; e < Dh; ++e) d += qd[static_cast<size_t>(e)] * kd[static_cast<size_t>((j * H + h) * Dh + e)];
+        s[static_cast<size_t>(j)] = d * scale;
+        mx = std::max(mx, d * scale);
+      }
+      double l = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j = 0; j < Mk; ++j) {
+        const double p = std::exp(s[static_cast<size_t>(j)] - mx);
+        l += p;
+        for (int64_t e = 0; e < Dh; ++e) o[static_cast<size_t>(e)] += p * vd[static_cast<size_t>((j * H + h) * Dh + e)];
+      }
+      for (int64_t e = 0; e < Dh; ++e) out.v.ptr<double>()[(i * H + h) * Dh + e] = o[static_cast<size_t>(e)] / l;
+    }
+  return out;
+}
+
+double rel_l2(const HostBuf& got, const HostBuf& ref64) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < got.n(); ++i) {
+    const double r = ref64.v.ptr<const double>()[i], g = got.get(i);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return std::sqrt(num / den);
+}
+
+struct Case {
+  int64_t Mq, Mk, H, Dh, kv_tile;
+  float qscale;
+};
+
+// Parity vs the CPU reference and fp64, with K and V as strided column slices of one
+// fused buffer (as in the block), guard bytes around the output, and query slices.
+void check_case(Gpu* G, const Case& c) {
+  SCOPED_TRACE("cudnn attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
+               std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
+  const int64_t W = c.H * c.Dh;
+  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, 190, c.qscale);
+  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 191, 1.0f);
+  HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
+  for (int64_t j = 0; j < c.Mk; ++j) {
+    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
+    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
+  }
+  AttentionParams p;
+  p.kv_tile = c.kv_tile;
+  HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
+  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
+  HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
+  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
+  TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
+  Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  HostBuf got = download(G, dout.v);
+  expect_guards(G, dout, "cudnn attention");
+  expect_close(got, ref, 1 << 20, 1e30, "cudnn attention (NaN/inf only)");
+  const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
+  std::printf("  cudnn attention Mq=%lld Mk=%lld H=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 cudnn %.3e cpu %.3e\n",
+              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
+              static_cast<long long>(c.Dh), static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
+  EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "cudnn attention error above 2x the plain bf16 reference's";
+  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
+  if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
+  for (auto [a, b] : slices) {
+    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, c.Dh});
+    ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
+    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "query rows " << a << ".." << b;
+  }
+}
+
+TEST(CudnnAttention, Parity) {
+  LS_NEED_CUDNN();
+  const Case cases[] = {
+      {97, 1025, 2, 128, 1024, 1.0f},  // two tiles, the second of 1 key
+      {1, 1, 2, 128, 1024, 1.0f},      // one query, one key
+      {2050, 150, 2, 128, 1024, 3.0f}, // two query chunks, one tile (cuDNN's output as is)
+      {97, 1025, 2, 128, 100, 3.0f},   // 11 tiles: three merge groups
+      {97, 300, 3, 64, 128, 2.0f},     // head_dim 64
+      {33, 77, 2, 32, 1024, 1.0f},     // head_dim 32
+  };
+  for (const Case& c : cases) {
+    CudnnScope scope(G, c.H, c.Dh);
+    check_case(G, c);
+  }
+}
+
+// kv_tile is a numerics setting: every value stays within the error bound; one tile
+// covering all keys is cuDNN's single-call result.
+TEST(CudnnAttention, KvTileVariants) {
+  LS_NEED_CUDNN();
+  for (int64_t kv_tile : {64, 256, 1000, 4096}) {
+    CudnnScope scope(G, 2, 128);
+    check_case(G, Case{128, 2000, 2, 128, kv_tile, 2.0f});
+  }
+}
+
+// H3 width (56 heads x 128) in a fused qkv buffer: slices of 4096, 97 and 1 rows give
+// the bytes of the whole call.
+TEST(CudnnAttention, QuerySliceInvarianceH3) {
+  LS_NEED_CUDNN();
+  const int64_t S = 12289, H = 56, Dh = 128, I = H * Dh;
+  CudnnScope scope(G, H, Dh);
+  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 195, 1.0f);
+  DevBuf d = dev_from(G, qkv);
+  TensorView q = d.v.cols(0, I).unflatten_last(H, Dh), k = d.v.cols(I, 2 * I).unflatten_last(H, Dh),
+             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+  auto full = G->arena->alloc(DType::bf16, {S, H, Dh}, "full");
+  auto part = G->arena->alloc(DType::bf16, {S, H, Dh}, "part");
+  ASSERT_TRUE(full.ok() && part.ok());
+  AttentionParams p;
+  Status s = G->cuda->attention(q, k, v, *full, p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto count_diff = [&](const TensorView& x, const TensorView& y) {
+    HostBuf zero(DType::f64, {1});
+    LS_CHECK(G->cuda->copy(G->counter, zero.v).ok());
+    LS_CHECK(cuda::count_unequal(*G->cuda, x.flatten_last2(), y.flatten_last2(), G->counter).ok());
+    return *download(G, G->counter).v.ptr<uint64_t>();
+  };
+  // The output is not trivially constant: rows differ from each other.
+  EXPECT_NE(count_diff(full->slice_rows(0, 1), full->slice_rows(1, 2)), 0u);
+  for (int64_t a = 0; a < S; a += 4096) {
+    const int64_t b = std::min(S, a + 4096);
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
+  }
+  EXPECT_EQ(count_diff(*full, *part), 0u) << "4096-row slices";
+  for (auto [a, b] : std::vector<std::pair<int64_t, int64_t>>{{5000, 5097}, {S - 97, S}, {S - 1, S}, {0, 1}, {777, 778}}) {
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
+    EXPECT_EQ(count_diff(full->slice_rows(a, b), part->slice_rows(a, b)), 0u) << "rows " << a << ".." << b;
+  }
+}
+
+TEST(CudnnAttention, WorkspaceTooSmallIsAStatus) {
+  LS_NEED_CUDNN();
+  setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
+  HostBuf q = random_buf(DType::bf16, {4, 2, 128}, 7, 1.0f);
+  DevBuf dq = dev_from(G, q), dout = dev_buf(G, DType::bf16, {4, 2, 128});
+  Status s = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
+  unsetenv("LAYERSTREAM_ATTENTION");
+  // The default workspace (64 MiB) is below what the path needs for H = 2 (the cuDNN reserve alone is 64 MiB).
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("attention_cudnn_workspace_bytes"), std::string::npos) << s.message();
+}
+
+// Throughput at H3 sizes. Random rows are uploaded once and replicated on the device.
+TEST(CudnnAttention, ThroughputH3) {
+  LS_NEED_CUDNN();
+  const int64_t H = 56, Dh = 128, I = H * Dh;
+  for (int64_t S : {32768, 111274}) {
+    Arena::Scope per_size(*G->arena);
+    CudnnScope scope(G, H, Dh);
+    auto qkv = G->arena->alloc(DType::bf16, {S, 3 * I}, "qkv");
+    auto out = G->arena->alloc(DType::bf16, {S, H, Dh}, "out");
+    ASSERT_TRUE(qkv.ok() && out.ok()) << "arena too small for S = " << S;
+    const int64_t seed_rows = 2048;
+    HostBuf seed = random_buf(DType::bf16, {seed_rows, 3 * I}, 300, 1.0f);
+    ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(0, seed_rows), seed.v).ok());
+    for (int64_t have = seed_rows; have < S;) {
+      const int64_t n = std::min(have, S - have);
+      ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(have, have + n), qkv->slice_rows(0, n)).ok());
+      have += n;
+    }
+    TensorView q = qkv->cols(0, I).unflatten_last(H, Dh), k = qkv->cols(I, 2 * I).unflatten_last(H, Dh),
+               v = qkv->cols(2 * I, 3 * I).unflatten_last(H, Dh);
+    const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(H * Dh);
+    for (const char* path : {"cudnn", "native"}) {
+      for (int64_t kv_tile : {int64_t{1024}, int64_t{8192}, S}) {
+        if (std::string(path) == "native" && kv_tile != 1024) continue;
+        setenv("LAYERSTREAM_ATTENTION", path, 1);
+        AttentionParams p;
+        p.kv_tile = kv_tile;
+        Status s = G->cuda->attention(q, k, v, *out, p);  // warm-up (plan build)
+        ASSERT_TRUE(s.ok()) << s.message();
+        ASSERT_TRUE(G->cuda->synchronize().ok());
+        const auto t0 = std::chrono::steady_clock::now();
+        ASSERT_TRUE(G->cuda->attention(q, k, v, *out, p).ok());
+        ASSERT_TRUE(G->cuda->synchronize().ok());
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("  attention %-6s S=%lld H=%lld Dh=%lld kv_tile=%lld: %.1f ms, %.1f TFLOP/s\n", path,
+                    static_cast<long long>(S), static_cast<long long>(H), static_cast<long long>(Dh),
+                    static_cast<long long>(kv_tile), sec * 1e3, flops / sec * 1e-12);
+        std::fflush(stdout);
+      }
+    }
+    setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
+  }
+}
+
+}  // namespace
+}  // namespace ls::cudatest
