@@ -1,5 +1,6 @@
 // The cuDNN attention path: cuDNN 9's fused flash-attention forward (built with the
-// backend descriptor API, no cudnn_frontend) once per key tile, tiles merged in fp32.
+// backend descriptor API, no cudnn_frontend: the unified SDPA_FWD operation, else the
+// composite matmul/softmax/matmul graph) once per key tile, tiles merged in fp32.
 //
 // Per chunk of kQChunk queries (a FIXED row count: every cuDNN call sees the same
 // graph whatever Mq is, which is what makes the path query-slice invariant) and per
@@ -277,13 +278,19 @@ Expected<cudnnHandle_t> handle_for(int device) {
   return g_handles[device];
 }
 
-// The SDPA forward graph for one key tile of kv keys (the pattern cuDNN's fused
-// flash-attention engine recognises):
+// The SDPA forward graph for one key tile of kv keys. Composite form (the pattern
+// cuDNN's fused flash-attention engine recognises in cudnn_frontend's expansion):
 //   S = Q K^T (fp32) -> S * scale -> M = max_j -> E = exp(S - M) -> Z = sum_j E
 //   -> Stats = M + log Z (LSE, fp32 out) -> P = E / Z -> O = P V (bf16 out)
+// Unified form (cuDNN >= 9.x): the same computation as one SDPA_FWD operation.
 // Q, O: our staged [Qc, H, Dh] chunk; K, V: the caller's strided views.
-Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk, int64_t hk, int64_t sv,
-                           int64_t hv) {
+// Two ways to say SDPA forward to cuDNN, tried in this order:
+//   unified:   one CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (Q, K, V, O, Stats, Scale);
+//   composite: the ten-op graph above (what cudnn_frontend emits for cuDNN < 9.21).
+enum class GraphForm { unified, composite };
+
+Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk,
+                                int64_t hk, int64_t sv, int64_t hv) {
   Builder b;
   const int64_t Qc = kQChunk;
   const int64_t q_dims[4] = {1, H, Qc, Dh}, q_str[4] = {Qc * H * Dh, Dh, H * Dh, 1};
@@ -292,34 +299,50 @@ Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t 
   const int64_t s_dims[4] = {1, H, Qc, kv}, s_str[4] = {H * Qc * kv, Qc * kv, kv, 1};
   const int64_t r_dims[4] = {1, H, Qc, 1}, r_str[4] = {H * Qc, Qc, 1, 1};
   const int64_t one[4] = {1, 1, 1, 1};
+  const int64_t k_dims[4] = {1, H, kv, Dh}, k_str[4] = {kv * sk, hk, sk, 1};
   auto Q = b.tensor(kUidQ, CUDNN_DATA_BFLOAT16, q_dims, q_str, false);
-  auto K = b.tensor(kUidK, CUDNN_DATA_BFLOAT16, kt_dims, kt_str, false);
   auto V = b.tensor(kUidV, CUDNN_DATA_BFLOAT16, v_dims, v_str, false);
   auto O = b.tensor(kUidO, CUDNN_DATA_BFLOAT16, q_dims, q_str, false);
   auto Stats = b.tensor(kUidStats, CUDNN_DATA_FLOAT, r_dims, r_str, false);
   auto Scale = b.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
-  auto S = b.tensor(101, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-  auto Ss = b.tensor(102, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-  auto M = b.tensor(103, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-  auto D = b.tensor(104, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-  auto E = b.tensor(105, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-  auto Z = b.tensor(106, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-  auto LZ = b.tensor(107, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-  auto P = b.tensor(108, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-  cudnnBackendDescriptor_t ops[10] = {
-      b.matmul(Q, K, S),
-      b.pointwise(CUDNN_POINTWISE_MUL, S, Scale, Ss),
-      b.reduction(CUDNN_REDUCE_TENSOR_MAX, Ss, M),
-      b.pointwise(CUDNN_POINTWISE_SUB, Ss, M, D),
-      b.pointwise(CUDNN_POINTWISE_EXP, D, nullptr, E),
-      b.reduction(CUDNN_REDUCE_TENSOR_ADD, E, Z),
-      b.pointwise(CUDNN_POINTWISE_LOG, Z, nullptr, LZ),
-      b.pointwise(CUDNN_POINTWISE_ADD, M, LZ, Stats),
-      b.pointwise(CUDNN_POINTWISE_DIV, E, Z, P),
-      b.matmul(P, V, O),
-  };
+  std::vector<cudnnBackendDescriptor_t> ops;
+  if (form == GraphForm::unified) {
+    auto K = b.tensor(kUidK, CUDNN_DATA_BFLOAT16, k_dims, k_str, false);
+    auto op = b.make(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR);
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, Q, "sdpa Q");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, K, "sdpa K");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, V, "sdpa V");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, O, "sdpa O");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, Stats, "sdpa stats");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, Scale, "sdpa scale");
+    b.finalize(op, "sdpa operation");
+    ops.push_back(op);
+  } else {
+    auto K = b.tensor(kUidK, CUDNN_DATA_BFLOAT16, kt_dims, kt_str, false);  // K^T view of the same memory
+    auto S = b.tensor(101, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto Ss = b.tensor(102, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto M = b.tensor(103, CUDNN_DATA_FLOAT, r_dims, r_str, true);
+    auto D = b.tensor(104, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto E = b.tensor(105, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto Z = b.tensor(106, CUDNN_DATA_FLOAT, r_dims, r_str, true);
+    auto LZ = b.tensor(107, CUDNN_DATA_FLOAT, r_dims, r_str, true);
+    auto P = b.tensor(108, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    ops = {
+        b.matmul(Q, K, S),
+        b.pointwise(CUDNN_POINTWISE_MUL, S, Scale, Ss),
+        b.reduction(CUDNN_REDUCE_TENSOR_MAX, Ss, M),
+        b.pointwise(CUDNN_POINTWISE_SUB, Ss, M, D),
+        b.pointwise(CUDNN_POINTWISE_EXP, D, nullptr, E),
+        b.reduction(CUDNN_REDUCE_TENSOR_ADD, E, Z),
+        b.pointwise(CUDNN_POINTWISE_LOG, Z, nullptr, LZ),
+        b.pointwise(CUDNN_POINTWISE_ADD, M, LZ, Stats),
+        b.pointwise(CUDNN_POINTWISE_DIV, E, Z, P),
+        b.matmul(P, V, O),
+    };
+  }
   auto graph = b.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 10, ops, "graph ops");
+  b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
+        ops.data(), "graph ops");
   b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
   b.finalize(graph, "operation graph");
   if (!b.ok()) return cudnn_error(b.status, "building the SDPA graph (" + b.failed_at + ")");
@@ -387,7 +410,8 @@ Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t 
       p->keep.insert(p->keep.end(), hb.made.begin(), hb.made.end());
       p->plan = plan;
       p->workspace = ws;
-      p->engine = "engine " + std::to_string(engine_index) + " (heuristic mode " +
+      p->engine = std::string(form == GraphForm::unified ? "unified SDPA op" : "composite graph") + ", engine " +
+                  std::to_string(engine_index) + " (heuristic mode " +
                   std::to_string(static_cast<int>(mode)) + " config " + std::to_string(i) + ")";
       if (std::getenv("LAYERSTREAM_CUDNN_VERBOSE"))
         std::fprintf(stderr, "cudnn attention: H=%lld Dh=%lld kv=%lld -> %s, workspace %lld bytes\n",
@@ -398,6 +422,18 @@ Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t 
   }
   return make_error(ErrorCode::unsupported,
                     "cudnn attention: no engine config gave a usable plan for the SDPA graph:" + why);
+}
+
+Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk, int64_t hk, int64_t sv,
+                           int64_t hv) {
+  auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv);
+  if (unified.ok()) return unified;
+  auto composite = build_plan_form(GraphForm::composite, handle, H, Dh, kv, sk, hk, sv, hv);
+  if (composite.ok()) return composite;
+  return make_error(ErrorCode::unsupported, "unified SDPA op: " + unified.error().message +
+                                                " | composite graph: " + composite.error().message +
+                                                " (run with CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr for "
+                                                "cuDNN's reasons; unset LAYERSTREAM_ATTENTION for the native kernel)");
 }
 
 Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k, const void* v, void* o, void* stats,
