@@ -59,7 +59,8 @@ class GoldenOps : public ::testing::TestWithParam<std::string> {
       GTEST_SKIP() << "no " << GetParam() << " backend here: " << b.error().message;
     }
     backend_ = std::move(b).value();
-    auto a = Arena::create(backend_->memory(), 64ull << 20);  // the largest case needs < 1 MiB
+    // The largest case needs < 1 MiB; the backend's workspace (64 MiB on CUDA) comes on top.
+    auto a = Arena::create(backend_->memory(), (64ull << 20) + backend_->workspace_bytes());
     ASSERT_TRUE(a.ok()) << a.error().message;
     arena_ = std::move(a).value();
     if (const size_t ws = backend_->workspace_bytes(); ws > 0) {
