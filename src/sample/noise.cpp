@@ -15,7 +15,9 @@ void box_muller_block16(float* d) {
     const float u1 = 1.0f - d[j];  // [0, 1) -> (0, 1] so the log is finite
     const float u2 = d[j + 8];
     const float radius = std::sqrt(-2.0f * std::log(u1));
-    const float theta = static_cast<float>(2.0 * kPi * static_cast<double>(u2));
+    // x86 PyTorch runs this block with AVX2 (SLEEF): theta = fl32(fl32(2*pi) * u2)
+    // (same rule as h3::torch_cpu_randn; tests/data/golden/torch_randn_v1).
+    const float theta = static_cast<float>(2.0 * kPi) * u2;
     d[j] = radius * std::cos(theta);
     d[j + 8] = radius * std::sin(theta);
   }
