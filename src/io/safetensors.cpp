@@ -5,7 +5,7 @@
 // concerned, the tensor):
 //   file shorter than 8 bytes; header length over kMaxHeaderBytes or over the rest of
 //   the file; JSON syntax (nlohmann's message, with its byte position); keys repeated
-//   in one JSON object (nlohmann keeps the last silently: a parser callback sees every
+//   in one JSON object (nlohmann keeps the last silently: a SAX pass sees every
 //   key); nesting deeper than kMaxJsonDepth; header not an object; __metadata__ not an
 //   object of strings; entry not an object; dtype, shape, data_offsets missing or of
 //   the wrong JSON type; unknown dtype (a valid safetensors dtype we do not handle is
@@ -26,7 +26,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
-#include <set>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "core/arena.h"  // format_bytes
@@ -86,9 +86,54 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Thrown from the parser callback to stop parsing at once (duplicate key, depth).
-struct HeaderStructureError {
-  std::string message;
+// First pass over the header text: syntax (nlohmann's message), repeated keys and
+// nesting depth, without building anything. nlohmann keeps only the last of repeated
+// keys, which would hide a tensor listed twice, so the keys are checked here.
+// (Not done with nlohmann's parser callback: its end_object scans the parent object
+// for discarded values, which is quadratic in the number of tensors.)
+class HeaderScan final : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return enter();
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (keys_.back().insert(k).second) return true;
+    if (keys_.size() == 1) error = "tensor " + quote_name(k) + ": listed twice in the header (duplicate name)";
+    else error = "key " + quote_name(k) + " appears twice in one JSON object of the header";
+    return false;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
+    error = std::string("header is not valid JSON: ") + ex.what();
+    return false;
+  }
+  std::string error;  // set when the scan stops
+
+ private:
+  bool enter() {
+    if (++depth_ <= kMaxJsonDepth) return true;
+    error = "header JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+    return false;
+  }
+  std::vector<std::unordered_set<std::string>> keys_;  // one per open object
+  int depth_ = 0;
 };
 
 // A JSON value that must be a non-negative integer (shape dim, data offset). Sets
@@ -170,47 +215,15 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
   r->data_start_ = 8 + header_len;
   const uint64_t data_size = size - r->data_start_;
 
-  // Parse with a callback that sees every key of every object: nlohmann keeps only
-  // the last of repeated keys, which would hide a tensor listed twice.
-  std::vector<std::set<std::string>> open_objects;
-  int depth = 0;
-  auto callback = [&](int, json::parse_event_t event, json& parsed) -> bool {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (++depth > kMaxJsonDepth)
-          throw HeaderStructureError{"header JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"};
-        if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        --depth;
-        open_objects.pop_back();
-        break;
-      case json::parse_event_t::array_end:
-        --depth;
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.back().insert(key).second) {
-          if (open_objects.size() == 1)
-            throw HeaderStructureError{"tensor " + quote_name(key) + ": listed twice in the header (duplicate name)"};
-          throw HeaderStructureError{"key " + quote_name(key) + " appears twice in one JSON object of the header"};
-        }
-        break;
-      }
-      case json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
+  // Two linear passes: the scan (syntax, duplicates, depth), then the DOM.
+  const char* text = reinterpret_cast<const char*>(bytes + 8);
   json root;
   try {
-    const char* text = reinterpret_cast<const char*>(bytes + 8);
-    root = json::parse(text, text + header_len, callback);
-  } catch (const json::parse_error& e) {
+    HeaderScan scan;
+    if (!json::sax_parse(text, text + header_len, &scan)) return invalid(scan.error);
+    root = json::parse(text, text + header_len);
+  } catch (const json::exception& e) {  // not expected after the scan; kept as an error, not a crash
     return invalid(std::string("header is not valid JSON: ") + e.what());
-  } catch (const HeaderStructureError& e) {
-    return invalid(e.message);
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::out_of_memory, path + ": out of memory parsing the " +
                                                     format_bytes(header_len) + " header");
