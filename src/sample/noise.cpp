@@ -3,25 +3,13 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "model/h3/torch_random.h"
 
 namespace ls::sample {
 
 namespace {
 constexpr double kPi = 3.14159265358979323846;
 
-// One block of 16 uniforms -> 16 normals, in place (pairs j, j + 8).
-void box_muller_block16(float* d) {
-  for (int j = 0; j < 8; ++j) {
-    const float u1 = 1.0f - d[j];  // [0, 1) -> (0, 1] so the log is finite
-    const float u2 = d[j + 8];
-    const float radius = std::sqrt(-2.0f * std::log(u1));
-    // x86 PyTorch runs this block with AVX2 (SLEEF): theta = fl32(fl32(2*pi) * u2)
-    // (same rule as h3::torch_cpu_randn; tests/data/golden/torch_randn_v1).
-    const float theta = static_cast<float>(2.0 * kPi) * u2;
-    d[j] = radius * std::cos(theta);
-    d[j + 8] = radius * std::sin(theta);
-  }
-}
 }  // namespace
 
 TorchCpuGenerator::TorchCpuGenerator(uint64_t seed) : engine_(static_cast<uint32_t>(seed & 0xffffffffu)) {}
@@ -43,11 +31,11 @@ std::vector<float> TorchCpuGenerator::randn(int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   if (n >= 16) {
     for (float& v : out) v = uniform24();
-    for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_block16(out.data() + i);
+    for (int64_t i = 0; i + 16 <= n; i += 16) h3::torch_box_muller_16(out.data() + i);
     if (n % 16 != 0) {
       float* tail = out.data() + (n - 16);
       for (int j = 0; j < 16; ++j) tail[j] = uniform24();
-      box_muller_block16(tail);
+      h3::torch_box_muller_16(tail);
     }
     return out;
   }

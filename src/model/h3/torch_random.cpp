@@ -10,7 +10,9 @@ constexpr double kPi = 3.14159265358979323846;
 
 float uniform24(std::mt19937& g) { return static_cast<float>(g() & ((1u << 24) - 1)) * (1.0f / 16777216.0f); }
 
-void box_muller_16(float* d) {
+}  // namespace
+
+void torch_box_muller_16(float* d) {
   for (int j = 0; j < 8; ++j) {
     const float u1 = 1.0f - d[j];  // [0, 1) -> (0, 1] for the log
     const float u2 = d[j + 8];
@@ -22,7 +24,6 @@ void box_muller_16(float* d) {
     d[j + 8] = radius * std::sin(theta);
   }
 }
-}  // namespace
 
 std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n) {
   std::mt19937 gen(static_cast<uint32_t>(seed & 0xffffffffu));
@@ -30,11 +31,11 @@ std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n) {
   if (n <= 0) return out;
   if (n >= 16) {
     for (auto& v : out) v = uniform24(gen);
-    for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_16(out.data() + i);
+    for (int64_t i = 0; i + 16 <= n; i += 16) torch_box_muller_16(out.data() + i);
     if (n % 16 != 0) {
       float* d = out.data() + n - 16;
       for (int j = 0; j < 16; ++j) d[j] = uniform24(gen);
-      box_muller_16(d);
+      torch_box_muller_16(d);
     }
     return out;
   }

@@ -5,7 +5,7 @@
 //  - engine: MT19937 initialised with the low 32 bits of the seed (the standard init);
 //  - n uniforms u_i = (next32() & (2^24 - 1)) * 2^-24 (exact fp32), in order;
 //  - Box-Muller over blocks of 16: for j < 8: u1 = 1 - u[j], u2 = u[j + 8],
-//    radius = sqrt(-2 log u1), theta = fl32(2 pi * u2) (pi in double), out[j] = radius cos theta,
+//    radius = sqrt(-2 log u1), theta = fl32(fl32(2 pi) * u2) (x86's AVX2 form), out[j] = radius cos theta,
 //    out[j + 8] = radius sin theta (fp32 libm);
 //  - if n % 16 != 0, the last 16 values are recomputed from 16 fresh uniforms;
 //  - n < 16 uses torch's double-precision normal_distribution path (random64 pairs,
@@ -21,5 +21,9 @@
 namespace ls::h3 {
 
 std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n);
+
+// The Box-Muller step above on one block of 16 uniforms, in place (pairs j, j + 8).
+// Shared with the sampler's streaming generator (src/sample/noise.cpp).
+void torch_box_muller_16(float* d);
 
 }  // namespace ls::h3
