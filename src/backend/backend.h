@@ -29,10 +29,34 @@
 
 namespace ls {
 
+// Floats of attention state per (query, head) beyond the Dh accumulators: the running
+// max and the running sum (a backend may keep the sum as up to 7 partial sums, as the
+// CUDA kernel's threads do). The state of a query slice is f32 [Mq, H, Dh + 8].
+constexpr int64_t kAttentionStateExtra = 8;
+
 struct AttentionParams {
   float scale = 0.0f;   // softmax scale; 0 means 1/sqrt(head_dim)
   int64_t kv_tile = 1024;  // keys per tile: a numerics setting (DESIGN.md §1.2)
+  // Streamed keys (K/V offload, DESIGN.md §1.2): the key sequence is fed in consecutive
+  // chunks, one call per chunk, in order; every chunk but the last has a multiple of
+  // kv_tile keys, so the tiles are the same as in one call over all keys.
+  //   state: empty view = one call over all keys (the default). Otherwise f32
+  //          [Mq, H, Dh + kAttentionStateExtra] on the device, the fp32 running state
+  //          (m, l, acc) of every (query, head), in a backend-private layout.
+  //   state_in: start from `state` (a previous chunk's) instead of (-inf, 0, 0).
+  //   finalize: write out = bf16(acc / l) after this chunk; else save the state to
+  //          `state` and leave out untouched.
+  // The state round-trips in fp32 without change, so feeding chunks gives exactly the
+  // bytes of one call over all keys (tested with memcmp on every backend).
+  TensorView state;
+  bool state_in = false;
+  bool finalize = true;
 };
+
+// Queues of a backend. Work on one queue runs in call order; work on different queues
+// may overlap and is ordered only by fences. The CPU backend runs everything at once
+// (every queue is synchronous), so fences are no-ops there.
+enum class Queue { compute = 0, transfer = 1 };
 
 class Backend {
  public:
@@ -48,6 +72,22 @@ class Backend {
   virtual Status copy(const TensorView& dst, const TensorView& src) = 0;
   // Wait until all work queued on this backend has finished.
   virtual Status synchronize() = 0;
+
+  // ---- streaming (weight streaming, K/V and residual offload) --------------------
+  // Host memory the device copies from/to asynchronously (page-locked on CUDA; plain
+  // host memory on the CPU). Arenas over it hold streamed weights and offloaded K/V.
+  virtual MemoryResource& pinned_host_memory() = 0;
+  // Queue dst <- src on queue q (same view rules as copy()). The copy starts after
+  // earlier work on q; host memory involved must be pinned_host_memory() for the copy
+  // to overlap with compute, and must stay untouched until the copy is known done.
+  virtual Status copy_async(const TensorView& dst, const TensorView& src, Queue q) = 0;
+  // Fences 0 .. kFences-1. signal(q, f): f completes when everything queued on q so far
+  // has. wait(q, f): later work on q waits for the last signal of f (no-op if f was
+  // never signalled). host_wait(f): the host blocks until the last signal of f.
+  static constexpr int kFences = 16;
+  virtual Status signal(Queue q, int fence) = 0;
+  virtual Status wait(Queue q, int fence) = 0;
+  virtual Status host_wait(int fence) = 0;
 
   // ---- scratch -------------------------------------------------------------------
   // Bytes of scratch the backend's ops need (0 on the CPU; the CUDA GEMM's cuBLASLt
@@ -122,6 +162,7 @@ class Backend {
   //     m = m_new
   //   out = bf16(acc / l)
   //   q: bf16 [Mq, H, Dh]; k, v: bf16 [Mk, H, Dh] (strided); out: bf16 [Mq, H, Dh].
+  //   p.state: streamed keys in chunks carrying the fp32 state (see AttentionParams).
   virtual Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                            const AttentionParams& p) = 0;
 };

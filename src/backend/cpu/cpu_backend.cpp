@@ -45,6 +45,15 @@ Status cpu_op_copy(const TensorView& dst, const TensorView& src) {
 
 MemoryResource& CpuBackend::memory() { return host_memory_resource(); }
 Status CpuBackend::copy(const TensorView& dst, const TensorView& src) { return cpu_op_copy(dst, src); }
+MemoryResource& CpuBackend::pinned_host_memory() { return host_memory_resource(); }
+Status CpuBackend::copy_async(const TensorView& dst, const TensorView& src, Queue) { return cpu_op_copy(dst, src); }
+static Status check_fence(int fence) {
+  LS_CHECK_MSG(fence >= 0 && fence < Backend::kFences, "fence " + std::to_string(fence) + " out of range");
+  return Status();
+}
+Status CpuBackend::signal(Queue, int fence) { return check_fence(fence); }
+Status CpuBackend::wait(Queue, int fence) { return check_fence(fence); }
+Status CpuBackend::host_wait(int fence) { return check_fence(fence); }
 Status CpuBackend::gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) {
   return cpu_op_gemm(x, w, bias, out);
 }

@@ -27,6 +27,13 @@ class CpuBackend final : public Backend {
   MemoryResource& memory() override;
   Status copy(const TensorView& dst, const TensorView& src) override;
   Status synchronize() override { return Status(); }
+  // Streaming: host memory is the device memory, every copy is done when the call
+  // returns, so fences have nothing to order.
+  MemoryResource& pinned_host_memory() override;
+  Status copy_async(const TensorView& dst, const TensorView& src, Queue q) override;
+  Status signal(Queue q, int fence) override;
+  Status wait(Queue q, int fence) override;
+  Status host_wait(int fence) override;
 
   Status gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) override;
   Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& out) override;
