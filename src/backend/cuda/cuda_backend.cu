@@ -1,10 +1,14 @@
 // CudaBackend: the Backend interface on one CUDA device (DESIGN.md §3).
 //
 // Memory: MemoryResource over cudaMalloc (the arena takes its one block from it);
-// nothing else in the backend allocates device memory. Work: one compute stream per
-// backend; every op and copy is queued on it in call order, so ops see the results of
-// earlier ops without extra synchronisation. cuBLASLt's workspace is handed in by the
+// nothing else in the backend allocates device memory; pinned_host_memory() is a
+// MemoryResource over cudaHostAlloc for the host side of streamed copies. Work: one
+// compute stream per backend; every op and copy is queued on it in call order, so ops
+// see the results of earlier ops without extra synchronisation. A second non-blocking
+// stream (Queue::transfer) carries copy_async copies that overlap with compute; the two
+// are ordered only by the kFences fences (cudaEvents without timing). cuBLASLt's workspace is handed in by the
 // caller (set_workspace), with a fixed size so algorithm choice never depends on it.
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -86,6 +90,35 @@ class CudaMemoryResource final : public MemoryResource {
   int device_;
 };
 
+// Page-locked host memory for streamed copies (weights, offloaded K/V and residual):
+// cudaHostAlloc'd, so cudaMemcpyAsync from/to it runs asynchronously on the copy
+// engines. It lives on the host (device() is the host Device{}); the CUDA device is
+// made current for the calls so the allocation is mapped for it.
+class CudaPinnedHostResource final : public MemoryResource {
+ public:
+  explicit CudaPinnedHostResource(int device) : device_(device) {}
+  Device device() const override { return Device{}; }
+  Expected<void*> allocate(size_t bytes) override {
+    DeviceGuard g(device_);
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    void* p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess)
+      return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " (" + std::to_string(bytes) +
+                               " bytes) of pinned host memory for cuda:" + std::to_string(device_) +
+                               "; lower the host offload budget or free host memory");
+    return p;
+  }
+  void deallocate(void* p, size_t) override {
+    if (!p) return;
+    DeviceGuard g(device_);
+    LS_CUDA_CHECK(cudaFreeHost(p));
+  }
+
+ private:
+  int device_;
+};
+
 // True when every dimension after the first is packed (rows may have any stride).
 bool rows_packed(const TensorView& v) {
   int64_t s = 1;
@@ -98,19 +131,26 @@ bool rows_packed(const TensorView& v) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, const cudaDeviceProp& prop) : mem_(device), prop_name_(prop.name) {
+  CudaBackend(int device, const cudaDeviceProp& prop) : mem_(device), pinned_(device), prop_name_(prop.name) {
     ctx_.device = device;
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.max_smem_optin = prop.sharedMemPerBlockOptin;
     LS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    LS_CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_stream_, cudaStreamNonBlocking));
+    // Fences only order work, they never time it: no timing makes record/wait cheaper.
+    for (cudaEvent_t& f : fences_) LS_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
     LS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.gemm_cache = gemm_cache_create();
   }
   ~CudaBackend() override {
     DeviceGuard g(ctx_.device);
+    // Both queues drain before anything they may still use is destroyed.
     cudaStreamSynchronize(ctx_.stream);
+    cudaStreamSynchronize(transfer_stream_);
     gemm_cache_destroy(ctx_.gemm_cache);
     cublasLtDestroy(ctx_.lt);
+    for (cudaEvent_t f : fences_) cudaEventDestroy(f);
+    cudaStreamDestroy(transfer_stream_);
     cudaStreamDestroy(ctx_.stream);
   }
 
@@ -120,30 +160,41 @@ class CudaBackend final : public Backend {
 
   Status copy(const TensorView& dst, const TensorView& src) override {
     DeviceGuard g(ctx_.device);
-    LS_CHECK_MSG(dst.dtype == src.dtype && dst.ndim == src.ndim, "copy: " + dst.shape_str() + " <- " + src.shape_str());
-    for (int i = 0; i < dst.ndim; ++i)
-      LS_CHECK_MSG(dst.shape[static_cast<size_t>(i)] == src.shape[static_cast<size_t>(i)],
-                   "copy: " + dst.shape_str() + " <- " + src.shape_str());
-    if (dst.numel() == 0) return Status();
-    const size_t es = static_cast<size_t>(dst.elem_size());
-    cudaError_t e;
-    if (dst.is_contiguous() && src.is_contiguous()) {
-      e = cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(dst.numel()) * es, cudaMemcpyDefault, ctx_.stream);
-    } else {
-      LS_CHECK_MSG(rows_packed(dst) && rows_packed(src), "copy: views must be contiguous or row-strided");
-      const int64_t rows = dst.shape[0];
-      const size_t width = static_cast<size_t>(dst.numel() / rows) * es;
-      e = cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst.stride[0]) * es, src.data,
-                            static_cast<size_t>(src.stride[0]) * es, width, static_cast<size_t>(rows),
-                            cudaMemcpyDefault, ctx_.stream);
-    }
-    if (e != cudaSuccess) return cuda_error(e, "copy " + src.shape_str() + " " + src.device.str() + " -> " + dst.device.str());
+    return copy_on(dst, src, ctx_.stream);
+  }
+
+  // ---- streaming -----------------------------------------------------------------
+  MemoryResource& pinned_host_memory() override { return pinned_; }
+  Status copy_async(const TensorView& dst, const TensorView& src, Queue q) override {
+    DeviceGuard g(ctx_.device);
+    return copy_on(dst, src, stream_of(q));
+  }
+  Status signal(Queue q, int fence) override {
+    DeviceGuard g(ctx_.device);
+    cudaError_t e = cudaEventRecord(fence_at(fence), stream_of(q));
+    if (e != cudaSuccess) return cuda_error(e, "signal fence " + std::to_string(fence) + " on the " + queue_name(q) + " queue");
+    return Status();
+  }
+  // A fence never signalled is a completed cudaEvent, so waiting on it returns at once.
+  Status wait(Queue q, int fence) override {
+    DeviceGuard g(ctx_.device);
+    cudaError_t e = cudaStreamWaitEvent(stream_of(q), fence_at(fence), 0);
+    if (e != cudaSuccess)
+      return cuda_error(e, "wait for fence " + std::to_string(fence) + " on the " + queue_name(q) + " queue");
+    return Status();
+  }
+  Status host_wait(int fence) override {
+    DeviceGuard g(ctx_.device);
+    cudaError_t e = cudaEventSynchronize(fence_at(fence));
+    if (e != cudaSuccess) return cuda_error(e, "host wait for fence " + std::to_string(fence));
     return Status();
   }
 
   Status synchronize() override {
     DeviceGuard g(ctx_.device);
+    // All work queued on this backend: both queues.
     cudaError_t e = cudaStreamSynchronize(ctx_.stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(transfer_stream_);
     if (e != cudaSuccess) return cuda_error(e, "cuda:" + std::to_string(ctx_.device) + " synchronize");
     return Status();
   }
@@ -210,8 +261,45 @@ class CudaBackend final : public Backend {
   CudaContext& context() { return ctx_; }
 
  private:
+  cudaStream_t stream_of(Queue q) const {
+    LS_CHECK_MSG(q == Queue::compute || q == Queue::transfer, "unknown queue " + std::to_string(static_cast<int>(q)));
+    return q == Queue::compute ? ctx_.stream : transfer_stream_;
+  }
+  static const char* queue_name(Queue q) { return q == Queue::compute ? "compute" : "transfer"; }
+  cudaEvent_t fence_at(int fence) const {
+    LS_CHECK_MSG(fence >= 0 && fence < kFences, "fence " + std::to_string(fence) + " out of range [0, " +
+                                                   std::to_string(kFences) + ")");
+    return fences_[static_cast<size_t>(fence)];
+  }
+
+  // copy() and copy_async(): dst <- src queued on `stream`, never synchronising.
+  Status copy_on(const TensorView& dst, const TensorView& src, cudaStream_t stream) {
+    LS_CHECK_MSG(dst.dtype == src.dtype && dst.ndim == src.ndim, "copy: " + dst.shape_str() + " <- " + src.shape_str());
+    for (int i = 0; i < dst.ndim; ++i)
+      LS_CHECK_MSG(dst.shape[static_cast<size_t>(i)] == src.shape[static_cast<size_t>(i)],
+                   "copy: " + dst.shape_str() + " <- " + src.shape_str());
+    if (dst.numel() == 0) return Status();
+    const size_t es = static_cast<size_t>(dst.elem_size());
+    cudaError_t e;
+    if (dst.is_contiguous() && src.is_contiguous()) {
+      e = cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(dst.numel()) * es, cudaMemcpyDefault, stream);
+    } else {
+      LS_CHECK_MSG(rows_packed(dst) && rows_packed(src), "copy: views must be contiguous or row-strided");
+      const int64_t rows = dst.shape[0];
+      const size_t width = static_cast<size_t>(dst.numel() / rows) * es;
+      e = cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst.stride[0]) * es, src.data,
+                            static_cast<size_t>(src.stride[0]) * es, width, static_cast<size_t>(rows),
+                            cudaMemcpyDefault, stream);
+    }
+    if (e != cudaSuccess) return cuda_error(e, "copy " + src.shape_str() + " " + src.device.str() + " -> " + dst.device.str());
+    return Status();
+  }
+
   CudaContext ctx_;
   CudaMemoryResource mem_;
+  CudaPinnedHostResource pinned_;
+  cudaStream_t transfer_stream_ = nullptr;  // Queue::transfer (non-blocking)
+  std::array<cudaEvent_t, kFences> fences_{};
   std::string prop_name_;
 };
 
