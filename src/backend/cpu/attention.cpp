@@ -30,6 +30,13 @@
 // stack for a block of kQueryBlock queries). A tile longer than kScoreChunk is walked twice
 // (max first, then p and o), recomputing each s_j bit-identically, so the chunk size is
 // not a numerics setting: only kv_tile is.
+// Streamed keys (AttentionParams::state): the fold above is cut at a tile boundary and
+// resumed. The CPU's state of (query i, head h) is exactly the fold's variables at that
+// boundary, stored as fp32 in state[i, h, :] (f32 [Mq, H, Dh + 8], contiguous):
+//   [0, Dh): acc_d    [Dh]: m    [Dh + 1]: l    [Dh + 2, Dh + 8): unused (never read)
+// Loading them back gives the same floats, and the next chunk's tiles are the same
+// key ranges as in one call (every non-final chunk is a multiple of kv_tile keys), so
+// any chunking gives the bytes of one call over all keys.
 // Parallel over (head, block of 4 queries), head-major so neighbouring work items share
 // the head's K and V in cache; within a block each K and V row is loaded once for the
 // 4 queries, each of which keeps its own lanes and state. A query's arithmetic never looks at other queries, so any
@@ -59,7 +66,15 @@ struct AttentionArgs {
   const TensorView* out;
   int64_t Mq, Mk, H, Dh, kv_tile;
   float scale;
+  float* state;     // f32 [Mq, H, Dh + kAttentionStateExtra] or null (one call over all keys)
+  bool state_in;    // start from state instead of (-inf, 0, 0)
+  bool finalize;    // write out; else save the running state to `state`
 };
+
+// State of (query i, head h): acc at [0, Dh), m at Dh, l at Dh + 1.
+inline float* state_row(const AttentionArgs& a, int64_t i, int64_t h) {
+  return a.state + (i * a.H + h) * (a.Dh + kAttentionStateExtra);
+}
 
 // Scores s[qi] = scale * dot16(q[qi], k_j) for QB queries against one key. Each query
 // keeps its own 16 lanes, so the result is dot16's, bit for bit; sharing only saves
@@ -120,9 +135,16 @@ void attention_query_block(const AttentionArgs& a, int64_t i0, int64_t h) {
   for (int qi = 0; qi < QB; ++qi) {
     const uint16_t* qr = static_cast<const uint16_t*>(a.q->at(i0 + qi, h));  // bf16 [Dh]
     for (int64_t d = 0; d < padded; ++d) qf[qi][d] = d < Dh ? widen_scalar<uint16_t>(qr[d]) : 0.0f;
-    for (int64_t d = 0; d < Dh; ++d) acc[qi][d] = 0.0f;
-    m[qi] = neg_inf;
-    l[qi] = 0.0f;
+    if (a.state_in) {
+      const float* st = state_row(a, i0 + qi, h);
+      for (int64_t d = 0; d < Dh; ++d) acc[qi][d] = st[d];
+      m[qi] = st[Dh];
+      l[qi] = st[Dh + 1];
+    } else {
+      for (int64_t d = 0; d < Dh; ++d) acc[qi][d] = 0.0f;
+      m[qi] = neg_inf;
+      l[qi] = 0.0f;
+    }
   }
   for (int64_t t0 = 0; t0 < a.Mk; t0 += a.kv_tile) {
     const int64_t t1 = std::min(a.Mk, t0 + a.kv_tile);
@@ -160,6 +182,15 @@ void attention_query_block(const AttentionArgs& a, int64_t i0, int64_t h) {
       m[qi] = m_new[qi];
     }
   }
+  if (!a.finalize) {  // a non-final chunk: keep the state at this tile boundary
+    for (int qi = 0; qi < QB; ++qi) {
+      float* st = state_row(a, i0 + qi, h);
+      for (int64_t d = 0; d < Dh; ++d) st[d] = acc[qi][d];
+      st[Dh] = m[qi];
+      st[Dh + 1] = l[qi];
+    }
+    return;
+  }
   for (int qi = 0; qi < QB; ++qi) {
     uint16_t* out = static_cast<uint16_t*>(a.out->at(i0 + qi, h));
     for (int64_t d = 0; d < Dh; ++d) out[d] = f32_to_bf16(acc[qi][d] / l[qi]);
@@ -179,9 +210,34 @@ void attention_queries(const AttentionArgs& a, int64_t i0, int64_t count, int64_
 
 }  // namespace
 
+Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh) {
+  const bool chunked = p.state_in || !p.finalize;
+  if (p.state.empty()) {
+    if (chunked)
+      return make_error(ErrorCode::invalid_argument,
+                        "attention: state_in or !finalize needs a state view f32 [Mq, H, Dh + " +
+                            std::to_string(kAttentionStateExtra) + "]; none was given");
+    return Status();
+  }
+  const int64_t width = Dh + kAttentionStateExtra;
+  if (p.state.dtype != DType::f32 || p.state.ndim != 3 || p.state.size(0) != Mq || p.state.size(1) != H ||
+      p.state.size(2) != width || !p.state.is_contiguous())
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("attention: the state must be a contiguous f32 [") + std::to_string(Mq) + ", " +
+                          std::to_string(H) + ", " + std::to_string(width) + "] (queries, heads, head_dim + " +
+                          std::to_string(kAttentionStateExtra) + "); got " + dtype_name(p.state.dtype) + " " +
+                          p.state.shape_str() + (p.state.is_contiguous() ? "" : " (strided)"));
+  if (!p.finalize && Mk % p.kv_tile != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "attention: a non-final key chunk must hold a multiple of kv_tile = " +
+                          std::to_string(p.kv_tile) + " keys so its tiles are those of one call over all keys; got " +
+                          std::to_string(Mk) + " keys (make the chunk a multiple of kv_tile, or finalize it)");
+  return Status();
+}
+
 Status cpu_op_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const AttentionParams& p) {
-  LS_TRY(require_host("attention", {&q, &k, &v, &out}));
+  LS_TRY(require_host("attention", {&q, &k, &v, &out, &p.state}));
   if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported_dtypes("attention",
                               std::string("q=") + dtype_name(q.dtype) + " k=" + dtype_name(k.dtype) +
@@ -202,10 +258,12 @@ Status cpu_op_attention(const TensorView& q, const TensorView& k, const TensorVi
   if (p.kv_tile <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "attention: kv_tile must be positive; got " + std::to_string(p.kv_tile));
+  LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
   LS_CHECK_MSG(Mk > 0, "attention over zero keys");
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
 
-  AttentionArgs a{&q, &k, &v, &out, Mq, Mk, H, Dh, p.kv_tile, scale};
+  AttentionArgs a{&q, &k, &v, &out, Mq, Mk, H, Dh, p.kv_tile, scale,
+                  p.state.empty() ? nullptr : p.state.ptr<float>(), p.state_in, p.finalize};
   // Work items: (head, block of kQueryBlock queries), head-major. Which queries share
   // a block changes nothing in any query's arithmetic.
   const int64_t blocks = (Mq + kQueryBlock - 1) / kQueryBlock;
