@@ -6,8 +6,17 @@
 //   layerstream forward --model FILE --frames F --width W --height H --text-tokens L
 //       --sigma X --seed S [--keyframe FILE[@FRAME|@last] ...] [--mask FILE]
 //       [--mlp-chunk N --attn-chunk N --final-chunk N --kv-tile N | --budget BYTES]
-//       [--device cpu|cuda[:N]] [--threads N] -o OUT.safetensors
-//   (--preset tiny|small|h3 [--weights-seed N] instead of --model: synthetic weights)
+//       [--vram-budget BYTES [--no-prefetch] | --resident-blocks N --slots 1|2 --kv-offload --residual-offload]
+//       [--device cpu|cuda[:N]] [--threads N] [-o OUT.safetensors] [--json REPORT.json]
+//   (--random-weights --preset tiny|small|h3 [--weights-seed N] [--blocks N] instead of
+//   --model: synthetic weights made in host memory, the values make-model would write)
+//
+// --vram-budget is ONE number for everything LayerStream puts on the device (weights,
+// AdaLN tables, activations, workspace; docs/budget.md): the planner keeps resident
+// what fits, streams the other blocks through two slots, and offloads K/V and the
+// residual to pinned host memory only when it must. Its choice is printed before any
+// work; a budget below the minimum fails at once naming the minimum. None of these
+// knobs changes an output bit (the output hash printed last says so).
 //
 // Seeded inputs: PyTorch's CPU randn restated (model/h3/torch_random.h): video from
 // seed, audio from seed + 1, text states from seed + 2.
@@ -27,6 +36,7 @@
 
 #include "backend/backend.h"
 #include "core/thread_pool.h"
+#include "exec/budget_plan.h"
 #include "exec/engine.h"
 #include "exec/plan.h"
 #include "io/safetensors.h"
@@ -35,6 +45,7 @@
 #include "model/h3/torch_random.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
+#include "tools/report.h"
 
 namespace ls::tools {
 namespace {
@@ -48,8 +59,22 @@ struct ForwardOptions {
   std::string mask;
   std::string mlp_chunk = "0", attn_chunk = "0", final_chunk = "0", kv_tile = "1024", budget;
   std::string device = "cpu", threads = "0";
-  std::string output;
+  std::string output, json;
+  bool random_weights = false;
+  std::string vram_budget, resident_blocks, slots, kv_chunk = "0";
+  bool no_prefetch = false, kv_offload = false, residual_offload = false;
 };
+
+// FNV-1a 64 of the output bytes (video then audio): equal hashes across plans and
+// budgets is what the benchmarks compare.
+uint64_t output_hash(const std::vector<float>& video, const std::vector<float>& audio) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto* v : {&video, &audio}) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
+    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
 
 
 Expected<float> parse_sigma(const std::string& text) {
@@ -134,8 +159,18 @@ int fail(const Error& e) {
 }
 
 int run_forward(const ForwardOptions& o) {
-  if (o.model.empty() == o.preset.empty()) return fail({ErrorCode::invalid_argument, "give exactly one of --model FILE or --preset NAME"});
-  if (o.output.empty()) return fail({ErrorCode::invalid_argument, "-o OUT.safetensors is required"});
+  if (o.model.empty() == o.preset.empty())
+    return fail({ErrorCode::invalid_argument, "give exactly one of --model FILE or --random-weights --preset NAME"});
+  if (o.random_weights && o.preset.empty())
+    return fail({ErrorCode::invalid_argument, "--random-weights needs --preset tiny|small|h3 (the shapes to make)"});
+  const bool manual_residency =
+      !o.resident_blocks.empty() || !o.slots.empty() || o.kv_offload || o.residual_offload || o.kv_chunk != "0";
+  if (!o.vram_budget.empty() && (manual_residency || !o.budget.empty()))
+    return fail({ErrorCode::invalid_argument,
+                 "--vram-budget decides residency, offload and slices: give it alone (no --budget, --resident-blocks, "
+                 "--slots, --kv-offload, --residual-offload)"});
+  if (o.no_prefetch && o.vram_budget.empty())
+    return fail({ErrorCode::invalid_argument, "--no-prefetch goes with --vram-budget (else use --slots 1)"});
   if (!o.blocks.empty() && o.preset.empty()) return fail({ErrorCode::invalid_argument, "--blocks goes with --preset (a file has its own blocks)"});
   for (const auto* f : {&o.frames, &o.width, &o.height, &o.text_tokens, &o.sigma})
     if (f->empty()) return fail({ErrorCode::invalid_argument, "--frames, --width, --height, --text-tokens and --sigma are required"});
@@ -163,6 +198,22 @@ int run_forward(const ForwardOptions& o) {
   knobs.attn_chunk_tokens = *attn;
   knobs.final_chunk_tokens = *fin;
   knobs.kv_tile = *kv;
+  knobs.kv_offload = o.kv_offload;
+  auto kvc = parse_int("--kv-chunk", o.kv_chunk, 0, INT64_MAX);
+  if (!kvc.ok()) return fail(kvc.error());
+  knobs.kv_chunk_rows = *kvc;
+  knobs.residual_offload = o.residual_offload;
+  exec::Residency residency;
+  if (!o.resident_blocks.empty()) {
+    auto rb = parse_int("--resident-blocks", o.resident_blocks, 0, 100000);
+    if (!rb.ok()) return fail(rb.error());
+    residency.resident_blocks = *rb;
+  }
+  if (!o.slots.empty()) {
+    auto sl = parse_int("--slots", o.slots, 1, 2);
+    if (!sl.ok()) return fail(sl.error());
+    residency.slots = *sl;
+  }
   set_num_threads(static_cast<int>(*threads));
 
   // Weights.
@@ -197,8 +248,37 @@ int run_forward(const ForwardOptions& o) {
   if (!o.mask.empty())
     if (Status s = load_mask(o.mask, *geom, cond); !s.ok()) return fail(s.error());
   if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, *sigma, 0.0f};  // one-call stand-in schedule
+  auto backend = make_backend(o.device);
+  if (!backend.ok()) return fail(backend.error());
   Expected<exec::Plan> plan = Error{};
-  if (!o.budget.empty()) {
+  nlohmann::json vram_budget_json;  // null unless --vram-budget
+  if (!o.vram_budget.empty()) {
+    auto bytes = exec::parse_byte_size(o.vram_budget);
+    if (!bytes.ok()) return fail(bytes.error());
+    exec::BudgetOptions bo;
+    bo.kv_tile = knobs.kv_tile;
+    bo.workspace_bytes = (*backend)->workspace_bytes();
+    bo.prefetch = !o.no_prefetch;
+    auto rows = exec::modulation_rows_for(cfg, cond, {*sigma});
+    if (!rows.ok()) return fail(rows.error());
+    bo.modulation_rows = *rows;
+    auto bp = exec::plan_total_budget(cfg, cond, *bytes, bo);
+    if (!bp.ok()) return fail(bp.error());
+    std::printf("[LayerStream] %s\n", bp->describe().c_str());
+    vram_budget_json = {{"budget_bytes", bp->budget_bytes},
+                        {"step", bp->step},
+                        {"resident_blocks", bp->resident_blocks},
+                        {"slots", bp->slots},
+                        {"kv_offload", bp->kv_offload},
+                        {"residual_offload", bp->residual_offload},
+                        {"predicted_peak_bytes", bp->predicted_peak_bytes},
+                        {"pcie_bytes_per_forward", bp->pcie_bytes_per_forward()},
+                        {"describe", bp->describe()}};
+    std::fflush(stdout);
+    residency.resident_blocks = bp->resident_blocks;
+    residency.slots = bp->prefetch ? 2 : 1;
+    plan = bp->activations;
+  } else if (!o.budget.empty()) {
     auto bytes = exec::parse_byte_size(o.budget);
     if (!bytes.ok()) return fail(bytes.error());
     plan = exec::plan_for_budget(cfg, cond, *bytes, knobs.kv_tile);
@@ -207,10 +287,19 @@ int run_forward(const ForwardOptions& o) {
   }
   if (!plan.ok()) return fail(plan.error());
 
-  auto backend = make_backend(o.device);
-  if (!backend.ok()) return fail(backend.error());
-  auto engine = exec::Engine::create(*src, **backend);
+  // Device memory as the driver sees it, before LayerStream takes any (CUDA).
+  uint64_t free0 = 0, total = 0;
+  const bool have_info = (*backend)->device_memory_info(&free0, &total).ok();
+  uint64_t min_free = free0;
+  auto sample_free = [&]() {
+    uint64_t f = 0, t = 0;
+    if (have_info && (*backend)->device_memory_info(&f, &t).ok()) min_free = std::min(min_free, f);
+  };
+  exec::EngineOptions eo;
+  eo.residency = residency;
+  auto engine = exec::Engine::create(*src, **backend, eo);
   if (!engine.ok()) return fail(engine.error());
+  sample_free();
 
   // Seeded inputs.
   const h3::ClipGeometry& g = *geom;
@@ -219,9 +308,16 @@ int run_forward(const ForwardOptions& o) {
   std::vector<float> text = h3::torch_cpu_randn(cond.seed + 2, g.text_tokens * cfg.text_dim);
   auto refined = (*engine)->refine_text(TensorView(text.data(), DType::f32, {g.text_tokens, cfg.text_dim}));
   if (!refined.ok()) return fail(refined.error());
+  sample_free();
+  if (Status s = (*engine)->precompute_adaln({*sigma}, cond); !s.ok()) return fail(s.error());
+  sample_free();
   auto r = (*engine)->forward(cond, *refined, TensorView(video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl}),
                               TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A}), *sigma, *plan);
   if (!r.ok()) return fail(r.error());
+  sample_free();
+  const uint64_t hash = output_hash(r->video, r->audio);
+  char hash_hex[17];
+  std::snprintf(hash_hex, sizeof hash_hex, "%016llx", static_cast<unsigned long long>(hash));
 
   // No plan or timing in the metadata: files of different plans must be byte-identical.
   std::map<std::string, std::string> meta = {{"format", "layerstream-forward"},
@@ -229,13 +325,32 @@ int run_forward(const ForwardOptions& o) {
                                              {"seed", std::to_string(*seed)},
                                              {"kv_tile", std::to_string(plan->kv_tile)},
                                              {"weights", src->describe()}};
-  Status w = write_safetensors(
-      o.output,
-      {{"video", TensorView(r->video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
-       {"audio", TensorView(r->audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A})}},
-      meta);
-  if (!w.ok()) return fail(w.error());
+  if (!o.output.empty()) {
+    Status w = write_safetensors(
+        o.output,
+        {{"video", TensorView(r->video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
+         {"audio", TensorView(r->audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A})}},
+        meta);
+    if (!w.ok()) return fail(w.error());
+  }
   std::printf("%s\n", r->report.status_line().c_str());
+  // cudaMemGetInfo's view: what the device lost between before create() and the
+  // fullest moment sampled (after create, refinement, precompute and the forward),
+  // including the CUDA context's lazily created pieces and allocator rounding.
+  const uint64_t driver_used = have_info ? free0 - min_free : 0;
+  if (have_info)
+    std::printf("[LayerStream] device memory (driver): %s used by this run at most; LayerStream's arenas peaked at %s\n",
+                format_bytes(driver_used).c_str(), format_bytes(r->report.device_peak_bytes).c_str());
+  std::printf("[LayerStream] output hash %s (FNV-1a 64 of the velocities)\n", hash_hex);
+  if (!o.json.empty()) {
+    nlohmann::json j = nlohmann::json::parse(r->report.to_json());
+    j["output_hash"] = hash_hex;
+    j["driver_used_bytes"] = driver_used;
+    j["plan"] = plan_json(*plan);
+    j["vram_budget"] = vram_budget_json;
+    j["weights"] = src->describe();
+    if (Status w = write_json_file(o.json, j); !w.ok()) return fail(w.error());
+  }
   return 0;
 }
 
@@ -258,9 +373,21 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--final-chunk", o->final_chunk, "rows per final-layer slice (0 = all)");
   sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default 1024)");
   sub.add_option("--budget", o->budget, "activation memory budget (512M, 3G, 3.5GiB): the largest slices that fit");
+  sub.add_flag("--random-weights", o->random_weights,
+               "synthetic weights of --preset made in host memory (no file; a 33 B model needs ~66 GB of RAM)");
+  sub.add_option("--vram-budget", o->vram_budget,
+                 "TOTAL device budget (24G, 8G, 3.5GiB): weights, AdaLN tables, activations, workspace; the planner "
+                 "streams blocks and offloads K/V and the residual as needed");
+  sub.add_flag("--no-prefetch", o->no_prefetch, "with --vram-budget: one block slot (copy, then compute) instead of two");
+  sub.add_option("--resident-blocks", o->resident_blocks, "manual: blocks kept on the device (the rest stream)");
+  sub.add_option("--slots", o->slots, "manual: slots for streamed blocks, 2 (prefetch) or 1");
+  sub.add_flag("--kv-offload", o->kv_offload, "manual: K/V in pinned host memory, streamed back per query slice (needs --attn-chunk)");
+  sub.add_option("--kv-chunk", o->kv_chunk, "manual, with --kv-offload: keys per streamed K/V chunk (a multiple of --kv-tile; 0 = about 4096)");
+  sub.add_flag("--residual-offload", o->residual_offload, "manual: the residual stream in pinned host memory (needs --attn-chunk)");
+  sub.add_option("--json", o->json, "write the run report (plan, peaks, PCIe bytes, time, output hash) as JSON");
   sub.add_option("--device", o->device, "cpu | cuda | cuda:N (default cpu)");
   sub.add_option("--threads", o->threads, "CPU threads (0 = all cores)");
-  sub.add_option("-o,--output", o->output, "output velocities (.safetensors)");
+  sub.add_option("-o,--output", o->output, "output velocities (.safetensors); optional, the hash is always printed");
   return [o]() { return run_forward(*o); };
 }
 

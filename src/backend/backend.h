@@ -89,6 +89,15 @@ class Backend {
   virtual Status wait(Queue q, int fence) = 0;
   virtual Status host_wait(int fence) = 0;
 
+  // Free and total bytes of the device's memory as the driver sees them (all
+  // processes), for confirming a budget from outside the arenas (cudaMemGetInfo).
+  // Backends without such a notion return unsupported.
+  virtual Status device_memory_info(uint64_t* free_bytes, uint64_t* total_bytes) {
+    (void)free_bytes;
+    (void)total_bytes;
+    return Status(make_error(ErrorCode::unsupported, name() + " has no device memory to report"));
+  }
+
   // ---- scratch -------------------------------------------------------------------
   // Bytes of scratch the backend's ops need (0 on the CPU; the CUDA GEMM's cuBLASLt
   // workspace). The caller takes this many bytes from its arena once and hands them

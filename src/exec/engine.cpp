@@ -57,6 +57,14 @@ std::string RunReport::status_line() const {
     os << buf;
   }
   os << "); AdaLN tables " << format_bytes(adaln_table_bytes) << (adaln_precomputed ? " (precomputed)" : " (this call)");
+  if (streamed_blocks > 0)
+    os << "; weights: " << resident_blocks << " blocks resident, " << streamed_blocks << " streamed through " << slots
+       << (slots == 2 ? " slots (prefetch)" : " slot");
+  if (kv_offload) os << "; K/V offloaded (" << kv_chunk << "-key chunks)";
+  if (residual_offload) os << "; residual offloaded";
+  const uint64_t pcie = pcie_weight_bytes + pcie_kv_bytes + pcie_residual_bytes;
+  if (pcie > 0) os << "; PCIe " << format_bytes(pcie);
+  if (device_peak_bytes > 0) os << "; device peak " << format_bytes(device_peak_bytes);
   char t[32];
   std::snprintf(t, sizeof t, "; %.3f s", wall_seconds);
   os << t << " on " << backend;
@@ -78,7 +86,13 @@ std::string RunReport::to_json() const {
      << ", \"predicted_peak_bytes\": " << predicted_peak_bytes << ", \"measured_peak_bytes\": " << measured_peak_bytes
      << ", \"stock_peak_bytes\": " << stock_peak_bytes << ", \"adaln_table_bytes\": " << adaln_table_bytes
      << ", \"adaln_precomputed\": " << b(adaln_precomputed) << ", \"wall_seconds\": " << wall_seconds
-     << ", \"backend\": \"" << be << "\"}";
+     << ", \"backend\": \"" << be << "\", \"resident_blocks\": " << resident_blocks
+     << ", \"streamed_blocks\": " << streamed_blocks << ", \"slots\": " << slots << ", \"kv_offload\": " << b(kv_offload)
+     << ", \"residual_offload\": " << b(residual_offload) << ", \"kv_chunk\": " << kv_chunk
+     << ", \"pcie_weight_bytes\": " << pcie_weight_bytes << ", \"pcie_kv_bytes\": " << pcie_kv_bytes
+     << ", \"pcie_residual_bytes\": " << pcie_residual_bytes << ", \"device_weight_bytes\": " << device_weight_bytes
+     << ", \"device_held_bytes\": " << device_held_bytes << ", \"device_peak_bytes\": " << device_peak_bytes
+     << ", \"pinned_host_bytes\": " << pinned_host_bytes << "}";
   return os.str();
 }
 
@@ -102,6 +116,44 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Every device arena of an engine draws from this wrapper, so the engine knows what it
+// holds on the device at any moment and at most (RunReport::device_peak_bytes).
+class CountingResource final : public MemoryResource {
+ public:
+  explicit CountingResource(MemoryResource& base) : base_(base) {}
+  Device device() const override { return base_.device(); }
+  Expected<void*> allocate(size_t bytes) override {
+    auto p = base_.allocate(bytes);
+    if (p.ok()) {
+      held_ += bytes;
+      peak_ = std::max(peak_, held_);
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    base_.deallocate(p, bytes);
+    held_ -= bytes;
+  }
+  uint64_t held() const { return held_; }
+  uint64_t peak() const { return peak_; }
+
+ private:
+  MemoryResource& base_;
+  uint64_t held_ = 0, peak_ = 0;
+};
+
+// Fences of the K/V offload (WeightStore owns 0-3): pass 1 chunk computed / copied out,
+// pass 2 chunk copied in / used, per chunk buffer b in {0, 1}.
+constexpr int kFenceKvComputed0 = 4, kFenceKvSaved0 = 6, kFenceKvLoaded0 = 8, kFenceKvUsed0 = 10;
+
+// Named buffer of a planned list (the executor looks buffers up by name, exec/plan.h).
+const PlannedBuffer& named(const std::vector<PlannedBuffer>& v, const std::string& what) {
+  for (const auto& b : v)
+    if (b.what == what) return b;
+  LS_CHECK_MSG(false, "the plan has no buffer '" + what + "'");
+  return v.front();
+}
+
 }  // namespace
 
 // Modulation tables of M timesteps: per block bf16|f32 [M, 18D] (= [3M, 6D]) and the
@@ -118,6 +170,7 @@ struct AdalnTables {
 struct Engine::Impl {
   const h3::H3TensorSource* src = nullptr;
   Backend* be = nullptr;
+  std::unique_ptr<CountingResource> dev;  // over be->memory(): every device arena below
   h3::H3Config cfg;
   EngineOptions opts;
   std::unique_ptr<WeightStore> weights;
@@ -125,10 +178,9 @@ struct Engine::Impl {
   AdalnTables precomputed;  // from precompute_adaln
   AdalnTables call_tables;  // computed by the last forward when precomputed ones did not cover it
   std::unique_ptr<Arena> activations;  // the forward's arena, kept while the plan's peak is unchanged
+  std::unique_ptr<Arena> pinned_kv;    // K/V offload: host K, V [S, I] (pinned), kept between calls
+  std::unique_ptr<Arena> pinned_x;     // residual offload: host x [S, D] (pinned), kept between calls
 
-  h3::WeightGetter getter() const {
-    return [this](const std::string& n) { return weights->get(n); };
-  }
   void eval(const std::string& name, int64_t layer, const TensorView& t) const {
     if (opts.eval) opts.eval(name, layer, t);
   }
@@ -144,7 +196,7 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
   // Table arena: per block [M, 18D] + final [M, 2D].
   const uint64_t block_bytes = Arena::aligned_bytes(static_cast<size_t>(M * 18 * D * dtype_size(adt)));
   const uint64_t final_bytes = Arena::aligned_bytes(static_cast<size_t>(M * 2 * D * dtype_size(adt)));
-  LS_ASSIGN_OR_RETURN(tab.arena, Arena::create(be->memory(), block_bytes * static_cast<uint64_t>(cfg.num_layers) + final_bytes));
+  LS_ASSIGN_OR_RETURN(tab.arena, Arena::create(*dev, block_bytes * static_cast<uint64_t>(cfg.num_layers) + final_bytes));
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     LS_ASSIGN_OR_RETURN(TensorView v, tab.arena->alloc(adt, {M, 18 * D}, "AdaLN block table"));
     tab.blocks.push_back(TensorView(v.data, adt, {3 * M, 6 * D}, v.device));
@@ -170,7 +222,7 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
   max_w = std::max(max_w, weights->transient_bytes("final_layer.adaln_proj.linear.weight") +
                               weights->transient_bytes("final_layer.adaln_proj.linear.bias"));
   scratch += max_w;
-  LS_ASSIGN_OR_RETURN(auto sa, Arena::create(be->memory(), scratch));
+  LS_ASSIGN_OR_RETURN(auto sa, Arena::create(*dev, scratch));
   LS_ASSIGN_OR_RETURN(TensorView ain, sa->alloc(adt, {M, td}, "AdaLN input"));
   std::vector<float> t32(t_values.size());
   for (size_t i = 0; i < t_values.size(); ++i) t32[i] = static_cast<float>(t_values[i]);
@@ -200,6 +252,8 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
     const TensorView out(tab.blocks[static_cast<size_t>(i)].data, adt, {M, 18 * D}, be->device());
     LS_TRY(h3::adaln_linear(*be, ain, w, b, out));
     eval("adaln.block", i, tab.blocks[static_cast<size_t>(i)]);
+    LS_TRY(be->synchronize());  // the host copy may go (read once per run)
+    weights->release_source(h3::h3_block_key(i, "adaln_proj.linear.weight"));
   }
   {
     Arena::Scope ws(*sa);
@@ -227,10 +281,11 @@ Expected<std::unique_ptr<Engine>> Engine::create(const h3::H3TensorSource& weigh
   m.be = &backend;
   m.cfg = weights.cfg();
   m.opts = options;
-  LS_ASSIGN_OR_RETURN(m.weights, WeightStore::create(weights, backend));
+  m.dev = std::make_unique<CountingResource>(backend.memory());
+  LS_ASSIGN_OR_RETURN(m.weights, WeightStore::create(weights, backend, options.residency, *m.dev));
   const size_t ws = backend.workspace_bytes();
   if (ws > 0) {
-    LS_ASSIGN_OR_RETURN(m.workspace_arena, Arena::create(backend.memory(), ws));
+    LS_ASSIGN_OR_RETURN(m.workspace_arena, Arena::create(*m.dev, ws));
     LS_ASSIGN_OR_RETURN(void* p, m.workspace_arena->alloc_bytes(ws, "backend workspace"));
     LS_TRY(backend.set_workspace(TensorView(p, DType::u8, {static_cast<int64_t>(ws)}, backend.device())));
   }
@@ -258,17 +313,28 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   for (size_t i = 0; i < in.size(); ++i)
     in[i] = text.dtype == DType::bf16 ? text.ptr<uint16_t>()[i] : f32_to_bf16(text.ptr<float>()[i]);
   Backend& be = *m.be;
-  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(be.memory(), refiner_peak_bytes(cfg, L)));
+  // Text arena: the refiner's activations, plus the text weights the steps never read
+  // (condition_proj and the final norm, copied for this call; a refiner block at a time
+  // when it does not go through a block slot).
+  const bool has_final_norm = m.src->has("token_refiner.final_norm.weight");
+  uint64_t text_weight_bytes = 0, block_scratch = 0;
+  if (cfg.text_dim != D)
+    text_weight_bytes += m.weights->transient_bytes("condition_proj.weight") + m.weights->transient_bytes("condition_proj.bias");
+  if (has_final_norm) text_weight_bytes += m.weights->transient_bytes("token_refiner.final_norm.weight");
+  for (int64_t i = 0; i < cfg.refiner_layers; ++i) block_scratch = std::max(block_scratch, m.weights->refiner_block_scratch_bytes(i));
+  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(*m.dev, refiner_peak_bytes(cfg, L) + text_weight_bytes + block_scratch));
   const auto pers = refiner_persistent_buffers(cfg, L);
   LS_ASSIGN_OR_RETURN(TensorView x, alloc(*arena, pers[0], L));
   const TensorView in_host(in.data(), DType::bf16, {L, cfg.text_dim});
   if (cfg.text_dim != D) {
     Arena::Scope s(*arena);
     const PlanPhase ph = refiner_input_phase(cfg, L);
+    LS_ASSIGN_OR_RETURN(TensorView cw, m.weights->transient("condition_proj.weight", *arena));
+    LS_ASSIGN_OR_RETURN(TensorView cb, m.weights->transient("condition_proj.bias", *arena));
     LS_ASSIGN_OR_RETURN(TensorView xin, alloc(*arena, ph.buffers[0], L));
     LS_TRY(be.copy(xin, in_host));
-    const TensorView bias = m.weights->get("condition_proj.bias");
-    LS_TRY(be.gemm(xin, m.weights->get("condition_proj.weight"), &bias, x));  // bf16 Linear + bias
+    LS_TRY(be.gemm(xin, cw, &cb, x));  // bf16 Linear + bias
+    LS_TRY(be.synchronize());          // before the scope frees the copies
   } else {
     LS_TRY(be.copy(x, in_host));
   }
@@ -276,16 +342,21 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) {
     Arena::Scope s(*arena);
     const PlanPhase ph = refiner_block_phase(cfg, L);
+    LS_ASSIGN_OR_RETURN(h3::WeightGetter w, m.weights->refiner_block(i, *arena));
     std::vector<TensorView> b;
     for (const auto& spec : ph.buffers) {
       LS_ASSIGN_OR_RETURN(TensorView v, alloc(*arena, spec, L));
       b.push_back(v);
     }
-    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(m.getter(), i), x, b[0], b[1], b[2], b[3], b[4], 1024));
+    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, i), x, b[0], b[1], b[2], b[3], b[4], 1024));
+    LS_TRY(m.weights->release_refiner_block(i));
+    LS_TRY(be.synchronize());  // before the scope frees this block's buffers
   }
   // A checkpoint without refiner blocks (tiny test configs) has no final_norm either.
-  if (m.src->has("token_refiner.final_norm.weight"))
-    LS_TRY(be.rms_norm(x, m.weights->get("token_refiner.final_norm.weight"), 1e-5f, x));
+  if (has_final_norm) {
+    LS_ASSIGN_OR_RETURN(TensorView fw, m.weights->transient("token_refiner.final_norm.weight", *arena));
+    LS_TRY(be.rms_norm(x, fw, 1e-5f, x));
+  }
   m.eval("text.refined", -1, x);
   LS_TRY(be.copy(out.view(), x));
   LS_TRY(be.synchronize());
@@ -381,7 +452,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   // step with one plan): no device allocation per step.
   if (!m.activations || m.activations->capacity() != Arena::aligned_bytes(plan.predicted_peak_bytes)) {
     m.activations.reset();
-    LS_ASSIGN_OR_RETURN(m.activations, Arena::create(be.memory(), plan.predicted_peak_bytes));
+    LS_ASSIGN_OR_RETURN(m.activations, Arena::create(*m.dev, plan.predicted_peak_bytes));
   }
   Arena* arena = m.activations.get();
   LS_CHECK(arena->used() == 0);
@@ -390,12 +461,28 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     Arena* a;
     ~Rewind() { a->rewind(Arena::Mark{0}); }
   } rewind_on_exit{arena};
-  const int64_t S = lay.S;
+  const int64_t S = lay.S, I = cfg.inner();
+  const bool kv_off = plan.kv_offload, res_off = plan.residual_offload;
+  LS_CHECK_MSG(!(kv_off || res_off) || plan.two_pass_attention(), "offload needs two-pass attention");
   const auto& pers = plan.persistent;
-  LS_ASSIGN_OR_RETURN(TensorView x, alloc(*arena, pers[0], S));               // bf16 [S, D]
-  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc(*arena, pers[1], S));           // bf16 [S, 2P]
-  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc(*arena, pers[2], S));       // i32 [S, 1]
-  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc(*arena, pers[3], S));     // i32 [S, 1]
+  // The residual: on the device, or (residual offload) in pinned host memory with one
+  // device slice buffer per phase that rows are copied into and out of on the compute
+  // queue (so the copies are ordered with the slice's work without fences).
+  TensorView x;  // bf16 [S, D]: device, or pinned host with residual offload
+  if (!res_off) {
+    LS_ASSIGN_OR_RETURN(x, alloc(*arena, named(pers, "residual x"), S));
+  } else {
+    const uint64_t need = Arena::aligned_bytes(static_cast<size_t>(S * D * 2));
+    if (!m.pinned_x || m.pinned_x->capacity() != need) {
+      m.pinned_x.reset();
+      LS_ASSIGN_OR_RETURN(m.pinned_x, Arena::create(be.pinned_host_memory(), need));
+    }
+    m.pinned_x->rewind(Arena::Mark{0});
+    LS_ASSIGN_OR_RETURN(x, m.pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
+  }
+  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc(*arena, named(pers, "rope table"), S));       // bf16 [S, 2P]
+  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc(*arena, named(pers, "modulation rows"), S));  // i32 [S, 1]
+  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc(*arena, named(pers, "final rows"), S));     // i32 [S, 1]
   const TensorView rope(rope2.data, DType::bf16, {S, P, 2}, rope2.device);   // bf16 [S, P, 2]
   const TensorView mod_rows(mod_rows2.data, DType::i32, {S}, mod_rows2.device);
   const TensorView final_rows(final_rows2.data, DType::i32, {S}, final_rows2.device);
@@ -406,25 +493,60 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     LS_TRY(be.copy(rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
     LS_TRY(be.copy(mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
     LS_TRY(be.copy(final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
+    LS_TRY(be.synchronize());  // the host tables above are freed at scope exit
   }
+  uint64_t kv_bytes = 0, res_bytes = 0;
+  // Residual rows [a, b) as a device view: x itself, or the phase's slice buffer `rs`
+  // after copying the rows in (residual offload).
+  auto residual_in = [&](const TensorView& rs, int64_t a, int64_t b) -> Expected<h3::BlockRows> {
+    if (!res_off) return h3::BlockRows{x, rope, mod_rows, 0};
+    const TensorView d = rs.slice_rows(0, b - a);
+    LS_TRY(be.copy_async(d, x.slice_rows(a, b), Queue::compute));
+    res_bytes += static_cast<uint64_t>(d.nbytes());
+    return h3::BlockRows{d, rope, mod_rows, a};
+  };
+  auto residual_out = [&](const h3::BlockRows& r, int64_t a, int64_t b) -> Status {
+    if (!res_off) return Status();
+    LS_TRY(be.copy_async(x.slice_rows(a, b), r.x_rows(a, b), Queue::compute));
+    res_bytes += static_cast<uint64_t>((b - a) * D * 2);
+    return Status();
+  };
+  auto phase_slice = [&](const PlanPhase& ph, int64_t rows) -> Expected<TensorView> {
+    if (!res_off) return TensorView();
+    return alloc(*arena, named(ph.buffers, "residual slice"), rows);
+  };
+  // Named intermediates see the residual as a whole (host memory with residual offload).
+  auto eval_x = [&](const char* name, int64_t layer) -> Status {
+    if (!m.opts.eval) return Status();
+    if (res_off) LS_TRY(be.synchronize());
+    m.eval(name, layer, x);
+    return Status();
+  };
+
+  // Streamed block weights: the first copies start now, behind the embedding.
+  LS_TRY(m.weights->begin_forward());
 
   // ---- embed: text rows copied, latent rows projected per slice ----
   {
     Arena::Scope phase(*arena);
     const PlanPhase& ph = plan.phases[0];
+    LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S, plan.mlp_slice)));
     const TensorView vw = m.weights->get("video_patch_proj.weight"), vb = m.weights->get("video_patch_proj.bias");
     const TensorView aw = m.weights->get("audio_patch_proj.weight"), ab = m.weights->get("audio_patch_proj.bias");
     std::vector<float> staging;
     for (int64_t a = 0; a < S; a += plan.mlp_slice) {
       const int64_t b = std::min(S, a + plan.mlp_slice);
       Arena::Scope slice(*arena);
-      LS_ASSIGN_OR_RETURN(TensorView rows, alloc(*arena, ph.buffers[0], b - a));  // f32 [n, max(Pv, Pa)]
-      LS_ASSIGN_OR_RETURN(TensorView emb, alloc(*arena, ph.buffers[1], b - a));   // f32 [n, D]
+      LS_ASSIGN_OR_RETURN(TensorView rows, alloc(*arena, named(ph.buffers, "patch rows"), b - a));  // f32 [n, max(Pv, Pa)]
+      LS_ASSIGN_OR_RETURN(TensorView emb, alloc(*arena, named(ph.buffers, "patch embedding"), b - a));  // f32 [n, D]
+      // The rows [a, b) of the residual being written: x itself or the slice buffer.
+      const h3::BlockRows out = res_off ? h3::BlockRows{rs.slice_rows(0, b - a), rope, mod_rows, a}
+                                        : h3::BlockRows{x, rope, mod_rows, 0};
       for (const h3::Segment& s : lay.segments) {
         const int64_t lo = std::max(a, s.start), hi = std::min(b, s.stop);
         if (lo >= hi) continue;
         if (s.kind == h3::SegmentKind::text) {
-          LS_TRY(be.copy(x.slice_rows(lo, hi), text.view().slice_rows(lo, hi)));
+          LS_TRY(be.copy(out.x_rows(lo, hi), text.view().slice_rows(lo, hi)));
           continue;
         }
         const int64_t w = inputs.width(s), n = hi - lo;
@@ -435,61 +557,156 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
         const TensorView e = emb.slice_rows(lo - a, hi - a);
         LS_TRY(be.copy(r, TensorView(staging.data(), DType::f32, {n, w})));
         LS_TRY(be.gemm(r, s.is_video() ? vw : aw, s.is_video() ? &vb : &ab, e));  // fp32 GEMM + bias
-        LS_TRY(be.convert(e, x.slice_rows(lo, hi)));                              // -> bf16
+        LS_TRY(be.convert(e, out.x_rows(lo, hi)));                                // -> bf16
       }
+      LS_TRY(residual_out(out, a, b));
       LS_TRY(be.synchronize());  // the staging buffer is reused by the next slice
     }
   }
-  m.eval("x.embed", -1, x);
+  LS_TRY(eval_x("x.embed", -1));
 
   // ---- the block loop ----
-  const h3::BlockRows br{x, rope, mod_rows};
+  // K/V offload: host K, V [S, I] (pinned), reused block after block.
+  TensorView k_host, v_host;
+  if (kv_off) {
+    const uint64_t one = Arena::aligned_bytes(static_cast<size_t>(S * I * 2));
+    if (!m.pinned_kv || m.pinned_kv->capacity() != 2 * one) {
+      m.pinned_kv.reset();
+      LS_ASSIGN_OR_RETURN(m.pinned_kv, Arena::create(be.pinned_host_memory(), 2 * one));
+    }
+    m.pinned_kv->rewind(Arena::Mark{0});
+    LS_ASSIGN_OR_RETURN(k_host, m.pinned_kv->alloc(DType::bf16, {S, I}, "host K"));
+    LS_ASSIGN_OR_RETURN(v_host, m.pinned_kv->alloc(DType::bf16, {S, I}, "host V"));
+  }
+  const int64_t n_chunks = kv_off ? (S + plan.kv_chunk - 1) / plan.kv_chunk : 0;
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
-    const h3::DitBlock blk(be, cfg, h3::dit_block_weights(m.getter(), i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
+    LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, m.weights->acquire_block(i));
+    const h3::DitBlock blk(be, cfg, h3::dit_block_weights(wg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
     {
       Arena::Scope phase(*arena);
       const PlanPhase& ph = plan.phases[1];
       if (!plan.two_pass_attention()) {
-        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[0], S));
-        LS_ASSIGN_OR_RETURN(TensorView qkv, alloc(*arena, ph.buffers[1], S));
-        LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, ph.buffers[2], S));
-        LS_TRY(blk.attn_fused(br, h, qkv, o, plan.kv_tile));
-      } else {
-        LS_ASSIGN_OR_RETURN(TensorView k2, alloc(*arena, ph.buffers[0], S));
-        LS_ASSIGN_OR_RETURN(TensorView v2, alloc(*arena, ph.buffers[1], S));
+        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), S));
+        LS_ASSIGN_OR_RETURN(TensorView qkv, alloc(*arena, named(ph.buffers, "qkv"), S));
+        LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, named(ph.buffers, "attention out"), S));
+        LS_TRY(blk.attn_fused(h3::BlockRows{x, rope, mod_rows, 0}, h, qkv, o, plan.kv_tile));
+      } else if (!kv_off) {
+        LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, plan.attn_slice));
+        LS_ASSIGN_OR_RETURN(TensorView k2, alloc(*arena, named(ph.buffers, "K"), S));
+        LS_ASSIGN_OR_RETURN(TensorView v2, alloc(*arena, named(ph.buffers, "V"), S));
         const TensorView k_all = k2.unflatten_last(H, Dh), v_all = v2.unflatten_last(H, Dh);  // bf16 [S, H, Dh]
         // Pass 1: K and V of every row before any residual row changes.
         for (int64_t a = 0; a < S; a += plan.attn_slice) {
           const int64_t b = std::min(S, a + plan.attn_slice);
           Arena::Scope slice(*arena);
-          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[2], b - a));
-          LS_TRY(blk.attn_kv(br, a, b, k_all, v_all, h));
+          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
+          LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
+          LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h));
         }
         // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
         for (int64_t a = 0; a < S; a += plan.attn_slice) {
           const int64_t b = std::min(S, a + plan.attn_slice);
           Arena::Scope slice(*arena);
-          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[2], b - a));
-          LS_ASSIGN_OR_RETURN(TensorView q, alloc(*arena, ph.buffers[3], b - a));
-          LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, ph.buffers[4], b - a));
-          LS_TRY(blk.attn_q_out(br, a, b, k_all, v_all, h, q, o, plan.kv_tile));
+          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
+          LS_ASSIGN_OR_RETURN(TensorView q, alloc(*arena, named(ph.buffers, "Q"), b - a));
+          LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, named(ph.buffers, "attention out"), b - a));
+          LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
+          LS_TRY(blk.attn_q_out(r, a, b, k_all, v_all, h, q, o, plan.kv_tile));
+          LS_TRY(residual_out(r, a, b));
+        }
+      } else {
+        // K/V offload. Two device chunk buffers per tensor of kv_chunk rows (a multiple
+        // of kv_tile, so chunks hold whole key tiles): pass 1 computes chunk c into
+        // buffer c % 2 while the transfer queue copies chunk c - 1 out to the host;
+        // pass 2 copies chunk g + 1 in while attention runs on chunk g, carrying the
+        // fp32 attention state across chunks (bytes equal one call over all keys).
+        LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, plan.attn_slice));
+        TensorView kc[2], vc[2];
+        for (int j = 0; j < 2; ++j) {
+          LS_ASSIGN_OR_RETURN(kc[j], alloc(*arena, named(ph.buffers, "K chunk " + std::to_string(j)), plan.kv_chunk));
+          LS_ASSIGN_OR_RETURN(vc[j], alloc(*arena, named(ph.buffers, "V chunk " + std::to_string(j)), plan.kv_chunk));
+        }
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const int64_t k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
+          const int j = static_cast<int>(c % 2);
+          LS_TRY(be.wait(Queue::compute, kFenceKvSaved0 + j));  // chunk c - 2's copy out is done
+          for (int64_t a = k0; a < k1; a += plan.attn_slice) {
+            const int64_t b = std::min(k1, a + plan.attn_slice);
+            Arena::Scope slice(*arena);
+            LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
+            LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
+            LS_TRY(blk.attn_kv(r, a, b, kc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh),
+                               vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh), h));
+          }
+          LS_TRY(be.signal(Queue::compute, kFenceKvComputed0 + j));
+          LS_TRY(be.wait(Queue::transfer, kFenceKvComputed0 + j));
+          LS_TRY(be.copy_async(k_host.slice_rows(k0, k1), kc[j].slice_rows(0, k1 - k0), Queue::transfer));
+          LS_TRY(be.copy_async(v_host.slice_rows(k0, k1), vc[j].slice_rows(0, k1 - k0), Queue::transfer));
+          LS_TRY(be.signal(Queue::transfer, kFenceKvSaved0 + j));
+          kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+        }
+        const int64_t n_slices = (S + plan.attn_slice - 1) / plan.attn_slice, total = n_slices * n_chunks;
+        auto load = [&](int64_t g) -> Status {  // chunk g % n_chunks into buffer g % 2
+          const int64_t c = g % n_chunks, k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
+          const int j = static_cast<int>(g % 2);
+          LS_TRY(be.wait(Queue::transfer, kFenceKvUsed0 + j));  // attention on chunk g - 2 is done
+          LS_TRY(be.copy_async(kc[j].slice_rows(0, k1 - k0), k_host.slice_rows(k0, k1), Queue::transfer));
+          LS_TRY(be.copy_async(vc[j].slice_rows(0, k1 - k0), v_host.slice_rows(k0, k1), Queue::transfer));
+          kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+          return be.signal(Queue::transfer, kFenceKvLoaded0 + j);
+        };
+        for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
+        int64_t g = 0;
+        for (int64_t a = 0; a < S; a += plan.attn_slice) {
+          const int64_t b = std::min(S, a + plan.attn_slice);
+          Arena::Scope slice(*arena);
+          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
+          LS_ASSIGN_OR_RETURN(TensorView q, alloc(*arena, named(ph.buffers, "Q"), b - a));
+          LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, named(ph.buffers, "attention out"), b - a));
+          LS_ASSIGN_OR_RETURN(TensorView st, alloc(*arena, named(ph.buffers, "attention state"), b - a));
+          LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
+          LS_TRY(blk.attn_q(r, a, b, h, q));
+          AttentionParams ap;
+          ap.kv_tile = plan.kv_tile;
+          ap.state = TensorView(st.data, DType::f32, {b - a, H, Dh + kAttentionStateExtra}, st.device);
+          for (int64_t c = 0; c < n_chunks; ++c, ++g) {
+            const int64_t k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
+            const int j = static_cast<int>(g % 2);
+            LS_TRY(be.wait(Queue::compute, kFenceKvLoaded0 + j));
+            ap.state_in = c > 0;
+            ap.finalize = c == n_chunks - 1;
+            LS_TRY(be.attention(q.unflatten_last(H, Dh), kc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh),
+                                vc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh), o.unflatten_last(H, Dh), ap));
+            LS_TRY(be.signal(Queue::compute, kFenceKvUsed0 + j));
+            if (g + 2 < total) LS_TRY(load(g + 2));
+          }
+          LS_TRY(blk.attn_out(r, a, b, o, h));
+          LS_TRY(residual_out(r, a, b));
         }
       }
+      // The phase's buffers are rewound at scope exit and the next phase may reuse the
+      // bytes at once: queued work is ordered on the compute queue, and every transfer
+      // into or out of these buffers was waited for by compute above. On a backend
+      // with queues the transfer queue is idle here except for weight copies.
     }
-    m.eval("block.attn", i, x);
+    LS_TRY(eval_x("block.attn", i));
     {
       Arena::Scope phase(*arena);
       const PlanPhase& ph = plan.phases[2];
+      LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S, plan.mlp_slice)));
       for (int64_t a = 0; a < S; a += plan.mlp_slice) {
         const int64_t b = std::min(S, a + plan.mlp_slice);
         Arena::Scope slice(*arena);
-        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[0], b - a));
-        LS_ASSIGN_OR_RETURN(TensorView u, alloc(*arena, ph.buffers[1], b - a));
-        LS_ASSIGN_OR_RETURN(TensorView act, alloc(*arena, ph.buffers[2], b - a));
-        LS_TRY(blk.mlp(br, a, b, h, u, act));
+        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
+        LS_ASSIGN_OR_RETURN(TensorView u, alloc(*arena, named(ph.buffers, "fc1 out"), b - a));
+        LS_ASSIGN_OR_RETURN(TensorView act, alloc(*arena, named(ph.buffers, "swiglu out"), b - a));
+        LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
+        LS_TRY(blk.mlp(r, a, b, h, u, act));
+        LS_TRY(residual_out(r, a, b));
       }
     }
-    m.eval("block.mlp", i, x);
+    LS_TRY(m.weights->release_block(i));
+    LS_TRY(eval_x("block.mlp", i));
   }
 
   // ---- final layer on the target rows [audio | video] ----
@@ -500,33 +717,35 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   {
     Arena::Scope phase(*arena);
     const PlanPhase& ph = plan.phases[3];
-    size_t bi = 0;
+    LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S - sa.start, plan.final_slice)));
     TensorView vw = m.weights->get("final_layer.video_out.weight"), vb = m.weights->get("final_layer.video_out.bias");
     TensorView aw = m.weights->get("final_layer.audio_out.weight"), ab = m.weights->get("final_layer.audio_out.bias");
     if (cfg.pdd_heads > 1) {
-      LS_ASSIGN_OR_RETURN(vw, alloc(*arena, ph.buffers[bi++], Pv));
-      LS_ASSIGN_OR_RETURN(TensorView vb2, alloc(*arena, ph.buffers[bi++], Pv));
+      LS_ASSIGN_OR_RETURN(vw, alloc(*arena, named(ph.buffers, "PDD video head"), Pv));
+      LS_ASSIGN_OR_RETURN(TensorView vb2, alloc(*arena, named(ph.buffers, "PDD video bias"), Pv));
       vb = TensorView(vb2.data, DType::f32, {Pv}, vb2.device);
       LS_TRY(be.copy(vw, TensorView(pdd_v.w.data(), DType::f32, {Pv, D})));
       LS_TRY(be.copy(vb, TensorView(pdd_v.b.data(), DType::f32, {Pv})));
     }
     const TensorView shift = tab->final_table.cols(0, D), scale = tab->final_table.cols(D, 2 * D);
     const TensorView norm_w = m.weights->get("final_layer.norm.weight");
-    const int64_t pw = ph.buffers[bi + 2].cols;
+    const PlannedBuffer& head_out = named(ph.buffers, "head out");
+    const int64_t pw = head_out.cols;
     for (int64_t a = sa.start; a < S; a += plan.final_slice) {
       const int64_t b = std::min(S, a + plan.final_slice);
       Arena::Scope slice(*arena);
-      LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, ph.buffers[bi], b - a));
-      LS_ASSIGN_OR_RETURN(TensorView mod, alloc(*arena, ph.buffers[bi + 1], b - a));
-      LS_ASSIGN_OR_RETURN(TensorView out, alloc(*arena, ph.buffers[bi + 2], b - a));
+      LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
+      LS_ASSIGN_OR_RETURN(TensorView mod, alloc(*arena, named(ph.buffers, "modulated rows"), b - a));
+      LS_ASSIGN_OR_RETURN(TensorView out, alloc(*arena, head_out, b - a));
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
       for (const h3::Segment* s : {&sa, &sv}) {
         const int64_t lo = std::max(a, s->start), hi = std::min(b, s->stop);
         if (lo >= hi) continue;
         const bool is_v = s->is_video();
         const int64_t ow = is_v ? Pv : Pa, n = hi - lo;
         const TensorView o(static_cast<float*>(out.data) + (lo - a) * pw, DType::f32, {n, ow}, out.device);
-        LS_TRY(h3::final_layer_rows(be, x, final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw, is_v ? vb : ab,
-                                    h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
+        LS_TRY(h3::final_layer_rows(be, r.x_rows(lo, hi), final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw,
+                                    is_v ? vb : ab, h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
         std::vector<float>& dst = is_v ? vout : aout;
         LS_TRY(be.copy(host_rows(dst, DType::f32, ow, lo - s->start, hi - s->start), o));
       }
@@ -595,6 +814,20 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   rep.adaln_table_bytes = tab->bytes();
   rep.adaln_precomputed = tab->precomputed;
   rep.backend = be.name();
+  rep.resident_blocks = m.weights->resident_blocks();
+  rep.streamed_blocks = cfg.num_layers - m.weights->resident_blocks();
+  rep.slots = m.weights->slots();
+  rep.kv_offload = kv_off;
+  rep.residual_offload = res_off;
+  rep.kv_chunk = kv_off ? plan.kv_chunk : 0;
+  rep.pcie_weight_bytes = m.weights->forward_copy_bytes();
+  rep.pcie_kv_bytes = kv_bytes;
+  rep.pcie_residual_bytes = res_bytes;
+  rep.device_weight_bytes = m.weights->device_bytes();
+  rep.device_held_bytes = m.dev->held();
+  rep.device_peak_bytes = m.dev->peak();
+  rep.pinned_host_bytes = m.weights->pinned_host_bytes() + (m.pinned_kv ? m.pinned_kv->capacity() : 0) +
+                          (m.pinned_x ? m.pinned_x->capacity() : 0);
   rep.wall_seconds = seconds_since(t0);
   return res;
 }

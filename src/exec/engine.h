@@ -17,8 +17,13 @@
 //
 // Memory: activations come from one Arena per forward whose capacity is the plan's
 // predicted peak (exceeding it is an error, never a silent growth). Weights live in a
-// WeightStore (exec/weights.h): host views on the CPU, an arena on the device otherwise.
-// Modulation tables (AdaLN outputs) live in their own arena, sized exactly.
+// WeightStore (exec/weights.h): host views on the CPU, resident blocks plus streamed
+// blocks through slots on a device. Modulation tables (AdaLN outputs) live in their own
+// arena, sized exactly. With K/V offload, K and V of a block go to pinned host memory
+// in pass 1 and come back chunk by chunk in pass 2 (double-buffered on the transfer
+// queue); with residual offload the residual stream lives in pinned host memory and
+// each slice is copied in and out around its work. Every device arena draws from one
+// counting resource, so RunReport::device_peak_bytes is what LayerStream held at most.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +36,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "exec/plan.h"
+#include "exec/weights.h"
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
 
@@ -69,6 +75,20 @@ struct RunReport {
   bool adaln_precomputed = false;     // tables came from precompute_adaln
   double wall_seconds = 0.0;
   std::string backend;                // "cpu", "cuda:0 (...)"
+  // Residency and traffic (issue 5).
+  int64_t resident_blocks = 0;        // blocks whose weights stay on the device
+  int64_t streamed_blocks = 0;        // blocks copied into slots during this call
+  int64_t slots = 0;                  // 2 = prefetch, 1 = copy then compute, 0 = none
+  bool kv_offload = false;            // K/V of each block went to host memory and back
+  bool residual_offload = false;      // the residual stream lived in host memory
+  int64_t kv_chunk = 0;               // keys per K/V chunk on the device (K/V offload)
+  uint64_t pcie_weight_bytes = 0;     // host -> device bytes of streamed block weights
+  uint64_t pcie_kv_bytes = 0;         // K/V bytes moved both ways
+  uint64_t pcie_residual_bytes = 0;   // residual bytes moved both ways
+  uint64_t device_weight_bytes = 0;   // resident weights + slots
+  uint64_t device_held_bytes = 0;     // every LayerStream arena on the device during this call
+  uint64_t device_peak_bytes = 0;     // the most LayerStream held on the device since create()
+  uint64_t pinned_host_bytes = 0;     // pinned host memory (streamed weights, K/V, residual)
 
   // One line like ComfyUI's memory-patch nodes:
   // "[LayerStream] two-pass attention (4096-row slices), sliced MLP (4096), stock head; S 8 234;
@@ -98,6 +118,9 @@ using EvalCallback = std::function<void(const std::string& name, int64_t layer, 
 
 struct EngineOptions {
   EvalCallback eval;  // optional
+  // Where the weights live (exec/weights.h): every block resident by default; a
+  // BudgetPlan gives resident_blocks and slots.
+  Residency residency;
 };
 
 class Engine {
@@ -130,7 +153,9 @@ class Engine {
   //   video fp32 [latents_dim, T, Hl, Wl], audio fp32 [audio_latents_dim, 2, A]
   // (the sampler's state: rounded to bf16 on entry, as ComfyUI casts to the compute
   // dtype; the audio part is the carried variable when cond.audio_scale != 1).
-  // The plan must have been made for (config(), cond); a mismatch is an error.
+  // The plan must have been made for (config(), cond); a mismatch is an error. Its
+  // offload knobs (plan.kv_offload, plan.residual_offload) say whether K/V and the
+  // residual stay on the device; none of this changes an output bit.
   Expected<ForwardResult> forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
                                   const TensorView& audio, float sigma, const Plan& plan);
 

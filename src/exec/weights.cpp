@@ -1,5 +1,7 @@
 #include "exec/weights.h"
 
+#include <cstring>
+
 #include "model/h3/checkpoint.h"
 
 namespace ls::exec {
@@ -8,35 +10,133 @@ bool WeightStore::is_precompute_only(const std::string& n) {
   return n.rfind("time_embedder.", 0) == 0 || n.find("adaln_proj.") != std::string::npos || n == "adaln_t_table";
 }
 
+bool WeightStore::is_text(const std::string& n) {
+  return n.rfind("condition_proj.", 0) == 0 || n.rfind("token_refiner.", 0) == 0;
+}
+
 // Host-side only (small tables read on the host) or unused by the dense forward.
 static bool is_host_only(const std::string& n) {
   return n == "rope.inv_freq" || n.find("to_gate_compress") != std::string::npos;
 }
 
-Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSource& src, Backend& be) {
+static uint64_t spec_bytes(const h3::TensorSpec& s) {
+  return static_cast<uint64_t>(s.numel()) * static_cast<uint64_t>(dtype_size(s.dtype));
+}
+
+static TensorView view_of(void* p, const h3::TensorSpec& s, Device d) {
+  TensorView v = TensorView::contiguous(p, s.dtype, s.shape.data(), static_cast<int>(s.shape.size()));
+  v.device = d;
+  return v;
+}
+
+std::vector<WeightStore::SlotEntry> WeightStore::layout_of(const std::string& prefix) const {
+  std::vector<SlotEntry> l;
+  uint64_t off = 0;
+  for (const auto& s : src_.specs()) {
+    if (s.name.rfind(prefix, 0) != 0 || is_precompute_only(s.name) || is_host_only(s.name)) continue;
+    l.push_back(SlotEntry{s.name.substr(prefix.size()), s, off});
+    off += Arena::aligned_bytes(static_cast<size_t>(spec_bytes(s)));
+  }
+  return l;
+}
+
+uint64_t WeightStore::layout_bytes(const std::vector<SlotEntry>& l) {
+  return l.empty() ? 0 : l.back().offset + Arena::aligned_bytes(static_cast<size_t>(spec_bytes(l.back().spec)));
+}
+
+h3::WeightGetter WeightStore::slot_getter(int64_t slot, const std::string& prefix,
+                                          const std::vector<SlotEntry>& l) const {
+  std::map<std::string, TensorView> views;
+  for (const SlotEntry& e : l)
+    views[prefix + e.suffix] = view_of(static_cast<char*>(slot_ptr_[static_cast<size_t>(slot)]) + e.offset, e.spec,
+                                       be_.device());
+  return [views = std::move(views)](const std::string& n) {
+    auto it = views.find(n);
+    LS_CHECK_MSG(it != views.end(), "weight '" + n + "' is not in the block slot");
+    return it->second;
+  };
+}
+
+Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSource& src, Backend& be,
+                                                           const Residency& r, MemoryResource& device_memory) {
+  const int64_t L = src.cfg().num_layers;
+  if (r.resident_blocks < -1 || r.resident_blocks > L)
+    return make_error(ErrorCode::invalid_argument, "resident blocks must be -1 (all) or 0.." + std::to_string(L) +
+                                                       " (got " + std::to_string(r.resident_blocks) + ")");
+  if (r.slots < 1 || r.slots > 2)
+    return make_error(ErrorCode::invalid_argument, "block slots must be 1 or 2 (got " + std::to_string(r.slots) + ")");
   std::unique_ptr<WeightStore> ws(new WeightStore(src, be));
-  if (be.device().kind == DeviceKind::cpu) return ws;
+  ws->num_blocks_ = L;
+  ws->resident_blocks_ = r.resident_blocks < 0 ? L : r.resident_blocks;
+  ws->release_ = r.release_source;
+  if (be.device().kind == DeviceKind::cpu && ws->resident_blocks_ == L) return ws;  // host views as they are
   ws->host_resident_ = false;
+  ws->block_layout_ = ws->layout_of("blocks.0.");
+  const uint64_t block_bytes = layout_bytes(ws->block_layout_);
+  for (int64_t i = 1; i < L; ++i) {
+    const auto li = ws->layout_of("blocks." + std::to_string(i) + ".");
+    LS_CHECK_MSG(layout_bytes(li) == block_bytes && li.size() == ws->block_layout_.size(),
+                 "block " + std::to_string(i) + " differs in layout from block 0");
+  }
+  auto block_of = [](const std::string& n) -> int64_t {
+    if (n.rfind("blocks.", 0) != 0) return -1;
+    return std::stoll(n.substr(7, n.find('.', 7) - 7));
+  };
+  // Resident arena: non-block step weights + blocks 0 .. R-1.
   uint64_t total = 0;
-  for (const auto& s : src.specs())
-    if (!is_precompute_only(s.name) && !is_host_only(s.name))
-      total += Arena::aligned_bytes(static_cast<size_t>(s.numel()) * static_cast<size_t>(dtype_size(s.dtype)));
-  LS_ASSIGN_OR_RETURN(ws->arena_, Arena::create(be.memory(), total));
   for (const auto& s : src.specs()) {
-    if (is_precompute_only(s.name) || is_host_only(s.name)) continue;
+    if (is_precompute_only(s.name) || is_host_only(s.name) || is_text(s.name)) continue;
+    const int64_t b = block_of(s.name);
+    if (b >= ws->resident_blocks_) continue;
+    total += Arena::aligned_bytes(static_cast<size_t>(spec_bytes(s)));
+  }
+  LS_ASSIGN_OR_RETURN(ws->arena_, Arena::create(device_memory, total));
+  for (const auto& s : src.specs()) {
+    if (is_precompute_only(s.name) || is_host_only(s.name) || is_text(s.name)) continue;
+    if (block_of(s.name) >= ws->resident_blocks_) continue;
     const TensorView h = src.get(s.name);
     LS_ASSIGN_OR_RETURN(void* p, ws->arena_->alloc_bytes(static_cast<size_t>(h.nbytes()), s.name.c_str()));
-    TensorView d = h;
-    d.data = p;
-    d.device = be.device();
+    const TensorView d = view_of(p, s, be.device());
     LS_TRY(be.copy(d, h));
-    src.release(s.name);  // the device copy is the one in use
+    LS_TRY(be.synchronize());  // the source's host copy may go now
+    if (ws->release_) src.release(s.name);
     ws->device_[s.name] = d;
   }
+  // Streamed blocks: pinned host copies in slot layout, and the slots.
+  const int64_t streamed = L - ws->resident_blocks_;
+  if (streamed > 0) {
+    ws->slots_ = std::min<int64_t>(r.slots, streamed);
+    ws->slot_bytes_ = block_bytes;
+    LS_ASSIGN_OR_RETURN(ws->slot_arena_,
+                        Arena::create(device_memory, static_cast<size_t>(block_bytes) * static_cast<size_t>(ws->slots_)));
+    for (int64_t s = 0; s < ws->slots_; ++s) {
+      LS_ASSIGN_OR_RETURN(void* p, ws->slot_arena_->alloc_bytes(static_cast<size_t>(block_bytes), "block slot"));
+      ws->slot_ptr_.push_back(p);
+    }
+    LS_ASSIGN_OR_RETURN(ws->pinned_arena_, Arena::create(be.pinned_host_memory(), static_cast<size_t>(block_bytes) *
+                                                                                      static_cast<size_t>(streamed)));
+    for (int64_t i = ws->resident_blocks_; i < L; ++i) {
+      LS_ASSIGN_OR_RETURN(void* p, ws->pinned_arena_->alloc_bytes(static_cast<size_t>(block_bytes), "streamed block"));
+      ws->host_block_ptr_.push_back(p);
+      const std::string prefix = "blocks." + std::to_string(i) + ".";
+      for (const SlotEntry& e : ws->block_layout_) {
+        const std::string n = prefix + e.suffix;
+        const TensorView h = src.get(n);
+        std::memcpy(static_cast<char*>(p) + e.offset, h.data, static_cast<size_t>(h.nbytes()));
+        if (ws->release_) src.release(n);
+      }
+    }
+  }
   LS_TRY(be.synchronize());
-  ws->device_bytes_ = ws->arena_->used();
   return ws;
 }
+
+WeightStore::~WeightStore() { (void)be_.synchronize(); }  // no copy may outlive the buffers
+
+uint64_t WeightStore::device_bytes() const {
+  return (arena_ ? arena_->used() : 0) + (slot_arena_ ? slot_arena_->used() : 0);
+}
+uint64_t WeightStore::pinned_host_bytes() const { return pinned_arena_ ? pinned_arena_->used() : 0; }
 
 TensorView WeightStore::get(const std::string& name) const {
   if (host_resident_) return src_.get(name);
@@ -51,7 +151,7 @@ uint64_t WeightStore::transient_bytes(const std::string& name) const {
   if (host_resident_) return 0;
   const auto* s = src_.spec(name);
   LS_CHECK_MSG(s != nullptr, "unknown weight '" + name + "'");
-  return Arena::aligned_bytes(static_cast<size_t>(s->numel()) * static_cast<size_t>(dtype_size(s->dtype)));
+  return Arena::aligned_bytes(static_cast<size_t>(spec_bytes(*s)));
 }
 
 Expected<TensorView> WeightStore::transient(const std::string& name, Arena& scratch) const {
@@ -63,6 +163,91 @@ Expected<TensorView> WeightStore::transient(const std::string& name, Arena& scra
   d.device = be_.device();
   LS_TRY(be_.copy(d, h));
   return d;
+}
+
+void WeightStore::release_source(const std::string& name) const {
+  if (release_) src_.release(name);
+}
+
+// ---- block streaming ------------------------------------------------------------------
+
+Status WeightStore::queue_load(int64_t block) {
+  const int64_t s = slot_of(block);
+  LS_TRY(be_.wait(Queue::transfer, kFenceFree0 + static_cast<int>(s)));  // the slot's last user is done
+  const auto n = static_cast<int64_t>(slot_bytes_);
+  const TensorView dst(slot_ptr_[static_cast<size_t>(s)], DType::u8, {n}, be_.device());
+  const TensorView src(host_block_ptr_[static_cast<size_t>(block - resident_blocks_)], DType::u8, {n});
+  LS_TRY(be_.copy_async(dst, src, Queue::transfer));
+  forward_copy_bytes_ += slot_bytes_;
+  return be_.signal(Queue::transfer, kFenceLoaded0 + static_cast<int>(s));
+}
+
+Status WeightStore::begin_forward() {
+  forward_copy_bytes_ = 0;
+  for (int64_t i = resident_blocks_; i < std::min(num_blocks_, resident_blocks_ + slots_); ++i) LS_TRY(queue_load(i));
+  return Status();
+}
+
+Expected<h3::WeightGetter> WeightStore::acquire_block(int64_t i) {
+  LS_CHECK(i >= 0 && i < num_blocks_);
+  if (host_resident_ || i < resident_blocks_) {
+    return h3::WeightGetter([this](const std::string& n) { return get(n); });
+  }
+  const int64_t s = slot_of(i);
+  LS_TRY(be_.wait(Queue::compute, kFenceLoaded0 + static_cast<int>(s)));
+  return slot_getter(s, "blocks." + std::to_string(i) + ".", block_layout_);
+}
+
+Status WeightStore::release_block(int64_t i) {
+  if (host_resident_ || i < resident_blocks_) return Status();
+  const int64_t s = slot_of(i);
+  LS_TRY(be_.signal(Queue::compute, kFenceFree0 + static_cast<int>(s)));
+  if (i + slots_ < num_blocks_) LS_TRY(queue_load(i + slots_));
+  return Status();
+}
+
+// ---- text refinement --------------------------------------------------------------------
+
+uint64_t WeightStore::refiner_block_scratch_bytes(int64_t i) const {
+  if (host_resident_) return 0;
+  const auto l = layout_of(h3::h3_refiner_key(i, ""));
+  if (slots_ > 0 && layout_bytes(l) <= slot_bytes_) return 0;
+  return layout_bytes(l);
+}
+
+Expected<h3::WeightGetter> WeightStore::refiner_block(int64_t i, Arena& scratch) {
+  if (host_resident_) return h3::WeightGetter([this](const std::string& n) { return src_.get(n); });
+  const std::string prefix = h3::h3_refiner_key(i, "");
+  const auto l = layout_of(prefix);
+  void* base = nullptr;
+  int64_t slot = -1;
+  if (slots_ > 0 && layout_bytes(l) <= slot_bytes_) {
+    slot = i % slots_;
+    base = slot_ptr_[static_cast<size_t>(slot)];
+    // Nothing else is queued on the slots outside a forward, but a previous forward's
+    // last user of this slot must be done before the copy (compute-queue order does it).
+  } else {
+    LS_ASSIGN_OR_RETURN(base, scratch.alloc_bytes(static_cast<size_t>(layout_bytes(l)), "refiner block"));
+  }
+  std::map<std::string, TensorView> views;
+  for (const SlotEntry& e : l) {
+    const TensorView h = src_.get(prefix + e.suffix);
+    const TensorView d = view_of(static_cast<char*>(base) + e.offset, e.spec, be_.device());
+    LS_TRY(be_.copy_async(d, h, Queue::compute));  // ordered before the block's ops
+    views[prefix + e.suffix] = d;
+  }
+  LS_TRY(be_.synchronize());  // host views of the source may be released by the caller
+  (void)slot;
+  return h3::WeightGetter([views = std::move(views)](const std::string& n) {
+    auto it = views.find(n);
+    LS_CHECK_MSG(it != views.end(), "weight '" + n + "' is not in the refiner block copy");
+    return it->second;
+  });
+}
+
+Status WeightStore::release_refiner_block(int64_t i) {
+  if (host_resident_ || slots_ == 0) return Status();
+  return be_.signal(Queue::compute, kFenceFree0 + static_cast<int>(i % slots_));
 }
 
 }  // namespace ls::exec

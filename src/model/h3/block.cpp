@@ -39,37 +39,47 @@ BlockTables block_tables(const TensorView& out) {
 Status DitBlock::norm_modulate(const BlockRows& r, int64_t a, int64_t b, const TensorView& norm_w,
                                const TensorView& shift, const TensorView& scale, const TensorView& h) const {
   // h = bf16(RMSNorm(x)); h = bf16(bf16(h * bf16(1 + bf16(scale))) + bf16(shift)), in place.
-  LS_TRY(be_.rms_norm(r.x.slice_rows(a, b), norm_w, kEps, h));
+  LS_TRY(be_.rms_norm(r.x_rows(a, b), norm_w, kEps, h));
   return be_.modulate(h, shift, scale, r.mod_rows.slice_rows(a, b), h);
 }
 
-Status DitBlock::attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all, const TensorView& v_all,
-                         const TensorView& h) const {
+Status DitBlock::attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_rows,
+                         const TensorView& v_rows, const TensorView& h) const {
   const int64_t I = cfg_.inner();
-  LS_CHECK(h.rows() == b - a);
+  LS_CHECK(h.rows() == b - a && k_rows.rows() == b - a && v_rows.rows() == b - a);
   LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
   // K and V projections only: the K and V row ranges of the fused qkv weight.
-  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(I, 2 * I), nullptr, as2d(k_all).slice_rows(a, b)));
-  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(2 * I, 3 * I), nullptr, as2d(v_all).slice_rows(a, b)));
+  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(I, 2 * I), nullptr, as2d(k_rows)));
+  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(2 * I, 3 * I), nullptr, as2d(v_rows)));
   // Per-head k RMSNorm + split-half partial RoPE, in place (V is neither normalised nor rotated).
-  return be_.qk_norm_rope(k_all.slice_rows(a, b), w_.attn.k_norm, r.rope.slice_rows(a, b), kEps);
+  return be_.qk_norm_rope(k_rows, w_.attn.k_norm, r.rope.slice_rows(a, b), kEps);
+}
+
+Status DitBlock::attn_q(const BlockRows& r, int64_t a, int64_t b, const TensorView& h, const TensorView& q) const {
+  const int64_t I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
+  LS_CHECK(h.rows() == b - a && q.rows() == b - a);
+  LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
+  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(0, I), nullptr, q));  // Q rows of the fused weight
+  return be_.qk_norm_rope(q.unflatten_last(H, Dh), w_.attn.q_norm, r.rope.slice_rows(a, b), kEps);
+}
+
+Status DitBlock::attn_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& o, const TensorView& h) const {
+  LS_CHECK(h.rows() == b - a && o.rows() == b - a);
+  LS_TRY(be_.gemm(o, w_.attn.out_proj, nullptr, h));  // out-projection into h (h is free again)
+  // x = bf16(x + proj * bf16(gate_msa)), the raw gate (no 1 +, no tanh).
+  return be_.gated_add(r.x_rows(a, b), h, t_.gate_msa, r.mod_rows.slice_rows(a, b));
 }
 
 Status DitBlock::attn_q_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all,
                             const TensorView& v_all, const TensorView& h, const TensorView& q, const TensorView& o,
                             int64_t kv_tile) const {
-  const int64_t I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
-  LS_CHECK(h.rows() == b - a && q.rows() == b - a && o.rows() == b - a);
-  LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
-  LS_TRY(be_.gemm(h, w_.attn.qkv.slice_rows(0, I), nullptr, q));  // Q rows of the fused weight
-  const TensorView q3 = q.unflatten_last(H, Dh), o3 = o.unflatten_last(H, Dh);
-  LS_TRY(be_.qk_norm_rope(q3, w_.attn.q_norm, r.rope.slice_rows(a, b), kEps));
+  const int64_t H = cfg_.heads, Dh = cfg_.head_dim;
+  LS_CHECK(o.rows() == b - a);
+  LS_TRY(attn_q(r, a, b, h, q));
   AttentionParams ap;
   ap.kv_tile = kv_tile;  // scale 0 = 1/sqrt(Dh), no mask, all keys
-  LS_TRY(be_.attention(q3, k_all, v_all, o3, ap));
-  LS_TRY(be_.gemm(o, w_.attn.out_proj, nullptr, h));  // out-projection into h (h is free again)
-  // x = bf16(x + proj * bf16(gate_msa)), the raw gate (no 1 +, no tanh).
-  return be_.gated_add(r.x.slice_rows(a, b), h, t_.gate_msa, r.mod_rows.slice_rows(a, b));
+  LS_TRY(be_.attention(q.unflatten_last(H, Dh), k_all, v_all, o.unflatten_last(H, Dh), ap));
+  return attn_out(r, a, b, o, h);
 }
 
 Status DitBlock::attn_fused(const BlockRows& r, const TensorView& h, const TensorView& qkv, const TensorView& o,
@@ -96,7 +106,7 @@ Status DitBlock::mlp(const BlockRows& r, int64_t a, int64_t b, const TensorView&
   LS_TRY(be_.gemm(h, w_.fc1, nullptr, u));  // [n, 2F] = [gate | up]
   LS_TRY(be_.swiglu(u, act));               // bf16(bf16(silu(gate)) * up)
   LS_TRY(be_.gemm(act, w_.fc2, nullptr, h));
-  return be_.gated_add(r.x.slice_rows(a, b), h, t_.gate_mlp, r.mod_rows.slice_rows(a, b));
+  return be_.gated_add(r.x_rows(a, b), h, t_.gate_mlp, r.mod_rows.slice_rows(a, b));
 }
 
 Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, const TensorView& x, const TensorView& h,

@@ -52,23 +52,34 @@ BlockTables block_tables(const TensorView& adaln_out);
 
 // Sequence-wide inputs of a block (device views).
 struct BlockRows {
-  TensorView x;         // bf16 [S, D] residual stream (updated in place)
+  TensorView x;         // bf16 [n, D] residual rows [x_row0, x_row0 + n) (updated in place):
+                        // all S rows, or one slice when the residual is offloaded to the host
   TensorView rope;      // bf16 [S, P, 2] (cos, sin)
   TensorView mod_rows;  // i32 [S] modulation row per token
+  int64_t x_row0 = 0;   // sequence row of x's first row
+  // Residual rows [a, b) of the sequence (must lie inside x).
+  TensorView x_rows(int64_t a, int64_t b) const { return x.slice_rows(a - x_row0, b - x_row0); }
 };
 
 class DitBlock {
  public:
   DitBlock(Backend& be, const H3Config& cfg, const BlockWeights& w, const BlockTables& t)
       : be_(be), cfg_(cfg), w_(w), t_(t) {}
-  // Pass 1 for rows [a, b): K and V into k_all / v_all rows [a, b).
-  //   k_all, v_all: bf16 [S, H, Dh]; h: scratch bf16 [b - a, D].
-  Status attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all, const TensorView& v_all,
+  // Pass 1 for rows [a, b): K and V of those rows into k_rows / v_rows.
+  //   k_rows, v_rows: bf16 [b - a, H, Dh] (rows [a, b) of the [S, H, Dh] K and V, or of
+  //   an offload chunk); h: scratch bf16 [b - a, D].
+  Status attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_rows, const TensorView& v_rows,
                  const TensorView& h) const;
   // Pass 2 for rows [a, b) (needs pass 1 done for all rows).
   //   scratch h bf16 [n, D], q bf16 [n, I], o bf16 [n, I]  (n = b - a)
   Status attn_q_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& k_all, const TensorView& v_all,
                     const TensorView& h, const TensorView& q, const TensorView& o, int64_t kv_tile) const;
+  // attn_q_out in its three steps, for callers that feed the keys in chunks (K/V
+  // offload): attn_q = norm1 + modulate, Q, q-norm + RoPE (h scratch, q bf16 [n, I]);
+  // then the caller's attention into o bf16 [n, I]; attn_out = out-projection into h,
+  // gated add into x rows [a, b). attn_q_out is exactly attn_q, attention, attn_out.
+  Status attn_q(const BlockRows& r, int64_t a, int64_t b, const TensorView& h, const TensorView& q) const;
+  Status attn_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& o, const TensorView& h) const;
   // Stock attention over all S rows with the fused qkv projection.
   //   scratch h bf16 [S, D], qkv bf16 [S, 3I], o bf16 [S, I]
   Status attn_fused(const BlockRows& r, const TensorView& h, const TensorView& qkv, const TensorView& o,

@@ -8,12 +8,12 @@
 
 namespace ls::h3 {
 
-Status final_layer_rows(Backend& be, const TensorView& x, const TensorView& rows, int64_t a, int64_t b,
+Status final_layer_rows(Backend& be, const TensorView& x_rows, const TensorView& rows, int64_t a, int64_t b,
                         const TensorView& shift, const TensorView& scale, const TensorView& norm_w,
                         const TensorView& head_w, const TensorView& head_b, const TensorView& h, const TensorView& mod,
                         const TensorView& out) {
-  LS_CHECK(h.rows() == b - a && mod.rows() == b - a && out.rows() == b - a);
-  LS_TRY(be.rms_norm(x.slice_rows(a, b), norm_w, 1e-5f, h));  // final_norm_eps 1e-5
+  LS_CHECK(x_rows.rows() == b - a && h.rows() == b - a && mod.rows() == b - a && out.rows() == b - a);
+  LS_TRY(be.rms_norm(x_rows, norm_w, 1e-5f, h));  // final_norm_eps 1e-5
   const TensorView r = rows.slice_rows(a, b);
   if (shift.dtype == DType::bf16) {
     // bf16 tables: (norm * bf16(1 + scale)) + shift in bf16, then .to(fp32).

@@ -15,11 +15,11 @@
 
 namespace ls::h3 {
 
-// Rows [a, b) of x (all of one stream):
-//   x bf16 [S, D]; rows i32 [S] (final-table row = t_index per token);
+// Rows [a, b) of the sequence (all of one stream):
+//   x_rows bf16 [b - a, D]: the residual rows [a, b); rows i32 [S] (final-table row = t_index per token);
 //   shift, scale bf16|f32 [M, D]; norm_w bf16 [D]; head_w f32 [out, D]; head_b f32 [out];
 //   scratch h bf16 [n, D], mod f32 [n, D]; out f32 [n, out].
-Status final_layer_rows(Backend& be, const TensorView& x, const TensorView& rows, int64_t a, int64_t b,
+Status final_layer_rows(Backend& be, const TensorView& x_rows, const TensorView& rows, int64_t a, int64_t b,
                         const TensorView& shift, const TensorView& scale, const TensorView& norm_w,
                         const TensorView& head_w, const TensorView& head_b, const TensorView& h, const TensorView& mod,
                         const TensorView& out);
