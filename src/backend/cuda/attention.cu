@@ -23,6 +23,21 @@
 // the same order whatever Mq is or which other queries share its CTA.
 // Two-pass / streamed K/V: since blocks never straddle a kv_tile, a caller that feeds
 // the same tiles in the same order through this state gets the same bits.
+//
+// Streamed keys (AttentionParams::state, kState = true instantiations): every non-final
+// chunk holds whole kv_tiles, so the chunk starts at a block boundary of the one-call
+// walk and its blocks are the same key ranges. The state of (query i, head h) is
+// exactly what the threads hold at a block boundary, stored fp32 in the contiguous
+// state f32 [Mq, H, Dh + 8] at row (i * H + h):
+//   [0, Dh)        acc[d]; quad lane t holds d = 8j + 2t, 8j + 2t + 1 (float2 stores)
+//   [Dh]           m, log2 domain (equal in the 4 lanes of the quad after the max)
+//   [Dh + 1 + t]   lane t's partial l, unreduced: the quad sum happens only at the
+//                  end, so the resumed sum keeps the one-call order
+//   [Dh + 5, +8)   unused (never written or read)
+// state_in loads these instead of (-inf, 0, 0) before the key loop; !finalize stores
+// them after it instead of writing out. Rows past Mq (zero-filled Q rows of the last
+// CTA) neither load nor store. The no-state instantiations (kState = false) compile
+// none of this, so their code and speed are those of the one-call kernel.
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -117,6 +132,9 @@ struct AttnArgs {
   int64_t sq, hq, sk, hk, sv, hv, so, ho;  // row and head strides (elements)
   int64_t Mq, Mk, kv_tile;
   float scale_log2;  // softmax scale * log2(e)
+  float* state;      // f32 [Mq, H, D + kAttentionStateExtra], contiguous (kState kernels only)
+  bool state_in;     // start from `state` instead of (-inf, 0, 0)
+  bool finalize;     // write o; else save the running state to `state`
 };
 
 // MT m-tiles of 16 queries per warp. MT = 1 keeps Q in registers; MT = 2 reads Q
@@ -125,7 +143,7 @@ struct AttnArgs {
 // H200: 64 ldmatrix.x4 per 128 mma). A row's arithmetic (same K/V fragments, same
 // k order, same softmax steps) is identical for every (NW, MT), so results are
 // bitwise equal across variants (tested).
-template <int D, int NW, int MT>
+template <int D, int NW, int MT, bool kState>
 __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
   constexpr int kBr = 16 * NW * MT;  // queries per CTA
   constexpr bool kQInRegs = MT == 1;
@@ -176,6 +194,27 @@ __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m_r[mt][0] = m_r[mt][1] = -INFINITY, l_r[mt][0] = l_r[mt][1] = 0.0f;
   const float c = a.scale_log2;
+  if constexpr (kState) {
+    if (a.state_in) {  // resume a previous chunk's state (layout at the top of the file)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = q0 + (warp * MT + mt) * 16 + g + 8 * r;
+          if (row >= a.Mq) continue;
+          const float* st = a.state + (row * gridDim.y + h) * (D + kAttentionStateExtra);
+          m_r[mt][r] = st[D];
+          l_r[mt][r] = st[D + 1 + t];
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            const float2 x = *reinterpret_cast<const float2*>(st + 8 * j + 2 * t);
+            acc[mt][j][2 * r] = x.x;
+            acc[mt][j][2 * r + 1] = x.y;
+          }
+        }
+      }
+    }
+  }
 
   int buf = 0;
   for (int64_t b = 0; b < a.Mk; buf ^= 1) {
@@ -305,6 +344,26 @@ __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
     b = e;
   }
 
+  if constexpr (kState) {
+    if (!a.finalize) {  // a non-final chunk: save the state, leave o untouched
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = q0 + (warp * MT + mt) * 16 + g + 8 * r;
+          if (row >= a.Mq) continue;
+          float* st = a.state + (row * gridDim.y + h) * (D + kAttentionStateExtra);
+          if (t == 0) st[D] = m_r[mt][r];
+          st[D + 1 + t] = l_r[mt][r];
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<float2*>(st + 8 * j + 2 * t) = make_float2(acc[mt][j][2 * r], acc[mt][j][2 * r + 1]);
+        }
+      }
+      return;  // uniform over the CTA (a.finalize), so no shuffle below is left half-joined
+    }
+  }
+
   // l over the quad, then out = bf16(acc / l).
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -325,7 +384,7 @@ __global__ void __launch_bounds__(NW * 32) attention_bf16(const AttnArgs a) {
   }
 }
 
-template <int D, int NW, int MT>
+template <int D, int NW, int MT, bool kState>
 Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
   constexpr int kBr = 16 * NW * MT;
   const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * D * sizeof(uint16_t);
@@ -333,12 +392,12 @@ Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
   static std::atomic<bool> configured[kMaxDevices] = {};
   LS_CHECK(ctx.device >= 0 && ctx.device < kMaxDevices);
   if (!configured[ctx.device].load(std::memory_order_acquire)) {
-    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D, NW, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16<D, NW, MT, kState>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     configured[ctx.device].store(true, std::memory_order_release);
   }
   dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_bf16<D, NW, MT><<<grid, NW * 32, smem, ctx.stream>>>(a);
+  attention_bf16<D, NW, MT, kState><<<grid, NW * 32, smem, ctx.stream>>>(a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
@@ -346,13 +405,47 @@ Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
 // Kernel variant (speed only; every variant gives the same bits):
 // LAYERSTREAM_ATTN_VARIANT = "4x1" (4 warps x 1 m-tile), "8x1", or "4x2" (4 warps x 2 m-tiles).
 // Read at every call so tests can compare variants in one process.
-template <int D>
+template <int D, bool kState>
 Status launch_variant(CudaContext& ctx, const AttnArgs& a, int H) {
   const char* e = std::getenv("LAYERSTREAM_ATTN_VARIANT");
   const std::string v = e ? e : kDefaultVariant;
-  if (v == "8x1") return launch<D, 8, 1>(ctx, a, H);
-  if (v == "4x2") return launch<D, 4, 2>(ctx, a, H);
-  return launch<D, 4, 1>(ctx, a, H);
+  if (v == "8x1") return launch<D, 8, 1, kState>(ctx, a, H);
+  if (v == "4x2") return launch<D, 4, 2, kState>(ctx, a, H);
+  return launch<D, 4, 1, kState>(ctx, a, H);
+}
+template <int D>
+Status launch_variant(CudaContext& ctx, const AttnArgs& a, int H) {
+  return a.state ? launch_variant<D, true>(ctx, a, H) : launch_variant<D, false>(ctx, a, H);
+}
+
+// invalid_argument unless p's streamed-key settings fit a chunk of Mk keys for the
+// queries [Mq, H, Dh] (the same rules and messages as the CPU reference).
+Status check_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh) {
+  const bool chunked = p.state_in || !p.finalize;
+  if (p.state.empty()) {
+    if (chunked)
+      return make_error(ErrorCode::invalid_argument,
+                        "attention: state_in or !finalize needs a state view f32 [Mq, H, Dh + " +
+                            std::to_string(kAttentionStateExtra) + "]; none was given");
+    return Status();
+  }
+  const int64_t width = Dh + kAttentionStateExtra;
+  if (p.state.dtype != DType::f32 || p.state.ndim != 3 || p.state.shape[0] != Mq || p.state.shape[1] != H ||
+      p.state.shape[2] != width || !p.state.is_contiguous())
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("attention: the state must be a contiguous f32 [") + std::to_string(Mq) + ", " +
+                          std::to_string(H) + ", " + std::to_string(width) + "] (queries, heads, head_dim + " +
+                          std::to_string(kAttentionStateExtra) + "); got " + dtype_name(p.state.dtype) + " " +
+                          p.state.shape_str() + (p.state.is_contiguous() ? "" : " (strided)"));
+  if (p.state.device.kind != DeviceKind::cuda)
+    return make_error(ErrorCode::invalid_argument,
+                      "attention: the state lives on " + p.state.device.str() + "; it must be in device memory");
+  if (!p.finalize && Mk % p.kv_tile != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "attention: a non-final key chunk must hold a multiple of kv_tile = " +
+                          std::to_string(p.kv_tile) + " keys so its tiles are those of one call over all keys; got " +
+                          std::to_string(Mk) + " keys (make the chunk a multiple of kv_tile, or finalize it)");
+  return Status();
 }
 
 }  // namespace
@@ -366,9 +459,11 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
                    v.inner_contiguous() && out.inner_contiguous() && p.kv_tile > 0,
                "attention: q " + q.shape_str() + " k " + k.shape_str() + " v " + v.shape_str() + " out " +
                    out.shape_str());
+  LS_TRY(check_state(p, q.shape[0], k.shape[0], q.shape[1], q.shape[2]));
   // ---- hook: cuDNN attention path (attention_cudnn.cu), opt-in with
-  // LAYERSTREAM_ATTENTION=cudnn; the native kernel below stays the default. ----
-  if (attention_cudnn_selected()) return attention_cudnn(ctx, q, k, v, out, p);
+  // LAYERSTREAM_ATTENTION=cudnn; the native kernel below stays the default. Streamed
+  // keys (a state) always take the native kernel: its state layout is this file's. ----
+  if (p.state.empty() && attention_cudnn_selected()) return attention_cudnn(ctx, q, k, v, out, p);
   if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported("attention", "needs bf16 q, k, v, out");
   const int64_t Dh = q.shape[2];
@@ -398,6 +493,11 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
   a.Mq = q.shape[0];
   a.Mk = k.shape[0];
   a.kv_tile = p.kv_tile;
+  a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
+  a.state_in = p.state_in;
+  a.finalize = p.finalize;
+  if (a.state && (reinterpret_cast<uintptr_t>(a.state) & 7u) != 0)
+    return unsupported("attention", "the state needs 8-byte aligned memory (an arena piece is)");
   // PyTorch's default scale: fl32(1 / sqrt(Dh)) computed in double (as the CPU reference).
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   if (!(scale > 0.0f)) return unsupported("attention", "softmax scale must be positive");
