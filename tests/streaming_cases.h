@@ -1,0 +1,198 @@
+// Weight streaming, K/V offload and residual offload are memory knobs: they must never
+// change an output bit (DESIGN.md §1, issue 5). Shared by tests/test_exec_streaming.cpp
+// (CPU backend, CI) and tests/cuda/test_exec_streaming_cuda.cpp (the GPU): for random
+// tiny configs and layouts, every residency (all, some, no blocks resident; 1 or 2
+// slots), K/V offload with chunks of 1..several key tiles, residual offload and their
+// combinations, and every plan plan_total_budget makes for budgets from its minimum up,
+// give the bytes of the all-resident stock run (memcmp), and the device memory the
+// engine held never exceeds the budget plan's prediction.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <string>
+
+#include "exactness_util.h"
+#include "exec/budget_plan.h"
+
+namespace ls::test {
+
+struct StreamingCase {
+  h3::H3Config cfg;
+  std::unique_ptr<h3::H3SyntheticSource> src;
+  h3::Conditioning cond;
+  Inputs in;
+  float sigma = 0.8f;
+  int64_t kv_tile = 1024;
+};
+
+inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wide) {
+  std::mt19937_64 rng(seed);
+  StreamingCase c;
+  c.cfg = tiny_cfg(rng, /*vary=*/true);
+  c.cfg.num_layers = layers;
+  if (wide) {  // big enough for the GPU kernels' tiles and real overlap
+    c.cfg.heads = 4;
+    c.cfg.head_dim = 64;
+    c.cfg.rope_inv_freq_len = 8;
+    c.cfg.hidden = 256;
+    c.cfg.ffn = 512;
+  }
+  c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, seed);
+  c.cond = random_cond(rng, c.cfg, /*extras=*/!wide);
+  if (wide) {
+    c.cond.geometry.T = 4;
+    c.cond.geometry.Hl = 16;
+    c.cond.geometry.Wl = 16;
+    c.cond.geometry.A = 40;
+    c.cond.geometry.text_tokens = 17;
+  }
+  c.in = random_inputs(rng, c.cfg, c.cond);
+  c.kv_tile = std::uniform_int_distribution<int>(0, 1)(rng) ? std::uniform_int_distribution<int64_t>(1, 16)(rng) : 64;
+  const float sigmas[] = {1.0f, 0.8f, 0.5f};
+  c.sigma = sigmas[std::uniform_int_distribution<int>(0, 2)(rng)];
+  return c;
+}
+
+struct StreamingRun {
+  exec::ForwardResult r;
+  bool ok = false;
+};
+
+// One engine, refine, precompute, forward.
+inline StreamingRun run_streaming(StreamingCase& c, Backend& be, const exec::Residency& res, const exec::Plan& plan) {
+  StreamingRun out;
+  exec::EngineOptions eo;
+  eo.residency = res;
+  eo.residency.release_source = false;  // several engines share the source
+  auto e = exec::Engine::create(*c.src, be, eo);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+  if (!e.ok()) return out;
+  auto t = (*e)->refine_text(c.in.text_view(c.cfg, c.cond));
+  EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
+  if (!t.ok()) return out;
+  Status s = (*e)->precompute_adaln({c.sigma}, c.cond);
+  EXPECT_TRUE(s.ok()) << s.message();
+  auto r = (*e)->forward(c.cond, *t, c.in.video_view(c.cfg, c.cond), c.in.audio_view(c.cfg, c.cond), c.sigma, plan);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  if (!r.ok()) return out;
+  EXPECT_LE(r->report.measured_peak_bytes, r->report.predicted_peak_bytes);
+  out.r = std::move(*r);
+  out.ok = true;
+  return out;
+}
+
+inline void expect_same(const StreamingRun& ref, const StreamingRun& got, const std::string& what) {
+  ASSERT_TRUE(got.ok) << what;
+  EXPECT_TRUE(same_bytes(ref.r.video, got.r.video)) << what << ": video differs";
+  EXPECT_TRUE(same_bytes(ref.r.audio, got.r.audio)) << what << ": audio differs";
+}
+
+// Manual knobs: residency x offload x slices.
+inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants) {
+  auto be = make_backend(device);
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  StreamingCase c = make_streaming_case(seed, layers, wide);
+  SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg) + ", kv_tile " +
+               std::to_string(c.kv_tile));
+  exec::PlanKnobs sk;
+  sk.kv_tile = c.kv_tile;
+  auto stock = exec::make_plan(c.cfg, c.cond, sk);
+  ASSERT_TRUE(stock.ok()) << stock.error().message;
+  const StreamingRun ref = run_streaming(c, **be, exec::Residency{}, *stock);
+  ASSERT_TRUE(ref.ok);
+  ASSERT_GT(sum_abs(ref.r.video), 0.0);
+  ASSERT_GT(sum_abs(ref.r.audio), 0.0);
+  const int64_t S = stock->sizes.S, L = c.cfg.num_layers;
+  std::mt19937_64 rng(seed * 31 + 7);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int v = 0; v < variants; ++v) {
+    exec::Residency res;
+    res.resident_blocks = pick(0, 2) == 0 ? -1 : pick(0, L);
+    res.slots = pick(1, 2);
+    exec::PlanKnobs k;
+    k.kv_tile = c.kv_tile;
+    k.attn_chunk_tokens = pick(1, S);
+    k.mlp_chunk_tokens = pick(0, 1) ? pick(1, S) : 0;
+    k.final_chunk_tokens = pick(0, 1) ? pick(1, stock->sizes.target_rows) : 0;
+    k.kv_offload = pick(0, 2) != 0;
+    k.residual_offload = pick(0, 1) != 0;
+    if (k.kv_offload) {
+      const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
+      k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : c.kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
+    }
+    auto p = exec::make_plan(c.cfg, c.cond, k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +
+                             ", plan " + p->describe();
+    const StreamingRun got = run_streaming(c, **be, res, *p);
+    expect_same(ref, got, what);
+    if (!got.ok) continue;
+    const exec::RunReport& rep = got.r.report;
+    const int64_t R = res.resident_blocks < 0 ? L : res.resident_blocks;
+    EXPECT_EQ(rep.streamed_blocks, L - R) << what;
+    EXPECT_EQ(rep.kv_offload, k.kv_offload) << what;
+    EXPECT_EQ(rep.residual_offload, k.residual_offload) << what;
+    // Each streamed block crosses once per forward, never once per slice.
+    if (R < L) EXPECT_EQ(rep.pcie_weight_bytes % static_cast<uint64_t>(L - R), 0u) << what;
+    if (R == L) EXPECT_EQ(rep.pcie_weight_bytes, 0u) << what;
+    if (k.kv_offload) {
+      EXPECT_GT(rep.pcie_kv_bytes, 0u) << what;
+    } else {
+      EXPECT_EQ(rep.pcie_kv_bytes, 0u) << what;
+    }
+    if (k.residual_offload) {
+      EXPECT_GT(rep.pcie_residual_bytes, 0u) << what;
+    } else {
+      EXPECT_EQ(rep.pcie_residual_bytes, 0u) << what;
+    }
+  }
+}
+
+// Budgets: every plan_total_budget plan from the minimum to all-resident.
+inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets) {
+  auto be = make_backend(device);
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  StreamingCase c = make_streaming_case(seed, layers, wide);
+  SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg));
+  exec::PlanKnobs sk;
+  sk.kv_tile = c.kv_tile;
+  auto stock = exec::make_plan(c.cfg, c.cond, sk);
+  ASSERT_TRUE(stock.ok()) << stock.error().message;
+  const StreamingRun ref = run_streaming(c, **be, exec::Residency{}, *stock);
+  ASSERT_TRUE(ref.ok);
+  exec::BudgetOptions bo;
+  bo.kv_tile = c.kv_tile;
+  bo.workspace_bytes = (*be)->workspace_bytes();
+  auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
+  ASSERT_TRUE(rows.ok()) << rows.error().message;
+  bo.modulation_rows = *rows;
+  auto lo = exec::min_total_budget(c.cfg, c.cond, bo);
+  ASSERT_TRUE(lo.ok()) << lo.error().message;
+  auto all = exec::plan_total_budget(c.cfg, c.cond, 1ull << 40, bo);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  const uint64_t hi = all->predicted_peak_bytes;
+  std::set<std::string> steps;
+  for (int i = 0; i <= budgets; ++i) {
+    const uint64_t budget = *lo + (hi - *lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
+    auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
+    ASSERT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
+    steps.insert(bp->step);
+    exec::Residency res;
+    res.resident_blocks = bp->resident_blocks;
+    res.slots = bp->prefetch ? 2 : 1;
+    const std::string what = bp->describe();
+    const StreamingRun got = run_streaming(c, **be, res, bp->activations);
+    expect_same(ref, got, what);
+    if (!got.ok) continue;
+    // What the engine held on the device, at its fullest, stays within the plan.
+    EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << what;
+    EXPECT_LE(bp->predicted_peak_bytes, budget) << what;
+  }
+  // Not vacuous: the sweep reached more than one kind of plan.
+  EXPECT_GE(steps.size(), 2u);
+}
+
+}  // namespace ls::test

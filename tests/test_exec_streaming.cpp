@@ -1,0 +1,18 @@
+// Weight streaming, K/V offload and residual offload never change an output bit, and
+// stay within the budget plan's device bytes: on the CPU backend (every queue is
+// synchronous there, so this checks the executor's bookkeeping: slots, chunk walks,
+// state carrying, residual slices). The same cases run on the GPU in
+// tests/cuda/test_exec_streaming_cuda.cpp, where the queues really overlap.
+#include "streaming_cases.h"
+
+using namespace ls;
+
+TEST(ExecStreaming, KnobsMatchResidentStock) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) test::check_streaming_knobs(seed, "cpu", 3, false, 12);
+}
+
+TEST(ExecStreaming, WideConfigKnobs) { test::check_streaming_knobs(101, "cpu", 2, true, 6); }
+
+TEST(ExecStreaming, BudgetSweepMatchesAndFits) {
+  for (uint64_t seed = 11; seed <= 14; ++seed) test::check_streaming_budgets(seed, "cpu", 3, false, 12);
+}
