@@ -41,8 +41,15 @@ std::string gib(uint64_t b) {
   return s;
 }
 
+std::vector<std::string> specs(const std::vector<PlannedBuffer>& v) {
+  std::vector<std::string> out;
+  for (const auto& b : v)
+    out.push_back(b.what + " " + dtype_name(b.dtype) + " [" + std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
+  return out;
+}
+
 // Invariants every plan satisfies, whatever the inputs.
-void expect_consistent(const BudgetPlan& p, uint64_t budget) {
+void expect_consistent(const h3::H3Config& cfg, const h3::Conditioning& cond, const BudgetPlan& p, uint64_t budget) {
   EXPECT_LE(p.predicted_peak_bytes, budget);
   EXPECT_EQ(p.predicted_peak_bytes, std::max({p.steps_peak_bytes, p.text_peak_bytes, p.precompute_peak_bytes}));
   EXPECT_EQ(p.steps_peak_bytes, p.resident_weight_bytes + p.slot_bytes + p.modulation_table_bytes +
@@ -53,22 +60,40 @@ void expect_consistent(const BudgetPlan& p, uint64_t budget) {
   EXPECT_EQ(p.pcie_weight_bytes, static_cast<uint64_t>(p.streamed_blocks()) * p.block_bytes);
   EXPECT_EQ(p.pcie_kv_bytes > 0, p.kv_offload);
   EXPECT_EQ(p.pcie_residual_bytes > 0, p.residual_offload);
-  // Device activation lists: peak = persistent + max phase.
+  // The activation Plan carries the offload choices, and its lists are what the device
+  // holds: exactly make_plan of its own knobs, peak = persistent + max phase.
+  const Plan& a = p.activations;
+  EXPECT_EQ(a.kv_offload, p.kv_offload);
+  EXPECT_EQ(a.residual_offload, p.residual_offload);
+  EXPECT_EQ(a.knobs.kv_offload, p.kv_offload);
+  EXPECT_EQ(a.knobs.residual_offload, p.residual_offload);
+  EXPECT_EQ(a.kv_chunk, p.kv_chunk);
+  EXPECT_EQ(p.kv_chunk > 0, p.kv_offload);
+  EXPECT_EQ(p.activation_bytes, a.predicted_peak_bytes);
+  auto again = make_plan(cfg, cond, a.knobs);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(specs(again->persistent), specs(a.persistent));
+  ASSERT_EQ(again->phases.size(), a.phases.size());
+  for (size_t i = 0; i < a.phases.size(); ++i) {
+    EXPECT_EQ(again->phases[i].name, a.phases[i].name);
+    EXPECT_EQ(specs(again->phases[i].buffers), specs(a.phases[i].buffers));
+  }
+  EXPECT_EQ(again->predicted_peak_bytes, a.predicted_peak_bytes);
   uint64_t mx = 0;
-  for (const auto& ph : p.device_phases) mx = std::max(mx, ph.bytes());
-  EXPECT_EQ(p.activation_bytes, sum_bytes(p.device_persistent) + mx);
-  EXPECT_EQ(find(p.device_persistent, "residual x") == nullptr, p.residual_offload);
-  const PlanPhase& attn = p.device_phases[1];
-  ASSERT_EQ(attn.name, "attn");
-  EXPECT_EQ(find(attn.buffers, "K tile 0") != nullptr, p.kv_offload);
+  for (const auto& ph : a.phases) mx = std::max(mx, ph.bytes());
+  EXPECT_EQ(p.activation_bytes, sum_bytes(a.persistent) + mx);
+  EXPECT_EQ(find(a.persistent, "residual x") == nullptr, p.residual_offload);
+  const PlanPhase& attn = a.phase("attn");
+  EXPECT_EQ(find(attn.buffers, "K chunk 0") != nullptr, p.kv_offload);
+  EXPECT_EQ(find(attn.buffers, "attention state") != nullptr, p.kv_offload);
+  EXPECT_EQ(find(a.phase("mlp").buffers, "residual slice") != nullptr, p.residual_offload);
   if (p.kv_offload || p.residual_offload) {
-    EXPECT_TRUE(p.activations.two_pass_attention());
-  } else {
-    // Without offload the device lists are plan.h's own: same bytes as the Plan's.
-    EXPECT_EQ(p.activation_bytes, p.activations.predicted_peak_bytes);
+    EXPECT_TRUE(a.two_pass_attention());
+    EXPECT_EQ(p.resident_blocks, 0);
   }
   if (p.kv_offload) {
-    EXPECT_EQ(find(attn.buffers, "K tile 1")->rows, std::min(p.activations.kv_tile, p.sizes.S));
+    EXPECT_EQ(find(attn.buffers, "V chunk 1")->rows, p.kv_chunk);
+    EXPECT_TRUE(p.kv_chunk == p.sizes.S || p.kv_chunk % a.kv_tile == 0);
   }
   EXPECT_FALSE(p.describe().empty());
 }
@@ -127,7 +152,7 @@ TEST(BudgetPlan, H3DecisionTable) {
     auto p = plan_total_budget(cfg, cond, b, o);
     ASSERT_TRUE(p.ok()) << gib(b) << ": " << p.error().message;
     EXPECT_EQ(p->sizes.S, 111274);
-    expect_consistent(*p, b);
+    expect_consistent(cfg, cond, *p, b);
     std::printf("| %s | %s | %lld / %lld | %lld | %s | %s | %lld / %lld / %lld | %s | %s | %s | %s | %s | %.1f |\n",
                 b == kUnlimited ? "unlimited" : gib(b).c_str(), p->step.c_str(),
                 static_cast<long long>(p->resident_blocks), static_cast<long long>(p->streamed_blocks()),
@@ -166,25 +191,39 @@ TEST(BudgetPlan, H3DecisionTable) {
   EXPECT_EQ(plans[4].resident_blocks, 0);
   EXPECT_FALSE(plans[4].kv_offload);
   EXPECT_LT(plans[4].activations.attn_slice, 12000);
-  // 4 and 3 GiB: K/V offloaded, the residual [S, D] (1.11 GiB) still fits.
-  for (int i : {5, 6}) {
-    EXPECT_TRUE(plans[i].kv_offload);
-    EXPECT_FALSE(plans[i].residual_offload);
+  // 4, 3 and 2.5 GiB: nothing fits without offload, so every block streams and K/V and
+  // the residual both leave the device. At 4 GiB K/V alone would fit too, but with
+  // smaller slices and more PCIe bytes (K/V traffic ~ S^2 / slice); at 3 GiB it does not
+  // fit at all (4 chunks of 4096 rows + the attention state next to x [S, D] 1.11 GiB).
+  for (int i : {5, 6, 7}) {
+    EXPECT_EQ(plans[i].step, "K/V + residual offload");
+    EXPECT_TRUE(plans[i].kv_offload && plans[i].residual_offload);
     EXPECT_EQ(plans[i].resident_blocks, 0);
+    EXPECT_EQ(plans[i].kv_chunk, 4096);
   }
-  // 2.5 GiB: the residual [S, D] leaves the device too.
-  EXPECT_TRUE(plans[7].kv_offload && plans[7].residual_offload);
-  // Streaming never increases with the budget down the table... (see Monotonic below).
+  BudgetOptions kv_only = o;
+  kv_only.allow_residual_offload = false;
+  auto four_kv = plan_total_budget(cfg, cond, 4 * GiB, kv_only);
+  ASSERT_TRUE(four_kv.ok());
+  EXPECT_TRUE(four_kv->kv_offload && !four_kv->residual_offload);
+  EXPECT_LT(plans[5].pcie_bytes_per_forward(), four_kv->pcie_bytes_per_forward());
+  EXPECT_LT(four_kv->activations.attn_slice, plans[5].activations.attn_slice);
+  EXPECT_EQ(plan_total_budget(cfg, cond, 3 * GiB, kv_only).error().code, ErrorCode::out_of_budget);
+  // Down the table (less budget): never fewer streamed blocks, never less offload, never
+  // fewer PCIe bytes (see MonotonicInTheBudget for what is monotone).
   for (size_t i = 1; i < plans.size(); ++i) {
     EXPECT_GE(plans[i].streamed_blocks(), plans[i - 1].streamed_blocks());
     EXPECT_GE(plans[i].kv_offload, plans[i - 1].kv_offload);
-    EXPECT_GE(plans[i].residual_offload, plans[i - 1].residual_offload);
+    EXPECT_GE(plans[i].pcie_bytes_per_forward(), plans[i - 1].pcie_bytes_per_forward());
   }
   EXPECT_LT(*min, 3 * GiB);
 }
 
-// More budget never streams more: streamed blocks, K/V offload and residual offload are
-// non-increasing in the budget, over a sweep from the minimum to all-resident.
+// What is monotone in the budget (budget_plan.h): more budget never streams more blocks,
+// never offloads where less budget did not (K/V offload, or any offload), and never moves
+// more PCIe bytes per forward. Residual offload alone is NOT monotone in general (the
+// PCIe comparison between the two offload levels can flip as slice counts step); the
+// sweep prints how often it flipped. Sweep from the minimum to all-resident in 97 MiB steps.
 TEST(BudgetPlan, MonotonicInTheBudget) {
   h3::H3Config cfg;
   const auto cond = clip_15s_1mp();
@@ -197,24 +236,36 @@ TEST(BudgetPlan, MonotonicInTheBudget) {
     ASSERT_TRUE(all.ok());
     const uint64_t top = all->predicted_peak_bytes + GiB;
     int64_t last_streamed = cfg.num_layers + 1;
-    bool last_kv = true, last_res = true;
-    int steps = 0;
+    bool last_kv = true, last_any = true, last_res = true;
+    uint64_t last_pcie = kUnlimited;
+    int steps = 0, residual_flips = 0, residual_plans = 0, kv_only_plans = 0;
     for (uint64_t b = *min; b <= top; b += 97 * (1ull << 20), ++steps) {
       auto p = plan_total_budget(cfg, cond, b, o);
       ASSERT_TRUE(p.ok()) << b << ": " << p.error().message;
       EXPECT_LE(p->predicted_peak_bytes, b);
+      const bool any = p->kv_offload || p->residual_offload;
       EXPECT_LE(p->streamed_blocks(), last_streamed) << "budget " << b;
       EXPECT_LE(p->kv_offload, last_kv) << "budget " << b;
-      EXPECT_LE(p->residual_offload, last_res) << "budget " << b;
+      EXPECT_LE(any, last_any) << "budget " << b;
+      EXPECT_LE(p->pcie_bytes_per_forward(), last_pcie) << "budget " << b;
+      if (p->residual_offload && !last_res) ++residual_flips;
+      residual_plans += p->residual_offload;
+      kv_only_plans += p->kv_offload && !p->residual_offload;
       if (p->streamed()) {
         EXPECT_EQ(p->slots, prefetch ? 2 : 1);
       }
       last_streamed = p->streamed_blocks();
       last_kv = p->kv_offload;
+      last_any = any;
       last_res = p->residual_offload;
+      last_pcie = p->pcie_bytes_per_forward();
     }
     EXPECT_GT(steps, 100);
     EXPECT_EQ(last_streamed, 0);  // the sweep reached all-resident
+    EXPECT_GT(residual_plans, 0);
+    EXPECT_GT(kv_only_plans, 0);
+    std::printf("prefetch %d: %d budgets, %d K/V + residual, %d K/V only, residual offload re-entered %d times\n",
+                prefetch, steps, residual_plans, kv_only_plans, residual_flips);
   }
 }
 
@@ -237,12 +288,13 @@ TEST(BudgetPlan, NamedMinimumWorksOneByteLessFails) {
       o.allow_residual_offload = (opt & 2) != 0;
       o.prefetch = (opt & 4) != 0;
       o.kv_tile = (opt % 3 == 0) ? 1024 : 16;
+      o.kv_chunk_rows = (opt % 2 == 0) ? 0 : o.kv_tile;
       auto min = min_total_budget(c.cfg, c.cond, o);
       ASSERT_TRUE(min.ok()) << min.error().message;
       ASSERT_GT(*min, 0u);
       auto ok = plan_total_budget(c.cfg, c.cond, *min, o);
       ASSERT_TRUE(ok.ok()) << ok.error().message;
-      expect_consistent(*ok, *min);
+      expect_consistent(c.cfg, c.cond, *ok, *min);
       EXPECT_EQ(ok->predicted_peak_bytes, *min);
       auto bad = plan_total_budget(c.cfg, c.cond, *min - 1, o);
       ASSERT_FALSE(bad.ok());
@@ -282,6 +334,7 @@ TEST(BudgetPlan, TinyConfigs) {
     o.device.pcie_gb_per_s = 1 + static_cast<double>(rng() % 100);
     o.device.attention_tflops = 0.001 + static_cast<double>(rng() % 100) / 100.0;  // hiding slices of ~1..100 rows
     o.prefetch = (rng() & 1) != 0;
+    o.kv_chunk_rows = o.kv_tile * static_cast<int64_t>(rng() % 3);  // 0 = default (S on these sizes)
     auto min = min_total_budget(cfg, cond, o);
     ASSERT_TRUE(min.ok()) << min.error().message;
     auto all = plan_total_budget(cfg, cond, kUnlimited, o);
@@ -295,40 +348,145 @@ TEST(BudgetPlan, TinyConfigs) {
     ASSERT_TRUE(at_hi.ok());
     EXPECT_FALSE(at_hi->streamed());
     int64_t last_streamed = cfg.num_layers + 1;
-    bool last_kv = true, last_res = true;
+    bool last_kv = true, last_any = true;
+    uint64_t last_pcie = kUnlimited;
     for (int k = 0; k <= 60; ++k) {
       const uint64_t b = lo + (hi - lo) * static_cast<uint64_t>(k) / 60;
       auto p = plan_total_budget(cfg, cond, b, o);
       ASSERT_TRUE(p.ok()) << p.error().message;
-      expect_consistent(*p, b);
+      expect_consistent(cfg, cond, *p, b);
+      const bool any = p->kv_offload || p->residual_offload;
       EXPECT_LE(p->streamed_blocks(), last_streamed);
       EXPECT_LE(p->kv_offload, last_kv);
-      EXPECT_LE(p->residual_offload, last_res);
+      EXPECT_LE(any, last_any);
+      EXPECT_LE(p->pcie_bytes_per_forward(), last_pcie);
       last_streamed = p->streamed_blocks();
       last_kv = p->kv_offload;
-      last_res = p->residual_offload;
+      last_any = any;
+      last_pcie = p->pcie_bytes_per_forward();
       ++checked;
     }
   }
   EXPECT_EQ(checked, 40 * 61);
 }
 
-// K/V offload traffic: pass 1 sends K and V of all rows out once per block; pass 2
-// brings them back once per query slice.
+// Offload traffic: pass 1 sends K and V of all rows out once per block; pass 2 brings
+// them back once per query slice; the residual crosses once per phase that reads it and
+// once more per phase that writes it (embed out; per block pass 1 in, pass 2 in + out,
+// MLP in + out; the final layer's target rows in).
 TEST(BudgetPlan, PcieArithmetic) {
   h3::H3Config cfg;
+  const uint64_t S = 111274, I = 7168, D = 5376, kv = 2 * S * I * 2, x = S * D * 2;
   BudgetOptions o;
   o.allow_residual_offload = false;
   auto p = plan_total_budget(cfg, clip_15s_1mp(), 4 * GiB, o);
   ASSERT_TRUE(p.ok()) << p.error().message;
   ASSERT_TRUE(p->kv_offload);
-  const uint64_t S = 111274, I = 7168, kv = 2 * S * I * 2;
+  EXPECT_EQ(p->kv_chunk, 4096);
   const uint64_t slices = (S + p->activations.attn_slice - 1) / p->activations.attn_slice;
   EXPECT_EQ(p->pcie_kv_bytes, 50 * (kv + slices * kv));
   EXPECT_EQ(p->host_pinned_bytes, kv);
   EXPECT_EQ(p->pcie_weight_bytes, 50ull * 770725376ull);
   EXPECT_EQ(p->pcie_residual_bytes, 0u);
   std::printf("%s\n", p->describe().c_str());
+  // K/V + residual at 2.5 GiB.
+  auto r = plan_total_budget(cfg, clip_15s_1mp(), 5 * GiB / 2, BudgetOptions{});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(r->kv_offload && r->residual_offload);
+  EXPECT_EQ(r->pcie_residual_bytes, x * (1 + 5 * 50) + 110774ull * D * 2);
+  EXPECT_EQ(r->host_pinned_bytes, kv + x);
+  // Residual alone (K/V offload not allowed): needs K and V of all rows on the device.
+  BudgetOptions ro;
+  ro.allow_kv_offload = false;
+  auto m = min_total_budget(cfg, clip_15s_1mp(), ro);
+  ASSERT_TRUE(m.ok());
+  auto res = plan_total_budget(cfg, clip_15s_1mp(), *m, ro);
+  ASSERT_TRUE(res.ok()) << res.error().message;
+  EXPECT_TRUE(res->residual_offload && !res->kv_offload);
+  EXPECT_EQ(res->step, "residual offload");
+  EXPECT_EQ(res->pcie_kv_bytes, 0u);
+  EXPECT_EQ(res->host_pinned_bytes, x);
+}
+
+// Among the offload levels that fit, the plan moves the fewest PCIe bytes: it never moves
+// more than the K/V-only plan at the same budget, and where residual offload buys slices
+// large enough to save more K/V traffic than the residual adds it is chosen although K/V
+// alone would fit (at 4 GiB: 27,049-row slices against 14,091).
+TEST(BudgetPlan, OffloadLevelWithFewestPcieBytes) {
+  h3::H3Config cfg;
+  const auto cond = clip_15s_1mp();
+  BudgetOptions kv_only;
+  kv_only.allow_residual_offload = false;
+  auto min = min_total_budget(cfg, cond, kv_only);
+  ASSERT_TRUE(min.ok());
+  int both_fit = 0, residual_won = 0, kv_won = 0;
+  for (uint64_t b = *min; b < 6 * GiB; b += 61 * (1ull << 20)) {
+    auto p = plan_total_budget(cfg, cond, b, BudgetOptions{});
+    auto k = plan_total_budget(cfg, cond, b, kv_only);
+    ASSERT_TRUE(p.ok() && k.ok());
+    if (!k->kv_offload) {
+      EXPECT_FALSE(p->kv_offload || p->residual_offload);  // no offload needed: identical decisions
+      EXPECT_EQ(p->activations.knobs.attn_chunk_tokens, k->activations.knobs.attn_chunk_tokens);
+      continue;
+    }
+    ++both_fit;
+    ASSERT_TRUE(p->kv_offload);
+    EXPECT_LE(p->pcie_bytes_per_forward(), k->pcie_bytes_per_forward()) << b;
+    if (p->residual_offload) {
+      ++residual_won;
+      EXPECT_LT(p->pcie_bytes_per_forward(), k->pcie_bytes_per_forward()) << b;  // ties keep K/V only
+      EXPECT_GT(p->activations.attn_slice, k->activations.attn_slice);
+    } else {
+      ++kv_won;
+      EXPECT_EQ(p->pcie_bytes_per_forward(), k->pcie_bytes_per_forward());
+    }
+  }
+  EXPECT_GT(residual_won, 0);
+  EXPECT_GT(kv_won, 0);
+  std::printf("%d budgets with K/V offload: K/V + residual chosen at %d, K/V only at %d\n", both_fit, residual_won,
+              kv_won);
+  auto four = plan_total_budget(cfg, cond, 4 * GiB, BudgetOptions{});
+  auto four_kv = plan_total_budget(cfg, cond, 4 * GiB, kv_only);
+  ASSERT_TRUE(four.ok() && four_kv.ok());
+  EXPECT_TRUE(four->residual_offload);
+  EXPECT_FALSE(four_kv->residual_offload);
+  EXPECT_LT(four->pcie_bytes_per_forward(), four_kv->pcie_bytes_per_forward());
+}
+
+// modulation_rows_for counts what Engine::precompute_adaln builds: the "adaln.final"
+// table it computes has exactly that many rows, for random conditionings (masks,
+// keyframes, references) and schedules with repeats and the terminal 0.
+TEST(BudgetPlan, ModulationRowsForMatchesThePrecompute) {
+  std::mt19937_64 rng(21);
+  int checked = 0;
+  for (int i = 0; i < 6; ++i) {
+    const auto cfg = test::tiny_cfg(rng, false);
+    const auto cond = test::random_cond(rng, cfg, /*extras=*/i % 2 == 1);
+    std::vector<float> sigmas;
+    for (int s = 0; s < 3 + i; ++s) sigmas.push_back(1.0f - 0.9f * static_cast<float>(s) / static_cast<float>(3 + i));
+    sigmas.push_back(sigmas[1]);  // a repeat counts once
+    sigmas.push_back(0.0f);       // never evaluated
+    auto rows = modulation_rows_for(cfg, cond, sigmas);
+    ASSERT_TRUE(rows.ok()) << rows.error().message;
+    EXPECT_GE(*rows, 3 + i);  // at least one timestep per distinct sigma > 0
+    int64_t seen = -1;
+    exec::EngineOptions eo;
+    eo.eval = [&](const std::string& name, int64_t, const TensorView& t) {
+      if (name == "adaln.final") seen = t.shape[0];
+    };
+    h3::H3SyntheticSource src(cfg, 1);
+    auto be = make_cpu_backend();
+    auto eng = exec::Engine::create(src, *be, eo);
+    ASSERT_TRUE(eng.ok()) << eng.error().message;
+    ASSERT_TRUE((*eng)->precompute_adaln(sigmas, cond).ok());
+    EXPECT_EQ(seen, *rows);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+  h3::H3Config cfg;
+  auto none = modulation_rows_for(cfg, clip(5, 32, 32, 1), {0.0f});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, 0);
 }
 
 TEST(BudgetPlan, OptionErrors) {

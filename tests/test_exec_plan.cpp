@@ -1,8 +1,10 @@
 // The planner: arithmetic against DESIGN.md §2 / h3-model.md §6.4 at real H3 size,
-// budget search (fits, largest slices, fails before work naming the minimum), sizes.
+// budget search (fits, largest slices, fails before work naming the minimum), sizes,
+// the offloaded device lists (names, shapes, order, peaks by hand) and their errors.
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 
 #include "exactness_util.h"
 #include "exec/plan.h"
@@ -19,10 +21,16 @@ h3::Conditioning clip(int64_t frames, int64_t w, int64_t h, int64_t L) {
   return c;
 }
 const PlannedBuffer* find(const std::vector<PlannedBuffer>& v, const std::string& what) {
-  for (const auto& b : v)
-    if (b.what == what) return &b;
-  return nullptr;
+  return find_buffer(v, what);
 }
+// "name dtype [rows, cols]" of every buffer, in order.
+std::vector<std::string> specs(const std::vector<PlannedBuffer>& v) {
+  std::vector<std::string> out;
+  for (const auto& b : v)
+    out.push_back(b.what + " " + dtype_name(b.dtype) + " [" + std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
+  return out;
+}
+uint64_t al(uint64_t b) { return (b + 255) / 256 * 256; }
 }  // namespace
 
 // §6.4 byte counts at S = 111,274 (15 s, 1 MP, L = 500) on the real dimensions.
@@ -171,4 +179,160 @@ TEST(ExecPlan, BudgetPlansRunWithinBudget) {
     EXPECT_LE(r->report.measured_peak_bytes, budget);
     EXPECT_TRUE(test::same_bytes(ref->video, r->video) && test::same_bytes(ref->audio, r->audio)) << p->describe();
   }
+}
+
+// K/V and residual offload at H3 size (S = 111,274; D 5376, I 7168, H 56, Dh 128, F
+// 14336, 2P 96): the lists as the device holds them, exact names, shapes and order.
+TEST(ExecPlan, OffloadListsAtH3Size) {
+  h3::H3Config cfg;
+  const auto c = clip(362, 1024, 1024, 500);
+  const int64_t S = 111274;
+  PlanKnobs k;
+  k.attn_chunk_tokens = 8192;
+  k.mlp_chunk_tokens = 4096;
+  k.final_chunk_tokens = 2048;
+  k.kv_offload = true;
+  k.residual_offload = true;
+  auto p = make_plan(cfg, c, k);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_TRUE(p->kv_offload && p->residual_offload);
+  EXPECT_EQ(p->kv_chunk, 4096);  // default: 4 tiles of 1024
+  const std::string s = std::to_string(S);
+  EXPECT_EQ(specs(p->persistent), (std::vector<std::string>{"rope table bf16 [" + s + ", 96]",
+                                                            "modulation rows i32 [" + s + ", 1]",
+                                                            "final rows i32 [" + s + ", 1]"}));
+  ASSERT_EQ(p->phases.size(), 4u);
+  EXPECT_EQ(specs(p->phase("embed").buffers),
+            (std::vector<std::string>{"residual slice bf16 [4096, 5376]", "patch rows f32 [4096, 96]",
+                                      "patch embedding f32 [4096, 5376]"}));
+  EXPECT_EQ(specs(p->phase("attn").buffers),
+            (std::vector<std::string>{"residual slice bf16 [8192, 5376]", "K chunk 0 bf16 [4096, 7168]",
+                                      "K chunk 1 bf16 [4096, 7168]", "V chunk 0 bf16 [4096, 7168]",
+                                      "V chunk 1 bf16 [4096, 7168]", "h bf16 [8192, 5376]", "Q bf16 [8192, 7168]",
+                                      "attention out bf16 [8192, 7168]", "attention state f32 [8192, 7616]"}));
+  EXPECT_EQ(specs(p->phase("mlp").buffers),
+            (std::vector<std::string>{"residual slice bf16 [4096, 5376]", "h bf16 [4096, 5376]",
+                                      "fc1 out bf16 [4096, 28672]", "swiglu out bf16 [4096, 14336]"}));
+  EXPECT_EQ(specs(p->phase("final").buffers),
+            (std::vector<std::string>{"residual slice bf16 [2048, 5376]", "h bf16 [2048, 5376]",
+                                      "modulated rows f32 [2048, 5376]", "head out f32 [2048, 96]"}));
+  // Peak by hand. Persistent: rope S x 96 x 2 + 2 x S x 4 (each 256-aligned).
+  const uint64_t pers = al(S * 96 * 2) + 2 * al(S * 4);
+  EXPECT_EQ(sum_bytes(p->persistent), pers);
+  // attn: x slice + h (8192 x 5376 x 2 each) + Q, out (8192 x 7168 x 2 each) + state
+  // 8192 x 56 x 136 x 4 = 8192 x 80640 B, + 4 chunks 4096 x 7168 x 2 = 234,881,024 B.
+  const uint64_t attn = 8192ull * 80640 + 4ull * 4096 * 7168 * 2;
+  EXPECT_EQ(attn, 895483904u);
+  EXPECT_EQ(p->phase("attn").bytes(), attn);
+  EXPECT_EQ(p->phase("mlp").bytes(), 4096ull * (2 * 5376 * 2 + 3 * 14336 * 2));  // 440,401,920 < attn
+  EXPECT_EQ(p->predicted_peak_bytes, pers + attn);
+  EXPECT_EQ(p->predicted_peak_bytes, 917739008u);
+  const std::string d = p->describe();
+  EXPECT_NE(d.find("K/V offloaded (chunks of 4096 keys)"), std::string::npos) << d;
+  EXPECT_NE(d.find("residual offloaded"), std::string::npos) << d;
+  std::printf("%s\n", d.c_str());
+
+  // K/V offload alone: x stays persistent, no residual slices, the same chunks.
+  k.residual_offload = false;
+  k.kv_chunk_rows = 2048;
+  auto kv = make_plan(cfg, c, k);
+  ASSERT_TRUE(kv.ok()) << kv.error().message;
+  EXPECT_EQ(kv->kv_chunk, 2048);
+  EXPECT_EQ(specs(kv->persistent)[0], "residual x bf16 [" + s + ", 5376]");
+  EXPECT_EQ(specs(kv->phase("attn").buffers),
+            (std::vector<std::string>{"K chunk 0 bf16 [2048, 7168]", "K chunk 1 bf16 [2048, 7168]",
+                                      "V chunk 0 bf16 [2048, 7168]", "V chunk 1 bf16 [2048, 7168]",
+                                      "h bf16 [8192, 5376]", "Q bf16 [8192, 7168]", "attention out bf16 [8192, 7168]",
+                                      "attention state f32 [8192, 7616]"}));
+  EXPECT_EQ(find(kv->phase("mlp").buffers, "residual slice"), nullptr);
+  EXPECT_EQ(kv->predicted_peak_bytes, pers + al(S * 5376 * 2) + 8192ull * (80640 - 10752) + 4ull * 2048 * 7168 * 2);
+  EXPECT_EQ(kv->describe().find("residual offloaded"), std::string::npos);
+
+  // Residual offload alone: K and V of all rows stay, no attention state, kv_chunk 0.
+  k.kv_offload = false;
+  k.residual_offload = true;
+  auto res = make_plan(cfg, c, k);
+  ASSERT_TRUE(res.ok()) << res.error().message;
+  EXPECT_EQ(res->kv_chunk, 0);
+  EXPECT_EQ(specs(res->phase("attn").buffers),
+            (std::vector<std::string>{"residual slice bf16 [8192, 5376]", "K bf16 [" + s + ", 7168]",
+                                      "V bf16 [" + s + ", 7168]", "h bf16 [8192, 5376]", "Q bf16 [8192, 7168]",
+                                      "attention out bf16 [8192, 7168]"}));
+  EXPECT_EQ(res->predicted_peak_bytes, pers + 2 * al(S * 7168 * 2) + 8192ull * (2 * 5376 * 2 + 2 * 7168 * 2));
+
+  // No offload: the lists are the ones the engine has always used (no offload names).
+  k.residual_offload = false;
+  auto none = make_plan(cfg, c, k);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->kv_chunk, 0);
+  EXPECT_EQ(specs(none->phase("attn").buffers)[0], "K bf16 [" + s + ", 7168]");
+  EXPECT_EQ(none->persistent.size(), 4u);
+  EXPECT_EQ(none->describe().find("offloaded"), std::string::npos);
+}
+
+// The K/V chunk: the knob, or min(S, kv_tile * ceil(4096 / kv_tile)); a multiple of
+// kv_tile unless it equals S.
+TEST(ExecPlan, KvChunkResolution) {
+  EXPECT_EQ(*resolve_kv_chunk(0, 1024, 111274), 4096);
+  EXPECT_EQ(*resolve_kv_chunk(0, 1000, 111274), 5000);  // ceil(4096 / 1000) = 5 tiles
+  EXPECT_EQ(*resolve_kv_chunk(0, 3000, 111274), 6000);
+  EXPECT_EQ(*resolve_kv_chunk(0, 4096, 111274), 4096);
+  EXPECT_EQ(*resolve_kv_chunk(0, 8192, 111274), 8192);
+  EXPECT_EQ(*resolve_kv_chunk(0, 1024, 3000), 3000);  // whole sequence in one chunk
+  EXPECT_EQ(*resolve_kv_chunk(0, 16, 97), 97);
+  EXPECT_EQ(*resolve_kv_chunk(2048, 1024, 111274), 2048);
+  EXPECT_EQ(*resolve_kv_chunk(1024, 1024, 111274), 1024);
+  EXPECT_EQ(*resolve_kv_chunk(1500, 1024, 1400), 1400);      // >= S: S, multiple or not
+  EXPECT_EQ(*resolve_kv_chunk(200000, 1024, 111274), 111274);
+  for (auto [knob, tile, S] : {std::tuple<int64_t, int64_t, int64_t>{1500, 1024, 111274}, {-1, 1024, 111274},
+                               {4096, 0, 111274}, {17, 16, 97}}) {
+    auto r = resolve_kv_chunk(knob, tile, S);
+    ASSERT_FALSE(r.ok()) << knob << " " << tile;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  }
+  EXPECT_NE(resolve_kv_chunk(1500, 1024, 111274).error().message.find("multiple of kv_tile 1024"), std::string::npos);
+}
+
+TEST(ExecPlan, OffloadErrors) {
+  std::mt19937_64 rng(4);
+  const auto cfg = test::tiny_cfg(rng, false);
+  const auto c = clip(22, 64, 64, 8);
+  auto S = sequence_sizes(cfg, c);
+  ASSERT_TRUE(S.ok());
+  ASSERT_GT(S->S, 40);
+  for (int which = 0; which < 2; ++which) {
+    PlanKnobs k;
+    k.mlp_chunk_tokens = 16;
+    (which == 0 ? k.kv_offload : k.residual_offload) = true;
+    auto r = make_plan(cfg, c, k);  // stock attention
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(r.error().message.find("two-pass attention"), std::string::npos) << r.error().message;
+    k.attn_chunk_tokens = 7;
+    EXPECT_TRUE(make_plan(cfg, c, k).ok());
+  }
+  PlanKnobs k;
+  k.attn_chunk_tokens = 7;
+  k.kv_offload = true;
+  k.kv_tile = 16;
+  k.kv_chunk_rows = -16;
+  EXPECT_EQ(make_plan(cfg, c, k).error().code, ErrorCode::invalid_argument);
+  k.kv_chunk_rows = 24;  // not a multiple of 16, < S
+  auto bad = make_plan(cfg, c, k);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("multiple of kv_tile 16"), std::string::npos) << bad.error().message;
+  k.kv_chunk_rows = 32;
+  auto ok = make_plan(cfg, c, k);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->kv_chunk, 32);
+  EXPECT_EQ(find(ok->phase("attn").buffers, "V chunk 1")->rows, 32);
+  k.kv_chunk_rows = S->S + 5;  // >= S: one chunk of all keys
+  ok = make_plan(cfg, c, k);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->kv_chunk, S->S);
+  // The knobs reproduce the plan (Engine::forward re-plans from them and compares).
+  auto again = make_plan(cfg, c, ok->knobs);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->predicted_peak_bytes, ok->predicted_peak_bytes);
+  EXPECT_EQ(specs(again->phase("attn").buffers), specs(ok->phase("attn").buffers));
 }

@@ -13,17 +13,26 @@
 // the most resident blocks that fit is a scan from R = L down; the largest slice of a
 // phase that fits is a binary search; and the smallest budget that works is R = 0 with
 // one-row slices, minimised over the allowed offload levels (offloading can cost more
-// than it saves on tiny sequences: 2 tiles of kv_tile rows against S rows).
+// than it saves on short sequences: 4 chunks of kv_chunk rows against K, V of S rows).
+//
+// PCIe bytes per forward (both directions; weights W per streamed block, kv = 2 S I 2
+// bytes of K and V, x = S D 2 bytes of residual, c = attention slice, L blocks):
+//   weights  = (L - R) W
+//   K/V      = L (kv + ceil(S / c) kv)           pass 1 out once, pass 2 in once per slice
+//   residual = x (1 + 5 L) + target_rows D 2     embed out; per block pass 1 in, pass 2 in
+//                                                and out, MLP in and out; final layer in
 #include "exec/budget_plan.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/arena.h"
 #include "exec/weights.h"
+#include "model/h3/layout.h"
 
 namespace ls::exec {
 
@@ -120,26 +129,24 @@ struct Level {
   }
 };
 
-// Device activation bytes of one offload level as a function of the slices.
+// Device activation bytes of one offload level as a function of the slices (plan.h's
+// lists, the same the executor allocates).
 struct ActivationModel {
   const H3Config& cfg;
   SequenceSizes z;
-  int64_t kv_tile;
-  Level lv;
+  Placement where;
   uint64_t base = 0;
 
-  ActivationModel(const H3Config& c, SequenceSizes sz, int64_t tile, Level l) : cfg(c), z(sz), kv_tile(tile), lv(l) {
-    base = sum_bytes(device_persistent_buffers(cfg, z, lv.res));
+  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk)
+      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0} {
+    base = sum_bytes(persistent_buffers(cfg, z, where));
   }
-  bool stock_attention_allowed() const { return !lv.kv && !lv.res; }
-  uint64_t attn(int64_t n) const {  // n = 0: stock
-    return device_phase(cfg, attention_phase(cfg, z.S, n), n == 0 ? z.S : n, kv_tile, z.S, lv.kv, lv.res).bytes();
-  }
+  bool stock_attention_allowed() const { return !where.kv_offload && !where.residual_offload; }
+  uint64_t attn(int64_t n) const { return attention_phase(cfg, z.S, n, where).bytes(); }  // n = 0: stock
   uint64_t mlp(int64_t n) const {  // the MLP slice is also the patch-embedding slice
-    return std::max(device_phase(cfg, embed_phase(cfg, n), n, kv_tile, z.S, lv.kv, lv.res).bytes(),
-                    device_phase(cfg, mlp_phase(cfg, n), n, kv_tile, z.S, lv.kv, lv.res).bytes());
+    return std::max(embed_phase(cfg, n, where).bytes(), mlp_phase(cfg, n, where).bytes());
   }
-  uint64_t fin(int64_t n) const { return device_phase(cfg, final_phase(cfg, n), n, kv_tile, z.S, lv.kv, lv.res).bytes(); }
+  uint64_t fin(int64_t n) const { return final_phase(cfg, n, where).bytes(); }
   uint64_t total(int64_t a, int64_t m, int64_t f) const { return base + std::max({attn(a), mlp(m), fin(f)}); }
 };
 
@@ -160,6 +167,7 @@ struct Context {
   SequenceSizes z;
   WeightTally w;
   int64_t L = 0;
+  int64_t kv_chunk = 0;  // resolved K/V chunk rows (used by the K/V offload levels)
   uint64_t tables = 0, scratch = 0, refiner_act = 0;
 
   int64_t slots(int64_t R) const { return R >= L ? 0 : std::min<int64_t>(L - R, o.prefetch ? 2 : 1); }
@@ -194,7 +202,7 @@ struct Choice {
 
 // The choice of one mode at `budget`, or false when even its floor does not fit.
 bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
-  const ActivationModel act(c.cfg, c.z, c.o.kv_tile, m.lv);
+  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk);
   const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
   const uint64_t act_min = act.total(fa, fm, ff);
   int64_t R = -1;
@@ -224,23 +232,45 @@ std::vector<Level> levels(const BudgetOptions& o) {
   return v;
 }
 
-// Level-major: an offload level is tried only when no plan of the levels before it fits
-// even with one-row slices ("offload only when it must"), so the first fitting mode's
-// level never grows with the budget. Only the first mode keeps blocks resident, so
-// memory an offload frees is never spent on resident blocks: streaming never grows
-// with the budget either.
-std::vector<Mode> modes(const BudgetOptions& o, int64_t preferred) {
+// The two no-offload modes, tried in order: keep blocks resident with slices of at least
+// the preferred size, then every block streamed with slices down to one row.
+std::vector<Mode> no_offload_modes(int64_t preferred) {
+  return {{Level{}, preferred, true, "weights streamed"}, {Level{}, 1, false, "weights streamed, small slices"}};
+}
+
+// The offload modes, each tried only when no no-offload mode fits: every block streamed
+// (memory an offload frees is never spent on resident blocks), slices down to one row.
+std::vector<Mode> offload_modes(const BudgetOptions& o) {
   std::vector<Mode> v;
-  const auto lv = levels(o);
-  for (size_t i = 0; i < lv.size(); ++i) {
-    if (i == 0) v.push_back({lv[i], preferred, true, "weights streamed"});
-    v.push_back({lv[i], 1, false, i == 0 ? std::string("weights streamed, small slices") : std::string(lv[i].name())});
-  }
+  for (const Level& l : levels(o))
+    if (l.kv || l.res) v.push_back({l, 1, false, l.name()});
   return v;
+}
+
+// Host <-> device bytes per forward of a choice (see the top of this file).
+struct Traffic {
+  uint64_t weights = 0, kv = 0, residual = 0;
+  uint64_t total() const { return weights + kv + residual; }
+};
+Traffic traffic(const Context& c, Level lv, const Choice& ch) {
+  const uint64_t S = static_cast<uint64_t>(c.z.S), D = static_cast<uint64_t>(c.cfg.hidden),
+                 I = static_cast<uint64_t>(c.cfg.inner()), L = static_cast<uint64_t>(c.L);
+  Traffic t;
+  t.weights = static_cast<uint64_t>(c.L - ch.R) * c.w.block;
+  if (lv.kv) {
+    LS_CHECK(ch.attn > 0);
+    const uint64_t kv = 2 * S * I * 2;  // K and V of all rows, bf16
+    const uint64_t slices = (S + static_cast<uint64_t>(ch.attn) - 1) / static_cast<uint64_t>(ch.attn);
+    t.kv = L * (kv + slices * kv);
+  }
+  if (lv.res) t.residual = S * D * 2 * (1 + 5 * L) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
+  return t;
 }
 
 Status check_options(const BudgetOptions& o) {
   if (o.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
+  if (o.kv_chunk_rows < 0)
+    return Status(make_error(ErrorCode::invalid_argument, "kv_chunk_rows must be >= 0 (0 = the default)"));
   if (o.modulation_rows < 1)
     return Status(make_error(ErrorCode::invalid_argument,
                              "modulation_rows (distinct timesteps of the run's AdaLN tables) must be >= 1"));
@@ -255,6 +285,7 @@ Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond
   LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
   Context c{cfg, o, z, tally_weights(cfg)};
   c.L = cfg.num_layers;
+  LS_ASSIGN_OR_RETURN(c.kv_chunk, resolve_kv_chunk(o.kv_chunk_rows, o.kv_tile, z.S));
   c.tables = table_bytes(cfg, o.modulation_rows);
   c.scratch = precompute_scratch(cfg, c.w, o.modulation_rows);
   c.refiner_act = refiner_peak_bytes(cfg, cond.geometry.text_tokens);
@@ -264,7 +295,7 @@ Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond
 uint64_t minimum(const Context& c) {
   uint64_t best = std::numeric_limits<uint64_t>::max();
   for (const Level& l : levels(c.o)) {
-    const ActivationModel act(c.cfg, c.z, c.o.kv_tile, l);
+    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk);
     best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
   }
   return best;
@@ -284,42 +315,18 @@ int64_t kv_hiding_slice(const DeviceFacts& f) {
 
 uint64_t block_weight_bytes(const H3Config& cfg) { return tally_weights(cfg).block; }
 
-std::vector<PlannedBuffer> device_persistent_buffers(const H3Config& cfg, const SequenceSizes& sizes,
-                                                     bool residual_offload) {
-  std::vector<PlannedBuffer> v = persistent_buffers(cfg, sizes);
-  if (residual_offload) {
-    auto it = std::find_if(v.begin(), v.end(), [](const PlannedBuffer& b) { return b.what == "residual x"; });
-    LS_CHECK_MSG(it != v.end(), "plan.h's persistent set has no 'residual x'");
-    v.erase(it);
+Expected<int64_t> modulation_rows_for(const H3Config& cfg, const h3::Conditioning& cond,
+                                      const std::vector<float>& sigmas) {
+  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond, /*with_positions=*/false));
+  std::vector<double> all;
+  for (float s : sigmas) {
+    if (!(s > 0.0f)) continue;  // the terminal 0 is never evaluated
+    const auto t = h3::distinct_timesteps(lay, cond, s);
+    all.insert(all.end(), t.begin(), t.end());
   }
-  return v;
-}
-
-PlanPhase device_phase(const H3Config& cfg, const PlanPhase& phase, int64_t slice_rows, int64_t kv_tile, int64_t S,
-                       bool kv_offload, bool residual_offload) {
-  PlanPhase out{phase.name, {}};
-  if (residual_offload) {
-    // bf16 [rows, D] x 2: one slice being computed on, one in flight (in or out).
-    out.buffers.push_back({"residual slice 0", DType::bf16, slice_rows, cfg.hidden});
-    out.buffers.push_back({"residual slice 1", DType::bf16, slice_rows, cfg.hidden});
-  }
-  int replaced = 0;
-  for (const PlannedBuffer& b : phase.buffers) {
-    if (kv_offload && (b.what == "K" || b.what == "V")) {
-      // bf16 [min(kv_tile, S), I] x 2: the tile attention reads and the next one
-      // streaming in. Pass 1 computes K and V in tiles of kv_tile rows into these same
-      // buffers and copies each to pinned host memory (GEMMs are row-invariant).
-      const int64_t rows = std::min(kv_tile, S);
-      out.buffers.push_back({b.what + " tile 0", b.dtype, rows, b.cols});
-      out.buffers.push_back({b.what + " tile 1", b.dtype, rows, b.cols});
-      ++replaced;
-      continue;
-    }
-    out.buffers.push_back(b);
-  }
-  LS_CHECK_MSG(!kv_offload || phase.name != "attn" || replaced == 2,
-               "K/V offload needs the two-pass attention lists (K and V [S, I])");
-  return out;
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return static_cast<int64_t>(all.size());
 }
 
 Expected<uint64_t> min_total_budget(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {
@@ -332,15 +339,30 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o));
   const int64_t hiding = kv_hiding_slice(o.device);
   const int64_t preferred = std::min(hiding, c.z.S);
-  const std::vector<Mode> ms = modes(o, preferred);
-  const Mode* chosen = nullptr;
+  // Offload only when it must: the no-offload modes first (the first that fits wins).
+  std::optional<Mode> chosen;
   Choice ch;
-  for (const Mode& m : ms)
+  for (const Mode& m : no_offload_modes(preferred))
     if (try_mode(c, m, budget, &ch)) {
-      chosen = &m;
+      chosen = m;
       break;
     }
-  if (chosen == nullptr) {
+  // Then, among the offload levels that fit, the fewest PCIe bytes per forward (the
+  // earlier level, i.e. fewer offloads, on a tie).
+  if (!chosen) {
+    uint64_t best = std::numeric_limits<uint64_t>::max();
+    for (const Mode& m : offload_modes(o)) {
+      Choice mc;
+      if (!try_mode(c, m, budget, &mc)) continue;
+      const uint64_t bytes = traffic(c, m.lv, mc).total();
+      if (bytes < best) {
+        best = bytes;
+        chosen = m;
+        ch = mc;
+      }
+    }
+  }
+  if (!chosen) {
     const uint64_t need = minimum(c);
     LS_CHECK(need > budget);
     return make_error(ErrorCode::out_of_budget,
@@ -352,6 +374,7 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
                           " bytes: every block streamed, K/V and residual offloaded where that helps, one-row "
                           "slices). Raise --vram-budget, shorten the clip or allow offloading.");
   }
+  const Level lv = chosen->lv;
 
   BudgetPlan bp;
   bp.budget_bytes = budget;
@@ -360,31 +383,26 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   bp.resident_blocks = ch.R;
   bp.slots = c.slots(ch.R);
   bp.prefetch = o.prefetch;
-  bp.kv_offload = chosen->lv.kv;
-  bp.residual_offload = chosen->lv.res;
+  bp.kv_offload = lv.kv;
+  bp.residual_offload = lv.res;
+  bp.kv_chunk = lv.kv ? c.kv_chunk : 0;
   bp.kv_hiding_slice = hiding;
   bp.slice_floor = chosen->floor;
-  bp.step = chosen == &ms.front() ? (ch.R == c.L ? "all resident" : "weights streamed") : chosen->step;
+  bp.step = chosen->keep_resident ? (ch.R == c.L ? "all resident" : "weights streamed") : chosen->step;
 
   PlanKnobs k;
   k.attn_chunk_tokens = ch.attn;
   k.mlp_chunk_tokens = ch.mlp;
   k.final_chunk_tokens = ch.fin;
   k.kv_tile = o.kv_tile;
+  k.kv_offload = lv.kv;
+  k.residual_offload = lv.res;
+  k.kv_chunk_rows = lv.kv ? c.kv_chunk : 0;
   LS_ASSIGN_OR_RETURN(bp.activations, make_plan(cfg, cond, k));
   const Plan& p = bp.activations;
-
-  bp.device_persistent = device_persistent_buffers(cfg, c.z, bp.residual_offload);
-  uint64_t phase_max = 0;
-  for (const PlanPhase& ph : p.phases) {
-    int64_t rows = p.mlp_slice;  // embed and mlp
-    if (ph.name == "attn") rows = p.attn_slice == 0 ? c.z.S : p.attn_slice;
-    if (ph.name == "final") rows = p.final_slice;
-    bp.device_phases.push_back(device_phase(cfg, ph, rows, o.kv_tile, c.z.S, bp.kv_offload, bp.residual_offload));
-    phase_max = std::max(phase_max, bp.device_phases.back().bytes());
-  }
-  bp.activation_bytes = sum_bytes(bp.device_persistent) + phase_max;
-  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, o.kv_tile, chosen->lv).total(ch.attn, ch.mlp, ch.fin));
+  bp.activation_bytes = p.predicted_peak_bytes;
+  LS_CHECK(p.kv_chunk == bp.kv_chunk);
+  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk).total(ch.attn, ch.mlp, ch.fin));
 
   bp.block_bytes = c.w.block;
   bp.nonblock_weight_bytes = c.w.nonblock;
@@ -400,21 +418,13 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   bp.predicted_peak_bytes = std::max({bp.steps_peak_bytes, bp.text_peak_bytes, bp.precompute_peak_bytes});
   LS_CHECK(bp.predicted_peak_bytes <= budget);
 
-  // Traffic per forward.
-  const uint64_t S = static_cast<uint64_t>(c.z.S), D = static_cast<uint64_t>(cfg.hidden),
-                 I = static_cast<uint64_t>(cfg.inner()), Lu = static_cast<uint64_t>(c.L);
-  bp.pcie_weight_bytes = static_cast<uint64_t>(bp.streamed_blocks()) * c.w.block;
-  if (bp.kv_offload) {
-    const uint64_t kv = 2 * S * I * 2;  // K and V of all rows, bf16
-    const uint64_t slices = (S + static_cast<uint64_t>(p.attn_slice) - 1) / static_cast<uint64_t>(p.attn_slice);
-    bp.pcie_kv_bytes = Lu * (kv + slices * kv);  // pass 1 out once, pass 2 in once per query slice
-    bp.host_pinned_bytes += kv;                  // one block's K and V (reused block after block)
-  }
-  if (bp.residual_offload) {
-    const uint64_t x = S * D * 2;
-    bp.pcie_residual_bytes = x * (1 + 5 * Lu) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
-    bp.host_pinned_bytes += x;
-  }
+  const Traffic t = traffic(c, lv, ch);
+  bp.pcie_weight_bytes = t.weights;
+  bp.pcie_kv_bytes = t.kv;
+  bp.pcie_residual_bytes = t.residual;
+  const uint64_t S = static_cast<uint64_t>(c.z.S);
+  if (lv.kv) bp.host_pinned_bytes += 2 * S * static_cast<uint64_t>(cfg.inner()) * 2;  // one block's K, V (reused)
+  if (lv.res) bp.host_pinned_bytes += S * static_cast<uint64_t>(cfg.hidden) * 2;      // the residual x
   return bp;
 }
 
@@ -429,8 +439,8 @@ std::string BudgetPlan::describe() const {
        << slots << (slots == 1 ? " slot" : " slots") << " of " << format_bytes(block_bytes)
        << (prefetch ? " (prefetch)" : " (no prefetch)");
   }
-  os << "; K/V " << (kv_offload ? "offloaded (tiles of " + std::to_string(p.kv_tile) + ")" : std::string("on device"))
-     << ", residual " << (residual_offload ? "offloaded" : "on device") << "; ";
+  os << "; K/V " << (kv_offload ? "offloaded (chunks of " + std::to_string(kv_chunk) + " keys)" : std::string("on device"))
+     << ", residual " << (residual_offload ? "offloaded (one slice per phase)" : "on device") << "; ";
   if (p.two_pass_attention()) os << "attention slices " << p.attn_slice;
   else os << "stock attention";
   os << ", MLP slices " << p.mlp_slice << ", head slices " << p.final_slice << ", kv_tile " << p.kv_tile;

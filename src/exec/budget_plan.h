@@ -15,10 +15,10 @@
 //                      forward. Slot bytes = one block's weight bytes.
 //   modulation tables: per block bf16|f32 [3M, 6D] + final [M, 2D] (M = modulation_rows,
 //                      the distinct timesteps of the run), precomputed before step one.
-//   activations      : plan.h's buffer lists for the chosen slices, with K and V [S, I]
-//                      replaced by 2 tiles of kv_tile rows each (K/V offload) and the
-//                      residual x [S, D] replaced by 2 slices of the phase's rows
-//                      (residual offload).
+//   activations      : plan.h's buffer lists for the chosen slices and offload choices
+//                      (K/V offload: K and V [S, I] -> 2 + 2 chunks of kv_chunk rows and
+//                      the fp32 attention state; residual offload: x [S, D] -> one
+//                      slice of each phase's rows).
 //   workspace        : GEMM workspace (Backend::workspace_bytes()).
 // Two transient phases happen outside the steps and are checked too:
 //   text refinement  : condition_proj + refiner blocks (streamed through the block slots
@@ -28,22 +28,26 @@
 //                      block's AdaLN weight at a time).
 // predicted peak = max over {steps, text refinement, AdaLN precompute}.
 //
-// Policy (first that fits wins; "fits" = predicted peak <= budget; the preferred slice
-// is min(S, kv_hiding_slice)):
+// Policy ("fits" = predicted peak <= budget; the preferred slice is min(S, kv_hiding_slice)):
 //   1) all L blocks resident, no offload, every slice >= the preferred slice;
 //   2) weights streamed: the most resident blocks that still leave slices >= the
 //      preferred slice; failing that, every block streamed and slices down to 1 row;
-//   3) K/V offload (every block streamed), slices down to 1 row;
-//   4) K/V + residual offload, the same;
-//   5) else out_of_budget naming the smallest total budget any of these reach.
+//   3) only when no plan without offload fits at all: among the offload levels that fit
+//      (K/V only; K/V + residual; residual alone when K/V offload is not allowed),
+//      every block streamed and slices down to 1 row, the one with the fewest PCIe
+//      bytes per forward (ties: the fewer offloads). K/V traffic is S^2 / slice, so
+//      K/V-only with small slices can move far more than K/V + residual with large ones;
+//   4) else out_of_budget naming the smallest total budget any of these reach.
 // Within a step slices are the largest that fit (per phase: the peak is a max over
 // phases). Offload steps keep no block resident: memory freed by offloading is never
-// spent on resident blocks, so more budget never streams more (tested). An offload
-// level is used only when no plan without it fits at all (issue 5: "only when it
-// must"), even if that means small slices (docs/budget.md discusses the trade-off).
+// spent on resident blocks. Monotone in the budget (tested): streamed blocks, whether
+// anything is offloaded, K/V offload, and PCIe bytes per forward never grow with the
+// budget; residual offload alone is not monotone (the PCIe comparison may flip between
+// the two offload levels as slice counts step; docs/budget.md).
 //
 // Usage:
-//   BudgetOptions o; o.modulation_rows = 25; o.workspace_bytes = backend.workspace_bytes();
+//   BudgetOptions o; o.modulation_rows = *modulation_rows_for(cfg, cond, sigmas);
+//   o.workspace_bytes = backend.workspace_bytes();
 //   Expected<BudgetPlan> bp = plan_total_budget(cfg, cond, 12ull << 30, o);
 //   bp->describe(); bp->activations (the Plan for Engine::forward)
 #pragma once
@@ -68,10 +72,12 @@ struct DeviceFacts {
 };
 
 struct BudgetOptions {
-  int64_t kv_tile = 1024;                  // keys per attention tile (numerics; also the K/V offload tile)
+  int64_t kv_tile = 1024;                  // keys per attention tile (numerics setting)
+  int64_t kv_chunk_rows = 0;               // K/V offload chunk rows (PlanKnobs::kv_chunk_rows; 0 = default)
   uint64_t workspace_bytes = 64ull << 20;  // GEMM workspace etc. (the CUDA backend: 64 MiB)
   // M_total: distinct timesteps whose modulation tables are precomputed for the run
   // (one table row set per timestep; e.g. 8 steps x video/audio/condition t ~ 25).
+  // Pass the run's true count: modulation_rows_for().
   int64_t modulation_rows = 25;
   bool allow_kv_offload = true;
   bool allow_residual_offload = true;
@@ -93,7 +99,9 @@ int64_t kv_hiding_slice(const DeviceFacts& facts);
 uint64_t block_weight_bytes(const h3::H3Config& cfg);
 
 struct BudgetPlan {
-  Plan activations;  // make_plan with the chosen slices (plan.h's lists, K/V and x resident)
+  // make_plan with the chosen slices and offload knobs: its persistent / phases lists are
+  // exactly what the device's activation arena holds, and Engine::forward allocates them.
+  Plan activations;
   uint64_t budget_bytes = 0;
   SequenceSizes sizes;
 
@@ -104,6 +112,7 @@ struct BudgetPlan {
   bool prefetch = true;
   bool kv_offload = false;
   bool residual_offload = false;
+  int64_t kv_chunk = 0;         // rows of a K/V chunk on the device (K/V offload), else 0
   int64_t kv_hiding_slice = 0;  // see kv_hiding_slice(); the preferred slice is min(this, S)
   int64_t slice_floor = 0;      // the smallest slice the chosen step allowed
   std::string step;             // "all resident", "weights streamed", "K/V offload", ...
@@ -116,7 +125,7 @@ struct BudgetPlan {
   uint64_t resident_weight_bytes = 0;     // nonblock + resident_blocks * block_bytes
   uint64_t slot_bytes = 0;                // slots * block_bytes
   uint64_t modulation_table_bytes = 0;
-  uint64_t activation_bytes = 0;          // device activation arena (after offload replacements)
+  uint64_t activation_bytes = 0;          // device activation arena = activations.predicted_peak_bytes
   uint64_t workspace_bytes = 0;
   uint64_t text_phase_extra_bytes = 0;    // text weights not in slots + refiner activations
   uint64_t precompute_scratch_bytes = 0;  // AdaLN precompute scratch (tables counted apart)
@@ -124,10 +133,6 @@ struct BudgetPlan {
   uint64_t text_peak_bytes = 0;           // resident + slots + workspace + text extra
   uint64_t precompute_peak_bytes = 0;     // resident + slots + tables + workspace + scratch
   uint64_t predicted_peak_bytes = 0;      // max of the three; <= budget_bytes
-
-  // The device activation lists (plan.h's, after the offload replacements).
-  std::vector<PlannedBuffer> device_persistent;
-  std::vector<PlanPhase> device_phases;
 
   // Traffic per forward (host <-> device, both directions), excluding the latents and
   // velocities (MB-scale): streamed block weights, K/V (pass 1 out, pass 2 back in once
@@ -157,13 +162,12 @@ Expected<BudgetPlan> plan_total_budget(const h3::H3Config& cfg, const h3::Condit
 Expected<uint64_t> min_total_budget(const h3::H3Config& cfg, const h3::Conditioning& cond,
                                     const BudgetOptions& options = {});
 
-// plan.h's buffer lists of a phase / the persistent set, as the device holds them
-// under the offload choices: "K", "V" [S, I] -> "K tile 0/1", "V tile 0/1"
-// [min(kv_tile, S), I]; the residual x leaves the persistent set and every phase gets
-// "residual slice 0/1" bf16 [rows, D] first (rows = that phase's slice).
-std::vector<PlannedBuffer> device_persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& sizes,
-                                                     bool residual_offload);
-PlanPhase device_phase(const h3::H3Config& cfg, const PlanPhase& phase, int64_t slice_rows, int64_t kv_tile,
-                       int64_t S, bool kv_offload, bool residual_offload);
+// The run's true modulation_rows: the distinct timesteps over every sigma > 0 of the
+// schedule (sorted unique, the terminal 0 never evaluated), counted exactly as
+// Engine::precompute_adaln counts the rows of the tables it builds. 0 when no sigma is
+// > 0 (then there is no table; plan_total_budget needs >= 1). Errors: an invalid
+// geometry (h3::build_layout's message).
+Expected<int64_t> modulation_rows_for(const h3::H3Config& cfg, const h3::Conditioning& cond,
+                                      const std::vector<float>& sigmas);
 
 }  // namespace ls::exec

@@ -11,6 +11,11 @@
 //   final(n)   = [PDD: f32 [Pv, D] + f32 [Pv]] + bf16 [n, D] + f32 [n, D] + f32 [n, max(Pv, Pa)]
 //   peak       = persistent + max(embed(n_mlp), attn, mlp(n_mlp), final(n_final))
 //
+// Offload replaces, on the device:
+//   K/V offload      : 2 * bf16 [S, I] -> 4 * bf16 [kv_chunk, I] (K and V chunks, two each)
+//                      + f32 [n, H * (Dh + 8)] (the chunked attention's running state)
+//   residual offload : bf16 [S, D] (x) -> bf16 [n, D] at the head of every phase
+//
 // At H3 size (D 5376, I 7168, F 14336) and S = 111,274 this reproduces DESIGN.md §2:
 // stock attention 1.11 + 4.46 + 1.49 GiB, MLP S * 43008 * 2 B = 8.9 GiB; two-pass K + V
 // = 2.97 GiB + 8192-row slices.
@@ -21,6 +26,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "core/arena.h"
 #include "model/h3/layout.h"
 
@@ -38,38 +44,97 @@ uint64_t sum_bytes(const std::vector<PlannedBuffer>& buffers) {
 
 uint64_t PlanPhase::bytes() const { return sum_bytes(buffers); }
 
-std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& z) {
-  return {{"residual x", DType::bf16, z.S, cfg.hidden},
-          {"rope table", DType::bf16, z.S, 2 * cfg.rope_pairs()},
-          {"modulation rows", DType::i32, z.S, 1},
-          {"final rows", DType::i32, z.S, 1}};
+const PlannedBuffer* find_buffer(const std::vector<PlannedBuffer>& buffers, const std::string& what) {
+  for (const auto& b : buffers)
+    if (b.what == what) return &b;
+  return nullptr;
+}
+
+Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S) {
+  if (kv_tile < 1) return make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1");
+  if (kv_chunk_rows < 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "kv_chunk_rows must be >= 0 (0 = the default, about " + std::to_string(kDefaultKvChunkKeys) +
+                          " keys)");
+  if (kv_chunk_rows == 0) {
+    const int64_t tiles = (kDefaultKvChunkKeys + kv_tile - 1) / kv_tile;
+    return std::min(S, kv_tile * tiles);
+  }
+  if (kv_chunk_rows >= S) return S;
+  // Every chunk but the last must hold whole kv_tile tiles, so that feeding chunks walks
+  // exactly the tiles of one call over all keys (backend.h AttentionParams).
+  if (kv_chunk_rows % kv_tile != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "kv_chunk_rows " + std::to_string(kv_chunk_rows) + " must be a multiple of kv_tile " +
+                          std::to_string(kv_tile) + " (or at least S = " + std::to_string(S) +
+                          "): chunks must hold whole attention tiles");
+  return kv_chunk_rows;
+}
+
+// With residual offload a phase starts with its one residual slice bf16 [n, D]: the rows
+// it reads (and writes back) are copied in on the compute queue before use and out
+// after, so one buffer suffices (no overlap with compute).
+static PlanPhase phase_with_residual(const h3::H3Config& cfg, const Placement& where, int64_t n, PlanPhase p) {
+  if (where.residual_offload) p.buffers.insert(p.buffers.begin(), {"residual slice", DType::bf16, n, cfg.hidden});
+  return p;
+}
+
+std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& z, const Placement& where) {
+  std::vector<PlannedBuffer> v;
+  if (!where.residual_offload) v.push_back({"residual x", DType::bf16, z.S, cfg.hidden});
+  v.push_back({"rope table", DType::bf16, z.S, 2 * cfg.rope_pairs()});
+  v.push_back({"modulation rows", DType::i32, z.S, 1});
+  v.push_back({"final rows", DType::i32, z.S, 1});
+  return v;
 }
 
 static int64_t patch_width(const h3::H3Config& cfg) { return std::max(cfg.video_patch_dim(), cfg.audio_latents_dim); }
 
-PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n) {
-  return {"embed", {{"patch rows", DType::f32, n, patch_width(cfg)}, {"patch embedding", DType::f32, n, cfg.hidden}}};
+PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  return phase_with_residual(
+      cfg, where, n,
+      {"embed", {{"patch rows", DType::f32, n, patch_width(cfg)}, {"patch embedding", DType::f32, n, cfg.hidden}}});
 }
 
-PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice) {
+PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
   const int64_t D = cfg.hidden, I = cfg.inner();
-  if (attn_slice == 0)
+  if (attn_slice == 0) {
+    LS_CHECK_MSG(!where.kv_offload && !where.residual_offload, "K/V and residual offload need two-pass attention");
     return {"attn", {{"h", DType::bf16, S, D}, {"qkv", DType::bf16, S, 3 * I}, {"attention out", DType::bf16, S, I}}};
+  }
   const int64_t n = attn_slice;
-  return {"attn",
-          {{"K", DType::bf16, S, I},
-           {"V", DType::bf16, S, I},
-           {"h", DType::bf16, n, D},
-           {"Q", DType::bf16, n, I},
-           {"attention out", DType::bf16, n, I}}};
+  PlanPhase p{"attn", {}};
+  if (where.kv_offload) {
+    // bf16 [kv_chunk, I] x 2 per tensor: the chunk attention reads and the next one
+    // streaming in on the transfer queue. Pass 1 computes K and V into them and copies
+    // each finished chunk to pinned host memory (the GEMMs are row-invariant).
+    LS_CHECK_MSG(where.kv_chunk > 0, "K/V offload needs a resolved kv_chunk");
+    for (const char* t : {"K", "V"})
+      for (int i = 0; i < 2; ++i)
+        p.buffers.push_back({std::string(t) + " chunk " + std::to_string(i), DType::bf16, where.kv_chunk, I});
+  } else {
+    p.buffers.push_back({"K", DType::bf16, S, I});
+    p.buffers.push_back({"V", DType::bf16, S, I});
+  }
+  p.buffers.push_back({"h", DType::bf16, n, D});
+  p.buffers.push_back({"Q", DType::bf16, n, I});
+  p.buffers.push_back({"attention out", DType::bf16, n, I});
+  if (where.kv_offload) {
+    // f32 [n, H, Dh + 8]: each (query, head)'s running max, sum and accumulator, carried
+    // from one K/V chunk to the next (backend.h AttentionParams::state).
+    p.buffers.push_back({"attention state", DType::f32, n, cfg.heads * (cfg.head_dim + kAttentionStateExtra)});
+  }
+  return phase_with_residual(cfg, where, n, std::move(p));
 }
 
-PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n) {
-  return {"mlp",
-          {{"h", DType::bf16, n, cfg.hidden}, {"fc1 out", DType::bf16, n, 2 * cfg.ffn}, {"swiglu out", DType::bf16, n, cfg.ffn}}};
+PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  return phase_with_residual(
+      cfg, where, n,
+      {"mlp",
+       {{"h", DType::bf16, n, cfg.hidden}, {"fc1 out", DType::bf16, n, 2 * cfg.ffn}, {"swiglu out", DType::bf16, n, cfg.ffn}}});
 }
 
-PlanPhase final_phase(const h3::H3Config& cfg, int64_t n) {
+PlanPhase final_phase(const h3::H3Config& cfg, int64_t n, const Placement& where) {
   PlanPhase p{"final", {}};
   const int64_t D = cfg.hidden, Pv = cfg.video_patch_dim();
   if (cfg.pdd_heads > 1) {
@@ -79,7 +144,7 @@ PlanPhase final_phase(const h3::H3Config& cfg, int64_t n) {
   p.buffers.push_back({"h", DType::bf16, n, D});
   p.buffers.push_back({"modulated rows", DType::f32, n, D});
   p.buffers.push_back({"head out", DType::f32, n, patch_width(cfg)});
-  return p;
+  return phase_with_residual(cfg, where, n, std::move(p));
 }
 
 std::vector<PlannedBuffer> refiner_persistent_buffers(const h3::H3Config& cfg, int64_t L) {
@@ -115,6 +180,7 @@ namespace {
 
 struct Resolved {
   int64_t attn = 0, mlp = 0, fin = 0;
+  Placement where;
 };
 
 Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& knobs, Resolved r) {
@@ -125,8 +191,13 @@ Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& 
   p.mlp_slice = r.mlp;
   p.final_slice = r.fin;
   p.kv_tile = knobs.kv_tile;
-  p.persistent = persistent_buffers(cfg, z);
-  p.phases = {embed_phase(cfg, r.mlp), attention_phase(cfg, z.S, r.attn), mlp_phase(cfg, r.mlp), final_phase(cfg, r.fin)};
+  p.kv_offload = r.where.kv_offload;
+  p.residual_offload = r.where.residual_offload;
+  p.kv_chunk = r.where.kv_chunk;
+  const Placement& w = r.where;
+  p.persistent = persistent_buffers(cfg, z, w);
+  p.phases = {embed_phase(cfg, r.mlp, w), attention_phase(cfg, z.S, r.attn, w), mlp_phase(cfg, r.mlp, w),
+              final_phase(cfg, r.fin, w)};
   uint64_t phase_max = 0;
   for (const auto& ph : p.phases) phase_max = std::max(phase_max, ph.bytes());
   p.predicted_peak_bytes = sum_bytes(p.persistent) + phase_max;
@@ -135,13 +206,20 @@ Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& 
 
 uint64_t stock_peak(const h3::H3Config& cfg, const SequenceSizes& z) {
   PlanKnobs k;
-  return assemble(cfg, z, k, Resolved{0, z.S, z.target_rows}).predicted_peak_bytes;
+  return assemble(cfg, z, k, Resolved{0, z.S, z.target_rows, {}}).predicted_peak_bytes;
 }
 
 Status check_knobs(const PlanKnobs& k) {
   if (k.mlp_chunk_tokens < 0 || k.attn_chunk_tokens < 0 || k.final_chunk_tokens < 0)
     return Status(make_error(ErrorCode::invalid_argument, "slice sizes must be >= 0 (0 = all rows)"));
   if (k.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
+  if ((k.kv_offload || k.residual_offload) && k.attn_chunk_tokens == 0)
+    return Status(make_error(ErrorCode::invalid_argument,
+                             std::string(k.kv_offload ? "K/V" : "residual") +
+                                 " offload needs two-pass attention: set attn_chunk_tokens > 0 (stock attention "
+                                 "holds K, V and the residual of all rows on the device)"));
+  if (k.kv_chunk_rows < 0)
+    return Status(make_error(ErrorCode::invalid_argument, "kv_chunk_rows must be >= 0 (0 = the default)"));
   return Status();
 }
 
@@ -154,6 +232,8 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, 
   r.attn = knobs.attn_chunk_tokens == 0 ? 0 : std::min(knobs.attn_chunk_tokens, z.S);
   r.mlp = knobs.mlp_chunk_tokens == 0 ? z.S : std::min(knobs.mlp_chunk_tokens, z.S);
   r.fin = knobs.final_chunk_tokens == 0 ? z.target_rows : std::min(knobs.final_chunk_tokens, z.target_rows);
+  LS_ASSIGN_OR_RETURN(const int64_t chunk, resolve_kv_chunk(knobs.kv_chunk_rows, knobs.kv_tile, z.S));
+  r.where = {knobs.kv_offload, knobs.residual_offload, knobs.kv_offload ? chunk : 0};
   Plan p = assemble(cfg, z, knobs, r);
   p.stock_peak_bytes = stock_peak(cfg, z);
   return p;
@@ -180,7 +260,7 @@ Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& 
   LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
   const uint64_t stock = stock_peak(cfg, z);
   if (stock <= budget) {
-    Plan p = assemble(cfg, z, k, Resolved{0, z.S, z.target_rows});
+    Plan p = assemble(cfg, z, k, Resolved{0, z.S, z.target_rows, {}});
     p.stock_peak_bytes = stock;
     return p;
   }
@@ -216,6 +296,13 @@ Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& 
   return p;
 }
 
+const PlanPhase& Plan::phase(const std::string& name) const {
+  for (const auto& ph : phases)
+    if (ph.name == name) return ph;
+  LS_CHECK_MSG(false, "the plan has no phase named '" + name + "'");
+  return phases.front();
+}
+
 std::string Plan::describe() const {
   std::ostringstream os;
   if (stock()) {
@@ -230,6 +317,8 @@ std::string Plan::describe() const {
     if (sliced_head()) os << "sliced head (" << final_slice << ")";
     else os << "stock head";
   }
+  if (kv_offload) os << "; K/V offloaded (chunks of " << kv_chunk << " keys)";
+  if (residual_offload) os << "; residual offloaded (one slice on the device per phase)";
   os << "; kv_tile " << kv_tile << "; activation peak " << format_bytes(predicted_peak_bytes) << " predicted (stock "
      << format_bytes(stock_peak_bytes) << ")";
   return os.str();

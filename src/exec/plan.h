@@ -1,24 +1,32 @@
-// Plan and planner: how one forward slices its rows, and exactly how many activation
-// bytes that takes (DESIGN.md §2, §3). Pure functions, no allocation on any device.
+// Plan and planner: how one forward slices its rows, where K/V and the residual live,
+// and exactly how many activation bytes that takes on the device (DESIGN.md §2, §3).
+// Pure functions, no allocation on any device.
 //
 // The plan lists every buffer the executor takes from the activation arena, in the
-// order the executor takes them, grouped in phases whose lifetimes nest:
+// order the executor takes them, grouped in phases whose lifetimes nest, AS THE DEVICE
+// HOLDS THEM (with K/V or residual offload the lists already say so):
 //
-//   persistent (whole forward): residual x, RoPE table, modulation-row indices
+//   persistent (whole forward): residual x (absent with residual offload), RoPE table,
+//               modulation-row indices, final-layer row indices
 //   then ONE of these at a time (each freed before the next starts):
 //     embed   : per slice of `embed_slice` rows: fp32 patch rows + fp32 projection
 //     attn    : stock: h, fused qkv, attention out (all rows)
 //               two-pass: K and V for all rows, then per slice h, Q, attention out
+//               K/V offload: 2 K chunks + 2 V chunks of kv_chunk rows (one in use, one
+//               streaming), then per slice h, Q, attention out, fp32 attention state
 //     mlp     : per slice: h, fc1 out (2F), swiglu out (F)
 //     final   : [PDD effective heads] + per slice: h, fp32 modulated rows, fp32 head out
+//   residual offload: every phase starts with ONE "residual slice" bf16 [n, D] (n = that
+//   phase's slice rows), copied in/out on the compute queue around its use.
 //
 // predicted peak = sum(persistent) + max over phases(sum(phase buffers at the largest
 // slice)), every buffer rounded up with Arena::aligned_bytes. The executor allocates
-// from exactly these lists (plan_buffers()), so the arena's measured peak equals the
-// prediction for the largest slice and can never exceed it.
+// from exactly these lists, looking buffers up by name (find_buffer), so the arena's
+// measured peak equals the prediction for the largest slice and can never exceed it.
 //
 // Usage:
 //   PlanKnobs k; k.mlp_chunk_tokens = 4096; k.attn_chunk_tokens = 4096;
+//   k.kv_offload = true;                                  // optional, needs attn_chunk_tokens
 //   Expected<Plan> p = make_plan(cfg, cond, k);          // or plan_for_budget(cfg, cond, 3 << 30)
 //   p->predicted_peak_bytes, p->stock_peak_bytes, p->describe()
 #pragma once
@@ -41,6 +49,31 @@ struct PlanKnobs {
   int64_t attn_chunk_tokens = 0;   // rows per attention slice (two-pass); 0 = stock attention
   int64_t final_chunk_tokens = 0;  // rows per final-layer slice; 0 = all target rows
   int64_t kv_tile = 1024;          // keys per attention tile (changes bits; not a memory knob)
+  // K/V offload: pass 1 writes K and V of every row to pinned host memory; pass 2 streams
+  // them back in chunks of kv_chunk rows (two buffers per tensor: one attended, one in
+  // flight), carrying the fp32 attention state across chunks. Needs two-pass attention.
+  bool kv_offload = false;
+  // Residual offload: x [S, D] lives in pinned host memory; each phase holds one slice.
+  // Needs two-pass attention (stock attention reads all S rows of x at once).
+  bool residual_offload = false;
+  // Rows of one K/V chunk on the device (K/V offload only). 0 = the default,
+  // min(S, kv_tile * ceil(4096 / kv_tile)); else a multiple of kv_tile, or >= S (then S).
+  int64_t kv_chunk_rows = 0;
+};
+
+// Default K/V chunk: about 4096 keys, rounded up to whole kv_tile tiles.
+constexpr int64_t kDefaultKvChunkKeys = 4096;
+
+// The resolved rows of a K/V chunk for S keys (see PlanKnobs::kv_chunk_rows): always a
+// multiple of kv_tile unless it equals S. Errors (invalid_argument): kv_chunk_rows < 0,
+// or not a multiple of kv_tile while < S; kv_tile < 1.
+Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S);
+
+// Where K/V and the residual live, as the buffer-list functions take it (resolved).
+struct Placement {
+  bool kv_offload = false;
+  bool residual_offload = false;
+  int64_t kv_chunk = 0;  // rows per K/V chunk buffer; > 0 with kv_offload
 };
 
 // One buffer the executor allocates: dtype [rows, cols].
@@ -74,6 +107,10 @@ struct Plan {
   int64_t mlp_slice = 0;    // also the patch-embedding slice
   int64_t final_slice = 0;
   int64_t kv_tile = 1024;
+  // Resolved offload choices (the lists below already reflect them).
+  bool kv_offload = false;
+  bool residual_offload = false;
+  int64_t kv_chunk = 0;     // rows per K/V chunk on the device; 0 without K/V offload
   std::vector<PlannedBuffer> persistent;
   std::vector<PlanPhase> phases;
   uint64_t predicted_peak_bytes = 0;  // activation arena capacity for this plan
@@ -83,32 +120,53 @@ struct Plan {
   bool sliced_mlp() const { return mlp_slice < sizes.S; }
   bool sliced_head() const { return final_slice < sizes.target_rows; }
   bool stock() const { return !two_pass_attention() && !sliced_mlp() && !sliced_head(); }
-  // "two-pass attention (slice 4096), sliced MLP (4096), stock head; peak 3.512 GiB (stock 12.3 GiB)"
+  Placement placement() const { return {kv_offload, residual_offload, kv_chunk}; }
+  // The phase named "embed", "attn", "mlp" or "final" (LS_CHECK that it exists).
+  const PlanPhase& phase(const std::string& name) const;
+  // "two-pass attention (4096-row slices), sliced MLP (4096), stock head; K/V offloaded
+  //  (chunks of 4096 keys); kv_tile 1024; activation peak 3.512 GiB predicted (stock ...)"
   std::string describe() const;
 };
 
-// The plan for these knobs. Errors: a knob < 0, kv_tile < 1, an invalid geometry.
+// The plan for these knobs. Errors (invalid_argument): a knob < 0, kv_tile < 1, K/V or
+// residual offload with stock attention (attn_chunk_tokens == 0), a kv_chunk_rows that
+// is not a multiple of kv_tile and < S; an invalid geometry.
 Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, const PlanKnobs& knobs);
 
 // The plan with the largest slices whose predicted peak fits `budget_bytes`: the stock
 // plan if it fits, else for each phase the largest slice that fits (binary search; the
 // phases are independent because the peak is a max over phases). Fails with
 // out_of_budget BEFORE any work, naming the smallest budget that would work (all
-// slices of one row), when even that does not fit.
+// slices of one row), when even that does not fit. Never offloads (the total-budget
+// planner, budget_plan.h, decides offload).
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget_bytes,
                                int64_t kv_tile = 1024);
 
 // ---- the buffer lists (shared by the planner and the executor) ---------------------
 // Each phase's buffers in allocation order, for slices of `n` rows (the largest slice
-// of the plan); the executor allocates the same specs with the actual slice's rows.
-std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& sizes);
-PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n);
-// attn_slice 0: stock (h, fused qkv, attention out over S rows); else two-pass:
-// K, V [S, I] then per slice h, Q, attention out.
-PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice);
-PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n);
-// PDD effective video head first (pdd_heads > 1), then per slice h, fp32 modulated rows, fp32 head out.
-PlanPhase final_phase(const h3::H3Config& cfg, int64_t n);
+// of the plan), as the device holds them under `where`; the executor allocates the same
+// specs with the actual slice's rows (K/V chunks with the actual chunk's rows).
+// Names are fixed (the executor looks buffers up by name):
+//   persistent: "residual x" bf16 [S, D] (not with residual offload), "rope table"
+//               bf16 [S, 2P], "modulation rows" i32 [S, 1], "final rows" i32 [S, 1]
+//   every phase with residual offload: "residual slice" bf16 [n, D] first
+std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& sizes,
+                                              const Placement& where = {});
+// "patch rows" f32 [n, max(Pv, Pa)], "patch embedding" f32 [n, D].
+PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n, const Placement& where = {});
+// attn_slice 0: stock: "h" [S, D], "qkv" [S, 3I], "attention out" [S, I] (no offload
+// allowed: LS_CHECK). Two-pass, K/V resident: "K", "V" [S, I], then per slice "h"
+// [n, D], "Q" [n, I], "attention out" [n, I]. K/V offload: "K chunk 0", "K chunk 1",
+// "V chunk 0", "V chunk 1" [kv_chunk, I], then "h", "Q", "attention out", then
+// "attention state" f32 [n, H * (Dh + kAttentionStateExtra)].
+PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where = {});
+// "h" [n, D], "fc1 out" [n, 2F], "swiglu out" [n, F].
+PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n, const Placement& where = {});
+// "PDD video head" f32 [Pv, D] + "PDD video bias" f32 [Pv, 1] (pdd_heads > 1), then per
+// slice "h" bf16 [n, D], "modulated rows" f32 [n, D], "head out" f32 [n, max(Pv, Pa)].
+PlanPhase final_phase(const h3::H3Config& cfg, int64_t n, const Placement& where = {});
+// The buffer named `what`, or nullptr.
+const PlannedBuffer* find_buffer(const std::vector<PlannedBuffer>& buffers, const std::string& what);
 uint64_t sum_bytes(const std::vector<PlannedBuffer>& buffers);
 
 // The text refiner's arena for L tokens: x [L, D] persistent, then the input cast /
