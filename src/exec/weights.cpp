@@ -166,7 +166,9 @@ Expected<TensorView> WeightStore::transient(const std::string& name, Arena& scra
 }
 
 void WeightStore::release_source(const std::string& name) const {
-  if (release_) src_.release(name);
+  // Precompute-only weights are read once per run, so their host copies always go
+  // (a synthetic source remakes them if a later run asks; a mapped file is unaffected).
+  if (release_ || is_precompute_only(name)) src_.release(name);
 }
 
 // ---- block streaming ------------------------------------------------------------------

@@ -72,7 +72,8 @@ class WeightStore {
   Expected<TensorView> transient(const std::string& name, Arena& scratch) const;
   // Bytes transient() takes from `scratch` for `name` (0 on the host-resident path).
   uint64_t transient_bytes(const std::string& name) const;
-  // After the AdaLN precompute: drop the source's host copy of a precompute-only weight.
+  // After the AdaLN precompute: drop the source's host copy of a precompute-only weight
+  // (always, whatever Residency::release_source says: they are read once per run).
   void release_source(const std::string& name) const;
   static bool is_precompute_only(const std::string& name);
   static bool is_text(const std::string& name);

@@ -1,0 +1,299 @@
+// Issue 5's benchmark: the whole H3 model (synthetic weights made once in host memory,
+// the values make-model would write) at one clip size, ONE denoiser call per total
+// device budget, through the same path as `layerstream forward --vram-budget`:
+// plan_total_budget -> Engine (resident blocks + slots) -> refine_text ->
+// precompute_adaln -> forward.
+//
+// Per budget: the planner's choice and predicted peak; the forward's wall time (its
+// own clock, the call ends with a device synchronize); LayerStream's device peak (every
+// arena, counted) and the driver's view (cudaMemGetInfo: the most free memory the
+// device lost since before the engine existed, sampled after each phase); PCIe bytes
+// (streamed weights, K/V, residual); the output's FNV-1a 64 hash and whether it equals
+// the reference (the first budget of the list, or --reference-hash from another run).
+// Budgets below the minimum are recorded as refused, with the planner's message.
+//
+// Before the first budget a one-block model runs once at a small clip, so every GEMM
+// shape has its cuBLASLt algorithm pinned before anything is timed (the pin is per
+// backend and shape, and a block has the same shapes whatever the block count).
+//
+// Usage:
+//   bench_budget [--preset h3] [--blocks N] [--frames 362 --width 1024 --height 1024
+//                --text-tokens 500] [--sigma 0.9] [--budgets unlimited,24G,12G,8G,6G,4G,3G]
+//                [--reference-hash HEX] [--device cuda] [--json out.json]
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "exec/budget_plan.h"
+#include "exec/engine.h"
+#include "exec/plan.h"
+#include "model/h3/checkpoint.h"
+#include "model/h3/config.h"
+#include "model/h3/torch_random.h"
+
+namespace {
+
+using namespace ls;
+
+[[noreturn]] void die(const std::string& m) {
+  std::fprintf(stderr, "bench_budget: %s\n", m.c_str());
+  std::exit(2);
+}
+
+uint64_t fnv(const std::vector<float>& video, const std::vector<float>& audio) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto* v : {&video, &audio}) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
+    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016" PRIx64, h);
+  return b;
+}
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+struct Args {
+  std::string preset = "h3", device = "cuda", json, reference_hash;
+  int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500;
+  float sigma = 0.9f;
+  std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');)
+    if (!t.empty()) v.push_back(t);
+  return v;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "bench_budget: the whole model, one denoiser call per total device budget (issue 5)\n"
+          "  --preset NAME       tiny | small | h3 (default h3)\n"
+          "  --blocks N          fewer blocks at full width (default: the preset's)\n"
+          "  --frames/--width/--height/--text-tokens  clip (default 362 1024 1024 500: S = 111,274)\n"
+          "  --sigma X           the call's sigma (default 0.9)\n"
+          "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G)\n"
+          "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
+          "  --device D          cuda | cuda:N | cpu (default cuda)\n"
+          "  --json FILE         write the results\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) die("missing value after " + k);
+    const std::string v = argv[++i];
+    try {
+      if (k == "--preset") a.preset = v;
+      else if (k == "--blocks") a.blocks = std::stoll(v);
+      else if (k == "--frames") a.frames = std::stoll(v);
+      else if (k == "--width") a.width = std::stoll(v);
+      else if (k == "--height") a.height = std::stoll(v);
+      else if (k == "--text-tokens") a.text_tokens = std::stoll(v);
+      else if (k == "--sigma") a.sigma = std::stof(v);
+      else if (k == "--budgets") a.budgets = split(v);
+      else if (k == "--reference-hash") a.reference_hash = v;
+      else if (k == "--device") a.device = v;
+      else if (k == "--json") a.json = v;
+      else die("unknown option " + k + " (see --help)");
+    } catch (const std::exception&) {
+      die("bad value '" + v + "' for " + k);
+    }
+  }
+  return a;
+}
+
+struct Clip {
+  h3::Conditioning cond;
+  std::vector<float> video, audio, text;
+};
+
+Clip make_clip(const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
+  auto g = h3::clip_geometry(frames, w, h, L);
+  if (!g.ok()) die(g.error().message);
+  Clip c;
+  c.cond.geometry = *g;
+  c.video = h3::torch_cpu_randn(0, cfg.latents_dim * g->T * g->Hl * g->Wl);
+  c.audio = h3::torch_cpu_randn(1, cfg.audio_latents_dim * 2 * g->A);
+  c.text = h3::torch_cpu_randn(2, g->text_tokens * cfg.text_dim);
+  return c;
+}
+
+struct Outcome {
+  exec::ForwardResult r;
+  uint64_t driver_used = 0;
+  double engine_seconds = 0, precompute_seconds = 0;
+};
+
+// One engine: create, refine, precompute, forward. min free memory sampled around each.
+Expected<Outcome> run_once(const h3::H3TensorSource& src, Backend& be, const Clip& clip, float sigma,
+                           const exec::Residency& residency, const exec::Plan& plan) {
+  const h3::H3Config& cfg = src.cfg();
+  const auto& g = clip.cond.geometry;
+  uint64_t free0 = 0, total = 0;
+  const bool info = be.device_memory_info(&free0, &total).ok();
+  uint64_t min_free = free0;
+  auto sample = [&]() {
+    uint64_t f = 0, t = 0;
+    if (info && be.device_memory_info(&f, &t).ok()) min_free = std::min(min_free, f);
+  };
+  Outcome o;
+  const auto t0 = std::chrono::steady_clock::now();
+  exec::EngineOptions eo;
+  eo.residency = residency;
+  eo.residency.release_source = false;  // the next budget reuses the host weights
+  LS_ASSIGN_OR_RETURN(auto engine, exec::Engine::create(src, be, eo));
+  sample();
+  const auto t1 = std::chrono::steady_clock::now();
+  LS_ASSIGN_OR_RETURN(auto text, engine->refine_text(TensorView(const_cast<float*>(clip.text.data()), DType::f32,
+                                                                {g.text_tokens, cfg.text_dim})));
+  sample();
+  LS_TRY(engine->precompute_adaln({sigma}, clip.cond));
+  sample();
+  const auto t2 = std::chrono::steady_clock::now();
+  LS_ASSIGN_OR_RETURN(
+      o.r, engine->forward(clip.cond, text,
+                           TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl}),
+                           TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A}),
+                           sigma, plan));
+  sample();
+  o.driver_used = info ? free0 - min_free : 0;
+  o.engine_seconds = std::chrono::duration<double>(t1 - t0).count();
+  o.precompute_seconds = std::chrono::duration<double>(t2 - t1).count();
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  auto cfg = h3::h3_preset(a.preset);
+  if (!cfg.ok()) die(cfg.error().message);
+  if (a.blocks > 0) cfg->num_layers = a.blocks;
+  auto be = make_backend(a.device);
+  if (!be.ok()) die(be.error().message);
+  const Clip clip = make_clip(*cfg, a.frames, a.width, a.height, a.text_tokens);
+  auto sizes = exec::sequence_sizes(*cfg, clip.cond);
+  if (!sizes.ok()) die(sizes.error().message);
+  std::printf("bench_budget: %s, %" PRId64 " blocks, S = %" PRId64 " (%" PRId64 " frames %" PRId64 "x%" PRId64
+              ", %" PRId64 " text tokens), sigma %.3f, on %s\n",
+              a.preset.c_str(), cfg->num_layers, sizes->S, a.frames, a.width, a.height, a.text_tokens, a.sigma,
+              (*be)->name().c_str());
+  std::fflush(stdout);
+
+  // Pin every GEMM algorithm before timing: one block, a small clip.
+  {
+    h3::H3Config one = *cfg;
+    one.num_layers = 1;
+    h3::H3SyntheticSource warm_src(one, 0);
+    const Clip small = make_clip(one, 5, 256, 256, 8);
+    auto p = exec::make_plan(one, small.cond, exec::PlanKnobs{});
+    if (!p.ok()) die(p.error().message);
+    auto w = run_once(warm_src, **be, small, a.sigma, exec::Residency{}, *p);
+    if (!w.ok()) die("warm-up: " + w.error().message);
+  }
+
+  const h3::H3SyntheticSource src(*cfg, 0);
+  exec::BudgetOptions bo;
+  bo.workspace_bytes = (*be)->workspace_bytes();
+  auto rows = exec::modulation_rows_for(*cfg, clip.cond, {a.sigma});
+  if (!rows.ok()) die(rows.error().message);
+  bo.modulation_rows = *rows;
+  auto minimum = exec::min_total_budget(*cfg, clip.cond, bo);
+  if (!minimum.ok()) die(minimum.error().message);
+  std::printf("smallest total budget that plans: %s (%" PRIu64 " bytes)\n", format_bytes(*minimum).c_str(), *minimum);
+
+  std::string reference = a.reference_hash;
+  double unlimited_seconds = 0;
+  std::ostringstream js;
+  js << "{\"bench\": \"bench_budget\", \"preset\": \"" << a.preset << "\", \"blocks\": " << cfg->num_layers
+     << ", \"S\": " << sizes->S << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
+     << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << esc((*be)->name())
+     << "\", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
+  std::vector<std::string> table;
+  for (size_t bi = 0; bi < a.budgets.size(); ++bi) {
+    const std::string& b = a.budgets[bi];
+    const uint64_t bytes = b == "unlimited" ? (1ull << 50) : [&] {
+      auto v = exec::parse_byte_size(b);
+      if (!v.ok()) die(v.error().message);
+      return *v;
+    }();
+    js << (bi ? ", " : "") << "{\"budget\": \"" << b << "\", \"budget_bytes\": " << (b == "unlimited" ? 0 : bytes);
+    auto bp = exec::plan_total_budget(*cfg, clip.cond, bytes, bo);
+    if (!bp.ok()) {
+      std::printf("[%s] refused: %s\n", b.c_str(), bp.error().message.c_str());
+      js << ", \"refused\": \"" << esc(bp.error().message) << "\"}";
+      table.push_back(b + " | refused before any work |");
+      continue;
+    }
+    std::printf("[%s] %s\n", b.c_str(), bp->describe().c_str());
+    std::fflush(stdout);
+    exec::Residency res;
+    res.resident_blocks = bp->resident_blocks;
+    res.slots = bp->prefetch ? 2 : 1;
+    auto o = run_once(src, **be, clip, a.sigma, res, bp->activations);
+    if (!o.ok()) {
+      std::printf("[%s] FAILED: %s\n", b.c_str(), o.error().message.c_str());
+      js << ", \"failed\": \"" << esc(o.error().message) << "\"}";
+      table.push_back(b + " | FAILED |");
+      continue;
+    }
+    const exec::RunReport& r = o->r.report;
+    const std::string h = hex(fnv(o->r.video, o->r.audio));
+    if (reference.empty()) reference = h;
+    if (b == "unlimited") unlimited_seconds = r.wall_seconds;
+    const bool same = h == reference;
+    const uint64_t pcie = r.pcie_weight_bytes + r.pcie_kv_bytes + r.pcie_residual_bytes;
+    std::printf("[%s] %s\n[%s] forward %.3f s; LayerStream device peak %s (predicted %s); driver %s; PCIe %.2f GB; "
+                "hash %s %s\n",
+                b.c_str(), r.status_line().c_str(), b.c_str(), r.wall_seconds, format_bytes(r.device_peak_bytes).c_str(),
+                format_bytes(bp->predicted_peak_bytes).c_str(), format_bytes(o->driver_used).c_str(), pcie / 1e9,
+                h.c_str(), same ? "(identical)" : "(DIFFERS)");
+    std::fflush(stdout);
+    js << ", \"step\": \"" << esc(bp->step) << "\", \"plan\": \"" << esc(bp->describe())
+       << "\", \"predicted_peak_bytes\": " << bp->predicted_peak_bytes << ", \"predicted_pcie_bytes\": "
+       << bp->pcie_bytes_per_forward() << ", \"forward_seconds\": " << r.wall_seconds
+       << ", \"engine_create_seconds\": " << o->engine_seconds << ", \"refine_precompute_seconds\": " << o->precompute_seconds
+       << ", \"device_peak_bytes\": " << r.device_peak_bytes << ", \"driver_used_bytes\": " << o->driver_used
+       << ", \"pcie_bytes\": " << pcie << ", \"output_hash\": \"" << h << "\", \"identical_to_reference\": "
+       << (same ? "true" : "false") << ", \"report\": " << r.to_json() << "}";
+    char line[512];
+    std::snprintf(line, sizeof line, "%s | %s | %.2f s | %s | %s | %.1f GB | %s", b.c_str(), bp->step.c_str(),
+                  r.wall_seconds, format_bytes(r.device_peak_bytes).c_str(), format_bytes(o->driver_used).c_str(),
+                  pcie / 1e9, same ? "identical" : "DIFFERS");
+    table.push_back(line);
+  }
+  js << "], \"reference_hash\": \"" << reference << "\", \"unlimited_forward_seconds\": " << unlimited_seconds << "}\n";
+  std::printf("\nbudget | step | forward | LayerStream peak | driver | PCIe | vs reference\n");
+  for (const auto& l : table) std::printf("%s\n", l.c_str());
+  if (!a.json.empty()) {
+    const std::string tmp = a.json + ".tmp";
+    std::ofstream f(tmp);
+    f << js.str();
+    f.close();
+    if (!f || std::rename(tmp.c_str(), a.json.c_str()) != 0) die("cannot write " + a.json);
+  }
+  return 0;
+}
