@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch baseline for bench/bench_cuda_block.cpp: one H3 DiT block at real width
-(D=5376, H=56, Dh=128, F=14336) in eager PyTorch the way ComfyUI runs it (h3-model.md
+(D=5376, H=56, Dh=128, F=14336) in eager PyTorch the way ComfyUI runs it, timed twice:
+with PyTorch's default attention choice and with ComfyUI's priority (FlashAttention
+first, comfy_block_ms) (h3-model.md
 §2.9-2.11: F.rms_norm, per-segment AdaLN modulation, F.linear, RMSNorm + split-half
 RoPE on q/k, default scaled_dot_product_attention, addcmul gated residual, SwiGLU),
 with synthetic weights of the same shapes. Times the block (median of --iters after
@@ -102,11 +104,24 @@ def main():
         with torch.no_grad():
             block_ms = timed(run, args.warmup, args.iters)
         r = {"S": S, "block_ms": block_ms, "peak_bytes": torch.cuda.max_memory_allocated() - base}
+        # ComfyUI's priority (h3-model.md §4): sdpa_kernel([FLASH, CUDNN, EFFICIENT, MATH],
+        # set_priority=True), i.e. PyTorch's FlashAttention-2 for bf16, Dh 128, no mask.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        order = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        try:
+            with torch.no_grad(), sdpa_kernel(order, set_priority=True):
+                r["comfy_block_ms"] = timed(run, args.warmup, args.iters)
+            r["comfy_peak_bytes"] = torch.cuda.max_memory_allocated() - base
+        except Exception as e:  # set_priority missing in an older torch
+            r["comfy_block_ms"] = None
+            r["comfy_error"] = str(e)[:200]
         q, k, v = (rnd(S, H, DH).transpose(0, 1)[None] for _ in range(3))
         flops = 4.0 * S * S * DH * H
         r["sdpa_ms"] = timed(lambda: F.scaled_dot_product_attention(q, k, v), args.warmup, args.iters)
         r["sdpa_tflops"] = flops / r["sdpa_ms"] / 1e9
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)]:
             try:
@@ -123,7 +138,7 @@ def main():
             xin = rnd(M, Wt.shape[1])
             ms = timed(lambda: F.linear(xin, Wt), args.warmup, args.iters)
             r["gemm_tflops"][name] = 2.0 * M * Wt.shape[0] * Wt.shape[1] / ms / 1e9
-        print(f"torch S={S}: block {block_ms:.1f} ms, sdpa {r['sdpa_ms']:.1f} ms {r['sdpa_tflops']:.0f} TFLOP/s "
+        print(f"torch S={S}: block {block_ms:.1f} ms (ComfyUI priority {r['comfy_block_ms']}), sdpa {r['sdpa_ms']:.1f} ms {r['sdpa_tflops']:.0f} TFLOP/s "
               f"(flash {r['sdpa_flash_tflops']}, cudnn {r['sdpa_cudnn_tflops']}), "
               f"gemm {', '.join(f'{k} {v:.0f}' for k, v in r['gemm_tflops'].items())}, "
               f"peak {r['peak_bytes'] / 2**30:.2f} GiB", flush=True)
