@@ -23,10 +23,25 @@
 // graph (and engine) is the same for every chunk, and a row's arithmetic inside the
 // flash kernel and the merge depends only on that row.
 //
+// Streamed keys (AttentionParams::state): the merge state (acc, L) of every (query,
+// head) is loaded from / saved to p.state, f32 [Mq, H, Dh + 8] laid out as acc[0, Dh)
+// then L at [Dh] (private to this path). It round-trips exactly, so feeding the keys in
+// chunks of whole tiles gives the bytes of one call.
+//
+// Speed: the merge of a group of kTilesPerMerge tiles runs on a second stream while
+// cuDNN computes the next group into the other of two group buffers (memory-bound merge
+// beside compute-bound attention). LAYERSTREAM_CUDNN_OVERLAP=0 runs the merge on the
+// caller's stream instead: same arithmetic, same bytes (tested).
+//
 // Memory: all scratch comes from the caller's workspace (Backend::set_workspace),
 // sized by attention_cudnn_workspace_bytes(H, Dh); a smaller workspace is a clear
-// Status, never an allocation. cuDNN's handle (one per device, created on first use)
-// and its plan cache live for the process.
+// Status, never an allocation. cuDNN's handle, the merge stream and its events (one set
+// per device, created on first use) and the plan cache live for the process.
+//
+// Diagnostics: LAYERSTREAM_CUDNN_VERBOSE=1 prints, per graph build, the cuDNN version,
+// every descriptor step's status (the attribute that failed, with cuDNN's last error
+// string), how many engine configs each source gave (heuristics mode A, the fallback
+// list, then every engine of the graph by global index) and why each was rejected.
 #include "backend/cuda/attention_cudnn.cuh"
 
 #include <algorithm>
@@ -51,33 +66,45 @@ namespace {
 
 constexpr int64_t kQChunk = 2048;       // queries per cuDNN call (fixed: part of the numerics)
 constexpr int64_t kTilesPerMerge = 4;   // key tiles per merge launch (speed only: same bits)
+constexpr int kGroupBuffers = 2;        // O_t / LSE_t group buffers (cuDNN fills one, the merge reads the other)
 constexpr size_t kCudnnReserve = 64ull << 20;  // cuDNN's own workspace, at most
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+bool verbose() {
+  const char* e = std::getenv("LAYERSTREAM_CUDNN_VERBOSE");
+  return e != nullptr && e[0] != '\0' && std::strcmp(e, "0") != 0;
+}
+
+bool overlap_enabled() {
+  const char* e = std::getenv("LAYERSTREAM_CUDNN_OVERLAP");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
 // Workspace layout (each piece 256-byte aligned), for H heads of Dh:
-//   Qs   bf16 [Qc, H, Dh]          staged query chunk (rows >= n zero)
-//   Ot   bf16 [G][Qc, H, Dh]       per-tile outputs of one merge group
-//   Lt   f32  [G][H, Qc]           per-tile LSE (cuDNN's stats layout)
-//   acc  f32  [Qc, H, Dh]          merge state between groups
+//   Qs   bf16 [Qc, H, Dh]               staged query chunk (rows >= n zero)
+//   Ot   bf16 [2][G][Qc, H, Dh]         per-tile outputs, two group buffers
+//   Lt   f32  [2][G][H, Qc]             per-tile LSE (cuDNN's stats layout)
+//   acc  f32  [Qc, H, Dh]               merge state between groups
 //   L    f32  [Qc, H]
 //   ws   cuDNN workspace (kCudnnReserve)
 struct Layout {
   size_t qs, ot, lt, acc, l, ws, total;
-  size_t ot_stride, lt_stride;
+  size_t ot_stride, lt_stride;  // bytes between consecutive tiles (groups are G tiles apart)
 };
 Layout layout(int64_t H, int64_t Dh) {
   Layout y{};
   const size_t rows = static_cast<size_t>(kQChunk * H);
   const size_t tile_bf16 = align_up(rows * static_cast<size_t>(Dh) * 2);
   const size_t tile_lse = align_up(rows * 4);
+  const size_t tiles = static_cast<size_t>(kGroupBuffers * kTilesPerMerge);
   y.ot_stride = tile_bf16;
   y.lt_stride = tile_lse;
   y.qs = 0;
   y.ot = y.qs + tile_bf16;
-  y.lt = y.ot + kTilesPerMerge * tile_bf16;
-  y.acc = y.lt + kTilesPerMerge * tile_lse;
+  y.lt = y.ot + tiles * tile_bf16;
+  y.acc = y.lt + tiles * tile_lse;
   y.l = y.acc + align_up(rows * static_cast<size_t>(Dh) * 4);
   y.ws = y.l + tile_lse;
   y.total = y.ws + kCudnnReserve;
@@ -101,18 +128,21 @@ struct MergeArgs {
   const float* lt;     // f32 [G][H, Qc], tile stride lt_stride elements
   int64_t ot_stride, lt_stride;
   int ntiles;          // tiles in this group
-  bool first, last;    // first group: no state to load; last group: write out
+  bool first, last;    // first group of the call: state from state_in or (-inf, 0); last: write out
+  const float* state_in;  // f32 rows of p.state for this chunk (acc[Dh], L), or null
+  float* state_out;       // last group without finalize: save the state here, else null
+  int64_t st_row, st_head;  // p.state strides (elements)
   float* acc;          // f32 [Qc, H, Dh]
   float* l;            // f32 [Qc, H]
-  uint16_t* out;       // bf16 rows [c0, c0 + n) of the caller's output
+  uint16_t* out;       // bf16 rows [c0, c0 + n) of the caller's output (last group, finalize)
   int64_t so, ho;
   int64_t n;           // valid rows in this chunk
   int H, Dh;
 };
 
 // One thread per (row, head, 8 dims). The rule (file comment) per (row, head) uses only
-// that row's tiles, in tile order, so its bits do not depend on the launch shape or on
-// kTilesPerMerge (the fp32 state round-trips through memory exactly).
+// that row's tiles, in tile order, so its bits do not depend on the launch shape, on
+// kTilesPerMerge or on the stream (the fp32 state round-trips through memory exactly).
 __global__ void merge_tiles(const MergeArgs a) {
   const int64_t chunks = a.Dh / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -121,8 +151,15 @@ __global__ void merge_tiles(const MergeArgs a) {
   const int64_t rh = r * a.H + h;
   float L = -INFINITY, acc[8];
   if (a.first) {
+    if (a.state_in != nullptr) {
+      const float* s = a.state_in + r * a.st_row + h * a.st_head;
+      L = s[a.Dh];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+      for (int e = 0; e < 8; ++e) acc[e] = s[c * 8 + e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    }
   } else {
     L = a.l[rh];
 #pragma unroll
@@ -147,8 +184,13 @@ __global__ void merge_tiles(const MergeArgs a) {
     for (int e = 0; e < 8; ++e) acc[e] = fmaf(o[e], wb, acc[e] * wa);
     L = m + logf(s);
   }
-  if (a.last) {
+  if (a.last && a.state_out == nullptr) {
     store8_bf16(a.out + r * a.so + h * a.ho + c * 8, true, 8, acc);
+  } else if (a.last) {
+    float* s = a.state_out + r * a.st_row + h * a.st_head;
+    if (c == 0) s[a.Dh] = L;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s[c * 8 + e] = acc[e];
   } else {
     if (c == 0) a.l[rh] = L;
 #pragma unroll
@@ -161,23 +203,40 @@ __global__ void merge_tiles(const MergeArgs a) {
 constexpr int kMaxDevices = 64;
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidStats = 5, kUidScale = 6;
 
-Error cudnn_error(cudnnStatus_t s, const std::string& what) {
-  char last[512] = {0};
+std::string last_cudnn_error() {
+  char last[1024] = {0};
   cudnnGetLastErrorString(last, sizeof last);
+  return last;
+}
+
+Error cudnn_error(cudnnStatus_t s, const std::string& what) {
+  const std::string last = last_cudnn_error();
   return make_error(ErrorCode::device, "cudnn attention: " + what + ": " + cudnnGetErrorString(s) +
-                                           (last[0] ? std::string(" (") + last + ")" : std::string()));
+                                           (last.empty() ? std::string() : " (" + last + ")"));
 }
 
 // Builds backend descriptors, remembering the first failure (later calls do nothing)
-// and every descriptor it made (kept alive with the plan).
+// and every descriptor it made (kept alive with the plan). With `log` set, prints every
+// descriptor finalize and every failing step, with cuDNN's last error string.
 struct Builder {
   std::vector<cudnnBackendDescriptor_t> made;
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
   std::string failed_at;
+  std::string tag;  // "[unified kv=1024]" in the log
+  bool log = false;
 
   bool ok() const { return status == CUDNN_STATUS_SUCCESS; }
-  void note(cudnnStatus_t s, const char* what) {
-    if (s != CUDNN_STATUS_SUCCESS && ok()) status = s, failed_at = what;
+  void note(cudnnStatus_t s, const char* what, bool is_step = false) {
+    if (s != CUDNN_STATUS_SUCCESS && ok()) {
+      status = s;
+      failed_at = what;
+      const std::string last = last_cudnn_error();
+      if (!last.empty()) failed_at += " (" + last + ")";
+      if (log) std::fprintf(stderr, "cudnn attention: %s %s: FAILED %s\n", tag.c_str(), failed_at.c_str(),
+                            cudnnGetErrorString(s));
+    } else if (s == CUDNN_STATUS_SUCCESS && is_step && log) {
+      std::fprintf(stderr, "cudnn attention: %s %s: ok\n", tag.c_str(), what);
+    }
   }
   cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t t) {
     cudnnBackendDescriptor_t d = nullptr;
@@ -191,15 +250,15 @@ struct Builder {
     if (ok()) note(cudnnBackendSetAttribute(d, n, t, count, v), what);
   }
   void finalize(cudnnBackendDescriptor_t d, const char* what) {
-    if (ok()) note(cudnnBackendFinalize(d), what);
+    if (ok()) note(cudnnBackendFinalize(d), what, true);
   }
   void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t n, cudnnBackendDescriptor_t v,
                 const char* what) {
     set(d, n, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
   }
 
-  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const int64_t dims[4], const int64_t strides[4],
-                                  bool is_virtual, bool by_value = false) {
+  cudnnBackendDescriptor_t tensor(const char* name, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
+                                  const int64_t strides[4], bool is_virtual, bool by_value = false) {
     cudnnBackendDescriptor_t d = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     const int64_t align = 16;
     set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
@@ -209,7 +268,7 @@ struct Builder {
     set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "tensor alignment");
     set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "tensor virtual");
     if (by_value) set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, "tensor by value");
-    finalize(d, "tensor");
+    finalize(d, name);
     return d;
   }
   cudnnBackendDescriptor_t matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
@@ -263,70 +322,187 @@ struct Plan {
 };
 
 // Graph key: everything the descriptors depend on. Mq is not in it (fixed chunk).
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+// Per device: cuDNN handle, the merge stream and its events.
+struct DeviceState {
+  cudnnHandle_t handle = nullptr;
+  cudaStream_t merge_stream = nullptr;
+  cudaEvent_t start = nullptr, done = nullptr;
+  cudaEvent_t filled[kGroupBuffers] = {}, merged[kGroupBuffers] = {};
+};
 
 std::mutex g_mu;
-cudnnHandle_t g_handles[kMaxDevices] = {};
+DeviceState g_dev[kMaxDevices];
 std::map<PlanKey, Plan*> g_plans;
+bool g_version_logged = false;
 
-Expected<cudnnHandle_t> handle_for(int device) {
+Expected<DeviceState*> device_state(int device) {
   LS_CHECK(device >= 0 && device < kMaxDevices);
-  if (!g_handles[device]) {
-    cudnnStatus_t s = cudnnCreate(&g_handles[device]);
-    if (s != CUDNN_STATUS_SUCCESS) return cudnn_error(s, "cudnnCreate");
+  DeviceState& d = g_dev[device];
+  if (!d.handle) {
+    cudnnStatus_t s = cudnnCreate(&d.handle);
+    if (s != CUDNN_STATUS_SUCCESS) {
+      d.handle = nullptr;
+      return cudnn_error(s, "cudnnCreate (cuDNN runtime " + std::to_string(cudnnGetVersion()) + ")");
+    }
+    // Caller holds the device current (the backend's ops run with it set).
+    cudaError_t e = cudaStreamCreateWithFlags(&d.merge_stream, cudaStreamNonBlocking);
+    for (cudaEvent_t* ev : {&d.start, &d.done, &d.filled[0], &d.filled[1], &d.merged[0], &d.merged[1]})
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) return cuda_error(e, "cudnn attention: merge stream / events");
   }
-  return g_handles[device];
+  if (!g_version_logged && verbose()) {
+    g_version_logged = true;
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    std::fprintf(stderr,
+                 "cudnn attention: cuDNN runtime %zu (headers %d), cudart %zu, device %d sm_%d%d, chunk %lld queries, "
+                 "%lld tiles per merge, merge overlap %s\n",
+                 cudnnGetVersion(), CUDNN_VERSION, cudnnGetCudartVersion(), dev, major, minor,
+                 static_cast<long long>(kQChunk), static_cast<long long>(kTilesPerMerge),
+                 overlap_enabled() ? "on" : "off");
+  }
+  return &d;
 }
 
-// The SDPA forward graph for one key tile of kv keys. Composite form (the pattern
-// cuDNN's fused flash-attention engine recognises in cudnn_frontend's expansion):
-//   S = Q K^T (fp32) -> S * scale -> M = max_j -> E = exp(S - M) -> Z = sum_j E
-//   -> Stats = M + log Z (LSE, fp32 out) -> P = E / Z -> O = P V (bf16 out)
-// Unified form (cuDNN >= 9.x): the same computation as one SDPA_FWD operation.
-// Q, O: our staged [Qc, H, Dh] chunk; K, V: the caller's strided views.
 // Two ways to say SDPA forward to cuDNN, tried in this order:
-//   unified:   one CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (Q, K, V, O, Stats, Scale);
-//   composite: the ten-op graph above (what cudnn_frontend emits for cuDNN < 9.21).
+//   unified:   one CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (Q, K, V, O, Stats, by-value
+//              Scale; cuDNN >= 9.13.1). K is [b, h, s_kv, d], as Q.
+//   composite: the ten-op graph cudnn_frontend expands SDPA into before cuDNN 9.21, which
+//              cuDNN's fused flash-attention engine recognises:
+//     S = Q K^T (fp32; K given as K^T [b, h, d, s_kv]) -> S * scale -> M = max_j
+//     -> E = exp(S - M) -> Z = sum_j E -> Stats = M + log Z (fp32 out) -> P = E / Z
+//     -> O = P V (bf16 out). P must be bf16 (the I/O type): the fused engine takes the
+//     second matmul's A operand in the I/O type, and with an fp32 P no engine matches
+//     (the cause of "0 engine configs" on cuDNN 9.14 in the first H200 run).
+// Q, O: our staged [Qc, H, Dh] chunk (dims [1, H, Qc, Dh], BSHD strides); K, V: the
+// caller's strided views of one tile; Stats: packed [1, H, Qc, 1] fp32.
 enum class GraphForm { unified, composite };
+
+const char* form_name(GraphForm f) { return f == GraphForm::unified ? "unified SDPA_FWD" : "composite"; }
+
+// Engine global index and knob choices of an engine config, for messages.
+std::string describe_cfg(cudnnBackendDescriptor_t cfg, int64_t* engine_index) {
+  *engine_index = -1;
+  std::string knobs;
+  cudnnBackendDescriptor_t eng = nullptr;
+  int64_t cnt = 0;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) == CUDNN_STATUS_SUCCESS) {
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cnt, &eng) ==
+        CUDNN_STATUS_SUCCESS)
+      cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &cnt, engine_index);
+    cudnnBackendDestroyDescriptor(eng);
+  }
+  constexpr int kMaxKnobs = 32;
+  cudnnBackendDescriptor_t kc[kMaxKnobs] = {};
+  int made = 0;
+  for (; made < kMaxKnobs; ++made)
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &kc[made]) != CUDNN_STATUS_SUCCESS) break;
+  int64_t nk = 0;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, made, &nk, kc) ==
+      CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(nk, made); ++i) {
+      cudnnBackendKnobType_t type{};
+      int64_t value = 0, c1 = 0;
+      cudnnBackendGetAttribute(kc[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &c1, &type);
+      cudnnBackendGetAttribute(kc[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &c1, &value);
+      if (!knobs.empty()) knobs += ',';
+      knobs += std::to_string(static_cast<int>(type));
+      knobs += '=';
+      knobs += std::to_string(value);
+    }
+  }
+  for (int i = 0; i < made; ++i) cudnnBackendDestroyDescriptor(kc[i]);
+  std::string r = "engine ";
+  r += std::to_string(*engine_index);
+  if (!knobs.empty()) {
+    r += " knobs {";
+    r += knobs;
+    r += '}';
+  }
+  return r;
+}
+
+// Tries one engine config: finalizes a plan and checks its workspace. Returns the plan,
+// or null with the reason appended to `why`.
+cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, const std::string& label,
+                                  bool log, std::string& why, int64_t* workspace) {
+  cudnnBackendDescriptor_t plan = nullptr;
+  cudnnStatus_t ps = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
+  if (ps == CUDNN_STATUS_SUCCESS)
+    ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+  if (ps == CUDNN_STATUS_SUCCESS)
+    ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  if (ps == CUDNN_STATUS_SUCCESS) ps = cudnnBackendFinalize(plan);
+  int64_t ws = 0, cnt = 0;
+  if (ps == CUDNN_STATUS_SUCCESS)
+    ps = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws);
+  std::string reason;
+  if (ps != CUDNN_STATUS_SUCCESS) {
+    reason = std::string("plan: ") + cudnnGetErrorString(ps);
+    const std::string last = last_cudnn_error();
+    if (!last.empty()) reason += " (" + last + ")";
+  } else if (static_cast<size_t>(ws) > kCudnnReserve) {
+    reason = "workspace " + std::to_string(ws) + " bytes > reserve " + std::to_string(kCudnnReserve);
+  }
+  if (log)
+    std::fprintf(stderr, "cudnn attention:   %s: %s\n", label.c_str(),
+                 reason.empty() ? ("ok, workspace " + std::to_string(ws) + " bytes").c_str() : reason.c_str());
+  if (!reason.empty()) {
+    why += " " + label + ": " + reason + ";";
+    if (plan) cudnnBackendDestroyDescriptor(plan);
+    return nullptr;
+  }
+  *workspace = ws;
+  return plan;
+}
 
 Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk,
                                 int64_t hk, int64_t sv, int64_t hv) {
+  const bool log = verbose();
   Builder b;
+  b.log = log;
+  b.tag = std::string("[") + form_name(form) + " H=" + std::to_string(H) + " Dh=" + std::to_string(Dh) +
+          " Qc=" + std::to_string(kQChunk) + " kv=" + std::to_string(kv) + "]";
+  if (log) std::fprintf(stderr, "cudnn attention: %s building the graph\n", b.tag.c_str());
   const int64_t Qc = kQChunk;
   const int64_t q_dims[4] = {1, H, Qc, Dh}, q_str[4] = {Qc * H * Dh, Dh, H * Dh, 1};
-  const int64_t kt_dims[4] = {1, H, Dh, kv}, kt_str[4] = {kv * sk, hk, 1, sk};
   const int64_t v_dims[4] = {1, H, kv, Dh}, v_str[4] = {kv * sv, hv, sv, 1};
   const int64_t s_dims[4] = {1, H, Qc, kv}, s_str[4] = {H * Qc * kv, Qc * kv, kv, 1};
   const int64_t r_dims[4] = {1, H, Qc, 1}, r_str[4] = {H * Qc, Qc, 1, 1};
   const int64_t one[4] = {1, 1, 1, 1};
   const int64_t k_dims[4] = {1, H, kv, Dh}, k_str[4] = {kv * sk, hk, sk, 1};
-  auto Q = b.tensor(kUidQ, CUDNN_DATA_BFLOAT16, q_dims, q_str, false);
-  auto V = b.tensor(kUidV, CUDNN_DATA_BFLOAT16, v_dims, v_str, false);
-  auto O = b.tensor(kUidO, CUDNN_DATA_BFLOAT16, q_dims, q_str, false);
-  auto Stats = b.tensor(kUidStats, CUDNN_DATA_FLOAT, r_dims, r_str, false);
-  auto Scale = b.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
+  const int64_t kt_dims[4] = {1, H, Dh, kv}, kt_str[4] = {kv * sk, hk, 1, sk};
+  auto Q = b.tensor("tensor Q", kUidQ, CUDNN_DATA_BFLOAT16, q_dims, q_str, false);
+  auto V = b.tensor("tensor V", kUidV, CUDNN_DATA_BFLOAT16, v_dims, v_str, false);
+  auto O = b.tensor("tensor O", kUidO, CUDNN_DATA_BFLOAT16, q_dims, q_str, false);
+  auto Stats = b.tensor("tensor Stats", kUidStats, CUDNN_DATA_FLOAT, r_dims, r_str, false);
+  auto Scale = b.tensor("tensor Scale (by value)", kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
   std::vector<cudnnBackendDescriptor_t> ops;
   if (form == GraphForm::unified) {
-    auto K = b.tensor(kUidK, CUDNN_DATA_BFLOAT16, k_dims, k_str, false);
+    auto K = b.tensor("tensor K", kUidK, CUDNN_DATA_BFLOAT16, k_dims, k_str, false);
     auto op = b.make(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR);
-    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, Q, "sdpa Q");
-    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, K, "sdpa K");
-    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, V, "sdpa V");
-    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, O, "sdpa O");
-    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, Stats, "sdpa stats");
-    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, Scale, "sdpa scale");
-    b.finalize(op, "sdpa operation");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, Q, "set SDPA Q");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, K, "set SDPA K");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, V, "set SDPA V");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, O, "set SDPA O");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, Stats, "set SDPA stats");
+    b.set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, Scale, "set SDPA scale");
+    b.finalize(op, "SDPA_FWD operation");
     ops.push_back(op);
   } else {
-    auto K = b.tensor(kUidK, CUDNN_DATA_BFLOAT16, kt_dims, kt_str, false);  // K^T view of the same memory
-    auto S = b.tensor(101, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-    auto Ss = b.tensor(102, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-    auto M = b.tensor(103, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-    auto D = b.tensor(104, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-    auto E = b.tensor(105, CUDNN_DATA_FLOAT, s_dims, s_str, true);
-    auto Z = b.tensor(106, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-    auto LZ = b.tensor(107, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-    auto P = b.tensor(108, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto K = b.tensor("tensor K^T", kUidK, CUDNN_DATA_BFLOAT16, kt_dims, kt_str, false);  // K^T view of K
+    auto S = b.tensor("virtual S", 101, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto Ss = b.tensor("virtual S*scale", 102, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto M = b.tensor("virtual max", 103, CUDNN_DATA_FLOAT, r_dims, r_str, true);
+    auto D = b.tensor("virtual S-max", 104, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto E = b.tensor("virtual exp", 105, CUDNN_DATA_FLOAT, s_dims, s_str, true);
+    auto Z = b.tensor("virtual sum", 106, CUDNN_DATA_FLOAT, r_dims, r_str, true);
+    auto LZ = b.tensor("virtual log sum", 107, CUDNN_DATA_FLOAT, r_dims, r_str, true);
+    auto P = b.tensor("virtual P (bf16)", 108, CUDNN_DATA_BFLOAT16, s_dims, s_str, true);
     ops = {
         b.matmul(Q, K, S),
         b.pointwise(CUDNN_POINTWISE_MUL, S, Scale, Ss),
@@ -342,19 +518,36 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
   }
   auto graph = b.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
-        ops.data(), "graph ops");
-  b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
+        ops.data(), "set graph ops");
+  b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "set graph handle");
   b.finalize(graph, "operation graph");
-  if (!b.ok()) return cudnn_error(b.status, "building the SDPA graph (" + b.failed_at + ")");
-  // Engine configs in heuristic order (mode A, then the fallback list); the first whose
-  // plan finalizes and whose workspace fits the reserve stays pinned for this graph for
-  // the life of the process.
+  if (!b.ok()) return cudnn_error(b.status, std::string(form_name(form)) + " graph: " + b.failed_at);
+
+  // Engine configs, in order: heuristics mode A, the fallback list, then every engine the
+  // graph has (by global index, default knobs). The first whose plan finalizes with a
+  // workspace within the reserve stays pinned for this graph for the life of the process.
   std::string why;
+  auto keep_plan = [&](cudnnBackendDescriptor_t plan, int64_t ws, const std::string& what,
+                       const std::vector<cudnnBackendDescriptor_t>& extra) -> Plan* {
+    auto* p = new Plan;
+    p->keep = std::move(b.made);
+    p->keep.insert(p->keep.end(), extra.begin(), extra.end());
+    p->plan = plan;
+    p->workspace = ws;
+    p->engine = std::string(form_name(form)) + ", " + what;
+    if (log)
+      std::fprintf(stderr, "cudnn attention: %s -> %s, workspace %lld bytes\n", b.tag.c_str(), p->engine.c_str(),
+                   static_cast<long long>(ws));
+    return p;
+  };
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    const std::string mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics mode A" : "heuristics fallback";
     Builder hb;
+    hb.log = log;
+    hb.tag = b.tag + " " + mode_name;
     auto heur = hb.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    hb.set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
-    hb.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+    hb.set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "set heuristics graph");
+    hb.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "set heuristics mode");
     hb.finalize(heur, "heuristics");
     int64_t n = 0;
     if (hb.ok())
@@ -369,71 +562,72 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
                                        cfgs.data()),
               "reading engine configs");
     if (!hb.ok()) {
-      why += std::string(" heuristics mode ") + std::to_string(static_cast<int>(mode)) + ": " + hb.failed_at + " " +
-             cudnnGetErrorString(hb.status) + ";";
+      why += " " + mode_name + ": " + hb.failed_at + " " + cudnnGetErrorString(hb.status) + ";";
       continue;
     }
+    if (log) std::fprintf(stderr, "cudnn attention: %s: %lld engine configs\n", hb.tag.c_str(), static_cast<long long>(got));
+    if (got == 0) why += " " + mode_name + ": 0 engine configs;";
     for (int64_t i = 0; i < got; ++i) {
-      cudnnBackendDescriptor_t plan = nullptr;
-      if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
-        continue;
-      cudnnStatus_t ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[static_cast<size_t>(i)]);
-      if (ps == CUDNN_STATUS_SUCCESS)
-        ps = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      if (ps == CUDNN_STATUS_SUCCESS) ps = cudnnBackendFinalize(plan);
-      int64_t ws = 0, cnt = 0;
-      if (ps == CUDNN_STATUS_SUCCESS)
-        ps = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws);
-      if (ps != CUDNN_STATUS_SUCCESS || static_cast<size_t>(ws) > kCudnnReserve) {
-        why += " mode " + std::to_string(static_cast<int>(mode)) + " cfg " + std::to_string(i) + ": " +
-               (ps != CUDNN_STATUS_SUCCESS ? std::string(cudnnGetErrorString(ps))
-                                           : "workspace " + std::to_string(ws) + " bytes") +
-               ";";
-        cudnnBackendDestroyDescriptor(plan);
-        continue;
-      }
-      // The engine's global index, for messages and LAYERSTREAM_CUDNN_VERBOSE.
       int64_t engine_index = -1;
-      {
-        cudnnBackendDescriptor_t eng = nullptr;
-        int64_t c1 = 0;
-        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) == CUDNN_STATUS_SUCCESS) {
-          if (cudnnBackendGetAttribute(cfgs[static_cast<size_t>(i)], CUDNN_ATTR_ENGINECFG_ENGINE,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c1, &eng) == CUDNN_STATUS_SUCCESS)
-            cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &c1, &engine_index);
-          cudnnBackendDestroyDescriptor(eng);
-        }
-      }
-      auto* p = new Plan;
-      p->keep = std::move(b.made);
-      p->keep.insert(p->keep.end(), hb.made.begin(), hb.made.end());
-      p->plan = plan;
-      p->workspace = ws;
-      p->engine = std::string(form == GraphForm::unified ? "unified SDPA op" : "composite graph") + ", engine " +
-                  std::to_string(engine_index) + " (heuristic mode " +
-                  std::to_string(static_cast<int>(mode)) + " config " + std::to_string(i) + ")";
-      if (std::getenv("LAYERSTREAM_CUDNN_VERBOSE"))
-        std::fprintf(stderr, "cudnn attention: H=%lld Dh=%lld kv=%lld -> %s, workspace %lld bytes\n",
-                     static_cast<long long>(H), static_cast<long long>(Dh), static_cast<long long>(kv),
-                     p->engine.c_str(), static_cast<long long>(ws));
-      return p;
+      const std::string label = mode_name + " config " + std::to_string(i) + " (" +
+                                describe_cfg(cfgs[static_cast<size_t>(i)], &engine_index) + ")";
+      int64_t ws = 0;
+      cudnnBackendDescriptor_t plan = try_plan(handle, cfgs[static_cast<size_t>(i)], label, log, why, &ws);
+      if (plan) return keep_plan(plan, ws, label, hb.made);
     }
   }
+  // Every engine of the graph by global index (heuristics bypassed).
+  int64_t count = 0, c1 = 0;
+  cudnnStatus_t cs =
+      cudnnBackendGetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64, 1, &c1, &count);
+  if (log)
+    std::fprintf(stderr, "cudnn attention: %s engine global count: %lld (%s)\n", b.tag.c_str(),
+                 static_cast<long long>(count), cudnnGetErrorString(cs));
+  for (int64_t gi = 0; cs == CUDNN_STATUS_SUCCESS && gi < count; ++gi) {
+    Builder eb;
+    eb.tag = b.tag + " engine " + std::to_string(gi);
+    auto eng = eb.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    eb.set_desc(eng, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph, "set engine graph");
+    eb.set(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &gi, "set engine index");
+    eb.finalize(eng, "engine");  // NOT_SUPPORTED for engines that do not match the graph
+    auto cfg = eb.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    eb.set_desc(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, eng, "set config engine");
+    eb.finalize(cfg, "engine config");
+    if (!eb.ok()) {
+      if (log)
+        std::fprintf(stderr, "cudnn attention:   engine %lld: %s %s\n", static_cast<long long>(gi),
+                     eb.failed_at.c_str(), cudnnGetErrorString(eb.status));
+      for (auto d : eb.made) cudnnBackendDestroyDescriptor(d);
+      continue;
+    }
+    int64_t ws = 0;
+    const std::string label = "engine " + std::to_string(gi) + " (default knobs)";
+    cudnnBackendDescriptor_t plan = try_plan(handle, cfg, label, log, why, &ws);
+    if (plan) return keep_plan(plan, ws, label, eb.made);
+    for (auto d : eb.made) cudnnBackendDestroyDescriptor(d);
+  }
+  if (cs != CUDNN_STATUS_SUCCESS) why += std::string(" engine count: ") + cudnnGetErrorString(cs) + ";";
+  else if (count > 0) why += " none of the graph's " + std::to_string(count) + " engines finalized a plan;";
   return make_error(ErrorCode::unsupported,
-                    "cudnn attention: no engine config gave a usable plan for the SDPA graph:" + why);
+                    std::string("cudnn attention: no engine config gave a usable plan for the ") + form_name(form) +
+                        " graph:" + why);
 }
 
 Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk, int64_t hk, int64_t sv,
                            int64_t hv) {
-  auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv);
-  if (unified.ok()) return unified;
+  std::string unified_why = "skipped (cuDNN runtime " + std::to_string(cudnnGetVersion()) + " < 91301)";
+  if (cudnnGetVersion() >= 91301) {
+    auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv);
+    if (unified.ok()) return unified;
+    unified_why = unified.error().message;
+  }
   auto composite = build_plan_form(GraphForm::composite, handle, H, Dh, kv, sk, hk, sv, hv);
   if (composite.ok()) return composite;
-  return make_error(ErrorCode::unsupported, "unified SDPA op: " + unified.error().message +
-                                                " | composite graph: " + composite.error().message +
-                                                " (run with CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr for "
-                                                "cuDNN's reasons; unset LAYERSTREAM_ATTENTION for the native kernel)");
+  return make_error(ErrorCode::unsupported, "cuDNN " + std::to_string(cudnnGetVersion()) + ": unified SDPA op: " +
+                                                unified_why + " | composite graph: " + composite.error().message +
+                                                " (LAYERSTREAM_CUDNN_VERBOSE=1 CUDNN_LOGLEVEL_DBG=2 "
+                                                "CUDNN_LOGDEST_DBG=stderr print every step; unset "
+                                                "LAYERSTREAM_ATTENTION for the native kernel)");
 }
 
 Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k, const void* v, void* o, void* stats,
@@ -442,7 +636,7 @@ Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k,
   cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
   if (s != CUDNN_STATUS_SUCCESS) return cudnn_error(s, "variant pack");
   const int64_t uids[6] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
-  void* ptrs[6] = {qs, const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale};
+  void* ptrs[6] = {qs, const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale};  // scale: host, by value
   s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 6, uids);
   if (s == CUDNN_STATUS_SUCCESS)
     s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 6, ptrs);
@@ -490,6 +684,13 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
     aligned = aligned && aligned16(t->data) && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0;
   if (!aligned)
     return unsupported("attention (cudnn)", "q, k, v, out need 16-byte aligned rows and heads (strides multiple of 8)");
+  const bool streamed = p.state.data != nullptr;
+  if (streamed) {
+    LS_CHECK_MSG(p.state.dtype == DType::f32 && p.state.ndim == 3 && p.state.shape[0] == Mq &&
+                     p.state.shape[1] == H && p.state.shape[2] == Dh + kAttentionStateExtra &&
+                     p.state.inner_contiguous(),
+                 "attention (cudnn): state " + p.state.shape_str() + " for q " + q.shape_str());
+  }
   if (Mq == 0) return Status();
   if (Mk == 0) return unsupported("attention (cudnn)", "no keys");
   const Layout lay = layout(H, Dh);
@@ -502,24 +703,22 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
                           "LAYERSTREAM_ATTENTION");
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   if (!(scale > 0.0f)) return unsupported("attention (cudnn)", "softmax scale must be positive");
-  uint32_t scale_bits;
-  std::memcpy(&scale_bits, &scale, 4);
 
   // Plans for the full tile length and (if any) the last, shorter tile.
   const int64_t ntiles = div_up(Mk, p.kv_tile);
-  cudnnHandle_t handle;
+  DeviceState* dev = nullptr;
   Plan* plan_full = nullptr;
   Plan* plan_last = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    auto h = handle_for(ctx.device);
-    if (!h.ok()) return h.error();
-    handle = h.value();
+    auto d = device_state(ctx.device);
+    if (!d.ok()) return d.error();
+    dev = d.value();
     auto get = [&](int64_t kv) -> Expected<Plan*> {
-      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], scale_bits};
+      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]};
       auto it = g_plans.find(key);
       if (it != g_plans.end()) return it->second;
-      auto built = build_plan(handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]);
+      auto built = build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]);
       if (!built.ok()) return built.error();
       g_plans[key] = built.value();
       return built.value();
@@ -532,38 +731,72 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
     if (!pl.ok()) return pl.error();
     plan_last = pl.value();
   }
+  const cudnnHandle_t handle = dev->handle;
   cudnnStatus_t ss = cudnnSetStream(handle, ctx.stream);
   if (ss != CUDNN_STATUS_SUCCESS) return cudnn_error(ss, "cudnnSetStream");
+
+  // The merge runs on the device's merge stream (overlapping the next group's cuDNN
+  // calls) or on the caller's stream. Ordering with overlap, per group g in buffer
+  // b = g % 2: cuDNN writes buffer b only after the merge of group g - 2 read it
+  // (merged[b]); the merge of g starts after cuDNN filled it (filled[b]); the merge
+  // stream starts after everything queued before this call (start), and the caller's
+  // stream continues only after the last merge (done).
+  const bool overlap = overlap_enabled();
+  const cudaStream_t merge_stream = overlap ? dev->merge_stream : ctx.stream;
+  if (overlap) {
+    LS_CUDA_CHECK(cudaEventRecord(dev->start, ctx.stream));
+    LS_CUDA_CHECK(cudaStreamWaitEvent(merge_stream, dev->start, 0));
+  }
 
   uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
   uint16_t* qs = reinterpret_cast<uint16_t*>(ws + lay.qs);
   const auto* kb = k.ptr<const uint16_t>();
   const auto* vb = v.ptr<const uint16_t>();
   const int threads = 256;
-  for (int64_t c0 = 0; c0 < Mq; c0 += kQChunk) {
+  int64_t group = 0;  // groups issued in this call (buffer = group % 2)
+  Status failed;
+  for (int64_t c0 = 0; c0 < Mq && failed.ok(); c0 += kQChunk) {
     const int64_t n = std::min(kQChunk, Mq - c0);
     const int64_t stage_n = kQChunk * H * (Dh / 8);
     stage_queries<<<static_cast<unsigned>(div_up(stage_n, threads)), threads, 0, ctx.stream>>>(
         q.ptr<const uint16_t>(), q.stride[0], q.stride[1], c0, n, qs, static_cast<int>(H), static_cast<int>(Dh));
     LS_CUDA_CHECK_LAUNCH();
-    for (int64_t g0 = 0; g0 < ntiles; g0 += kTilesPerMerge) {
+    for (int64_t g0 = 0; g0 < ntiles; g0 += kTilesPerMerge, ++group) {
       const int64_t gn = std::min(kTilesPerMerge, ntiles - g0);
+      const int buf = static_cast<int>(group % kGroupBuffers);
+      const size_t ot0 = lay.ot + static_cast<size_t>(buf * kTilesPerMerge) * lay.ot_stride;
+      const size_t lt0 = lay.lt + static_cast<size_t>(buf * kTilesPerMerge) * lay.lt_stride;
+      if (overlap && group >= kGroupBuffers) LS_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, dev->merged[buf], 0));
       for (int64_t t = g0; t < g0 + gn; ++t) {
         const int64_t t0 = t * p.kv_tile;
         const Plan& plan = t == ntiles - 1 ? *plan_last : *plan_full;
         Status s = run_tile(handle, plan, qs, kb + t0 * k.stride[0], vb + t0 * v.stride[0],
-                            ws + lay.ot + static_cast<size_t>(t - g0) * lay.ot_stride,
-                            ws + lay.lt + static_cast<size_t>(t - g0) * lay.lt_stride, scale, ws + lay.ws);
-        if (!s.ok()) return s;
+                            ws + ot0 + static_cast<size_t>(t - g0) * lay.ot_stride,
+                            ws + lt0 + static_cast<size_t>(t - g0) * lay.lt_stride, scale, ws + lay.ws);
+        if (!s.ok()) {
+          failed = s;
+          break;
+        }
+      }
+      if (!failed.ok()) break;
+      if (overlap) {
+        LS_CUDA_CHECK(cudaEventRecord(dev->filled[buf], ctx.stream));
+        LS_CUDA_CHECK(cudaStreamWaitEvent(merge_stream, dev->filled[buf], 0));
       }
       MergeArgs a{};
-      a.ot = reinterpret_cast<const uint16_t*>(ws + lay.ot);
-      a.lt = reinterpret_cast<const float*>(ws + lay.lt);
+      a.ot = reinterpret_cast<const uint16_t*>(ws + ot0);
+      a.lt = reinterpret_cast<const float*>(ws + lt0);
       a.ot_stride = static_cast<int64_t>(lay.ot_stride / 2);
       a.lt_stride = static_cast<int64_t>(lay.lt_stride / 4);
       a.ntiles = static_cast<int>(gn);
       a.first = g0 == 0;
       a.last = g0 + gn == ntiles;
+      if (streamed) {
+        a.st_row = p.state.stride[0];
+        a.st_head = p.state.stride[1];
+        if (p.state_in) a.state_in = p.state.ptr<const float>() + c0 * a.st_row;
+        if (!p.finalize) a.state_out = p.state.ptr<float>() + c0 * a.st_row;
+      }
       a.acc = reinterpret_cast<float*>(ws + lay.acc);
       a.l = reinterpret_cast<float*>(ws + lay.l);
       a.out = out.ptr<uint16_t>() + c0 * out.stride[0];
@@ -573,11 +806,16 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
       a.H = static_cast<int>(H);
       a.Dh = static_cast<int>(Dh);
       const int64_t merge_n = n * H * (Dh / 8);
-      merge_tiles<<<static_cast<unsigned>(div_up(merge_n, threads)), threads, 0, ctx.stream>>>(a);
+      merge_tiles<<<static_cast<unsigned>(div_up(merge_n, threads)), threads, 0, merge_stream>>>(a);
       LS_CUDA_CHECK_LAUNCH();
+      if (overlap) LS_CUDA_CHECK(cudaEventRecord(dev->merged[buf], merge_stream));
     }
   }
-  return Status();
+  if (overlap) {  // the caller's stream resumes after the last merge (also after a failure)
+    LS_CUDA_CHECK(cudaEventRecord(dev->done, merge_stream));
+    LS_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, dev->done, 0));
+  }
+  return failed;
 #endif
 }
 
