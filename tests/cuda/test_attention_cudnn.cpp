@@ -52,13 +52,13 @@ struct CudnnScope {
   }
 };
 
-// One tiny cuDNN-path call (1 query, 1 key, 2 heads x 128).
+// One small cuDNN-path call (1 query, 64 keys, 2 heads x 128).
 Status cudnn_probe(Gpu* G) {
   Arena::Scope s(*G->arena);
   CudnnScope scope(G, 2, 128);
-  HostBuf q = random_buf(DType::bf16, {1, 2, 128}, 5, 1.0f);
-  DevBuf dq = dev_from(G, q), dout = dev_buf(G, DType::bf16, {1, 2, 128});
-  Status st = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
+  HostBuf q = random_buf(DType::bf16, {1, 2, 128}, 5, 1.0f), kv = random_buf(DType::bf16, {64, 2, 128}, 6, 1.0f);
+  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {1, 2, 128});
+  Status st = G->cuda->attention(dq.v, dkv.v, dkv.v, dout.v, AttentionParams{});
   if (st.ok()) st = G->cuda->synchronize();
   return st;
 }

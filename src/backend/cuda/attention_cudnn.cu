@@ -335,6 +335,7 @@ struct DeviceState {
 std::mutex g_mu;
 DeviceState g_dev[kMaxDevices];
 std::map<PlanKey, Plan*> g_plans;
+std::map<PlanKey, std::string> g_refused;  // graphs cuDNN refused: fail fast with the first reason
 bool g_version_logged = false;
 
 Expected<DeviceState*> device_state(int device) {
@@ -718,8 +719,13 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
       const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]};
       auto it = g_plans.find(key);
       if (it != g_plans.end()) return it->second;
+      auto refused = g_refused.find(key);
+      if (refused != g_refused.end()) return make_error(ErrorCode::unsupported, refused->second);
       auto built = build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]);
-      if (!built.ok()) return built.error();
+      if (!built.ok()) {
+        if (built.error().code == ErrorCode::unsupported) g_refused[key] = built.error().message;
+        return built.error();
+      }
       g_plans[key] = built.value();
       return built.value();
     };
