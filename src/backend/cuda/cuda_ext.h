@@ -2,6 +2,9 @@
 // side stream while the compute stream works): pinned host buffers, extra streams and
 // events, as small RAII wrappers, and a named lookup of the backend's compute stream.
 // The core never includes this; only CUDA-aware code (streaming, benchmarks) does.
+// The executor needs none of it: Backend::pinned_host_memory, copy_async(.., Queue::
+// transfer) and the fences (backend.h) give the same pattern on the backend's own
+// transfer stream. These wrappers remain for benchmarks and tests that time streams.
 //
 // Usage:
 //   auto pinned = cuda::PinnedHostBuffer::create(bytes);      // Expected<...>
