@@ -267,6 +267,24 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
   return t;
 }
 
+// Seconds of transfer per forward the compute cannot hide, by the device facts:
+// residual copies run on the compute queue (never hidden); K/V copies out in pass 1
+// are counted whole (pass 1's GEMMs are short next to them); K/V copies in during
+// pass 2 overlap the attention and are exposed only beyond its time.
+double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
+  const Traffic t = traffic(c, lv, ch);
+  const double B = c.o.device.pcie_gb_per_s * 1e9, T = c.o.device.attention_tflops * 1e12;
+  const double S = static_cast<double>(c.z.S), I = static_cast<double>(c.cfg.inner()), L = static_cast<double>(c.L);
+  double e = static_cast<double>(t.residual) / B;
+  if (lv.kv) {
+    const double out = L * 2.0 * S * I * 2.0;            // pass 1: K and V of all rows, once
+    const double in = static_cast<double>(t.kv) - out;   // pass 2: once per query slice
+    const double attention = 4.0 * S * S * I * L / T;    // QK^T and PV of every block
+    e += out / B + std::max(0.0, in / B - attention);
+  }
+  return e;
+}
+
 Status check_options(const BudgetOptions& o) {
   if (o.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
   if (o.kv_chunk_rows < 0)
@@ -347,16 +365,18 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
       chosen = m;
       break;
     }
-  // Then, among the offload levels that fit, the fewest PCIe bytes per forward (the
-  // earlier level, i.e. fewer offloads, on a tie).
+  // Then, among the offload levels that fit, the one whose transfers the compute hides
+  // best (exposed_seconds; the earlier level, i.e. fewer offloads, on a tie). Raw PCIe
+  // bytes would prefer residual offload too often: its copies are never hidden, while
+  // K/V streams behind attention once slices reach the hiding size.
   if (!chosen) {
-    uint64_t best = std::numeric_limits<uint64_t>::max();
+    double best = std::numeric_limits<double>::infinity();
     for (const Mode& m : offload_modes(o)) {
       Choice mc;
       if (!try_mode(c, m, budget, &mc)) continue;
-      const uint64_t bytes = traffic(c, m.lv, mc).total();
-      if (bytes < best) {
-        best = bytes;
+      const double cost = exposed_seconds(c, m.lv, mc);
+      if (cost < best) {
+        best = cost;
         chosen = m;
         ch = mc;
       }
@@ -386,6 +406,7 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   bp.kv_offload = lv.kv;
   bp.residual_offload = lv.res;
   bp.kv_chunk = lv.kv ? c.kv_chunk : 0;
+  bp.exposed_transfer_seconds = lv.kv || lv.res ? exposed_seconds(c, lv, ch) : 0.0;
   bp.kv_hiding_slice = hiding;
   bp.slice_floor = chosen->floor;
   bp.step = chosen->keep_resident ? (ch.R == c.L ? "all resident" : "weights streamed") : chosen->step;

@@ -34,15 +34,16 @@
 //      preferred slice; failing that, every block streamed and slices down to 1 row;
 //   3) only when no plan without offload fits at all: among the offload levels that fit
 //      (K/V only; K/V + residual; residual alone when K/V offload is not allowed),
-//      every block streamed and slices down to 1 row, the one with the fewest PCIe
-//      bytes per forward (ties: the fewer offloads). K/V traffic is S^2 / slice, so
-//      K/V-only with small slices can move far more than K/V + residual with large ones;
+//      every block streamed and slices down to 1 row, the one exposing the least
+//      transfer time (BudgetPlan::exposed_transfer_seconds; ties: the fewer offloads):
+//      residual copies are never hidden, K/V copies hide behind attention once slices
+//      reach the hiding size;
 //   4) else out_of_budget naming the smallest total budget any of these reach.
 // Within a step slices are the largest that fit (per phase: the peak is a max over
 // phases). Offload steps keep no block resident: memory freed by offloading is never
 // spent on resident blocks. Monotone in the budget (tested): streamed blocks, whether
-// anything is offloaded, K/V offload, and PCIe bytes per forward never grow with the
-// budget; residual offload alone is not monotone (the PCIe comparison may flip between
+// anything is offloaded, K/V offload, and exposed transfer time never grow with the
+// budget; residual offload alone and raw PCIe bytes are not monotone (the comparison may flip between
 // the two offload levels as slice counts step; docs/budget.md).
 //
 // Usage:
@@ -142,6 +143,11 @@ struct BudgetPlan {
   uint64_t pcie_kv_bytes = 0;
   uint64_t pcie_residual_bytes = 0;
   uint64_t pcie_bytes_per_forward() const { return pcie_weight_bytes + pcie_kv_bytes + pcie_residual_bytes; }
+  // Seconds of offload transfer per forward the compute cannot hide, by the device
+  // facts (residual copies whole; K/V out in pass 1 whole; K/V in during pass 2 beyond
+  // the attention's time). The offload level with the least of this wins; it never
+  // grows with the budget (tested). 0 without offload (weight streaming is hidden).
+  double exposed_transfer_seconds = 0;
   uint64_t host_pinned_bytes = 0;  // K, V of one block [S, I] each and/or the residual [S, D]
 
   // One line for the CLI, e.g. "budget 12.00 GiB: 14/50 blocks resident, 36 streamed
