@@ -228,8 +228,9 @@ TEST(CudaStreaming, ChunkedAttentionWithinToleranceOfCpu) {
     std::printf("  chunked attention %s: rel L2 vs fp64 cuda %.3e cpu %.3e\n", case_name(c).c_str(), e_gpu, e_cpu);
     // The 2x bound is a statistical statement: applied where the output has enough
     // elements (>= 4096) for the two errors to be stable; smaller cases are printed.
-    if (c.Mq * c.H * c.Dh >= 4096)
+    if (c.Mq * c.H * c.Dh >= 4096) {
       EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << case_name(c) << ": chunked cuda attention error above 2x the cpu's";
+    }
   }
 }
 
