@@ -16,6 +16,22 @@
 // bf16-stored weights) has no cuBLASLt mapping, so it runs a plain SIMT kernel whose
 // per-element order is: acc = 0; for k ascending: acc = fmaf(x[k], w[k], acc); then
 // acc + bias (fp32), then one rounding.
+//
+// fp32 accuracy (GoldenOps.Gemm/cuda, gemm_f32_k1000: error vs fp64 4.5e-6 max /
+// 6.3e-7 rel L2 against PyTorch's 7.3e-7 / 1.5e-7 and the CPU's 5.8e-7 / 1.8e-7): not a
+// TF32 or fast mode (compute type is CUBLAS_COMPUTE_32F, scale type R_32F), but the
+// reduction order: the admissible candidates (split-K 1, no reduction scheme) keep one
+// fp32 accumulator per output and walk K sequentially (error ~ sqrt(K) eps), and so
+// does the f32 x bf16 SIMT kernel; PyTorch's cuBLAS picks a split-K kernel at that
+// small shape, the CPU reference keeps 16 lane sums and adds them as a tree.
+// LAYERSTREAM_GEMM_F32=lanes16 (opt-in, read at every call; it changes bits like
+// LAYERSTREAM_GEMM_CANDIDATE) routes f32 x f32 and f32 x bf16 to gemm_f32_lanes16,
+// which computes the CPU reference's order (src/backend/cpu/gemm.cpp) exactly:
+//   acc[l] = acc[l] + fl32(x[k] * w[k]) for k = l (mod 16), K zero-padded to 16;
+//   sum = ((acc[l] + acc[l+8]) -> + [l+4] -> + [l+2] -> + [l+1]); out = round(sum + bias)
+// so its bytes equal the CPU backend's (error as the CPU's), row- and column-invariant by
+// construction. Unverified on a GPU when written: enable, run GoldenOps.Gemm and
+// CudaOps.Gemm*, then make it the default.
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -237,6 +253,92 @@ __global__ void __launch_bounds__(256) gemm_f32_bf16w(const float* __restrict__ 
   }
 }
 
+// ---- f32 x (f32 | bf16) w in the CPU reference's 16-lane order --------------------
+__device__ __forceinline__ float widen_w(float v) { return v; }
+__device__ __forceinline__ float widen_w(uint16_t v) { return bf16_bits_to_f32(v); }
+
+constexpr int kLaneTile = 4;  // outputs per half-warp: kLaneTile rows x kLaneTile columns
+
+// 256 threads = 16 half-warps in a 4 x 4 grid; a CTA covers 16 rows x 16 columns. Lane
+// l of a half-warp owns k = l (mod 16) of its 4 x 4 outputs (16 register sums), so a
+// half-warp reads 16 consecutive floats of a row per step (coalesced). The 16 lane
+// sums of an output are then added by shuffles within the half-warp in the CPU's tree
+// order; lane 0 adds the bias and stores. An output's arithmetic depends on K only.
+template <typename WT>
+__global__ void __launch_bounds__(256) gemm_f32_lanes16(const float* __restrict__ x, int64_t ldx,
+                                                        const WT* __restrict__ w, int64_t ldw, const void* bias,
+                                                        bool bias_f32, void* out, int64_t ldo, bool out_f32,
+                                                        int64_t M, int64_t N, int64_t K) {
+  const int l = threadIdx.x % 16, hw = threadIdx.x / 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * 16 + (hw / 4) * kLaneTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * 16 + (hw % 4) * kLaneTile;
+  // Rows/columns past the end read row 0 (valid memory); their sums are never stored.
+  const float* xr[kLaneTile];
+  const WT* wr[kLaneTile];
+#pragma unroll
+  for (int r = 0; r < kLaneTile; ++r) xr[r] = x + (m0 + r < M ? m0 + r : 0) * ldx;
+#pragma unroll
+  for (int c = 0; c < kLaneTile; ++c) wr[c] = w + (n0 + c < N ? n0 + c : 0) * ldw;
+  float acc[kLaneTile][kLaneTile];
+#pragma unroll
+  for (int r = 0; r < kLaneTile; ++r)
+#pragma unroll
+    for (int c = 0; c < kLaneTile; ++c) acc[r][c] = 0.0f;
+  for (int64_t k = l; k - l < K; k += 16) {
+    const bool kv = k < K;  // the zero-padded tail adds fl32(0 * 0) = +0, as the CPU does
+    float xv[kLaneTile], wv[kLaneTile];
+#pragma unroll
+    for (int r = 0; r < kLaneTile; ++r) xv[r] = kv ? xr[r][k] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < kLaneTile; ++c) wv[c] = kv ? widen_w(wr[c][k]) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < kLaneTile; ++r)
+#pragma unroll
+      for (int c = 0; c < kLaneTile; ++c) acc[r][c] = __fadd_rn(acc[r][c], __fmul_rn(xv[r], wv[c]));
+  }
+#pragma unroll
+  for (int r = 0; r < kLaneTile; ++r) {
+#pragma unroll
+    for (int c = 0; c < kLaneTile; ++c) {
+      // Lane l < 8: acc[l] + acc[l + 8]; l < 4: + s8[l + 4]; l < 2: + s4[l + 2]; l = 0: + s2[1].
+      float v = acc[r][c];
+      v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 8, 16));
+      v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 4, 16));
+      v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 16));
+      v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 16));
+      const int64_t m = m0 + r, n = n0 + c;
+      if (l != 0 || m >= M || n >= N) continue;
+      // The CPU adds +0 when there is no bias (turning a -0 sum into +0): same here.
+      v = __fadd_rn(v, bias ? load_bf16_or_f32(bias, bias_f32, n) : 0.0f);
+      if (out_f32) static_cast<float*>(out)[m * ldo + n] = v;
+      else static_cast<uint16_t*>(out)[m * ldo + n] = f32_to_bf16_bits(v);
+    }
+  }
+}
+
+bool gemm_f32_lanes16_selected() {
+  const char* e = std::getenv("LAYERSTREAM_GEMM_F32");
+  return e != nullptr && std::string(e) == "lanes16";
+}
+
+Status launch_gemm_f32_lanes16(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
+                               const TensorView& out) {
+  const int64_t M = x.shape[0], N = w.shape[0], K = x.shape[1];
+  if (div_up(N, 16) >= 65536) return unsupported("gemm", "N = " + std::to_string(N) + " too large for the lanes16 kernel");
+  dim3 grid(static_cast<unsigned>(div_up(M, 16)), static_cast<unsigned>(div_up(N, 16)));
+  const void* b = bias ? bias->data : nullptr;
+  const bool bf32 = bias && bias->dtype == DType::f32, of32 = out.dtype == DType::f32;
+  if (w.dtype == DType::f32)
+    gemm_f32_lanes16<float><<<grid, 256, 0, ctx.stream>>>(x.ptr<const float>(), x.stride[0], w.ptr<const float>(),
+                                                           w.stride[0], b, bf32, out.data, out.stride[0], of32, M, N, K);
+  else
+    gemm_f32_lanes16<uint16_t><<<grid, 256, 0, ctx.stream>>>(x.ptr<const float>(), x.stride[0],
+                                                              w.ptr<const uint16_t>(), w.stride[0], b, bf32, out.data,
+                                                              out.stride[0], of32, M, N, K);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
 // out[m, n] = round(stage[m, n] + bias[n]): stage f32 [M, ldst]; bias f32|bf16 [N]; out f32|bf16 [M, N].
 __global__ void bias_add_round(const float* __restrict__ stage, int64_t ldst, const void* bias, bool bias_f32,
                                void* out, int64_t ldo, bool out_f32, int64_t N) {
@@ -274,6 +376,7 @@ const GemmPlan& plan_for(CudaContext& ctx, const GemmKey& key) {
 std::string gemm_describe_pinned(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out) {
   if (!gemm_shapes_ok(x, w, bias, out)) return "bad shapes";
+  if (x.dtype == DType::f32 && gemm_f32_lanes16_selected()) return "simt f32 lanes16 (the CPU reference's order)";
   if (x.dtype == DType::f32 && w.dtype == DType::bf16) return "simt f32 x bf16 (fmaf, k ascending)";
   const GemmPlan& p = plan_for(ctx, make_key(x, w, bias, out));
   if (!p.ok && bias) {
@@ -300,6 +403,7 @@ Status cuda_op_gemm(CudaContext& ctx, const TensorView& x, const TensorView& w, 
     return unsupported("gemm", "x " + x.shape_str() + " w " + w.shape_str() + " out " + out.shape_str() +
                                    (bias ? " bias " + bias->shape_str() : ""));
   if (M == 0 || N == 0) return Status();
+  if (x.dtype == DType::f32 && gemm_f32_lanes16_selected()) return launch_gemm_f32_lanes16(ctx, x, w, bias, out);
   if (mixed) {
     dim3 grid(static_cast<unsigned>(div_up(N, kTile)), static_cast<unsigned>(div_up(M, kTile)));
     LS_CHECK_MSG(div_up(M, kTile) < 65536, "gemm f32 x bf16: M too large for one launch");
