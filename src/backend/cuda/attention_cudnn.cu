@@ -322,7 +322,9 @@ struct Plan {
 };
 
 // Graph key: everything the descriptors depend on. Mq is not in it (fixed chunk).
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+// The last two: the forced graph form and the skipped heuristic configs (diagnostic
+// settings, below).
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
 
 // Per device: cuDNN handle, the merge stream and its events.
 struct DeviceState {
@@ -381,9 +383,31 @@ Expected<DeviceState*> device_state(int device) {
 //     (the cause of "0 engine configs" on cuDNN 9.14 in the first H200 run).
 // Q, O: our staged [Qc, H, Dh] chunk (dims [1, H, Qc, Dh], BSHD strides); K, V: the
 // caller's strided views of one tile; Stats: packed [1, H, Qc, 1] fp32.
-enum class GraphForm { unified, composite };
+// composite_f32p: the composite graph with an fp32 P, as the first H200 run built it
+// (diagnostic only: it shows cuDNN refusing that graph).
+enum class GraphForm { unified, composite, composite_f32p };
 
-const char* form_name(GraphForm f) { return f == GraphForm::unified ? "unified SDPA_FWD" : "composite"; }
+const char* form_name(GraphForm f) {
+  return f == GraphForm::unified ? "unified SDPA_FWD" : f == GraphForm::composite ? "composite" : "composite (fp32 P)";
+}
+
+// Diagnostic settings (read per call; part of the plan key). They change which engine
+// runs, so they may change bits; the defaults are what the tests and docs describe.
+//   LAYERSTREAM_CUDNN_FORM = unified | composite | composite-f32p: only that graph form
+//     (default: unified when cuDNN >= 9.13.1, then composite).
+//   LAYERSTREAM_CUDNN_CONFIG = N: skip the first N configs of heuristics mode A.
+int forced_form() {
+  const char* e = std::getenv("LAYERSTREAM_CUDNN_FORM");
+  if (e == nullptr) return -1;
+  if (std::strcmp(e, "unified") == 0) return static_cast<int>(GraphForm::unified);
+  if (std::strcmp(e, "composite") == 0) return static_cast<int>(GraphForm::composite);
+  if (std::strcmp(e, "composite-f32p") == 0) return static_cast<int>(GraphForm::composite_f32p);
+  return -1;
+}
+int skipped_configs() {
+  const char* e = std::getenv("LAYERSTREAM_CUDNN_CONFIG");
+  return e == nullptr ? 0 : std::max(0, std::atoi(e));
+}
 
 // Engine global index and knob choices of an engine config, for messages.
 std::string describe_cfg(cudnnBackendDescriptor_t cfg, int64_t* engine_index) {
@@ -462,7 +486,7 @@ cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t
 }
 
 Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk,
-                                int64_t hk, int64_t sv, int64_t hv) {
+                                int64_t hk, int64_t sv, int64_t hv, int skip) {
   const bool log = verbose();
   Builder b;
   b.log = log;
@@ -503,7 +527,9 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
     auto E = b.tensor("virtual exp", 105, CUDNN_DATA_FLOAT, s_dims, s_str, true);
     auto Z = b.tensor("virtual sum", 106, CUDNN_DATA_FLOAT, r_dims, r_str, true);
     auto LZ = b.tensor("virtual log sum", 107, CUDNN_DATA_FLOAT, r_dims, r_str, true);
-    auto P = b.tensor("virtual P (bf16)", 108, CUDNN_DATA_BFLOAT16, s_dims, s_str, true);
+    auto P = form == GraphForm::composite
+                 ? b.tensor("virtual P (bf16)", 108, CUDNN_DATA_BFLOAT16, s_dims, s_str, true)
+                 : b.tensor("virtual P (fp32)", 108, CUDNN_DATA_FLOAT, s_dims, s_str, true);
     ops = {
         b.matmul(Q, K, S),
         b.pointwise(CUDNN_POINTWISE_MUL, S, Scale, Ss),
@@ -568,7 +594,7 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
     }
     if (log) std::fprintf(stderr, "cudnn attention: %s: %lld engine configs\n", hb.tag.c_str(), static_cast<long long>(got));
     if (got == 0) why += " " + mode_name + ": 0 engine configs;";
-    for (int64_t i = 0; i < got; ++i) {
+    for (int64_t i = mode == CUDNN_HEUR_MODE_A ? std::min<int64_t>(skip, got) : 0; i < got; ++i) {
       int64_t engine_index = -1;
       const std::string label = mode_name + " config " + std::to_string(i) + " (" +
                                 describe_cfg(cfgs[static_cast<size_t>(i)], &engine_index) + ")";
@@ -615,14 +641,15 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
 }
 
 Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk, int64_t hk, int64_t sv,
-                           int64_t hv) {
+                           int64_t hv, int forced, int skip) {
+  if (forced >= 0) return build_plan_form(static_cast<GraphForm>(forced), handle, H, Dh, kv, sk, hk, sv, hv, skip);
   std::string unified_why = "skipped (cuDNN runtime " + std::to_string(cudnnGetVersion()) + " < 91301)";
   if (cudnnGetVersion() >= 91301) {
-    auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv);
+    auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv, skip);
     if (unified.ok()) return unified;
     unified_why = unified.error().message;
   }
-  auto composite = build_plan_form(GraphForm::composite, handle, H, Dh, kv, sk, hk, sv, hv);
+  auto composite = build_plan_form(GraphForm::composite, handle, H, Dh, kv, sk, hk, sv, hv, skip);
   if (composite.ok()) return composite;
   return make_error(ErrorCode::unsupported, "cuDNN " + std::to_string(cudnnGetVersion()) + ": unified SDPA op: " +
                                                 unified_why + " | composite graph: " + composite.error().message +
@@ -715,13 +742,15 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
     auto d = device_state(ctx.device);
     if (!d.ok()) return d.error();
     dev = d.value();
+    const int forced = forced_form(), skip = skipped_configs();
     auto get = [&](int64_t kv) -> Expected<Plan*> {
-      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]};
+      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip};
       auto it = g_plans.find(key);
       if (it != g_plans.end()) return it->second;
       auto refused = g_refused.find(key);
       if (refused != g_refused.end()) return make_error(ErrorCode::unsupported, refused->second);
-      auto built = build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1]);
+      auto built =
+          build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip);
       if (!built.ok()) {
         if (built.error().code == ErrorCode::unsupported) g_refused[key] = built.error().message;
         return built.error();
