@@ -29,15 +29,15 @@
 // chunks of whole tiles gives the bytes of one call.
 //
 // Speed: the merge runs on the caller's stream after each group of kTilesPerMerge tiles.
-// LAYERSTREAM_CUDNN_OVERLAP=1 runs it on a second stream while cuDNN computes the next
-// group into the other of two group buffers: same arithmetic, same bytes (tested), but no
-// gain on the H200 (S = 111274, kv_tile 1024: 431.6 TFLOP/s with, 437.6 without; cuDNN's
-// kernel holds every SM's registers, so the merge cannot run beside it), hence off.
+// Running it on a second stream beside the next group's cuDNN calls (two group buffers)
+// gave the same bytes and no gain on the H200 (S = 111274, kv_tile 1024: 431.6 TFLOP/s
+// with, 437.6 without: cuDNN's kernel holds every SM's registers, so the merge cannot run
+// beside it), so it was removed (git history: "merge overlap").
 //
 // Memory: all scratch comes from the caller's workspace (Backend::set_workspace),
 // sized by attention_cudnn_workspace_bytes(H, Dh); a smaller workspace is a clear
-// Status, never an allocation. cuDNN's handle, the merge stream and its events (one set
-// per device, created on first use) and the plan cache live for the process.
+// Status, never an allocation. cuDNN's handle (one per device, created on first use) and
+// the plan cache live for the process.
 //
 // Diagnostics: LAYERSTREAM_CUDNN_VERBOSE=1 prints, per graph build, the cuDNN version,
 // every descriptor step's status (the attribute that failed, with cuDNN's last error
@@ -67,7 +67,6 @@ namespace {
 
 constexpr int64_t kQChunk = 2048;       // queries per cuDNN call (fixed: part of the numerics)
 constexpr int64_t kTilesPerMerge = 4;   // key tiles per merge launch (speed only: same bits)
-constexpr int kGroupBuffers = 2;        // O_t / LSE_t group buffers (cuDNN fills one, the merge reads the other)
 constexpr size_t kCudnnReserve = 64ull << 20;  // cuDNN's own workspace, at most
 constexpr size_t kAlign = 256;
 
@@ -78,28 +77,24 @@ bool verbose() {
   return e != nullptr && e[0] != '\0' && std::strcmp(e, "0") != 0;
 }
 
-bool overlap_enabled() {
-  const char* e = std::getenv("LAYERSTREAM_CUDNN_OVERLAP");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
 
 // Workspace layout (each piece 256-byte aligned), for H heads of Dh:
 //   Qs   bf16 [Qc, H, Dh]               staged query chunk (rows >= n zero)
-//   Ot   bf16 [2][G][Qc, H, Dh]         per-tile outputs, two group buffers
-//   Lt   f32  [2][G][H, Qc]             per-tile LSE (cuDNN's stats layout)
+//   Ot   bf16 [G][Qc, H, Dh]            per-tile outputs of one merge group
+//   Lt   f32  [G][H, Qc]                per-tile LSE (cuDNN's stats layout)
 //   acc  f32  [Qc, H, Dh]               merge state between groups
 //   L    f32  [Qc, H]
 //   ws   cuDNN workspace (kCudnnReserve)
 struct Layout {
   size_t qs, ot, lt, acc, l, ws, total;
-  size_t ot_stride, lt_stride;  // bytes between consecutive tiles (groups are G tiles apart)
+  size_t ot_stride, lt_stride;  // bytes between consecutive tiles of a group
 };
 Layout layout(int64_t H, int64_t Dh) {
   Layout y{};
   const size_t rows = static_cast<size_t>(kQChunk * H);
   const size_t tile_bf16 = align_up(rows * static_cast<size_t>(Dh) * 2);
   const size_t tile_lse = align_up(rows * 4);
-  const size_t tiles = static_cast<size_t>(kGroupBuffers * kTilesPerMerge);
+  const size_t tiles = static_cast<size_t>(kTilesPerMerge);
   y.ot_stride = tile_bf16;
   y.lt_stride = tile_lse;
   y.qs = 0;
@@ -327,12 +322,9 @@ struct Plan {
 // settings, below).
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
 
-// Per device: cuDNN handle, the merge stream and its events.
+// Per device: the cuDNN handle.
 struct DeviceState {
   cudnnHandle_t handle = nullptr;
-  cudaStream_t merge_stream = nullptr;
-  cudaEvent_t start = nullptr, done = nullptr;
-  cudaEvent_t filled[kGroupBuffers] = {}, merged[kGroupBuffers] = {};
 };
 
 std::mutex g_mu;
@@ -350,11 +342,6 @@ Expected<DeviceState*> device_state(int device) {
       d.handle = nullptr;
       return cudnn_error(s, "cudnnCreate (cuDNN runtime " + std::to_string(cudnnGetVersion()) + ")");
     }
-    // Caller holds the device current (the backend's ops run with it set).
-    cudaError_t e = cudaStreamCreateWithFlags(&d.merge_stream, cudaStreamNonBlocking);
-    for (cudaEvent_t* ev : {&d.start, &d.done, &d.filled[0], &d.filled[1], &d.merged[0], &d.merged[1]})
-      if (e == cudaSuccess) e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
-    if (e != cudaSuccess) return cuda_error(e, "cudnn attention: merge stream / events");
   }
   if (!g_version_logged && verbose()) {
     g_version_logged = true;
@@ -364,10 +351,9 @@ Expected<DeviceState*> device_state(int device) {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     std::fprintf(stderr,
                  "cudnn attention: cuDNN runtime %zu (headers %d), cudart %zu, device %d sm_%d%d, chunk %lld queries, "
-                 "%lld tiles per merge, merge overlap %s\n",
+                 "%lld tiles per merge\n",
                  cudnnGetVersion(), CUDNN_VERSION, cudnnGetCudartVersion(), dev, major, minor,
-                 static_cast<long long>(kQChunk), static_cast<long long>(kTilesPerMerge),
-                 overlap_enabled() ? "on" : "off");
+                 static_cast<long long>(kQChunk), static_cast<long long>(kTilesPerMerge));
   }
   return &d;
 }
@@ -771,25 +757,13 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
   cudnnStatus_t ss = cudnnSetStream(handle, ctx.stream);
   if (ss != CUDNN_STATUS_SUCCESS) return cudnn_error(ss, "cudnnSetStream");
 
-  // The merge runs on the device's merge stream (overlapping the next group's cuDNN
-  // calls) or on the caller's stream. Ordering with overlap, per group g in buffer
-  // b = g % 2: cuDNN writes buffer b only after the merge of group g - 2 read it
-  // (merged[b]); the merge of g starts after cuDNN filled it (filled[b]); the merge
-  // stream starts after everything queued before this call (start), and the caller's
-  // stream continues only after the last merge (done).
-  const bool overlap = overlap_enabled();
-  const cudaStream_t merge_stream = overlap ? dev->merge_stream : ctx.stream;
-  if (overlap) {
-    LS_CUDA_CHECK(cudaEventRecord(dev->start, ctx.stream));
-    LS_CUDA_CHECK(cudaStreamWaitEvent(merge_stream, dev->start, 0));
-  }
-
+  // Everything runs on the caller's stream, in order: stage a chunk, then per group of
+  // tiles the cuDNN calls and the merge that reads their O_t / LSE_t.
   uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
   uint16_t* qs = reinterpret_cast<uint16_t*>(ws + lay.qs);
   const auto* kb = k.ptr<const uint16_t>();
   const auto* vb = v.ptr<const uint16_t>();
   const int threads = 256;
-  int64_t group = 0;  // groups issued in this call (buffer = group % 2)
   Status failed;
   for (int64_t c0 = 0; c0 < Mq && failed.ok(); c0 += kQChunk) {
     const int64_t n = std::min(kQChunk, Mq - c0);
@@ -797,12 +771,9 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
     stage_queries<<<static_cast<unsigned>(div_up(stage_n, threads)), threads, 0, ctx.stream>>>(
         q.ptr<const uint16_t>(), q.stride[0], q.stride[1], c0, n, qs, static_cast<int>(H), static_cast<int>(Dh));
     LS_CUDA_CHECK_LAUNCH();
-    for (int64_t g0 = 0; g0 < ntiles; g0 += kTilesPerMerge, ++group) {
+    for (int64_t g0 = 0; g0 < ntiles; g0 += kTilesPerMerge) {
       const int64_t gn = std::min(kTilesPerMerge, ntiles - g0);
-      const int buf = static_cast<int>(group % kGroupBuffers);
-      const size_t ot0 = lay.ot + static_cast<size_t>(buf * kTilesPerMerge) * lay.ot_stride;
-      const size_t lt0 = lay.lt + static_cast<size_t>(buf * kTilesPerMerge) * lay.lt_stride;
-      if (overlap && group >= kGroupBuffers) LS_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, dev->merged[buf], 0));
+      const size_t ot0 = lay.ot, lt0 = lay.lt;
       for (int64_t t = g0; t < g0 + gn; ++t) {
         const int64_t t0 = t * p.kv_tile;
         const Plan& plan = t == ntiles - 1 ? *plan_last : *plan_full;
@@ -815,10 +786,6 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
         }
       }
       if (!failed.ok()) break;
-      if (overlap) {
-        LS_CUDA_CHECK(cudaEventRecord(dev->filled[buf], ctx.stream));
-        LS_CUDA_CHECK(cudaStreamWaitEvent(merge_stream, dev->filled[buf], 0));
-      }
       MergeArgs a{};
       a.ot = reinterpret_cast<const uint16_t*>(ws + ot0);
       a.lt = reinterpret_cast<const float*>(ws + lt0);
@@ -842,14 +809,9 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
       a.H = static_cast<int>(H);
       a.Dh = static_cast<int>(Dh);
       const int64_t merge_n = n * H * (Dh / 8);
-      merge_tiles<<<static_cast<unsigned>(div_up(merge_n, threads)), threads, 0, merge_stream>>>(a);
+      merge_tiles<<<static_cast<unsigned>(div_up(merge_n, threads)), threads, 0, ctx.stream>>>(a);
       LS_CUDA_CHECK_LAUNCH();
-      if (overlap) LS_CUDA_CHECK(cudaEventRecord(dev->merged[buf], merge_stream));
     }
-  }
-  if (overlap) {  // the caller's stream resumes after the last merge (also after a failure)
-    LS_CUDA_CHECK(cudaEventRecord(dev->done, merge_stream));
-    LS_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, dev->done, 0));
   }
   return failed;
 #endif
