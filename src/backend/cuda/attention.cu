@@ -461,9 +461,11 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
                    out.shape_str());
   LS_TRY(check_state(p, q.shape[0], k.shape[0], q.shape[1], q.shape[2]));
   // ---- hook: cuDNN attention path (attention_cudnn.cu), opt-in with
-  // LAYERSTREAM_ATTENTION=cudnn; the native kernel below stays the default. Streamed
-  // keys (a state) always take the native kernel: its state layout is this file's. ----
-  if (p.state.empty() && attention_cudnn_selected()) return attention_cudnn(ctx, q, k, v, out, p);
+  // LAYERSTREAM_ATTENTION=cudnn; the native kernel below stays the default. Calls with
+  // a state go to the selected path too: the cuDNN path carries its own fp32 state
+  // (docs/cuda.md), so streamed keys (K/V offload) give the bytes of that path's one
+  // call, and the selection never changes between the chunks of one query slice. ----
+  if (attention_cudnn_selected()) return attention_cudnn(ctx, q, k, v, out, p);
   if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported("attention", "needs bf16 q, k, v, out");
   const int64_t Dh = q.shape[2];
