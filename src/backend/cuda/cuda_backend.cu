@@ -190,6 +190,16 @@ class CudaBackend final : public Backend {
     return Status();
   }
 
+  Status device_memory_info(uint64_t* free_bytes, uint64_t* total_bytes) override {
+    DeviceGuard g(ctx_.device);
+    size_t f = 0, t = 0;
+    cudaError_t e = cudaMemGetInfo(&f, &t);
+    if (e != cudaSuccess) return cuda_error(e, "cudaMemGetInfo on cuda:" + std::to_string(ctx_.device));
+    *free_bytes = f;
+    *total_bytes = t;
+    return Status();
+  }
+
   Status synchronize() override {
     DeviceGuard g(ctx_.device);
     // All work queued on this backend: both queues.
