@@ -26,7 +26,8 @@
 // Streamed keys (AttentionParams::state): the merge state (acc, L) of every (query,
 // head) is loaded from / saved to p.state, f32 [Mq, H, Dh + 8] laid out as acc[0, Dh)
 // then L at [Dh] (private to this path). It round-trips exactly, so feeding the keys in
-// chunks of whole tiles gives the bytes of one call.
+// chunks of whole tiles gives the bytes of one call. (attention.cu's hook decides whether
+// calls with a state come here; since the native kernel got its own state, it keeps them.)
 //
 // Speed: the merge runs on the caller's stream after each group of kTilesPerMerge tiles.
 // Running it on a second stream beside the next group's cuDNN calls (two group buffers)
@@ -76,7 +77,6 @@ bool verbose() {
   const char* e = std::getenv("LAYERSTREAM_CUDNN_VERBOSE");
   return e != nullptr && e[0] != '\0' && std::strcmp(e, "0") != 0;
 }
-
 
 // Workspace layout (each piece 256-byte aligned), for H heads of Dh:
 //   Qs   bf16 [Qc, H, Dh]               staged query chunk (rows >= n zero)

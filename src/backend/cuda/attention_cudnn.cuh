@@ -25,8 +25,9 @@ bool attention_cudnn_selected();
 size_t attention_cudnn_workspace_bytes(int64_t H, int64_t Dh);
 
 // Same contract and argument checks as Backend::attention (bf16 q, k, v, out
-// [rows, H, Dh], strided rows and heads, 16-byte aligned). Fails with a Status when the
-// build has no cuDNN, the workspace is too small, or cuDNN refuses the graph.
+// [rows, H, Dh], strided rows and heads, 16-byte aligned; p.state for streamed keys, in
+// this path's own state layout). Fails with a Status when the build has no cuDNN, the
+// workspace is too small, or cuDNN refuses the graph (LAYERSTREAM_CUDNN_VERBOSE=1 says why).
 Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const AttentionParams& p);
 
