@@ -73,6 +73,7 @@ std::string esc(const std::string& s) {
 
 struct Args {
   std::string preset = "h3", device = "cuda", json, reference_hash;
+  bool profile = false;
   int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500;
   float sigma = 0.9f;
   std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
@@ -100,7 +101,8 @@ Args parse(int argc, char** argv) {
           "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G)\n"
           "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
           "  --device D          cuda | cuda:N | cpu (default cuda)\n"
-          "  --json FILE         write the results\n");
+          "  --json FILE         write the results\n"
+          "  --profile 1         synchronise at phase boundaries and report seconds per phase (diagnostic)\n");
       std::exit(0);
     }
     if (i + 1 >= argc) die("missing value after " + k);
@@ -117,6 +119,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--reference-hash") a.reference_hash = v;
       else if (k == "--device") a.device = v;
       else if (k == "--json") a.json = v;
+      else if (k == "--profile") a.profile = v == "1";
       else die("unknown option " + k + " (see --help)");
     } catch (const std::exception&) {
       die("bad value '" + v + "' for " + k);
@@ -149,7 +152,7 @@ struct Outcome {
 
 // One engine: create, refine, precompute, forward. min free memory sampled around each.
 Expected<Outcome> run_once(const h3::H3TensorSource& src, Backend& be, const Clip& clip, float sigma,
-                           const exec::Residency& residency, const exec::Plan& plan) {
+                           const exec::Residency& residency, const exec::Plan& plan, bool profile = false) {
   const h3::H3Config& cfg = src.cfg();
   const auto& g = clip.cond.geometry;
   uint64_t free0 = 0, total = 0;
@@ -164,6 +167,7 @@ Expected<Outcome> run_once(const h3::H3TensorSource& src, Backend& be, const Cli
   exec::EngineOptions eo;
   eo.residency = residency;
   eo.residency.release_source = false;  // the next budget reuses the host weights
+  eo.profile = profile;
   LS_ASSIGN_OR_RETURN(auto engine, exec::Engine::create(src, be, eo));
   sample();
   const auto t1 = std::chrono::steady_clock::now();
@@ -253,7 +257,7 @@ int main(int argc, char** argv) {
     exec::Residency res;
     res.resident_blocks = bp->resident_blocks;
     res.slots = bp->prefetch ? 2 : 1;
-    auto o = run_once(src, **be, clip, a.sigma, res, bp->activations);
+    auto o = run_once(src, **be, clip, a.sigma, res, bp->activations, a.profile);
     if (!o.ok()) {
       std::printf("[%s] FAILED: %s\n", b.c_str(), o.error().message.c_str());
       js << ", \"failed\": \"" << esc(o.error().message) << "\"}";
@@ -271,6 +275,7 @@ int main(int argc, char** argv) {
                 b.c_str(), r.status_line().c_str(), b.c_str(), r.wall_seconds, format_bytes(r.device_peak_bytes).c_str(),
                 format_bytes(bp->predicted_peak_bytes).c_str(), format_bytes(o->driver_used).c_str(), pcie / 1e9,
                 h.c_str(), same ? "(identical)" : "(DIFFERS)");
+    for (const auto& [phase, sec] : r.phase_seconds) std::printf("[%s]   %-18s %8.3f s\n", b.c_str(), phase.c_str(), sec);
     std::fflush(stdout);
     js << ", \"step\": \"" << esc(bp->step) << "\", \"plan\": \"" << esc(bp->describe())
        << "\", \"predicted_peak_bytes\": " << bp->predicted_peak_bytes << ", \"predicted_pcie_bytes\": "

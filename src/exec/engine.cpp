@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "core/arena.h"
@@ -92,7 +93,13 @@ std::string RunReport::to_json() const {
      << ", \"pcie_weight_bytes\": " << pcie_weight_bytes << ", \"pcie_kv_bytes\": " << pcie_kv_bytes
      << ", \"pcie_residual_bytes\": " << pcie_residual_bytes << ", \"device_weight_bytes\": " << device_weight_bytes
      << ", \"device_held_bytes\": " << device_held_bytes << ", \"device_peak_bytes\": " << device_peak_bytes
-     << ", \"pinned_host_bytes\": " << pinned_host_bytes << "}";
+     << ", \"pinned_host_bytes\": " << pinned_host_bytes << ", \"phase_seconds\": {";
+  bool first = true;
+  for (const auto& [k, v] : phase_seconds) {
+    os << (first ? "" : ", ") << "\"" << k << "\": " << v;
+    first = false;
+  }
+  os << "}}";
   return os.str();
 }
 
@@ -523,6 +530,21 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     return Status();
   };
 
+  // Optional phase profile (EngineOptions::profile): the device is synchronised at each
+  // phase boundary, so phases do not overlap each other (a diagnostic, not a timing of
+  // the normal run).
+  std::map<std::string, double> prof;
+  auto prof_t = std::chrono::steady_clock::now();
+  auto mark = [&](const char* phase) -> Status {
+    if (!m.opts.profile) return Status();
+    LS_TRY(be.synchronize());
+    const auto now = std::chrono::steady_clock::now();
+    prof[phase] += std::chrono::duration<double>(now - prof_t).count();
+    prof_t = now;
+    return Status();
+  };
+  LS_TRY(mark("setup"));
+
   // Streamed block weights: the first copies start now, behind the embedding.
   LS_TRY(m.weights->begin_forward());
 
@@ -564,6 +586,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     }
   }
   LS_TRY(eval_x("x.embed", -1));
+  LS_TRY(mark("embed"));
 
   // ---- the block loop ----
   // K/V offload: host K, V [S, I] (pinned), reused block after block.
@@ -603,6 +626,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
           LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
           LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h));
         }
+        LS_TRY(mark("attention pass 1"));
         // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
         for (int64_t a = 0; a < S; a += plan.attn_slice) {
           const int64_t b = std::min(S, a + plan.attn_slice);
@@ -645,6 +669,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
           LS_TRY(be.signal(Queue::transfer, kFenceKvSaved0 + j));
           kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
         }
+        LS_TRY(mark("attention pass 1"));
         const int64_t n_slices = (S + plan.attn_slice - 1) / plan.attn_slice, total = n_slices * n_chunks;
         auto load = [&](int64_t g) -> Status {  // chunk g % n_chunks into buffer g % 2
           const int64_t c = g % n_chunks, k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
@@ -689,6 +714,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
       // into or out of these buffers was waited for by compute above. On a backend
       // with queues the transfer queue is idle here except for weight copies.
     }
+    LS_TRY(mark(plan.two_pass_attention() ? "attention pass 2" : "attention"));
     LS_TRY(eval_x("block.attn", i));
     {
       Arena::Scope phase(*arena);
@@ -705,6 +731,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
         LS_TRY(residual_out(r, a, b));
       }
     }
+    LS_TRY(mark("mlp"));
     LS_TRY(m.weights->release_block(i));
     LS_TRY(eval_x("block.mlp", i));
   }
@@ -752,6 +779,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     }
     LS_TRY(be.synchronize());
   }
+  LS_TRY(mark("final"));
   const uint64_t measured = arena->peak();
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
 
@@ -814,6 +842,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   rep.adaln_table_bytes = tab->bytes();
   rep.adaln_precomputed = tab->precomputed;
   rep.backend = be.name();
+  rep.phase_seconds = prof;
   rep.resident_blocks = m.weights->resident_blocks();
   rep.streamed_blocks = cfg.num_layers - m.weights->resident_blocks();
   rep.slots = m.weights->slots();

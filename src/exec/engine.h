@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,7 @@ struct RunReport {
   uint64_t device_held_bytes = 0;     // every LayerStream arena on the device during this call
   uint64_t device_peak_bytes = 0;     // the most LayerStream held on the device since create()
   uint64_t pinned_host_bytes = 0;     // pinned host memory (streamed weights, K/V, residual)
+  std::map<std::string, double> phase_seconds;  // EngineOptions::profile only: seconds per phase, summed over blocks
 
   // One line like ComfyUI's memory-patch nodes:
   // "[LayerStream] two-pass attention (4096-row slices), sliced MLP (4096), stock head; S 8 234;
@@ -121,6 +123,9 @@ struct EngineOptions {
   // Where the weights live (exec/weights.h): every block resident by default; a
   // BudgetPlan gives resident_blocks and slots.
   Residency residency;
+  // Synchronise at every phase boundary and report seconds per phase
+  // (RunReport::phase_seconds). A diagnostic: it removes overlap between phases.
+  bool profile = false;
 };
 
 class Engine {
