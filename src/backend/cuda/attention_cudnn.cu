@@ -26,8 +26,8 @@
 // Streamed keys (AttentionParams::state): the merge state (acc, L) of every (query,
 // head) is loaded from / saved to p.state, f32 [Mq, H, Dh + 8] laid out as acc[0, Dh)
 // then L at [Dh] (private to this path). It round-trips exactly, so feeding the keys in
-// chunks of whole tiles gives the bytes of one call. (attention.cu's hook decides whether
-// calls with a state come here; since the native kernel got its own state, it keeps them.)
+// chunks of whole tiles gives the bytes of one call. (attention.cu's hook sends calls with
+// a state here when this path is selected; the native kernel's state layout differs.)
 //
 // Speed: the merge runs on the caller's stream after each group of kTilesPerMerge tiles.
 // Running it on a second stream beside the next group's cuDNN calls (two group buffers)
