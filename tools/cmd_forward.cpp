@@ -311,6 +311,7 @@ int run_forward(const ForwardOptions& o) {
   sample_free();
   if (Status s = (*engine)->precompute_adaln({*sigma}, cond); !s.ok()) return fail(s.error());
   sample_free();
+  if (Status s = (*engine)->prepare(cond, *plan); !s.ok()) return fail(s.error());
   auto r = (*engine)->forward(cond, *refined, TensorView(video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl}),
                               TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A}), *sigma, *plan);
   if (!r.ok()) return fail(r.error());

@@ -192,7 +192,35 @@ struct Engine::Impl {
     if (opts.eval) opts.eval(name, layer, t);
   }
   Expected<AdalnTables> compute_tables(const std::vector<double>& t_values);
+  // The plan's arenas: the device activation arena (capacity = the plan's predicted
+  // peak) and, with offload, the pinned host K/V [S, I] x 2 and residual [S, D]. Kept
+  // between calls while the sizes stay; pinning gigabytes takes seconds, so prepare()
+  // lets a caller pay it before the first step.
+  Status ensure_arenas(const Plan& plan);
 };
+
+Status Engine::Impl::ensure_arenas(const Plan& plan) {
+  if (!activations || activations->capacity() != Arena::aligned_bytes(plan.predicted_peak_bytes)) {
+    activations.reset();
+    LS_ASSIGN_OR_RETURN(activations, Arena::create(*dev, plan.predicted_peak_bytes));
+  }
+  const int64_t S = plan.sizes.S;
+  if (plan.residual_offload) {
+    const uint64_t need = Arena::aligned_bytes(static_cast<size_t>(S * cfg.hidden * 2));
+    if (!pinned_x || pinned_x->capacity() != need) {
+      pinned_x.reset();
+      LS_ASSIGN_OR_RETURN(pinned_x, Arena::create(be->pinned_host_memory(), need));
+    }
+  }
+  if (plan.kv_offload) {
+    const uint64_t need = 2 * Arena::aligned_bytes(static_cast<size_t>(S * cfg.inner() * 2));
+    if (!pinned_kv || pinned_kv->capacity() != need) {
+      pinned_kv.reset();
+      LS_ASSIGN_OR_RETURN(pinned_kv, Arena::create(be->pinned_host_memory(), need));
+    }
+  }
+  return Status();
+}
 
 Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_values) {
   const int64_t M = static_cast<int64_t>(t_values.size());
@@ -397,6 +425,14 @@ void Engine::drop_adaln_tables() {
 
 // ---- forward ---------------------------------------------------------------------------------
 
+Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
+  Impl& m = *impl_;
+  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(m.cfg, cond, plan.knobs));
+  if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes)
+    return make_error(ErrorCode::invalid_argument, "prepare: the plan was made for another model or clip");
+  return m.ensure_arenas(plan);
+}
+
 Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
                                         const TensorView& audio, float sigma, const Plan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -457,10 +493,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   // ---- the activation arena: capacity = the plan's predicted peak ----
   // Kept between calls of the same plan (a sampler calls forward once or twice per
   // step with one plan): no device allocation per step.
-  if (!m.activations || m.activations->capacity() != Arena::aligned_bytes(plan.predicted_peak_bytes)) {
-    m.activations.reset();
-    LS_ASSIGN_OR_RETURN(m.activations, Arena::create(*m.dev, plan.predicted_peak_bytes));
-  }
+  LS_TRY(m.ensure_arenas(plan));
   Arena* arena = m.activations.get();
   LS_CHECK(arena->used() == 0);
   arena->reset_peak();
@@ -479,11 +512,6 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   if (!res_off) {
     LS_ASSIGN_OR_RETURN(x, alloc(*arena, named(pers, "residual x"), S));
   } else {
-    const uint64_t need = Arena::aligned_bytes(static_cast<size_t>(S * D * 2));
-    if (!m.pinned_x || m.pinned_x->capacity() != need) {
-      m.pinned_x.reset();
-      LS_ASSIGN_OR_RETURN(m.pinned_x, Arena::create(be.pinned_host_memory(), need));
-    }
     m.pinned_x->rewind(Arena::Mark{0});
     LS_ASSIGN_OR_RETURN(x, m.pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
   }
@@ -592,11 +620,6 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   // K/V offload: host K, V [S, I] (pinned), reused block after block.
   TensorView k_host, v_host;
   if (kv_off) {
-    const uint64_t one = Arena::aligned_bytes(static_cast<size_t>(S * I * 2));
-    if (!m.pinned_kv || m.pinned_kv->capacity() != 2 * one) {
-      m.pinned_kv.reset();
-      LS_ASSIGN_OR_RETURN(m.pinned_kv, Arena::create(be.pinned_host_memory(), 2 * one));
-    }
     m.pinned_kv->rewind(Arena::Mark{0});
     LS_ASSIGN_OR_RETURN(k_host, m.pinned_kv->alloc(DType::bf16, {S, I}, "host K"));
     LS_ASSIGN_OR_RETURN(v_host, m.pinned_kv->alloc(DType::bf16, {S, I}, "host V"));

@@ -153,6 +153,11 @@ class Engine {
   Status precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond);
   void drop_adaln_tables();
 
+  // Optional: takes the plan's device activation arena and, with offload, its pinned
+  // host buffers now (pinning gigabytes of host memory takes seconds) instead of in
+  // the first forward(); fails here, before any step, when they cannot be had.
+  Status prepare(const Conditioning& cond, const Plan& plan);
+
   // One denoiser call at video sigma `sigma` (the sampler's fp32 sigma; the timestep is
   // fl32(sigma * 1000) as ComfyUI passes it). Inputs are host fp32:
   //   video fp32 [latents_dim, T, Hl, Wl], audio fp32 [audio_latents_dim, 2, A]
