@@ -21,8 +21,8 @@ ngpu=$(nvidia-smi -L | wc -l)
 run0() { CUDA_VISIBLE_DEVICES=0 timeout $LIMIT $BIN/bench_budget $big --budgets unlimited,24G,12G,8G --json "$OUT/s111k_a.json" >"$OUT/s111k_a.log" 2>&1; }
 run1() {
   local dev=$1
-  CUDA_VISIBLE_DEVICES=$dev timeout $LIMIT $BIN/bench_budget $big --budgets 6G,4G,3G --json "$OUT/s111k_b.json" >"$OUT/s111k_b.log" 2>&1
-  CUDA_VISIBLE_DEVICES=$dev timeout $LIMIT $BIN/bench_budget $mid --budgets unlimited,8G,4G,3G --json "$OUT/s38k.json" >"$OUT/s38k.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$dev timeout 340 $BIN/bench_budget $big --budgets 6G,4G,3G --json "$OUT/s111k_b.json" >"$OUT/s111k_b.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$dev timeout $((LIMIT - 345)) $BIN/bench_budget $mid --budgets unlimited,8G,4G,3G --json "$OUT/s38k.json" >"$OUT/s38k.log" 2>&1
 }
 if [ "$ngpu" -ge 2 ]; then
   run0 & p0=$!
