@@ -8,11 +8,13 @@
 // stream (Queue::transfer) carries copy_async copies that overlap with compute; the two
 // are ordered only by the kFences fences (cudaEvents without timing). cuBLASLt's workspace is handed in by the
 // caller (set_workspace), with a fixed size so algorithm choice never depends on it.
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/attention_cudnn.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ext.h"
@@ -209,13 +211,20 @@ class CudaBackend final : public Backend {
     return Status();
   }
 
-  size_t workspace_bytes() const override { return gemm_workspace_bytes(); }
+  // The GEMM's cuBLASLt workspace; with the cuDNN attention path selected
+  // (LAYERSTREAM_ATTENTION=cudnn) the larger of that and the cuDNN path's scratch for
+  // up to 64 heads of 128 (H3: 56 x 128). Ops run one at a time on the compute queue,
+  // so they share one view. A constant of the backend (the selection is read once).
+  size_t workspace_bytes() const override {
+    return attention_cudnn_selected() ? std::max(gemm_workspace_bytes(), attention_cudnn_workspace_bytes(64, 128))
+                                      : gemm_workspace_bytes();
+  }
   Status set_workspace(const TensorView& ws) override {
     LS_CHECK_MSG(ws.empty() || ws.device == device(), "set_workspace: view on " + ws.device.str());
-    if (!ws.empty() && static_cast<size_t>(ws.nbytes()) < gemm_workspace_bytes())
+    if (!ws.empty() && static_cast<size_t>(ws.nbytes()) < workspace_bytes())
       return make_error(ErrorCode::invalid_argument, "cuda set_workspace: " + std::to_string(ws.nbytes()) +
                                                          " bytes given, workspace_bytes() = " +
-                                                         std::to_string(gemm_workspace_bytes()) + " needed");
+                                                         std::to_string(workspace_bytes()) + " needed");
     ctx_.workspace = ws.data;
     ctx_.workspace_bytes = ws.empty() ? 0 : static_cast<size_t>(ws.nbytes());
     return Status();
