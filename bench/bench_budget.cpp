@@ -47,15 +47,6 @@ using namespace ls;
   std::exit(2);
 }
 
-uint64_t fnv(const std::vector<float>& video, const std::vector<float>& audio) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto* v : {&video, &audio}) {
-    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
-    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
 std::string hex(uint64_t h) {
   char b[17];
   std::snprintf(b, sizeof b, "%016" PRIx64, h);
@@ -278,7 +269,7 @@ int main(int argc, char** argv) {
       continue;
     }
     const exec::RunReport& r = o->r.report;
-    const std::string h = hex(fnv(o->r.video, o->r.audio));
+    const std::string h = hex(o->r.hash());
     if (reference.empty()) reference = h;
     if (b == "unlimited") unlimited_seconds = r.wall_seconds;
     const bool same = h == reference;

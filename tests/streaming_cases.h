@@ -92,21 +92,49 @@ inline void expect_same(const StreamingRun& ref, const StreamingRun& got, const 
   EXPECT_TRUE(same_bytes(ref.r.audio, got.r.audio)) << what << ": audio differs";
 }
 
+// A case, its backend, the stock plan and the all-resident stock run that every other
+// run is compared with (ok = false after a reported failure, or all-zero outputs).
+struct StreamingSetup {
+  std::unique_ptr<Backend> be;
+  StreamingCase c;
+  exec::Plan stock;
+  StreamingRun ref;
+  bool ok = false;
+};
+
+inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, int64_t layers, bool wide) {
+  StreamingSetup s;
+  auto be = make_backend(device);
+  if (!be.ok()) {
+    ADD_FAILURE() << be.error().message;
+    return s;
+  }
+  s.be = std::move(*be);
+  s.c = make_streaming_case(seed, layers, wide, device != "cpu");
+  exec::PlanKnobs sk;
+  sk.kv_tile = s.c.kv_tile;
+  auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
+  if (!stock.ok()) {
+    ADD_FAILURE() << stock.error().message;
+    return s;
+  }
+  s.stock = *stock;
+  s.ref = run_streaming(s.c, *s.be, exec::Residency{}, s.stock);
+  s.ok = s.ref.ok && sum_abs(s.ref.r.video) > 0.0 && sum_abs(s.ref.r.audio) > 0.0;
+  if (!s.ok) ADD_FAILURE() << "the all-resident stock run failed or gave all-zero outputs";
+  return s;
+}
+
 // Manual knobs: residency x offload x slices.
 inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants) {
-  auto be = make_backend(device);
-  ASSERT_TRUE(be.ok()) << be.error().message;
-  StreamingCase c = make_streaming_case(seed, layers, wide, device != "cpu");
+  StreamingSetup su = streaming_setup(seed, device, layers, wide);
+  ASSERT_TRUE(su.ok);
+  StreamingCase& c = su.c;
+  Backend* const be = su.be.get();
+  const exec::Plan* const stock = &su.stock;
+  const StreamingRun& ref = su.ref;
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg) + ", kv_tile " +
                std::to_string(c.kv_tile));
-  exec::PlanKnobs sk;
-  sk.kv_tile = c.kv_tile;
-  auto stock = exec::make_plan(c.cfg, c.cond, sk);
-  ASSERT_TRUE(stock.ok()) << stock.error().message;
-  const StreamingRun ref = run_streaming(c, **be, exec::Residency{}, *stock);
-  ASSERT_TRUE(ref.ok);
-  ASSERT_GT(sum_abs(ref.r.video), 0.0);
-  ASSERT_GT(sum_abs(ref.r.audio), 0.0);
   const int64_t S = stock->sizes.S, L = c.cfg.num_layers;
   std::mt19937_64 rng(seed * 31 + 7);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
@@ -129,7 +157,7 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
     ASSERT_TRUE(p.ok()) << p.error().message;
     const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +
                              ", plan " + p->describe();
-    const StreamingRun got = run_streaming(c, **be, res, *p);
+    const StreamingRun got = run_streaming(c, *be, res, *p);
     expect_same(ref, got, what);
     if (!got.ok) continue;
     const exec::RunReport& rep = got.r.report;
@@ -159,19 +187,15 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
 
 // Budgets: every plan_total_budget plan from the minimum to all-resident.
 inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets) {
-  auto be = make_backend(device);
-  ASSERT_TRUE(be.ok()) << be.error().message;
-  StreamingCase c = make_streaming_case(seed, layers, wide, device != "cpu");
+  StreamingSetup su = streaming_setup(seed, device, layers, wide);
+  ASSERT_TRUE(su.ok);
+  StreamingCase& c = su.c;
+  Backend* const be = su.be.get();
+  const StreamingRun& ref = su.ref;
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg));
-  exec::PlanKnobs sk;
-  sk.kv_tile = c.kv_tile;
-  auto stock = exec::make_plan(c.cfg, c.cond, sk);
-  ASSERT_TRUE(stock.ok()) << stock.error().message;
-  const StreamingRun ref = run_streaming(c, **be, exec::Residency{}, *stock);
-  ASSERT_TRUE(ref.ok);
   exec::BudgetOptions bo;
   bo.kv_tile = c.kv_tile;
-  bo.workspace_bytes = (*be)->workspace_bytes();
+  bo.workspace_bytes = be->workspace_bytes();
   auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
   ASSERT_TRUE(rows.ok()) << rows.error().message;
   bo.modulation_rows = *rows;
@@ -190,7 +214,7 @@ inline void check_streaming_budgets(uint64_t seed, const std::string& device, in
     res.resident_blocks = bp->resident_blocks;
     res.slots = bp->prefetch ? 2 : 1;
     const std::string what = bp->describe();
-    const StreamingRun got = run_streaming(c, **be, res, bp->activations);
+    const StreamingRun got = run_streaming(c, *be, res, bp->activations);
     expect_same(ref, got, what);
     if (!got.ok) continue;
     // What the engine held on the device, at its fullest, stays within the plan.

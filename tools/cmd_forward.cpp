@@ -65,18 +65,6 @@ struct ForwardOptions {
   bool no_prefetch = false, kv_offload = false, residual_offload = false;
 };
 
-// FNV-1a 64 of the output bytes (video then audio): equal hashes across plans and
-// budgets is what the benchmarks compare.
-uint64_t output_hash(const std::vector<float>& video, const std::vector<float>& audio) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto* v : {&video, &audio}) {
-    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
-    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
-
 Expected<float> parse_sigma(const std::string& text) {
   size_t used = 0;
   float v = 0;
@@ -316,7 +304,7 @@ int run_forward(const ForwardOptions& o) {
                               TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A}), *sigma, *plan);
   if (!r.ok()) return fail(r.error());
   sample_free();
-  const uint64_t hash = output_hash(r->video, r->audio);
+  const uint64_t hash = r->hash();
   char hash_hex[17];
   std::snprintf(hash_hex, sizeof hash_hex, "%016llx", static_cast<unsigned long long>(hash));
 

@@ -53,6 +53,12 @@ struct AttentionParams {
   bool finalize = true;
 };
 
+// invalid_argument unless p's streamed-key settings fit a chunk of Mk keys for queries
+// [Mq, H, Dh]: a state view exactly f32 [Mq, H, Dh + kAttentionStateExtra], contiguous,
+// whenever state_in or !finalize; a non-final chunk a multiple of kv_tile keys. Every
+// backend calls it (src/backend/attention_state.cpp), so the rules and messages agree.
+Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh);
+
 // Queues of a backend. Work on one queue runs in call order; work on different queues
 // may overlap and is ordered only by fences. The CPU backend runs everything at once
 // (every queue is synchronous), so fences are no-ops there.

@@ -336,15 +336,7 @@ uint64_t block_weight_bytes(const H3Config& cfg) { return tally_weights(cfg).blo
 Expected<int64_t> modulation_rows_for(const H3Config& cfg, const h3::Conditioning& cond,
                                       const std::vector<float>& sigmas) {
   LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond, /*with_positions=*/false));
-  std::vector<double> all;
-  for (float s : sigmas) {
-    if (!(s > 0.0f)) continue;  // the terminal 0 is never evaluated
-    const auto t = h3::distinct_timesteps(lay, cond, s);
-    all.insert(all.end(), t.begin(), t.end());
-  }
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
-  return static_cast<int64_t>(all.size());
+  return static_cast<int64_t>(h3::schedule_timesteps(lay, cond, sigmas).size());
 }
 
 Expected<uint64_t> min_total_budget(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {

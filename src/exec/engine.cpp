@@ -36,6 +36,15 @@ TensorView RefinedText::view() const {
   return TensorView(const_cast<uint16_t*>(bf16.data()), DType::bf16, {L, D});
 }
 
+uint64_t ForwardResult::hash() const {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto* v : {&video, &audio}) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
+    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
 // ---- RunReport ------------------------------------------------------------------------
 
 std::string RunReport::status_line() const {
@@ -403,14 +412,7 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
 Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond) {
   Impl& m = *impl_;
   LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(m.cfg, cond, /*with_positions=*/false));
-  std::vector<double> all;
-  for (float s : sigmas) {
-    if (!(s > 0.0f)) continue;  // the terminal 0 is never evaluated
-    const auto t = h3::distinct_timesteps(lay, cond, s);
-    all.insert(all.end(), t.begin(), t.end());
-  }
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
+  const std::vector<double> all = h3::schedule_timesteps(lay, cond, sigmas);
   m.precomputed = AdalnTables{};
   if (all.empty()) return Status();
   LS_ASSIGN_OR_RETURN(m.precomputed, m.compute_tables(all));

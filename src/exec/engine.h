@@ -105,6 +105,9 @@ struct ForwardResult {
   std::vector<float> video;  // fp32 [latents_dim, T, Hl, Wl]
   std::vector<float> audio;  // fp32 [audio_latents_dim, 2, A]
   RunReport report;
+  // FNV-1a 64 of the bytes of video then audio: equal across plans and budgets (what the
+  // CLI prints and the benchmarks compare).
+  uint64_t hash() const;
 };
 
 // Named intermediates (style-lessons §7), called synchronously with device views that

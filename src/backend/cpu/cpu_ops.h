@@ -25,10 +25,6 @@ Status cpu_op_convert(const TensorView& src, const TensorView& dst);
 Status cpu_op_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const AttentionParams& p);
 Status cpu_op_copy(const TensorView& dst, const TensorView& src);
-// invalid_argument unless p's streamed-key settings fit a chunk of Mk keys for queries
-// [Mq, H, Dh]: state empty (then state_in false, finalize true) or a contiguous f32
-// [Mq, H, Dh + kAttentionStateExtra]; a non-final chunk a multiple of p.kv_tile keys.
-Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh);
 
 // ---- helpers shared by the op files --------------------------------------------
 // The Status for a dtype combination an op does not implement.

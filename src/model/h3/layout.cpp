@@ -338,4 +338,17 @@ Timesteps layout_timesteps(const PackedLayout& lay, const Conditioning& cond, fl
   return ts;
 }
 
+std::vector<double> schedule_timesteps(const PackedLayout& lay, const Conditioning& cond,
+                                       const std::vector<float>& sigmas) {
+  std::vector<double> all;
+  for (float s : sigmas) {
+    if (!(s > 0.0f)) continue;  // the terminal 0 is never evaluated
+    const auto t = distinct_timesteps(lay, cond, s);
+    all.insert(all.end(), t.begin(), t.end());
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
 }  // namespace ls::h3

@@ -97,6 +97,10 @@ struct Timesteps {
 Timesteps layout_timesteps(const PackedLayout& layout, const Conditioning& cond, float sigma);
 // Just the distinct timesteps (for the AdaLN precompute over a schedule).
 std::vector<double> distinct_timesteps(const PackedLayout& layout, const Conditioning& cond, float sigma);
+// The distinct timesteps of a whole schedule, ascending: every sigma > 0 (the terminal
+// 0 is never evaluated). The rows of the AdaLN tables precompute_adaln builds.
+std::vector<double> schedule_timesteps(const PackedLayout& layout, const Conditioning& cond,
+                                       const std::vector<float>& sigmas);
 
 // The pooled, quantised mask value per target video row (amax over each 2x2 patch,
 // then ceil(m * 256) / 256 in fp32) [T * Hl/2 * Wl/2]; empty when no mask.
