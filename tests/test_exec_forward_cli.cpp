@@ -1,5 +1,6 @@
 // `layerstream forward` end to end (the built binary, LS_TOOL_PATH): files of different
-// plans are byte-identical; the status line names the paths; bad input exits 2 and
+// plans, total device budgets and residency/offload knobs are byte-identical; the status
+// line names the paths; bad input (and a budget below the named minimum) exits 2 and
 // leaves no output file.
 #include <gtest/gtest.h>
 
@@ -83,4 +84,59 @@ TEST(ForwardCli, BadInputExits2WithoutOutput) {
     EXPECT_FALSE(exists(o)) << c.args;
     std::remove(o.c_str());
   }
+}
+
+// --vram-budget (issue 5): the planner's choice is printed before any work, every budget
+// from all-resident down to the minimum gives the same file and the same printed hash,
+// the manual residency knobs too, and the JSON report carries the decisions.
+TEST(ForwardCli, VramBudgetsGiveIdenticalFiles) {
+  // The small preset (4 blocks of 6.1 MiB): small budgets must stream blocks.
+  const std::string kClip = "--preset small --frames 5 --width 128 --height 128 --text-tokens 8 --sigma 0.8 --seed 5";
+  const std::string ref = tmp("vref.safetensors"), got = tmp("vgot.safetensors"), js = tmp("v.json");
+  RunResult r0 = run(kClip + " --random-weights -o " + ref);
+  ASSERT_EQ(r0.code, 0) << r0.out;
+  const auto hash_at = r0.out.find("output hash ");
+  ASSERT_NE(hash_at, std::string::npos) << r0.out;
+  const std::string hash = r0.out.substr(hash_at, 28);
+  const std::string fref = slurp(ref);
+  ASSERT_GT(fref.size(), 1000u);
+  // The minimum, as the planner names it when refusing 1 KiB.
+  RunResult low = run(kClip + " --vram-budget 1K");
+  ASSERT_EQ(low.code, 2) << low.out;
+  const auto at = low.out.find("the smallest total budget that works is ");
+  ASSERT_NE(at, std::string::npos) << low.out;
+  const auto lp = low.out.find('(', at), sp = low.out.find(" bytes", lp);
+  ASSERT_NE(sp, std::string::npos) << low.out;
+  const long long minimum = std::stoll(low.out.substr(lp + 1, sp - lp - 1));
+  ASSERT_GT(minimum, 0);
+  int streamed = 0;
+  for (const std::string& b : {std::string("1G"), std::to_string(minimum * 3 / 2), std::to_string(minimum)}) {
+    RunResult r = run(kClip + " --vram-budget " + b + " --json " + js + " -o " + got);
+    ASSERT_EQ(r.code, 0) << b << "\n" << r.out;
+    EXPECT_NE(r.out.find("[LayerStream] budget "), std::string::npos) << r.out;  // the plan, first
+    EXPECT_NE(r.out.find(hash), std::string::npos) << b << "\n" << r.out;
+    EXPECT_TRUE(slurp(got) == fref) << "budget " << b << " changed the output";
+    const std::string j = slurp(js);
+    EXPECT_NE(j.find("\"vram_budget\""), std::string::npos) << j;
+    EXPECT_NE(j.find("\"output_hash\""), std::string::npos) << j;
+    streamed += r.out.find("streamed through") != std::string::npos;
+  }
+  EXPECT_GE(streamed, 1);  // the small budgets stream blocks
+  RunResult one_below = run(kClip + " --vram-budget " + std::to_string(minimum - 1));
+  EXPECT_EQ(one_below.code, 2) << one_below.out;
+  // Manual knobs at kv_tile 16 (a numerics setting: compared with the stock run at 16),
+  // so the keys really come in several chunks of two tiles.
+  const std::string ref16 = tmp("vref16.safetensors");
+  RunResult s16 = run(kClip + " --kv-tile 16 -o " + ref16);
+  ASSERT_EQ(s16.code, 0) << s16.out;
+  RunResult manual = run(kClip + " --kv-tile 16 --attn-chunk 5 --resident-blocks 1 --slots 1 --kv-offload --kv-chunk 32 "
+                                 "--residual-offload -o " + got);
+  ASSERT_EQ(manual.code, 0) << manual.out;
+  EXPECT_NE(manual.out.find("K/V offloaded (32-key chunks)"), std::string::npos) << manual.out;
+  EXPECT_TRUE(slurp(got) == slurp(ref16)) << "manual residency and offload changed the output";
+  std::remove(ref16.c_str());
+  RunResult bad = run(kClip + " --vram-budget 1G --kv-offload");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("give it alone"), std::string::npos) << bad.out;
+  for (const auto& p : {ref, got, js}) std::remove(p.c_str());
 }
