@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/thread_pool.h"
 #include "model/h3/checkpoint.h"
 
 namespace ls::exec {
@@ -122,7 +123,12 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
       for (const SlotEntry& e : ws->block_layout_) {
         const std::string n = prefix + e.suffix;
         const TensorView h = src.get(n);
-        std::memcpy(static_cast<char*>(p) + e.offset, h.data, static_cast<size_t>(h.nbytes()));
+        // Into pinned memory on all cores (36 GB for 50 streamed H3 blocks): 16 MiB pieces.
+        char* dst = static_cast<char*>(p) + e.offset;
+        const char* from = static_cast<const char*>(h.data);
+        parallel_for(h.nbytes(), 16 << 20, [&](int64_t a, int64_t b) {
+          std::memcpy(dst + a, from + a, static_cast<size_t>(b - a));
+        });
         if (ws->release_) src.release(n);
       }
     }
