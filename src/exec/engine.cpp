@@ -162,12 +162,12 @@ class CountingResource final : public MemoryResource {
 // pass 2 chunk copied in / used, per chunk buffer b in {0, 1}.
 constexpr int kFenceKvComputed0 = 4, kFenceKvSaved0 = 6, kFenceKvLoaded0 = 8, kFenceKvUsed0 = 10;
 
-// Named buffer of a planned list (the executor looks buffers up by name, exec/plan.h).
+// Named buffer of a planned list (the executor looks buffers up by name, exec/plan.h);
+// a missing name is a bug in the plan's lists.
 const PlannedBuffer& named(const std::vector<PlannedBuffer>& v, const std::string& what) {
-  for (const auto& b : v)
-    if (b.what == what) return b;
-  LS_CHECK_MSG(false, "the plan has no buffer '" + what + "'");
-  return v.front();
+  const PlannedBuffer* b = find_buffer(v, what);
+  LS_CHECK_MSG(b != nullptr, "the plan has no buffer '" + what + "'");
+  return *b;
 }
 
 }  // namespace
@@ -206,7 +206,19 @@ struct Engine::Impl {
   // between calls while the sizes stay; pinning gigabytes takes seconds, so prepare()
   // lets a caller pay it before the first step.
   Status ensure_arenas(const Plan& plan);
+  // invalid_argument unless `plan` is what make_plan gives for (cfg, cond, plan.knobs).
+  Status check_plan(const Conditioning& cond, const Plan& plan) const;
 };
+
+Status Engine::Impl::check_plan(const Conditioning& cond, const Plan& plan) const {
+  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(cfg, cond, plan.knobs));
+  if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes ||
+      expect.attn_slice != plan.attn_slice || expect.mlp_slice != plan.mlp_slice || expect.final_slice != plan.final_slice)
+    return make_error(ErrorCode::invalid_argument,
+                      "the plan was made for another model or clip (plan S " + std::to_string(plan.sizes.S) +
+                          ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
+  return Status();
+}
 
 Status Engine::Impl::ensure_arenas(const Plan& plan) {
   if (!activations || activations->capacity() != Arena::aligned_bytes(plan.predicted_peak_bytes)) {
@@ -429,9 +441,7 @@ void Engine::drop_adaln_tables() {
 
 Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
   Impl& m = *impl_;
-  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(m.cfg, cond, plan.knobs));
-  if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes)
-    return make_error(ErrorCode::invalid_argument, "prepare: the plan was made for another model or clip");
+  LS_TRY(m.check_plan(cond, plan));
   return m.ensure_arenas(plan);
 }
 
@@ -447,12 +457,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
 
   // ---- host: layout, timesteps, inputs ----
   LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond));
-  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(cfg, cond, plan.knobs));
-  if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes ||
-      expect.attn_slice != plan.attn_slice || expect.mlp_slice != plan.mlp_slice || expect.final_slice != plan.final_slice)
-    return make_error(ErrorCode::invalid_argument,
-                      "the plan was made for another model or clip (plan S " + std::to_string(plan.sizes.S) +
-                          ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
+  LS_TRY(m.check_plan(cond, plan));
   if (text.L != lay.L || (text.L > 0 && text.D != D))
     return make_error(ErrorCode::invalid_argument, "refined text has " + std::to_string(text.L) + " tokens of width " +
                                                        std::to_string(text.D) + " but the conditioning says L = " +

@@ -228,12 +228,10 @@ Expected<h3::WeightGetter> WeightStore::refiner_block(int64_t i, Arena& scratch)
   const std::string prefix = h3::h3_refiner_key(i, "");
   const auto l = layout_of(prefix);
   void* base = nullptr;
-  int64_t slot = -1;
   if (slots_ > 0 && layout_bytes(l) <= slot_bytes_) {
-    slot = i % slots_;
-    base = slot_ptr_[static_cast<size_t>(slot)];
-    // Nothing else is queued on the slots outside a forward, but a previous forward's
-    // last user of this slot must be done before the copy (compute-queue order does it).
+    // Nothing else is queued on the slots outside a forward, and a previous forward's
+    // last user of this slot is done before the copy (compute-queue order does it).
+    base = slot_ptr_[static_cast<size_t>(i % slots_)];
   } else {
     LS_ASSIGN_OR_RETURN(base, scratch.alloc_bytes(static_cast<size_t>(layout_bytes(l)), "refiner block"));
   }
@@ -245,7 +243,6 @@ Expected<h3::WeightGetter> WeightStore::refiner_block(int64_t i, Arena& scratch)
     views[prefix + e.suffix] = d;
   }
   LS_TRY(be_.synchronize());  // host views of the source may be released by the caller
-  (void)slot;
   return h3::WeightGetter([views = std::move(views)](const std::string& n) {
     auto it = views.find(n);
     LS_CHECK_MSG(it != views.end(), "weight '" + n + "' is not in the refiner block copy");
