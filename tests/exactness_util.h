@@ -2,6 +2,8 @@
 // random layouts (keyframes, references, masks, text tags) and seeded inputs.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -30,6 +32,15 @@ inline h3::H3Config tiny_cfg(std::mt19937_64& rng, bool vary = true) {
   c.time_embed_dim = 16;
   c.pdd_heads = vary ? (pick(0, 2) == 0 ? pick(2, 4) : 1) : 1;
   if (vary && pick(0, 2) == 0) c = h3::h3_curve_form(c, pick(2, 33), pick(2, 8));
+  return c;
+}
+
+// A plain clip's conditioning (t2va, no extras) from pixel sizes (h3::clip_geometry).
+inline h3::Conditioning clip(int64_t frames, int64_t w, int64_t h, int64_t L) {
+  h3::Conditioning c;
+  auto g = h3::clip_geometry(frames, w, h, L);
+  EXPECT_TRUE(g.ok());
+  c.geometry = *g;
   return c;
 }
 

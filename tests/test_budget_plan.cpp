@@ -20,13 +20,7 @@ namespace {
 constexpr uint64_t GiB = 1ull << 30;
 constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
-h3::Conditioning clip(int64_t frames, int64_t w, int64_t h, int64_t L) {
-  h3::Conditioning c;
-  auto g = h3::clip_geometry(frames, w, h, L);
-  EXPECT_TRUE(g.ok());
-  c.geometry = *g;
-  return c;
-}
+using test::clip;
 h3::Conditioning clip_15s_1mp() { return clip(362, 1024, 1024, 500); }  // S = 111,274
 
 const PlannedBuffer* find(const std::vector<PlannedBuffer>& v, const std::string& what) {

@@ -13,13 +13,7 @@ using namespace ls;
 using namespace ls::exec;
 
 namespace {
-h3::Conditioning clip(int64_t frames, int64_t w, int64_t h, int64_t L) {
-  h3::Conditioning c;
-  auto g = h3::clip_geometry(frames, w, h, L);
-  EXPECT_TRUE(g.ok());
-  c.geometry = *g;
-  return c;
-}
+using test::clip;
 const PlannedBuffer* find(const std::vector<PlannedBuffer>& v, const std::string& what) {
   return find_buffer(v, what);
 }
