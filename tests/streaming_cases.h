@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <string>
@@ -149,6 +150,16 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
     k.final_chunk_tokens = pick(0, 1) ? pick(1, stock->sizes.target_rows) : 0;
     k.kv_offload = pick(0, 2) != 0;
     k.residual_offload = pick(0, 1) != 0;
+    if (v < 2) {
+      // Always covered: one-row slices, and slices of S - 1 rows (a last slice of one
+      // row), with both offloads on.
+      const int64_t tr = stock->sizes.target_rows;
+      k.attn_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
+      k.mlp_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
+      k.final_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, tr - 1);
+      k.kv_offload = true;
+      k.residual_offload = true;
+    }
     if (k.kv_offload) {
       const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
       k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : c.kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
