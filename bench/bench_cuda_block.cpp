@@ -12,14 +12,49 @@
 // good as device events and keeps this file free of CUDA headers). JSON out.
 //
 // Usage: bench_cuda_block [--device cuda] [--S 32768,111274] [--slice 8192]
-//                         [--iters 3] [--warmup 1] [--json out.json]
+//                         [--iters 3] [--warmup 1] [--kv-tile 1024] [--json out.json]
+//                         [--attention-only | --gemm-only] [--dump DIR]
+//   --attention-only  attention alone (full S); no block, weights not filled.
+//   --gemm-only       the four GEMMs alone (M = min(S, 16384) rows), TFLOP/s printed;
+//                     the algorithm is pinned once per process, so sweep
+//                     LAYERSTREAM_GEMM_CANDIDATE=i with one process per i.
+//   --dump DIR        x0 gets S independent random rows (without --dump, 4096 rows are
+//                     repeated: fast set-up, but repeated rows would let an error test
+//                     pass on few distinct rows), and the block's exact weights, inputs
+//                     and stock output go to DIR for bench/pytorch_block.py --from DIR
+//                     (error against an fp64 reference, DESIGN.md §4):
+//     DIR/weights.safetensors (once)
+//       norm1, norm2  bf16 [D]          rms_norm weights before attention / MLP
+//       q_norm, k_norm bf16 [Dh]        per-head q/k RMSNorm weights
+//       qkv           bf16 [3I, D]      rows [0, I) q, [I, 2I) k, [2I, 3I) v (F.linear layout)
+//       out           bf16 [D, I]
+//       fc1           bf16 [2F, D]      rows [0, F) gate (silu), [F, 2F) up
+//       fc2           bf16 [D, F]
+//       table         bf16 [3, 6D]      AdaLN rows; columns [cD, (c+1)D) = chunk c of
+//                                       (shift_msa, scale_msa, gate_msa, shift_mlp,
+//                                       scale_mlp, gate_mlp)
+//     DIR/io_S<S>.safetensors (per S)
+//       rows  i32 [S]        table row of each token (1 video, 2 for the last S/100 rows)
+//       x0    bf16 [S, D]    residual in
+//       rope  bf16 [S, 48, 2] (cos, sin) of pair j: dims j and j + 48 of every q/k head
+//                            (split-half within the first 96 dims; 96..127 unrotated)
+//       y     bf16 [S, D]    residual after one stock block
+//     Block math (the backend ops' contracts, backend.h): h = modulate(rms_norm(x, norm1),
+//     shift = chunk 0, scale = chunk 1); q, k = qk_norm_rope(qkv(h)); x += out(attention)
+//     * chunk 2; h = modulate(rms_norm(x, norm2), chunk 3, chunk 4); x += fc2(swiglu(fc1(h)))
+//     * chunk 5; chunks taken at table row rows[m]; eps 1e-5; softmax scale 1/sqrt(128).
+//     Tensors stream from the device in pieces of 4096 residual rows (44 MB of host
+//     memory at any S); each file is written to a temporary and renamed when complete.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +64,8 @@
 #include "backend/backend.h"
 #include "core/arena.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
 
 namespace {
 
@@ -82,6 +119,66 @@ void fill_random(Backend& b, const TensorView& v, uint32_t seed, float sd, float
     ok(b.copy(dst, TensorView(host.data(), v.dtype, {m})), "upload");
   }
   ok(b.synchronize(), "sync");
+}
+
+// Fills a contiguous device view [R, ...] with N(0, sd) + mean values, every row its
+// own draws (row r: mt19937 seeded with seed_seq{seed, r}, so the values do not depend
+// on the thread count), generated on the thread pool in pieces of 4096 rows. R x (row
+// size) normal draws: seconds at S = 111k, so only --dump uses it.
+void fill_rows_random(Backend& b, const TensorView& v, uint32_t seed, float sd, float mean = 0.0f) {
+  LS_CHECK(v.is_contiguous() && v.ndim >= 2);
+  constexpr int64_t kRows = 4096;
+  const int64_t n = v.numel() / v.rows();  // elements per row
+  std::vector<uint8_t> host(static_cast<size_t>(std::min(v.rows(), kRows) * n * v.elem_size()));
+  for (int64_t a = 0; a < v.rows(); a += kRows) {
+    const int64_t e = std::min(v.rows(), a + kRows);
+    parallel_for(e - a, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        std::seed_seq ss{seed, static_cast<uint32_t>(a + r)};
+        std::mt19937 rng(ss);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int64_t j = 0; j < n; ++j) store_from_f32(host.data(), v.dtype, r * n + j, mean + sd * nd(rng));
+      }
+    });
+    const TensorView dst = v.slice_rows(a, e);
+    ok(b.copy(dst, TensorView::contiguous(host.data(), v.dtype, dst.shape.data(), dst.ndim)), "upload");
+    ok(b.synchronize(), "sync");  // host is refilled next
+  }
+}
+
+// Streams contiguous device views into one safetensors file (declared in the given
+// order, so i32/bf16 only: each starts aligned when 4-byte tensors come first), in
+// pieces of at most 4096 residual rows (44 MB) through one host buffer. Prints the
+// path and size.
+struct DumpTensor {
+  const char* name;
+  TensorView v;
+};
+void dump_file(Backend& b, const std::string& path, const std::vector<DumpTensor>& ts,
+               const std::map<std::string, std::string>& meta) {
+  constexpr int64_t kPieceBytes = 4096 * D * 2;
+  SafetensorsWriter wr(path);
+  for (const auto& [k, v] : meta) wr.set_metadata(k, v);
+  for (const DumpTensor& t : ts) {
+    LS_CHECK(t.v.is_contiguous());
+    ok(wr.declare(t.name, t.v.dtype, std::vector<int64_t>(t.v.shape.begin(), t.v.shape.begin() + t.v.ndim)), "dump");
+  }
+  ok(wr.begin(), "dump");
+  std::vector<uint8_t> host;
+  for (const DumpTensor& t : ts) {
+    const int64_t row_bytes = t.v.nbytes() / std::max<int64_t>(1, t.v.rows());
+    const int64_t piece = std::max<int64_t>(1, kPieceBytes / std::max<int64_t>(1, row_bytes));
+    host.resize(static_cast<size_t>(std::min(t.v.rows(), piece) * row_bytes));
+    for (int64_t a = 0; a < t.v.rows(); a += piece) {
+      const TensorView src = t.v.slice_rows(a, std::min(t.v.rows(), a + piece));
+      ok(b.copy(TensorView::contiguous(host.data(), src.dtype, src.shape.data(), src.ndim), src), "download");
+      ok(b.synchronize(), "sync");
+      ok(wr.write(host.data(), static_cast<size_t>(src.nbytes())), "dump");
+    }
+  }
+  ok(wr.commit(), "dump");
+  std::printf("dump: %s (%s)\n", path.c_str(), format_bytes(std::filesystem::file_size(path)).c_str());
+  std::fflush(stdout);
 }
 
 struct Weights {
@@ -201,11 +298,11 @@ std::vector<int64_t> parse_list(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cuda", json_path;
+  std::string device = "cuda", json_path, dump_dir;
   std::vector<int64_t> Ss = {32768};
   int64_t slice = 8192, kv_tile = 1024;
   int iters = 3, warmup = 1;
-  bool attention_only = false;
+  bool attention_only = false, gemm_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -220,8 +317,13 @@ int main(int argc, char** argv) {
     else if (a == "--kv-tile") kv_tile = std::stoll(next());
     else if (a == "--json") json_path = next();
     else if (a == "--attention-only") attention_only = true;
+    else if (a == "--gemm-only") gemm_only = true;
+    else if (a == "--dump") dump_dir = next();
     else die("unknown argument " + a);
   }
+  if (attention_only && gemm_only) die("--attention-only and --gemm-only exclude each other");
+  if (!dump_dir.empty() && (attention_only || gemm_only)) die("--dump needs the block run (no --attention-only, --gemm-only)");
+  const bool run_block = !attention_only && !gemm_only;
   auto be = make_backend(device);
   if (!be.ok()) die(be.error().message);
   Backend& b = **be;
@@ -246,7 +348,7 @@ int main(int argc, char** argv) {
   w.fc1 = take(ar, DType::bf16, {2 * F, D}, "fc1");
   w.fc2 = take(ar, DType::bf16, {D, F}, "fc2");
   w.table = take(ar, DType::bf16, {3, 6 * D}, "adaln table");
-  if (!attention_only) {
+  if (!attention_only) {  // the GEMM timings use the weights too
   fill(b, w.norm1, 1, 0.1f, 1.0f);
   fill(b, w.norm2, 2, 0.1f, 1.0f);
   fill(b, w.qn, 3, 0.1f, 1.0f);
@@ -257,6 +359,19 @@ int main(int argc, char** argv) {
   fill(b, w.fc2, 8, 1.0f / std::sqrt(static_cast<float>(F)));
   fill(b, w.table, 9, 0.1f);
   }
+  const char* gemm_candidate = std::getenv("LAYERSTREAM_GEMM_CANDIDATE");
+  std::map<std::string, std::string> dump_meta = {
+      {"producer", "bench/bench_cuda_block.cpp --dump"}, {"device", b.name()}, {"kv_tile", std::to_string(kv_tile)}};
+  if (gemm_candidate) dump_meta["gemm_candidate"] = gemm_candidate;
+  if (!dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir, ec);
+    if (ec) die("cannot create " + dump_dir + ": " + ec.message());
+    dump_file(b, dump_dir + "/weights.safetensors",
+              {{"norm1", w.norm1}, {"norm2", w.norm2}, {"q_norm", w.qn}, {"k_norm", w.kn}, {"qkv", w.qkv},
+               {"out", w.out}, {"fc1", w.fc1}, {"fc2", w.fc2}, {"table", w.table}},
+              dump_meta);
+  }
 
   nlohmann::json out;
   out["device"] = b.name();
@@ -265,6 +380,8 @@ int main(int argc, char** argv) {
   out["iters"] = iters;
   out["warmup"] = warmup;
   out["timing"] = "steady_clock around backend synchronize(), median";
+  if (gemm_candidate) out["gemm_candidate"] = gemm_candidate;
+  if (!dump_dir.empty()) out["dump_dir"] = dump_dir;
   AttentionParams ap;
   ap.kv_tile = kv_tile;
 
@@ -276,8 +393,9 @@ int main(int argc, char** argv) {
     TensorView x_stock = take(ar, DType::bf16, {S, D}, "x stock result");
     in.rows = take(ar, DType::i32, {S}, "rows");
     in.rope = take(ar, DType::bf16, {S, P, 2}, "rope");
-    if (!attention_only) fill(b, x0, 100 + static_cast<uint32_t>(S), 1.0f);
-    if (!attention_only) {
+    if (run_block && dump_dir.empty()) fill(b, x0, 100 + static_cast<uint32_t>(S), 1.0f);
+    if (run_block && !dump_dir.empty()) fill_rows_random(b, x0, 100 + static_cast<uint32_t>(S), 1.0f);
+    if (run_block) {
       std::vector<int32_t> r(static_cast<size_t>(S));
       for (int64_t i = 0; i < S; ++i) r[static_cast<size_t>(i)] = i < S - S / 100 ? 1 : 2;  // video rows, audio rows
       ok(b.copy(in.rows, TensorView(r.data(), DType::i32, {S})), "rows");
@@ -294,7 +412,7 @@ int main(int argc, char** argv) {
     nlohmann::json rs;
     rs["S"] = S;
     auto reset = [&]() { ok(b.copy(in.x, x0), "reset x"); };
-    if (!attention_only) {
+    if (run_block) {
     // Stock.
     std::vector<double> ts;
     ar.reset_peak();
@@ -334,7 +452,14 @@ int main(int argc, char** argv) {
       rs["sliced_vs_stock_differing_elements"] = diff;
       rs["sliced_equals_stock"] = diff == 0;
     }
-    }  // !attention_only
+    if (!dump_dir.empty()) {
+      const std::string path = dump_dir + "/io_S" + std::to_string(S) + ".safetensors";
+      auto meta = dump_meta;
+      meta["S"] = std::to_string(S);
+      dump_file(b, path, {{"rows", in.rows}, {"x0", x0}, {"rope", in.rope}, {"y", x_stock}}, meta);
+      rs["dump"] = path;
+    }
+    }  // run_block
     // Attention alone (full S) and each GEMM alone.
     {
       Arena::Scope s2(ar);
@@ -343,6 +468,7 @@ int main(int argc, char** argv) {
       TensorView o = take(ar, DType::bf16, {S, H, Dh}, "o");
       TensorView q = qkv.cols(0, I).unflatten_last(H, Dh), k = qkv.cols(I, 2 * I).unflatten_last(H, Dh),
                  v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+      if (!gemm_only) {
       std::vector<double> ta;
       for (int i = 0; i < warmup + iters; ++i) {
         const double t = seconds_of(b, [&] { ok(b.attention(q, k, v, o, ap), "attention"); });
@@ -351,6 +477,7 @@ int main(int argc, char** argv) {
       const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * Dh * H;
       rs["attention_ms"] = median(ta) * 1e3;
       rs["attention_tflops"] = flops / median(ta) / 1e12;
+      }
       if (attention_only) {
         std::printf("S=%" PRId64 ": attention %.1f ms %.0f TFLOP/s\n", S, rs["attention_ms"].get<double>(),
                     rs["attention_tflops"].get<double>());
@@ -363,9 +490,10 @@ int main(int argc, char** argv) {
         int64_t K, N;
       } gs[] = {{"qkv", w.qkv, D, 3 * I}, {"out_proj", w.out, I, D}, {"fc1", w.fc1, D, 2 * F}, {"fc2", w.fc2, F, D}};
       double total_ms = 0;
+      const int64_t M = std::min<int64_t>(S, 16384);
+      rs["gemm_M"] = M;
       for (const G& g : gs) {
         Arena::Scope s3(ar);
-        const int64_t M = std::min<int64_t>(S, 16384);
         TensorView xin = qkv.slice_rows(0, M).cols(0, g.K);  // any bf16 data of the right shape
         TensorView xo = take(ar, DType::bf16, {M, g.N}, "gemm out");
         std::vector<double> tg;
@@ -378,6 +506,16 @@ int main(int argc, char** argv) {
         total_ms += 2.0 * static_cast<double>(S) * g.N * g.K / (tf * 1e12) * 1e3;
       }
       rs["gemm_ms_at_S_estimated"] = total_ms;
+      if (gemm_only) {
+        std::printf("S=%" PRId64 ": gemm (M = %" PRId64 ", LAYERSTREAM_GEMM_CANDIDATE=%s) TFLOP/s qkv %.1f out %.1f "
+                    "fc1 %.1f fc2 %.1f, estimated %.1f ms for one block's GEMMs at S\n",
+                    S, M, gemm_candidate ? gemm_candidate : "0", rs["gemm_tflops"]["qkv"].get<double>(),
+                    rs["gemm_tflops"]["out_proj"].get<double>(), rs["gemm_tflops"]["fc1"].get<double>(),
+                    rs["gemm_tflops"]["fc2"].get<double>(), total_ms);
+        std::fflush(stdout);
+        out["results"].push_back(rs);
+        continue;
+      }
     }
     std::printf("S=%" PRId64 ": stock %.1f ms, sliced %.1f ms (x%.3f), equal %s, attention %.1f ms %.0f TFLOP/s, "
                 "gemm TFLOP/s qkv %.0f out %.0f fc1 %.0f fc2 %.0f, peak stock %s sliced %s\n",
