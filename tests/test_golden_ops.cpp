@@ -18,10 +18,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/thread_pool.h"
@@ -315,24 +317,41 @@ TEST_P(GoldenOps, ConvertIsBitExact) {
   }
 }
 
+// The attention paths a backend has, each at the kv_tiles it is meant for. CPU: one
+// path, kv_tile 1024 (one tile at these sizes) and 16 (many tiles, last one partial).
+// CUDA: the native kernel at 1024 and 16; the cuDNN path (where built) at 1024 and its
+// default 8192. The cuDNN path rounds each tile's output to bf16 before the merge, so
+// its error grows with the number of tiles: at kv_tile 16 the "sharp" case measured
+// 1.08e-2 max abs against the 2x bound of 1.05e-2 (H200, 2026-11-30); tiles that small
+// are not what that path is for (docs/cuda.md). All are held to the same bound.
+struct AttentionRun {
+  const char* path;  // LAYERSTREAM_ATTENTION, or null: the backend's only path
+  int64_t kv_tile;
+};
+
 TEST_P(GoldenOps, Attention) {
   auto cs = cases_of("attention");
   ASSERT_GE(cs.size(), 3u);
-  for (const auto& j : cs) {
-    std::string c = j["case"];
-    TensorView q = input(c, "q"), k = input(c, "k"), v = input(c, "v");
-    // kv_tile 1024 (one tile at these sizes) and 16 (many tiles, last one partial):
-    // both are held to the same bound against float64.
-    for (int64_t tile : {int64_t{1024}, int64_t{16}}) {
+  std::vector<AttentionRun> runs = {{nullptr, 1024}, {nullptr, 16}};
+  if (GetParam() == "cuda") runs = {{"native", 1024}, {"native", 16}, {"cudnn", 1024}, {"cudnn", 8192}};
+  const char* old = std::getenv("LAYERSTREAM_ATTENTION");
+  const std::string saved = old ? old : "";
+  for (const AttentionRun& run : runs) {
+    if (run.path) setenv("LAYERSTREAM_ATTENTION", run.path, 1);
+    for (const auto& j : cs) {
+      std::string c = j["case"];
+      TensorView q = input(c, "q"), k = input(c, "k"), v = input(c, "v");
       TensorView out = like_out(c);
       AttentionParams p;
-      p.kv_tile = tile;
+      p.kv_tile = run.kv_tile;
       Status s = backend_->attention(q, k, v, out, p);
       if (!ran(s, c)) continue;
-      std::printf("  (kv_tile %lld)\n", static_cast<long long>(tile));
+      std::printf("  (%s, kv_tile %lld)\n", run.path ? run.path : "attention", static_cast<long long>(run.kv_tile));
       check(c, out);
     }
   }
+  if (old) setenv("LAYERSTREAM_ATTENTION", saved.c_str(), 1);
+  else unsetenv("LAYERSTREAM_ATTENTION");
 }
 
 // Every case in the file belongs to an op one of the tests above runs (so a new golden

@@ -57,7 +57,7 @@ struct ForwardOptions {
   std::string frames, width, height, text_tokens, sigma, seed = "0";
   std::vector<std::string> keyframes;
   std::string mask;
-  std::string mlp_chunk = "0", attn_chunk = "0", final_chunk = "0", kv_tile = "1024", budget;
+  std::string mlp_chunk = "0", attn_chunk = "0", final_chunk = "0", kv_tile, budget;
   std::string device = "cpu", threads = "0";
   std::string output, json;
   bool random_weights = false;
@@ -178,7 +178,7 @@ int run_forward(const ForwardOptions& o) {
   auto mlp = parse_int("--mlp-chunk", o.mlp_chunk, 0, INT64_MAX);
   auto attn = parse_int("--attn-chunk", o.attn_chunk, 0, INT64_MAX);
   auto fin = parse_int("--final-chunk", o.final_chunk, 0, INT64_MAX);
-  auto kv = parse_int("--kv-tile", o.kv_tile, 1, INT64_MAX);
+  auto kv = parse_int("--kv-tile", o.kv_tile.empty() ? "1" : o.kv_tile, 1, INT64_MAX);  // empty: the device's
   for (const auto* e : {&frames, &width, &height, &L, &seed, &wseed, &threads, &mlp, &attn, &fin, &kv})
     if (!e->ok()) return fail(e->error());
   if (!sigma.ok()) return fail(sigma.error());
@@ -238,6 +238,7 @@ int run_forward(const ForwardOptions& o) {
   if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, *sigma, 0.0f};  // one-call stand-in schedule
   auto backend = make_backend(o.device);
   if (!backend.ok()) return fail(backend.error());
+  if (o.kv_tile.empty()) knobs.kv_tile = (*backend)->default_kv_tile();
   Expected<exec::Plan> plan = Error{};
   nlohmann::json vram_budget_json;  // null unless --vram-budget
   if (!o.vram_budget.empty()) {
@@ -360,7 +361,7 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--mlp-chunk", o->mlp_chunk, "rows per MLP / patch-embedding slice (0 = all)");
   sub.add_option("--attn-chunk", o->attn_chunk, "rows per attention slice, two-pass (0 = stock attention)");
   sub.add_option("--final-chunk", o->final_chunk, "rows per final-layer slice (0 = all)");
-  sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default 1024)");
+  sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default: the device's, 1024 on the CPU, 8192 with CUDA + cuDNN)");
   sub.add_option("--budget", o->budget, "activation memory budget (512M, 3G, 3.5GiB): the largest slices that fit");
   sub.add_flag("--random-weights", o->random_weights,
                "synthetic weights of --preset made in host memory (no file; a 33 B model needs ~66 GB of RAM)");

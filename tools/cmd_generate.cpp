@@ -53,7 +53,7 @@ struct GenerateOptions {
   std::string frames = "22", width = "256", height = "256", text_tokens;
   std::string text;
   std::vector<std::string> keyframes, refs;
-  std::string mlp_chunk, attn_chunk, final_chunk, kv_tile = "1024", budget;
+  std::string mlp_chunk, attn_chunk, final_chunk, kv_tile, budget;
   std::string device = "cpu", threads;
   std::string json, output;
   bool quiet = false;
@@ -277,7 +277,7 @@ int run_generate(const GenerateOptions& o) {
     if (!v.ok()) return fail(v.error());
     knobs.final_chunk_tokens = *v;
   }
-  {
+  if (!o.kv_tile.empty()) {
     auto v = parse_int("--kv-tile", o.kv_tile, 1, int64_t{1} << 30);
     if (!v.ok()) return fail(v.error());
     knobs.kv_tile = *v;
@@ -367,6 +367,11 @@ int run_generate(const GenerateOptions& o) {
   auto sched = sample::make_simple_schedule(*steps, cond.shift_video, cond.shift_audio);
   if (!sched.ok()) return fail(sched.error());
 
+  // ---- the backend (its default kv_tile is a numerics input of the plans) ----
+  auto backend = make_backend(o.device);
+  if (!backend.ok()) return fail(backend.error());
+  if (o.kv_tile.empty()) knobs.kv_tile = (*backend)->default_kv_tile();
+
   // ---- the runs: their plans are made (and checked against a budget) before any work ----
   std::vector<RunSpec> runs;
   sample::GenerateRequest base;
@@ -403,9 +408,7 @@ int run_generate(const GenerateOptions& o) {
     plans.push_back(std::move(p).value());
   }
 
-  // ---- backend, engine ----
-  auto backend = make_backend(o.device);
-  if (!backend.ok()) return fail(backend.error());
+  // ---- engine ----
   Progress* progress = nullptr;  // the current run's display
   exec::EngineOptions eopts;
   eopts.eval = [&progress](const std::string& name, int64_t, const TensorView&) {
@@ -564,7 +567,7 @@ CommandRun setup_generate(CLI::App& sub) {
   sub.add_option("--mlp-chunk", o->mlp_chunk, "rows per MLP / patch-embedding slice (0 = all)");
   sub.add_option("--attn-chunk", o->attn_chunk, "rows per attention slice, two-pass (0 = stock attention)");
   sub.add_option("--final-chunk", o->final_chunk, "rows per final-layer slice (0 = all)");
-  sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default 1024)");
+  sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default: the device's, 1024 on the CPU, 8192 with CUDA + cuDNN)");
   sub.add_option("--budget", o->budget, "activation memory budget (512M, 3G, 3.5GiB): picks the largest slices that fit");
   sub.add_option("--device", o->device, "cpu | cuda | cuda:N (default cpu)");
   sub.add_option("--threads", o->threads, "CPU threads (0 = all cores)");

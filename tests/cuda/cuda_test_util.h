@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -217,5 +218,12 @@ inline HostBuf host_rows(const HostBuf& h, int64_t a, int64_t b) {
   if (b > a) std::memcpy(r.bytes.data(), h.bytes.data() + a * row, static_cast<size_t>((b - a) * row));
   return r;
 }
+
+// The native attention kernel's tests: the cuDNN path is the default where the build
+// has it (and has its own tests, test_attention_cudnn), so a test binary of the native
+// kernel selects it before main with
+//   const bool kNative = ls::cudatest::select_native_attention();
+// (a test that wants cuDNN sets LAYERSTREAM_ATTENTION=cudnn itself and restores it).
+inline bool select_native_attention() { return setenv("LAYERSTREAM_ATTENTION", "native", 1) == 0; }
 
 }  // namespace ls::cudatest

@@ -14,6 +14,9 @@
 
 #include "cuda_test_util.h"
 
+// The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
+[[maybe_unused]] const bool kNative = ls::cudatest::select_native_attention();
+
 namespace ls::cudatest {
 namespace {
 

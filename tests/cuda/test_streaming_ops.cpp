@@ -25,6 +25,9 @@
 #include "backend/cuda/attention_cudnn.cuh"
 #include "cuda_test_util.h"
 
+// The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
+[[maybe_unused]] const bool kNative = ls::cudatest::select_native_attention();
+
 namespace ls::cudatest {
 namespace {
 

@@ -66,7 +66,18 @@
 namespace ls::cuda {
 namespace {
 
-constexpr int64_t kQChunk = 2048;       // queries per cuDNN call (fixed: part of the numerics)
+// Queries per cuDNN call: fixed for the process (part of the numerics: it picks the graph
+// and so cuDNN's engine). LAYERSTREAM_CUDNN_QCHUNK overrides it (a multiple of 64; an
+// experiment knob like LAYERSTREAM_GEMM_CANDIDATE: it may change bits).
+int64_t q_chunk_from_env() {
+  const char* e = std::getenv("LAYERSTREAM_CUDNN_QCHUNK");
+  if (e == nullptr || e[0] == '\0') return 2048;
+  const long long v = std::atoll(e);
+  LS_CHECK_MSG(v >= 64 && v % 64 == 0 && v <= 65536,
+               std::string("LAYERSTREAM_CUDNN_QCHUNK=") + e + ": needs a multiple of 64 in [64, 65536]");
+  return v;
+}
+const int64_t kQChunk = q_chunk_from_env();
 constexpr int64_t kTilesPerMerge = 4;   // key tiles per merge launch (speed only: same bits)
 constexpr size_t kCudnnReserve = 64ull << 20;  // cuDNN's own workspace, at most
 constexpr size_t kAlign = 256;
@@ -109,10 +120,10 @@ Layout layout(int64_t H, int64_t Dh) {
 
 // Qs[r, h, :] = q[c0 + r, h, :] for r < n, zeros for n <= r < Qc. One thread per 8 elements.
 __global__ void stage_queries(const uint16_t* __restrict__ q, int64_t sq, int64_t hq, int64_t c0, int64_t n,
-                              uint16_t* __restrict__ qs, int H, int Dh) {
+                              uint16_t* __restrict__ qs, int64_t qc, int H, int Dh) {
   const int64_t chunks = Dh / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= kQChunk * H * chunks) return;
+  if (i >= qc * H * chunks) return;
   const int64_t c = i % chunks, h = (i / chunks) % H, r = i / (chunks * H);
   uint4 v = make_uint4(0, 0, 0, 0);
   if (r < n) v = *reinterpret_cast<const uint4*>(q + (c0 + r) * sq + h * hq + c * 8);
@@ -133,6 +144,7 @@ struct MergeArgs {
   uint16_t* out;       // bf16 rows [c0, c0 + n) of the caller's output (last group, finalize)
   int64_t so, ho;
   int64_t n;           // valid rows in this chunk
+  int64_t qc;          // kQChunk (the LSE rows' stride per head)
   int H, Dh;
 };
 
@@ -162,7 +174,7 @@ __global__ void merge_tiles(const MergeArgs a) {
     for (int e = 0; e < 8; ++e) acc[e] = a.acc[rh * a.Dh + c * 8 + e];
   }
   for (int t = 0; t < a.ntiles; ++t) {
-    const float lse = a.lt[t * a.lt_stride + h * kQChunk + r];
+    const float lse = a.lt[t * a.lt_stride + h * a.qc + r];
     float o[8];
     load8_bf16(a.ot + t * a.ot_stride + rh * a.Dh + c * 8, true, 8, o);
     if (lse == -INFINITY) continue;  // no finite score in this tile: weight 0
@@ -670,7 +682,26 @@ Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k,
 
 bool attention_cudnn_selected() {
   const char* e = std::getenv("LAYERSTREAM_ATTENTION");
-  return e != nullptr && std::strcmp(e, "cudnn") == 0;
+  const bool set = e != nullptr && e[0] != '\0';
+  if (set && std::strcmp(e, "native") != 0 && std::strcmp(e, "cudnn") != 0) {
+    static std::once_flag warned;
+    std::call_once(warned, [e] {
+      std::fprintf(stderr, "LayerStream: LAYERSTREAM_ATTENTION=%s is neither 'cudnn' nor 'native'; using the default\n", e);
+    });
+  }
+#ifdef LAYERSTREAM_CUDNN
+  return !(set && std::strcmp(e, "native") == 0);  // the default where the build has cuDNN
+#else
+  return set && std::strcmp(e, "cudnn") == 0;  // then attention_cudnn says this build has no cuDNN
+#endif
+}
+
+bool attention_cudnn_built() {
+#ifdef LAYERSTREAM_CUDNN
+  return true;
+#else
+  return false;
+#endif
 }
 
 size_t attention_cudnn_workspace_bytes(int64_t H, int64_t Dh) { return layout(H, Dh).total; }
@@ -769,7 +800,7 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
     const int64_t n = std::min(kQChunk, Mq - c0);
     const int64_t stage_n = kQChunk * H * (Dh / 8);
     stage_queries<<<static_cast<unsigned>(div_up(stage_n, threads)), threads, 0, ctx.stream>>>(
-        q.ptr<const uint16_t>(), q.stride[0], q.stride[1], c0, n, qs, static_cast<int>(H), static_cast<int>(Dh));
+        q.ptr<const uint16_t>(), q.stride[0], q.stride[1], c0, n, qs, kQChunk, static_cast<int>(H), static_cast<int>(Dh));
     LS_CUDA_CHECK_LAUNCH();
     for (int64_t g0 = 0; g0 < ntiles; g0 += kTilesPerMerge) {
       const int64_t gn = std::min(kTilesPerMerge, ntiles - g0);
@@ -806,6 +837,7 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
       a.so = out.stride[0];
       a.ho = out.stride[1];
       a.n = n;
+      a.qc = kQChunk;
       a.H = static_cast<int>(H);
       a.Dh = static_cast<int>(Dh);
       const int64_t merge_n = n * H * (Dh / 8);

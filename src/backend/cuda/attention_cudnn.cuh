@@ -16,8 +16,14 @@ namespace ls::cuda {
 
 struct CudaContext;  // cuda_common.cuh
 
-// True when this build has cuDNN and LAYERSTREAM_ATTENTION=cudnn (read at every call).
+// Which attention path runs (read at every call; a process should not change it between
+// the calls of one forward). LAYERSTREAM_ATTENTION=cudnn | native; unset: cuDNN where the
+// build has it (the fast path), else the native kernel. =cudnn in a build without cuDNN
+// selects this path so that attention_cudnn can say so.
 bool attention_cudnn_selected();
+
+// True when this build has cuDNN (LAYERSTREAM_CUDNN).
+bool attention_cudnn_built();
 
 // Bytes of Backend workspace (set_workspace) the cuDNN path needs for H heads of
 // head_dim Dh: query chunk staging, per-tile O_t / LSE_t, the fp32 merge state and a

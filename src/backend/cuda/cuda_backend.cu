@@ -211,13 +211,23 @@ class CudaBackend final : public Backend {
     return Status();
   }
 
-  // The GEMM's cuBLASLt workspace; with the cuDNN attention path selected
-  // (LAYERSTREAM_ATTENTION=cudnn) the larger of that and the cuDNN path's scratch for
-  // up to 64 heads of 128 (H3: 56 x 128). Ops run one at a time on the compute queue,
-  // so they share one view. A constant of the backend (the selection is read once).
+  // The GEMM's cuBLASLt workspace; in a build with cuDNN the larger of that and the
+  // cuDNN attention path's scratch for up to 64 heads of 128 (H3: 56 x 128), whichever
+  // path LAYERSTREAM_ATTENTION selects, so the amount is a constant of the build and
+  // either path can run on it. Ops run one at a time on the compute queue, so they
+  // share one view.
   size_t workspace_bytes() const override {
-    return attention_cudnn_selected() ? std::max(gemm_workspace_bytes(), attention_cudnn_workspace_bytes(64, 128))
-                                      : gemm_workspace_bytes();
+    return attention_cudnn_built() ? std::max(gemm_workspace_bytes(), attention_cudnn_workspace_bytes(64, 128))
+                                   : gemm_workspace_bytes();
+  }
+  // cuDNN's fused kernel is called once per key tile and the tiles are merged, so small
+  // tiles cost speed: at S = 111274, H3 width, on the H200, kv_tile 1024 ran at 438
+  // TFLOP/s, 8192 at 552-555, 16384 at 559-567, one tile of all keys at 531 (the
+  // reference and the K/V offload chunks also grow with kv_tile). 8192 is within 2 % of
+  // the best (DESIGN.md §1.2). The native kernel walks 64-key blocks whatever kv_tile
+  // is, so it keeps the CPU's 1024.
+  int64_t default_kv_tile() const override {
+    return attention_cudnn_built() && attention_cudnn_selected() ? 8192 : 1024;
   }
   Status set_workspace(const TensorView& ws) override {
     LS_CHECK_MSG(ws.empty() || ws.device == device(), "set_workspace: view on " + ws.device.str());

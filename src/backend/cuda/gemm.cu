@@ -37,7 +37,10 @@
 // the patch embedding, the output heads and the AdaLN/time-embedder islands: small next
 // to the bf16 block GEMMs, so a SIMT kernel costs nothing measurable there.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -156,6 +159,20 @@ std::string describe_algo(const cublasLtMatmulAlgo_t& a, size_t ws) {
   return os.str();
 }
 
+// LAYERSTREAM_GEMM_CANDIDATE: "i" (every key) or "K:i,K:i" (keys with that K). -1 = none.
+int candidate_override(int64_t K) {
+  const char* e = std::getenv("LAYERSTREAM_GEMM_CANDIDATE");
+  if (e == nullptr || e[0] == '\0') return -1;
+  const std::string v = e;
+  if (v.find(':') == std::string::npos) return std::max(0, std::atoi(e));
+  std::istringstream is(v);
+  std::string item;
+  while (std::getline(is, item, ','))
+    if (const size_t c = item.find(':'); c != std::string::npos && std::atoll(item.substr(0, c).c_str()) == K)
+      return std::max(0, std::atoi(item.c_str() + c + 1));
+  return -1;
+}
+
 GemmPlan choose_plan(CudaContext& ctx, const GemmKey& key) {
   GemmPlan plan;
   const DType xt = static_cast<DType>(key.xt), wt = static_cast<DType>(key.wt), ot = static_cast<DType>(key.ot);
@@ -176,7 +193,7 @@ GemmPlan choose_plan(CudaContext& ctx, const GemmKey& key) {
   for (auto a : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     cublasLtMatmulPreferenceSetAttribute(pref, a, &al, sizeof(al));
-  constexpr int kRequested = 16;
+  constexpr int kRequested = 32;
   cublasLtMatmulHeuristicResult_t res[kRequested] = {};
   int found = 0;
   s = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, pref, kRequested, res, &found);
@@ -185,23 +202,42 @@ GemmPlan choose_plan(CudaContext& ctx, const GemmKey& key) {
     plan.error = std::string("no cuBLASLt algorithm (") + cublasLtGetStatusString(s) + ")";
     return plan;
   }
-  // LAYERSTREAM_GEMM_CANDIDATE=i picks the i-th admissible candidate (experiments only;
-  // it changes bits, like kv_tile). Default 0: the heuristic's best admissible one.
-  int skip = 0;
-  if (const char* e = std::getenv("LAYERSTREAM_GEMM_CANDIDATE")) skip = std::atoi(e);
+  // Admissible: split-K 1, no reduction scheme, fits the fixed workspace.
+  std::vector<int> admissible;
   for (int i = 0; i < found; ++i) {
     if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
     const uint32_t splitk = algo_attr<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
     const uint32_t red = algo_attr<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
     if (splitk > 1 || red != CUBLASLT_REDUCTION_SCHEME_NONE || res[i].workspaceSize > kGemmWorkspaceBytes) continue;
-    if (skip-- > 0) continue;
-    plan.ok = true;
-    plan.algo = res[i].algo;
-    plan.workspace = res[i].workspaceSize;
-    plan.desc = describe_algo(res[i].algo, res[i].workspaceSize);
+    admissible.push_back(i);
+  }
+  if (admissible.empty()) {
+    plan.error = "no cuBLASLt candidate with split-K 1 and no reduction scheme";
     return plan;
   }
-  plan.error = "no cuBLASLt candidate with split-K 1 and no reduction scheme";
+  // Which one: the heuristic's first admissible candidate, unless
+  // LAYERSTREAM_GEMM_CANDIDATE says otherwise (experiments: it changes bits, like
+  // kv_tile). Both depend only on the key and the heuristic's list for the fixed
+  // reference shape, so one process and the next pin the same algorithm. Timing the
+  // candidates instead (bench/bench_gemm_pins, H200, 2026-11-30) found no reason to: 8
+  // are admissible for the H3 shapes, and one algorithm's rate varied by up to 17 %
+  // from one process to the next (fc1: 699-821 TFLOP/s), more than the candidates
+  // differ (docs/cuda.md).
+  int pick = 0;
+  const char* why = "heuristic's first";
+  if (const int forced = candidate_override(key.K); forced >= 0) {
+    pick = std::min<int>(forced, static_cast<int>(admissible.size()) - 1);
+    why = "LAYERSTREAM_GEMM_CANDIDATE";
+  }
+  const int i = admissible[static_cast<size_t>(pick)];
+  plan.ok = true;
+  plan.algo = res[i].algo;
+  plan.workspace = res[i].workspaceSize;
+  plan.desc = describe_algo(res[i].algo, res[i].workspaceSize);
+  if (const char* e = std::getenv("LAYERSTREAM_GEMM_VERBOSE"); e && e[0] && e[0] != '0')
+    std::fprintf(stderr, "gemm pin: K %lld x%d w%d out%d bias%d align %d -> candidate %d of %zu (%s): %s\n",
+                 static_cast<long long>(key.K), key.xt, key.wt, key.ot, key.bt, key.align, pick,
+                 admissible.size(), why, plan.desc.c_str());
   return plan;
 }
 

@@ -1,0 +1,157 @@
+// Plan invariance at real H3 width on the GPU (DESIGN.md §1; issue 4 "done means"):
+// one full-width DiT block (hidden 5376, 56 heads x 128, SwiGLU 14336) plus the text
+// refiner, embeddings and output heads, synthetic weights, a packed sequence of
+// S = 8197 rows (17 text, 80 audio, 8100 video: an 8192-row slice leaves a last slice of
+// 5 rows, and kv_tile 8192 a last key tile of 5). Slices of 1, 97, 4096 and 8192 rows
+// (attention, MLP and final head alike), and the plans the budget planner makes at its
+// minimum and half-way budgets (weights streamed), and K/V plus residual offload, must give
+// the bytes of the stock all-resident run (memcmp), on each attention path the build
+// has: the cuDNN path (the default where built) with the device's kv_tile, and the
+// native kernel with kv_tile 1024. Skips without a GPU. Takes a minute or two on an
+// H200 (the 1-row plan runs 8197 one-row slices per phase).
+#include "streaming_cases.h"
+
+#include <cstdlib>
+
+using namespace ls;
+
+namespace {
+
+bool have_gpu() { return make_backend("cuda").ok(); }
+
+// Sets LAYERSTREAM_ATTENTION for the scope.
+class AttentionPath {
+ public:
+  explicit AttentionPath(const char* path) {
+    if (const char* e = std::getenv("LAYERSTREAM_ATTENTION")) old_ = e, had_ = true;
+    setenv("LAYERSTREAM_ATTENTION", path, 1);
+  }
+  ~AttentionPath() {
+    if (had_) setenv("LAYERSTREAM_ATTENTION", old_.c_str(), 1);
+    else unsetenv("LAYERSTREAM_ATTENTION");
+  }
+  AttentionPath(const AttentionPath&) = delete;
+  AttentionPath& operator=(const AttentionPath&) = delete;
+
+ private:
+  std::string old_;
+  bool had_ = false;
+};
+
+test::StreamingCase real_width_case() {
+  std::mt19937_64 rng(4242);
+  test::StreamingCase c;
+  auto cfg = h3::h3_preset("h3");
+  EXPECT_TRUE(cfg.ok());
+  c.cfg = *cfg;
+  c.cfg.num_layers = 1;
+  c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, 7);
+  c.cond = test::random_cond(rng, c.cfg, /*extras=*/false);
+  c.cond.geometry.T = 4;
+  c.cond.geometry.Hl = 90;
+  c.cond.geometry.Wl = 90;
+  c.cond.geometry.A = 40;
+  c.cond.geometry.text_tokens = 17;
+  c.in = test::random_inputs(rng, c.cfg, c.cond);
+  c.sigma = 0.8f;
+  return c;
+}
+
+void check_path(const char* path) {
+  AttentionPath scope(path);
+  SCOPED_TRACE(std::string("attention path ") + path);
+  auto be = make_backend("cuda");
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  test::StreamingCase c = real_width_case();
+  c.kv_tile = (*be)->default_kv_tile();
+  auto sizes = exec::sequence_sizes(c.cfg, c.cond);
+  ASSERT_TRUE(sizes.ok()) << sizes.error().message;
+  ASSERT_EQ(sizes->S, 8197);
+
+  exec::PlanKnobs sk;
+  sk.kv_tile = c.kv_tile;
+  auto stock = exec::make_plan(c.cfg, c.cond, sk);
+  ASSERT_TRUE(stock.ok()) << stock.error().message;
+  ASSERT_TRUE(stock->stock());
+  const test::StreamingRun ref = test::run_streaming(c, **be, exec::Residency{}, *stock);
+  ASSERT_TRUE(ref.ok);
+  ASSERT_GT(test::sum_abs(ref.r.video), 0.0);
+  ASSERT_GT(test::sum_abs(ref.r.audio), 0.0);
+
+  for (int64_t slice : {int64_t{1}, int64_t{97}, int64_t{4096}, int64_t{8192}}) {
+    exec::PlanKnobs k = sk;
+    k.attn_chunk_tokens = k.mlp_chunk_tokens = k.final_chunk_tokens = slice;
+    auto p = exec::make_plan(c.cfg, c.cond, k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    test::expect_same(ref, test::run_streaming(c, **be, exec::Residency{}, *p), p->describe());
+  }
+
+  // K/V and residual offload by hand (the planner keeps this short sequence's K/V on the
+  // device): chunks of whole kv_tiles streamed back, the last one short; weights through
+  // one slot (no prefetch).
+  {
+    exec::PlanKnobs k = sk;
+    k.attn_chunk_tokens = 4096;
+    k.mlp_chunk_tokens = k.final_chunk_tokens = 97;
+    k.kv_offload = k.residual_offload = true;
+    auto p = exec::make_plan(c.cfg, c.cond, k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    exec::Residency res;
+    res.resident_blocks = 0;
+    res.slots = 1;
+    const test::StreamingRun got = test::run_streaming(c, **be, res, *p);
+    test::expect_same(ref, got, p->describe());
+    if (got.ok) {
+      EXPECT_GT(got.r.report.pcie_kv_bytes, 0u);
+    }
+  }
+
+  // The budget planner's choices: at its minimum and half-way.
+  exec::BudgetOptions bo;
+  bo.kv_tile = c.kv_tile;
+  bo.workspace_bytes = (*be)->workspace_bytes();
+  auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
+  ASSERT_TRUE(rows.ok()) << rows.error().message;
+  bo.modulation_rows = *rows;
+  auto lo = exec::min_total_budget(c.cfg, c.cond, bo);
+  ASSERT_TRUE(lo.ok()) << lo.error().message;
+  auto all = exec::plan_total_budget(c.cfg, c.cond, 1ull << 40, bo);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  std::set<std::string> steps;
+  for (uint64_t budget : {*lo, *lo + (all->predicted_peak_bytes - *lo) / 2}) {
+    auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
+    ASSERT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
+    steps.insert(bp->step);
+    std::printf("  budget %.3f GiB: %s\n", static_cast<double>(budget) / (1ull << 30), bp->describe().c_str());
+    exec::Residency res;
+    res.resident_blocks = bp->resident_blocks;
+    res.slots = bp->prefetch ? 2 : 1;
+    const test::StreamingRun got = test::run_streaming(c, **be, res, bp->activations);
+    test::expect_same(ref, got, bp->describe());
+    if (got.ok) {
+      EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << bp->describe();
+    }
+  }
+  EXPECT_EQ(steps.size(), 2u) << "the two budgets should give two different plans";
+}
+
+bool cudnn_in_build() {
+  // The cuDNN path's kv_tile is 8192; without cuDNN in the build "cudnn" cannot be
+  // selected and the backend reports the native kernel's 1024.
+  AttentionPath scope("cudnn");
+  auto be = make_backend("cuda");
+  return be.ok() && (*be)->default_kv_tile() == 8192;
+}
+
+}  // namespace
+
+TEST(CudaRealWidth, SlicesAndBudgetPlansMatchStockNative) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_path("native");
+}
+
+TEST(CudaRealWidth, SlicesAndBudgetPlansMatchStockCudnn) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!cudnn_in_build()) GTEST_SKIP() << "this build has no cuDNN";
+  check_path("cudnn");
+}
