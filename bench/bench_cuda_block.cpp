@@ -12,7 +12,7 @@
 // good as device events and keeps this file free of CUDA headers). JSON out.
 //
 // Usage: bench_cuda_block [--device cuda] [--S 32768,111274] [--slice 8192]
-//                         [--iters 3] [--warmup 1] [--kv-tile 1024] [--json out.json]
+//                         [--iters 3] [--warmup 1] [--kv-tile N (default: the backend's, 8192 with cuDNN)] [--json out.json]
 //                         [--attention-only | --gemm-only] [--dump DIR]
 //   --attention-only  attention alone (full S); no block, weights not filled.
 //   --gemm-only       the four GEMMs alone (M = min(S, 16384) rows), TFLOP/s printed;
@@ -300,7 +300,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 int main(int argc, char** argv) {
   std::string device = "cuda", json_path, dump_dir;
   std::vector<int64_t> Ss = {32768};
-  int64_t slice = 8192, kv_tile = 1024;
+  int64_t slice = 8192, kv_tile = 0;  // 0: the backend's default_kv_tile()
   int iters = 3, warmup = 1;
   bool attention_only = false, gemm_only = false;
   for (int i = 1; i < argc; ++i) {
@@ -327,6 +327,7 @@ int main(int argc, char** argv) {
   auto be = make_backend(device);
   if (!be.ok()) die(be.error().message);
   Backend& b = **be;
+  if (kv_tile == 0) kv_tile = b.default_kv_tile();
   const int64_t maxS = *std::max_element(Ss.begin(), Ss.end());
   // Arena: weights + inputs + a stock block at maxS + a saved residual, with slack.
   const size_t weights_bytes = static_cast<size_t>((3 * I * D + D * I + 2 * F * D + D * F + 3 * 6 * D + 2 * D + 2 * Dh) * 2);
