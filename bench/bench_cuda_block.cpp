@@ -198,8 +198,8 @@ TensorView chunk(const Weights& w, int c) { return w.table.cols(c * D, (c + 1) *
 // h = modulate(rms_norm(x)) for rows of x (in place in h).
 void norm_mod(Backend& b, const Weights& w, const TensorView& x, const TensorView& rows, const TensorView& norm_w,
               int shift_chunk, const TensorView& h) {
-  ok(b.rms_norm(x, norm_w, 1e-5f, h), "rms_norm");
-  ok(b.modulate(h, chunk(w, shift_chunk), chunk(w, shift_chunk + 1), rows, h), "modulate");
+  ok(b.rms_norm_modulate(x, norm_w, 1e-5f, chunk(w, shift_chunk), chunk(w, shift_chunk + 1), rows, h),
+     "rms_norm_modulate");
 }
 
 // The MLP half for rows [a, b) of x.

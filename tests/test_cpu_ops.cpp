@@ -337,6 +337,43 @@ TEST(CpuModulate, Bf16TablesWithF32OutIsUnsupported) {
   EXPECT_NE(s.message().find("modulate"), std::string::npos);
 }
 
+// rms_norm_modulate: the Backend default (the CPU's) is rms_norm then modulate in place,
+// byte for byte; the CUDA kernel is held to these bytes by tests/cuda/test_backend_ops.
+void rms_norm_modulate_case(int64_t M, int64_t D, int64_t R, DType table) {
+  const float eps = 1e-5f;
+  std::mt19937_64 rng(static_cast<uint64_t>(M * 31 + D + R));
+  HostTensor x(DType::bf16, {M, D}), w(DType::bf16, {D}), ada(table, {R, 6 * D}), rows(DType::i32, {M});
+  HostTensor out(DType::bf16, {M, D}), comp(DType::bf16, {M, D}), inplace(DType::bf16, {M, D});
+  test::fill_uniform(x, rng, -2.0, 2.0);
+  test::fill_uniform(w, rng, 0.5, 1.5);
+  test::fill_uniform(ada, rng, -1.0, 1.0);
+  test::fill_int(rows, rng, 0, static_cast<int>(R - 1));
+  ASSERT_GT(test::count_nonzero(x), M * D / 2);
+  const TensorView shift = ada.view().cols(3 * D, 4 * D), scale = ada.view().cols(4 * D, 5 * D);  // *_mlp chunks
+  ASSERT_TRUE(cpu()->rms_norm_modulate(x, w, eps, shift, scale, rows, out).ok());
+  ASSERT_TRUE(out.guards_intact());
+  ASSERT_GT(test::count_nonzero(out), M * D / 2);
+  ASSERT_TRUE(cpu()->rms_norm(x, w, eps, comp).ok());
+  ASSERT_TRUE(cpu()->modulate(comp, shift, scale, rows, comp).ok());
+  EXPECT_TRUE(test::same_bytes(out, comp)) << "rms_norm_modulate differs from rms_norm then modulate";
+  std::memcpy(inplace.data(), x.data(), x.bytes());
+  ASSERT_TRUE(cpu()->rms_norm_modulate(inplace, w, eps, shift, scale, rows, inplace).ok());
+  EXPECT_TRUE(test::same_bytes(inplace, out)) << "in place differs from out of place";
+  ASSERT_TRUE(inplace.guards_intact());
+}
+TEST(CpuRmsNormModulate, DefaultIsTheComposition) {
+  rms_norm_modulate_case(1, 5376, 1, DType::bf16);
+  rms_norm_modulate_case(97, 517, 3, DType::f32);
+  rms_norm_modulate_case(1025, 33, 7, DType::bf16);
+}
+TEST(CpuRmsNormModulate, F32OutIsUnsupported) {
+  HostTensor x(DType::bf16, {2, 8}), w(DType::bf16, {8}), t(DType::f32, {1, 8}), rows(DType::i32, {2});
+  HostTensor out(DType::f32, {2, 8});
+  const Status s = cpu()->rms_norm_modulate(x, w, 1e-5f, t, t, rows, out);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, ErrorCode::unsupported);
+}
+
 void gated_add_case(int64_t M, int64_t D, int64_t R, DType table) {
   std::mt19937_64 rng(static_cast<uint64_t>(M * 5 + D + R));
   HostTensor x(DType::bf16, {M, D}), y(DType::bf16, {M, D}), ada(table, {R, 3 * D}), rows(DType::i32, {M});

@@ -137,6 +137,23 @@ class Backend {
   virtual Status modulate(const TensorView& in, const TensorView& shift, const TensorView& scale,
                           const TensorView& rows, const TensorView& out) = 0;
 
+  // RMSNorm then AdaLN modulation of each row (the DiT block's norm1/norm2 + modulate,
+  // h3-model.md §2.9 steps 2 and 5), byte for byte the composition
+  //   rms_norm(x, w, eps, out); modulate(out, shift, scale, rows, out);
+  // with both rounding points kept: h = bf16(x * rrms * w) as in rms_norm, then
+  //   out = bf16(bf16(h * bf16(1 + bf16(scale[r]))) + bf16(shift[r])),  r = rows[m].
+  //   x: bf16 [M, D]; w: bf16 [D]; shift, scale: bf16|f32 [R, D] (row-strided views of
+  //   the AdaLN output); rows: i32 [M] on the backend's device; out: bf16 [M, D] (may
+  //   alias x: in place). Unsupported dtypes return rms_norm's / modulate's Status.
+  // A backend may fuse the two into one pass over the rows (CUDA: saves writing h and
+  // reading it back, one read + one write of [M, D] bf16); this default is the
+  // composition itself, so the CPU reference needs nothing.
+  virtual Status rms_norm_modulate(const TensorView& x, const TensorView& w, float eps, const TensorView& shift,
+                                   const TensorView& scale, const TensorView& rows, const TensorView& out) {
+    LS_TRY(rms_norm(x, w, eps, out));
+    return modulate(out, shift, scale, rows, out);
+  }
+
   // In place: x[m] = bf16( fma(y[m], bf16(gate[rows[m]]), x[m]) )  (one rounding).
   //   x, y: bf16 [M, D]; gate: bf16|f32 [R, D]; rows: i32 [M].
   virtual Status gated_add(const TensorView& x, const TensorView& y, const TensorView& gate,

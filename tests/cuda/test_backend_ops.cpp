@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -112,6 +114,112 @@ TEST(CudaOps, ModulateAndGatedAdd) {
       expect_guards(G, dxa, "add");
     }
   }
+}
+
+// ---- rms_norm_modulate (fused) ------------------------------------------------------
+// The fused op against the CUDA two-op composition (memcmp: it must be the same bytes),
+// against the CPU reference within the error the 1-ulp rms_norm parity allows once it
+// has gone through modulate's rounding points, and CPU modulate of the CUDA rms_norm
+// output (exact, the modulate parity), plus slices, in place, guards and a fallback.
+TEST(CudaOps, RmsNormModulate) {
+  LS_NEED_GPU();
+  const float eps = 1e-5f;
+  for (int64_t M : kRows) {
+    for (int64_t D : {int64_t{5376}, int64_t{200}, int64_t{1001}}) {
+      for (DType tab : {DType::bf16, DType::f32}) {
+        const int64_t R = 5;
+        const uint32_t seed = static_cast<uint32_t>(M * 7 + D + (tab == DType::f32 ? 1 : 0));
+        HostBuf x = random_buf(DType::bf16, {M, D}, 30 + seed, 2.0f, 0.5f);
+        HostBuf w = random_buf(DType::bf16, {D}, 31 + seed, 0.3f, 1.0f);
+        HostBuf table = random_buf(tab, {R, 2 * D}, 32 + seed, 0.4f);  // [shift | scale]
+        HostBuf rows(DType::i32, {M});
+        std::mt19937 rng(33 + seed);
+        std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(R - 1));
+        for (int64_t i = 0; i < M; ++i) rows.v.ptr<int32_t>()[i] = pick(rng);
+        const TensorView hsh = table.v.cols(0, D), hsc = table.v.cols(D, 2 * D);
+        DevBuf dx = dev_from(G, x), dw = dev_from(G, w), dtab = dev_from(G, table), drows = dev_from(G, rows);
+        const TensorView dsh = dtab.v.cols(0, D), dsc = dtab.v.cols(D, 2 * D);
+        const std::string what = "rms_norm_modulate M=" + std::to_string(M) + " D=" + std::to_string(D) +
+                                 (tab == DType::f32 ? " f32 tables" : " bf16 tables");
+
+        DevBuf dout = dev_buf(G, DType::bf16, {M, D});
+        ASSERT_TRUE(G->cuda->rms_norm_modulate(dx.v, dw.v, eps, dsh, dsc, drows.v, dout.v).ok()) << what;
+        HostBuf got = download(G, dout.v);
+        expect_guards(G, dout, what.c_str());
+
+        // The CUDA composition: rms_norm into h, then modulate in place.
+        DevBuf dh = dev_buf(G, DType::bf16, {M, D});
+        ASSERT_TRUE(G->cuda->rms_norm(dx.v, dw.v, eps, dh.v).ok());
+        HostBuf h_cuda = download(G, dh.v);
+        ASSERT_TRUE(G->cuda->modulate(dh.v, dsh, dsc, drows.v, dh.v).ok());
+        EXPECT_TRUE(same_bytes(got, download(G, dh.v))) << what << ": fused != rms_norm then modulate";
+
+        // CPU modulate of the CUDA norm output: exact (modulate's parity is 0 ulp).
+        HostBuf ref_mod(DType::bf16, {M, D});
+        ASSERT_TRUE(G->cpu->modulate(h_cuda.v, hsh, hsc, rows.v, ref_mod.v).ok());
+        EXPECT_TRUE(same_bytes(got, ref_mod)) << what << ": fused != CPU modulate of the CUDA norm";
+
+        // The CPU reference (its default rms_norm_modulate, the composition). The norms
+        // may differ by 1 ulp (rms_norm's parity); through modulate that becomes at most
+        // |sc| * ulp(h) + 2 ulp(t) + 2 ulp(out) of the reference's values (t = bf16(h * sc);
+        // each rounding adds half an ulp on either side, an ulp twice as large when the
+        // two sides fall in different binades).
+        HostBuf ref(DType::bf16, {M, D}), h_cpu(DType::bf16, {M, D});
+        ASSERT_TRUE(G->cpu->rms_norm_modulate(x.v, w.v, eps, hsh, hsc, rows.v, ref.v).ok());
+        ASSERT_TRUE(G->cpu->rms_norm(x.v, w.v, eps, h_cpu.v).ok());
+        expect_close(h_cuda, h_cpu, 1, 0.0, "rms_norm inside rms_norm_modulate");
+        auto ulp = [](double v) {  // bf16 unit in the last place of v
+          int e;
+          std::frexp(v, &e);
+          return v == 0.0 ? std::ldexp(1.0, -133) : std::ldexp(1.0, e - 8);
+        };
+        int64_t far = 0, nonzero = 0, differ = 0;
+        for (int64_t m = 0; m < M; ++m) {
+          const int64_t r = rows.v.ptr<const int32_t>()[m];
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t i = m * D + d;
+            const float sc = round_bf16(1.0f + round_bf16(table.get(r * 2 * D + D + d)));
+            const double hv = h_cpu.get(i), t = round_bf16(static_cast<float>(hv) * sc);
+            const double bound = std::fabs(sc) * ulp(hv) + 2.0 * ulp(t) + 2.0 * ulp(ref.get(i));
+            const double gv = got.get(i), rv = ref.get(i);
+            nonzero += gv != 0.0;
+            differ += gv != rv;
+            if (!(std::fabs(gv - rv) <= bound)) ++far;  // NaN counts as far
+          }
+        }
+        EXPECT_EQ(far, 0) << what << ": elements beyond the propagated 1-ulp norm parity";
+        EXPECT_GT(nonzero, M * D / 2) << what << ": output mostly zero, the check would be vacuous";
+        std::printf("%s: %lld of %lld elements differ from the CPU reference (all within bound)\n", what.c_str(),
+                    static_cast<long long>(differ), static_cast<long long>(M * D));
+
+        // Slice invariance: rows [a, b) alone give the full call's rows.
+        for (auto [a, b] : slices_of(M)) {
+          DevBuf o2 = dev_buf(G, DType::bf16, {b - a, D});
+          ASSERT_TRUE(
+              G->cuda->rms_norm_modulate(dx.v.slice_rows(a, b), dw.v, eps, dsh, dsc, drows.v.slice_rows(a, b), o2.v)
+                  .ok());
+          EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << what << " rows " << a << ".." << b;
+          expect_guards(G, o2, "rms_norm_modulate slice");
+        }
+        // In place (out aliases x) gives the same bytes.
+        DevBuf dxi = dev_from(G, x);
+        ASSERT_TRUE(G->cuda->rms_norm_modulate(dxi.v, dw.v, eps, dsh, dsc, drows.v, dxi.v).ok());
+        EXPECT_TRUE(same_bytes(download(G, dxi.v), got)) << what << " in place";
+        expect_guards(G, dxi, "rms_norm_modulate in place");
+      }
+    }
+  }
+  // Outside the fused kernel (shift and scale of different dtypes): the composition,
+  // whose modulate refuses the mix on CUDA; an f32 output: rms_norm refuses it.
+  HostBuf x = random_buf(DType::bf16, {3, 64}, 40), w = random_buf(DType::bf16, {64}, 41, 0.3f, 1.0f);
+  HostBuf t16 = random_buf(DType::bf16, {1, 64}, 42), t32 = random_buf(DType::f32, {1, 64}, 43);
+  HostBuf rows(DType::i32, {3});
+  DevBuf dx = dev_from(G, x), dw = dev_from(G, w), d16 = dev_from(G, t16), d32 = dev_from(G, t32);
+  DevBuf drows = dev_from(G, rows), dout = dev_buf(G, DType::bf16, {3, 64}), dout32 = dev_buf(G, DType::f32, {3, 64});
+  const Status mixed = G->cuda->rms_norm_modulate(dx.v, dw.v, 1e-5f, d16.v, d32.v, drows.v, dout.v);
+  const Status mixed_ref = G->cuda->modulate(dout.v, d16.v, d32.v, drows.v, dout.v);
+  EXPECT_EQ(mixed.ok(), mixed_ref.ok()) << "fallback is the composition";
+  EXPECT_FALSE(G->cuda->rms_norm_modulate(dx.v, dw.v, 1e-5f, d32.v, d32.v, drows.v, dout32.v).ok());
 }
 
 // ---- qk_norm_rope -------------------------------------------------------------------

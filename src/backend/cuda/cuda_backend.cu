@@ -248,6 +248,13 @@ class CudaBackend final : public Backend {
     DeviceGuard g(ctx_.device);
     return cuda_op_rms_norm(ctx_, x, w, eps, out);
   }
+  Status rms_norm_modulate(const TensorView& x, const TensorView& w, float eps, const TensorView& shift,
+                           const TensorView& scale, const TensorView& rows, const TensorView& out) override {
+    if (!cuda_rms_norm_modulate_applies(x, w, shift, scale, rows, out))
+      return Backend::rms_norm_modulate(x, w, eps, shift, scale, rows, out);  // the composition
+    DeviceGuard g(ctx_.device);
+    return cuda_op_rms_norm_modulate(ctx_, x, w, eps, shift, scale, rows, out);
+  }
   Status modulate(const TensorView& in, const TensorView& shift, const TensorView& scale, const TensorView& rows,
                   const TensorView& out) override {
     DeviceGuard g(ctx_.device);

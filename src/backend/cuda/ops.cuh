@@ -12,6 +12,14 @@ namespace ls::cuda {
 Status cuda_op_gemm(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
                     const TensorView& out);
 Status cuda_op_rms_norm(CudaContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& out);
+// rms_norm.cu: rms_norm then modulate in one pass, for what _applies accepts (bf16 x, w,
+// out; i32 rows; bf16|f32 tables of one dtype; contiguous rows); the backend runs the
+// two-op composition (Backend::rms_norm_modulate) for anything else.
+bool cuda_rms_norm_modulate_applies(const TensorView& x, const TensorView& w, const TensorView& shift,
+                                    const TensorView& scale, const TensorView& rows, const TensorView& out);
+Status cuda_op_rms_norm_modulate(CudaContext& ctx, const TensorView& x, const TensorView& w, float eps,
+                                 const TensorView& shift, const TensorView& scale, const TensorView& rows,
+                                 const TensorView& out);
 Status cuda_op_modulate(CudaContext& ctx, const TensorView& in, const TensorView& shift, const TensorView& scale,
                         const TensorView& rows, const TensorView& out);
 Status cuda_op_gated_add(CudaContext& ctx, const TensorView& x, const TensorView& y, const TensorView& gate,
