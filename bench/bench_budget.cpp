@@ -12,13 +12,15 @@
 // the reference (the first budget of the list, or --reference-hash from another run).
 // Budgets below the minimum are recorded as refused, with the planner's message.
 //
-// Before the first budget a one-block model runs once at a small clip, so every GEMM
-// shape has its cuBLASLt algorithm pinned before anything is timed (the pin is per
-// backend and shape, and a block has the same shapes whatever the block count).
+// Before the first budget a one-block model runs once at the same clip, so every GEMM
+// has its cuBLASLt algorithm pinned and the cuDNN attention plans for the clip's tile
+// lengths exist before anything is timed (both are made once per process; a block has
+// the same shapes whatever the block count). Plans for other K/V strides (sliced and
+// offloaded attention) are built at their first use, a fraction of a second.
 //
 // Usage:
 //   bench_budget [--preset h3] [--blocks N] [--frames 362 --width 1024 --height 1024
-//                --text-tokens 500] [--sigma 0.9] [--budgets unlimited,24G,12G,8G,6G,4G,3G]
+//                --text-tokens 500] [--sigma 0.9] [--kv-tile N] [--budgets unlimited,24G,12G,8G,6G,4G,3G]
 //                [--reference-hash HEX] [--device cuda] [--json out.json]
 #include <algorithm>
 #include <chrono>
@@ -66,6 +68,7 @@ struct Args {
   std::string preset = "h3", device = "cuda", json, reference_hash;
   bool profile = false;
   int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500;
+  int64_t kv_tile = 0;  // 0: the backend's default_kv_tile()
   float sigma = 0.9f;
   std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
 };
@@ -89,6 +92,7 @@ Args parse(int argc, char** argv) {
           "  --blocks N          fewer blocks at full width (default: the preset's)\n"
           "  --frames/--width/--height/--text-tokens  clip (default 362 1024 1024 500: S = 111,274)\n"
           "  --sigma X           the call's sigma (default 0.9)\n"
+          "  --kv-tile N         keys per attention tile (default: the device's; 8192 with CUDA + cuDNN)\n"
           "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G)\n"
           "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
           "  --device D          cuda | cuda:N | cpu (default cuda)\n"
@@ -106,6 +110,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--height") a.height = std::stoll(v);
       else if (k == "--text-tokens") a.text_tokens = std::stoll(v);
       else if (k == "--sigma") a.sigma = std::stof(v);
+      else if (k == "--kv-tile") a.kv_tile = std::stoll(v);
       else if (k == "--budgets") a.budgets = split(v);
       else if (k == "--reference-hash") a.reference_hash = v;
       else if (k == "--device") a.device = v;
@@ -191,6 +196,7 @@ int main(int argc, char** argv) {
   if (a.blocks > 0) cfg->num_layers = a.blocks;
   auto be = make_backend(a.device);
   if (!be.ok()) die(be.error().message);
+  const int64_t kv_tile = a.kv_tile > 0 ? a.kv_tile : (*be)->default_kv_tile();
   const Clip clip = make_clip(*cfg, a.frames, a.width, a.height, a.text_tokens);
   auto sizes = exec::sequence_sizes(*cfg, clip.cond);
   if (!sizes.ok()) die(sizes.error().message);
@@ -200,20 +206,24 @@ int main(int argc, char** argv) {
               (*be)->name().c_str());
   std::fflush(stdout);
 
-  // Pin every GEMM algorithm before timing: one block, a small clip.
+  // Pin every GEMM algorithm and build every cuDNN attention plan (one per key-tile
+  // length, so the clip's own S) before timing: one block, the real clip.
   {
     h3::H3Config one = *cfg;
     one.num_layers = 1;
     h3::H3SyntheticSource warm_src(one, 0);
-    const Clip small = make_clip(one, 5, 256, 256, 8);
-    auto p = exec::make_plan(one, small.cond, exec::PlanKnobs{});
+    const Clip warm_clip = make_clip(one, a.frames, a.width, a.height, a.text_tokens);
+    exec::PlanKnobs warm_knobs;
+    warm_knobs.kv_tile = kv_tile;
+    auto p = exec::make_plan(one, warm_clip.cond, warm_knobs);
     if (!p.ok()) die(p.error().message);
-    auto w = run_once(warm_src, **be, small, a.sigma, exec::Residency{}, *p);
+    auto w = run_once(warm_src, **be, warm_clip, a.sigma, exec::Residency{}, *p);
     if (!w.ok()) die("warm-up: " + w.error().message);
   }
 
   const h3::H3SyntheticSource src(*cfg, 0);
   exec::BudgetOptions bo;
+  bo.kv_tile = kv_tile;
   bo.workspace_bytes = (*be)->workspace_bytes();
   auto rows = exec::modulation_rows_for(*cfg, clip.cond, {a.sigma});
   if (!rows.ok()) die(rows.error().message);
@@ -228,7 +238,7 @@ int main(int argc, char** argv) {
   js << "{\"bench\": \"bench_budget\", \"preset\": \"" << a.preset << "\", \"blocks\": " << cfg->num_layers
      << ", \"S\": " << sizes->S << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
      << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << esc((*be)->name())
-     << "\", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
+     << "\", \"kv_tile\": " << kv_tile << ", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
   std::vector<std::string> table;
   // The JSON is rewritten after every budget, so a run cut short keeps what it measured.
   auto write_json = [&](bool complete) {

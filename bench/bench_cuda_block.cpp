@@ -13,7 +13,9 @@
 //
 // Usage: bench_cuda_block [--device cuda] [--S 32768,111274] [--slice 8192]
 //                         [--iters 3] [--warmup 1] [--kv-tile N (default: the backend's, 8192 with cuDNN)] [--json out.json]
-//                         [--attention-only | --gemm-only] [--dump DIR]
+//                         [--attention-only | --gemm-only] [--dump DIR] [--op-times]
+//   --op-times        one more stock block, synchronised after every op: each op's
+//                     device time (JSON "op_ms"; the ops' labels, e.g. "qkv", "attention").
 //   --attention-only  attention alone (full S); no block, weights not filled.
 //   --gemm-only       the four GEMMs alone (M = min(S, 16384) rows), TFLOP/s printed;
 //                     the algorithm is pinned once per process, so sweep
@@ -77,8 +79,28 @@ constexpr int64_t D = 5376, H = 56, Dh = 128, I = H * Dh, F = 14336, P = 48;
   std::fprintf(stderr, "bench_cuda_block: %s\n", m.c_str());
   std::exit(1);
 }
+// --op-times: while `on`, every ok() after an op waits for the device and charges the
+// time since the previous mark to that op's label, so one extra stock block gives each
+// op's device time (plus ~10-20 us of launch and synchronisation per op: the ops here
+// take 1-600 ms each at S = 111k).
+struct OpTimes {
+  bool on = false;
+  Backend* b = nullptr;
+  std::chrono::steady_clock::time_point mark;
+  std::map<std::string, double> ms;
+} g_op_times;
+
 void ok(const Status& s, const char* what) {
   if (!s.ok()) die(std::string(what) + ": " + s.message());
+  if (g_op_times.on) {
+    g_op_times.on = false;  // the synchronize below reports through ok() too
+    const Status sy = g_op_times.b->synchronize();
+    if (!sy.ok()) die("sync: " + sy.message());
+    const auto now = std::chrono::steady_clock::now();
+    g_op_times.ms[what] += std::chrono::duration<double, std::milli>(now - g_op_times.mark).count();
+    g_op_times.mark = now;
+    g_op_times.on = true;
+  }
 }
 TensorView take(Arena& a, DType t, std::initializer_list<int64_t> dims, const char* what) {
   auto r = a.alloc(t, dims, what);
@@ -302,7 +324,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> Ss = {32768};
   int64_t slice = 8192, kv_tile = 0;  // 0: the backend's default_kv_tile()
   int iters = 3, warmup = 1;
-  bool attention_only = false, gemm_only = false;
+  bool attention_only = false, gemm_only = false, op_times = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -318,6 +340,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--attention-only") attention_only = true;
     else if (a == "--gemm-only") gemm_only = true;
+    else if (a == "--op-times") op_times = true;
     else if (a == "--dump") dump_dir = next();
     else die("unknown argument " + a);
   }
@@ -426,6 +449,21 @@ int main(int argc, char** argv) {
     ok(b.copy(x_stock, in.x), "save stock");
     rs["stock_ms"] = median(ts) * 1e3;
     rs["stock_peak_bytes"] = ar.peak() - base_used;
+    if (op_times) {
+      // One more stock block, synchronised after every op (not part of stock_ms).
+      reset();
+      ok(b.synchronize(), "sync");
+      g_op_times = OpTimes{true, &b, std::chrono::steady_clock::now(), {}};
+      block_stock(b, ar, w, in, ap);
+      g_op_times.on = false;
+      double total = 0;
+      for (const auto& [name, t] : g_op_times.ms) total += t;
+      std::printf("S=%lld: stock block op by op (synchronised after each), %.1f ms in all:\n", static_cast<long long>(S), total);
+      for (const auto& [name, t] : g_op_times.ms) {
+        std::printf("  %-16s %8.2f ms  %5.1f %%\n", name.c_str(), t, 100.0 * t / total);
+        rs["op_ms"][name] = t;
+      }
+    }
     // Sliced.
     ts.clear();
     ar.reset_peak();

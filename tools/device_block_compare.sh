@@ -8,7 +8,7 @@
 #      bring back; removed at the end).
 #   2. bench/pytorch_block.py --from $DUMP: times PyTorch's block on them, then the error
 #      of ours, PyTorch default and ComfyUI priority against fp64 at 2048 sampled rows.
-# Usage (device): [S=111274] [ROWS=2048] tools/device_block_compare.sh
+# Usage (device): [S=111274] [ROWS=2048] [BENCH_ARGS="--op-times"] tools/device_block_compare.sh
 #   -> $OUT/cuda_block.{json,log}, $OUT/pytorch_block.{json,log}
 # Exit status: 0 pass; 1 the error rule failed; 2 a program failed.
 set -uo pipefail
@@ -21,7 +21,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 rm -rf "$DUMP"
-timeout 280 build-bin/bench_cuda_block --S "$S" --dump "$DUMP" --json "$OUT/cuda_block.json" >"$OUT/cuda_block.log" 2>&1
+timeout 280 build-bin/bench_cuda_block --S "$S" ${BENCH_ARGS:-} --dump "$DUMP" --json "$OUT/cuda_block.json" >"$OUT/cuda_block.log" 2>&1
 rc=$?
 cat "$OUT/cuda_block.log"
 if [ $rc -ne 0 ]; then echo "bench_cuda_block rc $rc"; rm -rf "$DUMP"; exit 2; fi
