@@ -26,8 +26,8 @@ constexpr bool kHaveCudnn = false;
   if (!kHaveCudnn) GTEST_SKIP() << "this build has no cuDNN (LAYERSTREAM_CUDNN)"
 
 // Also skips (loudly, with cuDNN's reasons) when this machine's cuDNN has no engine for
-// the SDPA graph: the path is opt-in, and that is an environment condition, not wrong
-// results. Every other failure (numbers, slicing bytes) still fails the test.
+// the SDPA graph: that is an environment condition (LAYERSTREAM_ATTENTION=native is the
+// way out there), not wrong results. Every other failure (numbers, slicing bytes) still fails the test.
 #define LS_NEED_CUDNN()                                                            \
   LS_NEED_CUDNN_BUILD();                                                           \
   if (Status probe_ = cudnn_probe(G); !probe_.ok()) {                              \

@@ -440,8 +440,8 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
                "attention: q " + q.shape_str() + " k " + k.shape_str() + " v " + v.shape_str() + " out " +
                    out.shape_str());
   LS_TRY(check_state(p, q.shape[0], k.shape[0], q.shape[1], q.shape[2]));
-  // ---- hook: cuDNN attention path (attention_cudnn.cu), opt-in with
-  // LAYERSTREAM_ATTENTION=cudnn; the native kernel below stays the default. Calls with
+  // ---- hook: cuDNN attention path (attention_cudnn.cu), the default where the build has
+  // cuDNN (LAYERSTREAM_ATTENTION=native selects the kernel below). Calls with
   // a state go to the selected path too: the cuDNN path carries its own fp32 state
   // (docs/cuda.md), so streamed keys (K/V offload) give the bytes of that path's one
   // call, and the selection never changes between the chunks of one query slice. ----

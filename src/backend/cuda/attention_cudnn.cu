@@ -653,8 +653,8 @@ Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t 
   return make_error(ErrorCode::unsupported, "cuDNN " + std::to_string(cudnnGetVersion()) + ": unified SDPA op: " +
                                                 unified_why + " | composite graph: " + composite.error().message +
                                                 " (LAYERSTREAM_CUDNN_VERBOSE=1 CUDNN_LOGLEVEL_DBG=2 "
-                                                "CUDNN_LOGDEST_DBG=stderr print every step; unset "
-                                                "LAYERSTREAM_ATTENTION for the native kernel)");
+                                                "CUDNN_LOGDEST_DBG=stderr print every step; "
+                                                "LAYERSTREAM_ATTENTION=native runs the built-in kernel instead)");
 }
 
 Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k, const void* v, void* o, void* stats,
@@ -745,8 +745,8 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
                       "cuda attention (cudnn): the backend workspace has " + std::to_string(ctx.workspace_bytes) +
                           " bytes, the cuDNN path needs " + std::to_string(lay.total) + " for H = " +
                           std::to_string(H) + ", head_dim = " + std::to_string(Dh) +
-                          " (attention_cudnn_workspace_bytes); hand a larger view to set_workspace or unset "
-                          "LAYERSTREAM_ATTENTION");
+                          " (attention_cudnn_workspace_bytes); hand a larger view to set_workspace or set "
+                          "LAYERSTREAM_ATTENTION=native");
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   if (!(scale > 0.0f)) return unsupported("attention (cudnn)", "softmax scale must be positive");
 

@@ -2,8 +2,9 @@
 // forward run once per key tile of kv_tile keys, the tiles merged by a log-sum-exp rule
 // in fp32 (numerics: docs/cuda.md, "cuDNN attention path").
 //
-// Selected per call by the environment: LAYERSTREAM_ATTENTION=cudnn (default: native,
-// the mma.sync kernel of attention.cu). Plain C++ header (no CUDA headers), so tests
+// Selected per call by the environment (attention_cudnn_selected below): the default
+// where the build has cuDNN; LAYERSTREAM_ATTENTION=native selects the mma.sync kernel of
+// attention.cu. Plain C++ header (no CUDA headers), so tests
 // and the executor can size the workspace.
 #pragma once
 
