@@ -158,6 +158,57 @@ TEST_F(CliGenerate, PresetTextFilePlansAreByteIdentical) {
   EXPECT_FALSE(ba == latents_bytes(path("d.safetensors"), {24, 7, 6, 4}, {32, 2, 37}));
 }
 
+// --vram-budget: one total for weights, tables, activations and workspace. Positive 5
+// tokens, negative 8 (the longer prompt is the one planned), CFG 2, the small preset (4
+// blocks): budgets from generous down to the minimum the planner names stream blocks,
+// and the latents stay byte-identical to the unbudgeted run; the device peak is printed
+// and stays within the plan; below the minimum the run is refused before any work.
+TEST_F(CliGenerate, VramBudgetsGiveIdenticalLatents) {
+  const std::string text = text_file(5, 8, 256);  // the small preset's text_dim
+  const std::string common =
+      "--preset small --text '" + text + "' --cfg 2 --steps 2 --frames 5 --width 128 --height 128 -q";
+  const Result ref = run(common + " -o '" + path("ref.safetensors") + "'");
+  ASSERT_EQ(ref.code, 0) << ref.out << ref.err;
+  const std::string bref = latents_bytes(path("ref.safetensors"), {24, 2, 8, 8}, {32, 2, 8});
+  ASSERT_FALSE(bref.empty());
+  const Result low = run(common + " --vram-budget 1K -o '" + path("low.safetensors") + "'");
+  ASSERT_EQ(low.code, 2) << low.out << low.err;
+  EXPECT_FALSE(exists(path("low.safetensors")));
+  const auto at = low.err.find("the smallest total budget that works is ");
+  ASSERT_NE(at, std::string::npos) << low.err;
+  const auto lp = low.err.find('(', at), sp = low.err.find(" bytes", lp);
+  ASSERT_NE(sp, std::string::npos) << low.err;
+  const long long minimum = std::stoll(low.err.substr(lp + 1, sp - lp - 1));
+  ASSERT_GT(minimum, 0);
+  int streamed = 0;
+  for (const std::string& b : {std::string("1G"), std::to_string(minimum * 3 / 2), std::to_string(minimum)}) {
+    const std::string out = path("b" + b + ".safetensors"), js = path("b" + b + ".json");
+    const Result r = run(common + " --vram-budget " + b + " --json '" + js + "' -o '" + out + "'");
+    ASSERT_EQ(r.code, 0) << b << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("vram budget "), std::string::npos) << r.out;  // the plan, before the run
+    EXPECT_NE(r.out.find("vram: LayerStream device peak "), std::string::npos) << r.out;
+    EXPECT_TRUE(latents_bytes(out, {24, 2, 8, 8}, {32, 2, 8}) == bref) << "budget " << b << " changed the latents";
+    const nlohmann::json j = nlohmann::json::parse(read_file(js));
+    ASSERT_TRUE(j.contains("vram_budget")) << j.dump();
+    EXPECT_LE(j["vram_budget"]["device_peak_bytes"].get<uint64_t>(),
+              j["vram_budget"]["predicted_peak_bytes"].get<uint64_t>());
+    EXPECT_LE(j["vram_budget"]["predicted_peak_bytes"].get<uint64_t>(), j["vram_budget"]["budget_bytes"].get<uint64_t>());
+    // Blocks the plan streams really cross over (and none when all are resident).
+    const bool plan_streams = j["vram_budget"]["resident_blocks"].get<int64_t>() < 4;
+    EXPECT_EQ(j["vram_budget"]["weight_copy_bytes"].get<uint64_t>() > 0, plan_streams) << b;
+    streamed += plan_streams;
+  }
+  EXPECT_GE(streamed, 1);  // the small budgets stream blocks
+  // With other memory flags, or on the built-in demonstration: refused.
+  for (const std::string& bad : {common + " --vram-budget 1G --budget 1G", common + " --vram-budget 1G --mlp-chunk 4",
+                                 std::string("--vram-budget 1G -q")}) {
+    const Result r = run(bad + " -o '" + path("bad.safetensors") + "'");
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    EXPECT_NE(r.err.find("--vram-budget"), std::string::npos) << r.err;
+    EXPECT_FALSE(exists(path("bad.safetensors")));
+  }
+}
+
 TEST_F(CliGenerate, BadInputsFailCleanly) {
   const std::string out = path("bad.safetensors");
   const std::string o = " -o '" + out + "' -q";

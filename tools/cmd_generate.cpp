@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "core/arena.h"  // format_bytes
 #include "core/thread_pool.h"
+#include "exec/budget_plan.h"
 #include "exec/engine.h"
 #include "exec/plan.h"
 #include "io/safetensors.h"
@@ -53,7 +54,7 @@ struct GenerateOptions {
   std::string frames = "22", width = "256", height = "256", text_tokens;
   std::string text;
   std::vector<std::string> keyframes, refs;
-  std::string mlp_chunk, attn_chunk, final_chunk, kv_tile, budget;
+  std::string mlp_chunk, attn_chunk, final_chunk, kv_tile, budget, vram_budget;
   std::string device = "cpu", threads;
   std::string json, output;
   bool quiet = false;
@@ -238,6 +239,20 @@ struct RunSpec {
   sample::GenerateRequest req;
 };
 
+// What a --vram-budget run used: LayerStream's device peak over its forwards, and the
+// block-weight bytes streamed host -> device in all (0 when every block is resident).
+struct VramUse {
+  uint64_t peak = 0, weight_copies = 0;
+};
+VramUse vram_use(const sample::GenerateResult& r) {
+  VramUse u;
+  for (const sample::ForwardRecord& f : r.forwards) {
+    u.peak = std::max(u.peak, f.report.device_peak_bytes);
+    u.weight_copies += f.report.pcie_weight_bytes;
+  }
+  return u;
+}
+
 int run_generate(const GenerateOptions& o) {
   const bool builtin = o.model.empty() && o.preset.empty();
   if (!o.model.empty() && !o.preset.empty()) return fail("give --model or --preset, not both");
@@ -245,6 +260,12 @@ int run_generate(const GenerateOptions& o) {
   const bool any_chunk = !o.mlp_chunk.empty() || !o.attn_chunk.empty() || !o.final_chunk.empty();
   if (any_chunk && !o.budget.empty())
     return fail("--budget picks the slice sizes itself: give it without --mlp-chunk/--attn-chunk/--final-chunk");
+  if (!o.vram_budget.empty() && (any_chunk || !o.budget.empty()))
+    return fail("--vram-budget picks slices, weight residency and offload itself: give it without --budget and "
+                "--mlp-chunk/--attn-chunk/--final-chunk");
+  if (!o.vram_budget.empty() && builtin)
+    return fail("--vram-budget needs --model or --preset (the built-in demonstration compares fixed stock and "
+                "sliced plans)");
 
   // ---- flags ----
   auto steps = parse_int("--steps", o.steps, 1, sample::kFlowTimesteps);
@@ -372,6 +393,39 @@ int run_generate(const GenerateOptions& o) {
   if (!backend.ok()) return fail(backend.error());
   if (o.kv_tile.empty()) knobs.kv_tile = (*backend)->default_kv_tile();
 
+  // ---- --vram-budget: one total for weights, tables, activations and workspace ----
+  // Planned for the longer of the two prompts (the negative one may have another L, so
+  // another S); every buffer grows with S at fixed slices, so the same slices, offload
+  // choices and weight residency fit the shorter prompt too.
+  exec::Residency residency;
+  std::optional<exec::BudgetPlan> vram_plan;
+  if (!o.vram_budget.empty()) {
+    auto bytes = exec::parse_byte_size(o.vram_budget);
+    if (!bytes.ok()) return fail(bytes.error());
+    h3::Conditioning widest = cond;
+    if (guided && !negative_view.empty() && negative_view.size(0) > L) {
+      widest.geometry.text_tokens = negative_view.size(0);
+      widest.text_token_tags.clear();
+    }
+    exec::BudgetOptions bo;
+    bo.kv_tile = knobs.kv_tile;
+    bo.workspace_bytes = (*backend)->workspace_bytes();
+    auto rows = exec::modulation_rows_for(cfg, cond, sched->video);
+    if (!rows.ok()) return fail(rows.error());
+    bo.modulation_rows = *rows;
+    auto bp = exec::plan_total_budget(cfg, widest, *bytes, bo);
+    if (!bp.ok()) return fail(bp.error());
+    knobs.attn_chunk_tokens = bp->activations.attn_slice;
+    knobs.mlp_chunk_tokens = bp->activations.mlp_slice;
+    knobs.final_chunk_tokens = bp->activations.final_slice;
+    knobs.kv_offload = bp->kv_offload;
+    knobs.residual_offload = bp->residual_offload;
+    knobs.kv_chunk_rows = bp->kv_chunk;
+    residency.resident_blocks = bp->resident_blocks;
+    residency.slots = bp->prefetch ? 2 : 1;
+    vram_plan = std::move(bp).value();
+  }
+
   // ---- the runs: their plans are made (and checked against a budget) before any work ----
   std::vector<RunSpec> runs;
   sample::GenerateRequest base;
@@ -411,6 +465,7 @@ int run_generate(const GenerateOptions& o) {
   // ---- engine ----
   Progress* progress = nullptr;  // the current run's display
   exec::EngineOptions eopts;
+  eopts.residency = residency;
   eopts.eval = [&progress](const std::string& name, int64_t, const TensorView&) {
     if (progress && name == "block.mlp") progress->advance();
   };
@@ -430,6 +485,7 @@ int run_generate(const GenerateOptions& o) {
               guided ? " (negative prompt)" : " (one forward per step)", static_cast<unsigned long long>(*seed));
   std::printf("  video sigma (shift %g): %s\n", cond.shift_video, sample::format_sigmas(sched->video).c_str());
   std::printf("  audio sigma (shift %g): %s\n", cond.shift_audio, sample::format_sigmas(sched->audio).c_str());
+  if (vram_plan) std::printf("vram %s\n", vram_plan->describe().c_str());
   for (size_t i = 0; i < runs.size(); ++i)
     std::printf("plan%s%s: %s\n", runs.size() > 1 ? " " : "", runs.size() > 1 ? runs[i].label.c_str() : "",
                 plans[i].positive.describe().c_str());
@@ -456,6 +512,14 @@ int run_generate(const GenerateOptions& o) {
     progress = nullptr;
     if (!res.ok()) return fail(res.error());
     std::printf("%s\n", generate_status_line(runs[i].label, *res).c_str());
+    if (vram_plan) {
+      const VramUse u = vram_use(*res);
+      std::printf("vram: LayerStream device peak %s of the %s budget (predicted %s); streamed block weights %s "
+                  "over %zu forwards\n",
+                  format_bytes(u.peak).c_str(), format_bytes(vram_plan->budget_bytes).c_str(),
+                  format_bytes(vram_plan->predicted_peak_bytes).c_str(), format_bytes(u.weight_copies).c_str(),
+                  res->forwards.size());
+    }
     std::fflush(stdout);
     results.push_back(std::move(res).value());
   }
@@ -541,6 +605,19 @@ int run_generate(const GenerateOptions& o) {
     for (size_t i = 0; i < runs.size(); ++i) rj.push_back(run_json(runs[i].label, results[i]));
     j["runs"] = rj;
     if (builtin) j["comparison"] = comparison;
+    if (vram_plan) {
+      const VramUse u = vram_use(results.back());
+      j["vram_budget"] = {{"budget_bytes", vram_plan->budget_bytes},
+                          {"step", vram_plan->step},
+                          {"resident_blocks", vram_plan->resident_blocks},
+                          {"slots", vram_plan->slots},
+                          {"kv_offload", vram_plan->kv_offload},
+                          {"residual_offload", vram_plan->residual_offload},
+                          {"predicted_peak_bytes", vram_plan->predicted_peak_bytes},
+                          {"device_peak_bytes", u.peak},
+                          {"weight_copy_bytes", u.weight_copies},
+                          {"describe", vram_plan->describe()}};
+    }
     if (!o.output.empty() && identical) j["output"] = o.output;
     if (Status s = write_json_file(o.json, j); !s.ok()) return fail(s.error());
   }
@@ -569,6 +646,10 @@ CommandRun setup_generate(CLI::App& sub) {
   sub.add_option("--final-chunk", o->final_chunk, "rows per final-layer slice (0 = all)");
   sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default: the device's, 1024 on the CPU, 8192 with CUDA + cuDNN)");
   sub.add_option("--budget", o->budget, "activation memory budget (512M, 3G, 3.5GiB): picks the largest slices that fit");
+  sub.add_option("--vram-budget", o->vram_budget,
+                 "ONE device budget for everything (weights, AdaLN tables, activations, workspace): the planner "
+                 "keeps what fits resident, streams the rest of the blocks, offloads K/V and the residual only when "
+                 "nothing else fits; refused before any work when too small, naming the minimum (--model/--preset)");
   sub.add_option("--device", o->device, "cpu | cuda | cuda:N (default cpu)");
   sub.add_option("--threads", o->threads, "CPU threads (0 = all cores)");
   sub.add_option("--json", o->json, "write the full run report as JSON");
