@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
 #include "io/safetensors.h"
 
 namespace {
@@ -174,12 +175,8 @@ TEST_F(CliGenerate, VramBudgetsGiveIdenticalLatents) {
   const Result low = run(common + " --vram-budget 1K -o '" + path("low.safetensors") + "'");
   ASSERT_EQ(low.code, 2) << low.out << low.err;
   EXPECT_FALSE(exists(path("low.safetensors")));
-  const auto at = low.err.find("the smallest total budget that works is ");
-  ASSERT_NE(at, std::string::npos) << low.err;
-  const auto lp = low.err.find('(', at), sp = low.err.find(" bytes", lp);
-  ASSERT_NE(sp, std::string::npos) << low.err;
-  const long long minimum = std::stoll(low.err.substr(lp + 1, sp - lp - 1));
-  ASSERT_GT(minimum, 0);
+  const long long minimum = ls::test::named_minimum_budget(low.err);
+  ASSERT_GT(minimum, 0) << low.err;
   int streamed = 0;
   for (const std::string& b : {std::string("1G"), std::to_string(minimum * 3 / 2), std::to_string(minimum)}) {
     const std::string out = path("b" + b + ".safetensors"), js = path("b" + b + ".json");

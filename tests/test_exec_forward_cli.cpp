@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_test_util.h"
+
 namespace {
 
 std::string tmp(const std::string& name) {
@@ -103,12 +105,8 @@ TEST(ForwardCli, VramBudgetsGiveIdenticalFiles) {
   // The minimum, as the planner names it when refusing 1 KiB.
   RunResult low = run(kClip + " --vram-budget 1K");
   ASSERT_EQ(low.code, 2) << low.out;
-  const auto at = low.out.find("the smallest total budget that works is ");
-  ASSERT_NE(at, std::string::npos) << low.out;
-  const auto lp = low.out.find('(', at), sp = low.out.find(" bytes", lp);
-  ASSERT_NE(sp, std::string::npos) << low.out;
-  const long long minimum = std::stoll(low.out.substr(lp + 1, sp - lp - 1));
-  ASSERT_GT(minimum, 0);
+  const long long minimum = ls::test::named_minimum_budget(low.out);
+  ASSERT_GT(minimum, 0) << low.out;
   int streamed = 0;
   for (const std::string& b : {std::string("1G"), std::to_string(minimum * 3 / 2), std::to_string(minimum)}) {
     RunResult r = run(kClip + " --vram-budget " + b + " --json " + js + " -o " + got);

@@ -254,15 +254,7 @@ int run_forward(const ForwardOptions& o) {
     auto bp = exec::plan_total_budget(cfg, cond, *bytes, bo);
     if (!bp.ok()) return fail(bp.error());
     std::printf("[LayerStream] %s\n", bp->describe().c_str());
-    vram_budget_json = {{"budget_bytes", bp->budget_bytes},
-                        {"step", bp->step},
-                        {"resident_blocks", bp->resident_blocks},
-                        {"slots", bp->slots},
-                        {"kv_offload", bp->kv_offload},
-                        {"residual_offload", bp->residual_offload},
-                        {"predicted_peak_bytes", bp->predicted_peak_bytes},
-                        {"pcie_bytes_per_forward", bp->pcie_bytes_per_forward()},
-                        {"describe", bp->describe()}};
+    vram_budget_json = budget_plan_json(*bp);
     std::fflush(stdout);
     residency.resident_blocks = bp->resident_blocks;
     residency.slots = bp->prefetch ? 2 : 1;

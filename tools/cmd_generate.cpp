@@ -607,16 +607,9 @@ int run_generate(const GenerateOptions& o) {
     if (builtin) j["comparison"] = comparison;
     if (vram_plan) {
       const VramUse u = vram_use(results.back());
-      j["vram_budget"] = {{"budget_bytes", vram_plan->budget_bytes},
-                          {"step", vram_plan->step},
-                          {"resident_blocks", vram_plan->resident_blocks},
-                          {"slots", vram_plan->slots},
-                          {"kv_offload", vram_plan->kv_offload},
-                          {"residual_offload", vram_plan->residual_offload},
-                          {"predicted_peak_bytes", vram_plan->predicted_peak_bytes},
-                          {"device_peak_bytes", u.peak},
-                          {"weight_copy_bytes", u.weight_copies},
-                          {"describe", vram_plan->describe()}};
+      j["vram_budget"] = budget_plan_json(*vram_plan);
+      j["vram_budget"]["device_peak_bytes"] = u.peak;
+      j["vram_budget"]["weight_copy_bytes"] = u.weight_copies;
     }
     if (!o.output.empty() && identical) j["output"] = o.output;
     if (Status s = write_json_file(o.json, j); !s.ok()) return fail(s.error());

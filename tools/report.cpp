@@ -75,6 +75,18 @@ std::string generate_status_line(const std::string& label, const sample::Generat
   return s;
 }
 
+nlohmann::json budget_plan_json(const exec::BudgetPlan& bp) {
+  return {{"budget_bytes", bp.budget_bytes},
+          {"step", bp.step},
+          {"resident_blocks", bp.resident_blocks},
+          {"slots", bp.slots},
+          {"kv_offload", bp.kv_offload},
+          {"residual_offload", bp.residual_offload},
+          {"predicted_peak_bytes", bp.predicted_peak_bytes},
+          {"pcie_bytes_per_forward", bp.pcie_bytes_per_forward()},
+          {"describe", bp.describe()}};
+}
+
 nlohmann::json plan_json(const exec::Plan& p) {
   nlohmann::json j;
   j["describe"] = p.describe();

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "exec/budget_plan.h"
 #include "sample/generate.h"
 
 namespace ls::tools {
@@ -42,6 +43,9 @@ std::string generate_status_line(const std::string& label, const sample::Generat
 // The JSON of one run: plan(s), timings, every forward's RunReport, output fingerprints.
 nlohmann::json run_json(const std::string& label, const sample::GenerateResult& r);
 nlohmann::json plan_json(const exec::Plan& p);
+// The total-budget planner's choice (--vram-budget): budget, step, residency, offloads,
+// predicted peak, PCIe per forward and the one-line description.
+nlohmann::json budget_plan_json(const exec::BudgetPlan& bp);
 
 // Writes `j` (pretty) to `path` atomically (temporary file + rename).
 Status write_json_file(const std::string& path, const nlohmann::json& j);
