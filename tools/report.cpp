@@ -10,15 +10,6 @@
 
 namespace ls::tools {
 
-uint64_t fnv1a64(const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 std::string hex64(uint64_t v) {
   char buf[20];

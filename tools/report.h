@@ -17,14 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/hash.h"
 #include "core/status.h"
 #include "exec/budget_plan.h"
 #include "sample/generate.h"
 
 namespace ls::tools {
 
-// 64-bit FNV-1a of a byte range: a short fingerprint to compare outputs across runs.
-uint64_t fnv1a64(const void* data, size_t bytes);
+// Output fingerprints are ls::fnv1a64 (core/hash.h), printed with hex64.
 std::string hex64(uint64_t v);
 
 // Peak figures of a run, over all its forwards and both prompts' plans.

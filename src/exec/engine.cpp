@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "core/arena.h"
+#include "core/hash.h"
 #include "exec/weights.h"
 #include "model/h3/adaln.h"
 #include "model/h3/block.h"
@@ -37,12 +38,7 @@ TensorView RefinedText::view() const {
 }
 
 uint64_t ForwardResult::hash() const {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto* v : {&video, &audio}) {
-    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
-    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  }
-  return h;
+  return fnv1a64(audio.data(), audio.size() * sizeof(float), fnv1a64(video.data(), video.size() * sizeof(float)));
 }
 
 // ---- RunReport ------------------------------------------------------------------------

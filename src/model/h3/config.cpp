@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/hash.h"
 #include "core/thread_pool.h"
 
 namespace ls::h3 {
@@ -455,11 +456,6 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) { h ^= ch; h *= 0x100000001b3ull; }
-  return h;
-}
 double approx_normal(uint64_t bits) {
   const double sum = static_cast<double>(bits & 0xffff) + static_cast<double>((bits >> 16) & 0xffff) +
                      static_cast<double>((bits >> 32) & 0xffff) + static_cast<double>(bits >> 48);
@@ -527,7 +523,7 @@ void fill_synthetic(const TensorSpec& spec, uint64_t seed, int64_t begin, int64_
   LS_CHECK(begin >= 0 && count >= 0 && begin + count <= spec.numel());
   LS_CHECK(dtype_is_float(spec.dtype));
   const Init init = synthetic_init(spec);
-  const uint64_t key = splitmix64(fnv1a64(spec.name) ^ splitmix64(seed));
+  const uint64_t key = splitmix64(fnv1a64(spec.name.data(), spec.name.size()) ^ splitmix64(seed));
   const DType dt = spec.dtype;
   const int64_t grain = 1 << 15;
   if (init.kind == InitKind::normal || init.kind == InitKind::norm_weight) {
