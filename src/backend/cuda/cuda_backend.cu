@@ -222,9 +222,8 @@ class CudaBackend final : public Backend {
   }
   // cuDNN's fused kernel is called once per key tile and the tiles are merged, so small
   // tiles cost speed: at S = 111274, H3 width, on the H200, kv_tile 1024 ran at 438
-  // TFLOP/s, 8192 at 552-555, 16384 at 559-567, one tile of all keys at 531 (the
-  // reference and the K/V offload chunks also grow with kv_tile). 8192 is within 2 % of
-  // the best (DESIGN.md §1.2). The native kernel walks 64-key blocks whatever kv_tile
+  // TFLOP/s, 8192 at 552-555, 16384 at 559-567, one tile of all keys at 531 (and the K/V offload
+  // chunks, whole tiles, grow with it). 8192 is within 2 % of the best (DESIGN.md §1.2). The native kernel walks 64-key blocks whatever kv_tile
   // is, so it keeps the CPU's 1024.
   int64_t default_kv_tile() const override {
     return attention_cudnn_built() && attention_cudnn_selected() ? 8192 : 1024;

@@ -39,12 +39,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
-#include <vector>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/ops.cuh"
 

@@ -4,6 +4,7 @@
 //   modulate, f32 out:   out = fl32(fl32(in * (1 + scale[r])) + shift[r])   (f32 tables only)
 //   gated_add (in place): x = bf16( fma(y, bf16(gate[r]), x) )
 // r = rows[m]: the table row of token m (an i32 index on the device).
+#include "backend/cuda/modulate.cuh"
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
@@ -24,17 +25,7 @@ __global__ void __launch_bounds__(kThreads) modulate_bf16(const uint16_t* in, in
     const int n = static_cast<int>(D - c * 8 < 8 ? D - c * 8 : 8);
     float v[8], o[8];
     load8_bf16(ir + c * 8, vec, n, v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i < n) {
-        const int64_t d = c * 8 + i;
-        const float sc = round_bf16(1.0f + round_bf16(load_bf16_or_f32(scale, tab_f32, r * ssc + d)));
-        const float sh = round_bf16(load_bf16_or_f32(shift, tab_f32, r * ssh + d));
-        o[i] = round_bf16(v[i] * sc) + sh;
-      } else {
-        o[i] = 0.0f;
-      }
-    }
+    modulate8_bf16(v, n, scale, r * ssc + c * 8, shift, r * ssh + c * 8, tab_f32, o);
     store8_bf16(orow + c * 8, vec, n, o);
   }
 }
@@ -76,10 +67,6 @@ __global__ void __launch_bounds__(kThreads) gated_add_bf16(uint16_t* x, int64_t 
   }
 }
 
-bool table_ok(const TensorView& t, int64_t D) {
-  return t.ndim == 2 && t.shape[1] == D && t.inner_contiguous() && (t.dtype == DType::bf16 || t.dtype == DType::f32);
-}
-
 }  // namespace
 
 Status cuda_op_modulate(CudaContext& ctx, const TensorView& in, const TensorView& shift, const TensorView& scale,
@@ -88,7 +75,7 @@ Status cuda_op_modulate(CudaContext& ctx, const TensorView& in, const TensorView
                    rows.ndim == 1 && rows.shape[0] == in.shape[0] && in.inner_contiguous() && out.inner_contiguous(),
                "modulate: in " + in.shape_str() + " rows " + rows.shape_str() + " out " + out.shape_str());
   const int64_t M = in.shape[0], D = in.shape[1];
-  if (in.dtype != DType::bf16 || rows.dtype != DType::i32 || !table_ok(shift, D) || !table_ok(scale, D) ||
+  if (in.dtype != DType::bf16 || rows.dtype != DType::i32 || !modulation_table_ok(shift, D) || !modulation_table_ok(scale, D) ||
       shift.dtype != scale.dtype || (out.dtype != DType::bf16 && out.dtype != DType::f32) ||
       (out.dtype == DType::f32 && shift.dtype != DType::f32))
     return unsupported("modulate", "in " + in.shape_str() + " shift " + shift.shape_str() + " scale " +
@@ -115,7 +102,7 @@ Status cuda_op_gated_add(CudaContext& ctx, const TensorView& x, const TensorView
                    rows.ndim == 1 && rows.shape[0] == x.shape[0] && x.inner_contiguous() && y.inner_contiguous(),
                "gated_add: x " + x.shape_str() + " y " + y.shape_str() + " rows " + rows.shape_str());
   const int64_t M = x.shape[0], D = x.shape[1];
-  if (x.dtype != DType::bf16 || y.dtype != DType::bf16 || rows.dtype != DType::i32 || !table_ok(gate, D))
+  if (x.dtype != DType::bf16 || y.dtype != DType::bf16 || rows.dtype != DType::i32 || !modulation_table_ok(gate, D))
     return unsupported("gated_add", "x " + x.shape_str() + " y " + y.shape_str() + " gate " + gate.shape_str());
   if (M == 0) return Status();
   const bool vec = aligned16(x.data) && aligned16(y.data) && x.stride[0] % 8 == 0 && y.stride[0] % 8 == 0;

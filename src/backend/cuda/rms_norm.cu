@@ -12,7 +12,8 @@
 // rms_norm_modulate (the DiT block's norm + AdaLN modulation, backend.h) fuses the
 // rms_norm kernel with modulate.cu's bf16 kernel: the same row_rrms below (so rrms has
 // the same bits), then per element h = bf16(x * rrms * w) (the rms_norm output, rounded
-// exactly where rms_norm's store rounds it) and modulate's arithmetic on h,
+// exactly where rms_norm's store rounds it) and modulate's arithmetic on h (modulate.cuh's
+// modulate8_bf16, the code modulate.cu runs),
 //   out = bf16(bf16(h * bf16(1 + bf16(scale[r]))) + bf16(shift[r])),  r = rows[m],
 // separate multiplies and adds (-fmad=false). Every rounding point of the two-op
 // composition stays, so the bytes are the composition's (tests/cuda/test_backend_ops
@@ -20,6 +21,7 @@
 // it back; the fused pass does neither, saving one read and one write of [M, D] bf16
 // per use: at S = 111274, D = 5376 that is 2 x 1.2 GB = 2.4 GB per use, two uses per
 // DiT block (norm1 and norm2), about 4.8 GB of traffic per block.
+#include "backend/cuda/modulate.cuh"
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
@@ -97,24 +99,21 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_bf16(const uint16_
   const float rrms = row_rrms(xr, D, eps, vec, smem);
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
     const int n = static_cast<int>(D - c * 8 < 8 ? D - c * 8 : 8);
-    float v[8], g[8], o[8];
+    float v[8], g[8], h[8], o[8];
     load8_bf16(xr + c * 8, vec, n, v);
     load8_bf16(w + c * 8, vec, n, g);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i < n) {
-        const int64_t d = c * 8 + i;
-        const float h = round_bf16(v[i] * rrms * g[i]);  // rms_norm's output, rounded as its store rounds
-        // modulate.cu's bf16 arithmetic on h, term for term.
-        const float sc = round_bf16(1.0f + round_bf16(load_bf16_or_f32(scale, tab_f32, r * ssc + d)));
-        const float sh = round_bf16(load_bf16_or_f32(shift, tab_f32, r * ssh + d));
-        o[i] = round_bf16(h * sc) + sh;
-      } else {
-        o[i] = 0.0f;
-      }
-    }
+    for (int i = 0; i < 8; ++i) h[i] = round_bf16(v[i] * rrms * g[i]);  // rms_norm's output, rounded as its store rounds
+    modulate8_bf16(h, n, scale, r * ssc + c * 8, shift, r * ssh + c * 8, tab_f32, o);  // modulate.cu's arithmetic
     store8_bf16(orow + c * 8, vec, n, o);
   }
+}
+
+// Whether every row of x, w and out can be read and written with 16-byte loads. They
+// only change how bytes arrive, never the order of the sum.
+bool rows_vec16(const TensorView& x, const TensorView& w, const TensorView& out) {
+  return aligned16(x.data) && aligned16(out.data) && aligned16(w.data) && x.stride[0] % 8 == 0 &&
+         out.stride[0] % 8 == 0;
 }
 
 }  // namespace
@@ -129,9 +128,7 @@ Status cuda_op_rms_norm(CudaContext& ctx, const TensorView& x, const TensorView&
                "rms_norm: " + x.shape_str() + " w " + w.shape_str() + " out " + out.shape_str());
   const int64_t M = x.shape[0], D = x.shape[1];
   if (M == 0) return Status();
-  // 16-byte loads only change how bytes arrive, never the order of the sum.
-  const bool vec = aligned16(x.data) && aligned16(out.data) && aligned16(w.data) && x.stride[0] % 8 == 0 &&
-                   out.stride[0] % 8 == 0;
+  const bool vec = rows_vec16(x, w, out);
   rms_norm_bf16<<<static_cast<unsigned>(M), kThreads, 0, ctx.stream>>>(
       x.ptr<const uint16_t>(), x.stride[0], w.ptr<const uint16_t>(), eps, out.ptr<uint16_t>(), out.stride[0], D, vec);
   LS_CUDA_CHECK_LAUNCH();
@@ -140,15 +137,11 @@ Status cuda_op_rms_norm(CudaContext& ctx, const TensorView& x, const TensorView&
 
 bool cuda_rms_norm_modulate_applies(const TensorView& x, const TensorView& w, const TensorView& shift,
                                     const TensorView& scale, const TensorView& rows, const TensorView& out) {
-  auto table_ok = [&](const TensorView& t) {
-    return t.ndim == 2 && x.ndim == 2 && t.shape[1] == x.shape[1] && t.inner_contiguous() &&
-           (t.dtype == DType::bf16 || t.dtype == DType::f32);
-  };
   return x.dtype == DType::bf16 && w.dtype == DType::bf16 && out.dtype == DType::bf16 && rows.dtype == DType::i32 &&
          x.ndim == 2 && out.ndim == 2 && w.ndim == 1 && rows.ndim == 1 && x.shape[0] == out.shape[0] &&
          x.shape[1] == out.shape[1] && w.shape[0] == x.shape[1] && rows.shape[0] == x.shape[0] &&
-         x.inner_contiguous() && out.inner_contiguous() && w.inner_contiguous() && table_ok(shift) &&
-         table_ok(scale) && shift.dtype == scale.dtype;
+         x.inner_contiguous() && out.inner_contiguous() && w.inner_contiguous() &&
+         modulation_table_ok(shift, x.shape[1]) && modulation_table_ok(scale, x.shape[1]) && shift.dtype == scale.dtype;
 }
 
 Status cuda_op_rms_norm_modulate(CudaContext& ctx, const TensorView& x, const TensorView& w, float eps,
@@ -159,9 +152,7 @@ Status cuda_op_rms_norm_modulate(CudaContext& ctx, const TensorView& x, const Te
                    " scale " + scale.shape_str() + " rows " + rows.shape_str() + " out " + out.shape_str());
   const int64_t M = x.shape[0], D = x.shape[1];
   if (M == 0) return Status();
-  // As in rms_norm: 16-byte loads only change how bytes arrive, never the order of the sum.
-  const bool vec = aligned16(x.data) && aligned16(out.data) && aligned16(w.data) && x.stride[0] % 8 == 0 &&
-                   out.stride[0] % 8 == 0;
+  const bool vec = rows_vec16(x, w, out);
   rms_norm_modulate_bf16<<<static_cast<unsigned>(M), kThreads, 0, ctx.stream>>>(
       x.ptr<const uint16_t>(), x.stride[0], w.ptr<const uint16_t>(), eps, shift.data, shift.stride[0], scale.data,
       scale.stride[0], shift.dtype == DType::f32, rows.ptr<const int32_t>(), out.ptr<uint16_t>(), out.stride[0], D,
