@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -196,6 +197,54 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
   }
 }
 
+// The total-budget options for a case on a backend: the case's kv_tile, the backend's
+// workspace, the call's modulation rows.
+inline exec::BudgetOptions budget_options(const StreamingCase& c, const Backend& be) {
+  exec::BudgetOptions bo;
+  bo.kv_tile = c.kv_tile;
+  bo.workspace_bytes = be.workspace_bytes();
+  auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
+  EXPECT_TRUE(rows.ok()) << rows.error().message;
+  if (rows.ok()) bo.modulation_rows = *rows;
+  return bo;
+}
+
+// The budgets a case plans within: the planner's minimum and the all-resident plan's peak
+// (nullopt after a reported failure).
+struct BudgetSpan {
+  uint64_t lo = 0, hi = 0;
+};
+inline std::optional<BudgetSpan> budget_span(const StreamingCase& c, const exec::BudgetOptions& bo) {
+  auto lo = exec::min_total_budget(c.cfg, c.cond, bo);
+  EXPECT_TRUE(lo.ok()) << lo.error().message;
+  auto all = exec::plan_total_budget(c.cfg, c.cond, 1ull << 40, bo);
+  EXPECT_TRUE(all.ok()) << all.error().message;
+  if (!lo.ok() || !all.ok()) return std::nullopt;
+  return BudgetSpan{*lo, all->predicted_peak_bytes};
+}
+
+// Plans `budget`, runs the plan (the residency and activations it chose) and compares the
+// outputs with the stock run `ref` by memcmp; what the engine held on the device at its
+// fullest stays within the plan, and the plan within the budget. Returns the plan
+// (nullopt after a reported planning failure).
+inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backend& be, const StreamingRun& ref,
+                                                        const exec::BudgetOptions& bo, uint64_t budget) {
+  auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
+  EXPECT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
+  if (!bp.ok()) return std::nullopt;
+  exec::Residency res;
+  res.resident_blocks = bp->resident_blocks;
+  res.slots = bp->prefetch ? 2 : 1;
+  const std::string what = bp->describe();
+  const StreamingRun got = run_streaming(c, be, res, bp->activations);
+  expect_same(ref, got, what);
+  if (got.ok) {
+    EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << what;
+  }
+  EXPECT_LE(bp->predicted_peak_bytes, budget) << what;
+  return std::move(bp).value();
+}
+
 // Budgets: every plan_total_budget plan from the minimum to all-resident.
 inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets) {
   StreamingSetup su = streaming_setup(seed, device, layers, wide);
@@ -204,33 +253,15 @@ inline void check_streaming_budgets(uint64_t seed, const std::string& device, in
   Backend* const be = su.be.get();
   const StreamingRun& ref = su.ref;
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg));
-  exec::BudgetOptions bo;
-  bo.kv_tile = c.kv_tile;
-  bo.workspace_bytes = be->workspace_bytes();
-  auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
-  ASSERT_TRUE(rows.ok()) << rows.error().message;
-  bo.modulation_rows = *rows;
-  auto lo = exec::min_total_budget(c.cfg, c.cond, bo);
-  ASSERT_TRUE(lo.ok()) << lo.error().message;
-  auto all = exec::plan_total_budget(c.cfg, c.cond, 1ull << 40, bo);
-  ASSERT_TRUE(all.ok()) << all.error().message;
-  const uint64_t hi = all->predicted_peak_bytes;
+  const exec::BudgetOptions bo = budget_options(c, *be);
+  const std::optional<BudgetSpan> span = budget_span(c, bo);
+  ASSERT_TRUE(span.has_value());
   std::set<std::string> steps;
   for (int i = 0; i <= budgets; ++i) {
-    const uint64_t budget = *lo + (hi - *lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
-    auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
-    ASSERT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
+    const uint64_t budget = span->lo + (span->hi - span->lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
+    const std::optional<exec::BudgetPlan> bp = check_budget_run(c, *be, ref, bo, budget);
+    ASSERT_TRUE(bp.has_value());
     steps.insert(bp->step);
-    exec::Residency res;
-    res.resident_blocks = bp->resident_blocks;
-    res.slots = bp->prefetch ? 2 : 1;
-    const std::string what = bp->describe();
-    const StreamingRun got = run_streaming(c, *be, res, bp->activations);
-    expect_same(ref, got, what);
-    if (!got.ok) continue;
-    // What the engine held on the device, at its fullest, stays within the plan.
-    EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << what;
-    EXPECT_LE(bp->predicted_peak_bytes, budget) << what;
   }
   // Not vacuous: the sweep reached more than one kind of plan.
   EXPECT_GE(steps.size(), 2u);

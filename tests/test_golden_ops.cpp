@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "backend/backend.h"
 #include "core/thread_pool.h"
 #include "reference/golden_compare.h"
+#include "scoped_env.h"
 
 namespace ls {
 namespace {
@@ -334,10 +336,9 @@ TEST_P(GoldenOps, Attention) {
   ASSERT_GE(cs.size(), 3u);
   std::vector<AttentionRun> runs = {{nullptr, 1024}, {nullptr, 16}};
   if (GetParam() == "cuda") runs = {{"native", 1024}, {"native", 16}, {"cudnn", 1024}, {"cudnn", 8192}};
-  const char* old = std::getenv("LAYERSTREAM_ATTENTION");
-  const std::string saved = old ? old : "";
   for (const AttentionRun& run : runs) {
-    if (run.path) setenv("LAYERSTREAM_ATTENTION", run.path, 1);
+    std::optional<test::ScopedEnv> path;
+    if (run.path) path.emplace("LAYERSTREAM_ATTENTION", run.path);
     for (const auto& j : cs) {
       std::string c = j["case"];
       TensorView q = input(c, "q"), k = input(c, "k"), v = input(c, "v");
@@ -350,8 +351,6 @@ TEST_P(GoldenOps, Attention) {
       check(c, out);
     }
   }
-  if (old) setenv("LAYERSTREAM_ATTENTION", saved.c_str(), 1);
-  else unsetenv("LAYERSTREAM_ATTENTION");
 }
 
 // Every case in the file belongs to an op one of the tests above runs (so a new golden

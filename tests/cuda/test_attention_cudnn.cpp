@@ -11,6 +11,7 @@
 
 #include "backend/cuda/attention_cudnn.cuh"
 #include "cuda_test_util.h"
+#include "scoped_env.h"
 
 namespace ls::cudatest {
 namespace {
@@ -39,19 +40,16 @@ constexpr bool kHaveCudnn = false;
 // Selects the cuDNN path and hands the backend a workspace big enough for H x Dh for
 // the scope; restores the default workspace and the default path after.
 struct CudnnScope {
+  test::ScopedEnv path{"LAYERSTREAM_ATTENTION", "cudnn"};
   Gpu* G;
   explicit CudnnScope(Gpu* g, int64_t H, int64_t Dh) : G(g) {
-    setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
     const auto bytes =
         static_cast<int64_t>(std::max(G->cuda->workspace_bytes(), cuda::attention_cudnn_workspace_bytes(H, Dh)));
     auto ws = G->arena->alloc(DType::u8, {bytes}, "cudnn attention workspace");
     LS_CHECK(ws.ok());
     LS_CHECK(G->cuda->set_workspace(ws.value()).ok());
   }
-  ~CudnnScope() {
-    unsetenv("LAYERSTREAM_ATTENTION");
-    LS_CHECK(G->cuda->set_workspace(G->workspace).ok());
-  }
+  ~CudnnScope() { LS_CHECK(G->cuda->set_workspace(G->workspace).ok()); }
 };
 
 // One small cuDNN-path call (1 query, 64 keys, 2 heads x 128).
@@ -246,9 +244,10 @@ TEST(CudnnAttention, StreamedKeysSameBytes) {
   EXPECT_FALSE(same_bytes(host_rows(a, 0, 1), host_rows(a, 1, 2))) << "output rows should differ";
   expect_guards(G, parts, "cudnn attention (streamed keys)");
   if (!same_bytes(a, b)) {
-    setenv("LAYERSTREAM_ATTENTION", "native", 1);
-    s = G->cuda->attention(dq.v, dk.v, dv.v, native.v, p);
-    setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
+    {
+      const test::ScopedEnv use_native("LAYERSTREAM_ATTENTION", "native");
+      s = G->cuda->attention(dq.v, dk.v, dv.v, native.v, p);
+    }
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_TRUE(same_bytes(download(G, native.v), b)) << "streamed keys give neither path's bytes of one call";
     GTEST_SKIP() << "attention.cu sends calls with a state to the native kernel (chunks equal its one-call bytes); "
@@ -258,13 +257,15 @@ TEST(CudnnAttention, StreamedKeysSameBytes) {
 
 TEST(CudnnAttention, WorkspaceTooSmallIsAStatus) {
   LS_NEED_CUDNN_BUILD();
-  setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
   // The backend's workspace covers up to 64 heads of 128 (and set_workspace refuses less
   // than workspace_bytes()); 72 heads need more scratch than it has.
   HostBuf q = random_buf(DType::bf16, {4, 72, 128}, 7, 1.0f);
   DevBuf dq = dev_from(G, q), dout = dev_buf(G, DType::bf16, {4, 72, 128});
-  Status s = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
-  unsetenv("LAYERSTREAM_ATTENTION");
+  Status s;
+  {
+    const test::ScopedEnv use_cudnn("LAYERSTREAM_ATTENTION", "cudnn");
+    s = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
+  }
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("attention_cudnn_workspace_bytes"), std::string::npos) << s.message();
 }
@@ -297,7 +298,7 @@ TEST(CudnnAttention, ThroughputH3) {
       for (int64_t kv_tile : {int64_t{1024}, int64_t{2048}, int64_t{8192}, S}) {
         if (path != "cudnn" && kv_tile != 1024) continue;
         if (quick && (path != "cudnn" || (kv_tile != 1024 && kv_tile != 8192))) continue;
-        setenv("LAYERSTREAM_ATTENTION", path == "native" ? "native" : "cudnn", 1);
+        const test::ScopedEnv use_path("LAYERSTREAM_ATTENTION", path.c_str());
         AttentionParams p;
         p.kv_tile = kv_tile;
         Status s = G->cuda->attention(q, k, v, *out, p);  // warm-up (plan build)
@@ -316,7 +317,6 @@ TEST(CudnnAttention, ThroughputH3) {
         std::fflush(stdout);
       }
     }
-    setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "scoped_env.h"
 
 // The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
 [[maybe_unused]] const bool kNative = ls::cudatest::select_native_attention();
@@ -541,7 +542,7 @@ TEST(CudaOps, AttentionVariantsAgree) {
     HostBuf first;
     bool have_first = false;
     for (const char* variant : {"4x1", "8x1", "4x2"}) {
-      setenv("LAYERSTREAM_ATTN_VARIANT", variant, 1);
+      const test::ScopedEnv variant_env("LAYERSTREAM_ATTN_VARIANT", variant);
       DevBuf o = dev_buf(G, DType::bf16, {Mq, H, Dh});
       ASSERT_TRUE(G->cuda->attention(dq.v, dk, dv, o.v, p).ok());
       HostBuf got = download(G, o.v);
@@ -558,7 +559,6 @@ TEST(CudaOps, AttentionVariantsAgree) {
             << "variant " << variant << " query rows " << a << ".." << b;
       }
     }
-    unsetenv("LAYERSTREAM_ATTN_VARIANT");
   }
 }
 

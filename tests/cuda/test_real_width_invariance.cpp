@@ -9,34 +9,14 @@
 // has: the cuDNN path (the default where built) with the device's kv_tile, and the
 // native kernel with kv_tile 1024. Skips without a GPU. Takes a minute or two on an
 // H200 (the 1-row plan runs 8197 one-row slices per phase).
+#include "scoped_env.h"
 #include "streaming_cases.h"
-
-#include <cstdlib>
 
 using namespace ls;
 
 namespace {
 
 bool have_gpu() { return make_backend("cuda").ok(); }
-
-// Sets LAYERSTREAM_ATTENTION for the scope.
-class AttentionPath {
- public:
-  explicit AttentionPath(const char* path) {
-    if (const char* e = std::getenv("LAYERSTREAM_ATTENTION")) old_ = e, had_ = true;
-    setenv("LAYERSTREAM_ATTENTION", path, 1);
-  }
-  ~AttentionPath() {
-    if (had_) setenv("LAYERSTREAM_ATTENTION", old_.c_str(), 1);
-    else unsetenv("LAYERSTREAM_ATTENTION");
-  }
-  AttentionPath(const AttentionPath&) = delete;
-  AttentionPath& operator=(const AttentionPath&) = delete;
-
- private:
-  std::string old_;
-  bool had_ = false;
-};
 
 test::StreamingCase real_width_case() {
   std::mt19937_64 rng(4242);
@@ -58,7 +38,7 @@ test::StreamingCase real_width_case() {
 }
 
 void check_path(const char* path) {
-  AttentionPath scope(path);
+  const test::ScopedEnv scope("LAYERSTREAM_ATTENTION", path);
   SCOPED_TRACE(std::string("attention path ") + path);
   auto be = make_backend("cuda");
   ASSERT_TRUE(be.ok()) << be.error().message;
@@ -107,30 +87,15 @@ void check_path(const char* path) {
   }
 
   // The budget planner's choices: at its minimum and half-way.
-  exec::BudgetOptions bo;
-  bo.kv_tile = c.kv_tile;
-  bo.workspace_bytes = (*be)->workspace_bytes();
-  auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
-  ASSERT_TRUE(rows.ok()) << rows.error().message;
-  bo.modulation_rows = *rows;
-  auto lo = exec::min_total_budget(c.cfg, c.cond, bo);
-  ASSERT_TRUE(lo.ok()) << lo.error().message;
-  auto all = exec::plan_total_budget(c.cfg, c.cond, 1ull << 40, bo);
-  ASSERT_TRUE(all.ok()) << all.error().message;
+  const exec::BudgetOptions bo = test::budget_options(c, **be);
+  const std::optional<test::BudgetSpan> span = test::budget_span(c, bo);
+  ASSERT_TRUE(span.has_value());
   std::set<std::string> steps;
-  for (uint64_t budget : {*lo, *lo + (all->predicted_peak_bytes - *lo) / 2}) {
-    auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
-    ASSERT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
+  for (uint64_t budget : {span->lo, span->lo + (span->hi - span->lo) / 2}) {
+    const std::optional<exec::BudgetPlan> bp = test::check_budget_run(c, **be, ref, bo, budget);
+    ASSERT_TRUE(bp.has_value());
     steps.insert(bp->step);
     std::printf("  budget %.3f GiB: %s\n", static_cast<double>(budget) / (1ull << 30), bp->describe().c_str());
-    exec::Residency res;
-    res.resident_blocks = bp->resident_blocks;
-    res.slots = bp->prefetch ? 2 : 1;
-    const test::StreamingRun got = test::run_streaming(c, **be, res, bp->activations);
-    test::expect_same(ref, got, bp->describe());
-    if (got.ok) {
-      EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << bp->describe();
-    }
   }
   EXPECT_EQ(steps.size(), 2u) << "the two budgets should give two different plans";
 }
@@ -138,7 +103,7 @@ void check_path(const char* path) {
 bool cudnn_in_build() {
   // The cuDNN path's kv_tile is 8192; without cuDNN in the build "cudnn" cannot be
   // selected and the backend reports the native kernel's 1024.
-  AttentionPath scope("cudnn");
+  const test::ScopedEnv scope("LAYERSTREAM_ATTENTION", "cudnn");
   auto be = make_backend("cuda");
   return be.ok() && (*be)->default_kv_tile() == 8192;
 }

@@ -24,6 +24,7 @@
 
 #include "backend/cuda/attention_cudnn.cuh"
 #include "cuda_test_util.h"
+#include "scoped_env.h"
 
 // The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
 [[maybe_unused]] const bool kNative = ls::cudatest::select_native_attention();
@@ -65,25 +66,8 @@ const std::vector<std::vector<int64_t>> kChunkings = {{1}, {2}, {3}, {1, 3, 2}, 
 const char* const kVariants[] = {"4x1", "8x1", "4x2"};
 
 // Sets LAYERSTREAM_ATTN_VARIANT for a scope (unset when v is null), restoring the old value.
-class VariantScope {
- public:
-  explicit VariantScope(const char* v) {
-    const char* old = std::getenv("LAYERSTREAM_ATTN_VARIANT");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (v) setenv("LAYERSTREAM_ATTN_VARIANT", v, 1);
-    else unsetenv("LAYERSTREAM_ATTN_VARIANT");
-  }
-  ~VariantScope() {
-    if (had_) setenv("LAYERSTREAM_ATTN_VARIANT", old_.c_str(), 1);
-    else unsetenv("LAYERSTREAM_ATTN_VARIANT");
-  }
-  VariantScope(const VariantScope&) = delete;
-  VariantScope& operator=(const VariantScope&) = delete;
-
- private:
-  bool had_ = false;
-  std::string old_;
+struct VariantScope : test::ScopedEnv {
+  explicit VariantScope(const char* v) : test::ScopedEnv("LAYERSTREAM_ATTN_VARIANT", v) {}
 };
 
 // Inputs of a case on host and device: q [Mq, H, Dh]; k and v as head-strided column
@@ -323,18 +307,16 @@ TEST(CudaStreaming, ChunkedAttentionUnderCudnnSelection) {
   auto ws = G->arena->alloc(DType::u8, {std::max<int64_t>(ws_bytes, G->workspace.numel())}, "cudnn workspace");
   ASSERT_TRUE(ws.ok());
   ASSERT_TRUE(G->cuda->set_workspace(*ws).ok());
-  const char* old = std::getenv("LAYERSTREAM_ATTENTION");
-  const std::string saved = old ? old : "";
-  setenv("LAYERSTREAM_ATTENTION", "cudnn", 1);
   AttentionParams p;
   p.kv_tile = c.kv_tile;
   DevBuf whole = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh}), out = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
   const TensorView state = device_state(G, c.Mq, c.H, c.Dh, 0);
-  const Status one = G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p);
-  const Status chunked =
-      one.ok() ? run_chunked(*G->cuda, in.dq.v, in.dk, in.dv, out.v, state, c.kv_tile, {3}) : Status();
-  if (old) setenv("LAYERSTREAM_ATTENTION", saved.c_str(), 1);
-  else unsetenv("LAYERSTREAM_ATTENTION");
+  Status one, chunked;
+  {
+    const test::ScopedEnv use_cudnn("LAYERSTREAM_ATTENTION", "cudnn");
+    one = G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p);
+    if (one.ok()) chunked = run_chunked(*G->cuda, in.dq.v, in.dk, in.dv, out.v, state, c.kv_tile, {3});
+  }
   ASSERT_TRUE(G->cuda->set_workspace(G->workspace).ok());
   if (!one.ok()) GTEST_SKIP() << "no usable cuDNN attention here: " << one.message();
   ASSERT_TRUE(chunked.ok()) << "cuDNN path with a state: " << chunked.message();
