@@ -27,12 +27,12 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_json.h"
 #include "exec/budget_plan.h"
 #include "exec/engine.h"
 #include "exec/plan.h"
@@ -243,12 +243,10 @@ int main(int argc, char** argv) {
   // The JSON is rewritten after every budget, so a run cut short keeps what it measured.
   auto write_json = [&](bool complete) {
     if (a.json.empty()) return;
-    const std::string tmp = a.json + ".tmp";
-    std::ofstream f(tmp);
-    f << js.str() << "], \"complete\": " << (complete ? "true" : "false") << ", \"reference_hash\": \"" << reference
-      << "\", \"unlimited_forward_seconds\": " << unlimited_seconds << "}\n";
-    f.close();
-    if (!f || std::rename(tmp.c_str(), a.json.c_str()) != 0) die("cannot write " + a.json);
+    std::ostringstream doc;
+    doc << js.str() << "], \"complete\": " << (complete ? "true" : "false") << ", \"reference_hash\": \"" << reference
+        << "\", \"unlimited_forward_seconds\": " << unlimited_seconds << "}\n";
+    if (!bench::write_json_text(a.json, doc.str())) die("cannot write " + a.json);
   };
   for (size_t bi = 0; bi < a.budgets.size(); ++bi) {
     if (bi > 0) write_json(false);

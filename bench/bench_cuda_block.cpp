@@ -64,6 +64,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -567,11 +568,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     out["results"].push_back(rs);
   }
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) die("cannot write " + json_path);
-    std::fputs(out.dump(2).c_str(), f);
-    std::fclose(f);
-  }
+  if (!json_path.empty() && !bench::write_json_text(json_path, out.dump(2) + "\n")) die("cannot write " + json_path);
   return 0;
 }

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 
@@ -131,11 +132,6 @@ int main(int argc, char** argv) {
   }
   out["block_linears_ms_at_S"] = block_ms;
   std::printf("the four linears of one block at S = %lld: %.1f ms\n", static_cast<long long>(S), block_ms);
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) die("cannot write " + json_path);
-    std::fputs(out.dump(2).c_str(), f);
-    std::fclose(f);
-  }
+  if (!json_path.empty() && !bench::write_json_text(json_path, out.dump(2) + "\n")) die("cannot write " + json_path);
   return 0;
 }
