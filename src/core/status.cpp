@@ -12,6 +12,7 @@ const char* to_string(ErrorCode code) {
     case ErrorCode::out_of_memory: return "out of memory";
     case ErrorCode::device: return "device error";
     case ErrorCode::not_found: return "not found";
+    case ErrorCode::nonfinite: return "non-finite values";
   }
   return "unknown error";
 }

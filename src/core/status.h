@@ -23,6 +23,7 @@ enum class ErrorCode {
   out_of_memory,     // an allocation failed
   device,            // a device (CUDA, cuBLAS, cuDNN) call failed
   not_found,         // a named thing is absent
+  nonfinite,         // a computed value is NaN or infinite (bad weights, inputs or settings)
 };
 
 const char* to_string(ErrorCode code);
