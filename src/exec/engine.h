@@ -57,6 +57,21 @@ struct RefinedText {
   TensorView view() const;     // host bf16 [L, D] (read-only in spirit)
 };
 
+// Device memory at one point of a forward (EngineOptions::record_memory): what each
+// LayerStream arena held on the device when a phase of a block ended. Sums to `held`.
+struct MemorySample {
+  std::string phase;         // "embed", "text", "attention", "mlp", "final"
+  int64_t block = -1;        // DiT block, -1 outside the block loop
+  double seconds = 0.0;      // since the forward began
+  uint64_t weights = 0;      // resident block weights + non-block weights
+  uint64_t slots = 0;        // streaming slots
+  uint64_t activations = 0;  // activation arena in use (residual, slices, K/V when resident)
+  uint64_t kv = 0;           // K/V chunk buffers (K/V offload), part of `activations`' arena
+  uint64_t adaln = 0;        // modulation tables
+  uint64_t workspace = 0;    // backend workspace
+  uint64_t held = 0;         // everything LayerStream held on the device
+};
+
 // What one forward did (for the status line and --json).
 struct RunReport {
   bool two_pass_attention = false;
@@ -91,6 +106,7 @@ struct RunReport {
   uint64_t device_peak_bytes = 0;     // the most LayerStream held on the device since create()
   uint64_t pinned_host_bytes = 0;     // pinned host memory (streamed weights, K/V, residual)
   std::map<std::string, double> phase_seconds;  // EngineOptions::profile only: seconds per phase, summed over blocks
+  std::vector<MemorySample> memory;   // EngineOptions::record_memory only: one sample per phase and block
 
   // One line like ComfyUI's memory-patch nodes:
   // "[LayerStream] two-pass attention (4096-row slices), sliced MLP (4096), stock head; S 8 234;
@@ -129,6 +145,15 @@ struct EngineOptions {
   // Synchronise at every phase boundary and report seconds per phase
   // (RunReport::phase_seconds). A diagnostic: it removes overlap between phases.
   bool profile = false;
+  // Check the residual for NaN/inf after every half block and the outputs at the end
+  // (one reduction per half block: cheap next to the block). A non-finite value fails
+  // forward() with ErrorCode::nonfinite naming the first block and phase where it
+  // appeared. false: no check (the CLI's --allow-nonfinite). Never changes a bit.
+  bool check_finite = true;
+  // Called after each DiT block (blocks done, blocks in all) on the calling thread.
+  std::function<void(int64_t done, int64_t total)> progress;
+  // Record RunReport::memory (device memory per phase and block, for --memory-plot).
+  bool record_memory = false;
 };
 
 class Engine {

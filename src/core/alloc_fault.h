@@ -1,0 +1,22 @@
+// Allocation-failure injection, for tests only: the k-th allocation after arming (host
+// arena, pinned host memory, device memory; counted from 1) fails as if the system had
+// no memory left, so a test can walk k = 1, 2, ... over a small run and check that each
+// failure gives a clean error, leaks nothing and leaves no output file.
+//
+// Off unless armed. The library never arms it by itself (and never reads the
+// environment); tests call arm_allocation_fault(), and the CLI maps its developer
+// variable LAYERSTREAM_TEST_FAIL_ALLOC=k onto it (tools/main.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace ls::testing {
+
+// Make the k-th allocation from now fail (k >= 1); k = 0 disarms. Resets the count.
+void arm_allocation_fault(int64_t k);
+// Allocations counted since the last arm_allocation_fault() (armed or not).
+int64_t allocations_seen();
+// Called by every allocator before it allocates: true means "fail this one".
+bool allocation_should_fail();
+
+}  // namespace ls::testing
