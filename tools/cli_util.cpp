@@ -1,24 +1,227 @@
 #include "tools/cli_util.h"
 
-#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 namespace ls::tools {
+namespace {
+
+__extension__ typedef unsigned __int128 u128;
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+std::string quoted(std::string_view text) {
+  return text.empty() ? std::string("an empty value") : "'" + std::string(text) + "'";
+}
+
+std::string num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // The shortest text that reads back as v (%.17g prints 0.10000000000000001).
+  for (int p = 1; p <= 17; ++p) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%.*g", p, v);
+    if (std::strtod(b, nullptr) == v) return b;
+  }
+  return buf;
+}
+
+// "1 EiB", "64 MiB", "1536 B": exact, the largest 1024-unit that divides the value.
+std::string bytes_text(uint64_t v) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (u < 6 && v != 0 && v % 1024 == 0) v /= 1024, ++u;
+  return std::to_string(v) + " " + kUnits[u];
+}
+
+// The long name of "-o,--output" ("--output"), else the first name.
+std::string flag_name(const std::string& names) {
+  std::string first, pick;
+  size_t b = 0;
+  while (b <= names.size()) {
+    size_t e = names.find(',', b);
+    if (e == std::string::npos) e = names.size();
+    std::string n = names.substr(b, e - b);
+    if (first.empty()) first = n;
+    if (pick.empty() && n.rfind("--", 0) == 0) pick = n;
+    b = e + 1;
+  }
+  return pick.empty() ? first : pick;
+}
+
+std::string opts_text(const std::string& type, const std::string& def, bool required) {
+  std::string s = type;
+  if (!def.empty()) s += " [" + def + "]";
+  if (required) s += " REQUIRED";
+  return s;
+}
+
+}  // namespace
+
+std::string describe(const IntRange& r) { return std::to_string(r.lo) + ".." + std::to_string(r.hi); }
+
+std::string describe(const FloatRange& r) {
+  return std::string(r.lo_open ? "(" : "[") + num(r.lo) + ", " + num(r.hi) + (r.hi_open ? ")" : "]");
+}
+
+std::string describe(const SizeRange& r) { return bytes_text(r.lo) + ".." + bytes_text(r.hi); }
+
+Expected<int64_t> parse_int(std::string_view flag, std::string_view text, const IntRange& r) {
+  auto fail = [&]() {
+    return Error{ErrorCode::invalid_argument,
+                 std::string(flag) + " must be an integer in " + describe(r) + " (got " + quoted(text) + ")"};
+  };
+  size_t i = 0;
+  if (!text.empty() && text[0] == '-' && r.lo < 0) i = 1;  // a sign only where the range is signed
+  if (i == text.size()) return fail();
+  for (size_t k = i; k < text.size(); ++k)
+    if (!is_digit(text[k])) return fail();
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < r.lo || v > r.hi) return fail();
+  return v;
+}
 
 Expected<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
-  size_t used = 0;
-  long long v = 0;
-  bool ok = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) != 0;
-  if (ok) {
-    try {
-      v = std::stoll(text, &used);
-    } catch (...) {
-      ok = false;
+  return parse_int(std::string_view(flag), std::string_view(text), IntRange{lo, hi});
+}
+
+Expected<double> parse_float(std::string_view flag, std::string_view text, const FloatRange& r) {
+  auto fail = [&]() {
+    return Error{ErrorCode::invalid_argument,
+                 std::string(flag) + " must be a finite number in " + describe(r) + " (got " + quoted(text) + ")"};
+  };
+  // [-]DIGITS[.DIGITS][e[+|-]DIGITS] or [-].DIGITS[...]: checked here so that strtod's
+  // extras (spaces, '+', hex floats, inf, nan) never get through.
+  size_t i = 0;
+  if (!text.empty() && text[0] == '-' && r.lo < 0) i = 1;
+  size_t digits = 0;
+  while (i < text.size() && is_digit(text[i])) ++i, ++digits;
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    while (i < text.size() && is_digit(text[i])) ++i, ++digits;
+  }
+  if (digits == 0) return fail();
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    size_t exp_digits = 0;
+    while (i < text.size() && is_digit(text[i])) ++i, ++exp_digits;
+    if (exp_digits == 0) return fail();
+  }
+  if (i != text.size()) return fail();
+  const std::string s(text);
+  const double v = std::strtod(s.c_str(), nullptr);  // the "C" locale: the CLI never sets another
+  if (!std::isfinite(v)) return fail();
+  const bool lo_ok = r.lo_open ? v > r.lo : v >= r.lo;
+  const bool hi_ok = r.hi_open ? v < r.hi : v <= r.hi;
+  if (!lo_ok || !hi_ok) return fail();
+  return v;
+}
+
+Expected<uint64_t> parse_size(std::string_view flag, std::string_view text, const SizeRange& r) {
+  const std::string what = std::string(flag) + " must be a size in " + describe(r) +
+                           ": bytes, or a number with a 1024-based unit K, M, G, T (the same as KiB, MiB, GiB, "
+                           "TiB), e.g. 512M, 3G, 3.5GiB";
+  auto fail = [&]() { return Error{ErrorCode::invalid_argument, what + " (got " + quoted(text) + ")"}; };
+  size_t i = 0;
+  uint64_t whole = 0;
+  size_t whole_digits = 0;
+  bool overflow = false;
+  while (i < text.size() && is_digit(text[i])) {
+    const uint64_t d = static_cast<uint64_t>(text[i] - '0');
+    if (whole > (UINT64_MAX - d) / 10) overflow = true;
+    else whole = whole * 10 + d;
+    ++i, ++whole_digits;
+  }
+  uint64_t frac = 0, frac_scale = 1;  // the fraction frac / frac_scale, up to 18 digits
+  size_t frac_digits = 0;
+  bool has_point = false;
+  if (i < text.size() && text[i] == '.') {
+    has_point = true;
+    ++i;
+    while (i < text.size() && is_digit(text[i])) {
+      if (frac_digits < 18) frac = frac * 10 + static_cast<uint64_t>(text[i] - '0'), frac_scale *= 10;
+      ++i, ++frac_digits;
     }
   }
-  if (!ok || used != text.size() || v < lo || v > hi)
-    return make_error(ErrorCode::invalid_argument, flag + " must be an integer in " + std::to_string(lo) + ".." +
-                                                       std::to_string(hi) + " (got '" + text + "')");
-  return static_cast<int64_t>(v);
+  if (whole_digits + frac_digits == 0) return fail();
+  std::string unit;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return fail();
+    unit += static_cast<char>(c >= 'a' ? c - 'a' + 'A' : c);
+  }
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  else if (unit == "K" || unit == "KIB") shift = 10;
+  else if (unit == "M" || unit == "MIB") shift = 20;
+  else if (unit == "G" || unit == "GIB") shift = 30;
+  else if (unit == "T" || unit == "TIB") shift = 40;
+  else if (unit == "KB" || unit == "MB" || unit == "GB" || unit == "TB")
+    return Error{ErrorCode::invalid_argument, what + "; decimal units (KB, MB, GB, TB) are not accepted: every size "
+                                                     "in LayerStream is 1024-based, write " +
+                                                  std::string(1, unit[0]) + " or " + std::string(1, unit[0]) +
+                                                  "iB (got " + quoted(text) + ")"};
+  if (shift < 0) return fail();
+  if (shift == 0 && has_point) return fail();  // a fraction of a byte
+  if (overflow) return fail();
+  // Exact: whole * 2^shift + floor(frac * 2^shift / frac_scale), in 128 bits.
+  const u128 v = (static_cast<u128>(whole) << shift) + ((static_cast<u128>(frac) << shift) / frac_scale);
+  if (v < r.lo || v > r.hi) return fail();
+  return static_cast<uint64_t>(v);
+}
+
+CLI::Option* add_int_flag(CLI::App& app, const std::string& names, FlagText& f, const IntRange& r,
+                          const std::string& desc, const std::string& def, bool required) {
+  f.name = flag_name(names);
+  f.opt = app.add_option(names, f.text, desc);
+  f.opt->type_name("INT")->option_text(opts_text("INT " + describe(r), def, required));
+  if (required) f.opt->required();
+  return f.opt;
+}
+
+CLI::Option* add_float_flag(CLI::App& app, const std::string& names, FlagText& f, const FloatRange& r,
+                            const std::string& desc, const std::string& def, bool required) {
+  f.name = flag_name(names);
+  f.opt = app.add_option(names, f.text, desc);
+  f.opt->type_name("FLOAT")->option_text(opts_text("FLOAT in " + describe(r), def, required));
+  if (required) f.opt->required();
+  return f.opt;
+}
+
+CLI::Option* add_size_flag(CLI::App& app, const std::string& names, FlagText& f, const SizeRange& r,
+                           const std::string& desc, const std::string& def) {
+  f.name = flag_name(names);
+  f.opt = app.add_option(names, f.text, desc + " (bytes or K/M/G/T = KiB/MiB/GiB/TiB, 1024-based; " + describe(r) + ")");
+  f.opt->type_name("SIZE")->option_text(opts_text("SIZE", def, false));
+  return f.opt;
+}
+
+Expected<int64_t> flag_int(const FlagText& f, const IntRange& r, int64_t def) {
+  if (!f.given()) return def;
+  return parse_int(std::string_view(f.name), std::string_view(f.text), r);
+}
+
+Expected<double> flag_float(const FlagText& f, const FloatRange& r, double def) {
+  if (!f.given()) return def;
+  return parse_float(f.name, f.text, r);
+}
+
+Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def) {
+  if (!f.given()) return def;
+  return parse_size(f.name, f.text, r);
+}
+
+int exit_code_for(const Error& e) {
+  return e.code == ErrorCode::invalid_argument || e.code == ErrorCode::out_of_budget ? kExitUsage : kExitRuntime;
+}
+
+int report_error(std::string_view command, const Error& e) {
+  std::fprintf(stderr, "%.*s: error: %s\n", static_cast<int>(command.size()), command.data(), e.message.c_str());
+  return exit_code_for(e);
 }
 
 }  // namespace ls::tools
