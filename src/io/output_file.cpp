@@ -82,7 +82,7 @@ Expected<OutputTarget> check_output_path(const std::string& path, std::string_vi
   for (int hop = 0;; ++hop) {
     if (::lstat(cur.c_str(), &st) != 0) {
       int e = errno;
-      if (e != ENOENT)
+      if (e != ENOENT && e != ENOTDIR)  // ENOTDIR: a parent is a file, said below
         return make_error(ErrorCode::io, "cannot write " + label(what, path) + ": " + cur + ": " + std::strerror(e));
       break;  // a new file (or a dangling link's target): the parent decides
     }

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/arena.h"  // format_bytes
+#include "io/output_file.h"
 
 namespace ls {
 
@@ -402,9 +403,8 @@ namespace {
 constexpr size_t kWriteBufferBytes = 4u << 20;  // pieces smaller than this are batched
 }  // namespace
 
-SafetensorsWriter::SafetensorsWriter(std::string path) : path_(std::move(path)) {
-  tmp_path_ = path_ + ".tmp-" + std::to_string(static_cast<long>(getpid()));
-}
+SafetensorsWriter::SafetensorsWriter(std::string path, std::string what)
+    : path_(std::move(path)), what_(std::move(what)) {}
 
 SafetensorsWriter::~SafetensorsWriter() {
   if (fd_ >= 0) ::close(fd_);
@@ -513,22 +513,53 @@ Status SafetensorsWriter::begin() {
                                                        " bytes exceeds the format's limit of " +
                                                        std::to_string(SafetensorsReader::kMaxHeaderBytes));
 
-  // O_EXCL: never write into a file someone else is writing; a leftover from a
-  // crashed process with the same pid is reported, not silently reused.
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd_ < 0) {
-    int e = errno;
-    failed_ = make_error(ErrorCode::io, "cannot create " + tmp_path_ + " (temporary file for " + path_ +
-                                            "): " + std::strerror(e) +
-                                            (e == EEXIST ? " (a leftover from an interrupted run? remove it)" : ""));
+  // Where the bytes go: the output-file policy (io/output_file.h), resolved now.
+  Expected<io::OutputTarget> target = io::check_output_path(path_, what_);
+  if (!target.ok()) {
+    failed_ = target.error();
     return failed_;
   }
-  tmp_created_ = true;
-  begun_ = true;
+  write_through_ = target->write_through;
+  target_ = target->resolved;
   const uint64_t total = 8 + text.size() + data_bytes_;
+  if (write_through_) {
+    // A character device (/dev/null, a terminal): written in place. O_NONBLOCK only
+    // for the open, so a node that turned into a FIFO since the check cannot block us;
+    // fstat confirms what we opened.
+    tmp_path_ = target_;
+    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) {
+      int e = errno;
+      failed_ = make_error(ErrorCode::io, "cannot open " + path_ + ": " + std::strerror(e));
+      return failed_;
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISCHR(st.st_mode)) {
+      failed_ = make_error(ErrorCode::io, "cannot write " + path_ + ": it changed while being opened");
+      return failed_;
+    }
+    int flags = ::fcntl(fd_, F_GETFL);
+    if (flags >= 0) (void)::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
+  } else {
+    // Beside the final target (a symlink's target), so the rename stays on one
+    // filesystem and replaces the target, not the link.
+    tmp_path_ = target_ + ".tmp-" + std::to_string(static_cast<long>(getpid()));
+    // O_EXCL: never write into a file someone else is writing; a leftover from a
+    // crashed process with the same pid is reported, not silently reused.
+    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      int e = errno;
+      failed_ = make_error(ErrorCode::io, "cannot create " + tmp_path_ + " (temporary file for " + path_ +
+                                              "): " + std::strerror(e) +
+                                              (e == EEXIST ? " (a leftover from an interrupted run? remove it)" : ""));
+      return failed_;
+    }
+    tmp_created_ = true;
+  }
+  begun_ = true;
   // Reserve the whole file now: a full disk fails here, before gigabytes are written.
   // Filesystems without fallocate just skip the reservation.
-  if (total > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(total)) != 0) {
+  if (!write_through_ && total > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(total)) != 0) {
     int e = errno;
     if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) return fail_io("reserving " + format_bytes(total) + " for", e);
   }
@@ -604,21 +635,30 @@ Status SafetensorsWriter::commit() {
                           " bytes written (" + std::to_string(decls_.size() - current_) + " tensor(s) unfinished)");
   }
   LS_TRY(flush_buffer());
+  if (write_through_) {
+    // A device: nothing to sync or rename.
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return fail_io("closing", errno);
+    committed_ = true;
+    return {};
+  }
   // Durable before visible: the data reaches the disk, then the rename publishes it,
-  // so `path` is always either the old file or the complete new one.
+  // so the target is always either the old file or the complete new one.
   if (::fsync(fd_) != 0) return fail_io("syncing", errno);
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) return fail_io("closing", errno);
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+  if (::rename(tmp_path_.c_str(), target_.c_str()) != 0) {
     int e = errno;
-    failed_ = make_error(ErrorCode::io, "cannot rename " + tmp_path_ + " to " + path_ + ": " + std::strerror(e));
+    failed_ = make_error(ErrorCode::io, "cannot rename " + tmp_path_ + " to " + target_ + ": " + std::strerror(e));
     return failed_;
   }
   committed_ = true;
   // Make the rename itself durable (best effort: the file is complete either way).
   std::string dir = ".";
-  if (auto slash = path_.find_last_of('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path_.substr(0, slash);
+  if (auto slash = target_.find_last_of('/'); slash != std::string::npos)
+    dir = slash == 0 ? "/" : target_.substr(0, slash);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     (void)::fsync(dfd);

@@ -81,12 +81,18 @@ class SafetensorsReader {
 // count per tensor); zero-size tensors need no write.
 // Every failure is a Status with a message; after an I/O failure the writer refuses
 // further calls and the destructor cleans up.
-// Writes go to "<path>.tmp-<pid>" and commit() renames over `path` after fsync; if the
+// Where the bytes go follows the output-file policy of io/output_file.h, checked by
+// begin() through io::check_output_path(): for a new path or a regular file, writes go
+// to "<target>.tmp-<pid>" beside it and commit() renames over the target after fsync
+// (a symbolic link is followed and its final target replaced; the link stays); if the
 // writer is destroyed without commit() (error, exception, ^C path), the temporary file
-// is removed and `path` is untouched.
+// is removed and the target is untouched. A character device (/dev/null) is written
+// through, never replaced. A directory, FIFO, socket, block device or missing parent
+// directory is refused by begin() with a message.
 class SafetensorsWriter {
  public:
-  explicit SafetensorsWriter(std::string path);
+  // `what` names the output in messages ("-o"); empty: the path alone.
+  explicit SafetensorsWriter(std::string path, std::string what = {});
   ~SafetensorsWriter();
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
@@ -103,7 +109,10 @@ class SafetensorsWriter {
 
  private:
   struct Decl { std::string name; DType dtype; std::vector<int64_t> shape; uint64_t bytes; };
-  std::string path_, tmp_path_;
+  std::string path_, what_;
+  std::string target_;    // the final file written (symlinks followed), set by begin()
+  std::string tmp_path_;  // where the bytes go until commit(); target_ when write_through_
+  bool write_through_ = false;  // character device: no temporary file, no rename
   std::map<std::string, std::string> metadata_;
   std::vector<Decl> decls_;
   size_t current_ = 0;
