@@ -1,4 +1,4 @@
-#include "tools/cli_util.h"
+#include "cli_util.h"  // (not "tools/...": tests/test_cli_parse.cpp compiles this file in)
 
 #include <charconv>
 #include <cmath>
@@ -17,15 +17,20 @@ std::string quoted(std::string_view text) {
 }
 
 std::string num(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  // The shortest text that reads back as v (%.17g prints 0.10000000000000001).
+  // The shortest text that reads back as v, without an exponent where one is not needed
+  // (100, not 1e+02; 0.1, not 0.10000000000000001).
+  std::string first;
   for (int p = 1; p <= 17; ++p) {
     char b[40];
     std::snprintf(b, sizeof b, "%.*g", p, v);
-    if (std::strtod(b, nullptr) == v) return b;
+    if (std::strtod(b, nullptr) != v) continue;
+    if (std::string(b).find('e') == std::string::npos) return b;
+    if (first.empty()) first = b;
   }
-  return buf;
+  if (!first.empty()) return first;
+  char b[40];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
 }
 
 // "1 EiB", "64 MiB", "1536 B": exact, the largest 1024-unit that divides the value.
