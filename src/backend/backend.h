@@ -202,6 +202,17 @@ class Backend {
   //   p.state: streamed keys in chunks carrying the fp32 state (see AttentionParams).
   virtual Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                            const AttentionParams& p) = 0;
+
+  // ---- checks --------------------------------------------------------------------
+  // The number of elements of t that are NaN, +inf or -inf (a value whose exponent bits
+  // are all ones), returned to the host. Reads the bits only: no arithmetic, so the
+  // count is exact and no output of any op changes. Synchronous: it runs after every
+  // earlier op on the compute queue and the host blocks until the count is known (the
+  // engine calls it once per half block: one read of the residual, cheap next to the
+  // block's GEMMs).
+  //   t: bf16|f16|f32 of 0..4 dims on this backend's device (any strides; an empty
+  //   view or a zero-size dimension counts 0). Other dtypes return unsupported.
+  virtual Expected<int64_t> count_nonfinite(const TensorView& t) = 0;
 };
 
 // The CPU backend (always present).

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "core/alloc_fault.h"
+
 namespace ls {
 
 namespace {
@@ -13,14 +15,20 @@ class HostMemoryResource final : public MemoryResource {
   Device device() const override { return Device{}; }
   Expected<void*> allocate(size_t bytes) override {
     if (bytes == 0) return static_cast<void*>(nullptr);
+    if (testing::allocation_should_fail())  // a test's injected failure (core/alloc_fault.h)
+      return make_error(ErrorCode::out_of_memory, "cannot reserve " + format_bytes(bytes) +
+                                                      " of host memory (injected allocation failure)");
     // MAP_NORESERVE: a large capacity costs address space, not memory, until touched.
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
       return make_error(ErrorCode::out_of_memory, "cannot reserve " + format_bytes(bytes) + " of host memory");
+    testing::allocation_made();
     return p;
   }
   void deallocate(void* p, size_t bytes) override {
-    if (p) munmap(p, bytes);
+    if (!p) return;
+    munmap(p, bytes);
+    testing::allocation_released();
   }
 };
 }  // namespace

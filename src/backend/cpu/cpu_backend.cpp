@@ -82,6 +82,7 @@ Status CpuBackend::attention(const TensorView& q, const TensorView& k, const Ten
                              const AttentionParams& p) {
   return cpu_op_attention(q, k, v, out, p);
 }
+Expected<int64_t> CpuBackend::count_nonfinite(const TensorView& t) { return cpu_op_count_nonfinite(t); }
 
 }  // namespace cpu
 

@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
   Status convert(const TensorView& src, const TensorView& dst) override;
   Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const AttentionParams& p) override;
+  Expected<int64_t> count_nonfinite(const TensorView& t) override;
 };
 
 }  // namespace ls::cpu

@@ -25,6 +25,7 @@ Status cpu_op_convert(const TensorView& src, const TensorView& dst);
 Status cpu_op_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const AttentionParams& p);
 Status cpu_op_copy(const TensorView& dst, const TensorView& src);
+Expected<int64_t> cpu_op_count_nonfinite(const TensorView& t);
 
 // ---- helpers shared by the op files --------------------------------------------
 // The Status for a dtype combination an op does not implement.

@@ -1,8 +1,10 @@
 // CudaBackend: the Backend interface on one CUDA device (DESIGN.md §3).
 //
 // Memory: MemoryResource over cudaMalloc (the arena takes its one block from it);
-// nothing else in the backend allocates device memory; pinned_host_memory() is a
-// MemoryResource over cudaHostAlloc for the host side of streamed copies. Work: one
+// nothing else in the backend allocates device memory but count_nonfinite's 8-byte
+// counter (made once in init()); pinned_host_memory() is a MemoryResource over
+// cudaHostAlloc for the host side of streamed copies. Both resources consult the
+// allocation-fault hook (core/alloc_fault.h) before allocating. Work: one
 // compute stream per backend; every op and copy is queued on it in call order, so ops
 // see the results of earlier ops without extra synchronisation. A second non-blocking
 // stream (Queue::transfer) carries copy_async copies that overlap with compute; the two
@@ -19,6 +21,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ext.h"
 #include "backend/cuda/ops.cuh"
+#include "core/alloc_fault.h"
 
 namespace ls::cuda {
 
@@ -71,7 +74,8 @@ class CudaMemoryResource final : public MemoryResource {
     DeviceGuard g(device_);
     if (bytes == 0) return static_cast<void*>(nullptr);
     void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    // A test's injected failure (core/alloc_fault.h) takes the path of a real one.
+    cudaError_t e = testing::allocation_should_fail() ? cudaErrorMemoryAllocation : cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
       size_t free_b = 0, total_b = 0;
       cudaGetLastError();
@@ -80,12 +84,14 @@ class CudaMemoryResource final : public MemoryResource {
                                format_bytes(free_b) + " free of " + format_bytes(total_b) +
                                "); lower the memory budget");
     }
+    testing::allocation_made();
     return p;
   }
   void deallocate(void* p, size_t) override {
     if (!p) return;
     DeviceGuard g(device_);
     LS_CUDA_CHECK(cudaFree(p));
+    testing::allocation_released();
   }
 
  private:
@@ -104,17 +110,20 @@ class CudaPinnedHostResource final : public MemoryResource {
     DeviceGuard g(device_);
     if (bytes == 0) return static_cast<void*>(nullptr);
     void* p = nullptr;
-    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    cudaError_t e = testing::allocation_should_fail() ? cudaErrorMemoryAllocation
+                                                      : cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
     if (e != cudaSuccess)
       return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " (" + std::to_string(bytes) +
                                " bytes) of pinned host memory for cuda:" + std::to_string(device_) +
                                "; lower the host offload budget or free host memory");
+    testing::allocation_made();
     return p;
   }
   void deallocate(void* p, size_t) override {
     if (!p) return;
     DeviceGuard g(device_);
     LS_CUDA_CHECK(cudaFreeHost(p));
+    testing::allocation_released();
   }
 
  private:
@@ -144,11 +153,25 @@ class CudaBackend final : public Backend {
     LS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.gemm_cache = gemm_cache_create();
   }
+  // Backend state that can fail for lack of memory (make_cuda_backend calls it once):
+  // count_nonfinite's 8-byte device counter. Plain cudaMalloc, outside the arenas and
+  // the allocation-fault hook (it holds no tensor; the streams and the cuBLASLt handle
+  // above also take device memory of their own).
+  Status init() {
+    DeviceGuard g(ctx_.device);
+    cudaError_t e = cudaMalloc(&ctx_.nonfinite_counter, sizeof(unsigned long long));
+    if (e != cudaSuccess) {
+      ctx_.nonfinite_counter = nullptr;
+      return cuda_error(e, "cudaMalloc of the non-finite counter on cuda:" + std::to_string(ctx_.device));
+    }
+    return Status();
+  }
   ~CudaBackend() override {
     DeviceGuard g(ctx_.device);
     // Both queues drain before anything they may still use is destroyed.
     cudaStreamSynchronize(ctx_.stream);
     cudaStreamSynchronize(transfer_stream_);
+    if (ctx_.nonfinite_counter) cudaFree(ctx_.nonfinite_counter);
     gemm_cache_destroy(ctx_.gemm_cache);
     cublasLtDestroy(ctx_.lt);
     for (cudaEvent_t f : fences_) cudaEventDestroy(f);
@@ -292,6 +315,10 @@ class CudaBackend final : public Backend {
     DeviceGuard g(ctx_.device);
     return cuda_op_attention(ctx_, q, k, v, out, p);
   }
+  Expected<int64_t> count_nonfinite(const TensorView& t) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_count_nonfinite(ctx_, t);
+  }
 
   CudaContext& context() { return ctx_; }
 
@@ -343,12 +370,16 @@ class CudaBackend final : public Backend {
 // ---- cuda_ext.h ------------------------------------------------------------------
 Expected<std::unique_ptr<PinnedHostBuffer>> PinnedHostBuffer::create(size_t bytes) {
   void* p = nullptr;
-  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  cudaError_t e = bytes == 0 || !testing::allocation_should_fail() ? cudaHostAlloc(&p, bytes, cudaHostAllocDefault)
+                                                                    : cudaErrorMemoryAllocation;
   if (e != cudaSuccess) return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " pinned host memory");
+  if (p) testing::allocation_made();
   return std::unique_ptr<PinnedHostBuffer>(new PinnedHostBuffer(p, bytes));
 }
 PinnedHostBuffer::~PinnedHostBuffer() {
-  if (data_) LS_CUDA_CHECK(cudaFreeHost(data_));
+  if (!data_) return;
+  LS_CUDA_CHECK(cudaFreeHost(data_));
+  testing::allocation_released();
 }
 
 Stream::Stream(int device) : device_(device) {
@@ -421,6 +452,7 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int index) {
   cudaSetDevice(index);
   auto b = std::make_unique<cuda::CudaBackend>(index, prop);
   cudaSetDevice(prev);
+  LS_TRY(b->init());
   return std::unique_ptr<Backend>(std::move(b));
 }
 

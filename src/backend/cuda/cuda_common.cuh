@@ -59,6 +59,9 @@ struct CudaContext {
   int sm_count = 0;
   size_t max_smem_optin = 0;
   GemmAlgoCache* gemm_cache = nullptr;
+  // count_nonfinite's result on the device: one counter made with the backend (see
+  // nonfinite.cu for why it is not a workspace piece).
+  unsigned long long* nonfinite_counter = nullptr;
 };
 
 // Host-side helpers for views.

@@ -1,6 +1,6 @@
 // The CUDA op entries, one per backend op (each defined in its family's .cu file:
 // rms_norm.cu, modulate.cu, elementwise.cu, qk_norm_rope.cu, time_embedding.cu,
-// convert.cu, gemm.cu, attention.cu). Arguments are validated by the entry; shape
+// convert.cu, gemm.cu, attention.cu, nonfinite.cu). Arguments are validated by the entry; shape
 // mismatches are bugs (LS_CHECK), unsupported dtypes return a Status.
 #pragma once
 
@@ -33,6 +33,8 @@ Status cuda_op_time_embedding(CudaContext& ctx, const TensorView& t, const Tenso
 Status cuda_op_convert(CudaContext& ctx, const TensorView& src, const TensorView& dst);
 Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionParams& p);
+// nonfinite.cu: uses ctx.nonfinite_counter; synchronises the compute stream.
+Expected<int64_t> cuda_op_count_nonfinite(CudaContext& ctx, const TensorView& t);
 
 // gemm.cu: the algorithm cache's lifetime is the backend's.
 GemmAlgoCache* gemm_cache_create();
