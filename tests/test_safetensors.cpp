@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -239,17 +240,19 @@ TEST_F(SafetensorsTest, UnsupportedButValidDtypeIsListedSeparately) {
 }
 
 TEST_F(SafetensorsTest, EdgeCasesThatAreValid) {
-  // Zero-size tensors anywhere (also inside another tensor's range: they hold no
-  // bytes), an empty header object, an element count that would overflow but for a
-  // zero dim, gaps and trailing bytes, whitespace around the JSON.
+  // Zero-size tensors at the start, between and after the others, an empty header
+  // object, an element count that would overflow but for a zero dim, tensors listed in
+  // another order than their bytes, whitespace around the JSON.
   struct Case { std::string header, data; size_t entries; };
   const std::vector<Case> cases = {
       {"{}", "", 0},
       {"  {\"__metadata__\":{}}  ", "", 0},
-      {R"({"z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-       std::string(8, 'x'), 2},
+      {R"({"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("y":{"dtype":"U8","shape":[0,3],"data_offsets":[0,0]},"m":{"dtype":"U8","shape":[0],"data_offsets":[8,8]}})",
+       std::string(8, 'x'), 4},
       {R"({"z":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]}})", "", 1},
-      {R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", std::string(10, 'x'), 1},
+      {R"({"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       std::string(6, 'x'), 2},
       {R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})", std::string(8, 'x'), 1},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -272,6 +275,16 @@ struct BadFile {
 
 std::string entry_file(const std::string& entry_json, const std::string& data = std::string(16, 'd')) {
   return raw_file("{\"t\":" + entry_json + "}", data);
+}
+
+// A valid one-tensor file whose header length is one byte short: it stops inside the
+// header's space padding, so the data section starts with a space and every tensor is
+// read one byte early (issue 11: all-NaN output, exit 0, before the coverage check).
+std::string header_length_into_padding() {
+  std::string h = R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
+  h.append((8 - h.size() % 8) % 8, ' ');
+  if (h.back() != ' ') h.append(8, ' ');
+  return le64(h.size() - 1) + h + "dddd";
 }
 
 std::vector<BadFile> malformed_corpus() {
@@ -322,6 +335,22 @@ std::vector<BadFile> malformed_corpus() {
        raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                 std::string(12, 'd')),
        "overlap those of tensor 'a'"},
+      // Unindexed bytes: the data section must be covered exactly by the tensors.
+      {"empty tensor inside another's bytes",
+       raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                std::string(8, 'd')),
+       "lies inside the bytes [0, 8) of tensor 'a'"},
+      {"gap between tensors",
+       raw_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12]}})",
+                std::string(12, 'd')),
+       "'b': bytes [8, 12) start 4 bytes after tensor 'a' ends: bytes [4, 8) of the data section belong to no tensor"},
+      {"gap before the first tensor", entry_file(R"({"dtype":"U8","shape":[4],"data_offsets":[2,6]})", std::string(6, 'd')),
+       "start 2 bytes after the start of the data section"},
+      {"trailing bytes", entry_file(R"({"dtype":"U8","shape":[4],"data_offsets":[0,4]})", std::string(7, 'd')),
+       "3 trailing bytes [4, 7) of the data section follow the last tensor 't' (which ends at 4)"},
+      {"trailing bytes and no tensor", raw_file("{}", "12345"), "follow a header that gives no tensor any bytes"},
+      {"header length into the padding", header_length_into_padding(),
+       "seems to stop inside the header's padding, which shifts every tensor by 1 byte(s)"},
   };
 }
 
@@ -338,6 +367,10 @@ TEST_F(SafetensorsTest, MalformedFilesEachRejectedWithOwnMessage) {
     EXPECT_EQ(msg.rfind(path, 0), 0u) << corpus[i].what << ": message does not start with the path: " << msg;
     EXPECT_TRUE(r.error().code == ErrorCode::invalid_file) << corpus[i].what;
     messages.push_back(msg);
+    // The in-memory entry point (the fuzz target's) says the same, under its name.
+    auto m = SafetensorsReader::from_bytes(corpus[i].bytes.data(), corpus[i].bytes.size(), path);
+    ASSERT_FALSE(m.ok()) << corpus[i].what << " was accepted from memory";
+    EXPECT_EQ(m.error().message, msg) << corpus[i].what;
   }
   // Each message is its own: no case's distinctive text appears in another's message.
   for (size_t i = 0; i < corpus.size(); ++i)
@@ -355,7 +388,63 @@ TEST_F(SafetensorsTest, MissingFileAndDirectory) {
   EXPECT_NE(r.error().message.find("No such file"), std::string::npos) << r.error().message;
   auto d = SafetensorsReader::open(dir_.string());
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.error().message.find("not a regular file"), std::string::npos) << d.error().message;
+  EXPECT_NE(d.error().message.find(dir_.string() + ": is a directory, not a regular file"), std::string::npos)
+      << d.error().message;
+  EXPECT_TRUE(d.error().code == ErrorCode::invalid_file);
+}
+
+TEST_F(SafetensorsTest, FifoAndDeviceAreRefusedWithoutBlocking) {
+  // A FIFO given as the model used to block open() forever (waiting for a writer). If it
+  // still did, the alarm would kill this test binary: a failure, not a hung CI job.
+  const std::string fifo = file("model.safetensors");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0666), 0);
+  alarm(30);
+  auto r = SafetensorsReader::open(fifo);
+  alarm(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(fifo + ": is a FIFO (named pipe), not a regular file"), std::string::npos)
+      << r.error().message;
+  // A character device (never opened: refused on its stat).
+  auto n = SafetensorsReader::open("/dev/null");
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.error().message.find("/dev/null: is a character device, not a regular file"), std::string::npos)
+      << n.error().message;
+  // A symbolic link to a valid file is fine (it is the file that must be regular).
+  std::vector<uint8_t> a = pattern_bytes(4, 1);
+  ASSERT_TRUE(write_safetensors(file("real.safetensors"), {{"a", TensorView(a.data(), DType::u8, {4})}}).ok());
+  fs::create_symlink("real.safetensors", file("link.safetensors"));
+  auto l = SafetensorsReader::open(file("link.safetensors"));
+  ASSERT_TRUE(l.ok()) << l.error().message;
+}
+
+TEST_F(SafetensorsTest, FromBytesMatchesOpen) {
+  std::vector<float> a = {1.5f, -2.0f, 3.25f};
+  const std::string path = file("m.safetensors");
+  ASSERT_TRUE(write_safetensors(path, {{"a", TensorView(a.data(), DType::f32, {3})}}, {{"k", "v"}}).ok());
+  const std::string bytes = read_all(path);
+  auto r = SafetensorsReader::from_bytes(bytes.data(), bytes.size(), "mem");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ((*r)->path(), "mem");
+  EXPECT_EQ((*r)->metadata().at("k"), "v");
+  ASSERT_EQ((*r)->entries().size(), 1u);
+  EXPECT_EQ(std::memcmp((*r)->data((*r)->entries()[0]), a.data(), 12), 0);
+  EXPECT_TRUE((*r)->is_aligned((*r)->entries()[0]));
+  auto e = SafetensorsReader::from_bytes(nullptr, 0);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("<memory>: file is 0 bytes"), std::string::npos) << e.error().message;
+}
+
+TEST_F(SafetensorsTest, CommittedFilesAreCoveredExactly) {
+  // Every safetensors file in the tree (golden files written by the Python reference
+  // and by our writer) passes the exact-coverage check.
+  size_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(LS_TEST_DATA_DIR)) {
+    if (e.path().extension() != ".safetensors") continue;
+    auto r = SafetensorsReader::open(e.path().string());
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    ++n;
+  }
+  EXPECT_GE(n, 9u);
 }
 
 TEST_F(SafetensorsTest, TruncatedAndMutatedFilesNeverCrash) {

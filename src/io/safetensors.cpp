@@ -12,8 +12,12 @@
 //   listed in unsupported_tensors() instead of failing the file); shape dims negative,
 //   not integers or beyond int64; element count beyond int64; byte count beyond
 //   uint64; data_offsets not two ascending non-negative integers; byte range length
-//   != element count x element size; byte range past the data section; byte ranges
-//   of two tensors overlapping. Gaps between tensors and trailing bytes are accepted.
+//   != element count x element size; byte range past the data section; then, as the
+//   reference implementation does, the data section must be covered exactly by the
+//   tensors' byte ranges: two ranges overlapping (an empty tensor inside another's
+//   range included), a gap before or between tensors, trailing bytes after the last
+//   one (with a hint when the header length stops inside the header's padding).
+//   Non-regular files (directory, FIFO, device, socket) are refused before opening.
 #include "io/safetensors.h"
 
 #include <fcntl.h>
@@ -161,17 +165,45 @@ SafetensorsReader::~SafetensorsReader() {
   if (map_) munmap(map_, size_);
 }
 
+namespace {
+
+// What a non-regular file is, for the refusal message.
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+Error not_regular(const std::string& path, mode_t m) {
+  return make_error(ErrorCode::invalid_file,
+                    path + ": is " + file_kind(m) + ", not a regular file: a safetensors file is memory-mapped, " +
+                        (S_ISDIR(m) ? std::string("give the path of the .safetensors file itself")
+                                    : std::string("so it must be a regular file (copy the bytes into one first)")));
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path) {
-  auto invalid = [&](const std::string& msg) {
-    return make_error(ErrorCode::invalid_file, path + ": " + msg);
-  };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Refused before opening: a FIFO would block open() until a writer came, a device
+  // might have side effects on open (tapes, terminals).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int e = errno;
+    return make_error(e == ENOENT ? ErrorCode::not_found : ErrorCode::io,
+                      "cannot open safetensors file " + path + ": " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) return not_regular(path, st.st_mode);
+  // O_NONBLOCK: if the path was swapped for a FIFO since the stat, open() still
+  // returns at once and the fstat below refuses it. (No effect on a regular file.)
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int e = errno;
     return make_error(e == ENOENT ? ErrorCode::not_found : ErrorCode::io,
                       "cannot open safetensors file " + path + ": " + std::strerror(e));
   }
-  struct stat st {};
   if (fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
@@ -179,13 +211,14 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return invalid("not a regular file");
+    return not_regular(path, st.st_mode);
   }
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    return invalid("file is " + std::to_string(size) +
-                   " bytes, shorter than the 8-byte header length that starts a safetensors file");
+    return make_error(ErrorCode::invalid_file,
+                      path + ": file is " + std::to_string(size) +
+                          " bytes, shorter than the 8-byte header length that starts a safetensors file");
   }
   // Read-only private mapping: the weights are used in place, never copied; pages come
   // in as they are touched. A file truncated by someone else while mapped would fault
@@ -201,7 +234,34 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
   r->path_ = path;
   r->map_ = map;
   r->size_ = size;
-  const auto* bytes = static_cast<const unsigned char*>(map);
+  r->base_ = static_cast<const unsigned char*>(map);
+  return parse(std::move(r));
+}
+
+Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::from_bytes(const void* bytes, size_t n,
+                                                                           std::string name) {
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->path_ = std::move(name);
+  try {
+    r->owned_.assign(static_cast<const unsigned char*>(bytes), static_cast<const unsigned char*>(bytes) + n);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::out_of_memory, r->path_ + ": out of memory copying " + format_bytes(n));
+  }
+  r->size_ = n;
+  r->base_ = r->owned_.data();
+  return parse(std::move(r));
+}
+
+Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::parse(std::unique_ptr<SafetensorsReader> r) {
+  const std::string& path = r->path_;
+  auto invalid = [&](const std::string& msg) {
+    return make_error(ErrorCode::invalid_file, path + ": " + msg);
+  };
+  const uint64_t size = r->size_;
+  if (size < 8)
+    return invalid("file is " + std::to_string(size) +
+                   " bytes, shorter than the 8-byte header length that starts a safetensors file");
+  const unsigned char* bytes = r->base_;
 
   uint64_t header_len = 0;  // u64 little endian, whatever the host's byte order
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | bytes[i];
@@ -331,19 +391,62 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
     r->entries_.push_back(std::move(e));
   }
 
-  // Overlaps: walk the ranges by start and compare each with the furthest end seen so
-  // far. Empty ranges hold no bytes and overlap nothing.
+  // Exact coverage, as the reference implementation requires: taken in offset order,
+  // each tensor starts where the previous one ends, the first at 0, and the last ends
+  // at the end of the file. Every byte of the data section then belongs to exactly one
+  // tensor: no gap, no overlap, nothing after the last tensor. Unindexed bytes are not
+  // harmless: a header length cut short by one byte (pointing into the header's space
+  // padding) shifts every tensor by one byte and leaves one byte over at the end, and
+  // nothing else would notice.
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return a.name < b.name;
   });
-  const Range* furthest = nullptr;
+  auto span = [](uint64_t b, uint64_t e) {
+    std::string t = "[";  // appended piecewise: GCC 12 warns (-Wrestrict, falsely) on "[" + to_string(b)
+    t += std::to_string(b);
+    t += ", ";
+    t += std::to_string(e);
+    t += ")";
+    return t;
+  };
+  uint64_t cursor = 0;          // end of the bytes covered so far
+  const Range* last = nullptr;  // the last tensor holding bytes
   for (const Range& rg : ranges) {
-    if (rg.begin == rg.end) continue;
-    if (furthest && rg.begin < furthest->end)
-      return invalid("tensor " + quote_name(rg.name) + ": bytes [" + std::to_string(rg.begin) + ", " +
-                     std::to_string(rg.end) + ") overlap those of tensor " + quote_name(furthest->name) + " [" +
-                     std::to_string(furthest->begin) + ", " + std::to_string(furthest->end) + ")");
-    if (!furthest || rg.end > furthest->end) furthest = &rg;
+    if (rg.begin < cursor) {  // then `last` is set: only a tensor with bytes moves the cursor
+      if (rg.begin == rg.end)
+        return invalid("tensor " + quote_name(rg.name) + " (empty, data_offsets [" + std::to_string(rg.begin) + ", " +
+                       std::to_string(rg.end) + "]) lies inside the bytes " + span(last->begin, last->end) +
+                       " of tensor " + quote_name(last->name) + "; each tensor must start where the previous one ends");
+      return invalid("tensor " + quote_name(rg.name) + ": bytes " + span(rg.begin, rg.end) + " overlap those of tensor " +
+                     quote_name(last->name) + " " + span(last->begin, last->end));
+    }
+    if (rg.begin > cursor)
+      return invalid("tensor " + quote_name(rg.name) + ": bytes " + span(rg.begin, rg.end) + " start " +
+                     std::to_string(rg.begin - cursor) + " bytes after " +
+                     (last ? "tensor " + quote_name(last->name) + " ends" : std::string("the start of the data section")) +
+                     ": bytes " + span(cursor, rg.begin) + " of the data section belong to no tensor (gap; a " +
+                     "safetensors data section must be covered exactly by its tensors)");
+    if (rg.end > rg.begin) last = &rg;
+    cursor = rg.end;
+  }
+  if (cursor != data_size) {  // cursor < data_size: every end was checked against it
+    const uint64_t extra = data_size - cursor;
+    std::string msg = std::to_string(extra) + " trailing bytes " + span(cursor, data_size) +
+                      " of the data section follow " +
+                      (last ? "the last tensor " + quote_name(last->name) + " (which ends at " + std::to_string(cursor) + ")"
+                            : std::string("a header that gives no tensor any bytes")) +
+                      " and belong to no tensor (a safetensors data section must be covered exactly by its tensors)";
+    // The classic cause: the header length stops inside the header's space padding,
+    // so the data section starts with those spaces and everything moves by as many bytes.
+    uint64_t spaces = 0;
+    while (spaces < extra && bytes[r->data_start_ + spaces] == ' ') ++spaces;
+    if (last && spaces == extra)
+      msg += "; the data section starts with " + std::to_string(extra) + " space(s): the header length (" +
+             std::to_string(header_len) + ") seems to stop inside the header's padding, which shifts every tensor by " +
+             std::to_string(extra) + " byte(s)";
+    return invalid(msg);
   }
 
   std::sort(r->entries_.begin(), r->entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
@@ -362,7 +465,7 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
 
 const void* SafetensorsReader::data(const SafetensorsEntry& e) const {
   LS_CHECK_MSG(e.begin <= e.end && e.end <= size_ - data_start_, "entry does not belong to " + path_);
-  return static_cast<const char*>(map_) + data_start_ + e.begin;
+  return reinterpret_cast<const char*>(base_) + data_start_ + e.begin;
 }
 
 bool SafetensorsReader::is_aligned(const SafetensorsEntry& e) const {

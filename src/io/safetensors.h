@@ -33,7 +33,13 @@ class SafetensorsReader {
   static constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 
   // Maps the file read-only and validates everything (see the .cpp for the list).
+  // Anything but a regular file (directory, FIFO, device, socket) is refused before it
+  // is opened, and opened without blocking (a FIFO cannot make us wait for a writer).
   static Expected<std::unique_ptr<SafetensorsReader>> open(const std::string& path);
+  // The same validation over bytes in memory (fuzz targets, tests). The bytes are
+  // copied into the reader; `name` stands for the path in messages and path().
+  static Expected<std::unique_ptr<SafetensorsReader>> from_bytes(const void* bytes, size_t n,
+                                                                 std::string name = "<memory>");
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
@@ -61,8 +67,12 @@ class SafetensorsReader {
 
  private:
   SafetensorsReader() = default;
+  // Validates base_[0, size_) and fills the tables (shared by open and from_bytes).
+  static Expected<std::unique_ptr<SafetensorsReader>> parse(std::unique_ptr<SafetensorsReader> r);
   std::string path_;
-  void* map_ = nullptr;
+  void* map_ = nullptr;                 // open(): the read-only mapping (unmapped on destruction)
+  std::vector<unsigned char> owned_;    // from_bytes(): the copy
+  const unsigned char* base_ = nullptr;  // the file's first byte (map_ or owned_)
   uint64_t size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
