@@ -78,6 +78,11 @@ inline h3::Conditioning random_cond(std::mt19937_64& rng, const h3::H3Config& cf
   c.audio_scale = pick(0, 3) == 0 ? 1.0 : 4.0;
   c.sample_sigmas = {1.0f, 0.9f, 0.75f, 0.5f, 0.0f};
   if (!extras) return c;
+  // Condition noise augmentation on either stream (< 1 blends noise into the condition
+  // rows; 0.5 makes the noise half of every condition value).
+  const double augs[] = {0.5, 0.999, 1.0};
+  c.vis_aug = augs[pick(0, 2)];
+  c.aud_aug = augs[pick(0, 2)];
   if (pick(0, 1)) {
     c.text_token_tags.resize(static_cast<size_t>(c.geometry.text_tokens));
     for (auto& t : c.text_token_tags) t = static_cast<int8_t>(pick(0, 1));
@@ -87,6 +92,10 @@ inline h3::Conditioning random_cond(std::mt19937_64& rng, const h3::H3Config& cf
     kf.pixel_frame = pick(0, 20);
     kf.video = video_latent(rng, cfg, pick(1, 2), c.geometry.Hl, c.geometry.Wl);
     if (pick(0, 1)) kf.audio = audio_latent(rng, cfg, pick(1, 3));
+    if (pick(0, 1)) {  // caller-drawn noise (ConditionNoise) in the rows' shape
+      kf.noise.video = randn(rng, kf.video.data.size());
+      kf.noise.audio = randn(rng, kf.audio.data.size());
+    }
     c.keyframes.push_back(kf);
   }
   for (int64_t k = pick(0, 2); k > 0; --k) {

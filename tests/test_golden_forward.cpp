@@ -163,18 +163,61 @@ TEST_P(GoldenForward, MatchesPyTorch) {
     const int8_t* p = t.ptr<const int8_t>();
     cond.text_token_tags.assign(p, p + t.numel());
   }
+  if (cj.contains("seed")) cond.seed = cj["seed"].get<uint64_t>();
+  // Condition latents, and PyTorch's own noise draws for them (torch.randn(rows.shape)
+  // from the reseeded CPU generator), handed in through h3::ConditionNoise.
+  auto audio_of = [&](const std::string& n) {
+    h3::AudioLatent a;
+    a.data = floats(n);
+    a.A = view_of(n).shape[2];
+    return a;
+  };
+  auto noise_of = [&](const std::string& prefix) {
+    h3::ConditionNoise z;
+    if (g.find(prefix + ".noise_video")) z.video = floats(prefix + ".noise_video");
+    if (g.find(prefix + ".noise_audio")) z.audio = floats(prefix + ".noise_audio");
+    return z;
+  };
   const auto& kf_frames = cj["keyframe_pixel_frames"];
   for (size_t i = 0; i < kf_frames.size(); ++i) {
+    const std::string p = "in.keyframe." + std::to_string(i);
     h3::Keyframe k;
     k.pixel_frame = kf_frames[i];
-    k.video.data = floats("in.keyframe." + std::to_string(i));
+    k.video.data = floats(p);
     k.video.T = 1;
     k.video.Hl = cond.geometry.Hl;
     k.video.Wl = cond.geometry.Wl;
+    if (g.find(p + ".audio_latent")) k.audio = audio_of(p + ".audio_latent");
+    k.noise = noise_of(p);
     cond.keyframes.push_back(std::move(k));
+  }
+  if (cj.contains("ref_kinds")) {
+    const auto& kinds = cj["ref_kinds"];
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      const std::string p = "in.ref." + std::to_string(i);
+      h3::Reference r;
+      if (kinds[i] == "image") {
+        r.kind = h3::ReferenceKind::image;
+        const TensorView lv = view_of(p + ".latent");  // f32 [C, 1, h, w]
+        r.video.data = floats(p + ".latent");
+        r.video.T = lv.shape[1];
+        r.video.Hl = lv.shape[2];
+        r.video.Wl = lv.shape[3];
+      } else {
+        ASSERT_EQ(kinds[i], "audio");
+        r.kind = h3::ReferenceKind::audio;
+        r.audio = audio_of(p + ".audio_latent");
+      }
+      r.noise = noise_of(p);
+      cond.refs.push_back(std::move(r));
+    }
   }
   if (g.find("in.video_mask")) cond.video_mask = floats("in.video_mask");
   if (g.find("in.audio_mask")) cond.audio_mask = floats("in.audio_mask");
+  if (g.find("in.sample_sigmas")) cond.sample_sigmas = floats("in.sample_sigmas");
+  if (cj.contains("pdd_heads")) {
+    ASSERT_EQ(cfg.pdd_heads, cj["pdd_heads"].get<int64_t>()) << "PDD bank size detected from both heads";
+  }
 
   const float sigma = floats("in.sigma")[0];
   std::vector<float> video = floats("in.video"), audio = floats("in.audio");
@@ -233,6 +276,23 @@ TEST_P(GoldenForward, MatchesPyTorch) {
   compare(g, "out.video", std::vector<double>(out->video.begin(), out->video.end()), "velocity video");
   compare(g, "out.audio", std::vector<double>(out->audio.begin(), out->audio.end()), "velocity audio");
 
+  // Condition noise from the engine's own restatement of torch's CPU generator
+  // (h3::torch_cpu_randn, no noise handed in): within the same bound as PyTorch's draws.
+  bool handed_noise = false;
+  for (const auto& k : cond.keyframes) handed_noise |= !k.noise.video.empty() || !k.noise.audio.empty();
+  for (const auto& r : cond.refs) handed_noise |= !r.noise.video.empty() || !r.noise.audio.empty();
+  if (handed_noise) {
+    h3::Conditioning own = cond;
+    for (auto& k : own.keyframes) k.noise = h3::ConditionNoise{};
+    for (auto& r : own.refs) r.noise = h3::ConditionNoise{};
+    auto restated = (*engine)->forward(own, *text, vv, av, sigma, *plan);
+    ASSERT_TRUE(restated.ok()) << restated.error().message;
+    compare(g, "out.video", std::vector<double>(restated->video.begin(), restated->video.end()),
+            "video (own randn)");
+    compare(g, "out.audio", std::vector<double>(restated->audio.begin(), restated->audio.end()),
+            "audio (own randn)");
+  }
+
   // A sliced plan (two-pass attention, sliced MLP and head, awkward slice sizes) gives
   // the stock plan's bytes on the golden inputs too (DESIGN.md §1).
   exec::PlanKnobs knobs;
@@ -252,7 +312,7 @@ TEST_P(GoldenForward, MatchesPyTorch) {
 // The golden checkpoints load through the normal path and detect to the generator's
 // config (a non-preset config: attention width 96 != hidden 64, timestep_input_dim 32).
 TEST(GoldenCheckpoint, DetectedConfigMatchesGenerator) {
-  for (const char* file : {"h3_golden_tiny.safetensors", "h3_golden_tiny_curve.safetensors"}) {
+  for (const char* file : {"h3_golden_tiny.safetensors", "h3_golden_tiny_curve.safetensors", "h3_golden_tiny_pdd.safetensors"}) {
     auto src = h3::open_h3_checkpoint(golden::golden_path(file));
     ASSERT_TRUE(src.ok()) << src.error().message;
     const std::string fe = golden::check_format((*src)->file());
@@ -278,7 +338,7 @@ TEST(GoldenCheckpoint, DetectedConfigMatchesGenerator) {
       EXPECT_EQ(c.time_embed_hidden, j["time_embed_hidden"].get<int64_t>());
       EXPECT_EQ(c.time_embed_dim, j["time_embed_dim"].get<int64_t>());
     }
-    EXPECT_EQ(c.pdd_heads, 1);
+    EXPECT_EQ(c.pdd_heads, j.contains("pdd") ? j["pdd"].get<int64_t>() : 1);
     EXPECT_FALSE(c.gate_compress);
   }
 }
@@ -327,7 +387,9 @@ TEST(GoldenTorchRandom, MatchesPyTorchCpuRandn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenForward,
-                         ::testing::Combine(::testing::Values("t2va", "t2va_sigma1", "keyframes", "mask", "t2va_curve"),
+                         ::testing::Combine(::testing::Values("t2va", "t2va_sigma1", "keyframes", "mask", "t2va_curve",
+                                                              "mask_partial", "keyframe_aug", "reference_aug",
+                                                              "pdd_step2", "pdd_step4"),
                                             ::testing::Values("cpu", "cuda")),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& i) {
                            return std::get<0>(i.param) + "_" + std::get<1>(i.param);

@@ -462,14 +462,17 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   const float carry = cond.audio_scale != 1.0 ? round_bf16(ts.sig.sigma_a_f32 / ts.sig.sigma_v_f32) : 1.0f;
   LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, lay, cond, video, audio, carry));
 
-  // PDD effective heads (host) before any device work.
-  // The bank enlarges video_out only (the checkpoint table keeps audio_out [Pa, D]), so
-  // the audio head is used as it is.
-  h3::EffectiveHead pdd_v;
+  // PDD effective heads (host) before any device work. ComfyUI banks both heads with
+  // the same n and the same [start, stop) (from the video shift); each head's weights
+  // come from its own stream's shift (h3-model.md §2.12 step 4).
+  h3::EffectiveHead pdd_v, pdd_a;
   if (cfg.pdd_heads > 1) {
     LS_ASSIGN_OR_RETURN(pdd_v, h3::pdd_effective_head(m.weights->host("final_layer.video_out.weight"),
                                                       m.weights->host("final_layer.video_out.bias"), cfg.pdd_heads,
                                                       cond.sample_sigmas, ts.sig.sigma_v, cond.shift_video, cond.shift_video));
+    LS_ASSIGN_OR_RETURN(pdd_a, h3::pdd_effective_head(m.weights->host("final_layer.audio_out.weight"),
+                                                      m.weights->host("final_layer.audio_out.bias"), cfg.pdd_heads,
+                                                      cond.sample_sigmas, ts.sig.sigma_v, cond.shift_video, cond.shift_audio));
   }
 
   // ---- modulation tables: the precomputed ones if they cover this call ----
@@ -773,12 +776,24 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S - sa.start, plan.final_slice)));
     TensorView vw = m.weights->get("final_layer.video_out.weight"), vb = m.weights->get("final_layer.video_out.bias");
     TensorView aw = m.weights->get("final_layer.audio_out.weight"), ab = m.weights->get("final_layer.audio_out.bias");
+    // PDD: one planned buffer f32 [Pv, D] + [Pv] ("PDD video head" / "PDD video bias",
+    // Pv >= Pa) holds the effective head of the stream being projected: the audio head
+    // for the target audio rows, then the video head (the audio rows all come first, so
+    // it is loaded once each; the copies are ordered with the GEMMs on the compute queue).
+    TensorView pdd_w, pdd_b;
+    bool pdd_holds_video = false;
     if (cfg.pdd_heads > 1) {
-      LS_ASSIGN_OR_RETURN(vw, alloc(*arena, named(ph.buffers, "PDD video head"), Pv));
-      LS_ASSIGN_OR_RETURN(TensorView vb2, alloc(*arena, named(ph.buffers, "PDD video bias"), Pv));
-      vb = TensorView(vb2.data, DType::f32, {Pv}, vb2.device);
-      LS_TRY(be.copy(vw, TensorView(pdd_v.w.data(), DType::f32, {Pv, D})));
-      LS_TRY(be.copy(vb, TensorView(pdd_v.b.data(), DType::f32, {Pv})));
+      if (Pa > Pv)
+        return make_error(ErrorCode::unsupported, "a PDD head bank with audio head rows (" + std::to_string(Pa) +
+                                                      ") wider than the video head's (" + std::to_string(Pv) +
+                                                      ") is not supported");
+      LS_ASSIGN_OR_RETURN(pdd_w, alloc(*arena, named(ph.buffers, "PDD video head"), Pv));
+      LS_ASSIGN_OR_RETURN(TensorView pb, alloc(*arena, named(ph.buffers, "PDD video bias"), Pv));
+      pdd_b = TensorView(pb.data, DType::f32, {Pv}, pb.device);
+      aw = TensorView(pdd_w.data, DType::f32, {Pa, D}, pdd_w.device);
+      ab = TensorView(pdd_b.data, DType::f32, {Pa}, pdd_b.device);
+      LS_TRY(be.copy(aw, TensorView(pdd_a.w.data(), DType::f32, {Pa, D})));
+      LS_TRY(be.copy(ab, TensorView(pdd_a.b.data(), DType::f32, {Pa})));
     }
     const TensorView shift = tab->final_table.cols(0, D), scale = tab->final_table.cols(D, 2 * D);
     const TensorView norm_w = m.weights->get("final_layer.norm.weight");
@@ -796,6 +811,13 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
         if (lo >= hi) continue;
         const bool is_v = s->is_video();
         const int64_t ow = is_v ? Pv : Pa, n = hi - lo;
+        if (cfg.pdd_heads > 1 && is_v && !pdd_holds_video) {
+          vw = pdd_w;
+          vb = pdd_b;
+          LS_TRY(be.copy(vw, TensorView(pdd_v.w.data(), DType::f32, {Pv, D})));
+          LS_TRY(be.copy(vb, TensorView(pdd_v.b.data(), DType::f32, {Pv})));
+          pdd_holds_video = true;
+        }
         const TensorView o(static_cast<float*>(out.data) + (lo - a) * pw, DType::f32, {n, ow}, out.device);
         LS_TRY(h3::final_layer_rows(be, r.x_rows(lo, hi), final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw,
                                     is_v ? vb : ab, h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
@@ -820,21 +842,30 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   for (int64_t r = 0; r < sv.rows(); ++r)
     h3::video_unpatch_row(vout.data() + r * Pv, cfg.latents_dim, g.T, g.Hl, g.Wl, r, res.video.data());
   for (int64_t r = 0; r < sa.rows(); ++r) h3::audio_unrow(aout.data() + r * Pa, cfg.audio_latents_dim, g.A, r, res.audio.data());
-  // Masks: out *= mask (bf16 tensor times fp32 mask, in place: one rounding to bf16).
+  // Masks (§2.2 step 5): out *= the mask model_base hands the model: pooled per 2x2
+  // patch (amax) and quantised to ceil(m * 256) / 256, the values that also set the
+  // per-row timesteps (h3::pooled_video_mask / pooled_audio_mask), broadcast over the
+  // channels (video: also over the patch's 2x2 pixels). A bf16 tensor times a bf16 mask
+  // (k/256 is exact in bf16): one rounding to bf16.
   if (!cond.video_mask.empty()) {
-    const int64_t plane = g.T * g.Hl * g.Wl;
+    const std::vector<float> pm = h3::pooled_video_mask(cond);  // [T * Hl/2 * Wl/2]
+    const int64_t hp = g.Hl / 2, wp = g.Wl / 2, plane = g.T * g.Hl * g.Wl;
     for (int64_t c = 0; c < cfg.latents_dim; ++c)
-      for (int64_t i = 0; i < plane; ++i) {
-        float& v = res.video[static_cast<size_t>(c * plane + i)];
-        v = round_bf16(v * cond.video_mask[static_cast<size_t>(i)]);
-      }
+      for (int64_t t = 0; t < g.T; ++t)
+        for (int64_t y = 0; y < g.Hl; ++y)
+          for (int64_t w = 0; w < g.Wl; ++w) {
+            const float mv = pm[static_cast<size_t>((t * hp + y / 2) * wp + w / 2)];
+            float& v = res.video[static_cast<size_t>(c * plane + (t * g.Hl + y) * g.Wl + w)];
+            v = round_bf16(v * mv);
+          }
   }
   if (!cond.audio_mask.empty()) {
+    const std::vector<float> pm = h3::pooled_audio_mask(cond);  // [2A]
     const int64_t plane = 2 * g.A;
     for (int64_t c = 0; c < cfg.audio_latents_dim; ++c)
       for (int64_t i = 0; i < plane; ++i) {
         float& v = res.audio[static_cast<size_t>(c * plane + i)];
-        v = round_bf16(v * cond.audio_mask[static_cast<size_t>(i)]);
+        v = round_bf16(v * pm[static_cast<size_t>(i)]);
       }
   }
   // Audio carry (§2.2 step 6): out = (1 - s) * (audio_src * carry) + bf16(1 + (s - 1) * sigma_a) * out,

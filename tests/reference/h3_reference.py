@@ -227,6 +227,7 @@ class Cfg:
         self.rope_len = 4        # pairs 12, rot_dim 24 < head_dim 32 (partial rotation)
         self.curve_grid = 0      # > 0: pruned / curve form
         self.curve_k = 8
+        self.pdd = 1             # > 1: a PDD head bank of this size on both heads (§2.12)
         self.__dict__.update(kw)
 
     @property
@@ -286,10 +287,13 @@ def tensor_specs(cfg):
     add("final_layer.norm.weight", [D], bf, "norm")
     add("final_layer.adaln_proj.linear.weight", [2 * D, t], ada_dt, "ada_w", t)
     add("final_layer.adaln_proj.linear.bias", [2 * D], ada_dt, "ada_b")
-    add("final_layer.video_out.weight", [pv, D], f32_, "lin", D)
-    add("final_layer.video_out.bias", [pv], f32_, "bias")
-    add("final_layer.audio_out.weight", [cfg.audio_latents, D], f32_, "lin", D)
-    add("final_layer.audio_out.bias", [cfg.audio_latents], f32_, "bias")
+    # Heads: a PDD bank of n is [n*out, D] on both heads (ComfyUI's shape); row block 0 is
+    # the full head, later blocks are offsets from it (drawn at 1/4 of the head's scale).
+    n = cfg.pdd
+    add("final_layer.video_out.weight", [n * pv, D], f32_, "lin" if n == 1 else ("bank", n), D)
+    add("final_layer.video_out.bias", [n * pv], f32_, "bias" if n == 1 else ("bank_bias", n))
+    add("final_layer.audio_out.weight", [n * cfg.audio_latents, D], f32_, "lin" if n == 1 else ("bank", n), D)
+    add("final_layer.audio_out.bias", [n * cfg.audio_latents], f32_, "bias" if n == 1 else ("bank_bias", n))
     for i in range(cfg.num_layers):
         p = f"blocks.{i}."
         add(p + "norm1.weight", [D], bf, "norm")
@@ -311,7 +315,14 @@ def make_weights(cfg, seed):
     out = {}
     for name, shape, dtype, kind, fan in tensor_specs(cfg):
         r = torch.randn(shape, generator=g, dtype=torch.float32)
-        if kind == "lin":
+        if isinstance(kind, tuple):  # a PDD bank: block 0 the head, blocks >= 1 offsets
+            nb = kind[1]
+            blk = torch.ones(nb, dtype=torch.float32)
+            blk[1:] = 0.25
+            scale = (1.0 / math.sqrt(fan)) if kind[0] == "bank" else 0.02
+            rb = r.reshape((nb, -1) + tuple(shape[1:]))
+            v = (rb * blk.reshape((nb,) + (1,) * (rb.ndim - 1)) * scale).reshape(shape)
+        elif kind == "lin":
             v = r / math.sqrt(fan)
         elif kind == "lin_out":
             v = r * (0.7 / math.sqrt(fan))
@@ -385,15 +396,31 @@ def audio_grid(A, origin, Hl, Wl):
 
 
 def pool_patch_amax(m, T, Hl, Wl):
-    """[T, Hl, Wl] -> per 2x2 patch amax, rows t, h', w' order; quantised ceil(m*256)/256."""
-    mm = torch.as_tensor(m, dtype=torch.float64).reshape(T, Hl // 2, 2, Wl // 2, 2)
+    """[T, Hl, Wl] -> per 2x2 patch amax, rows t, h', w' order, quantised ceil(m*256)/256 in
+    fp32 (ComfyUI's model_base: _pool_masks_to_token_grid then _token_grid_masks)."""
+    mm = torch.as_tensor(m, dtype=torch.float32).reshape(T, Hl // 2, 2, Wl // 2, 2)
     p = mm.amax(dim=(2, 4)).reshape(-1)
-    return [math.ceil(float(x) * 256) / 256 for x in p]
+    return torch.ceil(p * 256.0) / 256.0  # f32 [T*Hl/2*Wl/2]
+
+
+def quantise_audio_mask(m):
+    """[2, A] -> ceil(m*256)/256 in fp32, rows channel-major [2A] (one value per audio row)."""
+    return torch.ceil(torch.as_tensor(m, dtype=torch.float32).reshape(-1) * 256.0) / 256.0
+
+
+def masked_rows_t(m, sigma, pin):
+    """ComfyUI's _forward: rows_t = (1.0 - m * sigma).clamp(max=pin) on the fp32 mask
+    values (fp32 tensor ops, the scalars rounded to fp32); None when every value is >=
+    1 - 1e-3 (mask_row_values). Returns Python floats (the fp32 values)."""
+    if bool((m >= 1.0 - 1e-3).all()):
+        return None
+    return [float(x) for x in (1.0 - m * sigma).clamp(max=pin)]
 
 
 def build_layout(cfg, case, sigma_v):
     """Returns dict: positions [(t,h,w)] f64, tags/t per row, segments, unique_t, mod rows,
-    final rows. sigma_v: python double of the fp32 video sigma."""
+    final rows. sigma_v: python double of the fp32 video sigma. Segment order (§2.4):
+    text | keyframes (video, then audio) | references (audio, then video) | audio | video."""
     T, Hl, Wl, A, L = case["T"], case["Hl"], case["Wl"], case["A"], case["L"]
     sv, sa_shift = case["shift_v"], case["shift_a"]
     t_v = 1.0 - sigma_v
@@ -413,25 +440,37 @@ def build_layout(cfg, case, sigma_v):
         segs.append((name, start, len(pos)))
 
     seg("text", [(float(i), 0.0, 0.0) for i in range(L)], t_v, [1 if x else 0 for x in tags])
+    refs = case.get("refs", [])
     c = float(L)
+    for r in refs:  # the target timeline starts after the references' spans
+        c += 1.0 if r["kind"] == "image" else float(r["audio_latent"].shape[-1])
     for kf in case.get("keyframes", []):
         cond_t = c + 5.0 / 3.0 * kf["pixel_frame"]
         seg("cond", video_grid(1, Hl, Wl, cond_t, single_t=cond_t), t_cond_v, 0)
-    # target audio, then target video, at the cursor
-    am = case.get("audio_mask")
-    if am is not None:
-        pin = max(t_a, t_cond_a)
-        mrow = [math.ceil(float(x) * 256) / 256 for x in torch.as_tensor(am).reshape(-1)]
-        ta = [min(1.0 - m * sigma_a, pin) for m in mrow]
-    else:
-        ta = t_a
+        if kf.get("audio_latent") is not None:
+            seg("cond_audio", audio_grid(kf["audio_latent"].shape[-1], cond_t, Hl, Wl), t_cond_a, 2)
+    rc = float(L)
+    for r in refs:
+        if r["kind"] == "image":  # own spatial grid, every row at the cursor
+            rh, rw = r["latent"].shape[-2], r["latent"].shape[-1]
+            seg("ref_img", video_grid(1, rh, rw, rc, single_t=rc), t_cond_v, 0)
+            rc += 1.0
+        else:  # audio reference: the target's w extremes
+            ra = r["audio_latent"].shape[-1]
+            seg("ref_audio", audio_grid(ra, rc, Hl, Wl), t_cond_a, 2)
+            rc += float(ra)
+    # target audio, then target video, at the cursor. Masked rows (§2.3 step 5): pins are
+    # ComfyUI's constants max(t, 0.999) video and max(t, 1.0) audio (not vis/aud_aug).
+    ta, ta_v = t_a, t_v
+    if case.get("audio_mask") is not None:
+        rows = masked_rows_t(quantise_audio_mask(case["audio_mask"]), 1.0 - t_a, max(t_a, 1.0))
+        if rows is not None:
+            ta = rows
     seg("audio", audio_grid(A, c, Hl, Wl), ta, 2)
-    vm = case.get("video_mask")
-    if vm is not None:
-        pin = max(t_v, t_cond_v)
-        ta_v = [min(1.0 - m * sigma_v, pin) for m in pool_patch_amax(vm, T, Hl, Wl)]
-    else:
-        ta_v = t_v
+    if case.get("video_mask") is not None:
+        rows = masked_rows_t(pool_patch_amax(case["video_mask"], T, Hl, Wl), sigma_v, max(t_v, 0.999))
+        if rows is not None:
+            ta_v = rows
     seg("video", video_grid(T, Hl, Wl, c), ta_v, 0)
     unique_t = sorted(set(row_t) | {t_v, t_a})
     t_row = {t: i for i, t in enumerate(unique_t)}
@@ -445,6 +484,34 @@ def build_layout(cfg, case, sigma_v):
         "final_rows_video": [t_row[t] for t in row_t[va:vb]],
         "segments": segs, "t_v": t_v, "t_a": t_a, "sigma_a": sigma_a,
     }
+
+
+def pdd_window(sample_sigmas, sigma, n, shift_v):
+    """ComfyUI's FinalLayer: i = argmin |sample_sigmas - sigma| (fp32 tensor), sigma_next =
+    the next entry; start/stop = round(float(1 - time_shift_sigma(s, shift_v, 1)) * n) with s
+    the Python float sigma (float64) and the fp32 tensor element sigma_next (fp32 ops)."""
+    ss = torch.as_tensor(sample_sigmas, dtype=torch.float32)
+    i = int((ss - sigma).abs().argmin())
+    sigma_next = ss[min(i + 1, ss.shape[0] - 1)]
+    start, stop = (round(float(1.0 - time_shift_sigma(x, shift_v, 1.0)) * n) for x in (sigma, sigma_next))
+    start = min(start, n - 1)
+    stop = max(stop, start + 1)
+    return start, stop
+
+
+def pdd_head(weight, bias, x, n, start, stop, flow_shift, P):
+    """ComfyUI's _pdd_head: row block 0 is the full head, later blocks offsets from it; the
+    step uses R_0 + sum_k w_k R_k over [max(start, 1), stop), w = dt / sum dt of the
+    stream's flow-time grid (float64, then cast to the activation's dtype)."""
+    grid = torch.linspace(1.0, 0.0, n + 1, dtype=torch.float64)
+    dt = (1.0 - flow_shift * grid / (1.0 + (flow_shift - 1.0) * grid)).diff()[start:stop]
+    w = (dt / dt.sum()).to(x.dtype).to(x.device)
+    rows = weight.to(x.dtype).reshape(n, -1, weight.shape[1])
+    brows = bias.to(x.dtype).reshape(n, -1)
+    first = max(start, 1)
+    w_eff = rows[0] + torch.einsum("n,noi->oi", w[first - start:], rows[first:stop])
+    b_eff = brows[0] + torch.einsum("n,no->o", w[first - start:], brows[first:stop])
+    return F.linear(x, w_eff, b_eff)
 
 
 # ---------------------------------------------------------------------------------------
@@ -555,19 +622,52 @@ class H3Reference:
         self.t("t_emb", temb)
 
         # Embedding (§2.7): fp32 patch rows -> fp32 GEMM -> bf16.
-        def patchify(v):  # [C, t, Hl, Wl] -> [t*Hl/2*Wl/2, 4C], feature 4c + 2p + q
-            C, tt = v.shape[0], v.shape[1]
-            r = v.reshape(C, tt, Hl // 2, 2, Wl // 2, 2).permute(1, 2, 4, 0, 3, 5)
-            return r.reshape(tt * (Hl // 2) * (Wl // 2), 4 * C)
+        def patchify_any(v):  # [C, t, h, w] -> [t*h/2*w/2, 4C], feature 4c + 2p + q
+            C, tt, hh, ww = v.shape
+            r = v.reshape(C, tt, hh // 2, 2, ww // 2, 2).permute(1, 2, 4, 0, 3, 5)
+            return r.reshape(tt * (hh // 2) * (ww // 2), 4 * C)
+
+        patchify = patchify_any
+        self.cond_rows = []
 
         vrows = patchify(video.to(P.f32))
         arows = audio.to(P.f32).permute(1, 2, 0).reshape(2 * A, cfg.audio_latents)  # channel-major
         v_emb = op_gemm(vrows, W["video_patch_proj.weight"], W["video_patch_proj.bias"]).to(P.lo)
         a_emb = op_gemm(arows, W["audio_patch_proj.weight"], W["audio_patch_proj.bias"]).to(P.lo)
         parts = [refined_text.to(P.lo)]
-        for kf in case.get("keyframes", []):
-            kr = patchify(kf["latent"].to(dev).to(P.f32))  # cond latents stay fp32 (no aug at vis_aug 1)
-            parts.append(op_gemm(kr, W["video_patch_proj.weight"], W["video_patch_proj.bias"]).to(P.lo))
+
+        def augment(rows, aug, noise):
+            # §2.7: rows = aug * rows + (1 - aug) * noise, the noise drawn in the rows' own
+            # shape (torch.randn(rows.shape)): fp32 tensor-scalar ops (bf16 mode), float64 (exact).
+            if aug >= 1.0:
+                return rows
+            return aug * rows + (1.0 - aug) * noise.to(dev).to(P.f32)
+
+        def vproj(r):
+            return op_gemm(r, W["video_patch_proj.weight"], W["video_patch_proj.bias"]).to(P.lo)
+
+        def aproj(r):
+            return op_gemm(r, W["audio_patch_proj.weight"], W["audio_patch_proj.bias"]).to(P.lo)
+
+        def pack_audio(z):  # [Ca, 2, A] -> [2A, Ca], channel-major
+            return z.permute(1, 2, 0).reshape(2 * z.shape[-1], z.shape[0])
+
+        vis_aug, aud_aug = case.get("vis_aug", 0.999), case.get("aud_aug", 1.0)
+        for kf in case.get("keyframes", []):  # cond latents stay fp32
+            kr = augment(patchify(kf["latent"].to(dev).to(P.f32)), vis_aug, kf.get("noise_video"))
+            self.t(f"cond.keyframe.{len(self.cond_rows)}.video_rows", kr)
+            self.cond_rows.append(kr)
+            parts.append(vproj(kr))
+            if kf.get("audio_latent") is not None:
+                ar = augment(pack_audio(kf["audio_latent"].to(dev).to(P.f32)), aud_aug, kf.get("noise_audio"))
+                parts.append(aproj(ar))
+        for r in case.get("refs", []):
+            if r["kind"] == "image":
+                rr = patchify_any(r["latent"].to(dev).to(P.f32))
+                parts.append(vproj(augment(rr, vis_aug, r.get("noise_video"))))
+            else:
+                ar = augment(pack_audio(r["audio_latent"].to(dev).to(P.f32)), aud_aug, r.get("noise_audio"))
+                parts.append(aproj(ar))
         parts += [a_emb, v_emb]
         x = torch.cat(parts, dim=0)  # bf16 [S, D]
         assert x.shape[0] == S, (x.shape, S)
@@ -602,8 +702,17 @@ class H3Reference:
                 mod = op_modulate(n, shift, scale, rt, P).to(P.f32)
             else:  # pruned: fp32 tables, bf16 norm output promoted, fp32 ops
                 mod = op_modulate_f32(n, shift, scale, rt, P)
-            return op_gemm(mod, W[wname + ".weight"], W[wname + ".bias"])  # fp32 head
+            if n_bank == 1:
+                return op_gemm(mod, W[wname + ".weight"], W[wname + ".bias"])  # fp32 head
+            return pdd_head(W[wname + ".weight"], W[wname + ".bias"], mod, n_bank, pdd_start, pdd_stop,
+                            case["shift_v"] if seg_name == "video" else case["shift_a"], P)
 
+        # PDD head bank (§2.12 step 4): n from video_out's rows; both heads banked, the same
+        # window from the video shift, each head weighted with its own stream's shift.
+        n_bank = W["final_layer.video_out.weight"].shape[0] // (4 * cfg.latents)
+        if n_bank > 1:
+            pdd_start, pdd_stop = pdd_window(case["sample_sigmas"], sigma_v, n_bank, case["shift_v"])
+            self.pdd_window = (pdd_start, pdd_stop)
         v_rows = head("video", lay["final_rows_video"], "final_layer.video_out")  # f32 [Nv, 4C]
         a_rows = head("audio", lay["final_rows_audio"], "final_layer.audio_out")  # f32 [2A, Ca]
         self.t("final.video_rows", v_rows)
@@ -613,11 +722,15 @@ class H3Reference:
         aout = a_rows.reshape(2, A, cfg.audio_latents).permute(2, 0, 1)
         vout = -(vout.to(P.lo))  # cast, then negate
         aout = -(aout.to(P.lo))
-        # Masks (§2.2 step 5): velocities times the denoise masks.
+        # Masks (§2.2 step 5): velocities times the masks model_base hands the model (pooled
+        # per 2x2 patch, quantised to k/256: exact in bf16; the bf16 cast of _apply_model).
         if case.get("video_mask") is not None:
-            vout = vout * torch.as_tensor(case["video_mask"]).to(dev).to(P.lo)[None]
+            pm = pool_patch_amax(case["video_mask"], T, Hl, Wl).reshape(T, Hl // 2, Wl // 2)
+            pm = pm.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)  # [T, Hl, Wl]
+            vout = vout * pm.to(dev).to(P.lo)[None]
         if case.get("audio_mask") is not None:
-            aout = aout * torch.as_tensor(case["audio_mask"]).to(dev).to(P.lo)[None]
+            am = quantise_audio_mask(case["audio_mask"]).reshape(2, A)
+            aout = aout * am.to(dev).to(P.lo)[None]
         self.t("out.audio_model", aout)
         # Audio carry conversion (§2.2 step 6), bf16 tensor ops.
         if s != 1.0:
@@ -829,8 +942,32 @@ def make_case(cfg, name, seed, frames=22, width=96, height=64, L=8, sigma=0.8, a
     return case, g
 
 
+def cond_noise(seed, rows_shape):
+    """ComfyUI's condition noise: a CPU generator reseeded for every condition latent,
+    torch.randn in the shape of its rows (after patchifying / packing)."""
+    gen = torch.Generator("cpu").manual_seed(seed)
+    return torch.randn(rows_shape, generator=gen, dtype=torch.float32)
+
+
+def schedule_8():
+    """An 8-step 'simple' schedule at shift 12 (+ terminal 0) as ComfyUI builds it: the
+    discrete flow table sigma(t) = 12 t / (1 + 11 t), t = (1..1000) / 1000 (fp32), every
+    125th entry from the top."""
+    t = torch.arange(1, 1001, dtype=torch.float32) / 1000.0
+    table = 12.0 * t / (1.0 + 11.0 * t)
+    sig = [float(table[-(1 + int(x * 125))]) for x in range(8)] + [0.0]
+    return torch.tensor(sig, dtype=torch.float32)
+
+
 def case_list(cfg):
     out = []
+    if cfg.pdd > 1:  # PDD bank: two sigmas of an 8-step schedule
+        ss = schedule_8()
+        for k in (2, 4):
+            c, _ = make_case(cfg, f"pdd_step{k}", 120 + k, sigma=float(ss[k]))
+            c["sample_sigmas"] = ss
+            out.append(c)
+        return out
     c, _ = make_case(cfg, "t2va", 101)
     out.append(c)
     c, _ = make_case(cfg, "t2va_sigma1", 102, sigma=1.0)
@@ -847,6 +984,37 @@ def case_list(cfg):
     pm = vals[torch.randint(0, 3, (T, Hl // 2, Wl // 2), generator=g)]  # constant per 2x2 patch
     c["video_mask"] = pm.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2).contiguous()
     c["audio_mask"] = vals[torch.randint(0, 3, (2, A), generator=g)].contiguous()
+    out.append(c)
+    # Partial masks as a user draws them: values not multiples of 1/256 and not constant
+    # per 2x2 patch (model_base pools and quantises them), with some exact 0s and 1s.
+    c, g = make_case(cfg, "mask_partial", 105)
+    vm = torch.rand((T, Hl, Wl), generator=g)
+    pick = torch.randint(0, 4, (T, Hl, Wl), generator=g)
+    vm = torch.where(pick == 0, torch.zeros_like(vm), vm)
+    c["video_mask"] = torch.where(pick == 1, torch.ones_like(vm), vm).contiguous()
+    am = torch.rand((2, A), generator=g)
+    pick = torch.randint(0, 4, (2, A), generator=g)
+    am = torch.where(pick == 0, torch.zeros_like(am), am)
+    c["audio_mask"] = torch.where(pick == 1, torch.ones_like(am), am).contiguous()
+    out.append(c)
+    # A keyframe (video + audio latent) at augmentation 0.5 on both streams: the noise is
+    # drawn in the rows' shape ([Hl/2*Wl/2, 96] and [2A', 32]), seed / seed + 1.
+    c, g = make_case(cfg, "keyframe_aug", 106)
+    c["vis_aug"], c["aud_aug"], c["seed"] = 0.5, 0.5, 4242
+    kv = torch.randn((cfg.latents, 1, Hl, Wl), generator=g)
+    ka = torch.randn((cfg.audio_latents, 2, 3), generator=g)
+    c["keyframes"] = [{"pixel_frame": 0, "latent": kv, "audio_latent": ka,
+                       "noise_video": cond_noise(c["seed"], (Hl // 2 * Wl // 2, 4 * cfg.latents)),
+                       "noise_audio": cond_noise(c["seed"] + 1, (2 * 3, cfg.audio_latents))}]
+    out.append(c)
+    # References at augmentation 0.5: an image with its own (square) grid and an audio
+    # reference; the generator restarts for each.
+    c, g = make_case(cfg, "reference_aug", 107)
+    c["vis_aug"], c["aud_aug"], c["seed"] = 0.5, 0.5, 777
+    ri = torch.randn((cfg.latents, 1, 4, 4), generator=g)
+    ra = torch.randn((cfg.audio_latents, 2, 5), generator=g)
+    c["refs"] = [{"kind": "image", "latent": ri, "noise_video": cond_noise(c["seed"], (4, 4 * cfg.latents))},
+                 {"kind": "audio", "audio_latent": ra, "noise_audio": cond_noise(c["seed"] + 1, (10, cfg.audio_latents))}]
     out.append(c)
     return out
 
@@ -873,9 +1041,17 @@ def run_forward_case(cfg, weights, case, dev, ckpt_name, full, check_determinism
         "in.text_states": case["text"], "in.video": case["video"], "in.audio": case["audio"],
         "in.sigma": torch.tensor([f32(case["sigma"])], dtype=torch.float32),
     }
-    if case.get("keyframes"):
-        for i, kf in enumerate(case["keyframes"]):
-            tensors[f"in.keyframe.{i}"] = kf["latent"]
+    for i, kf in enumerate(case.get("keyframes", [])):
+        tensors[f"in.keyframe.{i}"] = kf["latent"]
+        for k in ("audio_latent", "noise_video", "noise_audio"):
+            if kf.get(k) is not None:
+                tensors[f"in.keyframe.{i}.{k}"] = kf[k]
+    for i, r in enumerate(case.get("refs", [])):
+        for k in ("latent", "audio_latent", "noise_video", "noise_audio"):
+            if r.get(k) is not None:
+                tensors[f"in.ref.{i}.{k}"] = r[k]
+    if case.get("sample_sigmas") is not None:
+        tensors["in.sample_sigmas"] = case["sample_sigmas"].to(torch.float32)
     if case.get("text_tags"):
         tensors["in.text_tags"] = torch.tensor(case["text_tags"], dtype=torch.int8)
     if case.get("video_mask") is not None:
@@ -892,6 +1068,11 @@ def run_forward_case(cfg, weights, case, dev, ckpt_name, full, check_determinism
     meta_case = {k: case[k] for k in ("name", "frames", "width", "height", "L", "T", "Hl", "Wl", "A", "sigma",
                                       "audio_scale", "shift_v", "shift_a", "vis_aug", "aud_aug")}
     meta_case["keyframe_pixel_frames"] = [kf["pixel_frame"] for kf in case.get("keyframes", [])]
+    meta_case["ref_kinds"] = [r["kind"] for r in case.get("refs", [])]
+    meta_case["seed"] = case.get("seed", 0)
+    meta_case["pdd_heads"] = cfg.pdd
+    if cfg.pdd > 1:
+        meta_case["pdd_window"] = list(ref.pdd_window)
     meta_case["S"] = len(lay["positions"])
     meta_case["segments"] = lay["segments"]
     meta_case["unique_t"] = lay["unique_t"]
@@ -989,9 +1170,11 @@ def main():
         print(f"  {k:24s} torch vs exact: max_abs {v['max_abs']:.3e} rel_l2 {v['rel_l2']:.3e}")
 
     summary["forward"] = {}
-    for ckpt_name, cfg, cases_for in [("h3_golden_tiny.safetensors", Cfg(), None),
-                                      ("h3_golden_tiny_curve.safetensors", Cfg(curve_grid=65, curve_k=8), ["t2va"])]:
-        weights = make_weights(cfg, args.seed + (7 if cfg.curve else 0))
+    for ckpt_name, cfg, cases_for, wseed in [
+            ("h3_golden_tiny.safetensors", Cfg(), None, args.seed),
+            ("h3_golden_tiny_curve.safetensors", Cfg(curve_grid=65, curve_k=8), ["t2va"], args.seed + 7),
+            ("h3_golden_tiny_pdd.safetensors", Cfg(pdd=4), None, args.seed + 11)]:
+        weights = make_weights(cfg, wseed)
         meta = base_metadata(dev)
         meta["kind"] = "checkpoint"
         meta["golden_config"] = json.dumps(cfg.to_json())
@@ -1021,7 +1204,7 @@ def main():
             print(f"forward_v1_{cname}: S {meta_case['S']}, unique_t {meta_case['unique_t']}, "
                   f"attention {meta['attention_backend']}, deterministic rerun {meta_case['deterministic_rerun']}")
             for k in ("text.refined", "x.embed", "block.0.attn", "block.0.mlp", f"block.{cfg.num_layers - 1}.mlp",
-                      "final.video_rows", "out.video", "out.audio"):
+                      "final.video_rows", "final.audio_rows", "out.video", "out.audio"):
                 if k in s_fw:
                     print(f"  {k:22s} torch vs exact: max_abs {s_fw[k]['max_abs']:.3e} "
                           f"rel_l2 {s_fw[k]['rel_l2']:.3e}")

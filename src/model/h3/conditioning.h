@@ -33,10 +33,26 @@ struct AudioLatent {
 // A keyframe (first/last frame guide): its rows are placed at
 // t = cursor + 5/3 * pixel_frame (one t unit = 1/40 s; a pixel frame at 24 fps = 5/3 units),
 // on the target's spatial grid. Video rows first, then its audio rows (if any).
+//
+// Noise augmentation (vis_aug / aud_aug < 1) blends noise into the condition's *rows*
+// (h3-model.md §2.7): rows = aug * rows + (1 - aug) * n, with n of the rows' shape, in
+// row-major order (video: the patch rows [T*Hl/2*Wl/2, 4C]; audio: the packed rows
+// [2A, Ca], channel-major). ComfyUI draws n = torch.randn(rows.shape) from a CPU
+// generator reseeded with `seed` for every video condition and `seed + 1` for every
+// audio condition. `video_noise` / `audio_noise` hand that draw in (a Python caller
+// passes torch's own values and is exact); empty = the engine's restatement of
+// torch's CPU generator (h3::torch_cpu_randn, within a few fp32 ulp of torch: see
+// docs/exactness.md). Read only when the stream's aug < 1.
+struct ConditionNoise {
+  std::vector<float> video;  // fp32 [T*Hl/2*Wl/2, 4C] row-major, or empty
+  std::vector<float> audio;  // fp32 [2A, Ca] row-major, or empty
+};
+
 struct Keyframe {
   int64_t pixel_frame = 0;  // 0 = first frame, frames - 1 = last frame of the target clip
   VideoLatent video;        // Hl, Wl equal to the target's; usually T = 1 (an image)
   AudioLatent audio;        // optional
+  ConditionNoise noise;     // optional caller-drawn augmentation noise (see above)
 };
 
 enum class ReferenceKind { image, audio, video, video_audio };
@@ -47,6 +63,7 @@ struct Reference {
   ReferenceKind kind = ReferenceKind::image;
   VideoLatent video;
   AudioLatent audio;
+  ConditionNoise noise;  // optional caller-drawn augmentation noise (see Keyframe)
 };
 
 struct Conditioning {
@@ -57,12 +74,15 @@ struct Conditioning {
   std::vector<int8_t> text_token_tags;
   std::vector<Keyframe> keyframes;
   std::vector<Reference> refs;
-  // Inpainting masks, 1 = denoise, 0 = keep. Empty = none.
-  std::vector<float> video_mask;  // fp32 [T, Hl, Wl] (pooled to the 2x2 patch grid by amax)
+  // Inpainting masks, 1 = denoise, 0 = keep. Empty = none. As ComfyUI's model_base
+  // hands them to the model: pooled (amax) to the 2x2 patch grid and quantised to
+  // ceil(m * 256) / 256 (pooled_video_mask / pooled_audio_mask in layout.h). Those
+  // processed values set the per-row timesteps and multiply the output velocities.
+  std::vector<float> video_mask;  // fp32 [T, Hl, Wl] (raw; pooled per 2x2 patch by amax)
   std::vector<float> audio_mask;  // fp32 [2, A] (one value per audio row)
   // Condition timesteps: video condition rows use max(t_video, vis_aug), audio condition
-  // rows max(t_audio, aud_aug); vis_aug < 1 also blends seeded noise into the video
-  // condition latents (r = aug * r + (1 - aug) * n).
+  // rows max(t_audio, aud_aug); aug < 1 also blends noise into that stream's condition
+  // rows (ConditionNoise above).
   double vis_aug = 0.999;
   double aud_aug = 1.0;
   uint64_t seed = 0;  // sampler seed: the noise-augmentation generator is seeded with it

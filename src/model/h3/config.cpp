@@ -148,7 +148,7 @@ const char* group_name(TensorSpec::Group g) {
 //   blocks  - everything of blocks.{i} except the AdaLN projection (and gate_compress)
 //   adaln   - blocks.{i}.adaln_proj.* and final_layer.adaln_proj.* (timestep-only work:
 //             precomputed once per schedule, never streamed per step; DESIGN.md §2)
-//   heads   - final_layer.norm, video_out (incl. a PDD bank), audio_out
+//   heads   - final_layer.norm, video_out and audio_out (incl. a PDD bank on both)
 //   refiner - token_refiner.* (runs once per sampling run)
 //   embed   - patch projections, condition_proj, time embedder / curve table, rope
 //   other   - blocks.{i}.attn.to_gate_compress (VSA only; unused by the dense forward)
@@ -182,8 +182,8 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
   add("final_layer.adaln_proj.linear.bias", ad, {2 * D}, G::adaln);
   add("final_layer.video_out.weight", f32, {c.pdd_heads * c.video_patch_dim(), D}, G::heads);
   add("final_layer.video_out.bias", f32, {c.pdd_heads * c.video_patch_dim()}, G::heads);
-  add("final_layer.audio_out.weight", f32, {c.audio_latents_dim, D}, G::heads);
-  add("final_layer.audio_out.bias", f32, {c.audio_latents_dim}, G::heads);
+  add("final_layer.audio_out.weight", f32, {c.pdd_heads * c.audio_latents_dim, D}, G::heads);
+  add("final_layer.audio_out.bias", f32, {c.pdd_heads * c.audio_latents_dim}, G::heads);
   // Token refiner.
   for (int64_t b = 0; b < c.refiner_layers; ++b) {
     const std::string p = "token_refiner.blocks." + std::to_string(b) + ".";
@@ -350,17 +350,68 @@ Expected<H3Config> detect_h3_config(const std::vector<TensorInfo>& tensors, cons
   if (c.num_layers == 0) return make_error(ErrorCode::invalid_file, "H3 checkpoint has no blocks.0.* tensors" + where);
 
   LS_ASSIGN_OR_RETURN(const TensorInfo* vpp, need("video_patch_proj.weight", 2));
-  c.hidden = vpp->shape[0];
-  // §1.2 takes latents_dim = video_out.weight.shape[0] // 4, which is wrong when a PDD
-  // LoRA enlarged video_out to [n*96, D]. The patch projection's input width is
-  // 4 * latents_dim with or without a bank, so latents_dim comes from it and the bank
-  // size from video_out's rows: pdd_heads = rows / patch_dim.
-  if (vpp->shape[1] % 4 != 0)
-    return make_error(ErrorCode::invalid_file, "video_patch_proj.weight has " + std::to_string(vpp->shape[1]) +
-                                                   " input columns, not a multiple of 4 (patch 1x2x2)");
-  c.latents_dim = vpp->shape[1] / 4;
+  LS_ASSIGN_OR_RETURN(const TensorInfo* app, need("audio_patch_proj.weight", 2));
+  LS_ASSIGN_OR_RETURN(const TensorInfo* vout, need("final_layer.video_out.weight", 2));
   LS_ASSIGN_OR_RETURN(const TensorInfo* aout, need("final_layer.audio_out.weight", 2));
-  c.audio_latents_dim = aout->shape[0];
+  LS_ASSIGN_OR_RETURN(const TensorInfo* cp, need("condition_proj.weight", 2));
+  // The residual width D, as ComfyUI reads it: video_patch_proj.weight.shape[0]. Four
+  // other tensors state it too (the audio projection's and condition_proj's rows, both
+  // heads' columns); when they disagree the shape error names the tensor that is the
+  // odd one out (a transposed video_patch_proj.weight [96, D] is blamed on itself, not
+  // on the heads that then look wrong).
+  {
+    const std::pair<const char*, const TensorInfo*> says_d[] = {
+        {"video_patch_proj.weight rows", vpp},  {"audio_patch_proj.weight rows", app},
+        {"condition_proj.weight rows", cp},     {"final_layer.video_out.weight columns", vout},
+        {"final_layer.audio_out.weight columns", aout}};
+    auto d_of = [](size_t i, const TensorInfo* t) { return i < 3 ? t->shape[0] : t->shape[1]; };
+    std::map<int64_t, int> votes;
+    for (size_t i = 0; i < 5; ++i) ++votes[d_of(i, says_d[i].second)];
+    int64_t D = vpp->shape[0];
+    for (const auto& [d, n] : votes)
+      if (n > votes[D]) D = d;  // the width most of them state (ComfyUI's on a tie)
+    for (size_t i = 0; i < 5; ++i) {
+      const auto& [what, t] = says_d[i];
+      if (d_of(i, t) == D) continue;
+      const std::string name(what, std::string_view(what).find(' '));
+      const std::string want = i < 3 ? "[" + std::to_string(D) + ", *]" : "[*, " + std::to_string(D) + "]";
+      const bool transposed = (i < 3 ? t->shape[1] : t->shape[0]) == D;
+      return make_error(ErrorCode::invalid_file,
+                        "H3 checkpoint tensor " + name + " has shape " + shape_string(t->shape) + ", expected " + want +
+                            ": the other tensors that state the hidden width say " + std::to_string(D) +
+                            (transposed ? " (is " + name + " stored transposed?)" : ""));
+    }
+    c.hidden = D;
+  }
+  // Latent widths from the patch projections (their input columns), which are the same
+  // with or without a PDD bank. (§1.2: ComfyUI reads latents_dim = video_out rows // 4
+  // and audio_latents_dim = audio_out rows, which mis-detects a banked file.)
+  if (vpp->shape[1] % 4 != 0)
+    return make_error(ErrorCode::invalid_file, "H3 checkpoint tensor video_patch_proj.weight has shape " +
+                                                   shape_string(vpp->shape) + ": its " + std::to_string(vpp->shape[1]) +
+                                                   " input columns are not a multiple of 4 (patch 1x2x2)");
+  c.latents_dim = vpp->shape[1] / 4;
+  c.audio_latents_dim = app->shape[1];
+  // PDD head bank (§2.12 step 4): both heads banked with the same n, n = head rows /
+  // latent width (video_out [n * 4C, D], audio_out [n * Ca, D]); n = 1 is no bank.
+  {
+    const int64_t pv = c.video_patch_dim(), pa = c.audio_latents_dim;
+    auto heads_disagree = [&](const std::string& why) {
+      return make_error(ErrorCode::invalid_file,
+                        "H3 checkpoint heads final_layer.video_out.weight " + shape_string(vout->shape) +
+                            " and final_layer.audio_out.weight " + shape_string(aout->shape) + " " + why +
+                            " (the patch projections give latent widths " + std::to_string(pv) + " video, " +
+                            std::to_string(pa) + " audio; a PDD bank of n heads is [n*" + std::to_string(pv) +
+                            ", D] and [n*" + std::to_string(pa) + ", D], the same n on both)");
+    };
+    if (vout->shape[0] % pv != 0) return heads_disagree("do not fit: video_out's rows are not a multiple of " + std::to_string(pv));
+    if (aout->shape[0] % pa != 0) return heads_disagree("do not fit: audio_out's rows are not a multiple of " + std::to_string(pa));
+    const int64_t nv = vout->shape[0] / pv, na = aout->shape[0] / pa;
+    if (nv != na)
+      return heads_disagree("disagree: a PDD bank of " + std::to_string(nv) + " video heads but " + std::to_string(na) +
+                            " audio heads");
+    c.pdd_heads = nv;
+  }
   LS_ASSIGN_OR_RETURN(const TensorInfo* qn, need("blocks.0.attn.q_norm.weight", 1));
   c.head_dim = qn->shape[0];
   LS_ASSIGN_OR_RETURN(const TensorInfo* qkv, need("blocks.0.attn.qkv_proj.weight", 2));
@@ -372,7 +423,6 @@ Expected<H3Config> detect_h3_config(const std::vector<TensorInfo>& tensors, cons
   if (fc1->shape[0] % 2 != 0)
     return make_error(ErrorCode::invalid_file, "blocks.0.mlp.fc1.weight has an odd row count " + std::to_string(fc1->shape[0]));
   c.ffn = fc1->shape[0] / 2;
-  LS_ASSIGN_OR_RETURN(const TensorInfo* cp, need("condition_proj.weight", 2));
   c.text_dim = cp->shape[1];
   if (const TensorInfo* table = find("adaln_t_table")) {
     LS_ASSIGN_OR_RETURN(table, need("adaln_t_table", 2));
@@ -388,12 +438,6 @@ Expected<H3Config> detect_h3_config(const std::vector<TensorInfo>& tensors, cons
   LS_ASSIGN_OR_RETURN(const TensorInfo* inv, need("rope.inv_freq", 1));
   c.rope_inv_freq_len = inv->shape[0];
   c.gate_compress = find("blocks.0.attn.to_gate_compress.weight") != nullptr;
-  LS_ASSIGN_OR_RETURN(const TensorInfo* vout, need("final_layer.video_out.weight", 2));
-  if (vout->shape[0] % c.video_patch_dim() != 0)
-    return make_error(ErrorCode::invalid_file, "final_layer.video_out.weight has " + std::to_string(vout->shape[0]) +
-                                                   " rows, not a multiple of the patch dim " + std::to_string(c.video_patch_dim()));
-  c.pdd_heads = vout->shape[0] / c.video_patch_dim();
-
   if (!transformer_metadata_json.empty()) LS_TRY(apply_overrides(c, transformer_metadata_json));
   LS_TRY(check_h3_config(c));
   return c;
@@ -479,8 +523,11 @@ struct Init {
 //  - norm weights 1 + N(0, 0.05); biases N(0, 0.02);
 //  - AdaLN linears give shift/scale/gate ~ N(0, 0.1): weight std 0.1/sqrt(t) / rms(input),
 //    where the input is silu(t_emb) ~ 0.3 RMS (unpruned) or the ~0.5 RMS curve table;
-//  - a PDD bank (video_out [n*96, D]) gets the head's scale in every row block (the
-//    spec does not say where blocks start); bank files are for plumbing tests;
+//  - a PDD bank (video_out [n*4C, D] and audio_out [n*Ca, D], ComfyUI's shape) gets the
+//    head's scale in every row block; ComfyUI reads block 0 as the full head and later
+//    blocks as offsets from it, so the effective head of a synthetic bank is larger than
+//    a trained one's; bank files are for plumbing and parity tests. Block 0 of a bank
+//    holds the same values as the unbanked head (a value depends on name and index);
 //  - rope.inv_freq: the exact fp32 values 10000^(-i/len);
 //  - adaln_t_table: a smooth post-SiLU-like curve over the grid per column (below).
 Init synthetic_init(const TensorSpec& s) {

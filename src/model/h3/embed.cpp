@@ -1,5 +1,6 @@
 #include "model/h3/embed.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/dtype.h"
@@ -34,19 +35,42 @@ void audio_unrow(const float* row, int64_t C, int64_t A, int64_t r, float* lat) 
 }
 
 namespace {
-// r = aug * r + (1 - aug) * n with PyTorch's fp32 tensor-scalar ops: both scalars
-// rounded to fp32 (1 - aug formed in double first), two products and the sum rounded.
-std::vector<float> augment(const std::vector<float>& lat, double aug, uint64_t seed) {
-  if (!(aug < 1.0)) return lat;
-  const std::vector<float> n = torch_cpu_randn(seed, static_cast<int64_t>(lat.size()));
+// The fp32 rows of one condition latent in packed order: video patch rows
+// [T*Hl/2*Wl/2, 4C] or audio rows [2A, Ca], row-major.
+std::vector<float> video_rows_of(const VideoLatent& v, int64_t C) {
+  const int64_t n = v.T * (v.Hl / 2) * (v.Wl / 2), w = 4 * C;
+  std::vector<float> rows(static_cast<size_t>(n * w));
+  for (int64_t r = 0; r < n; ++r) video_patch_row(v.data.data(), C, v.T, v.Hl, v.Wl, r, rows.data() + r * w);
+  return rows;
+}
+std::vector<float> audio_rows_of(const AudioLatent& a, int64_t C) {
+  const int64_t n = 2 * a.A;
+  std::vector<float> rows(static_cast<size_t>(n * C));
+  for (int64_t r = 0; r < n; ++r) audio_row(a.data.data(), C, a.A, r, rows.data() + r * C);
+  return rows;
+}
+
+// rows = aug * rows + (1 - aug) * n (h3-model.md §2.7), n drawn in the rows' own shape
+// and order (ComfyUI: torch.randn(rows.shape) after patchifying), so noise element i
+// lands on row-major element i of the row matrix. PyTorch's fp32 tensor-scalar ops:
+// both scalars rounded to fp32 (1 - aug formed in double first), the two products and
+// the sum each rounded once. n: the caller's draw, else torch_cpu_randn(seed).
+Status augment(std::vector<float>& rows, double aug, uint64_t seed, const std::vector<float>& given,
+               const std::string& what) {
+  if (!(aug < 1.0) || rows.empty()) return Status();
+  if (!given.empty() && given.size() != rows.size())
+    return make_error(ErrorCode::invalid_argument, what + " noise holds " + std::to_string(given.size()) +
+                                                       " values, expected one per element of its rows (" +
+                                                       std::to_string(rows.size()) + ")");
+  const std::vector<float> drawn = given.empty() ? torch_cpu_randn(seed, static_cast<int64_t>(rows.size())) : std::vector<float>();
+  const std::vector<float>& n = given.empty() ? drawn : given;
   const float a = static_cast<float>(aug), b = static_cast<float>(1.0 - aug);
-  std::vector<float> out(lat.size());
-  for (size_t i = 0; i < lat.size(); ++i) {
-    const float x = a * lat[i];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float x = a * rows[i];
     const float y = b * n[i];
-    out[i] = x + y;
+    rows[i] = x + y;
   }
-  return out;
+  return Status();
 }
 }  // namespace
 
@@ -76,15 +100,24 @@ Expected<EmbedInputs> EmbedInputs::prepare(const H3Config& cfg, const PackedLayo
   const float* a = audio.ptr<float>();
   e.audio_.resize(static_cast<size_t>(audio.numel()));
   for (size_t i = 0; i < e.audio_.size(); ++i) e.audio_[i] = round_bf16(round_bf16(a[i]) * carry_bf16);
-  // Condition latents: the generator is reseeded identically for every condition latent
-  // (video: seed, audio: seed + 1).
-  for (const Keyframe& k : cond.keyframes) {
-    e.key_video_.push_back(augment(k.video.data, cond.vis_aug, cond.seed));
-    e.key_audio_.push_back(augment(k.audio.data, cond.aud_aug, cond.seed + 1));
+  // Condition rows: the generator is reseeded identically for every condition (video:
+  // seed, audio: seed + 1), so conditions of one shape get the same noise.
+  const int64_t C = cfg.latents_dim, Ca = cfg.audio_latents_dim;
+  for (size_t i = 0; i < cond.keyframes.size(); ++i) {
+    const Keyframe& k = cond.keyframes[i];
+    const std::string what = "keyframe " + std::to_string(i);
+    e.key_video_.push_back(video_rows_of(k.video, C));
+    LS_TRY(augment(e.key_video_.back(), cond.vis_aug, cond.seed, k.noise.video, what + " video"));
+    e.key_audio_.push_back(audio_rows_of(k.audio, Ca));
+    LS_TRY(augment(e.key_audio_.back(), cond.aud_aug, cond.seed + 1, k.noise.audio, what + " audio"));
   }
-  for (const Reference& r : cond.refs) {
-    e.ref_video_.push_back(augment(r.video.data, cond.vis_aug, cond.seed));
-    e.ref_audio_.push_back(augment(r.audio.data, cond.aud_aug, cond.seed + 1));
+  for (size_t i = 0; i < cond.refs.size(); ++i) {
+    const Reference& r = cond.refs[i];
+    const std::string what = "reference " + std::to_string(i);
+    e.ref_video_.push_back(video_rows_of(r.video, C));
+    LS_TRY(augment(e.ref_video_.back(), cond.vis_aug, cond.seed, r.noise.video, what + " video"));
+    e.ref_audio_.push_back(audio_rows_of(r.audio, Ca));
+    LS_TRY(augment(e.ref_audio_.back(), cond.aud_aug, cond.seed + 1, r.noise.audio, what + " audio"));
   }
   (void)layout;
   return e;
@@ -94,20 +127,23 @@ void EmbedInputs::rows(const Segment& s, int64_t a, int64_t b, float* out) const
   LS_CHECK(s.start <= a && a <= b && b <= s.stop && s.kind != SegmentKind::text);
   const int64_t w = width(s);
   const auto src = static_cast<size_t>(s.source);
-  const float* lat = nullptr;
+  const std::vector<float>* cond_rows = nullptr;  // condition rows, already in packed order
   switch (s.kind) {
-    case SegmentKind::target_video: lat = video_.data(); break;
-    case SegmentKind::target_audio: lat = audio_.data(); break;
-    case SegmentKind::cond_video: lat = key_video_[src].data(); break;
-    case SegmentKind::cond_audio: lat = key_audio_[src].data(); break;
-    case SegmentKind::ref_video: lat = ref_video_[src].data(); break;
-    case SegmentKind::ref_audio: lat = ref_audio_[src].data(); break;
-    case SegmentKind::text: break;
+    case SegmentKind::target_video:
+      for (int64_t r = a; r < b; ++r)
+        video_patch_row(video_.data(), cfg_.latents_dim, s.T, s.Hl, s.Wl, r - s.start, out + (r - a) * w);
+      return;
+    case SegmentKind::target_audio:
+      for (int64_t r = a; r < b; ++r) audio_row(audio_.data(), cfg_.audio_latents_dim, s.A, r - s.start, out + (r - a) * w);
+      return;
+    case SegmentKind::cond_video: cond_rows = &key_video_[src]; break;
+    case SegmentKind::cond_audio: cond_rows = &key_audio_[src]; break;
+    case SegmentKind::ref_video: cond_rows = &ref_video_[src]; break;
+    case SegmentKind::ref_audio: cond_rows = &ref_audio_[src]; break;
+    case SegmentKind::text: return;
   }
-  for (int64_t r = a; r < b; ++r) {
-    if (s.is_video()) video_patch_row(lat, cfg_.latents_dim, s.T, s.Hl, s.Wl, r - s.start, out + (r - a) * w);
-    else audio_row(lat, cfg_.audio_latents_dim, s.A, r - s.start, out + (r - a) * w);
-  }
+  LS_CHECK(static_cast<int64_t>(cond_rows->size()) == s.rows() * w);
+  std::copy(cond_rows->begin() + (a - s.start) * w, cond_rows->begin() + (b - s.start) * w, out);
 }
 
 }  // namespace ls::h3

@@ -33,7 +33,9 @@ class EmbedInputs {
   // video: host fp32 [C, T, Hl, Wl] and audio: host fp32 [Ca, 2, A] (the sampler's state):
   // both rounded to bf16 as ComfyUI casts to the compute dtype; the audio additionally
   // multiplied (bf16) by `carry_bf16` (1 when no carry transform). Condition latents:
-  // fp32, blended with torch_cpu_randn noise when their aug < 1.
+  // fp32, patchified / packed to rows first, then blended with noise in the rows' order
+  // when their stream's aug < 1 (the caller's ConditionNoise, else torch_cpu_randn).
+  // A caller noise of the wrong size is refused.
   static Expected<EmbedInputs> prepare(const H3Config& cfg, const PackedLayout& layout, const Conditioning& cond,
                                        const TensorView& video, const TensorView& audio, float carry_bf16);
   // fp32 rows [a, b) (absolute packed rows inside segment s) into out [(b - a), width(s)].
@@ -47,7 +49,8 @@ class EmbedInputs {
   H3Config cfg_;
   const Conditioning* cond_ = nullptr;
   std::vector<float> video_, audio_;                   // target, bf16-rounded
-  std::vector<std::vector<float>> key_video_, key_audio_, ref_video_, ref_audio_;  // augmented copies
+  // Condition rows in packed order (fp32 [rows, width] row-major), augmented.
+  std::vector<std::vector<float>> key_video_, key_audio_, ref_video_, ref_audio_;
 };
 
 }  // namespace ls::h3

@@ -1,8 +1,9 @@
 // Final layer on the target rows (h3-model.md §2.12): RMSNorm (bf16), modulation with
 // the final AdaLN table in the table's dtype (bf16 unpruned: bf16 ops, then widened to
 // fp32; fp32 curve form: ops in fp32), then the fp32 output head (+ bias).
-// PDD head bank (cfg.pdd_heads = n > 1): the effective head is a weighted sum of the
-// bank's row blocks for the current step (pdd_effective_head), formed on the host.
+// PDD head bank (cfg.pdd_heads = n > 1, on both heads): each effective head is R_0 plus a
+// weighted sum of the bank's offset blocks for the current step (pdd_effective_head),
+// formed on the host.
 #pragma once
 
 #include <cstdint>
@@ -24,14 +25,17 @@ Status final_layer_rows(Backend& be, const TensorView& x_rows, const TensorView&
                         const TensorView& head_w, const TensorView& head_b, const TensorView& h, const TensorView& mod,
                         const TensorView& out);
 
-// The PDD effective head of one stream, host fp32: W_eff [out, D], b_eff [out].
-//   i = argmin |sample_sigmas - sigma|, sigma_next = sample_sigmas[min(i + 1, last)];
-//   start = round((1 - time_shift_sigma(sigma, shift_v, 1)) * n), stop likewise from
-//   sigma_next (round half even, as Python); start = min(start, n - 1); stop = max(stop, start + 1);
-//   t_k = 1 - f g_k / (1 + (f - 1) g_k), g_k = 1 - k / n (k = 0..n, float64), f = the
-//   stream's shift; dt = diff(t)[start:stop]; w = fl32(dt / sum dt);
-//   W_eff = R_0 + sum_{k = max(start, 1)}^{stop - 1} w[k - start] R_k (fp32, k ascending,
-//   one rounding per product and per sum), same for the bias.
+// The PDD effective head of one stream, host fp32: W_eff [out, D], b_eff [out]
+// (ComfyUI's FinalLayer / _pdd_head; both heads are banked with the same n and use the
+// same [start, stop), each with its own stream shift in the weights):
+//   i = argmin |sample_sigmas - sigma| (fp32), sigma_next = sample_sigmas[min(i + 1, last)];
+//   start = round((1 - time_shift_sigma(sigma, shift_v, 1)) * n) (float64), stop likewise
+//   from sigma_next in fp32 tensor arithmetic (round half even, as Python);
+//   start = min(start, n - 1); stop = max(stop, start + 1);
+//   g = torch.linspace(1, 0, n + 1) (float64), t_k = 1 - f g_k / (1 + (f - 1) g_k),
+//   f = the stream's shift; dt = diff(t)[start:stop]; w = fl32(dt / sum dt);
+//   W_eff = R_0 + sum_{k = max(start, 1)}^{stop - 1} w[k - start] R_k (the sum accumulated
+//   in fp32, k ascending, one fma per term; then one add to R_0), same for the bias.
 // bank_w: f32 [n * out, D]; bank_b: f32 [n * out].
 struct EffectiveHead {
   std::vector<float> w, b;

@@ -264,12 +264,42 @@ std::vector<float> pooled_video_mask(const Conditioning& cond) {
   return out;
 }
 
+std::vector<float> pooled_audio_mask(const Conditioning& cond) {
+  std::vector<float> out(cond.audio_mask.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = quantise_mask(cond.audio_mask[i]);
+  return out;
+}
+
+bool mask_generates_everywhere(const std::vector<float>& pooled) {
+  // ComfyUI: (values >= 1.0 - 1e-3).all(), the scalar compared in fp32.
+  const auto lim = static_cast<float>(1.0 - 1e-3);
+  for (float m : pooled)
+    if (!(m >= lim)) return false;
+  return true;
+}
+
 namespace {
+// Timestep of a masked row (ComfyUI's _forward): t = min(1 - m * sigma, pin) as fp32
+// tensor ops on the fp32 mask value: fl32(1 - fl32(m * fl32(sigma))), then clamped at
+// fl32(pin). pin = max(t_stream, 0.999) for video and max(t_stream, 1.0) = 1 for audio:
+// the constants VISUAL_COND_TIMESTEP / AUDIO_COND_TIMESTEP, not vis_aug / aud_aug.
+double masked_row_t(float m, double sigma, double pin) {
+  const float x = m * static_cast<float>(sigma);
+  const float t = 1.0f - x;
+  return static_cast<double>(std::min(t, static_cast<float>(pin)));
+}
+
 // Per-row float64 timesteps.
 std::vector<double> row_timesteps(const PackedLayout& lay, const Conditioning& cond, const SigmaInfo& si) {
   std::vector<double> t(static_cast<size_t>(lay.S));
   const double cond_v = std::max(si.t_v, cond.vis_aug), cond_a = std::max(si.t_a, cond.aud_aug);
-  const std::vector<float> vmask = pooled_video_mask(cond);
+  // A mask that generates everywhere (every pooled value 1) sets no per-row timesteps.
+  std::vector<float> vmask = pooled_video_mask(cond), amask = pooled_audio_mask(cond);
+  if (mask_generates_everywhere(vmask)) vmask.clear();
+  if (mask_generates_everywhere(amask)) amask.clear();
+  const double pin_v = std::max(si.t_v, 0.999), pin_a = std::max(si.t_a, 1.0);
+  // ComfyUI's audio stream sigma here is 1 - t_a (float64), not sigma_a itself.
+  const double sigma_a_rows = 1.0 - si.t_a;
   for (const Segment& s : lay.segments) {
     for (int64_t r = s.start; r < s.stop; ++r) {
       double v = si.t_v;
@@ -281,18 +311,11 @@ std::vector<double> row_timesteps(const PackedLayout& lay, const Conditioning& c
         case SegmentKind::ref_audio: v = cond_a; break;
         case SegmentKind::target_audio:
           v = si.t_a;
-          if (!cond.audio_mask.empty()) {
-            // t = min(1 - m * sigma_a, pin), pin = max(t_a, audio condition timestep).
-            const double m = quantise_mask(cond.audio_mask[static_cast<size_t>(r - s.start)]);
-            v = std::min(1.0 - m * si.sigma_a, cond_a);
-          }
+          if (!amask.empty()) v = masked_row_t(amask[static_cast<size_t>(r - s.start)], sigma_a_rows, pin_a);
           break;
         case SegmentKind::target_video:
           v = si.t_v;
-          if (!vmask.empty()) {
-            const double m = vmask[static_cast<size_t>(r - s.start)];
-            v = std::min(1.0 - m * si.sigma_v, cond_v);
-          }
+          if (!vmask.empty()) v = masked_row_t(vmask[static_cast<size_t>(r - s.start)], si.sigma_v, pin_v);
           break;
       }
       t[static_cast<size_t>(r)] = v;

@@ -102,8 +102,15 @@ std::vector<double> distinct_timesteps(const PackedLayout& layout, const Conditi
 std::vector<double> schedule_timesteps(const PackedLayout& layout, const Conditioning& cond,
                                        const std::vector<float>& sigmas);
 
-// The pooled, quantised mask value per target video row (amax over each 2x2 patch,
-// then ceil(m * 256) / 256 in fp32) [T * Hl/2 * Wl/2]; empty when no mask.
+// The masks as ComfyUI's model_base hands them to the model (h3-model.md §2.2 step 5,
+// §2.3 step 5): per target video row, the amax over its 2x2 patch, then
+// ceil(m * 256) / 256 in fp32 [T * Hl/2 * Wl/2]; per target audio row, ceil(m * 256) / 256
+// [2A]. Empty when no mask. These values set the masked rows' timesteps and multiply
+// the output velocities (bf16 * value: exact values k/256 in bf16).
 std::vector<float> pooled_video_mask(const Conditioning& cond);
+std::vector<float> pooled_audio_mask(const Conditioning& cond);
+// True when every pooled value is >= fl32(1 - 1e-3) (then 1): such a mask sets no
+// per-row timesteps (ComfyUI's mask_row_values returns None). Also true when empty.
+bool mask_generates_everywhere(const std::vector<float>& pooled);
 
 }  // namespace ls::h3
