@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/simd.h"
+#include "core/thread_pool.h"
 #include "test_cpu_ops_util.h"
 
 namespace ls {
@@ -714,6 +716,105 @@ TEST(CpuAttentionTiles, AnyKvTileMatchesTheStatement) {
   AttentionParams bad;
   bad.kv_tile = 0;
   EXPECT_EQ(cpu()->attention(q, k, v, out, bad).error().code, ErrorCode::invalid_argument);
+}
+
+
+// ----------------------------------------------------------------- count_nonfinite
+// Special bit patterns of each dtype: every NaN class (quiet, signalling, negative, the
+// smallest and largest payloads), both infinities, and the finite values next to them
+// (largest finite, smallest normal and subnormal, zeros) that must not count.
+struct SpecialBits {
+  std::vector<uint32_t> nonfinite, finite;
+};
+SpecialBits special_bits(DType t) {
+  if (t == DType::bf16)
+    return {{0x7fc0, 0xffc0, 0x7f81, 0x7fff, 0xffff, 0x7f80, 0xff80},
+            {0x7f7f, 0xff7f, 0x0080, 0x0001, 0x8001, 0x0000, 0x8000, 0x3f80}};
+  if (t == DType::f16)
+    return {{0x7e00, 0xfe00, 0x7c01, 0x7fff, 0x7c00, 0xfc00}, {0x7bff, 0xfbff, 0x0400, 0x0001, 0x0000, 0x8000}};
+  return {{0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu, 0x7f800000u, 0xff800000u},
+          {0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x00000001u, 0x00000000u, 0x80000000u}};
+}
+void put_bits(const TensorView& v, int64_t linear, uint32_t bits) {
+  void* p = test::elem_ptr(v, linear);
+  if (v.elem_size() == 2) {
+    const auto h = static_cast<uint16_t>(bits);
+    std::memcpy(p, &h, 2);
+  } else {
+    std::memcpy(p, &bits, 4);
+  }
+}
+// The count by the definition: widen each element to double and ask std::isfinite.
+int64_t count_by_definition(const TensorView& v) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) n += std::isfinite(get(v, i)) ? 0 : 1;
+  return n;
+}
+
+TEST(CpuCountNonfinite, SpecialValuesSlicesAndStrides) {
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(t));
+    const SpecialBits sb = special_bits(t);
+    // [M, H, Dh] with M large enough to be split over threads (> 2^16 elements).
+    const int64_t M = 1025, H = 3, Dh = 37;
+    HostTensor x(t, {M, H, Dh});
+    std::mt19937_64 rng(5);
+    test::fill_uniform(x, rng, -2.0, 2.0);
+    const TensorView v = x.view();
+    EXPECT_EQ(cpu()->count_nonfinite(v).value(), 0);
+    // Finite extremes only: still 0.
+    for (size_t i = 0; i < sb.finite.size(); ++i) put_bits(v, static_cast<int64_t>(i * 977), sb.finite[i]);
+    EXPECT_EQ(cpu()->count_nonfinite(v).value(), 0) << "a finite extreme counted as non-finite";
+    // Every non-finite pattern at scattered places, some repeated.
+    std::uniform_int_distribution<int64_t> pick(0, v.numel() - 1);
+    for (int rep = 0; rep < 40; ++rep)
+      put_bits(v, pick(rng), sb.nonfinite[static_cast<size_t>(rep) % sb.nonfinite.size()]);
+    put_bits(v, 0, sb.nonfinite[0]);
+    put_bits(v, v.numel() - 1, sb.nonfinite.back());
+    const int64_t want = count_by_definition(v);
+    ASSERT_GT(want, 2);
+    EXPECT_EQ(cpu()->count_nonfinite(v).value(), want);
+    // Thread count never matters.
+    const int threads = num_threads();
+    set_num_threads(1);
+    EXPECT_EQ(cpu()->count_nonfinite(v).value(), want);
+    set_num_threads(threads);
+    // Row slices, column slices (row-strided), one head of every row (head-strided),
+    // a flattened 2-D view and a 4-D split of the heads' last dimension.
+    const TensorView views[] = {v.slice_rows(0, 1), v.slice_rows(M - 1, M), v.slice_rows(M / 3, M - M / 4),
+                                v.cols(5, 30), v.cols(0, 1), v.flatten_last2().cols(Dh, 2 * Dh + 3),
+                                v.slice_rows(100, 900).cols(1, Dh - 1)};
+    for (const TensorView& s : views) {
+      EXPECT_EQ(cpu()->count_nonfinite(s).value(), count_by_definition(s)) << s.shape_str();
+    }
+    TensorView four = v;  // [M, H, Dh] -> [M, H, 1, Dh] with a broadcast-free unit dim
+    four.ndim = 4;
+    four.shape = {M, H, 1, Dh};
+    four.stride = {H * Dh, Dh, Dh, 1};
+    EXPECT_EQ(cpu()->count_nonfinite(four).value(), want);
+    TensorView every_other = v.flatten_last2();  // [M, H*Dh/2] at stride 2: innermost strided
+    every_other.shape[1] = H * Dh / 2;
+    every_other.stride[1] = 2;
+    EXPECT_EQ(cpu()->count_nonfinite(every_other).value(), count_by_definition(every_other));
+    // A scalar (0-dim) view and zero-size views.
+    TensorView scalar = v;
+    scalar.ndim = 0;
+    EXPECT_EQ(cpu()->count_nonfinite(scalar).value(), 1);  // element 0 is sb.nonfinite[0]
+    EXPECT_EQ(cpu()->count_nonfinite(v.slice_rows(7, 7)).value(), 0);
+    EXPECT_EQ(cpu()->count_nonfinite(TensorView()).value(), 0);
+    EXPECT_TRUE(x.guards_intact());
+  }
+}
+
+TEST(CpuCountNonfinite, OtherDtypesAndDeviceViewsAreRefused) {
+  HostTensor i(DType::i32, {4, 4});
+  EXPECT_EQ(cpu()->count_nonfinite(i.view()).error().code, ErrorCode::unsupported);
+  HostTensor u(DType::u8, {8});
+  EXPECT_EQ(cpu()->count_nonfinite(u.view()).error().code, ErrorCode::unsupported);
+  HostTensor f(DType::f32, {4});
+  TensorView dev = f.view();
+  dev.device = Device{DeviceKind::cuda, 0};
+  EXPECT_EQ(cpu()->count_nonfinite(dev).error().code, ErrorCode::unsupported);
 }
 
 }  // namespace
