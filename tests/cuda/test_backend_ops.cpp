@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc_fault.h"
 #include "cuda_test_util.h"
 #include "scoped_env.h"
 
@@ -624,6 +625,161 @@ TEST(CudaOps, GemmWithoutWorkspaceFailsCleanly) {
   Status s = (*b)->gemm(*x, *w, nullptr, *o);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("set_workspace"), std::string::npos) << s.message();
+}
+
+// ---- count_nonfinite ---------------------------------------------------------------
+// The CUDA count against the CPU reference on the same bytes, for views of one buffer:
+// contiguous (the 16-byte vector path), row slices, column slices at odd offsets
+// (unaligned: the scalar path), head-strided, 4-D, an innermost stride of 2, a scalar,
+// zero-size views, and a large buffer (grid-stride over many items). Bit patterns:
+// every NaN class and both infinities, plus the finite extremes (largest finite,
+// smallest subnormal, -0) that must not count. The padding around the interior view is
+// all NaN, so a kernel reading outside its view is caught.
+namespace nonfinite {
+
+std::vector<uint32_t> nonfinite_bits(DType t) {
+  if (t == DType::bf16) return {0x7fc0, 0xffc0, 0x7f81, 0x7fff, 0xffff, 0x7f80, 0xff80};
+  if (t == DType::f16) return {0x7e00, 0xfe00, 0x7c01, 0x7fff, 0x7c00, 0xfc00};
+  return {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu, 0x7f800000u, 0xff800000u};
+}
+std::vector<uint32_t> finite_bits(DType t) {
+  if (t == DType::bf16) return {0x7f7f, 0xff7f, 0x0080, 0x0001, 0x8001, 0x0000, 0x8000};
+  if (t == DType::f16) return {0x7bff, 0xfbff, 0x0400, 0x0001, 0x8000};
+  return {0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x00000001u, 0x80000000u};
+}
+void put(HostBuf& h, int64_t i, uint32_t bits) {
+  if (h.v.elem_size() == 2) {
+    const auto b = static_cast<uint16_t>(bits);
+    std::memcpy(static_cast<char*>(h.v.data) + i * 2, &b, 2);
+  } else {
+    std::memcpy(static_cast<char*>(h.v.data) + i * 4, &bits, 4);
+  }
+}
+// The same geometry over the device copy of a host buffer.
+TensorView on_device(const TensorView& host_view, const HostBuf& host, const TensorView& dev) {
+  TensorView d = host_view;
+  d.data = static_cast<char*>(dev.data) + (static_cast<char*>(host_view.data) - static_cast<char*>(host.v.data));
+  d.device = dev.device;
+  return d;
+}
+
+}  // namespace nonfinite
+
+TEST(CudaOps, CountNonfinite) {
+  LS_NEED_GPU();
+  using namespace nonfinite;
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t M = 1027, H = 3, Dh = 40, P = 4;  // [M + 2, H, Dh + 2P] with a NaN frame
+    HostBuf full(t, {M + 2, H, Dh + 2 * P});
+    const std::vector<uint32_t> nf = nonfinite_bits(t), fin = finite_bits(t);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::uniform_int_distribution<int> coin(0, 199);
+    int64_t planted = 0;
+    for (int64_t r = 0; r < M + 2; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < Dh + 2 * P; ++c) {
+          const int64_t i = (r * H + h) * (Dh + 2 * P) + c;
+          const bool inside = r >= 1 && r <= M && c >= P && c < P + Dh;
+          if (!inside) put(full, i, nf[static_cast<size_t>(i) % nf.size()]);
+          else if (coin(rng) == 0) put(full, i, nf[static_cast<size_t>(planted++) % nf.size()]);
+          else if (coin(rng) == 1) put(full, i, fin[static_cast<size_t>(i) % fin.size()]);
+          else full.set(i, nd(rng));
+        }
+    ASSERT_GT(planted, 100);
+    auto dev = G->arena->alloc(t, {M + 2, H, Dh + 2 * P}, "nonfinite buffer");
+    ASSERT_TRUE(dev.ok());
+    ASSERT_TRUE(G->cuda->copy(*dev, full.v).ok());
+    TensorView interior = full.v.slice_rows(1, M + 1).cols(P, P + Dh);  // [M, H, Dh], strided
+    TensorView every_other = interior;  // innermost stride 2 over the head dim
+    every_other.shape[2] = Dh / 2;
+    every_other.stride[2] = 2;
+    TensorView four = interior;  // [M, H, 2, Dh/2]
+    four.ndim = 4;
+    four.shape = {M, H, 2, Dh / 2};
+    four.stride = {interior.stride[0], interior.stride[1], Dh / 2, 1};
+    TensorView scalar = interior;
+    scalar.ndim = 0;
+    const std::vector<std::pair<std::string, TensorView>> views = {
+        {"whole buffer (contiguous)", full.v},
+        {"interior", interior},
+        {"interior row 0", interior.slice_rows(0, 1)},
+        {"interior last row", interior.slice_rows(M - 1, M)},
+        {"interior middle rows", interior.slice_rows(M / 3, M - M / 4)},
+        {"odd columns", interior.cols(1, Dh - 2)},
+        {"one column", interior.cols(7, 8)},
+        {"rows of the whole buffer", full.v.slice_rows(5, 600)},
+        {"innermost stride 2", every_other},
+        {"4-D", four},
+        {"scalar", scalar},
+        {"zero rows", interior.slice_rows(3, 3)},
+    };
+    for (const auto& [what, hv] : views) {
+      auto want = G->cpu->count_nonfinite(hv);
+      ASSERT_TRUE(want.ok()) << what << ": " << want.error().message;
+      auto got = G->cuda->count_nonfinite(on_device(hv, full, *dev));
+      ASSERT_TRUE(got.ok()) << what << ": " << got.error().message;
+      EXPECT_EQ(*got, *want) << what << " " << hv.shape_str();
+    }
+    EXPECT_GT(*G->cpu->count_nonfinite(interior), 0);
+    EXPECT_EQ(*G->cuda->count_nonfinite(full.v.slice_rows(0, 0)), 0);  // host view, but empty: 0
+  }
+  // Large contiguous buffers: the vector path (2^22 elements) and an odd length.
+  for (DType t : {DType::bf16, DType::f32}) {
+    for (int64_t n : {int64_t{1} << 22, (int64_t{1} << 22) + 3}) {
+      HostBuf h(t, {n});
+      for (int64_t i = 0; i < n; ++i) h.set(i, static_cast<float>(i % 1001) - 500.0f);
+      const auto nf = nonfinite_bits(t);
+      for (int64_t i = 0; i < n; i += 4099) put(h, i, nf[static_cast<size_t>(i) % nf.size()]);
+      put(h, n - 1, nf[0]);
+      auto d = G->arena->alloc(t, {n}, "large nonfinite buffer");
+      ASSERT_TRUE(d.ok());
+      ASSERT_TRUE(G->cuda->copy(*d, h.v).ok());
+      const int64_t want = *G->cpu->count_nonfinite(h.v);
+      ASSERT_GT(want, 1000);
+      EXPECT_EQ(*G->cuda->count_nonfinite(*d), want) << dtype_name(t) << " n " << n;
+    }
+  }
+  // Refusals: a host view with elements, an integer dtype.
+  HostBuf host(DType::f32, {16});
+  EXPECT_EQ(G->cuda->count_nonfinite(host.v).error().code, ErrorCode::unsupported);
+  auto i32 = G->arena->alloc(DType::i32, {16}, "i32");
+  ASSERT_TRUE(i32.ok());
+  EXPECT_EQ(G->cuda->count_nonfinite(*i32).error().code, ErrorCode::unsupported);
+}
+
+// core/alloc_fault.h on the CUDA resources: the armed allocation fails with
+// out_of_memory (device memory, pinned host memory, PinnedHostBuffer), the next succeeds,
+// and the live-block count returns to where it was.
+TEST(CudaOps, AllocationFaultHook) {
+  LS_NEED_GPU();
+  const int64_t live = ls::testing::live_allocations();
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(which);
+    ls::testing::arm_allocation_fault(1);
+    if (which == 2) {
+      auto p = cuda::PinnedHostBuffer::create(1 << 20);
+      ASSERT_FALSE(p.ok());
+      EXPECT_EQ(p.error().code, ErrorCode::out_of_memory) << p.error().message;
+      auto q = cuda::PinnedHostBuffer::create(1 << 20);
+      ASSERT_TRUE(q.ok()) << q.error().message;
+      EXPECT_EQ(ls::testing::live_allocations(), live + 1);
+      continue;
+    }
+    MemoryResource& res = which == 0 ? G->cuda->memory() : G->cuda->pinned_host_memory();
+    auto p = res.allocate(1 << 20);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.error().code, ErrorCode::out_of_memory) << p.error().message;
+    EXPECT_NE(p.error().message.find("injected"), std::string::npos) << p.error().message;
+    auto q = res.allocate(1 << 20);
+    ASSERT_TRUE(q.ok()) << q.error().message;
+    EXPECT_EQ(ls::testing::live_allocations(), live + 1);
+    res.deallocate(*q, 1 << 20);
+  }
+  ls::testing::arm_allocation_fault(0);
+  EXPECT_EQ(ls::testing::live_allocations(), live);
+  EXPECT_EQ(ls::testing::allocations_seen(), 0);
 }
 
 TEST(CudaOps, OutOfMemoryIsAStatus) {
