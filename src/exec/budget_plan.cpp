@@ -325,6 +325,48 @@ std::string budget_text(uint64_t b) {
 
 }  // namespace
 
+uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_t q_chunk) {
+  LS_CHECK(heads > 0 && head_dim > 0 && q_chunk > 0);
+  auto up = [](uint64_t b) { return (b + 255) / 256 * 256; };  // attention_cudnn.cu's kAlign
+  const uint64_t rows = static_cast<uint64_t>(q_chunk) * static_cast<uint64_t>(heads);
+  const uint64_t tile_bf16 = up(rows * static_cast<uint64_t>(head_dim) * 2);  // Qs, each Ot
+  const uint64_t tile_lse = up(rows * 4);                                      // each Lt, L
+  const uint64_t acc = up(rows * static_cast<uint64_t>(head_dim) * 4);
+  constexpr uint64_t kTilesPerMerge = 4, kCudnnReserve = 64ull << 20;
+  return tile_bf16 * (1 + kTilesPerMerge) + tile_lse * (kTilesPerMerge + 1) + acc + kCudnnReserve;
+}
+
+DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t q_chunk) {
+  constexpr uint64_t kGemm = (32ull << 20) + (32ull << 20);  // gemm.cu: cuBLASLt workspace + fp32 staging
+  DeviceProfile d;
+  d.name = "cuda";
+  const uint64_t cudnn = cudnn_attention_workspace_bytes(64, 128, q_chunk);
+  d.workspace_bytes = cudnn_built ? std::max(kGemm, cudnn) : kGemm;
+  d.default_kv_tile = cudnn_built && cudnn_selected ? 8192 : 1024;
+  std::ostringstream ws, tile, tp;
+  ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
+  if (cudnn_built)
+    ws << "a build with cuDNN, max(cuBLASLt 64 MiB, cuDNN attention scratch for 64 heads x 128 at " << q_chunk
+       << "-query chunks " << format_bytes(cudnn) << ")";
+  else
+    ws << "a build without cuDNN, the cuBLASLt GEMM's 64 MiB";
+  tile << "kv_tile " << d.default_kv_tile << ": the backend's default "
+       << (cudnn_built && cudnn_selected ? "with cuDNN attention" : "with the native attention kernel");
+  tp << "throughput " << d.throughput.pcie_gb_per_s << " GB/s host-to-device, " << d.throughput.attention_tflops
+     << " TFLOP/s attention (H200, PCIe Gen5; picks only the K/V-hiding slice "
+     << kv_hiding_slice(d.throughput) << ")";
+  d.assumed = {ws.str(), tile.str(), tp.str()};
+  return d;
+}
+
+BudgetOptions budget_options_for(const DeviceProfile& d) {
+  BudgetOptions o;
+  o.kv_tile = d.default_kv_tile;
+  o.workspace_bytes = d.workspace_bytes;
+  o.device = d.throughput;
+  return o;
+}
+
 int64_t kv_hiding_slice(const DeviceFacts& f) {
   // c >= T / B (FLOP per byte): see the header.
   const double c = std::ceil(f.attention_tflops * 1e12 / (f.pcie_gb_per_s * 1e9));

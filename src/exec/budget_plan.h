@@ -72,6 +72,38 @@ struct DeviceFacts {
   double attention_tflops = 600.0;   // dense bf16 attention throughput, 1e12 FLOP/s (H200 ~ 600)
 };
 
+// What the planner needs to know about a device, as plain numbers: the Backend's
+// workspace_bytes() and default_kv_tile(), and the throughput figures. A dry run
+// (`layerstream info --vram-budget`) plans from one without opening a device; a real
+// run fills BudgetOptions from the Backend it holds. `assumed` says, one line each,
+// which figures are documented defaults rather than read from a device.
+struct DeviceProfile {
+  std::string name;                  // "cuda", "cpu"
+  uint64_t workspace_bytes = 0;      // Backend::workspace_bytes()
+  int64_t default_kv_tile = 1024;    // Backend::default_kv_tile() (numerics: --kv-tile overrides)
+  DeviceFacts throughput;
+  std::vector<std::string> assumed;  // e.g. "workspace 290.5 MiB: cuBLASLt 64 MiB, cuDNN attention ..."
+};
+
+// The cuDNN attention path's scratch (src/backend/cuda/attention_cudnn.cu, layout()),
+// each piece rounded up to 256 bytes, with Qc = q_chunk queries per cuDNN call and
+// R = Qc * heads rows:
+//   Qs bf16 [R, Dh] + 4 x Ot bf16 [R, Dh] + 4 x Lt f32 [R] + acc f32 [R, Dh] + L f32 [R]
+//   + 64 MiB of cuDNN's own workspace.
+// 64 heads x 128 at Qc = 2048: 5 x 32 MiB + 5 x 512 KiB + 64 MiB + 64 MiB = 290.5 MiB.
+uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_t q_chunk = 2048);
+
+// The CUDA backend's figures as src/backend/cuda/cuda_backend.cu computes them, without
+// opening a device: workspace = the GEMM's 64 MiB (cuBLASLt 32 MiB + fp32 staging
+// 32 MiB), in a build with cuDNN the larger of that and the cuDNN scratch for 64 heads
+// of 128 (whichever attention path is selected: a constant of the build); default
+// kv_tile 8192 when cuDNN is built and selected, else 1024 (the native kernel); the
+// throughput figures DeviceFacts' defaults (H200, PCIe Gen5). q_chunk:
+// LAYERSTREAM_CUDNN_QCHUNK (2048 unless set). Every figure is listed in `assumed`.
+// tests/test_budget_plan.cpp (CudaProfileMatchesTheBackend, GPU machine) compares it with
+// a real CUDA backend.
+DeviceProfile cuda_device_profile(bool cudnn_built = true, bool cudnn_selected = true, int64_t q_chunk = 2048);
+
 struct BudgetOptions {
   int64_t kv_tile = 1024;                  // keys per attention tile (numerics setting)
   int64_t kv_chunk_rows = 0;               // K/V offload chunk rows (PlanKnobs::kv_chunk_rows; 0 = default)
@@ -85,6 +117,10 @@ struct BudgetOptions {
   bool prefetch = true;  // streamed blocks: 2 slots, next block copied while one computes; else 1 slot
   DeviceFacts device;
 };
+
+// BudgetOptions with a profile's workspace, default kv_tile and throughput (everything
+// else at its default).
+BudgetOptions budget_options_for(const DeviceProfile& device);
 
 // Smallest query slice c whose attention hides streaming all of K and V once:
 // bytes 2 * S * I * 2 (K and V, bf16) cross the bus in 4SI / B seconds; c queries

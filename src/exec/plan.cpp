@@ -252,6 +252,21 @@ static int64_t largest_fitting(int64_t hi, uint64_t budget, F f) {
   return lo;
 }
 
+// The smallest activation budget: the persistent buffers plus the largest phase at
+// one-row slices (stock attention instead when that is smaller).
+static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z) {
+  const uint64_t base = sum_bytes(persistent_buffers(cfg, z));
+  const uint64_t attn = base + std::min(attention_phase(cfg, z.S, 0).bytes(), attention_phase(cfg, z.S, 1).bytes());
+  const uint64_t mlp = base + std::max(embed_phase(cfg, 1).bytes(), mlp_phase(cfg, 1).bytes());
+  const uint64_t fin = base + final_phase(cfg, 1).bytes();
+  return std::max({attn, mlp, fin});
+}
+
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond) {
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  return min_budget(cfg, z);
+}
+
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
                                int64_t kv_tile) {
   PlanKnobs k;
@@ -277,7 +292,8 @@ Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& 
   const int64_t nm = largest_fitting(z.S, budget, mlp);
   const int64_t nf = largest_fitting(z.target_rows, budget, fin);
   if ((!attn_stock_fits && na == 0) || nm == 0 || nf == 0) {
-    const uint64_t need = std::max({std::min(attn_stock, attn(1)), mlp(1), fin(1)});
+    const uint64_t need = min_budget(cfg, z);
+    LS_CHECK(need == std::max({std::min(attn_stock, attn(1)), mlp(1), fin(1)}) && need > budget);
     return make_error(ErrorCode::out_of_budget,
                       "an activation budget of " + format_bytes(budget) + " (" + std::to_string(budget) +
                           " bytes) is too small for S = " + std::to_string(z.S) + " rows: the smallest budget that works is " +

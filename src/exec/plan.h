@@ -141,6 +141,10 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, 
 // planner, budget_plan.h, decides offload).
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget_bytes,
                                int64_t kv_tile = 1024);
+// The smallest budget plan_for_budget accepts for (cfg, cond): the one its out_of_budget
+// message names (persistent buffers + the largest phase at one-row slices, stock
+// attention where that is smaller). Errors: an invalid geometry.
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond);
 
 // ---- the buffer lists (shared by the planner and the executor) ---------------------
 // Each phase's buffers in allocation order, for slices of `n` rows (the largest slice
