@@ -117,6 +117,50 @@ inline h3::Conditioning random_cond(std::mt19937_64& rng, const h3::H3Config& cf
   return c;
 }
 
+// Every input mode ComfyUI's H3 has beyond t2va, on an existing conditioning (its
+// geometry final): partial video and audio masks (values not multiples of 1/256, not
+// constant per 2x2 patch, some exact 0s and 1s), a keyframe with video and audio, an
+// image reference with its own grid and an audio reference, augmentation 0.5 on both
+// streams (half of every condition value is noise), the keyframe's noise handed in by
+// the caller and the references' from the engine's generator. With cfg.pdd_heads > 1
+// (set before the source is made) the case also runs a PDD bank on both heads.
+inline void add_all_modes(std::mt19937_64& rng, const h3::H3Config& cfg, h3::Conditioning& c) {
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto mask_value = [&]() {
+    const int64_t k = pick(0, 3);
+    return k == 0 ? 0.0f : k == 1 ? 1.0f : std::uniform_real_distribution<float>(0, 1)(rng);
+  };
+  const h3::ClipGeometry& g = c.geometry;
+  c.video_mask.resize(static_cast<size_t>(g.T * g.Hl * g.Wl));
+  for (auto& m : c.video_mask) m = mask_value();
+  // The first 2x2 patch pools to a partial value whatever the draws (amax 0.3 -> 77/256).
+  const float patch[4] = {0.3f, 0.1f, 0.2f, 0.05f};
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t q = 0; q < 2; ++q) c.video_mask[static_cast<size_t>(p * g.Wl + q)] = patch[2 * p + q];
+  c.audio_mask.resize(static_cast<size_t>(2 * g.A));
+  for (auto& m : c.audio_mask) m = mask_value();
+  c.audio_mask[0] = 0.3f;
+  c.vis_aug = 0.5;
+  c.aud_aug = 0.5;
+  c.seed = static_cast<uint64_t>(pick(0, 1 << 20));
+  h3::Keyframe kf;
+  kf.pixel_frame = pick(0, 8);
+  kf.video = video_latent(rng, cfg, 1, g.Hl, g.Wl);
+  kf.audio = audio_latent(rng, cfg, pick(1, 3));
+  kf.noise.video = randn(rng, kf.video.data.size());
+  kf.noise.audio = randn(rng, kf.audio.data.size());
+  c.keyframes.push_back(std::move(kf));
+  h3::Reference img;
+  img.kind = h3::ReferenceKind::image;
+  img.video = video_latent(rng, cfg, 1, 2 * pick(1, 3), 2 * pick(1, 3));
+  c.refs.push_back(std::move(img));
+  h3::Reference aud;
+  aud.kind = h3::ReferenceKind::audio;
+  aud.audio = audio_latent(rng, cfg, pick(1, 4));
+  c.refs.push_back(std::move(aud));
+  if (c.sample_sigmas.empty()) c.sample_sigmas = {1.0f, 0.9f, 0.75f, 0.5f, 0.0f};
+}
+
 struct Inputs {
   std::vector<float> video, audio, text;
   TensorView video_view(const h3::H3Config& cfg, const h3::Conditioning& c) {

@@ -30,8 +30,10 @@ struct StreamingCase {
   int64_t kv_tile = 1024;
 };
 
-// gpu: head_dim 32 (the CUDA attention kernel takes 32, 64 or 128).
-inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wide, bool gpu) {
+// gpu: head_dim 32 (the CUDA attention kernel takes 32, 64 or 128). all_modes: partial
+// masks, a keyframe and references at augmentation 0.5, a PDD bank of 4 on both heads
+// (add_all_modes in exactness_util.h).
+inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wide, bool gpu, bool all_modes = false) {
   std::mt19937_64 rng(seed);
   StreamingCase c;
   c.cfg = tiny_cfg(rng, /*vary=*/true);
@@ -44,8 +46,9 @@ inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wid
     c.cfg.hidden = 256;
     c.cfg.ffn = 512;
   }
+  if (all_modes) c.cfg.pdd_heads = 4;
   c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, seed);
-  c.cond = random_cond(rng, c.cfg, /*extras=*/!wide);
+  c.cond = random_cond(rng, c.cfg, /*extras=*/!wide && !all_modes);
   if (wide) {
     c.cond.geometry.T = 4;
     c.cond.geometry.Hl = 16;
@@ -53,6 +56,7 @@ inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wid
     c.cond.geometry.A = 40;
     c.cond.geometry.text_tokens = 17;
   }
+  if (all_modes) add_all_modes(rng, c.cfg, c.cond);
   c.in = random_inputs(rng, c.cfg, c.cond);
   c.kv_tile = std::uniform_int_distribution<int>(0, 1)(rng) ? std::uniform_int_distribution<int64_t>(1, 16)(rng) : 64;
   const float sigmas[] = {1.0f, 0.8f, 0.5f};
@@ -104,7 +108,8 @@ struct StreamingSetup {
   bool ok = false;
 };
 
-inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, int64_t layers, bool wide) {
+inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, int64_t layers, bool wide,
+                                      bool all_modes = false) {
   StreamingSetup s;
   auto be = make_backend(device);
   if (!be.ok()) {
@@ -112,7 +117,7 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
     return s;
   }
   s.be = std::move(*be);
-  s.c = make_streaming_case(seed, layers, wide, device != "cpu");
+  s.c = make_streaming_case(seed, layers, wide, device != "cpu", all_modes);
   exec::PlanKnobs sk;
   sk.kv_tile = s.c.kv_tile;
   auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
@@ -128,8 +133,9 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
 }
 
 // Manual knobs: residency x offload x slices.
-inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants) {
-  StreamingSetup su = streaming_setup(seed, device, layers, wide);
+inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants,
+                                  bool all_modes = false) {
+  StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes);
   ASSERT_TRUE(su.ok);
   StreamingCase& c = su.c;
   Backend* const be = su.be.get();
@@ -246,8 +252,9 @@ inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backen
 }
 
 // Budgets: every plan_total_budget plan from the minimum to all-resident.
-inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets) {
-  StreamingSetup su = streaming_setup(seed, device, layers, wide);
+inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets,
+                                    bool all_modes = false) {
+  StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes);
   ASSERT_TRUE(su.ok);
   StreamingCase& c = su.c;
   Backend* const be = su.be.get();

@@ -26,10 +26,11 @@ struct Case {
   float sigma = 0.8f;
 };
 
-std::unique_ptr<Case> make_case(uint64_t seed, bool vary, bool extras) {
+std::unique_ptr<Case> make_case(uint64_t seed, bool vary, bool extras, bool all_modes = false) {
   std::mt19937_64 rng(seed);
   auto c = std::make_unique<Case>();
   c->cfg = test::tiny_cfg(rng, vary);
+  if (all_modes) c->cfg.pdd_heads = 4;
   c->src = std::make_unique<h3::H3SyntheticSource>(c->cfg, seed);
   c->be = make_cpu_backend();
   auto e = exec::Engine::create(*c->src, *c->be);
@@ -37,6 +38,7 @@ std::unique_ptr<Case> make_case(uint64_t seed, bool vary, bool extras) {
   if (!e.ok()) return nullptr;
   c->engine = std::move(*e);
   c->cond = test::random_cond(rng, c->cfg, extras);
+  if (all_modes) test::add_all_modes(rng, c->cfg, c->cond);
   c->in = test::random_inputs(rng, c->cfg, c->cond);
   auto t = c->engine->refine_text(c->in.text_view(c->cfg, c->cond));
   EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
@@ -65,8 +67,8 @@ int64_t random_slice(std::mt19937_64& rng, int64_t n) {
   }
 }
 
-void check_plans(uint64_t seed, bool vary, bool extras, int plans) {
-  auto c = make_case(seed, vary, extras);
+void check_plans(uint64_t seed, bool vary, bool extras, int plans, bool all_modes = false) {
+  auto c = make_case(seed, vary, extras, all_modes);
   ASSERT_TRUE(c);
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c->cfg));
   // kv_tile is a numerics setting: fixed per case (both plans), random across cases so
@@ -109,6 +111,43 @@ TEST(Exactness, PlansMatchStockT2va) {
 // (keyframes, references, masks, text tags) x random plans.
 TEST(Exactness, PlansMatchStockRandomConfigsAndLayouts) {
   for (uint64_t seed = 100; seed < 180; ++seed) check_plans(seed, /*vary=*/true, /*extras=*/true, 6);
+}
+
+// Every input mode beyond t2va at once: partial video and audio masks (not multiples of
+// 1/256, not constant per patch), a keyframe with audio and two references at
+// augmentation 0.5 (caller-drawn and generated noise), a PDD bank of 4 on both heads;
+// random plans incl. 1-row slices and a short last slice give the stock bytes.
+TEST(Exactness, PlansMatchStockAllInputModes) {
+  for (uint64_t seed = 300; seed < 312; ++seed) check_plans(seed, /*vary=*/true, /*extras=*/false, 8, /*all_modes=*/true);
+}
+
+// The modes are not vacuous: each one changes the outputs (a mask, the augmentation, the
+// caller's noise, the PDD window through the schedule).
+TEST(Exactness, InputModesChangeOutputs) {
+  auto c = make_case(300, true, false, true);
+  ASSERT_TRUE(c);
+  // sigma 0.95 with the bank of 4: start 2, stop from the next schedule entry (0.9 -> 3;
+  // the changed schedule's 0.3 -> 4), so the window moves with the schedule.
+  c->sigma = 0.95f;
+  auto plan = exec::make_plan(c->cfg, c->cond, {});
+  ASSERT_TRUE(plan.ok());
+  const auto ref = run(*c, *plan);
+  auto differs = [&](const char* what, auto&& change) {
+    h3::Conditioning saved = c->cond;
+    change(c->cond);
+    auto p = exec::make_plan(c->cfg, c->cond, {});
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    const auto r = run(*c, *p);
+    EXPECT_FALSE(test::same_bytes(ref.video, r.video) && test::same_bytes(ref.audio, r.audio)) << what;
+    c->cond = saved;
+  };
+  differs("video mask", [](h3::Conditioning& k) { k.video_mask.clear(); });
+  differs("audio mask", [](h3::Conditioning& k) { k.audio_mask.clear(); });
+  differs("vis_aug", [](h3::Conditioning& k) { k.vis_aug = 1.0; });
+  differs("aud_aug", [](h3::Conditioning& k) { k.aud_aug = 1.0; });
+  differs("caller noise", [](h3::Conditioning& k) { k.keyframes[0].noise = h3::ConditionNoise{}; });
+  differs("seed", [](h3::Conditioning& k) { k.seed += 1; });
+  differs("PDD window", [](h3::Conditioning& k) { k.sample_sigmas = {1.0f, 0.3f, 0.0f}; });
 }
 
 // Two-pass attention with every slice size from 1 to S.

@@ -16,3 +16,12 @@ TEST(ExecStreaming, WideConfigKnobs) { test::check_streaming_knobs(101, "cpu", 2
 TEST(ExecStreaming, BudgetSweepMatchesAndFits) {
   for (uint64_t seed = 11; seed <= 14; ++seed) test::check_streaming_budgets(seed, "cpu", 3, false, 12);
 }
+
+// Every input mode beyond t2va (partial masks, keyframe and references at augmentation
+// 0.5, caller-drawn and generated condition noise, a PDD bank of 4 on both heads) under
+// residency x offload x slices, and under every budget plan.
+TEST(ExecStreaming, InputModesKnobs) {
+  for (uint64_t seed = 31; seed <= 33; ++seed) test::check_streaming_knobs(seed, "cpu", 2, false, 12, /*all_modes=*/true);
+}
+
+TEST(ExecStreaming, InputModesBudgetSweep) { test::check_streaming_budgets(41, "cpu", 2, false, 10, /*all_modes=*/true); }

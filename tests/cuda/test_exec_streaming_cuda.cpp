@@ -27,3 +27,11 @@ TEST(CudaExecStreaming, BudgetSweepMatchesAndFits) {
   for (uint64_t seed = 11; seed <= 13; ++seed) test::check_streaming_budgets(seed, "cuda", 3, false, 10);
   test::check_streaming_budgets(201, "cuda", 3, true, 10);
 }
+
+// Masks, keyframe and references at augmentation 0.5, a PDD bank of 4 on both heads.
+TEST(CudaExecStreaming, InputModesKnobsAndBudgets) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (uint64_t seed = 31; seed <= 33; ++seed) test::check_streaming_knobs(seed, "cuda", 2, false, 10, /*all_modes=*/true);
+  test::check_streaming_knobs(131, "cuda", 2, true, 8, /*all_modes=*/true);
+  test::check_streaming_budgets(41, "cuda", 2, false, 10, /*all_modes=*/true);
+}

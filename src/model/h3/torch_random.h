@@ -1,5 +1,5 @@
-// PyTorch's CPU normal generator, restated (h3-model.md §2.7: condition-latent noise
-// augmentation draws torch.randn(shape) from a CPU generator seeded with the sampler seed).
+// PyTorch's CPU normal generator, restated (h3-model.md §2.7: condition noise
+// augmentation draws torch.randn(rows.shape) from a CPU generator seeded with the sampler seed).
 //
 // Algorithm (torch.manual_seed(seed); torch.randn(n) for fp32 on the CPU):
 //  - engine: MT19937 initialised with the low 32 bits of the seed (the standard init);
@@ -11,8 +11,11 @@
 //  - n < 16 uses torch's double-precision normal_distribution path (random64 pairs,
 //    Box-Muller in double, caching the second value), restated as well.
 // Bits: the uniform stream is exact; x86 PyTorch builds run the block transform with
-// AVX2 SLEEF log/cos/sin (1-ulp functions), so individual values can differ from this
-// scalar restatement by about one fp32 ulp. Documented in docs/exactness.md.
+// AVX2 SLEEF log/cos/sin (1-ulp functions), this restatement with glibc's. Measured
+// against PyTorch 1.13's CPU randn (628k values, 43 seeds x 12 sizes): every n < 16 value
+// is bit-exact; for n >= 16, 16.5 % of the values differ, by 1 ulp (14.3 %), 2 (2.1 %)
+// or 3 ulps (0.07 %). Documented in docs/exactness.md. Callers that need torch's bits
+// hand torch's draws in (h3::ConditionNoise).
 #pragma once
 
 #include <cstdint>
