@@ -7,7 +7,8 @@
 // minimum and half-way budgets (weights streamed), and K/V plus residual offload, must give
 // the bytes of the stock all-resident run (memcmp), on each attention path the build
 // has: the cuDNN path (the default where built) with the device's kv_tile, and the
-// native kernel with kv_tile 1024. Skips without a GPU. Takes a minute or two on an
+// native kernel with kv_tile 1024; and, on the default path, the same with every input
+// mode (masks, keyframe and references at augmentation 0.5, PDD bank). Skips without a GPU. Takes a minute or two on an
 // H200 (the 1-row plan runs 8197 one-row slices per phase).
 #include "scoped_env.h"
 #include "streaming_cases.h"
@@ -18,13 +19,16 @@ namespace {
 
 bool have_gpu() { return make_backend("cuda").ok(); }
 
-test::StreamingCase real_width_case() {
+// modes: every input mode beyond t2va (partial masks, a keyframe with audio and two
+// references at augmentation 0.5, a PDD bank of 4 on both heads; add_all_modes).
+test::StreamingCase real_width_case(bool modes = false) {
   std::mt19937_64 rng(4242);
   test::StreamingCase c;
   auto cfg = h3::h3_preset("h3");
   EXPECT_TRUE(cfg.ok());
   c.cfg = *cfg;
   c.cfg.num_layers = 1;
+  if (modes) c.cfg.pdd_heads = 4;
   c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, 7);
   c.cond = test::random_cond(rng, c.cfg, /*extras=*/false);
   c.cond.geometry.T = 4;
@@ -32,9 +36,43 @@ test::StreamingCase real_width_case() {
   c.cond.geometry.Wl = 90;
   c.cond.geometry.A = 40;
   c.cond.geometry.text_tokens = 17;
+  if (modes) test::add_all_modes(rng, c.cfg, c.cond);
   c.in = test::random_inputs(rng, c.cfg, c.cond);
   c.sigma = 0.8f;
   return c;
+}
+
+// The input modes at real width on the default attention path: slices of 97 and 8192
+// rows and K/V + residual offload with streamed weights give the stock bytes.
+void check_modes() {
+  auto be = make_backend("cuda");
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  test::StreamingCase c = real_width_case(/*modes=*/true);
+  c.kv_tile = (*be)->default_kv_tile();
+  exec::PlanKnobs sk;
+  sk.kv_tile = c.kv_tile;
+  auto stock = exec::make_plan(c.cfg, c.cond, sk);
+  ASSERT_TRUE(stock.ok()) << stock.error().message;
+  const test::StreamingRun ref = test::run_streaming(c, **be, exec::Residency{}, *stock);
+  ASSERT_TRUE(ref.ok);
+  ASSERT_GT(test::sum_abs(ref.r.video), 0.0);
+  for (int64_t slice : {int64_t{97}, int64_t{8192}}) {
+    exec::PlanKnobs k = sk;
+    k.attn_chunk_tokens = k.mlp_chunk_tokens = k.final_chunk_tokens = slice;
+    auto p = exec::make_plan(c.cfg, c.cond, k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    test::expect_same(ref, test::run_streaming(c, **be, exec::Residency{}, *p), p->describe());
+  }
+  exec::PlanKnobs k = sk;
+  k.attn_chunk_tokens = 4096;
+  k.mlp_chunk_tokens = k.final_chunk_tokens = 97;
+  k.kv_offload = k.residual_offload = true;
+  auto p = exec::make_plan(c.cfg, c.cond, k);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  exec::Residency res;
+  res.resident_blocks = 0;
+  res.slots = 1;
+  test::expect_same(ref, test::run_streaming(c, **be, res, *p), p->describe());
 }
 
 void check_path(const char* path) {
@@ -119,4 +157,9 @@ TEST(CudaRealWidth, SlicesAndBudgetPlansMatchStockCudnn) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   if (!cudnn_in_build()) GTEST_SKIP() << "this build has no cuDNN";
   check_path("cudnn");
+}
+
+TEST(CudaRealWidth, InputModesSlicesAndOffloadMatchStock) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_modes();
 }
