@@ -189,12 +189,22 @@ TEST(ModelLayout, MasksAndTextTags) {
   EXPECT_EQ(ts.mod_rows[1] % 3, 0);
   EXPECT_EQ(ts.mod_rows[0] % 3, 1);
   EXPECT_EQ(ts.mod_rows[1] / 3, ts.mod_rows[0] / 3);
-  // Masked-out video rows (m = 0) sit at the pin max(t_v, 0.999); m = 1 audio rows at t_a.
+  // Masked rows as ComfyUI computes them, fp32 tensor ops on the pooled value:
+  // min(fl32(1 - fl32(m * sigma)), fl32(max(t_v, 0.999))). Masked-out rows (m = 0) sit at
+  // fl32(0.999), not at 0.999 itself; an audio mask of all ones sets no per-row t (t_a).
   const auto& vs = lay->target_video();
-  EXPECT_EQ(ts.unique_t[static_cast<size_t>(ts.final_rows[static_cast<size_t>(vs.start + 1)])], 0.999);
-  const double m = pooled[0];
-  EXPECT_EQ(ts.unique_t[static_cast<size_t>(ts.final_rows[static_cast<size_t>(vs.start)])], std::min(1.0 - m * 0.5, 0.999));
+  EXPECT_EQ(ts.unique_t[static_cast<size_t>(ts.final_rows[static_cast<size_t>(vs.start + 1)])],
+            static_cast<double>(0.999f));
+  const float m = pooled[0];
+  EXPECT_EQ(ts.unique_t[static_cast<size_t>(ts.final_rows[static_cast<size_t>(vs.start)])],
+            static_cast<double>(std::min(1.0f - m * 0.5f, 0.999f)));
   EXPECT_EQ(ts.unique_t[static_cast<size_t>(ts.final_rows[static_cast<size_t>(lay->target_audio().start)])], ts.sig.t_a);
+  // The audio mask multiplies as pooled_audio_mask: quantised, one value per row.
+  c.audio_mask[3] = 0.3f;
+  EXPECT_EQ(pooled_audio_mask(c)[3], std::ceil(0.3f * 256.0f) / 256.0f);
+  EXPECT_FALSE(mask_generates_everywhere(pooled_audio_mask(c)));
+  c.audio_mask[3] = 0.9995f;  // quantises to 1: generates everywhere again
+  EXPECT_TRUE(mask_generates_everywhere(pooled_audio_mask(c)));
 }
 
 TEST(ModelLayout, BadConditioningIsAnError) {
