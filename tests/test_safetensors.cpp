@@ -381,6 +381,27 @@ TEST_F(SafetensorsTest, MalformedFilesEachRejectedWithOwnMessage) {
       }
 }
 
+TEST_F(SafetensorsTest, MessagesHoldOnlyPrintableAscii) {
+  // nlohmann's parse error quotes the bytes it stopped at; a raw 0x85 (or an escape
+  // sequence) must not reach a terminal or a log. Found by fuzz/fuzz_safetensors.
+  const std::vector<std::string> headers = {
+      "{\"t\":{\"dtype\":\"F64\",\"shape\":[46116\x85],\"data_offsets\":[0,8]}}",
+      "{\"t\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":\"\xc3\xa9\x1b[31m\"}}",
+      "{\"t\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[\"\u00e9\", 1]}}",
+  };
+  for (const std::string& h : headers) {
+    const std::string bytes = raw_file(h, std::string(8, 'd'));
+    auto r = SafetensorsReader::from_bytes(bytes.data(), bytes.size(), "m");
+    ASSERT_FALSE(r.ok()) << h;
+    for (unsigned char c : r.error().message)
+      EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "byte " << int(c) << " in: " << r.error().message;
+  }
+  const std::string first = raw_file(headers[0], "");
+  auto r = SafetensorsReader::from_bytes(first.data(), first.size(), "m");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("46116\\x85"), std::string::npos) << r.error().message;
+}
+
 TEST_F(SafetensorsTest, MissingFileAndDirectory) {
   auto r = SafetensorsReader::open(file("nope.safetensors"));
   ASSERT_FALSE(r.ok());

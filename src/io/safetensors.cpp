@@ -77,10 +77,31 @@ std::string quote_name(const std::string& s) {
   return out;
 }
 
+// Any text for a message with bytes outside printable ASCII as \xNN: nlohmann's parse
+// errors quote the bytes they stopped at ("last read: '...'"), which in a hostile
+// header can be anything (found by fuzz/fuzz_safetensors).
+std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
 std::string json_text(const json& j) {
-  // Values that passed the parser are valid UTF-8, so dump() cannot throw here; cut
-  // long ones (a 10 MB array in a message helps no one).
-  std::string s = j.dump();
+  // Values that passed the parser are valid UTF-8, so dump() cannot throw here;
+  // ensure_ascii escapes everything else as \uXXXX. Cut long ones (a 10 MB array in a
+  // message helps no one).
+  std::string s = j.dump(-1, ' ', /*ensure_ascii=*/true);
   if (s.size() > 80) s = s.substr(0, 77) + "...";
   return s;
 }
@@ -126,7 +147,7 @@ class HeaderScan final : public nlohmann::json_sax<json> {
     return false;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
-    error = std::string("header is not valid JSON: ") + ex.what();
+    error = "header is not valid JSON: " + printable(ex.what());
     return false;
   }
   std::string error;  // set when the scan stops
@@ -284,7 +305,7 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::parse(std::uniqu
     if (!json::sax_parse(text, text + header_len, &scan)) return invalid(scan.error);
     root = json::parse(text, text + header_len);
   } catch (const json::exception& e) {  // not expected after the scan; kept as an error, not a crash
-    return invalid(std::string("header is not valid JSON: ") + e.what());
+    return invalid("header is not valid JSON: " + printable(e.what()));
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::out_of_memory, path + ": out of memory parsing the " +
                                                     format_bytes(header_len) + " header");
