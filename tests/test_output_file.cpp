@@ -160,6 +160,15 @@ TEST_F(OutputFileTest, FifoIsRefusedWithoutBlocking) {
   ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
   EXPECT_EQ(listing(), std::vector<std::string>{"pipe"});
+  // An anonymous pipe through its /proc/self/fd link (what /dev/stdout is under `| cat`):
+  // readlink() gives "pipe:[N]", which names no file; it is refused as the FIFO it is.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string via_proc = "/proc/self/fd/" + std::to_string(fds[1]);
+  Status p = io::write_output_file(via_proc, "abc", "--json");
+  EXPECT_TRUE(has(p, via_proc + " is a FIFO (named pipe)")) << p.message();
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST_F(OutputFileTest, DirectoryIsRefusedBeforeAnyWork) {

@@ -76,6 +76,23 @@ Expected<OutputTarget> check_output_path(const std::string& path, std::string_vi
   if (path.empty()) return make_error(ErrorCode::invalid_argument, std::string(what) + ": empty output path");
   OutputTarget t;
   t.path = path;
+  // First what the path leads to as the kernel sees it (every link followed, also the
+  // /proc/self/fd magic links behind /dev/stdout, which readlink() cannot resolve when
+  // they name a pipe). Anything but a regular file is decided here.
+  struct stat fst {};
+  if (::stat(path.c_str(), &fst) == 0 && !S_ISREG(fst.st_mode)) {
+    if (S_ISCHR(fst.st_mode)) {
+      t.resolved = path;  // opened through the links; the device is written in place
+      t.write_through = true;
+      return t;
+    }
+    return make_error(ErrorCode::invalid_argument, "refusing to write " + label(what, path) + ": " + path + " is " +
+                                                       std::string(kind_of(fst.st_mode)) +
+                                                       "; give a file name (a regular file or a new path)");
+  }
+  // A regular file or nothing yet: find the final target by hand, so that the
+  // temporary file goes beside it and the rename replaces it, not a link to it (a
+  // dangling link names the file to create).
   std::string cur = path;
   struct stat st {};
   bool exists = false;

@@ -11,7 +11,11 @@
 //     or a parent we cannot write: refused with a message naming the path and why.
 //
 // check_output_path() applies the same rules without writing, so a command can refuse a
-// bad -o / --json before any work starts.
+// bad -o / --json before any work starts. SafetensorsWriter (io/safetensors.h) resolves
+// its target with it too, so streamed tensor files follow the same policy.
+// The temporary file is "<target>.tmp-<pid>-<n>" (SafetensorsWriter: "<target>.tmp-<pid>");
+// only SIGKILL can leave one behind, beside an untouched target. docs/files.md has the
+// table of cases and messages.
 #pragma once
 
 #include <string>
