@@ -1,6 +1,6 @@
 // `layerstream generate` end to end: the built binary (LS_TOOL_PATH) on the built-in
 // demonstration and the tiny preset; outputs readable, plans byte-identical, bad
-// inputs rejected with exit code 2, a message, and no output file.
+// inputs rejected (exit 2 for flags, 1 for files) with a message and no output file.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -163,11 +163,13 @@ TEST_F(CliGenerate, PresetTextFilePlansAreByteIdentical) {
 // tokens, negative 8 (the longer prompt is the one planned), CFG 2, the small preset (4
 // blocks): budgets from generous down to the minimum the planner names stream blocks,
 // and the latents stay byte-identical to the unbudgeted run; the device peak is printed
-// and stays within the plan; below the minimum the run is refused before any work.
+// and stays within the plan; below the minimum the run is refused before any work. A
+// device budget: refused on the CPU backend (below), so this runs on a CUDA device only.
 TEST_F(CliGenerate, VramBudgetsGiveIdenticalLatents) {
+  if (!ls::test::cuda_usable()) GTEST_SKIP() << "no CUDA backend or device";
   const std::string text = text_file(5, 8, 256);  // the small preset's text_dim
   const std::string common =
-      "--preset small --text '" + text + "' --cfg 2 --steps 2 --frames 5 --width 128 --height 128 -q";
+      "--preset small --text '" + text + "' --cfg 2 --steps 2 --frames 5 --width 128 --height 128 -q --device cuda";
   const Result ref = run(common + " -o '" + path("ref.safetensors") + "'");
   ASSERT_EQ(ref.code, 0) << ref.out << ref.err;
   const std::string bref = latents_bytes(path("ref.safetensors"), {24, 2, 8, 8}, {32, 2, 8});
@@ -209,30 +211,33 @@ TEST_F(CliGenerate, VramBudgetsGiveIdenticalLatents) {
 TEST_F(CliGenerate, BadInputsFailCleanly) {
   const std::string out = path("bad.safetensors");
   const std::string o = " -o '" + out + "' -q";
-  struct Case {
-    std::string args;
-    std::string message;  // part of the expected error
-  };
   const std::string text_no_negative = text_file(4, 0);
   const std::string text_wrong_width = text_file(4, 0, 50);
-  const std::vector<Case> cases = {
-      {"--preset tiny --steps 0", "--steps"},
-      {"--preset tiny --steps abc", "--steps"},
-      {"--preset tiny --frames 22x", "--frames"},
-      {"--preset tiny --width 100", "multiples of 32"},
-      {"--preset nope", "nope"},
-      {"--model '" + path("missing.safetensors") + "'", "missing.safetensors"},
-      {"--preset tiny --budget 1K", "smallest budget"},
-      {"--preset tiny --budget 3 --mlp-chunk 4", "--budget"},
-      {"--preset tiny --cfg 2 --text '" + text_no_negative + "'", "negative"},
-      {"--preset tiny --text '" + text_wrong_width + "'", "text_dim"},
-      {"--preset tiny --keyframe '" + path("nokf.safetensors") + "'", "nokf.safetensors"},
-      {"--preset tiny --cfg nan", "--cfg"},
-      {"--preset tiny --mlp-chunk -3", "--mlp-chunk"},
+  struct CaseCode {
+    std::string args;
+    std::string message;
+    int code;  // 2 usage (flags, a budget below the minimum), 1 run time (files)
   };
-  for (const Case& c : cases) {
+  const std::vector<CaseCode> cases = {
+      {"--preset tiny --steps 0", "--steps", 2},
+      {"--preset tiny --steps abc", "--steps", 2},
+      {"--preset tiny --frames 22x", "--frames", 2},
+      {"--preset tiny --width 100", "multiples of 32", 2},
+      {"--preset nope", "nope", 2},
+      {"--model '" + path("missing.safetensors") + "'", "missing.safetensors", 1},
+      {"--preset tiny --budget 1K", "smallest budget", 2},
+      {"--preset tiny --budget 3 --mlp-chunk 4", "--budget", 2},
+      {"--preset tiny --cfg 2 --text '" + text_no_negative + "'", "negative", 2},
+      {"--preset tiny --text '" + text_wrong_width + "'", "text_dim", 2},
+      {"--preset tiny --keyframe '" + path("nokf.safetensors") + "'", "nokf.safetensors", 1},
+      {"--preset tiny --cfg nan", "--cfg", 2},
+      {"--preset tiny --mlp-chunk -3", "--mlp-chunk", 2},
+      // A device budget on the CPU backend: refused, pointing at --budget (issue 11).
+      {"--preset tiny --vram-budget 1G", "use --budget", 2},
+  };
+  for (const CaseCode& c : cases) {
     const Result r = run(c.args + o);
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out << r.err;
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find("error:"), std::string::npos) << c.args << ": " << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
     EXPECT_FALSE(exists(out)) << c.args;

@@ -90,7 +90,9 @@ TEST(CliMakeModel, VariantsCurvePddGateBlocks) {
 TEST(CliMakeModel, BadArgumentsExit2AndWriteNothing) {
   const std::string path = temp_path("never.safetensors");
   for (const std::string args : {"--preset huge -o ", "--preset tiny --blocks 0 -o ", "--preset tiny --blocks x -o ",
-                                 "--preset tiny --pdd-heads -1 -o ", "--preset tiny --seed -3 -o ", "-o "}) {
+                                 "--preset tiny --pdd-heads -1 -o ", "--preset tiny --seed -3 -o ",
+                                 "--preset tiny --seed '' -o ", "--preset tiny --blocks +2 -o ",
+                                 "--preset tiny --seed 0x10 -o "}) {
     RunResult r = run_tool("make-model " + args + path, true);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.out;
     EXPECT_NE(r.out.find("error"), std::string::npos) << args;
@@ -98,10 +100,23 @@ TEST(CliMakeModel, BadArgumentsExit2AndWriteNothing) {
   }
   RunResult r = run_tool("make-model --preset tiny", true);
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.out.find("-o FILE is required"), std::string::npos) << r.out;
-  // An unwritable destination is a runtime failure (1), with nothing left behind.
+  EXPECT_NE(r.out.find("--output is required"), std::string::npos) << r.out;
+  // Seeds: 0..2^63-1 as in every command (was < 2^64 here, <= 2^63-1 elsewhere).
+  r = run_tool("make-model --preset tiny --seed 9223372036854775808 -o " + path, true);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--seed must be an integer in 0..2^63-1"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(path));
+  r = run_tool("make-model -o " + path, true);  // no --preset
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--preset is required"), std::string::npos) << r.out;
+  // An unwritable destination is a runtime failure (1), refused before any work, with
+  // nothing left behind.
   r = run_tool("make-model --preset tiny -o /nonexistent-dir/x.safetensors", true);
   EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent-dir"), std::string::npos) << r.out;
+  r = run_tool("make-model --preset tiny -o " + std::filesystem::temp_directory_path().string(), true);  // a directory
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("error"), std::string::npos) << r.out;
 }
 
 TEST(CliInfo, WorkedExampleOnH3Preset) {

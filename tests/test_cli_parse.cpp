@@ -118,7 +118,7 @@ TEST(CliParse, FlagTextGivenEmptyIsRefused) {
     auto v = flag_int(kv, range::kv_tile, 1024);
     if (give) {
       ASSERT_FALSE(v.ok());
-      EXPECT_NE(v.error().message.find("--kv-tile must be an integer in 1..1073741824 (got an empty value)"),
+      EXPECT_NE(v.error().message.find("--kv-tile must be an integer in 1..2^30 (got an empty value)"),
                 std::string::npos)
           << v.error().message;
     } else {

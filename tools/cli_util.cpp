@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "io/output_file.h"
+
 namespace ls::tools {
 namespace {
 
@@ -65,7 +67,17 @@ std::string opts_text(const std::string& type, const std::string& def, bool requ
 
 }  // namespace
 
-std::string describe(const IntRange& r) { return std::to_string(r.lo) + ".." + std::to_string(r.hi); }
+namespace {
+// 2^63-1 and large powers of two written as such (0..2^63-1, 0..2^40).
+std::string int_text(int64_t v) {
+  if (v == INT64_MAX) return "2^63-1";
+  for (int k = 20; k < 63; ++k)
+    if (v == (int64_t{1} << k)) return "2^" + std::to_string(k);
+  return std::to_string(v);
+}
+}  // namespace
+
+std::string describe(const IntRange& r) { return int_text(r.lo) + ".." + int_text(r.hi); }
 
 std::string describe(const FloatRange& r) {
   return std::string(r.lo_open ? "(" : "[") + num(r.lo) + ", " + num(r.hi) + (r.hi_open ? ")" : "]");
@@ -93,36 +105,55 @@ Expected<int64_t> parse_int(const std::string& flag, const std::string& text, in
   return parse_int(std::string_view(flag), std::string_view(text), IntRange{lo, hi});
 }
 
-Expected<double> parse_float(std::string_view flag, std::string_view text, const FloatRange& r) {
-  auto fail = [&]() {
-    return Error{ErrorCode::invalid_argument,
-                 std::string(flag) + " must be a finite number in " + describe(r) + " (got " + quoted(text) + ")"};
-  };
-  // [-]DIGITS[.DIGITS][e[+|-]DIGITS] or [-].DIGITS[...]: checked here so that strtod's
-  // extras (spaces, '+', hex floats, inf, nan) never get through.
+namespace {
+// [-]DIGITS[.DIGITS][e[+|-]DIGITS] or [-].DIGITS[...]: checked here so that strtod's
+// extras (spaces, '+', hex floats, inf, nan) never get through.
+bool float_syntax(std::string_view text, bool signed_range) {
   size_t i = 0;
-  if (!text.empty() && text[0] == '-' && r.lo < 0) i = 1;
+  if (!text.empty() && text[0] == '-' && signed_range) i = 1;
   size_t digits = 0;
   while (i < text.size() && is_digit(text[i])) ++i, ++digits;
   if (i < text.size() && text[i] == '.') {
     ++i;
     while (i < text.size() && is_digit(text[i])) ++i, ++digits;
   }
-  if (digits == 0) return fail();
+  if (digits == 0) return false;
   if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
     ++i;
     if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
     size_t exp_digits = 0;
     while (i < text.size() && is_digit(text[i])) ++i, ++exp_digits;
-    if (exp_digits == 0) return fail();
+    if (exp_digits == 0) return false;
   }
-  if (i != text.size()) return fail();
-  const std::string s(text);
-  const double v = std::strtod(s.c_str(), nullptr);  // the "C" locale: the CLI never sets another
-  if (!std::isfinite(v)) return fail();
+  return i == text.size();
+}
+bool in_range(double v, const FloatRange& r) {
+  if (!std::isfinite(v)) return false;
   const bool lo_ok = r.lo_open ? v > r.lo : v >= r.lo;
   const bool hi_ok = r.hi_open ? v < r.hi : v <= r.hi;
-  if (!lo_ok || !hi_ok) return fail();
+  return lo_ok && hi_ok;
+}
+}  // namespace
+
+Expected<float> parse_float32(std::string_view flag, std::string_view text, const FloatRange& r) {
+  const std::string s(text);
+  float v = 0;
+  if (float_syntax(text, r.lo < 0)) v = std::strtof(s.c_str(), nullptr);  // the "C" locale
+  if (!float_syntax(text, r.lo < 0) || !in_range(static_cast<double>(v), r))
+    return Error{ErrorCode::invalid_argument,
+                 std::string(flag) + " must be a finite number in " + describe(r) + " (got " + quoted(text) + ")"};
+  return v;
+}
+
+Expected<double> parse_float(std::string_view flag, std::string_view text, const FloatRange& r) {
+  auto fail = [&]() {
+    return Error{ErrorCode::invalid_argument,
+                 std::string(flag) + " must be a finite number in " + describe(r) + " (got " + quoted(text) + ")"};
+  };
+  if (!float_syntax(text, r.lo < 0)) return fail();
+  const std::string s(text);
+  const double v = std::strtod(s.c_str(), nullptr);  // the "C" locale: the CLI never sets another
+  if (!in_range(v, r)) return fail();
   return v;
 }
 
@@ -179,6 +210,15 @@ Expected<uint64_t> parse_size(std::string_view flag, std::string_view text, cons
   return static_cast<uint64_t>(v);
 }
 
+CLI::Option* add_text_flag(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,
+                           const std::string& desc, const std::string& def, bool required) {
+  f.name = flag_name(names);
+  f.opt = app.add_option(names, f.text, desc);
+  f.opt->type_name(type)->option_text(opts_text(type, def, required));
+  if (required) f.opt->required();
+  return f.opt;
+}
+
 CLI::Option* add_int_flag(CLI::App& app, const std::string& names, FlagText& f, const IntRange& r,
                           const std::string& desc, const std::string& def, bool required) {
   f.name = flag_name(names);
@@ -218,6 +258,23 @@ Expected<double> flag_float(const FlagText& f, const FloatRange& r, double def) 
 Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def) {
   if (!f.given()) return def;
   return parse_size(f.name, f.text, r);
+}
+
+Expected<float> flag_float32(const FlagText& f, const FloatRange& r, float def) {
+  if (!f.given()) return def;
+  return parse_float32(f.name, f.text, r);
+}
+
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path) {
+  std::vector<std::pair<std::string, std::string>> seen;  // flag, resolved path
+  for (const auto& [flag, path] : flag_and_path) {
+    LS_ASSIGN_OR_RETURN(io::OutputTarget t, io::check_output_path(path, flag));
+    for (const auto& [f2, r2] : seen)
+      if (r2 == t.resolved && !t.write_through)
+        return make_error(ErrorCode::invalid_argument, f2 + " and " + flag + " name the same file (" + path + ")");
+    seen.emplace_back(flag, t.resolved);
+  }
+  return Status();
 }
 
 int exit_code_for(const Error& e) {

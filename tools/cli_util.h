@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -75,6 +77,9 @@ std::string describe(const SizeRange& r);
 Expected<int64_t> parse_int(std::string_view flag, std::string_view text, const IntRange& r);
 Expected<double> parse_float(std::string_view flag, std::string_view text, const FloatRange& r);
 Expected<uint64_t> parse_size(std::string_view flag, std::string_view text, const SizeRange& r = range::budget);
+// A float32 quantity (--sigma): the text read as a float (strtof, one rounding), checked
+// against the range as a float (a tiny positive text that rounds to 0 is refused).
+Expected<float> parse_float32(std::string_view flag, std::string_view text, const FloatRange& r);
 // The same as parse_int(flag, text, {lo, hi}) (for values whose range depends on the
 // input, such as a keyframe's frame index).
 Expected<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
@@ -87,6 +92,10 @@ struct FlagText {
   CLI::Option* opt = nullptr;
   bool given() const { return opt != nullptr && opt->count() > 0; }
 };
+
+// A FILE / NAME flag bound as text (given() tells `-o ''` from no -o).
+CLI::Option* add_text_flag(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,
+                           const std::string& desc, const std::string& def = "", bool required = false);
 
 // Adds `names` ("--frames", "-o,--output") bound to f.text. --help shows
 //   --frames INT 1..100000=22 REQUIRED   pixel frames, ...
@@ -104,7 +113,12 @@ CLI::Option* add_size_flag(CLI::App& app, const std::string& names, FlagText& f,
 // text is not a number of the range, an empty text included).
 Expected<int64_t> flag_int(const FlagText& f, const IntRange& r, int64_t def);
 Expected<double> flag_float(const FlagText& f, const FloatRange& r, double def);
+Expected<float> flag_float32(const FlagText& f, const FloatRange& r, float def);
 Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def);
+
+// Checks every output path given with io::check_output_path before any work starts (an
+// empty path, `-o ''`, is refused), and that no two of them are the same file.
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path);
 
 // Exit codes of every command (docs/checkpoints.md, README "Exit codes"): 0 ok; 2 a
 // usage error (bad or contradictory flags, caught before any file is opened or any work

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/arena.h"  // format_bytes
 #include "core/thread_pool.h"
 #include "exec/budget_plan.h"
 #include "exec/engine.h"
@@ -45,6 +46,8 @@
 #include "model/h3/torch_random.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
+#include "tools/memory_plot.h"
+#include "tools/progress.h"
 #include "tools/report.h"
 
 namespace ls::tools {
@@ -53,33 +56,17 @@ namespace {
 constexpr const char* kCmd = "layerstream forward";
 
 struct ForwardOptions {
-  std::string model, preset, weights_seed = "0", blocks;
-  std::string frames, width, height, text_tokens, sigma, seed = "0";
+  FlagText model, preset, weights_seed, blocks;
+  FlagText frames, width, height, text_tokens, sigma, seed;
   std::vector<std::string> keyframes;
-  std::string mask;
-  std::string mlp_chunk = "0", attn_chunk = "0", final_chunk = "0", kv_tile, budget;
-  std::string device = "cpu", threads = "0";
-  std::string output, json;
-  bool random_weights = false;
-  std::string vram_budget, resident_blocks, slots, kv_chunk = "0";
+  FlagText mask;
+  FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget;
+  FlagText device, threads;
+  FlagText output, json, memory_plot;
+  bool random_weights = false, allow_nonfinite = false, quiet = false;
+  FlagText vram_budget, resident_blocks, slots, kv_chunk;
   bool no_prefetch = false, kv_offload = false, residual_offload = false;
 };
-
-Expected<float> parse_sigma(const std::string& text) {
-  size_t used = 0;
-  float v = 0;
-  bool ok = !text.empty();
-  if (ok) {
-    try {
-      v = std::stof(text, &used);
-    } catch (...) {
-      ok = false;
-    }
-  }
-  if (!ok || used != text.size() || !(v > 0.0f && v <= 1.0f))
-    return make_error(ErrorCode::invalid_argument, "--sigma must be a number in (0, 1] (got '" + text + "')");
-  return v;
-}
 
 // fp32 tensor `name` of `file` with the expected shape; empty name -> not required.
 Expected<std::vector<float>> read_f32(const SafetensorsReader& file, const std::string& name,
@@ -137,90 +124,103 @@ Status load_mask(const std::string& path, const h3::ClipGeometry& g, h3::Conditi
   return Status();
 }
 
-int fail(const Error& e) {
-  std::fprintf(stderr, "%s: error: %s\n", kCmd, e.message.c_str());
-  return e.code == ErrorCode::invalid_argument || e.code == ErrorCode::invalid_file ||
-                 e.code == ErrorCode::out_of_budget || e.code == ErrorCode::not_found || e.code == ErrorCode::io ||
-                 e.code == ErrorCode::unsupported
-             ? 2
-             : 1;
-}
+int fail(const Error& e) { return report_error(kCmd, e); }
+int usage(const std::string& msg) { return fail({ErrorCode::invalid_argument, msg}); }
 
 int run_forward(const ForwardOptions& o) {
-  if (o.model.empty() == o.preset.empty())
-    return fail({ErrorCode::invalid_argument, "give exactly one of --model FILE or --random-weights --preset NAME"});
-  if (o.random_weights && o.preset.empty())
-    return fail({ErrorCode::invalid_argument, "--random-weights needs --preset tiny|small|h3 (the shapes to make)"});
-  const bool manual_residency =
-      !o.resident_blocks.empty() || !o.slots.empty() || o.kv_offload || o.residual_offload || o.kv_chunk != "0";
-  if (!o.vram_budget.empty() && (manual_residency || !o.budget.empty()))
-    return fail({ErrorCode::invalid_argument,
-                 "--vram-budget decides residency, offload and slices: give it alone (no --budget, --resident-blocks, "
-                 "--slots, --kv-offload, --residual-offload)"});
-  if (o.no_prefetch && o.vram_budget.empty())
-    return fail({ErrorCode::invalid_argument, "--no-prefetch goes with --vram-budget (else use --slots 1)"});
-  if (!o.blocks.empty() && o.preset.empty()) return fail({ErrorCode::invalid_argument, "--blocks goes with --preset (a file has its own blocks)"});
-  for (const auto* f : {&o.frames, &o.width, &o.height, &o.text_tokens, &o.sigma})
-    if (f->empty()) return fail({ErrorCode::invalid_argument, "--frames, --width, --height, --text-tokens and --sigma are required"});
-  const bool sliced_flags = o.mlp_chunk != "0" || o.attn_chunk != "0" || o.final_chunk != "0";
-  if (!o.budget.empty() && sliced_flags)
-    return fail({ErrorCode::invalid_argument, "--budget picks the slice sizes: give it or --mlp-chunk/--attn-chunk/--final-chunk, not both"});
+  // ---- flags: every refusal here is a usage error (exit 2), before any file is opened ----
+  if (o.model.given() == o.preset.given())
+    return usage("give exactly one of --model FILE or --preset NAME (synthetic weights)");
+  if (o.random_weights && !o.preset.given())
+    return usage("--random-weights needs --preset tiny|small|h3 (the shapes to make)");
+  if (o.weights_seed.given() && o.model.given())
+    return usage("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset");
+  if (o.blocks.given() && o.model.given()) return usage("--blocks goes with --preset (a file has its own blocks)");
+  const bool manual_residency = o.resident_blocks.given() || o.slots.given() || o.kv_offload || o.residual_offload ||
+                                o.kv_chunk.given();
+  if (o.vram_budget.given() && (manual_residency || o.budget.given()))
+    return usage("--vram-budget decides residency, offload and slices: give it alone (no --budget, --resident-blocks, "
+                 "--slots, --kv-offload, --kv-chunk, --residual-offload)");
+  if (o.no_prefetch && !o.vram_budget.given())
+    return usage("--no-prefetch goes with --vram-budget (with --resident-blocks, use --slots 1)");
+  if (o.slots.given() && !o.resident_blocks.given())
+    return usage("--slots has no effect without --resident-blocks N (the manual residency mode): with every block "
+                 "resident nothing streams through slots");
+  if (o.kv_chunk.given() && !o.kv_offload)
+    return usage("--kv-chunk has no effect without --kv-offload (K/V stays whole on the device)");
+  const bool sliced_flags = o.mlp_chunk.given() || o.attn_chunk.given() || o.final_chunk.given();
+  if (o.budget.given() && sliced_flags)
+    return usage("--budget picks the slice sizes: give it or --mlp-chunk/--attn-chunk/--final-chunk, not both");
+  if (o.budget.given() && (o.kv_offload || o.residual_offload))
+    return usage("--budget plans the slices with K/V and the residual on the device: --kv-offload and "
+                 "--residual-offload go with --attn-chunk (or use --vram-budget, which offloads when it must)");
 
-  auto frames = parse_int("--frames", o.frames, 1, 100000);
-  auto width = parse_int("--width", o.width, 32, 65536);
-  auto height = parse_int("--height", o.height, 32, 65536);
-  auto L = parse_int("--text-tokens", o.text_tokens, 0, 1000000);
-  auto seed = parse_int("--seed", o.seed, 0, INT64_MAX);
-  auto wseed = parse_int("--weights-seed", o.weights_seed, 0, INT64_MAX);
-  auto threads = parse_int("--threads", o.threads, 0, 4096);
-  auto sigma = parse_sigma(o.sigma);
-  exec::PlanKnobs knobs;
-  auto mlp = parse_int("--mlp-chunk", o.mlp_chunk, 0, INT64_MAX);
-  auto attn = parse_int("--attn-chunk", o.attn_chunk, 0, INT64_MAX);
-  auto fin = parse_int("--final-chunk", o.final_chunk, 0, INT64_MAX);
-  auto kv = parse_int("--kv-tile", o.kv_tile.empty() ? "1" : o.kv_tile, 1, INT64_MAX);  // empty: the device's
-  for (const auto* e : {&frames, &width, &height, &L, &seed, &wseed, &threads, &mlp, &attn, &fin, &kv})
+  auto frames = flag_int(o.frames, range::frames, 0);
+  auto width = flag_int(o.width, range::width, 0);
+  auto height = flag_int(o.height, range::height, 0);
+  auto L = flag_int(o.text_tokens, range::text_tokens, 0);
+  auto seed = flag_int(o.seed, range::seed, 0);
+  auto wseed = flag_int(o.weights_seed, range::seed, 0);
+  auto threads = flag_int(o.threads, range::threads, 0);
+  auto mlp = flag_int(o.mlp_chunk, range::chunk, 0);
+  auto attn = flag_int(o.attn_chunk, range::chunk, 0);
+  auto fin = flag_int(o.final_chunk, range::chunk, 0);
+  auto kv = flag_int(o.kv_tile, range::kv_tile, 1);  // not given: the device's (below)
+  auto kvc = flag_int(o.kv_chunk, range::kv_chunk, 0);
+  auto rb = flag_int(o.resident_blocks, range::resident_blocks, -1);
+  auto sl = flag_int(o.slots, range::slots, 2);
+  auto nb = flag_int(o.blocks, range::blocks, 0);
+  for (const auto* e : {&frames, &width, &height, &L, &seed, &wseed, &threads, &mlp, &attn, &fin, &kv, &kvc, &rb, &sl, &nb})
     if (!e->ok()) return fail(e->error());
+  auto sigma = flag_float32(o.sigma, range::sigma, 0.0f);
   if (!sigma.ok()) return fail(sigma.error());
+  auto budget = flag_size(o.budget, range::budget, 0);
+  if (!budget.ok()) return fail(budget.error());
+  auto vram_budget = flag_size(o.vram_budget, range::budget, 0);
+  if (!vram_budget.ok()) return fail(vram_budget.error());
+  const std::string device = o.device.given() ? o.device.text : "cpu";
+  std::vector<std::pair<std::string, std::string>> outputs;
+  for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
+    if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
+  if (Status s = check_output_paths(outputs); !s.ok()) return fail(s.error());
+
+  exec::PlanKnobs knobs;
   knobs.mlp_chunk_tokens = *mlp;
   knobs.attn_chunk_tokens = *attn;
   knobs.final_chunk_tokens = *fin;
   knobs.kv_tile = *kv;
   knobs.kv_offload = o.kv_offload;
-  auto kvc = parse_int("--kv-chunk", o.kv_chunk, 0, INT64_MAX);
-  if (!kvc.ok()) return fail(kvc.error());
   knobs.kv_chunk_rows = *kvc;
   knobs.residual_offload = o.residual_offload;
   exec::Residency residency;
-  if (!o.resident_blocks.empty()) {
-    auto rb = parse_int("--resident-blocks", o.resident_blocks, 0, 100000);
-    if (!rb.ok()) return fail(rb.error());
-    residency.resident_blocks = *rb;
-  }
-  if (!o.slots.empty()) {
-    auto sl = parse_int("--slots", o.slots, 1, 2);
-    if (!sl.ok()) return fail(sl.error());
-    residency.slots = *sl;
-  }
+  residency.resident_blocks = *rb;
+  residency.slots = *sl;
   set_num_threads(static_cast<int>(*threads));
+
+  // The backend first: what a flag means can depend on it.
+  auto backend = make_backend(device);
+  if (!backend.ok()) return fail(backend.error());
+  if ((*backend)->device().kind == DeviceKind::cpu && o.vram_budget.given())
+    return usage("--vram-budget is a device budget and the CPU backend has no device memory (on the CPU it only "
+                 "copies weights into more host memory): use --budget for the activation memory, or --device cuda");
+  if (!o.kv_tile.given()) knobs.kv_tile = (*backend)->default_kv_tile();
 
   // Weights.
   std::unique_ptr<h3::H3TensorSource> src;
-  if (!o.model.empty()) {
-    auto f = h3::open_h3_checkpoint(o.model);
+  if (o.model.given()) {
+    auto f = h3::open_h3_checkpoint(o.model.text);
     if (!f.ok()) return fail(f.error());
     src = std::move(*f);
   } else {
-    auto cfg = h3::h3_preset(o.preset);
+    auto cfg = h3::h3_preset(o.preset.text);
     if (!cfg.ok()) return fail(cfg.error());
-    if (!o.blocks.empty()) {
-      auto nb = parse_int("--blocks", o.blocks, 1, 1000);
-      if (!nb.ok()) return fail(nb.error());
-      cfg->num_layers = *nb;  // full width, fewer blocks (as make-model --blocks)
-    }
+    if (o.blocks.given()) cfg->num_layers = *nb;  // full width, fewer blocks (as make-model --blocks)
     src = std::make_unique<h3::H3SyntheticSource>(*cfg, static_cast<uint64_t>(*wseed));
   }
   const h3::H3Config& cfg = src->cfg();
+  if (o.slots.given() && *rb >= cfg.num_layers)
+    return usage("--slots has no effect: --resident-blocks " + std::to_string(*rb) + " keeps all " +
+                 std::to_string(cfg.num_layers) + " blocks resident, so nothing streams");
 
   // Conditioning and plan: everything that can be refused is refused before any work.
   auto geom = h3::clip_geometry(*frames, *width, *height, *L);
@@ -233,17 +233,13 @@ int run_forward(const ForwardOptions& o) {
     if (!kf.ok()) return fail(kf.error());
     cond.keyframes.push_back(std::move(*kf));
   }
-  if (!o.mask.empty())
-    if (Status s = load_mask(o.mask, *geom, cond); !s.ok()) return fail(s.error());
+  if (o.mask.given())
+    if (Status s = load_mask(o.mask.text, *geom, cond); !s.ok()) return fail(s.error());
   if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, *sigma, 0.0f};  // one-call stand-in schedule
-  auto backend = make_backend(o.device);
-  if (!backend.ok()) return fail(backend.error());
-  if (o.kv_tile.empty()) knobs.kv_tile = (*backend)->default_kv_tile();
   Expected<exec::Plan> plan = Error{};
   nlohmann::json vram_budget_json;  // null unless --vram-budget
-  if (!o.vram_budget.empty()) {
-    auto bytes = exec::parse_byte_size(o.vram_budget);
-    if (!bytes.ok()) return fail(bytes.error());
+  uint64_t budget_line = 0;         // the memory plot's budget line
+  if (o.vram_budget.given()) {
     exec::BudgetOptions bo;
     bo.kv_tile = knobs.kv_tile;
     bo.workspace_bytes = (*backend)->workspace_bytes();
@@ -251,7 +247,7 @@ int run_forward(const ForwardOptions& o) {
     auto rows = exec::modulation_rows_for(cfg, cond, {*sigma});
     if (!rows.ok()) return fail(rows.error());
     bo.modulation_rows = *rows;
-    auto bp = exec::plan_total_budget(cfg, cond, *bytes, bo);
+    auto bp = exec::plan_total_budget(cfg, cond, *vram_budget, bo);
     if (!bp.ok()) return fail(bp.error());
     std::printf("[LayerStream] %s\n", bp->describe().c_str());
     vram_budget_json = budget_plan_json(*bp);
@@ -259,10 +255,9 @@ int run_forward(const ForwardOptions& o) {
     residency.resident_blocks = bp->resident_blocks;
     residency.slots = bp->prefetch ? 2 : 1;
     plan = bp->activations;
-  } else if (!o.budget.empty()) {
-    auto bytes = exec::parse_byte_size(o.budget);
-    if (!bytes.ok()) return fail(bytes.error());
-    plan = exec::plan_for_budget(cfg, cond, *bytes, knobs.kv_tile);
+    budget_line = *vram_budget;
+  } else if (o.budget.given()) {
+    plan = exec::plan_for_budget(cfg, cond, *budget, knobs.kv_tile);
   } else {
     plan = exec::make_plan(cfg, cond, knobs);
   }
@@ -276,8 +271,14 @@ int run_forward(const ForwardOptions& o) {
     uint64_t f = 0, t = 0;
     if (have_info && (*backend)->device_memory_info(&f, &t).ok()) min_free = std::min(min_free, f);
   };
+  std::unique_ptr<Progress> bar;
   exec::EngineOptions eo;
   eo.residency = residency;
+  eo.check_finite = !o.allow_nonfinite;
+  eo.record_memory = o.memory_plot.given();
+  eo.progress = [&bar](int64_t done, int64_t) {
+    if (bar) bar->set_done(done);
+  };
   auto engine = exec::Engine::create(*src, **backend, eo);
   if (!engine.ok()) return fail(engine.error());
   sample_free();
@@ -293,23 +294,56 @@ int run_forward(const ForwardOptions& o) {
   if (Status s = (*engine)->precompute_adaln({*sigma}, cond); !s.ok()) return fail(s.error());
   sample_free();
   if (Status s = (*engine)->prepare(cond, *plan); !s.ok()) return fail(s.error());
+  if (!o.quiet) bar = std::make_unique<Progress>("forward", "blocks", cfg.num_layers);
   auto r = (*engine)->forward(cond, *refined, TensorView(video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl}),
                               TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A}), *sigma, *plan);
-  if (!r.ok()) return fail(r.error());
+  if (!r.ok()) {
+    if (bar) bar->abandon();
+    Error e = r.error();
+    if (e.code == ErrorCode::nonfinite) e.message += " (nothing written; --allow-nonfinite writes the output anyway)";
+    return fail(e);
+  }
+  if (bar) bar->finish();
   sample_free();
-  const uint64_t hash = r->hash();
-  char hash_hex[17];
-  std::snprintf(hash_hex, sizeof hash_hex, "%016llx", static_cast<unsigned long long>(hash));
 
-  // No plan or timing in the metadata: files of different plans must be byte-identical.
+  // Non-finite outputs: an error (exit 1, nothing written) unless --allow-nonfinite.
+  const int64_t bad_v = count_nonfinite(r->video.data(), r->video.size());
+  const int64_t bad_a = count_nonfinite(r->audio.data(), r->audio.size());
+  if (bad_v + bad_a > 0) {
+    const std::string what = std::to_string(bad_v + bad_a) + " non-finite values (NaN or inf) in the output (video " +
+                             std::to_string(bad_v) + " of " + std::to_string(r->video.size()) + ", audio " +
+                             std::to_string(bad_a) + " of " + std::to_string(r->audio.size()) + ")";
+    if (!o.allow_nonfinite)
+      return fail({ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"});
+    std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
+  }
+  const uint64_t hash = r->hash();
+  const std::string hash_hex = hex64(hash);
+
+  // Only what determines the tensors' bytes: the weights, the inputs and the numerics
+  // settings. No plan, budget, residency or timing: files of different memory settings
+  // are byte-identical (`cmp`); those go to the --json report.
+  char sigma_text[32];
+  std::snprintf(sigma_text, sizeof sigma_text, "%.9g", static_cast<double>(*sigma));
   std::map<std::string, std::string> meta = {{"format", "layerstream-forward"},
-                                             {"sigma", o.sigma},
+                                             {"sigma", sigma_text},
                                              {"seed", std::to_string(*seed)},
+                                             {"frames", std::to_string(g.frames)},
+                                             {"width", std::to_string(g.width)},
+                                             {"height", std::to_string(g.height)},
+                                             {"text_tokens", std::to_string(g.text_tokens)},
                                              {"kv_tile", std::to_string(plan->kv_tile)},
+                                             {"backend", backend_kind((*backend)->name())},
                                              {"weights", src->describe()}};
-  if (!o.output.empty()) {
+  if (!o.keyframes.empty()) {
+    std::string k;
+    for (const auto& a : o.keyframes) k += (k.empty() ? "" : ";") + a;
+    meta["keyframes"] = k;
+  }
+  if (o.mask.given()) meta["mask"] = o.mask.text;
+  if (o.output.given()) {
     Status w = write_safetensors(
-        o.output,
+        o.output.text,
         {{"video", TensorView(r->video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
          {"audio", TensorView(r->audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A})}},
         meta);
@@ -323,53 +357,84 @@ int run_forward(const ForwardOptions& o) {
   if (have_info)
     std::printf("[LayerStream] device memory (driver): %s used by this run at most; LayerStream's arenas peaked at %s\n",
                 format_bytes(driver_used).c_str(), format_bytes(r->report.device_peak_bytes).c_str());
-  std::printf("[LayerStream] output hash %s (FNV-1a 64 of the velocities)\n", hash_hex);
-  if (!o.json.empty()) {
+  std::printf("[LayerStream] output hash %s (FNV-1a 64 of the velocities)\n", hash_hex.c_str());
+  if (o.memory_plot.given()) {
+    MemoryPlotInput in;
+    in.title = "forward, S " + std::to_string(plan->sizes.S) + ", " + (*backend)->name() +
+               (budget_line ? ", --vram-budget " + format_bytes(budget_line) : std::string());
+    in.samples = r->report.memory;
+    in.budget_bytes = budget_line;
+    in.predicted_peak_bytes = vram_budget_json.is_null() ? 0 : vram_budget_json["predicted_peak_bytes"].get<uint64_t>();
+    if (Status w = write_memory_plot(o.memory_plot.text, in); !w.ok()) return fail(w.error());
+  }
+  if (o.json.given()) {
     nlohmann::json j = nlohmann::json::parse(r->report.to_json());
+    j["command"] = "forward";
+    j["version"] = version_json();
     j["output_hash"] = hash_hex;
+    j["nonfinite_values"] = bad_v + bad_a;
     j["driver_used_bytes"] = driver_used;
     j["plan"] = plan_json(*plan);
     j["vram_budget"] = vram_budget_json;
     j["weights"] = src->describe();
-    if (Status w = write_json_file(o.json, j); !w.ok()) return fail(w.error());
+    if (o.output.given()) j["output"] = o.output.text;
+    if (Status w = write_json_file(o.json.text, j); !w.ok()) return fail(w.error());
   }
   return 0;
 }
 
 CommandRun setup(CLI::App& sub) {
   auto o = std::make_shared<ForwardOptions>();
-  sub.add_option("--model", o->model, "H3 checkpoint (.safetensors)");
-  sub.add_option("--preset", o->preset, "synthetic weights of a preset instead of --model: tiny | small | h3");
-  sub.add_option("--weights-seed", o->weights_seed, "seed of the synthetic weights (--preset; default 0)");
-  sub.add_option("--blocks", o->blocks, "with --preset: number of DiT blocks (full width, fewer blocks)");
-  sub.add_option("--frames", o->frames, "pixel frames, snapped up to 17j+5");
-  sub.add_option("--width", o->width, "width in pixels, multiple of 32");
-  sub.add_option("--height", o->height, "height in pixels, multiple of 32");
-  sub.add_option("--text-tokens", o->text_tokens, "tokens of the seeded stand-in text");
-  sub.add_option("--sigma", o->sigma, "video sigma of the call, in (0, 1]");
-  sub.add_option("--seed", o->seed, "seed of the inputs (video, audio, text) and of the noise augmentation (default 0)");
-  sub.add_option("--keyframe", o->keyframes, "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ \"audio\")");
-  sub.add_option("--mask", o->mask, "inpainting mask FILE: \"video_mask\" [T, Hl, Wl] and/or \"audio_mask\" [2, A]");
-  sub.add_option("--mlp-chunk", o->mlp_chunk, "rows per MLP / patch-embedding slice (0 = all)");
-  sub.add_option("--attn-chunk", o->attn_chunk, "rows per attention slice, two-pass (0 = stock attention)");
-  sub.add_option("--final-chunk", o->final_chunk, "rows per final-layer slice (0 = all)");
-  sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default: the device's, 1024 on the CPU, 8192 with CUDA + cuDNN)");
-  sub.add_option("--budget", o->budget, "activation memory budget (512M, 3G, 3.5GiB): the largest slices that fit");
+  add_text_flag(sub, "--model", o->model, "FILE", "H3 checkpoint (.safetensors); or --preset");
+  add_text_flag(sub, "--preset", o->preset, "NAME", "synthetic weights of a preset instead of --model: tiny | small | h3");
+  add_int_flag(sub, "--weights-seed", o->weights_seed, range::seed, "with --preset: seed of the synthetic weights", "0");
+  add_int_flag(sub, "--blocks", o->blocks, range::blocks, "with --preset: number of DiT blocks (full width, fewer blocks)",
+               "the preset's");
+  add_int_flag(sub, "--frames", o->frames, range::frames, "pixel frames, snapped up to 17j+5", "", true);
+  add_int_flag(sub, "--width", o->width, range::width, "width in pixels, a multiple of 32", "", true);
+  add_int_flag(sub, "--height", o->height, range::height, "height in pixels, a multiple of 32", "", true);
+  add_int_flag(sub, "--text-tokens", o->text_tokens, range::text_tokens, "tokens of the seeded stand-in text", "", true);
+  add_float_flag(sub, "--sigma", o->sigma, range::sigma, "video sigma of the call", "", true);
+  add_int_flag(sub, "--seed", o->seed, range::seed,
+               "seed of the inputs (video, audio, text) and of the noise augmentation", "0");
+  sub.add_option("--keyframe", o->keyframes, "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ \"audio\")")
+      ->type_name("FILE[@FRAME]");
+  add_text_flag(sub, "--mask", o->mask, "FILE", "inpainting mask: \"video_mask\" [T, Hl, Wl] and/or \"audio_mask\" [2, A]");
+  add_int_flag(sub, "--mlp-chunk", o->mlp_chunk, range::chunk, "rows per MLP / patch-embedding slice (0 = all)", "0");
+  add_int_flag(sub, "--attn-chunk", o->attn_chunk, range::chunk, "rows per attention slice, two-pass (0 = stock attention)",
+               "0");
+  add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
+  add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
+               "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
+  add_size_flag(sub, "--budget", o->budget, range::budget,
+                "activation memory budget: the largest slices that fit (not with the chunk flags)");
   sub.add_flag("--random-weights", o->random_weights,
-               "synthetic weights of --preset made in host memory (no file; a 33 B model needs ~66 GB of RAM)");
-  sub.add_option("--vram-budget", o->vram_budget,
-                 "TOTAL device budget (24G, 8G, 3.5GiB): weights, AdaLN tables, activations, workspace; the planner "
-                 "streams blocks and offloads K/V and the residual as needed");
+               "with --preset (which implies it): synthetic weights made in host memory (a 33 B model needs ~66 GiB)");
+  add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,
+                "TOTAL device budget (CUDA): weights, AdaLN tables, activations, workspace; the planner streams "
+                "blocks and offloads K/V and the residual as needed");
   sub.add_flag("--no-prefetch", o->no_prefetch, "with --vram-budget: one block slot (copy, then compute) instead of two");
-  sub.add_option("--resident-blocks", o->resident_blocks, "manual: blocks kept on the device (the rest stream)");
-  sub.add_option("--slots", o->slots, "manual: slots for streamed blocks, 2 (prefetch) or 1");
-  sub.add_flag("--kv-offload", o->kv_offload, "manual: K/V in pinned host memory, streamed back per query slice (needs --attn-chunk)");
-  sub.add_option("--kv-chunk", o->kv_chunk, "manual, with --kv-offload: keys per streamed K/V chunk (a multiple of --kv-tile; 0 = about 4096)");
-  sub.add_flag("--residual-offload", o->residual_offload, "manual: the residual stream in pinned host memory (needs --attn-chunk)");
-  sub.add_option("--json", o->json, "write the run report (plan, peaks, PCIe bytes, time, output hash) as JSON");
-  sub.add_option("--device", o->device, "cpu | cuda | cuda:N (default cpu)");
-  sub.add_option("--threads", o->threads, "CPU threads (0 = all cores)");
-  sub.add_option("-o,--output", o->output, "output velocities (.safetensors); optional, the hash is always printed");
+  add_int_flag(sub, "--resident-blocks", o->resident_blocks, range::resident_blocks,
+               "manual residency: blocks kept on the device (the rest stream)", "all");
+  add_int_flag(sub, "--slots", o->slots, range::slots,
+               "with --resident-blocks: slots for streamed blocks, 2 (prefetch) or 1", "2");
+  sub.add_flag("--kv-offload", o->kv_offload,
+               "manual: K/V in pinned host memory, streamed back per query slice (needs --attn-chunk)");
+  add_int_flag(sub, "--kv-chunk", o->kv_chunk, range::kv_chunk,
+               "with --kv-offload: keys per streamed K/V chunk, a multiple of --kv-tile (0 = about 4096)", "0");
+  sub.add_flag("--residual-offload", o->residual_offload,
+               "manual: the residual stream in pinned host memory (needs --attn-chunk)");
+  sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
+               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
+               "fails (exit 1) naming the first block and phase, and writes nothing");
+  add_text_flag(sub, "--json", o->json, "FILE", "write the run report (plan, peaks, PCIe bytes, time, output hash, version)");
+  add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
+                "draw the device memory over the run by phase and block (SVG)");
+  add_text_flag(sub, "--device", o->device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
+  add_int_flag(sub, "--threads", o->threads, range::threads, "CPU threads (0 = all cores)", "0");
+  sub.add_flag("-q,--quiet", o->quiet, "no progress display");
+  add_text_flag(sub, "-o,--output", o->output, "FILE",
+                "output velocities (.safetensors); optional, the hash is always printed");
   return [o]() { return run_forward(*o); };
 }
 

@@ -37,6 +37,7 @@
 #include "sample/generate.h"
 #include "sample/schedule.h"
 #include "tools/command.h"
+#include "tools/memory_plot.h"
 #include "tools/progress.h"
 #include "tools/report.h"
 #include "tools/cli_util.h"
@@ -46,74 +47,22 @@ namespace {
 
 constexpr const char* kCmd = "layerstream generate";
 
-// Numbers are taken as strings and parsed here so that a bad value is exit code 2 with
-// a message naming the flag (CLI11's own conversion errors use other exit codes).
+// Numbers are taken as text and parsed by the one strict parser (tools/cli_util.h), so
+// that a bad value is exit code 2 with a message naming the flag and its range.
 struct GenerateOptions {
-  std::string model, preset, weights_seed = "0";
-  std::string steps = "4", cfg = "1.0", seed = "0";
-  std::string frames = "22", width = "256", height = "256", text_tokens;
-  std::string text;
+  FlagText model, preset, weights_seed;
+  FlagText steps, cfg, seed;
+  FlagText frames, width, height, text_tokens;
+  FlagText text;
   std::vector<std::string> keyframes, refs;
-  std::string mlp_chunk, attn_chunk, final_chunk, kv_tile, budget, vram_budget;
-  std::string device = "cpu", threads;
-  std::string json, output;
-  bool quiet = false;
+  FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget, vram_budget;
+  FlagText device, threads;
+  FlagText json, output, memory_plot;
+  bool quiet = false, allow_nonfinite = false;
 };
 
-int exit_code_for(const Error& e) {
-  switch (e.code) {
-    case ErrorCode::invalid_argument:
-    case ErrorCode::invalid_file:
-    case ErrorCode::unsupported:
-    case ErrorCode::out_of_budget:
-    case ErrorCode::not_found:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
-int fail(const Error& e) {
-  std::fprintf(stderr, "%s: error: %s\n", kCmd, e.message.c_str());
-  return exit_code_for(e);
-}
-int fail(const std::string& msg, int code = 2) {
-  std::fprintf(stderr, "%s: error: %s\n", kCmd, msg.c_str());
-  return code;
-}
-
-
-Expected<uint64_t> parse_u64(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  bool ok = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) != 0;
-  if (ok) {
-    try {
-      v = std::stoull(text, &used);
-    } catch (...) {
-      ok = false;
-    }
-  }
-  if (!ok || used != text.size())
-    return make_error(ErrorCode::invalid_argument, flag + " must be a non-negative integer below 2^64 (got '" + text + "')");
-  return static_cast<uint64_t>(v);
-}
-
-Expected<double> parse_double(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  bool ok = !text.empty();
-  if (ok) {
-    try {
-      v = std::stod(text, &used);
-    } catch (...) {
-      ok = false;
-    }
-  }
-  if (!ok || used != text.size() || !std::isfinite(v))
-    return make_error(ErrorCode::invalid_argument, flag + " must be a finite number (got '" + text + "')");
-  return v;
-}
+int fail(const Error& e) { return report_error(kCmd, e); }
+int fail(const std::string& msg) { return fail(Error{ErrorCode::invalid_argument, msg}); }
 
 // A float tensor of a safetensors file as fp32 values, with its shape checked.
 Expected<std::vector<float>> read_f32(const SafetensorsReader& f, const std::string& name, int ndim,
@@ -254,80 +203,77 @@ VramUse vram_use(const sample::GenerateResult& r) {
 }
 
 int run_generate(const GenerateOptions& o) {
-  const bool builtin = o.model.empty() && o.preset.empty();
-  if (!o.model.empty() && !o.preset.empty()) return fail("give --model or --preset, not both");
-  if (!builtin && o.output.empty()) return fail("-o OUT.safetensors is required with --model or --preset");
-  const bool any_chunk = !o.mlp_chunk.empty() || !o.attn_chunk.empty() || !o.final_chunk.empty();
-  if (any_chunk && !o.budget.empty())
+  // ---- flags: every refusal here is a usage error (exit 2), before any file is opened ----
+  const bool builtin = !o.model.given() && !o.preset.given();
+  if (o.model.given() && o.preset.given()) return fail("give --model or --preset, not both");
+  if (!builtin && !o.output.given()) return fail("-o OUT.safetensors is required with --model or --preset");
+  if (o.weights_seed.given() && o.model.given())
+    return fail("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset or "
+                "the built-in demonstration");
+  if (o.text_tokens.given() && o.text.given())
+    return fail("--text-tokens has no effect with --text (the file's \"text\" gives L): leave it out");
+  const bool any_chunk = o.mlp_chunk.given() || o.attn_chunk.given() || o.final_chunk.given();
+  if (any_chunk && o.budget.given())
     return fail("--budget picks the slice sizes itself: give it without --mlp-chunk/--attn-chunk/--final-chunk");
-  if (!o.vram_budget.empty() && (any_chunk || !o.budget.empty()))
+  if (o.vram_budget.given() && (any_chunk || o.budget.given()))
     return fail("--vram-budget picks slices, weight residency and offload itself: give it without --budget and "
                 "--mlp-chunk/--attn-chunk/--final-chunk");
-  if (!o.vram_budget.empty() && builtin)
+  if (o.vram_budget.given() && builtin)
     return fail("--vram-budget needs --model or --preset (the built-in demonstration compares fixed stock and "
                 "sliced plans)");
 
-  // ---- flags ----
-  auto steps = parse_int("--steps", o.steps, 1, sample::kFlowTimesteps);
-  if (!steps.ok()) return fail(steps.error());
-  auto cfg_scale = parse_double("--cfg", o.cfg);
+  auto steps = flag_int(o.steps, range::steps, 4);
+  auto seed_i = flag_int(o.seed, range::seed, 0);
+  auto wseed_i = flag_int(o.weights_seed, range::seed, 0);
+  auto frames = flag_int(o.frames, range::frames, 22);
+  auto width = flag_int(o.width, range::width, 256);
+  auto height = flag_int(o.height, range::height, 256);
+  auto text_tokens = flag_int(o.text_tokens, range::text_tokens, 32);
+  auto mlp = flag_int(o.mlp_chunk, range::chunk, 0);
+  auto attn = flag_int(o.attn_chunk, range::chunk, 0);
+  auto fin = flag_int(o.final_chunk, range::chunk, 0);
+  auto kv = flag_int(o.kv_tile, range::kv_tile, 1);  // not given: the device's (below)
+  auto threads = flag_int(o.threads, range::threads, 0);
+  for (const auto* e : {&steps, &seed_i, &wseed_i, &frames, &width, &height, &text_tokens, &mlp, &attn, &fin, &kv, &threads})
+    if (!e->ok()) return fail(e->error());
+  auto cfg_scale = flag_float(o.cfg, range::cfg, 1.0);
   if (!cfg_scale.ok()) return fail(cfg_scale.error());
-  auto seed = parse_u64("--seed", o.seed);
-  if (!seed.ok()) return fail(seed.error());
-  auto wseed = parse_u64("--weights-seed", o.weights_seed);
-  if (!wseed.ok()) return fail(wseed.error());
-  auto frames = parse_int("--frames", o.frames, 1, 100000);
-  if (!frames.ok()) return fail(frames.error());
-  auto width = parse_int("--width", o.width, 32, 65536);
-  if (!width.ok()) return fail(width.error());
-  auto height = parse_int("--height", o.height, 32, 65536);
-  if (!height.ok()) return fail(height.error());
+  auto budget_b = flag_size(o.budget, range::budget, 0);
+  if (!budget_b.ok()) return fail(budget_b.error());
+  auto vram_b = flag_size(o.vram_budget, range::budget, 0);
+  if (!vram_b.ok()) return fail(vram_b.error());
+  const uint64_t budget = *budget_b;
+  const uint64_t seed = static_cast<uint64_t>(*seed_i), wseed = static_cast<uint64_t>(*wseed_i);
   exec::PlanKnobs knobs;
-  if (!o.mlp_chunk.empty()) {
-    auto v = parse_int("--mlp-chunk", o.mlp_chunk, 0, int64_t{1} << 40);
-    if (!v.ok()) return fail(v.error());
-    knobs.mlp_chunk_tokens = *v;
-  }
-  if (!o.attn_chunk.empty()) {
-    auto v = parse_int("--attn-chunk", o.attn_chunk, 0, int64_t{1} << 40);
-    if (!v.ok()) return fail(v.error());
-    knobs.attn_chunk_tokens = *v;
-  }
-  if (!o.final_chunk.empty()) {
-    auto v = parse_int("--final-chunk", o.final_chunk, 0, int64_t{1} << 40);
-    if (!v.ok()) return fail(v.error());
-    knobs.final_chunk_tokens = *v;
-  }
-  if (!o.kv_tile.empty()) {
-    auto v = parse_int("--kv-tile", o.kv_tile, 1, int64_t{1} << 30);
-    if (!v.ok()) return fail(v.error());
-    knobs.kv_tile = *v;
-  }
-  uint64_t budget = 0;
-  if (!o.budget.empty()) {
-    auto b = exec::parse_byte_size(o.budget);
-    if (!b.ok()) return fail(b.error());
-    if (*b == 0) return fail("--budget must be positive");
-    budget = *b;
-  }
-  if (!o.threads.empty()) {
-    auto t = parse_int("--threads", o.threads, 0, 4096);
-    if (!t.ok()) return fail(t.error());
-    set_num_threads(static_cast<int>(*t));
-  }
-  if (!o.output.empty() && o.output == o.json) return fail("-o and --json name the same file");
+  knobs.mlp_chunk_tokens = *mlp;
+  knobs.attn_chunk_tokens = *attn;
+  knobs.final_chunk_tokens = *fin;
+  knobs.kv_tile = *kv;
+  if (o.threads.given()) set_num_threads(static_cast<int>(*threads));
+  std::vector<std::pair<std::string, std::string>> outputs;
+  for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
+    if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
+  if (Status s = check_output_paths(outputs); !s.ok()) return fail(s.error());
+
+  // ---- the backend (its default kv_tile is a numerics input of the plans) ----
+  auto backend = make_backend(o.device.given() ? o.device.text : "cpu");
+  if (!backend.ok()) return fail(backend.error());
+  if ((*backend)->device().kind == DeviceKind::cpu && o.vram_budget.given())
+    return fail("--vram-budget is a device budget and the CPU backend has no device memory (on the CPU it only "
+                "copies weights into more host memory): use --budget for the activation memory, or --device cuda");
+  if (!o.kv_tile.given()) knobs.kv_tile = (*backend)->default_kv_tile();
 
   // ---- weights ----
   std::unique_ptr<h3::H3TensorSource> source;
-  std::string preset_name = builtin ? "tiny" : o.preset;
-  if (!o.model.empty()) {
-    auto f = h3::open_h3_checkpoint(o.model);
+  std::string preset_name = builtin ? "tiny" : o.preset.text;
+  if (o.model.given()) {
+    auto f = h3::open_h3_checkpoint(o.model.text);
     if (!f.ok()) return fail(f.error());
     source = std::move(f).value();
   } else {
     auto cfg = h3::h3_preset(preset_name);
     if (!cfg.ok()) return fail(cfg.error());
-    source = std::make_unique<h3::H3SyntheticSource>(*cfg, *wseed);
+    source = std::make_unique<h3::H3SyntheticSource>(*cfg, wseed);
   }
   const h3::H3Config& cfg = source->cfg();
 
@@ -337,35 +283,27 @@ int run_generate(const GenerateOptions& o) {
   std::vector<float> standin_pos, standin_neg;
   const bool guided = !sample::cfg_is_one(*cfg_scale);
   int64_t L = 0;
-  if (!o.text.empty()) {
-    auto f = SafetensorsReader::open(o.text);
+  if (o.text.given()) {
+    auto f = SafetensorsReader::open(o.text.text);
     if (!f.ok()) return fail(f.error());
     text_file = std::move(f).value();
     const SafetensorsEntry* e = text_file->find("text");
-    if (!e) return fail(o.text + " has no tensor \"text\" (text states [L, text_dim])");
+    if (!e) return fail(Error{ErrorCode::invalid_file, o.text.text + " has no tensor \"text\" (text states [L, text_dim])"});
     text_view = text_file->view(*e);
     if (const SafetensorsEntry* n = text_file->find("negative")) negative_view = text_file->view(*n);
     // ComfyUI's cross_attn is [1, L, text_dim]: a leading batch of one is accepted.
     for (TensorView* v : {&text_view, &negative_view})
       if (!v->empty() && v->ndim == 3 && v->size(0) == 1) *v = TensorView(v->data, v->dtype, {v->size(1), v->size(2)});
     if (text_view.ndim != 2 || (!negative_view.empty() && negative_view.ndim != 2))
-      return fail(o.text + ": \"text\" and \"negative\" must be [L, text_dim] (or [1, L, text_dim])");
+      return fail(Error{ErrorCode::invalid_file,
+                        o.text.text + ": \"text\" and \"negative\" must be [L, text_dim] (or [1, L, text_dim])"});
     L = text_view.size(0);
-    if (!o.text_tokens.empty()) {
-      auto l = parse_int("--text-tokens", o.text_tokens, 1, 10000000);
-      if (!l.ok()) return fail(l.error());
-      if (*l != L)
-        return fail("--text-tokens " + std::to_string(*l) + " disagrees with " + o.text + " (" + std::to_string(L) +
-                    " tokens); leave --text-tokens out");
-    }
   } else {
-    auto l = parse_int("--text-tokens", o.text_tokens.empty() ? "32" : o.text_tokens, 1, 10000000);
-    if (!l.ok()) return fail(l.error());
-    L = *l;
-    standin_pos = sample::standin_text_states(*seed, 0, L, cfg.text_dim);
+    L = *text_tokens;
+    standin_pos = sample::standin_text_states(seed, 0, L, cfg.text_dim);
     text_view = TensorView(standin_pos.data(), DType::f32, {L, cfg.text_dim});
     if (guided) {
-      standin_neg = sample::standin_text_states(*seed, 1, L, cfg.text_dim);
+      standin_neg = sample::standin_text_states(seed, 1, L, cfg.text_dim);
       negative_view = TensorView(standin_neg.data(), DType::f32, {L, cfg.text_dim});
     }
   }
@@ -388,20 +326,14 @@ int run_generate(const GenerateOptions& o) {
   auto sched = sample::make_simple_schedule(*steps, cond.shift_video, cond.shift_audio);
   if (!sched.ok()) return fail(sched.error());
 
-  // ---- the backend (its default kv_tile is a numerics input of the plans) ----
-  auto backend = make_backend(o.device);
-  if (!backend.ok()) return fail(backend.error());
-  if (o.kv_tile.empty()) knobs.kv_tile = (*backend)->default_kv_tile();
-
   // ---- --vram-budget: one total for weights, tables, activations and workspace ----
   // Planned for the longer of the two prompts (the negative one may have another L, so
   // another S); every buffer grows with S at fixed slices, so the same slices, offload
   // choices and weight residency fit the shorter prompt too.
   exec::Residency residency;
   std::optional<exec::BudgetPlan> vram_plan;
-  if (!o.vram_budget.empty()) {
-    auto bytes = exec::parse_byte_size(o.vram_budget);
-    if (!bytes.ok()) return fail(bytes.error());
+  if (o.vram_budget.given()) {
+    const uint64_t* bytes = &*vram_b;
     h3::Conditioning widest = cond;
     if (guided && !negative_view.empty() && negative_view.size(0) > L) {
       widest.geometry.text_tokens = negative_view.size(0);
@@ -434,7 +366,7 @@ int run_generate(const GenerateOptions& o) {
   base.negative = negative_view;
   base.sigmas = sched->video;
   base.cfg = *cfg_scale;
-  base.seed = *seed;
+  base.seed = seed;
   base.knobs = knobs;
   base.budget_bytes = budget;
   if (builtin) {
@@ -464,10 +396,14 @@ int run_generate(const GenerateOptions& o) {
 
   // ---- engine ----
   Progress* progress = nullptr;  // the current run's display
+  int64_t forwards_begun = 0;    // of the current run
   exec::EngineOptions eopts;
   eopts.residency = residency;
-  eopts.eval = [&progress](const std::string& name, int64_t, const TensorView&) {
-    if (progress && name == "block.mlp") progress->advance();
+  eopts.check_finite = !o.allow_nonfinite;
+  eopts.record_memory = o.memory_plot.given();
+  // Blocks done in the current forward, placed after the forwards before it.
+  eopts.progress = [&](int64_t done, int64_t) {
+    if (progress) progress->set_done((forwards_begun - 1) * cfg.num_layers + done);
   };
   auto engine = exec::Engine::create(*source, **backend, eopts);
   if (!engine.ok()) return fail(engine.error());
@@ -482,7 +418,7 @@ int run_generate(const GenerateOptions& o) {
               static_cast<long long>(g.Hl), static_cast<long long>(g.Wl), static_cast<long long>(g.A),
               static_cast<long long>(plans[0].positive.sizes.S));
   std::printf("schedule: simple, %lld steps, euler, cfg %g%s, seed %llu\n", static_cast<long long>(*steps), *cfg_scale,
-              guided ? " (negative prompt)" : " (one forward per step)", static_cast<unsigned long long>(*seed));
+              guided ? " (negative prompt)" : " (one forward per step)", static_cast<unsigned long long>(seed));
   std::printf("  video sigma (shift %g): %s\n", cond.shift_video, sample::format_sigmas(sched->video).c_str());
   std::printf("  audio sigma (shift %g): %s\n", cond.shift_audio, sample::format_sigmas(sched->audio).c_str());
   if (vram_plan) std::printf("vram %s\n", vram_plan->describe().c_str());
@@ -493,14 +429,18 @@ int run_generate(const GenerateOptions& o) {
 
   // ---- run ----
   std::vector<sample::GenerateResult> results;
+  int64_t nonfinite = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const int64_t forwards = *steps * (guided ? 2 : 1);
     std::unique_ptr<Progress> bar;
     if (!o.quiet) bar = std::make_unique<Progress>(runs[i].label, "block passes", forwards * cfg.num_layers);
     progress = bar.get();
+    forwards_begun = 0;
     sample::GenerateHooks hooks;
     hooks.on_forward_begin = [&](int64_t step, sample::Prompt p, float sigma) {
+      ++forwards_begun;
       if (!progress) return;
+      progress->set_done((forwards_begun - 1) * cfg.num_layers);  // the forwards before this one are done
       char buf[96];
       std::snprintf(buf, sizeof buf, "step %lld/%lld sigma %.6g%s", static_cast<long long>(step + 1),
                     static_cast<long long>(*steps), static_cast<double>(sigma),
@@ -508,9 +448,27 @@ int run_generate(const GenerateOptions& o) {
       progress->set_detail(buf);
     };
     auto res = sample::generate(**engine, runs[i].req, hooks);
-    if (bar) bar->finish();
     progress = nullptr;
-    if (!res.ok()) return fail(res.error());
+    if (!res.ok()) {
+      if (bar) bar->abandon();
+      Error e = res.error();
+      if (e.code == ErrorCode::nonfinite) e.message += " (nothing written; --allow-nonfinite writes the output anyway)";
+      return fail(e);
+    }
+    if (bar) bar->finish();
+    // Non-finite latents: an error (exit 1, nothing written) unless --allow-nonfinite.
+    const int64_t bad_v = count_nonfinite(res->video.data(), res->video.size());
+    const int64_t bad_a = count_nonfinite(res->audio.data(), res->audio.size());
+    nonfinite = std::max(nonfinite, bad_v + bad_a);
+    if (bad_v + bad_a > 0) {
+      const std::string what = std::to_string(bad_v + bad_a) + " non-finite values (NaN or inf) in the " +
+                               runs[i].label + " latents (video " + std::to_string(bad_v) + " of " +
+                               std::to_string(res->video.size()) + ", audio " + std::to_string(bad_a) + " of " +
+                               std::to_string(res->audio.size()) + ")";
+      if (!o.allow_nonfinite)
+        return fail({ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"});
+      std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
+    }
     std::printf("%s\n", generate_status_line(runs[i].label, *res).c_str());
     if (vram_plan) {
       const VramUse u = vram_use(*res);
@@ -556,39 +514,66 @@ int run_generate(const GenerateOptions& o) {
 
   // ---- outputs ----
   const sample::GenerateResult& out = results.back();
-  if (!o.output.empty()) {
+  if (o.output.given()) {
+    // Only what determines the latents' bytes: the weights, the inputs and the numerics
+    // settings. No plan, budget, residency or timing: files of different memory settings
+    // are byte-identical (`cmp`); those go to the --json report.
+    char cfg_text[32];
+    std::snprintf(cfg_text, sizeof cfg_text, "%.15g", *cfg_scale);
     std::map<std::string, std::string> meta{
         {"format", "layerstream-latents"},
         {"producer", "layerstream generate"},
         {"model", source->describe()},
         {"steps", std::to_string(*steps)},
-        {"cfg", o.cfg},
-        {"seed", std::to_string(*seed)},
+        {"cfg", cfg_text},
+        {"seed", std::to_string(seed)},
         {"sigmas", sample::format_sigmas(sched->video)},
-        {"plan", out.plan.describe()},
         {"frames", std::to_string(g.frames)},
         {"width", std::to_string(g.width)},
         {"height", std::to_string(g.height)},
         {"text_tokens", std::to_string(L)},
+        {"kv_tile", std::to_string(out.plan.kv_tile)},
+        {"backend", backend_kind((*backend)->name())},
     };
+    if (o.text.given()) meta["text"] = o.text.text;
+    auto joined = [](const std::vector<std::string>& v) {
+      std::string r;
+      for (const auto& a : v) r += (r.empty() ? "" : ";") + a;
+      return r;
+    };
+    if (!o.keyframes.empty()) meta["keyframes"] = joined(o.keyframes);
+    if (!o.refs.empty()) meta["refs"] = joined(o.refs);
     std::vector<NamedTensor> tensors{
         {"video", TensorView(const_cast<float*>(out.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
         {"audio", TensorView(const_cast<float*>(out.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A})},
     };
     if (!identical) {
-      std::fprintf(stderr, "%s: not writing %s: the stock and sliced outputs differ\n", kCmd, o.output.c_str());
-    } else if (Status s = write_safetensors(o.output, tensors, meta); !s.ok()) {
+      std::fprintf(stderr, "%s: not writing %s: the stock and sliced outputs differ\n", kCmd, o.output.text.c_str());
+    } else if (Status s = write_safetensors(o.output.text, tensors, meta); !s.ok()) {
       return fail(s.error());
     } else {
-      std::printf("wrote %s (video fp32 [%lld, %lld, %lld, %lld], audio fp32 [%lld, 2, %lld])\n", o.output.c_str(),
+      std::printf("wrote %s (video fp32 [%lld, %lld, %lld, %lld], audio fp32 [%lld, 2, %lld])\n", o.output.text.c_str(),
                   static_cast<long long>(cfg.latents_dim), static_cast<long long>(g.T), static_cast<long long>(g.Hl),
                   static_cast<long long>(g.Wl), static_cast<long long>(cfg.audio_latents_dim),
                   static_cast<long long>(g.A));
     }
   }
-  if (!o.json.empty()) {
+  if (o.memory_plot.given()) {
+    MemoryPlotInput in;
+    in.title = "generate, " + std::to_string(out.forwards.size()) + " forwards, S " + std::to_string(out.plan.sizes.S) +
+               ", " + (*backend)->name() +
+               (vram_plan ? ", --vram-budget " + format_bytes(vram_plan->budget_bytes) : std::string());
+    for (const sample::ForwardRecord& f : out.forwards)
+      in.samples.insert(in.samples.end(), f.report.memory.begin(), f.report.memory.end());
+    in.budget_bytes = vram_plan ? vram_plan->budget_bytes : 0;
+    in.predicted_peak_bytes = vram_plan ? vram_plan->predicted_peak_bytes : 0;
+    if (Status s = write_memory_plot(o.memory_plot.text, in); !s.ok()) return fail(s.error());
+  }
+  if (o.json.given()) {
     nlohmann::json j;
     j["command"] = "generate";
+    j["version"] = version_json();
+    j["nonfinite_values"] = nonfinite;
     j["model"] = source->describe();
     j["builtin"] = builtin;
     j["backend"] = (*backend)->name();
@@ -600,7 +585,7 @@ int run_generate(const GenerateOptions& o) {
     j["schedule"] = {{"scheduler", "simple"}, {"sampler", "euler"}, {"steps", *steps}, {"shift_video", cond.shift_video},
                      {"shift_audio", cond.shift_audio}, {"video_sigmas", sched->video}, {"audio_sigmas", sched->audio}};
     j["cfg"] = *cfg_scale;
-    j["seed"] = *seed;
+    j["seed"] = seed;
     nlohmann::json rj = nlohmann::json::array();
     for (size_t i = 0; i < runs.size(); ++i) rj.push_back(run_json(runs[i].label, results[i]));
     j["runs"] = rj;
@@ -611,42 +596,54 @@ int run_generate(const GenerateOptions& o) {
       j["vram_budget"]["device_peak_bytes"] = u.peak;
       j["vram_budget"]["weight_copy_bytes"] = u.weight_copies;
     }
-    if (!o.output.empty() && identical) j["output"] = o.output;
-    if (Status s = write_json_file(o.json, j); !s.ok()) return fail(s.error());
+    if (o.output.given() && identical) j["output"] = o.output.text;
+    if (Status s = write_json_file(o.json.text, j); !s.ok()) return fail(s.error());
   }
   return identical ? 0 : 1;
 }
 
 CommandRun setup_generate(CLI::App& sub) {
   auto o = std::make_shared<GenerateOptions>();
-  sub.add_option("--model", o->model, "H3 checkpoint (.safetensors)");
-  sub.add_option("--preset", o->preset, "synthetic weights of a preset: tiny | small | h3");
-  sub.add_option("--weights-seed", o->weights_seed, "seed of the synthetic weights (--preset / built-in; default 0)");
-  sub.add_option("--steps", o->steps, "sampling steps (simple schedule; default 4)");
-  sub.add_option("--cfg", o->cfg, "guidance scale; 1 = one forward per step, else a negative prompt is used (default 1)");
-  sub.add_option("--seed", o->seed, "sampler seed: noise and stand-in text (default 0)");
-  sub.add_option("--frames", o->frames, "pixel frames, snapped up to 17j+5 (default 22)");
-  sub.add_option("--width", o->width, "width in pixels, multiple of 32 (default 256)");
-  sub.add_option("--height", o->height, "height in pixels, multiple of 32 (default 256)");
-  sub.add_option("--text-tokens", o->text_tokens, "tokens of the seeded stand-in text (default 32; not with --text)");
-  sub.add_option("--text", o->text,
-                 "text-encoder states: safetensors with \"text\" [L, text_dim] and optional \"negative\" [L', text_dim]");
+  add_text_flag(sub, "--model", o->model, "FILE", "H3 checkpoint (.safetensors)");
+  add_text_flag(sub, "--preset", o->preset, "NAME", "synthetic weights of a preset: tiny | small | h3");
+  add_int_flag(sub, "--weights-seed", o->weights_seed, range::seed,
+               "seed of the synthetic weights (--preset / built-in; not with --model)", "0");
+  add_int_flag(sub, "--steps", o->steps, range::steps, "sampling steps (simple schedule)", "4");
+  add_float_flag(sub, "--cfg", o->cfg, range::cfg,
+                 "guidance scale; 1 = one forward per step, else a negative prompt is used", "1");
+  add_int_flag(sub, "--seed", o->seed, range::seed, "sampler seed: noise and stand-in text", "0");
+  add_int_flag(sub, "--frames", o->frames, range::frames, "pixel frames, snapped up to 17j+5", "22");
+  add_int_flag(sub, "--width", o->width, range::width, "width in pixels, a multiple of 32", "256");
+  add_int_flag(sub, "--height", o->height, range::height, "height in pixels, a multiple of 32", "256");
+  add_int_flag(sub, "--text-tokens", o->text_tokens, range::text_tokens,
+               "tokens of the seeded stand-in text (not with --text)", "32");
+  add_text_flag(sub, "--text", o->text, "FILE",
+                "text-encoder states: safetensors with \"text\" [L, text_dim] and optional \"negative\" [L', text_dim]");
   sub.add_option("--keyframe", o->keyframes,
-                 "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ optional \"audio\" [C, 2, A])");
-  sub.add_option("--ref", o->refs, "reference latent FILE: \"video\" and/or \"audio\"");
-  sub.add_option("--mlp-chunk", o->mlp_chunk, "rows per MLP / patch-embedding slice (0 = all)");
-  sub.add_option("--attn-chunk", o->attn_chunk, "rows per attention slice, two-pass (0 = stock attention)");
-  sub.add_option("--final-chunk", o->final_chunk, "rows per final-layer slice (0 = all)");
-  sub.add_option("--kv-tile", o->kv_tile, "keys per attention tile: a numerics setting (default: the device's, 1024 on the CPU, 8192 with CUDA + cuDNN)");
-  sub.add_option("--budget", o->budget, "activation memory budget (512M, 3G, 3.5GiB): picks the largest slices that fit");
-  sub.add_option("--vram-budget", o->vram_budget,
-                 "ONE device budget for everything (weights, AdaLN tables, activations, workspace): the planner "
-                 "keeps what fits resident, streams the rest of the blocks, offloads K/V and the residual only when "
-                 "nothing else fits; refused before any work when too small, naming the minimum (--model/--preset)");
-  sub.add_option("--device", o->device, "cpu | cuda | cuda:N (default cpu)");
-  sub.add_option("--threads", o->threads, "CPU threads (0 = all cores)");
-  sub.add_option("--json", o->json, "write the full run report as JSON");
-  sub.add_option("-o,--output", o->output, "output latents (.safetensors); required with --model/--preset");
+                 "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ optional \"audio\" [C, 2, A])")
+      ->type_name("FILE[@FRAME]");
+  sub.add_option("--ref", o->refs, "reference latent FILE: \"video\" and/or \"audio\"")->type_name("FILE");
+  add_int_flag(sub, "--mlp-chunk", o->mlp_chunk, range::chunk, "rows per MLP / patch-embedding slice (0 = all)", "0");
+  add_int_flag(sub, "--attn-chunk", o->attn_chunk, range::chunk, "rows per attention slice, two-pass (0 = stock attention)",
+               "0");
+  add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
+  add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
+               "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
+  add_size_flag(sub, "--budget", o->budget, range::budget,
+                "activation memory budget: picks the largest slices that fit (not with the chunk flags)");
+  add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,
+                "ONE device budget for everything (CUDA; weights, AdaLN tables, activations, workspace): the planner "
+                "keeps what fits resident, streams the rest of the blocks, offloads K/V and the residual only when "
+                "nothing else fits; refused before any work when too small, naming the minimum (--model/--preset)");
+  add_text_flag(sub, "--device", o->device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
+  add_int_flag(sub, "--threads", o->threads, range::threads, "CPU threads (0 = all cores)", "0");
+  sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
+               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
+               "fails (exit 1) naming the first block and phase, and writes nothing");
+  add_text_flag(sub, "--json", o->json, "FILE", "write the full run report as JSON (with the version)");
+  add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
+                "draw the device memory over every forward by phase and block (SVG)");
+  add_text_flag(sub, "-o,--output", o->output, "FILE", "output latents (.safetensors); required with --model/--preset");
   sub.add_flag("-q,--quiet", o->quiet, "no progress display");
   return [o]() { return run_generate(*o); };
 }

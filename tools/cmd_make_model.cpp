@@ -20,69 +20,51 @@
 #include "model/h3/config.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
+#include "io/output_file.h"
+
+#include <layerstream_version.h>
 
 namespace ls::tools {
 namespace {
 
-// Version of the CMake project (CMakeLists.txt: project(layerstream VERSION ...)).
-constexpr const char* kLayerStreamVersion = "0.1.0";
 constexpr size_t kPieceBytes = 64ull << 20;
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
 struct MakeModelOptions {
-  std::string preset;
-  std::string blocks;     // parsed by parse_count (exit 2 on bad values, not CLI11's codes)
-  std::string pdd_heads;
-  std::string seed = "0";
+  FlagText preset, blocks, pdd_heads, seed, output;  // numbers parsed by tools/cli_util.h (exit 2 on bad values)
   bool adaln_curve = false;
   bool gate_compress = false;
   bool quiet = false;
-  std::string output;
 };
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "layerstream make-model: error: %s\n", msg.c_str());
-  return 2;
-}
-
-// A decimal integer in [lo, hi], or an error naming the flag.
-
-Expected<uint64_t> parse_seed(const std::string& text) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  bool ok = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) != 0);
-  if (ok) {
-    try {
-      v = std::stoull(text, &used);
-    } catch (...) {
-      ok = false;
-    }
-  }
-  if (!ok || used != text.size())
-    return make_error(ErrorCode::invalid_argument, "--seed must be a non-negative integer below 2^64 (got '" + text + "')");
-  return static_cast<uint64_t>(v);
+  return kExitUsage;
 }
 
 int run_make_model(const MakeModelOptions& o) {
-  if (o.preset.empty()) return usage_error("--preset is required (tiny, small or h3)");
-  if (o.output.empty()) return usage_error("-o FILE is required");
-  auto preset = h3::h3_preset(o.preset);
+  auto preset = h3::h3_preset(o.preset.text);
   if (!preset.ok()) return usage_error(preset.error().message);
   h3::H3Config cfg = *preset;
-  if (!o.blocks.empty()) {
-    auto n = parse_int("--blocks", o.blocks, 1, 1000);
+  if (o.blocks.given()) {
+    auto n = flag_int(o.blocks, range::blocks, 0);
     if (!n.ok()) return usage_error(n.error().message);
     cfg.num_layers = *n;
   }
-  if (!o.pdd_heads.empty()) {
-    auto n = parse_int("--pdd-heads", o.pdd_heads, 1, 64);
+  if (o.pdd_heads.given()) {
+    auto n = flag_int(o.pdd_heads, range::pdd_heads, 1);
     if (!n.ok()) return usage_error(n.error().message);
     cfg.pdd_heads = *n;
   }
-  auto seed = parse_seed(o.seed);
-  if (!seed.ok()) return usage_error(seed.error().message);
+  auto seed_i = flag_int(o.seed, range::seed, 0);
+  if (!seed_i.ok()) return usage_error(seed_i.error().message);
+  const uint64_t seed_v = static_cast<uint64_t>(*seed_i);
+  const uint64_t* seed = &seed_v;
+  // The output path, before any work (a directory, FIFO or missing folder is refused now).
+  if (auto t = io::check_output_path(o.output.text, "-o"); !t.ok())
+    return report_error("layerstream make-model", t.error());
   if (o.adaln_curve) cfg = h3::h3_curve_form(cfg);
   cfg.gate_compress = o.gate_compress;
   if (Status st = h3::check_h3_config(cfg); !st.ok()) return usage_error(st.message());
@@ -100,18 +82,18 @@ int run_make_model(const MakeModelOptions& o) {
     params += static_cast<uint64_t>(s.numel());
   }
 
-  SafetensorsWriter w(o.output);
+  SafetensorsWriter w(o.output.text);
   w.set_metadata("format", "pt");
   w.set_metadata("layerstream.kind", "synthetic H3 checkpoint (make-model)");
-  w.set_metadata("layerstream.preset", o.preset);
+  w.set_metadata("layerstream.preset", o.preset.text);
   w.set_metadata("layerstream.seed", std::to_string(*seed));
-  w.set_metadata("layerstream.version", kLayerStreamVersion);
+  w.set_metadata("layerstream.version", LS_VERSION);
   w.set_metadata("layerstream.config", h3::h3_config_json(cfg));
   for (const auto& s : specs)
     if (Status st = w.declare(s.name, s.dtype, s.shape); !st.ok()) return usage_error(st.message());
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "layerstream make-model: error: %s\n", msg.c_str());
-    return 1;  // the writer's destructor removes the temporary file
+    return kExitRuntime;  // the writer's destructor removes the temporary file
   };
   if (Status st = w.begin(); !st.ok()) return fail(st.message());
 
@@ -135,7 +117,7 @@ int run_make_model(const MakeModelOptions& o) {
     const int64_t esz = dtype_size(s.dtype), n = s.numel();
     const int64_t per_piece = static_cast<int64_t>(kPieceBytes) / esz;
     for (int64_t a = 0; a < n; a += per_piece) {
-      if (g_interrupted) return fail("interrupted; nothing was written to " + o.output);
+      if (g_interrupted) return fail("interrupted; nothing was written to " + o.output.text);
       const int64_t cnt = std::min(per_piece, n - a);
       h3::fill_synthetic(s, *seed, a, cnt, buf.data());
       if (Status st = w.write(buf.data(), static_cast<size_t>(cnt * esz)); !st.ok()) return fail(st.message());
@@ -157,23 +139,25 @@ int run_make_model(const MakeModelOptions& o) {
   if (Status st = w.commit(); !st.ok()) return fail(st.message());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (progress && tty) std::fprintf(stderr, "\n");
-  std::printf("wrote %s: preset %s, seed %llu, %zu tensors, %llu parameters, %s in %.1f s\n  %s\n", o.output.c_str(),
-              o.preset.c_str(), static_cast<unsigned long long>(*seed), specs.size(), static_cast<unsigned long long>(params),
+  std::printf("wrote %s: preset %s, seed %llu, %zu tensors, %llu parameters, %s in %.1f s\n  %s\n", o.output.text.c_str(),
+              o.preset.text.c_str(), static_cast<unsigned long long>(*seed), specs.size(), static_cast<unsigned long long>(params),
               format_bytes(total).c_str(), secs, h3::h3_config_summary(cfg).c_str());
   return 0;
 }
 
 CommandRun setup_make_model(CLI::App& sub) {
   auto o = std::make_shared<MakeModelOptions>();
-  sub.add_option("--preset", o->preset, "Model dimensions: tiny (tests), small (CPU clips) or h3 (the real 33 B model)");
-  sub.add_option("--blocks", o->blocks, "Number of DiT blocks (default: the preset's; h3 has 50)");
+  add_text_flag(sub, "--preset", o->preset, "NAME",
+                "Model dimensions: tiny (tests), small (CPU clips) or h3 (the real 33 B model)", "", true);
+  add_int_flag(sub, "--blocks", o->blocks, range::blocks, "Number of DiT blocks (h3 has 50)", "the preset's");
   sub.add_flag("--adaln-curve", o->adaln_curve,
                "Curve (pruned) form: AdaLN fed by an fp32 table [1025, 8] instead of the time embedder");
-  sub.add_option("--pdd-heads", o->pdd_heads, "Size n of a PDD video head bank (video_out [n*96, D]); default 1");
+  add_int_flag(sub, "--pdd-heads", o->pdd_heads, range::pdd_heads, "Size n of a PDD video head bank (video_out [n*96, D])",
+               "1");
   sub.add_flag("--gate-compress", o->gate_compress, "Add the unused VSA attn.to_gate_compress weights");
-  sub.add_option("--seed", o->seed, "Seed of the synthetic weights (default 0)");
+  add_int_flag(sub, "--seed", o->seed, range::seed, "Seed of the synthetic weights", "0");
   sub.add_flag("-q,--quiet", o->quiet, "No progress on stderr");
-  sub.add_option("-o,--output", o->output, "Output .safetensors file (written atomically)");
+  add_text_flag(sub, "-o,--output", o->output, "FILE", "Output .safetensors file (written atomically)", "", true);
   return [o]() { return run_make_model(*o); };
 }
 

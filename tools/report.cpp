@@ -1,12 +1,13 @@
 #include "tools/report.h"
 
 #include <algorithm>
-#include <cerrno>
+#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <unistd.h>
+
+#include <layerstream_version.h>
 
 #include "core/arena.h"  // format_bytes
+#include "io/output_file.h"
 
 namespace ls::tools {
 
@@ -140,23 +141,39 @@ nlohmann::json run_json(const std::string& label, const sample::GenerateResult& 
   return j;
 }
 
-Status write_json_file(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return make_error(ErrorCode::io, "cannot write " + tmp + ": " + std::strerror(errno));
-  const std::string text = j.dump(2) + "\n";
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    std::remove(tmp.c_str());
-    return make_error(ErrorCode::io, "cannot write " + path + " (disk full?)");
+Status write_json_file(const std::string& path, const nlohmann::json& j, std::string_view what) {
+  return io::write_output_file(path, j.dump(2) + "\n", what);
+}
+
+nlohmann::json version_json() {
+  nlohmann::json backends = nlohmann::json::array();
+  const std::string list = LS_BACKENDS;
+  for (size_t b = 0; b <= list.size();) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    if (e > b) backends.push_back(list.substr(b, e - b));
+    b = e + 1;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return make_error(ErrorCode::io, "cannot rename " + tmp + " to " + path + ": " + why);
-  }
-  return {};
+  return {{"version", LS_VERSION}, {"git_commit", LS_GIT_COMMIT}, {"build_type", LS_BUILD_TYPE}, {"backends", backends}};
+}
+
+std::string version_line() {
+  std::string backends;
+  for (const char c : std::string(LS_BACKENDS)) backends += c == ',' ? std::string(", ") : std::string(1, c);
+  std::string bt = LS_BUILD_TYPE;
+  return std::string("layerstream ") + LS_VERSION + " (commit " + LS_GIT_COMMIT + ", " +
+         (bt.empty() ? std::string("default") : bt) + " build, backends: " + backends + ")";
+}
+
+int64_t count_nonfinite(const float* p, size_t n) {
+  int64_t c = 0;
+  for (size_t i = 0; i < n; ++i) c += !std::isfinite(p[i]);
+  return c;
+}
+
+std::string backend_kind(const std::string& name) {
+  const size_t e = name.find_first_of(": ");
+  return e == std::string::npos ? name : name.substr(0, e);
 }
 
 }  // namespace ls::tools

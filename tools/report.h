@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,7 +48,23 @@ nlohmann::json plan_json(const exec::Plan& p);
 // predicted peak, PCIe per forward and the one-line description.
 nlohmann::json budget_plan_json(const exec::BudgetPlan& bp);
 
-// Writes `j` (pretty) to `path` atomically (temporary file + rename).
-Status write_json_file(const std::string& path, const nlohmann::json& j);
+// Writes `j` (pretty) to `path` under the output-file policy (io::write_output_file:
+// atomic replace of a regular file or a new path, written through to a character
+// device, anything else refused). `what` names the flag in messages.
+Status write_json_file(const std::string& path, const nlohmann::json& j, std::string_view what = "--json");
+
+// The build, from the generated <layerstream_version.h>: what `layerstream --version`
+// prints and every JSON report carries as "version".
+//   {"version": "0.1.0", "git_commit": "2b1192f0c3a1", "build_type": "Release", "backends": ["cpu", "cuda"]}
+nlohmann::json version_json();
+// "layerstream 0.1.0 (commit 2b1192f0c3a1, Release build, backends: cpu, cuda)"
+std::string version_line();
+
+// NaN and infinite values among n floats.
+int64_t count_nonfinite(const float* p, size_t n);
+
+// The backend in a file's metadata: its kind ("cpu", "cuda"), not the device index or
+// name, which do not change a bit of the output.
+std::string backend_kind(const std::string& backend_name);
 
 }  // namespace ls::tools
