@@ -1,46 +1,81 @@
 // `layerstream info`: what a checkpoint (or a preset) is, and with a clip, how many
-// tokens it makes and how much activation memory a block needs.
+// tokens it makes, how much activation memory a block needs, and (a dry run) what a
+// budget would plan; or whether a file holds non-finite values.
 //
 //   layerstream info FILE                     detected config, parameters and bytes by group
 //   layerstream info --preset h3 [--adaln-curve] [--blocks N]
 //   ... --frames F --width W --height H [--text-tokens L]   clip geometry, S, the
 //        h3-model.md §6.4 buffer table and the per-block memory of the stock and the
 //        sliced plan (DESIGN.md §2)
+//   ... --vram-budget B [--device cuda] [--kv-tile N] [--no-prefetch] [--sigma S | --steps N]
+//        a dry run of the total-budget planner (docs/budget.md): residency, offloads,
+//        slices, predicted peak, PCIe bytes, and the smallest budget that plans. No device
+//        is opened: the CUDA backend's figures are its documented defaults
+//        (exec::cuda_device_profile), printed as assumed.
+//   ... --budget B [--device cpu|cuda] [--kv-tile N]   the activation-only planner
 //   ... --json                                the same as one JSON object on stdout
+//   layerstream info --check FILE [--json]    every tensor of a safetensors file scanned
+//        for NaN / +inf / -inf (one pass through the mapping); exit 1 when any is found
+//
+// Exit codes (tools/cli_util.h): 0 ok; 2 a usage error (flags, a budget below the
+// minimum); 1 a file that cannot be read or is not what it should be, or --check found
+// non-finite values.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <layerstream_version.h>  // LS_BACKENDS
+
 #include "core/arena.h"  // format_bytes
+#include "exec/budget_plan.h"
+#include "exec/plan.h"
+#include "io/safetensors.h"
 #include "model/h3/checkpoint.h"
 #include "model/h3/config.h"
+#include "model/h3/layout.h"
 #include "model/h3/memory_table.h"
+#include "sample/schedule.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
+#include "tools/report.h"  // plan_paths
 
 namespace ls::tools {
 namespace {
 
 using json = nlohmann::ordered_json;
 
+constexpr const char* kCmd = "layerstream info";
+
 struct InfoOptions {
   std::string file;
   std::string preset;
-  std::string blocks;
+  FlagText blocks;
   bool adaln_curve = false;
-  std::string frames, width, height, text_tokens = "0", slice_tokens = "8192";
+  FlagText frames, width, height, text_tokens, slice_tokens;
   bool as_json = false;
   bool list_tensors = false;
+  // Dry run.
+  FlagText vram_budget, budget, kv_tile, sigma, steps;
+  std::string device;
+  CLI::Option* device_opt = nullptr;
+  bool no_prefetch = false;
+  // Non-finite scan.
+  bool check = false;
 };
 
-int usage_error(const std::string& msg) {
-  std::fprintf(stderr, "layerstream info: error: %s\n", msg.c_str());
-  return 2;
-}
+int usage_error(const std::string& msg) { return report_error(kCmd, {ErrorCode::invalid_argument, msg}); }
+int fail(const Error& e) { return report_error(kCmd, e); }
 
 
 std::string with_commas(int64_t v) {
@@ -78,11 +113,436 @@ struct Held {
   int64_t bytes;
 };
 
+// ---- --check: non-finite values ------------------------------------------------------
+
+struct NonFinite {
+  int64_t nan = 0, pos_inf = 0, neg_inf = 0;
+  int64_t first = -1;  // element index of the first non-finite value, -1 when none
+  int64_t total() const { return nan + pos_inf + neg_inf; }
+};
+
+// Counts by bit pattern, without converting: an IEEE value is non-finite iff its
+// exponent field is all ones (kExp), a NaN iff a mantissa bit is set too (magnitude bits
+// above kExp), an infinity iff exactly kExp, with the sign bit telling +inf from -inf.
+// Words are read with memcpy (a tensor may sit misaligned in the mapping). Blocks of
+// 4096 elements: the counting loop has no branch; the first index is located inside the
+// first block that counted anything, so the data is read once.
+template <typename U, U kExp, U kAbs>
+void count_ieee(const unsigned char* p, int64_t n, NonFinite* r) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    int64_t nan = 0, inf = 0, neg = 0;
+    for (int64_t i = b; i < e; ++i) {
+      U w;
+      std::memcpy(&w, p + static_cast<size_t>(i) * sizeof(U), sizeof(U));
+      const U a = static_cast<U>(w & kAbs);
+      nan += a > kExp;
+      inf += a == kExp;
+      neg += a == kExp && w != a;
+    }
+    if (nan + inf > 0 && r->first < 0)
+      for (int64_t i = b; i < e && r->first < 0; ++i) {
+        U w;
+        std::memcpy(&w, p + static_cast<size_t>(i) * sizeof(U), sizeof(U));
+        if (static_cast<U>(w & kAbs) >= kExp) r->first = i;
+      }
+    r->nan += nan;
+    r->pos_inf += inf - neg;
+    r->neg_inf += neg;
+  }
+}
+
+// fp8 e4m3fn has no infinity; NaN is S.1111.111.
+void count_f8e4m3(const unsigned char* p, int64_t n, NonFinite* r) {
+  for (int64_t i = 0; i < n; ++i)
+    if ((p[i] & 0x7F) == 0x7F) {
+      if (r->first < 0) r->first = i;
+      ++r->nan;
+    }
+}
+
+// false for integer dtypes (nothing to scan: every value is finite).
+bool scan_nonfinite(const unsigned char* p, DType t, int64_t n, NonFinite* r) {
+  switch (t) {
+    case DType::f64: count_ieee<uint64_t, 0x7FF0000000000000ull, 0x7FFFFFFFFFFFFFFFull>(p, n, r); return true;
+    case DType::f32: count_ieee<uint32_t, 0x7F800000u, 0x7FFFFFFFu>(p, n, r); return true;
+    case DType::bf16: count_ieee<uint16_t, 0x7F80, 0x7FFF>(p, n, r); return true;
+    case DType::f16: count_ieee<uint16_t, 0x7C00, 0x7FFF>(p, n, r); return true;
+    case DType::f8e4m3: count_f8e4m3(p, n, r); return true;
+    case DType::i8:
+    case DType::i32:
+    case DType::u8: return false;
+  }
+  return false;
+}
+
+// `info --check FILE`: every tensor of any safetensors file (a checkpoint, a forward's
+// output), one pass through the read-only mapping.
+int run_check(const InfoOptions& o) {
+  auto f = SafetensorsReader::open(o.file);
+  if (!f.ok()) return fail(f.error());
+  const SafetensorsReader& r = **f;
+  // Advice only: read ahead and drop behind (a 66 GB checkpoint need not stay resident).
+  if (!r.entries().empty()) {
+    const auto& e0 = r.entries().front();
+    const uintptr_t data = reinterpret_cast<uintptr_t>(r.data(e0)) - e0.begin;
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t base = data / page * page;
+    madvise(reinterpret_cast<void*>(base), r.file_size() - r.data_start() + (data - base), MADV_SEQUENTIAL);
+  }
+  json bad = json::array();
+  NonFinite all;
+  int64_t tensors_bad = 0, scanned = 0, integer = 0;
+  uint64_t elements = 0, bytes = 0;
+  std::vector<std::string> lines;
+  for (const SafetensorsEntry& e : r.entries()) {
+    NonFinite nf;
+    const int64_t n = e.numel();
+    if (!scan_nonfinite(static_cast<const unsigned char*>(r.data(e)), e.dtype, n, &nf)) {
+      ++integer;
+      continue;
+    }
+    ++scanned;
+    elements += static_cast<uint64_t>(n);
+    bytes += e.end - e.begin;
+    if (nf.total() == 0) continue;
+    ++tensors_bad;
+    all.nan += nf.nan, all.pos_inf += nf.pos_inf, all.neg_inf += nf.neg_inf;
+    bad.push_back({{"name", e.name}, {"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"nan", nf.nan},
+                   {"pos_inf", nf.pos_inf}, {"neg_inf", nf.neg_inf}, {"first_index", nf.first}});
+    char b[256];
+    std::snprintf(b, sizeof b, "%s %s: NaN %lld, +inf %lld, -inf %lld (first at element %lld of %lld)",
+                  dtype_name(e.dtype), shape_json_str(e.shape).c_str(), static_cast<long long>(nf.nan),
+                  static_cast<long long>(nf.pos_inf), static_cast<long long>(nf.neg_inf),
+                  static_cast<long long>(nf.first), static_cast<long long>(n));
+    lines.push_back(e.name + "  " + b);
+  }
+  const int64_t total = static_cast<int64_t>(r.entries().size());
+  std::string summary;
+  if (all.total() == 0) {
+    summary = "all " + std::to_string(scanned) + " floating-point tensors finite (" + std::to_string(elements) +
+              " values, " + format_bytes(bytes) + ")";
+  } else {
+    summary = std::to_string(all.total()) + " non-finite values (NaN " + std::to_string(all.nan) + ", +inf " +
+              std::to_string(all.pos_inf) + ", -inf " + std::to_string(all.neg_inf) + ") in " +
+              std::to_string(tensors_bad) + " of " + std::to_string(scanned) + " floating-point tensors";
+  }
+  if (o.as_json) {
+    json out = {{"file", o.file},
+                {"tensors", total},
+                {"scanned_tensors", scanned},
+                {"integer_tensors", integer},
+                {"scanned_values", elements},
+                {"scanned_bytes", bytes},
+                {"nonfinite", {{"values", all.total()}, {"nan", all.nan}, {"pos_inf", all.pos_inf},
+                               {"neg_inf", all.neg_inf}, {"tensors", tensors_bad}}},
+                {"nonfinite_tensors", bad},
+                {"not_scanned", r.unsupported_tensors()},
+                {"finite", all.total() == 0},
+                {"summary", summary}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("checked     %s (%s): %lld tensors", o.file.c_str(), format_bytes(r.file_size()).c_str(),
+                static_cast<long long>(total));
+    if (integer > 0) std::printf(", %lld of them integer (nothing to check)", static_cast<long long>(integer));
+    std::printf("\n");
+    for (const auto& u : r.unsupported_tensors()) std::printf("not checked %s: a dtype LayerStream does not read\n", u.c_str());
+    for (const auto& l : lines) std::printf("non-finite  %s\n", l.c_str());
+    std::printf("result      %s\n", summary.c_str());
+  }
+  if (all.total() == 0) return 0;
+  std::fprintf(stderr, "%s: error: %s holds %s (first: %s)\n", kCmd, o.file.c_str(), summary.c_str(),
+               bad.front()["name"].get<std::string>().c_str());
+  return kExitRuntime;
+}
+
+// ---- dry run: what a budget would plan -------------------------------------------------
+
+// The device a dry run plans for: a profile of plain numbers, never an opened device.
+Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vram) {
+  if (device == "cpu") {
+    if (vram)
+      return Error{ErrorCode::invalid_argument,
+                   "--vram-budget budgets device memory, and the CPU backend has none: its weights are the "
+                   "checkpoint's mapped host memory and there is nothing to stream or offload. Give --budget B to "
+                   "plan the activation memory (the slices) on the CPU, or --device cuda for a GPU's budget"};
+    exec::DeviceProfile d;
+    d.name = "cpu";
+    d.default_kv_tile = 1024;
+    d.assumed = {"kv_tile 1024: the CPU backend's default"};
+    return d;
+  }
+  if (device != "cuda" && device.rfind("cuda:", 0) != 0)
+    return Error{ErrorCode::invalid_argument, "--device must be cpu, cuda or cuda:N (got '" + device + "')"};
+  if (device != "cuda") LS_TRY(parse_int("--device cuda:N", device.substr(5), IntRange{0, 1023}).status());
+  // The environment the CUDA backend would read (cuda_backend.cu, attention_cudnn.cu).
+  const char* att = std::getenv("LAYERSTREAM_ATTENTION");
+  const bool native = att != nullptr && std::strcmp(att, "native") == 0;
+  int64_t q_chunk = 2048;
+  if (const char* q = std::getenv("LAYERSTREAM_CUDNN_QCHUNK"); q != nullptr && q[0] != '\0') {
+    auto v = parse_int("LAYERSTREAM_CUDNN_QCHUNK", q, IntRange{64, 65536});
+    if (!v.ok() || *v % 64 != 0)
+      return Error{ErrorCode::invalid_argument,
+                   std::string("LAYERSTREAM_CUDNN_QCHUNK=") + q + ": needs a multiple of 64 in [64, 65536]"};
+    q_chunk = *v;
+  }
+  exec::DeviceProfile d = exec::cuda_device_profile(/*cudnn_built=*/true, !native, q_chunk);
+  d.name = device;
+  const bool have_cuda = std::string(LS_BACKENDS).find("cuda") != std::string::npos;
+  d.assumed.insert(d.assumed.begin(),
+                   std::string(have_cuda ? "no device opened" : "this build has no CUDA backend (backends: " LS_BACKENDS ")") +
+                       ": the CUDA backend's documented figures in a build with cuDNN" +
+                       (native ? " and LAYERSTREAM_ATTENTION=native" : "") +
+                       " (without cuDNN: 64 MiB workspace, kv_tile 1024)");
+  return d;
+}
+
+json pcie_json(const exec::BudgetPlan& bp) {
+  return {{"weights", bp.pcie_weight_bytes}, {"kv", bp.pcie_kv_bytes}, {"residual", bp.pcie_residual_bytes},
+          {"total", bp.pcie_bytes_per_forward()}};
+}
+
+json vram_plan_json(const exec::BudgetPlan& bp) {
+  const exec::Plan& p = bp.activations;
+  return {{"step", bp.step},
+          {"num_layers", bp.num_layers},
+          {"resident_blocks", bp.resident_blocks},
+          {"streamed_blocks", bp.streamed_blocks()},
+          {"slots", bp.slots},
+          {"prefetch", bp.prefetch},
+          {"kv_offload", bp.kv_offload},
+          {"residual_offload", bp.residual_offload},
+          {"kv_chunk", bp.kv_chunk},
+          {"attn_slice", p.attn_slice},
+          {"mlp_slice", p.mlp_slice},
+          {"final_slice", p.final_slice},
+          {"kv_tile", p.kv_tile},
+          {"kv_hiding_slice", bp.kv_hiding_slice},
+          {"bytes", {{"block", bp.block_bytes}, {"resident_weights", bp.resident_weight_bytes},
+                     {"slots", bp.slot_bytes}, {"modulation_tables", bp.modulation_table_bytes},
+                     {"activations", bp.activation_bytes}, {"workspace", bp.workspace_bytes}}},
+          {"steps_peak_bytes", bp.steps_peak_bytes},
+          {"text_peak_bytes", bp.text_peak_bytes},
+          {"precompute_peak_bytes", bp.precompute_peak_bytes},
+          {"predicted_peak_bytes", bp.predicted_peak_bytes},
+          {"pcie_bytes_per_forward", pcie_json(bp)},
+          {"exposed_transfer_seconds", bp.exposed_transfer_seconds},
+          {"host_pinned_bytes", bp.host_pinned_bytes},
+          {"describe", bp.describe()}};
+}
+
+json activation_plan_json(const exec::Plan& p) {
+  return {{"paths", plan_paths(p)},
+          {"attn_slice", p.attn_slice},
+          {"mlp_slice", p.mlp_slice},
+          {"final_slice", p.final_slice},
+          {"kv_tile", p.kv_tile},
+          {"predicted_peak_bytes", p.predicted_peak_bytes},
+          {"stock_peak_bytes", p.stock_peak_bytes},
+          {"describe", p.describe()}};
+}
+
+std::string bytes_and_exact(uint64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " bytes)"; }
+
+// The dry run for a clip: fills out["dry_run"]; returns the error a real run would stop
+// with (out_of_budget below the minimum), or an ok Status. Usage errors come back as
+// `usage` (the caller exits 2 before printing anything).
+struct DryRun {
+  json j;
+  std::optional<Error> refused;  // the planner's refusal (the budget is below the minimum)
+};
+
+Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const h3::ClipGeometry& g) {
+  const bool vram = o.vram_budget.given();
+  const FlagText& bflag = vram ? o.vram_budget : o.budget;
+  LS_ASSIGN_OR_RETURN(const uint64_t budget, flag_size(bflag, range::budget, 0));
+  LS_ASSIGN_OR_RETURN(exec::DeviceProfile dev,
+                      dry_run_device(!o.device.empty() ? o.device : (vram ? "cuda" : "cpu"), vram));
+  LS_ASSIGN_OR_RETURN(const int64_t kv_tile, flag_int(o.kv_tile, range::kv_tile, dev.default_kv_tile));
+  if (o.kv_tile.given()) {
+    // The numerics setting the user chose replaces the assumed default.
+    for (auto& a : dev.assumed)
+      if (a.rfind("kv_tile ", 0) == 0) a = "kv_tile " + std::to_string(kv_tile) + ": given (--kv-tile)";
+  }
+  if (!vram) {
+    // Activations only: the workspace and the throughput figures play no part.
+    std::vector<std::string> keep;
+    for (const auto& a : dev.assumed)
+      if (a.rfind("workspace ", 0) != 0 && a.rfind("throughput ", 0) != 0) keep.push_back(a);
+    dev.assumed = keep;
+  }
+  h3::Conditioning cond;
+  cond.geometry = g;
+  DryRun r;
+  json jd = {{"budget_flag", bflag.name},
+             {"budget_bytes", budget},
+             {"device", {{"name", dev.name},
+                         {"opened", false},
+                         {"workspace_bytes", dev.workspace_bytes},
+                         {"default_kv_tile", dev.default_kv_tile},
+                         {"pcie_gb_per_s", dev.throughput.pcie_gb_per_s},
+                         {"attention_tflops", dev.throughput.attention_tflops},
+                         {"assumed", dev.assumed}}},
+             {"kv_tile", kv_tile}};
+  if (vram) {
+    // The AdaLN tables hold one row set per distinct timestep of the run.
+    std::vector<float> sigmas;
+    std::string run;
+    if (o.steps.given()) {
+      LS_ASSIGN_OR_RETURN(const int64_t steps, flag_int(o.steps, range::steps, 4));
+      LS_ASSIGN_OR_RETURN(sample::Schedule sched, sample::make_simple_schedule(steps, cond.shift_video, cond.shift_audio));
+      sigmas = sched.video;
+      run = "a generate run of " + std::to_string(steps) + " steps (simple schedule, no CFG)";
+      if (cfg.pdd_heads > 1) cond.sample_sigmas = sigmas;
+    } else {
+      LS_ASSIGN_OR_RETURN(const double sigma, flag_float(o.sigma, range::sigma, 1.0));
+      sigmas = {static_cast<float>(sigma)};
+      char b[64];
+      std::snprintf(b, sizeof b, "%g", sigma);
+      run = std::string("one denoiser call at sigma ") + b + " (as forward)";
+      if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, sigmas[0], 0.0f};  // forward's one-call stand-in
+    }
+    LS_ASSIGN_OR_RETURN(const int64_t rows, exec::modulation_rows_for(cfg, cond, sigmas));
+    exec::BudgetOptions bo = exec::budget_options_for(dev);
+    bo.kv_tile = kv_tile;
+    bo.prefetch = !o.no_prefetch;
+    bo.modulation_rows = std::max<int64_t>(rows, 1);
+    jd["run"] = run;
+    jd["modulation_rows"] = bo.modulation_rows;
+    LS_ASSIGN_OR_RETURN(const uint64_t minimum, exec::min_total_budget(cfg, cond, bo));
+    jd["minimum_bytes"] = minimum;
+    auto bp = exec::plan_total_budget(cfg, cond, budget, bo);
+    if (bp.ok()) {
+      jd["plan"] = vram_plan_json(*bp);
+      jd["refused"] = nullptr;
+    } else if (bp.error().code == ErrorCode::out_of_budget) {
+      jd["plan"] = nullptr;
+      jd["refused"] = bp.error().message;
+      r.refused = bp.error();
+    } else {
+      return bp.error();
+    }
+  } else {
+    LS_ASSIGN_OR_RETURN(const uint64_t minimum, exec::min_activation_budget(cfg, cond));
+    jd["minimum_bytes"] = minimum;
+    auto p = exec::plan_for_budget(cfg, cond, budget, kv_tile);
+    if (p.ok()) {
+      jd["plan"] = activation_plan_json(*p);
+      jd["refused"] = nullptr;
+    } else if (p.error().code == ErrorCode::out_of_budget) {
+      jd["plan"] = nullptr;
+      jd["refused"] = p.error().message;
+      r.refused = p.error();
+    } else {
+      return p.error();
+    }
+  }
+  r.j = std::move(jd);
+  return r;
+}
+
+void print_dry_run(const json& d) {
+  const bool vram = d["budget_flag"] == "--vram-budget";
+  const auto B = [](const json& v) { return format_bytes(v.get<uint64_t>()); };
+  std::printf("\ndry run     %s %s%s on %s (no device opened)\n", d["budget_flag"].get<std::string>().c_str(),
+              bytes_and_exact(d["budget_bytes"].get<uint64_t>()).c_str(), vram ? "" : ", activations only",
+              d["device"]["name"].get<std::string>().c_str());
+  for (const auto& a : d["device"]["assumed"]) std::printf("assumed     %s\n", a.get<std::string>().c_str());
+  if (vram)
+    std::printf("run         %s: AdaLN tables for %lld distinct timestep%s\n", d["run"].get<std::string>().c_str(),
+                static_cast<long long>(d["modulation_rows"].get<int64_t>()),
+                d["modulation_rows"].get<int64_t>() == 1 ? "" : "s");
+  const json& p = d["plan"];
+  if (p.is_null()) {
+    std::printf("plan        refused: %s is below the minimum (a run would stop before any work)\n",
+                B(d["budget_bytes"]).c_str());
+  } else if (vram) {
+    const int64_t L = p["num_layers"].get<int64_t>(), R = p["resident_blocks"].get<int64_t>();
+    std::printf("plan        %s\n", p["step"].get<std::string>().c_str());
+    if (R == L)
+      std::printf("residency   all %lld blocks resident, no slots\n", static_cast<long long>(L));
+    else
+      std::printf("residency   %lld/%lld blocks resident, %lld streamed through %lld slot%s of %s (%s)\n",
+                  static_cast<long long>(R), static_cast<long long>(L), static_cast<long long>(L - R),
+                  static_cast<long long>(p["slots"].get<int64_t>()), p["slots"].get<int64_t>() == 1 ? "" : "s",
+                  B(p["bytes"]["block"]).c_str(), p["prefetch"].get<bool>() ? "prefetch" : "no prefetch");
+    std::printf("offloads    K/V %s; residual %s\n",
+                p["kv_offload"].get<bool>()
+                    ? ("offloaded (chunks of " + std::to_string(p["kv_chunk"].get<int64_t>()) + " keys)").c_str()
+                    : "on device",
+                p["residual_offload"].get<bool>() ? "offloaded (one slice per phase)" : "on device");
+    const int64_t a = p["attn_slice"].get<int64_t>();
+    std::printf("slices      attention %s, MLP %lld rows, head %lld rows; kv_tile %lld\n",
+                a == 0 ? "stock (all rows)" : (std::to_string(a) + " rows (two-pass)").c_str(),
+                static_cast<long long>(p["mlp_slice"].get<int64_t>()), static_cast<long long>(p["final_slice"].get<int64_t>()),
+                static_cast<long long>(p["kv_tile"].get<int64_t>()));
+    const json& b = p["bytes"];
+    std::printf("peak        %s predicted = weights %s + slots %s + AdaLN tables %s + activations %s + workspace %s\n",
+                bytes_and_exact(p["predicted_peak_bytes"].get<uint64_t>()).c_str(), B(b["resident_weights"]).c_str(),
+                B(b["slots"]).c_str(), B(b["modulation_tables"]).c_str(), B(b["activations"]).c_str(),
+                B(b["workspace"]).c_str());
+    std::printf("            (the largest of: steps %s, text refinement %s, AdaLN precompute %s)\n",
+                B(p["steps_peak_bytes"]).c_str(), B(p["text_peak_bytes"]).c_str(), B(p["precompute_peak_bytes"]).c_str());
+    const json& x = p["pcie_bytes_per_forward"];
+    std::printf("PCIe        %s per forward: weights %s, K/V %s, residual %s", B(x["total"]).c_str(),
+                B(x["weights"]).c_str(), B(x["kv"]).c_str(), B(x["residual"]).c_str());
+    if (p["kv_offload"].get<bool>() || p["residual_offload"].get<bool>())
+      std::printf("; about %.1f s per forward not hidden by compute (by the throughput figures)",
+                  p["exposed_transfer_seconds"].get<double>());
+    std::printf("\n");
+    if (p["host_pinned_bytes"].get<uint64_t>() > 0)
+      std::printf("host        %s pinned (K/V and/or residual offload)\n", B(p["host_pinned_bytes"]).c_str());
+  } else {
+    std::printf("plan        %s\n", p["paths"].get<std::string>().c_str());
+    const int64_t a = p["attn_slice"].get<int64_t>();
+    std::printf("slices      attention %s, MLP %lld rows, head %lld rows; kv_tile %lld\n",
+                a == 0 ? "stock (all rows)" : (std::to_string(a) + " rows (two-pass)").c_str(),
+                static_cast<long long>(p["mlp_slice"].get<int64_t>()), static_cast<long long>(p["final_slice"].get<int64_t>()),
+                static_cast<long long>(p["kv_tile"].get<int64_t>()));
+    std::printf("peak        %s of activations predicted (stock plan %s)\n",
+                bytes_and_exact(p["predicted_peak_bytes"].get<uint64_t>()).c_str(), B(p["stock_peak_bytes"]).c_str());
+  }
+  std::printf("minimum     %s: the smallest %s that plans this clip\n",
+              bytes_and_exact(d["minimum_bytes"].get<uint64_t>()).c_str(), d["budget_flag"].get<std::string>().c_str());
+}
+
 int run_info(const InfoOptions& o) {
+  const bool clip_asked = o.frames.given() || o.width.given() || o.height.given();
+  const bool planning = o.vram_budget.given() || o.budget.given();
+  if (o.check) {
+    // Only the file and --json mean anything to the scan.
+    const bool others = !o.preset.empty() || o.blocks.given() || o.adaln_curve || clip_asked || o.text_tokens.given() ||
+                        o.slice_tokens.given() || o.list_tensors || planning || o.kv_tile.given() ||
+                        o.sigma.given() || o.steps.given() || o.device_opt->count() > 0 || o.no_prefetch;
+    if (o.file.empty()) return usage_error("--check needs a FILE (any safetensors file: a checkpoint, an output)");
+    if (others) return usage_error("--check scans FILE for non-finite values and takes no other flag but --json");
+    return run_check(o);
+  }
   if (o.file.empty() == o.preset.empty()) return usage_error("give a checkpoint FILE or --preset NAME (one of them)");
-  const bool clip_asked = !o.frames.empty() || !o.width.empty() || !o.height.empty();
-  if (clip_asked && (o.frames.empty() || o.width.empty() || o.height.empty()))
+  if (clip_asked && (!o.frames.given() || !o.width.given() || !o.height.given()))
     return usage_error("a clip needs all of --frames, --width and --height");
+  if (!clip_asked && (o.text_tokens.given() || o.slice_tokens.given() || planning))
+    return usage_error(std::string(planning ? (o.vram_budget.given() ? "--vram-budget" : "--budget")
+                                            : (o.text_tokens.given() ? "--text-tokens" : "--slice-tokens")) +
+                       " needs a clip: --frames F --width W --height H");
+  if (o.vram_budget.given() && o.budget.given())
+    return usage_error("give --vram-budget (the total device budget) or --budget (activations only), not both");
+  if (!planning && (o.device_opt->count() > 0 || o.kv_tile.given()))
+    return usage_error(std::string(o.kv_tile.given() ? "--kv-tile" : "--device") +
+                       " has no effect without --vram-budget B or --budget B (a dry run)");
+  if (!o.vram_budget.given() && (o.no_prefetch || o.sigma.given() || o.steps.given()))
+    return usage_error(std::string(o.no_prefetch ? "--no-prefetch" : o.sigma.given() ? "--sigma" : "--steps") +
+                       " goes with --vram-budget (the AdaLN tables and block slots are part of the total budget)");
+  if (o.sigma.given() && o.steps.given())
+    return usage_error("give --sigma (one denoiser call, as forward) or --steps (a generate run), not both");
+  if (planning && !o.text_tokens.given())
+    return usage_error("a dry run needs --text-tokens L, as forward and generate do (S counts the text rows)");
+  if (planning) {
+    auto d = dry_run_device(!o.device.empty() ? o.device : (o.vram_budget.given() ? "cuda" : "cpu"),
+                            o.vram_budget.given());
+    if (!d.ok()) return fail(d.error());
+  }
 
   json out;
   h3::H3Config cfg;
@@ -91,7 +551,7 @@ int run_info(const InfoOptions& o) {
   std::vector<h3::TensorSpec> specs;
   std::vector<Held> held;
   if (!o.file.empty()) {
-    if (!o.blocks.empty() || o.adaln_curve) return usage_error("--blocks and --adaln-curve go with --preset, not a file");
+    if (o.blocks.given() || o.adaln_curve) return usage_error("--blocks and --adaln-curve go with --preset, not a file");
     auto f = h3::open_h3_checkpoint(o.file);
     if (!f.ok() && f.error().code == ErrorCode::unsupported) {
       // Stored dtypes that differ from the declared ones: say so, but still describe it.
@@ -103,10 +563,7 @@ int run_info(const InfoOptions& o) {
         f = std::move(g);
       }
     }
-    if (!f.ok()) {
-      std::fprintf(stderr, "layerstream info: error: %s\n", f.error().message.c_str());
-      return 2;
-    }
+    if (!f.ok()) return fail(f.error());
     file = std::move(f).value();
     cfg = file->cfg();
     specs = file->specs();
@@ -118,9 +575,9 @@ int run_info(const InfoOptions& o) {
     auto p = h3::h3_preset(o.preset);
     if (!p.ok()) return usage_error(p.error().message);
     cfg = *p;
-    if (!o.blocks.empty()) {
-      auto n = parse_int("--blocks", o.blocks, 1, 1000);
-      if (!n.ok()) return usage_error(n.error().message);
+    if (o.blocks.given()) {
+      auto n = flag_int(o.blocks, range::blocks, cfg.num_layers);
+      if (!n.ok()) return fail(n.error());
       cfg.num_layers = *n;
     }
     if (o.adaln_curve) cfg = h3::h3_curve_form(cfg);
@@ -185,16 +642,17 @@ int run_info(const InfoOptions& o) {
   }
 
   // ---- clip -------------------------------------------------------------------------
+  std::optional<Error> refused;  // the dry run's planner refused the budget
   if (clip_asked) {
-    auto f = parse_int("--frames", o.frames, 1, 100000);
-    auto w = parse_int("--width", o.width, 1, 65536);
-    auto h = parse_int("--height", o.height, 1, 65536);
-    auto l = parse_int("--text-tokens", o.text_tokens, 0, 10000000);
-    auto c = parse_int("--slice-tokens", o.slice_tokens, 1, 100000000);
+    auto f = flag_int(o.frames, range::frames, 0);
+    auto w = flag_int(o.width, range::width, 0);
+    auto h = flag_int(o.height, range::height, 0);
+    auto l = flag_int(o.text_tokens, range::text_tokens, 0);  // not given: no text rows (describing only)
+    auto c = flag_int(o.slice_tokens, range::slice_tokens, 8192);
     for (auto* e : {&f, &w, &h, &l, &c})
-      if (!e->ok()) return usage_error(e->error().message);
+      if (!e->ok()) return fail(e->error());
     auto g = h3::clip_geometry(*f, *w, *h, *l);
-    if (!g.ok()) return usage_error(g.error().message);
+    if (!g.ok()) return fail(g.error());
     const int64_t S = g->tokens();
     out["clip"] = {{"frames_requested", *f}, {"frames", g->frames},         {"width", g->width},
                    {"height", g->height},    {"T", g->T},                   {"Hl", g->Hl},
@@ -220,11 +678,17 @@ int run_info(const InfoOptions& o) {
                     {"phases", phases}});
     }
     out["block_memory"] = jp;
+    if (planning) {
+      auto d = dry_run(o, cfg, *g);
+      if (!d.ok()) return fail(d.error());
+      out["dry_run"] = d->j;
+      refused = d->refused;
+    }
   }
 
   if (o.as_json) {
     std::printf("%s\n", out.dump(2).c_str());
-    return 0;
+    return refused ? fail(*refused) : 0;
   }
 
   // ---- text -------------------------------------------------------------------------
@@ -295,23 +759,44 @@ int run_info(const InfoOptions& o) {
         std::printf("\n");
       }
     }
+    if (out.contains("dry_run")) print_dry_run(out["dry_run"]);
   }
-  return 0;
+  std::fflush(stdout);
+  return refused ? fail(*refused) : 0;
 }
 
 CommandRun setup_info(CLI::App& sub) {
   auto o = std::make_shared<InfoOptions>();
-  sub.add_option("file", o->file, "H3 checkpoint (.safetensors)");
+  sub.add_option("file", o->file, "H3 checkpoint (.safetensors); with --check any safetensors file");
   sub.add_option("--preset", o->preset, "Describe a preset (tiny, small, h3) instead of a file");
-  sub.add_option("--blocks", o->blocks, "With --preset: number of DiT blocks");
+  add_int_flag(sub, "--blocks", o->blocks, range::blocks, "With --preset: number of DiT blocks", "the preset's");
   sub.add_flag("--adaln-curve", o->adaln_curve, "With --preset: the curve (pruned) form");
-  sub.add_option("--frames", o->frames, "Clip: pixel frames (snapped up to 17j+5)");
-  sub.add_option("--width", o->width, "Clip: width in pixels (multiple of 32)");
-  sub.add_option("--height", o->height, "Clip: height in pixels (multiple of 32)");
-  sub.add_option("--text-tokens", o->text_tokens, "Clip: text tokens L (default 0)");
-  sub.add_option("--slice-tokens", o->slice_tokens, "Slice size of the sliced plan (default 8192)");
+  add_int_flag(sub, "--frames", o->frames, range::frames, "Clip: pixel frames (snapped up to 17j+5)");
+  add_int_flag(sub, "--width", o->width, range::width, "Clip: width in pixels (multiple of 32)");
+  add_int_flag(sub, "--height", o->height, range::height, "Clip: height in pixels (multiple of 32)");
+  add_int_flag(sub, "--text-tokens", o->text_tokens, range::text_tokens,
+               "Clip: text tokens L (required by a dry run; describing only: none)");
+  add_int_flag(sub, "--slice-tokens", o->slice_tokens, range::slice_tokens, "Slice size of the sliced memory table",
+               "8192");
   sub.add_flag("--tensors", o->list_tensors, "List every tensor (name, group, dtype, shape, bytes)");
   sub.add_flag("--json", o->as_json, "Print one JSON object instead of text");
+  add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,
+                "Dry run (needs a clip): the plan a TOTAL device budget gives (residency, offloads, slices, "
+                "predicted peak, PCIe bytes) and the smallest budget that plans; no device is opened");
+  add_size_flag(sub, "--budget", o->budget, range::budget,
+                "Dry run (needs a clip): the slices an ACTIVATION budget gives and the smallest that plans");
+  o->device_opt = sub.add_option("--device", o->device,
+                                 "Dry run: the device planned for, cpu | cuda[:N] (default: cuda with --vram-budget, cpu "
+                                 "with --budget); CUDA figures are the backend's documented defaults");
+  add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile, "Dry run: keys per attention tile (numerics)",
+               "the device's: 1024 on the CPU, 8192 with CUDA + cuDNN");
+  sub.add_flag("--no-prefetch", o->no_prefetch, "With --vram-budget: one block slot instead of two");
+  add_float_flag(sub, "--sigma", o->sigma, range::sigma,
+                 "With --vram-budget: plan one denoiser call at this sigma (as forward)", "1");
+  add_int_flag(sub, "--steps", o->steps, range::steps,
+               "With --vram-budget: plan a generate run of N steps (the AdaLN tables of its whole schedule)");
+  sub.add_flag("--check", o->check,
+               "Scan every tensor of FILE for NaN / +inf / -inf; exit 1 when any is found");
   return [o]() { return run_info(*o); };
 }
 
