@@ -23,6 +23,8 @@ namespace {
 
 constexpr double kWidth = 1000, kHeight = 560;
 constexpr double kLeft = 84, kRight = 214, kTop = 64, kBottom = 78;  // margins around the plot area
+// A white outline behind a label drawn over the areas, so it stays legible.
+constexpr const char* kHalo = "stroke=\"#ffffff\" stroke-width=\"3\" stroke-opacity=\"0.85\" paint-order=\"stroke\"";
 constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
 
 struct Kind {
@@ -123,6 +125,11 @@ std::string tick_label(double bytes, const Unit& u) {
   return s;
 }
 
+std::string short_phase(const std::string& p) {
+  if (p == "attention") return "attn";
+  return p;
+}
+
 std::string svg_text(double x, double y, const std::string& t, const std::string& attrs = "") {
   return "<text x=\"" + num(x) + "\" y=\"" + num(y) + "\"" + (attrs.empty() ? "" : " " + attrs) + ">" + escape(t) +
          "</text>\n";
@@ -180,7 +187,9 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
   if (in.budget_bytes) desc += "; budget " + size_text(in.budget_bytes);
   if (in.predicted_peak_bytes) desc += "; predicted peak " + size_text(in.predicted_peak_bytes);
   std::string s = header(title, desc);
-  s += svg_text(kLeft, 26, title, "font-size=\"16\" font-weight=\"bold\"");
+  // 16 px bold unless the title would run past the picture (about 0.62 em per character).
+  const double title_px = std::clamp((kWidth - kLeft - 10) / (0.62 * static_cast<double>(title.size())), 10.0, 16.0);
+  s += svg_text(kLeft, 26, title, "font-size=\"" + num(title_px) + "\" font-weight=\"bold\"");
   s += svg_text(kLeft, 46, desc.substr(desc.find("peak held")), "font-size=\"12\" fill=\"#444444\"");
 
   // Grid and y axis.
@@ -230,6 +239,8 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
        "\" x2=\"" + num(kLeft + kPlotW) + "\" y2=\"" + num(kTop + kPlotH) + "\"/>\n<line x1=\"" + num(kLeft) +
        "\" y1=\"" + num(kTop) + "\" x2=\"" + num(kLeft) + "\" y2=\"" + num(kTop + kPlotH) + "\"/>\n</g>\n";
   std::string labels, marks;
+  // Wide columns (short runs): each column also names its phase.
+  const bool wide = cw >= 34;
   double last_label = -1e9;
   int64_t prev_block = -1;  // the last block seen in the current forward
   int forwards = 1;
@@ -242,20 +253,23 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
       marks += "<line x1=\"" + num(X(i)) + "\" y1=\"" + num(kTop) + "\" x2=\"" + num(X(i)) + "\" y2=\"" +
                num(kTop + kPlotH) + "\" stroke=\"#bbbbbb\" stroke-dasharray=\"2,3\"/>\n";
     }
+    if (wide) labels += svg_text(X(i) + cw / 2, kTop + kPlotH + 14, short_phase(m.phase),
+                                 "text-anchor=\"middle\" font-size=\"10\" fill=\"#666666\"");
     if (m.block < 0 || m.block == prev_block) continue;
     prev_block = m.block;
     const double x = X(i);
     marks += "<line x1=\"" + num(x) + "\" y1=\"" + num(kTop + kPlotH) + "\" x2=\"" + num(x) + "\" y2=\"" +
-             num(kTop + kPlotH + 4) + "\" stroke=\"#555555\"/>\n";
+             num(kTop + kPlotH + (wide ? 18 : 4)) + "\" stroke=\"#555555\"/>\n";
     if (x - last_label >= 26) {
-      labels += svg_text(x, kTop + kPlotH + 16, std::to_string(m.block), "text-anchor=\"middle\"");
+      labels += svg_text(x + (wide ? 3 : 0), kTop + kPlotH + (wide ? 28 : 16), (wide ? "block " : "") + std::to_string(m.block),
+                         wide ? "" : "text-anchor=\"middle\"");
       last_label = x;
     }
   }
   s += marks + "<g font-size=\"11\" fill=\"#333333\">\n" + labels + "</g>\n";
   std::string xl = "DiT block (each block's phases in run order: attention, MLP)";
   if (forwards > 1) xl += "; " + std::to_string(forwards) + " forwards, dotted lines between them";
-  s += svg_text(kLeft + kPlotW / 2, kTop + kPlotH + 38, xl, "text-anchor=\"middle\" font-size=\"12\"");
+  s += svg_text(kLeft + kPlotW / 2, kTop + kPlotH + (wide ? 48 : 38), xl, "text-anchor=\"middle\" font-size=\"12\"");
 
   // Budget (solid) and the planner's predicted peak (dashed), labelled at the right end.
   double budget_label_y = -1;
@@ -265,7 +279,7 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
          "\" y2=\"" + num(y) + "\" stroke=\"#D55E00\" stroke-width=\"2\"/>\n";
     budget_label_y = y - 5;
     s += svg_text(kLeft + kPlotW - 4, budget_label_y, "budget " + size_text(in.budget_bytes),
-                  "text-anchor=\"end\" fill=\"#D55E00\" font-weight=\"bold\"");
+                  "text-anchor=\"end\" fill=\"#D55E00\" font-weight=\"bold\" " + std::string(kHalo));
   }
   if (in.predicted_peak_bytes) {
     const double y = Y(static_cast<double>(in.predicted_peak_bytes));
@@ -274,7 +288,7 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
     // Above the line, unless that collides with the budget's label: then below it.
     double ly = y - 5;
     if (budget_label_y >= 0 && std::fabs(ly - budget_label_y) < 14) ly = y + 15;
-    s += svg_text(kLeft + 6, ly, "predicted peak " + size_text(in.predicted_peak_bytes), "fill=\"#000000\"");
+    s += svg_text(kLeft + 6, ly, "predicted peak " + size_text(in.predicted_peak_bytes), "fill=\"#000000\" " + std::string(kHalo));
   }
 
   // Legend: top of the stack first; each kind with its largest value over the run.
@@ -286,7 +300,8 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
   for (int j = kinds - 1; j >= 0; --j) {
     s += "<rect x=\"" + num(lx) + "\" y=\"" + num(ly - 10) + "\" width=\"14\" height=\"14\" fill=\"" + kKinds[j].color +
          "\"/>\n";
-    s += svg_text(lx + 20, ly + 1, std::string(kKinds[j].name) + "  " + size_text(kind_max[j]));
+    if (kind_max[j] == 0) s += svg_text(lx + 20, ly + 1, std::string(kKinds[j].name) + "  none", "fill=\"#999999\"");
+    else s += svg_text(lx + 20, ly + 1, std::string(kKinds[j].name) + "  " + size_text(kind_max[j]));
     ly += 20;
   }
   ly += 8;
