@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <random>
 
+#include "backend/backend.h"
 #include "core/arena.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
@@ -508,4 +510,45 @@ TEST(BudgetPlan, OptionErrors) {
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.error().code, ErrorCode::out_of_budget);
   EXPECT_NE(zero.error().message.find("smallest total budget"), std::string::npos);
+}
+
+TEST(BudgetPlan, CudaProfileArithmetic) {
+  // 64 heads x 128 at 2048-query chunks: Qs + 4 Ot bf16 [131072, 128] = 5 x 32 MiB,
+  // 4 Lt + L f32 [131072] = 5 x 512 KiB, acc f32 [131072, 128] = 64 MiB, cuDNN 64 MiB.
+  EXPECT_EQ(cudnn_attention_workspace_bytes(64, 128), 5 * (32ull << 20) + 5 * (512ull << 10) + (64ull << 20) + (64ull << 20));
+  EXPECT_EQ(cudnn_attention_workspace_bytes(64, 128), 304611328u);  // 290.5 MiB
+  // Odd sizes round each piece up to 256 bytes: R = 64 x 1 = 64 rows of 3: 384 -> 512 B
+  // bf16 pieces, 256 B f32 vectors, 768 -> 768 B acc.
+  EXPECT_EQ(cudnn_attention_workspace_bytes(1, 3, 64), 5 * 512u + 5 * 256u + 768u + (64ull << 20));
+  const DeviceProfile d = cuda_device_profile();
+  EXPECT_EQ(d.workspace_bytes, 304611328u);
+  EXPECT_EQ(d.default_kv_tile, 8192);
+  EXPECT_EQ(d.assumed.size(), 3u);
+  const DeviceProfile native = cuda_device_profile(true, false);
+  EXPECT_EQ(native.workspace_bytes, 304611328u);  // the build's constant, whichever path runs
+  EXPECT_EQ(native.default_kv_tile, 1024);
+  const DeviceProfile plain = cuda_device_profile(false, false);
+  EXPECT_EQ(plain.workspace_bytes, 64ull << 20);
+  EXPECT_EQ(plain.default_kv_tile, 1024);
+  const BudgetOptions o = budget_options_for(d);
+  EXPECT_EQ(o.workspace_bytes, d.workspace_bytes);
+  EXPECT_EQ(o.kv_tile, 8192);
+  EXPECT_EQ(o.device.pcie_gb_per_s, DeviceFacts{}.pcie_gb_per_s);
+}
+
+TEST(BudgetPlan, CudaProfileMatchesTheBackend) {
+  // GPU machine: the documented figures info's dry run plans with are the real backend's.
+  auto b = make_backend("cuda");
+  if (!b.ok()) GTEST_SKIP() << "no CUDA backend here: " << b.error().message;
+  if (std::getenv("LAYERSTREAM_CUDNN_QCHUNK") != nullptr) GTEST_SKIP() << "LAYERSTREAM_CUDNN_QCHUNK is set";
+  const int64_t tile = (*b)->default_kv_tile();
+  if (tile == 8192) {  // cuDNN built and selected
+    EXPECT_EQ((*b)->workspace_bytes(), cuda_device_profile(true, true).workspace_bytes);
+  } else {             // the native kernel: a build without cuDNN, or LAYERSTREAM_ATTENTION=native
+    EXPECT_EQ(tile, 1024);
+    const uint64_t ws = (*b)->workspace_bytes();
+    EXPECT_TRUE(ws == cuda_device_profile(false, false).workspace_bytes ||
+                ws == cuda_device_profile(true, false).workspace_bytes)
+        << ws;
+  }
 }

@@ -330,3 +330,29 @@ TEST(ExecPlan, OffloadErrors) {
   EXPECT_EQ(again->predicted_peak_bytes, ok->predicted_peak_bytes);
   EXPECT_EQ(specs(again->phase("attn").buffers), specs(ok->phase("attn").buffers));
 }
+
+TEST(ExecPlan, MinActivationBudgetIsTheNamedMinimum) {
+  // min_activation_budget is what plan_for_budget's refusal names: it plans, one byte
+  // less does not, on the real width (stock attention larger than one-row slices) and on
+  // random tiny configs and clips.
+  std::mt19937_64 rng(11);
+  std::vector<std::pair<h3::H3Config, h3::Conditioning>> cases = {{*h3::h3_preset("h3"), clip(362, 1024, 1024, 500)},
+                                                                   {*h3::h3_preset("small"), clip(22, 64, 64, 7)}};
+  for (int i = 0; i < 10; ++i)
+    cases.push_back({test::tiny_cfg(rng), clip(5 + 17 * static_cast<int64_t>(rng() % 3), 32 * static_cast<int64_t>(1 + rng() % 3),
+                                              32 * static_cast<int64_t>(1 + rng() % 3), static_cast<int64_t>(rng() % 9))});
+  for (const auto& [cfg, cond] : cases) {
+    auto need = min_activation_budget(cfg, cond);
+    ASSERT_TRUE(need.ok()) << need.error().message;
+    auto at = plan_for_budget(cfg, cond, *need);
+    ASSERT_TRUE(at.ok()) << at.error().message;
+    EXPECT_LE(at->predicted_peak_bytes, *need);
+    auto below = plan_for_budget(cfg, cond, *need - 1);
+    ASSERT_FALSE(below.ok());
+    EXPECT_EQ(below.error().code, ErrorCode::out_of_budget);
+    std::string want = "(";  // built in steps: GCC 12 warns (-Wrestrict) on "(" + std::string
+    want += std::to_string(*need);
+    want += " bytes";
+    EXPECT_NE(below.error().message.find(want), std::string::npos) << below.error().message;
+  }
+}
