@@ -445,9 +445,10 @@ Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const h3
 void print_dry_run(const json& d) {
   const bool vram = d["budget_flag"] == "--vram-budget";
   const auto B = [](const json& v) { return format_bytes(v.get<uint64_t>()); };
-  std::printf("\ndry run     %s %s%s on %s (no device opened)\n", d["budget_flag"].get<std::string>().c_str(),
-              bytes_and_exact(d["budget_bytes"].get<uint64_t>()).c_str(), vram ? "" : ", activations only",
-              d["device"]["name"].get<std::string>().c_str());
+  const std::string dev = d["device"]["name"].get<std::string>();
+  std::printf("\ndry run     %s %s%s on %s%s\n", d["budget_flag"].get<std::string>().c_str(),
+              bytes_and_exact(d["budget_bytes"].get<uint64_t>()).c_str(), vram ? "" : ", activations only", dev.c_str(),
+              dev == "cpu" ? "" : " (no device opened)");
   for (const auto& a : d["device"]["assumed"]) std::printf("assumed     %s\n", a.get<std::string>().c_str());
   if (vram)
     std::printf("run         %s: AdaLN tables for %lld distinct timestep%s\n", d["run"].get<std::string>().c_str(),
