@@ -324,7 +324,8 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
 
 Status write_memory_plot(const std::string& path, const MemoryPlotInput& in) {
   if (in.samples.empty())
-    return make_error(ErrorCode::invalid_argument,
+    // A run-time condition, not a bad flag (exit 1 in the CLI): nothing was recorded.
+    return make_error(ErrorCode::not_found,
                       "--memory-plot " + path +
                           ": no memory samples were recorded (the run did no forward, or the engine was not asked "
                           "to record memory: EngineOptions::record_memory); nothing written");
