@@ -546,8 +546,28 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     res_bytes += static_cast<uint64_t>(d.nbytes());
     return h3::BlockRows{d, rope, mod_rows, a};
   };
+  // Non-finite check (EngineOptions::check_finite): the residual after each phase, on
+  // the device (with residual offload: each slice before it goes back to the host), one
+  // reduction per phase or slice; the first phase with a NaN/inf fails the call, naming
+  // it. Reads only: never changes a bit.
+  const char* phase_name = "embed";
+  int64_t phase_block = -1;
+  auto where = [&]() {
+    return phase_block < 0 ? std::string(phase_name) : "block " + std::to_string(phase_block) + " (" + phase_name + ")";
+  };
+  auto check_finite = [&](const TensorView& t) -> Status {
+    if (!m.opts.check_finite) return Status();
+    LS_ASSIGN_OR_RETURN(const int64_t n, be.count_nonfinite(t));
+    if (n == 0) return Status();
+    (void)be.synchronize();  // nothing in flight when the call returns the error
+    return make_error(ErrorCode::nonfinite,
+                      std::to_string(n) + " non-finite value(s) (NaN or inf) in the residual stream after " + where() +
+                          ", the first phase that produced one; check the checkpoint (`layerstream info --check`), "
+                          "the inputs and settings such as --cfg (--allow-nonfinite writes the output anyway)");
+  };
   auto residual_out = [&](const h3::BlockRows& r, int64_t a, int64_t b) -> Status {
     if (!res_off) return Status();
+    LS_TRY(check_finite(r.x_rows(a, b)));
     LS_TRY(be.copy_async(x.slice_rows(a, b), r.x_rows(a, b), Queue::compute));
     res_bytes += static_cast<uint64_t>((b - a) * D * 2);
     return Status();
@@ -569,6 +589,31 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   // the normal run).
   std::map<std::string, double> prof;
   auto prof_t = std::chrono::steady_clock::now();
+  // Memory samples (EngineOptions::record_memory): at the end of each phase, what every
+  // device arena holds, with the activation arena's high-water mark of that phase (the
+  // call's peak is kept in call_peak across the per-phase resets).
+  std::vector<MemorySample> samples;
+  size_t call_peak = 0;
+  uint64_t phase_kv = 0;  // K/V buffers of the phase (two-pass attention), part of its activations
+  auto sample = [&](const char* phase, int64_t block) {
+    call_peak = std::max(call_peak, arena->peak());
+    if (m.opts.record_memory) {
+      MemorySample ms;
+      ms.phase = phase;
+      ms.block = block;
+      ms.seconds = seconds_since(t0);
+      ms.slots = m.weights->slot_bytes() * static_cast<uint64_t>(m.weights->slots());
+      ms.weights = m.weights->device_bytes() - std::min(ms.slots, m.weights->device_bytes());
+      ms.activations = arena->peak();
+      ms.kv = phase_kv;
+      ms.adaln = tab->bytes();
+      ms.workspace = m.workspace_arena ? m.workspace_arena->capacity() : 0;
+      ms.held = m.dev->held();
+      samples.push_back(std::move(ms));
+    }
+    arena->reset_peak();
+    phase_kv = 0;
+  };
   auto mark = [&](const char* phase) -> Status {
     if (!m.opts.profile) return Status();
     LS_TRY(be.synchronize());
@@ -619,6 +664,8 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
       LS_TRY(be.synchronize());  // the staging buffer is reused by the next slice
     }
   }
+  if (!res_off) LS_TRY(check_finite(x));
+  sample("embed", -1);
   LS_TRY(eval_x("x.embed", -1));
   LS_TRY(mark("embed"));
 
@@ -634,6 +681,8 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, m.weights->acquire_block(i));
     const h3::DitBlock blk(be, cfg, h3::dit_block_weights(wg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
+    phase_name = "attention";
+    phase_block = i;
     {
       Arena::Scope phase(*arena);
       const PlanPhase& ph = plan.phases[1];
@@ -646,6 +695,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
         LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, plan.attn_slice));
         LS_ASSIGN_OR_RETURN(TensorView k2, alloc(*arena, named(ph.buffers, "K"), S));
         LS_ASSIGN_OR_RETURN(TensorView v2, alloc(*arena, named(ph.buffers, "V"), S));
+        phase_kv = static_cast<uint64_t>(k2.nbytes() + v2.nbytes());
         const TensorView k_all = k2.unflatten_last(H, Dh), v_all = v2.unflatten_last(H, Dh);  // bf16 [S, H, Dh]
         // Pass 1: K and V of every row before any residual row changes.
         for (int64_t a = 0; a < S; a += plan.attn_slice) {
@@ -678,6 +728,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
         for (int j = 0; j < 2; ++j) {
           LS_ASSIGN_OR_RETURN(kc[j], alloc(*arena, named(ph.buffers, "K chunk " + std::to_string(j)), plan.kv_chunk));
           LS_ASSIGN_OR_RETURN(vc[j], alloc(*arena, named(ph.buffers, "V chunk " + std::to_string(j)), plan.kv_chunk));
+          phase_kv += static_cast<uint64_t>(kc[j].nbytes() + vc[j].nbytes());
         }
         for (int64_t c = 0; c < n_chunks; ++c) {
           const int64_t k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
@@ -743,8 +794,11 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
       // into or out of these buffers was waited for by compute above. On a backend
       // with queues the transfer queue is idle here except for weight copies.
     }
+    if (!res_off) LS_TRY(check_finite(x));
+    sample("attention", i);
     LS_TRY(mark(plan.two_pass_attention() ? "attention pass 2" : "attention"));
     LS_TRY(eval_x("block.attn", i));
+    phase_name = "mlp";
     {
       Arena::Scope phase(*arena);
       const PlanPhase& ph = plan.phases[2];
@@ -760,10 +814,20 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
         LS_TRY(residual_out(r, a, b));
       }
     }
+    if (!res_off) LS_TRY(check_finite(x));
+    sample("mlp", i);
     LS_TRY(mark("mlp"));
     LS_TRY(m.weights->release_block(i));
     LS_TRY(eval_x("block.mlp", i));
+    if (m.opts.progress) {
+      // The callback reports finished work: wait for the block's queued work first (one
+      // synchronisation per block, next to a block's milliseconds to seconds of work).
+      LS_TRY(be.synchronize());
+      m.opts.progress(i + 1, cfg.num_layers);
+    }
   }
+  phase_name = "final layer";
+  phase_block = -1;
 
   // ---- final layer on the target rows [audio | video] ----
   const h3::Segment& sa = lay.target_audio();
@@ -827,8 +891,9 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     }
     LS_TRY(be.synchronize());
   }
+  sample("final", -1);
   LS_TRY(mark("final"));
-  const uint64_t measured = arena->peak();
+  const uint64_t measured = call_peak;
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
 
   // ---- host: unpatchify, bf16, negate, masks, audio carry ----
@@ -882,7 +947,20 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     }
   }
 
+  if (m.opts.check_finite) {
+    // The residual was finite after the last block; the head, masks or carry may still
+    // overflow (or a non-finite condition latent reach the carry term).
+    int64_t n = 0;
+    for (const std::vector<float>* out : {&res.video, &res.audio})
+      for (float v : *out) n += std::isfinite(v) ? 0 : 1;
+    if (n > 0)
+      return make_error(ErrorCode::nonfinite, std::to_string(n) +
+                                                  " non-finite output value(s) (NaN or inf) after the final layer "
+                                                  "(the residual stream was finite); --allow-nonfinite writes them anyway");
+  }
+
   RunReport& rep = res.report;
+  rep.memory = std::move(samples);
   rep.two_pass_attention = plan.two_pass_attention();
   rep.sliced_mlp = plan.sliced_mlp();
   rep.sliced_head = plan.sliced_head();
