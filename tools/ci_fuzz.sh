@@ -62,7 +62,7 @@ for t in "${targets[@]}"; do
   else
     failed=1
     echo "ci_fuzz: $t: FAILED (exit $rc) after ${runs:-?} runs; log $log; last lines:"
-    grep -aE 'ERROR|SUMMARY|runtime error|fuzz_[a-z0-9_]+:|Test unit written|artifact' "$log" | tail -15 | sed 's/^/  /'
+    grep -aE 'ERROR|SUMMARY|runtime error|fuzz_[a-z0-9_]+:|Test unit written|artifact' "$log" | tail -15 | sed 's/^/  /' || true
     tail -5 "$log" | sed 's/^/  /'
   fi
 done
