@@ -112,9 +112,11 @@ TEST(CliFlags, NumbersAreStrict) {
 // One range per quantity, the same in every command (they differed: --text-tokens 0..1e6
 // in forward and 1..1e7 in generate; seeds below 2^64 in generate and make-model).
 TEST(CliFlags, RangesAreSharedByCommands) {
+  // (--budget 1K: should the range ever widen again, the run is refused by the planner at
+  // once instead of attending over a million tokens.)
   for (const char* l : {"0", "1000001"}) {
-    expect_usage_error(fwd("--text-tokens " + std::string(l)), "--text-tokens must be an integer in 1..1000000");
-    expect_usage_error(kGenerate + " --text-tokens " + l, "--text-tokens must be an integer in 1..1000000");
+    expect_usage_error(fwd("--budget 1K --text-tokens " + std::string(l)), "--text-tokens must be an integer in 1..1000000");
+    expect_usage_error(kGenerate + " --budget 1K --text-tokens " + l, "--text-tokens must be an integer in 1..1000000");
   }
   const std::string too_big = "9223372036854775808";  // 2^63
   expect_usage_error(kForward + " --seed " + too_big, "--seed must be an integer in 0..2^63-1");
