@@ -300,7 +300,10 @@ int run_forward(const ForwardOptions& o) {
   if (!r.ok()) {
     if (bar) bar->abandon();
     Error e = r.error();
-    if (e.code == ErrorCode::nonfinite) e.message += " (nothing written; --allow-nonfinite writes the output anyway)";
+    if (e.code == ErrorCode::nonfinite)
+      e.message += e.message.find("--allow-nonfinite") == std::string::npos
+                       ? " (nothing written; --allow-nonfinite writes the output anyway)"
+                       : " (nothing written)";
     return fail(e);
   }
   if (bar) bar->finish();
