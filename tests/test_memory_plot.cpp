@@ -229,7 +229,7 @@ TEST(MemoryPlot, WellFormedSelfContainedOnePathPerKind) {
   ASSERT_EQ(select(x, "title").size(), 1u);
   EXPECT_EQ(select(x, "title")[0]->text, in.title);
 
-  // One filled path per kind, named, in stack order; "other" only when held counts more.
+  // One filled path per kind, named, in stack order; "arena headroom" only when held counts more.
   const auto paths = select(x, "path", "kind");
   std::vector<std::string> kinds;
   for (const auto* p : paths) kinds.push_back(p->attrs.at("data-kind"));
@@ -251,7 +251,7 @@ TEST(MemoryPlot, WellFormedSelfContainedOnePathPerKind) {
   const Xml y = parse_xml(ls::tools::memory_plot_svg(more));
   ASSERT_TRUE(y.ok) << y.error;
   ASSERT_EQ(select(y, "path", "kind").size(), 7u);
-  EXPECT_EQ(select(y, "path", "kind").back()->attrs.at("data-kind"), "other");
+  EXPECT_EQ(select(y, "path", "kind").back()->attrs.at("data-kind"), "arena headroom");
 }
 
 TEST(MemoryPlot, BudgetLineAtTheHeightOfAStackThatReachesIt) {

@@ -5,7 +5,9 @@
 // [i, i + 1) of n (each sample is what the arenas held when a phase ended, so the value
 // holds over that phase). Kinds stack bottom-up from the steady ones to the changing
 // ones: weights, slots, AdaLN tables, workspace, activations (without the K/V chunks),
-// K/V chunks, and "other" (held minus the kinds) only when a sample has any. The y axis
+// K/V chunks, and "arena headroom" (held minus the kinds: mostly the activation arena's
+// capacity, reserved at the plan's peak, beyond what the phase used) only when a sample
+// has any. The y axis
 // is 1024-based (KiB / MiB / GiB / TiB) with 1-2-2.5-5 ticks; it runs to the largest of
 // the peak held, the budget and the predicted peak, plus 6 %.
 #include "memory_plot.h"  // tools/memory_plot.h (same folder: tests compile this file too)
@@ -34,13 +36,15 @@ struct Kind {
 // Stack order, bottom first. The legend lists them top first, as they appear.
 constexpr Kind kKinds[] = {
     {"weights", "#0072B2"},  {"slots", "#56B4E9"},      {"AdaLN tables", "#009E73"}, {"workspace", "#999999"},
-    {"activations", "#E69F00"}, {"K/V chunks", "#CC79A7"}, {"other", "#F0E442"},
+    {"activations", "#E69F00"}, {"K/V chunks", "#CC79A7"}, {"arena headroom", "#F0E442"},
 };
 constexpr int kNumKinds = sizeof kKinds / sizeof kKinds[0];
 constexpr int kOther = kNumKinds - 1;
 
 // Bytes of each kind of one sample (activations without the K/V chunks, which live in
-// the same arena; "other" = whatever `held` counts beyond the kinds).
+// the same arena; "arena headroom" = whatever `held` counts beyond the kinds: the
+// activation arena is allocated at the plan's predicted peak, so a phase that uses less
+// leaves the rest reserved but unused).
 std::vector<uint64_t> kinds_of(const exec::MemorySample& s) {
   const uint64_t act = s.activations > s.kv ? s.activations - s.kv : 0;
   const uint64_t kv = std::min(s.kv, s.activations);

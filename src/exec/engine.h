@@ -58,15 +58,16 @@ struct RefinedText {
 };
 
 // Device memory at one point of a forward (EngineOptions::record_memory): what each
-// LayerStream arena held on the device when a phase of a block ended. Sums to `held`.
+// LayerStream arena held on the device when a phase of a block ended. `held` also counts
+// the activation arena's unused capacity (it is reserved at the plan's predicted peak).
 struct MemorySample {
-  std::string phase;         // "embed", "text", "attention", "mlp", "final"
+  std::string phase;         // "embed", "attention", "mlp", "final"
   int64_t block = -1;        // DiT block, -1 outside the block loop
   double seconds = 0.0;      // since the forward began
   uint64_t weights = 0;      // resident block weights + non-block weights
   uint64_t slots = 0;        // streaming slots
-  uint64_t activations = 0;  // activation arena in use (residual, slices, K/V when resident)
-  uint64_t kv = 0;           // K/V chunk buffers (K/V offload), part of `activations`' arena
+  uint64_t activations = 0;  // activation arena's high-water mark during the phase (residual, slices, K/V)
+  uint64_t kv = 0;           // K and V buffers of two-pass attention (resident or offload chunks), part of `activations`
   uint64_t adaln = 0;        // modulation tables
   uint64_t workspace = 0;    // backend workspace
   uint64_t held = 0;         // everything LayerStream held on the device
