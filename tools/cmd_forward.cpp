@@ -4,7 +4,7 @@
 // flags or by --budget, both velocities written to -o.
 //
 //   layerstream forward --model FILE --frames F --width W --height H --text-tokens L
-//       --sigma X --seed S [--keyframe FILE[@FRAME|@last] ...] [--mask FILE]
+//       --sigma X --seed S [--inputs FILE] [--keyframe FILE[@FRAME|@last] ...] [--mask FILE]
 //       [--mlp-chunk N --attn-chunk N --final-chunk N --kv-tile N | --budget BYTES]
 //       [--vram-budget BYTES [--no-prefetch] | --resident-blocks N --slots 1|2 --kv-offload --residual-offload]
 //       [--device cpu|cuda[:N]] [--threads N] [-o OUT.safetensors] [--json REPORT.json]
@@ -19,7 +19,12 @@
 // knobs changes an output bit (the output hash printed last says so).
 //
 // Seeded inputs: PyTorch's CPU randn restated (model/h3/torch_random.h): video from
-// seed, audio from seed + 1, text states from seed + 2.
+// seed, audio from seed + 1, text states from seed + 2. --inputs FILE gives them instead
+// ("video" f32 [C, T, Hl, Wl], "audio" f32 [Ca, 2, A], "text" f32 [L, text_dim], shapes
+// from the clip flags; a wrong shape is refused naming the tensor): what a program
+// using the C API compares against (examples/denoise.c).
+// The chain (weights -> backend -> plan -> engine -> refine -> AdaLN -> forward) is
+// api::Session's (src/api/session.h); this file holds the flags and the outputs.
 // Keyframe files: "video" f32 [C, T, Hl, Wl] (+ optional "audio" f32 [C, 2, A]); the
 // pixel frame comes from @FRAME, @last, the file's "pixel_frame" metadata, or 0.
 // Mask file: optional "video_mask" f32 [T, Hl, Wl] and "audio_mask" f32 [2, A] (1 = denoise).
@@ -34,15 +39,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "api/session.h"
 #include "core/arena.h"  // format_bytes
 #include "core/thread_pool.h"
-#include "exec/budget_plan.h"
-#include "exec/engine.h"
-#include "exec/plan.h"
 #include "io/safetensors.h"
-#include "model/h3/checkpoint.h"
-#include "model/h3/config.h"
 #include "model/h3/torch_random.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
@@ -59,7 +59,7 @@ struct ForwardOptions {
   FlagText model, preset, weights_seed, blocks;
   FlagText frames, width, height, text_tokens, sigma, seed;
   std::vector<std::string> keyframes;
-  FlagText mask;
+  FlagText mask, inputs;
   FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget;
   FlagText device, threads;
   FlagText output, json, memory_plot;
@@ -197,27 +197,27 @@ int run_forward(const ForwardOptions& o) {
   residency.slots = *sl;
   set_num_threads(static_cast<int>(*threads));
 
-  // The backend first: what a flag means can depend on it.
-  auto backend = make_backend(device);
-  if (!backend.ok()) return fail(backend.error());
-  if ((*backend)->device().kind == DeviceKind::cpu && o.vram_budget.given())
+  // The backend first: what a flag means can depend on it (the chain: api::Session).
+  auto opened = api::Session::open_backend(device);
+  if (!opened.ok()) return fail(opened.error());
+  api::Session& session = **opened;
+  if (session.device_is_cpu() && o.vram_budget.given())
     return usage("--vram-budget is a device budget and the CPU backend has no device memory (on the CPU it only "
                  "copies weights into more host memory): use --budget for the activation memory, or --device cuda");
-  if (!o.kv_tile.given()) knobs.kv_tile = (*backend)->default_kv_tile();
+  if (!o.kv_tile.given()) knobs.kv_tile = 0;  // the device's (Session::resolve_kv_tile)
 
   // Weights.
-  std::unique_ptr<h3::H3TensorSource> src;
+  api::WeightsSpec weights;
   if (o.model.given()) {
-    auto f = h3::open_h3_checkpoint(o.model.text);
-    if (!f.ok()) return fail(f.error());
-    src = std::move(*f);
+    weights.model_path = o.model.text;
   } else {
-    auto cfg = h3::h3_preset(o.preset.text);
-    if (!cfg.ok()) return fail(cfg.error());
-    if (o.blocks.given()) cfg->num_layers = *nb;  // full width, fewer blocks (as make-model --blocks)
-    src = std::make_unique<h3::H3SyntheticSource>(*cfg, static_cast<uint64_t>(*wseed));
+    weights.preset = o.preset.text;
+    weights.weights_seed = static_cast<uint64_t>(*wseed);
+    if (o.blocks.given()) weights.blocks = *nb;
   }
-  const h3::H3Config& cfg = src->cfg();
+  if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
+  const h3::H3TensorSource* src = &session.source();
+  const h3::H3Config& cfg = session.config();
   if (o.slots.given() && *rb >= cfg.num_layers)
     return usage("--slots has no effect: --resident-blocks " + std::to_string(*rb) + " keeps all " +
                  std::to_string(cfg.num_layers) + " blocks resident, so nothing streams");
@@ -236,78 +236,79 @@ int run_forward(const ForwardOptions& o) {
   if (o.mask.given())
     if (Status s = load_mask(o.mask.text, *geom, cond); !s.ok()) return fail(s.error());
   if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, *sigma, 0.0f};  // one-call stand-in schedule
-  Expected<exec::Plan> plan = Error{};
+  // Caller-given inputs (--inputs): shapes checked before any work.
+  const h3::ClipGeometry& g = *geom;
+  std::vector<float> video, audio, text;
+  if (o.inputs.given()) {
+    auto file = SafetensorsReader::open(o.inputs.text);
+    if (!file.ok()) return fail(file.error());
+    auto v = read_f32(**file, "video", {cfg.latents_dim, g.T, g.Hl, g.Wl});
+    if (!v.ok()) return fail(v.error());
+    auto a = read_f32(**file, "audio", {cfg.audio_latents_dim, 2, g.A});
+    if (!a.ok()) return fail(a.error());
+    auto t = read_f32(**file, "text", {g.text_tokens, cfg.text_dim});
+    if (!t.ok()) return fail(t.error());
+    video = std::move(*v), audio = std::move(*a), text = std::move(*t);
+  }
+  api::MemorySpec memory;
+  memory.mode = o.vram_budget.given() ? api::MemoryMode::total_budget
+                : o.budget.given()    ? api::MemoryMode::activation_budget
+                                      : api::MemoryMode::knobs;
+  memory.knobs = knobs;
+  memory.residency = residency;
+  memory.activation_budget = *budget;
+  memory.total_budget = *vram_budget;
+  memory.prefetch = !o.no_prefetch;
+  auto run_plan = session.plan(cond, {*sigma}, memory);
+  if (!run_plan.ok()) return fail(run_plan.error());
   nlohmann::json vram_budget_json;  // null unless --vram-budget
   uint64_t budget_line = 0;         // the memory plot's budget line
-  if (o.vram_budget.given()) {
-    exec::BudgetOptions bo;
-    bo.kv_tile = knobs.kv_tile;
-    bo.workspace_bytes = (*backend)->workspace_bytes();
-    bo.prefetch = !o.no_prefetch;
-    auto rows = exec::modulation_rows_for(cfg, cond, {*sigma});
-    if (!rows.ok()) return fail(rows.error());
-    bo.modulation_rows = *rows;
-    auto bp = exec::plan_total_budget(cfg, cond, *vram_budget, bo);
-    if (!bp.ok()) return fail(bp.error());
-    std::printf("[LayerStream] %s\n", bp->describe().c_str());
-    vram_budget_json = budget_plan_json(*bp);
+  if (run_plan->budget) {
+    std::printf("[LayerStream] %s\n", run_plan->budget->describe().c_str());
+    vram_budget_json = budget_plan_json(*run_plan->budget);
     std::fflush(stdout);
-    residency.resident_blocks = bp->resident_blocks;
-    residency.slots = bp->prefetch ? 2 : 1;
-    plan = bp->activations;
     budget_line = *vram_budget;
-  } else if (o.budget.given()) {
-    plan = exec::plan_for_budget(cfg, cond, *budget, knobs.kv_tile);
-  } else {
-    plan = exec::make_plan(cfg, cond, knobs);
   }
-  if (!plan.ok()) return fail(plan.error());
+  const exec::Plan* plan = &run_plan->plan;
 
-  // Device memory as the driver sees it, before LayerStream takes any (CUDA).
-  uint64_t free0 = 0, total = 0;
-  const bool have_info = (*backend)->device_memory_info(&free0, &total).ok();
-  uint64_t min_free = free0;
-  auto sample_free = [&]() {
-    uint64_t f = 0, t = 0;
-    if (have_info && (*backend)->device_memory_info(&f, &t).ok()) min_free = std::min(min_free, f);
-  };
   std::unique_ptr<Progress> bar;
   exec::EngineOptions eo;
-  eo.residency = residency;
   eo.check_finite = !o.allow_nonfinite;
   eo.record_memory = o.memory_plot.given();
   eo.progress = [&bar](int64_t done, int64_t) {
     if (bar) bar->set_done(done);
   };
-  auto engine = exec::Engine::create(*src, **backend, eo);
-  if (!engine.ok()) return fail(engine.error());
-  sample_free();
+  if (Status s = session.create_engine(*run_plan, eo); !s.ok()) return fail(s.error());
 
-  // Seeded inputs.
-  const h3::ClipGeometry& g = *geom;
-  std::vector<float> video = h3::torch_cpu_randn(cond.seed, cfg.latents_dim * g.T * g.Hl * g.Wl);
-  std::vector<float> audio = h3::torch_cpu_randn(cond.seed + 1, cfg.audio_latents_dim * 2 * g.A);
-  std::vector<float> text = h3::torch_cpu_randn(cond.seed + 2, g.text_tokens * cfg.text_dim);
-  auto refined = (*engine)->refine_text(TensorView(text.data(), DType::f32, {g.text_tokens, cfg.text_dim}));
-  if (!refined.ok()) return fail(refined.error());
-  sample_free();
-  if (Status s = (*engine)->precompute_adaln({*sigma}, cond); !s.ok()) return fail(s.error());
-  sample_free();
-  if (Status s = (*engine)->prepare(cond, *plan); !s.ok()) return fail(s.error());
-  if (!o.quiet) bar = std::make_unique<Progress>("forward", "blocks", cfg.num_layers);
-  auto r = (*engine)->forward(cond, *refined, TensorView(video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl}),
-                              TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A}), *sigma, *plan);
+  // Seeded inputs (unless --inputs gave them).
+  if (!o.inputs.given()) {
+    video = h3::torch_cpu_randn(cond.seed, cfg.latents_dim * g.T * g.Hl * g.Wl);
+    audio = h3::torch_cpu_randn(cond.seed + 1, cfg.audio_latents_dim * 2 * g.A);
+    text = h3::torch_cpu_randn(cond.seed + 2, g.text_tokens * cfg.text_dim);
+  }
+  api::DenoiseCall call;
+  call.cond = &cond;
+  call.text = TensorView(text.data(), DType::f32, {g.text_tokens, cfg.text_dim});
+  call.video = TensorView(video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
+  call.audio = TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A});
+  call.sigma = *sigma;
+  call.plan = plan;
+  bool forward_begun = false;
+  call.before_forward = [&]() {
+    forward_begun = true;
+    if (!o.quiet) bar = std::make_unique<Progress>("forward", "blocks", cfg.num_layers);
+  };
+  auto r = session.denoise(call);
   if (!r.ok()) {
     if (bar) bar->abandon();
     Error e = r.error();
-    if (e.code == ErrorCode::nonfinite)
+    if (forward_begun && e.code == ErrorCode::nonfinite)
       e.message += e.message.find("--allow-nonfinite") == std::string::npos
                        ? " (nothing written; --allow-nonfinite writes the output anyway)"
                        : " (nothing written)";
     return fail(e);
   }
   if (bar) bar->finish();
-  sample_free();
 
   // Non-finite outputs: an error (exit 1, nothing written) unless --allow-nonfinite.
   const int64_t bad_v = count_nonfinite(r->video.data(), r->video.size());
@@ -336,7 +337,7 @@ int run_forward(const ForwardOptions& o) {
                                              {"height", std::to_string(g.height)},
                                              {"text_tokens", std::to_string(g.text_tokens)},
                                              {"kv_tile", std::to_string(plan->kv_tile)},
-                                             {"backend", backend_kind((*backend)->name())},
+                                             {"backend", backend_kind(session.backend().name())},
                                              {"weights", src->describe()}};
   if (!o.keyframes.empty()) {
     std::string k;
@@ -344,6 +345,7 @@ int run_forward(const ForwardOptions& o) {
     meta["keyframes"] = k;
   }
   if (o.mask.given()) meta["mask"] = o.mask.text;
+  if (o.inputs.given()) meta["inputs"] = o.inputs.text;
   if (o.output.given()) {
     Status w = write_safetensors(
         o.output.text,
@@ -356,14 +358,14 @@ int run_forward(const ForwardOptions& o) {
   // cudaMemGetInfo's view: what the device lost between before create() and the
   // fullest moment sampled (after create, refinement, precompute and the forward),
   // including the CUDA context's lazily created pieces and allocator rounding.
-  const uint64_t driver_used = have_info ? free0 - min_free : 0;
-  if (have_info)
+  const uint64_t driver_used = session.driver_used_bytes();
+  if (session.has_driver_memory_info())
     std::printf("[LayerStream] device memory (driver): %s used by this run at most; LayerStream's arenas peaked at %s\n",
                 format_bytes(driver_used).c_str(), format_bytes(r->report.device_peak_bytes).c_str());
   std::printf("[LayerStream] output hash %s (FNV-1a 64 of the velocities)\n", hash_hex.c_str());
   if (o.memory_plot.given()) {
     MemoryPlotInput in;
-    in.title = "forward, S " + std::to_string(plan->sizes.S) + ", " + (*backend)->name() +
+    in.title = "forward, S " + std::to_string(plan->sizes.S) + ", " + session.backend().name() +
                (budget_line ? ", --vram-budget " + format_bytes(budget_line) : std::string());
     in.samples = r->report.memory;
     in.budget_bytes = budget_line;
@@ -402,6 +404,9 @@ CommandRun setup(CLI::App& sub) {
                "seed of the inputs (video, audio, text) and of the noise augmentation", "0");
   sub.add_option("--keyframe", o->keyframes, "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ \"audio\")")
       ->type_name("FILE[@FRAME]");
+  add_text_flag(sub, "--inputs", o->inputs, "FILE",
+                "caller-given inputs instead of the seeded ones: \"video\" f32 [C, T, Hl, Wl], \"audio\" f32 "
+                "[Ca, 2, A], \"text\" f32 [L, text_dim] (raw text states), shapes matching the clip flags");
   add_text_flag(sub, "--mask", o->mask, "FILE", "inpainting mask: \"video_mask\" [T, Hl, Wl] and/or \"audio_mask\" [2, A]");
   add_int_flag(sub, "--mlp-chunk", o->mlp_chunk, range::chunk, "rows per MLP / patch-embedding slice (0 = all)", "0");
   add_int_flag(sub, "--attn-chunk", o->attn_chunk, range::chunk, "rows per attention slice, two-pass (0 = stock attention)",

@@ -1,0 +1,188 @@
+#include "api/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+namespace ls::api {
+
+Expected<std::unique_ptr<Session>> Session::open_backend(const std::string& device) {
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(device));
+  return std::unique_ptr<Session>(new Session(std::shared_ptr<Backend>(std::move(be))));
+}
+
+std::unique_ptr<Session> Session::with_backend(std::shared_ptr<Backend> backend) {
+  LS_CHECK(backend != nullptr);
+  return std::unique_ptr<Session>(new Session(std::move(backend)));
+}
+
+Session::~Session() {
+  engine_.reset();  // the engine holds views into the source and the backend
+  source_.reset();
+}
+
+Status Session::load_weights(const WeightsSpec& spec) {
+  engine_.reset();
+  source_.reset();
+  if (!spec.model_path.empty()) {
+    LS_ASSIGN_OR_RETURN(auto f, h3::open_h3_checkpoint(spec.model_path));
+    source_ = std::move(f);
+    return {};
+  }
+  LS_ASSIGN_OR_RETURN(h3::H3Config cfg, h3::h3_preset(spec.preset));
+  if (spec.blocks > 0) cfg.num_layers = spec.blocks;  // full width, fewer blocks (as make-model --blocks)
+  source_ = std::make_unique<h3::H3SyntheticSource>(cfg, spec.weights_seed);
+  return {};
+}
+
+int64_t Session::resolve_kv_tile(int64_t kv_tile) const {
+  // TODO(lead, issue 12 part 2): once helper F's numerics land, the default comes from
+  // the resolved ls::Numerics of the backend (Numerics::kv_tile 0 -> the algorithm's
+  // default) rather than Backend::default_kv_tile().
+  return kv_tile > 0 ? kv_tile : backend_->default_kv_tile();
+}
+
+Expected<RunPlan> Session::plan(const h3::Conditioning& cond, const std::vector<float>& sigmas,
+                                const MemorySpec& memory, const h3::Conditioning* widest) const {
+  LS_CHECK(source_ != nullptr);
+  const h3::H3Config& cfg = config();
+  RunPlan rp;
+  rp.mode = memory.mode;
+  rp.knobs = memory.knobs;
+  rp.knobs.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
+  rp.residency = memory.residency;
+  switch (memory.mode) {
+    case MemoryMode::total_budget: {
+      exec::BudgetOptions bo;
+      bo.kv_tile = rp.knobs.kv_tile;
+      bo.workspace_bytes = backend_->workspace_bytes();
+      bo.prefetch = memory.prefetch;
+      LS_ASSIGN_OR_RETURN(bo.modulation_rows, exec::modulation_rows_for(cfg, cond, sigmas));
+      LS_ASSIGN_OR_RETURN(exec::BudgetPlan bp,
+                          exec::plan_total_budget(cfg, widest ? *widest : cond, memory.total_budget, bo));
+      rp.knobs.attn_chunk_tokens = bp.activations.attn_slice;
+      rp.knobs.mlp_chunk_tokens = bp.activations.mlp_slice;
+      rp.knobs.final_chunk_tokens = bp.activations.final_slice;
+      rp.knobs.kv_offload = bp.kv_offload;
+      rp.knobs.residual_offload = bp.residual_offload;
+      rp.knobs.kv_chunk_rows = bp.kv_chunk;
+      rp.residency.resident_blocks = bp.resident_blocks;
+      rp.residency.slots = bp.prefetch ? 2 : 1;
+      rp.plan = bp.activations;
+      rp.budget = std::move(bp);
+      break;
+    }
+    case MemoryMode::activation_budget: {
+      rp.activation_budget = memory.activation_budget;
+      LS_ASSIGN_OR_RETURN(rp.plan, exec::plan_for_budget(cfg, cond, memory.activation_budget, rp.knobs.kv_tile));
+      break;
+    }
+    case MemoryMode::knobs: {
+      LS_ASSIGN_OR_RETURN(rp.plan, exec::make_plan(cfg, cond, rp.knobs));
+      break;
+    }
+  }
+  return rp;
+}
+
+Expected<RunPlan> Session::plan_sampling(const sample::GenerateRequest& req, const MemorySpec& memory) const {
+  LS_CHECK(source_ != nullptr);
+  if (memory.mode != MemoryMode::total_budget) {
+    RunPlan rp;
+    rp.mode = memory.mode;
+    rp.knobs = memory.knobs;
+    rp.knobs.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
+    rp.residency = memory.residency;
+    rp.activation_budget = memory.mode == MemoryMode::activation_budget ? memory.activation_budget : 0;
+    return rp;
+  }
+  // Planned for the longer of the two prompts (the negative one may have another L, so
+  // another S); every buffer grows with S at fixed slices, so the same slices, offload
+  // choices and weight residency fit the shorter prompt too.
+  const bool guided = !sample::cfg_is_one(req.cfg);
+  if (guided && !req.negative.empty() && req.negative.size(0) > req.cond.geometry.text_tokens) {
+    h3::Conditioning widest = req.cond;
+    widest.geometry.text_tokens = req.negative.size(0);
+    widest.text_token_tags.clear();  // the tags describe the positive prompt
+    return plan(req.cond, req.sigmas, memory, &widest);
+  }
+  return plan(req.cond, req.sigmas, memory);
+}
+
+void Session::apply(const RunPlan& rp, sample::GenerateRequest& req) {
+  req.knobs = rp.knobs;
+  req.budget_bytes = rp.mode == MemoryMode::activation_budget ? rp.activation_budget : 0;
+}
+
+Expected<sample::GeneratePlans> Session::plan_generation(const sample::GenerateRequest& req) const {
+  return sample::plan_generation(config(), req);
+}
+
+Expected<sample::GenerateResult> Session::generate(const sample::GenerateRequest& req,
+                                                   const sample::GenerateHooks& hooks) {
+  LS_CHECK(engine_ != nullptr);
+  return sample::generate(*engine_, req, hooks);
+}
+
+Expected<uint64_t> Session::minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
+                                           const MemorySpec& memory) const {
+  const h3::H3Config& cfg = config();
+  if (memory.mode == MemoryMode::total_budget) {
+    exec::BudgetOptions bo;
+    bo.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
+    bo.workspace_bytes = backend_->workspace_bytes();
+    bo.prefetch = memory.prefetch;
+    LS_ASSIGN_OR_RETURN(bo.modulation_rows, exec::modulation_rows_for(cfg, cond, sigmas));
+    return exec::min_total_budget(cfg, cond, bo);
+  }
+  if (memory.mode == MemoryMode::activation_budget) return exec::min_activation_budget(cfg, cond);
+  return uint64_t{0};
+}
+
+void Session::sample_driver_memory() {
+  uint64_t f = 0, t = 0;
+  if (have_info_ && backend_->device_memory_info(&f, &t).ok()) min_free_ = std::min(min_free_, f);
+}
+
+Status Session::create_engine(const RunPlan& rp, exec::EngineOptions options) {
+  LS_CHECK(source_ != nullptr);
+  engine_.reset();  // its device memory goes back before the next one takes any
+  // Device memory as the driver sees it, before LayerStream takes any (CUDA).
+  uint64_t total = 0;
+  have_info_ = backend_->device_memory_info(&free0_, &total).ok();
+  min_free_ = free0_;
+  options.residency.resident_blocks = rp.residency.resident_blocks;
+  options.residency.slots = rp.residency.slots;
+  LS_ASSIGN_OR_RETURN(engine_, exec::Engine::create(*source_, *backend_, options));
+  sample_driver_memory();
+  return {};
+}
+
+void Session::drop_engine() { engine_.reset(); }
+
+Expected<exec::ForwardResult> Session::denoise(const DenoiseCall& call, DenoiseTimes* times) {
+  LS_CHECK(engine_ != nullptr && call.cond != nullptr && call.plan != nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  exec::RefinedText own;
+  const exec::RefinedText* text = call.refined;
+  if (!text) {
+    LS_ASSIGN_OR_RETURN(own, engine_->refine_text(call.text));
+    text = &own;
+    sample_driver_memory();
+  }
+  const std::vector<float> sigmas = call.precompute_sigmas.empty() ? std::vector<float>{call.sigma} : call.precompute_sigmas;
+  LS_TRY(engine_->precompute_adaln(sigmas, *call.cond));
+  sample_driver_memory();
+  LS_TRY(engine_->prepare(*call.cond, *call.plan));  // arenas and pinned buffers before the call
+  sample_driver_memory();
+  if (times)
+    times->refine_precompute_prepare_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (call.before_forward) call.before_forward();
+  LS_ASSIGN_OR_RETURN(exec::ForwardResult r,
+                      engine_->forward(*call.cond, *text, call.video, call.audio, call.sigma, *call.plan));
+  sample_driver_memory();
+  return r;
+}
+
+}  // namespace ls::api

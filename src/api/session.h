@@ -1,0 +1,177 @@
+// api::Session: the ONE place for the chain every front-end runs (issue 12)
+//
+//   checkpoint | preset (+ weights seed, blocks)   -> H3 config + tensor source
+//   device name                                    -> Backend (kv_tile default from it)
+//   memory: a total device budget                  -> plan_total_budget -> residency + knobs
+//           | an activation budget                 -> plan_for_budget (slices only)
+//           | explicit knobs                       -> make_plan
+//   -> Plan -> Engine::create -> refine text -> precompute AdaLN -> prepare -> forward
+//
+// The C API (include/layerstream/layerstream.h, src/api/c_api.cpp), `layerstream
+// forward`, `layerstream generate` and bench_budget all call it; none of them repeats
+// the chain. The steps are separate calls (open_backend, load_weights, plan,
+// create_engine, denoise) so a front-end can refuse its own flags between them in the
+// order it always has (the CLI's messages and exit codes do not change).
+//
+// Exactness: nothing here changes an output bit. The memory choices (budget, residency,
+// slices, offload) never do (DESIGN.md §1); kv_tile, the one numerics input planned
+// here, is resolved once (MemorySpec::knobs.kv_tile 0 -> Backend::default_kv_tile())
+// and goes into every plan of the session.
+//
+// Driver memory: around every stage of denoise() the session samples the device's free
+// memory (Backend::device_memory_info, CUDA) so driver_used_bytes() says how much the
+// device lost between before Engine::create and the fullest moment sampled.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "exec/budget_plan.h"
+#include "exec/engine.h"
+#include "exec/plan.h"
+#include "model/h3/checkpoint.h"
+#include "model/h3/conditioning.h"
+#include "model/h3/config.h"
+#include "sample/generate.h"
+
+namespace ls::api {
+
+// Where the weights come from: a checkpoint file, or a preset's synthetic weights (the
+// values make-model writes for that seed).
+struct WeightsSpec {
+  std::string model_path;     // non-empty: an H3 checkpoint (.safetensors)
+  std::string preset;         // else: "tiny" | "small" | "h3"
+  uint64_t weights_seed = 0;  // preset only
+  int64_t blocks = 0;         // preset only: > 0 = this many DiT blocks (full width)
+};
+
+enum class MemoryMode {
+  knobs,              // MemorySpec::knobs + residency as given
+  activation_budget,  // the largest slices whose activations fit activation_budget
+  total_budget,       // ONE device budget (weights, tables, activations, workspace)
+};
+
+struct MemorySpec {
+  MemoryMode mode = MemoryMode::knobs;
+  // Slices, offloads, kv_tile (0 = the backend's default). In total_budget mode only
+  // kv_tile is read; the rest comes from the budget plan.
+  exec::PlanKnobs knobs;
+  exec::Residency residency;        // knobs / activation_budget mode
+  uint64_t activation_budget = 0;   // activation_budget mode
+  uint64_t total_budget = 0;        // total_budget mode
+  bool prefetch = true;             // total_budget mode: 2 block slots (else 1)
+};
+
+// What the planning chain chose for one run.
+struct RunPlan {
+  MemoryMode mode = MemoryMode::knobs;
+  std::optional<exec::BudgetPlan> budget;  // total_budget mode: the planner's choice
+  exec::Residency residency;               // what Engine::create gets
+  // Resolved knobs: kv_tile set; in total_budget mode the budget plan's slices and
+  // offloads. Every other conditioning of the run (a negative prompt) plans with these.
+  exec::PlanKnobs knobs;
+  uint64_t activation_budget = 0;  // activation_budget mode: plan_for_budget's budget
+  exec::Plan plan;                 // the plan for the conditioning planned for
+};
+
+// One denoiser call's inputs (host fp32 latents; raw or refined text).
+struct DenoiseCall {
+  const h3::Conditioning* cond = nullptr;
+  TensorView text;                             // raw text states host f32|bf16 [L, text_dim] ...
+  const exec::RefinedText* refined = nullptr;  // ... or refined ones (then `text` is ignored)
+  TensorView video;                            // fp32 [latents_dim, T, Hl, Wl]
+  TensorView audio;                            // fp32 [audio_latents_dim, 2, A]
+  float sigma = 0;
+  // Sigmas whose AdaLN tables are precomputed before the call (empty = {sigma}).
+  std::vector<float> precompute_sigmas;
+  const exec::Plan* plan = nullptr;
+  std::function<void()> before_forward;  // optional: after prepare(), just before forward()
+};
+
+struct DenoiseTimes {
+  double refine_precompute_prepare_seconds = 0;  // refine + precompute + prepare
+};
+
+class Session {
+ public:
+  // Step 1: the backend ("cpu", "cuda", "cuda:N"), or one shared with another session
+  // (a benchmark's warm-up model on the same device).
+  static Expected<std::unique_ptr<Session>> open_backend(const std::string& device);
+  static std::unique_ptr<Session> with_backend(std::shared_ptr<Backend> backend);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Backend& backend() const { return *backend_; }
+  const std::shared_ptr<Backend>& shared_backend() const { return backend_; }
+  bool device_is_cpu() const { return backend_->device().kind == DeviceKind::cpu; }
+
+  // Step 2: the weights (a file is opened and checked; a preset's weights are made
+  // lazily by the synthetic source).
+  Status load_weights(const WeightsSpec& spec);
+  bool has_weights() const { return source_ != nullptr; }
+  const h3::H3TensorSource& source() const { return *source_; }
+  const h3::H3Config& config() const { return source_->cfg(); }
+
+  // kv_tile 0 -> this backend's default_kv_tile().
+  int64_t resolve_kv_tile(int64_t kv_tile) const;
+
+  // Step 3: plan one conditioning. `sigmas`: every sigma the run evaluates (the
+  // schedule, or the one call's sigma): the modulation tables a total budget must hold.
+  // `widest`, if given, is planned instead of `cond` under a total budget (the longer
+  // of two prompts: every buffer grows with S at fixed slices, so the same slices,
+  // offloads and residency fit the shorter one; RunPlan::plan is then widest's).
+  Expected<RunPlan> plan(const h3::Conditioning& cond, const std::vector<float>& sigmas, const MemorySpec& memory,
+                         const h3::Conditioning* widest = nullptr) const;
+  // A sampling run's memory choices (`layerstream generate`, ls_engine_generate): in
+  // total_budget mode plan_total_budget over every sigma of req.sigmas, for the longer
+  // of the two prompts when CFG uses a negative prompt of another length (RunPlan::plan
+  // is then that prompt's plan); in the other modes nothing is planned yet (the
+  // prompts' plans come from plan_generation). apply() puts the choices into a request.
+  Expected<RunPlan> plan_sampling(const sample::GenerateRequest& req, const MemorySpec& memory) const;
+  static void apply(const RunPlan& rp, sample::GenerateRequest& req);
+  // sample::plan_generation on this session's model: the prompts' plans, no work.
+  Expected<sample::GeneratePlans> plan_generation(const sample::GenerateRequest& req) const;
+  // A whole sampling run on the engine (sample::generate).
+  Expected<sample::GenerateResult> generate(const sample::GenerateRequest& req, const sample::GenerateHooks& hooks = {});
+  // The smallest budget of rp's mode for `cond` (total: min_total_budget; otherwise
+  // the activation minimum). 0 in knobs mode.
+  Expected<uint64_t> minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
+                                    const MemorySpec& memory) const;
+
+  // Step 4: the engine, with rp's residency over `options` (the other fields of
+  // options.residency, e.g. release_source, are kept). Replaces (destroys first) an
+  // earlier engine of this session. Samples driver memory before and after.
+  Status create_engine(const RunPlan& rp, exec::EngineOptions options = {});
+  bool has_engine() const { return engine_ != nullptr; }
+  exec::Engine& engine() const { return *engine_; }
+  void drop_engine();
+
+  // Step 5: one denoiser call: refine (unless refined text is given), precompute the
+  // AdaLN tables, prepare the plan's arenas, forward. Driver memory is sampled after
+  // every stage.
+  Expected<exec::ForwardResult> denoise(const DenoiseCall& call, DenoiseTimes* times = nullptr);
+
+  // Device memory the driver reports lost since before the last create_engine (0 when
+  // the backend has no device memory to report).
+  bool has_driver_memory_info() const { return have_info_; }
+  uint64_t driver_used_bytes() const { return have_info_ ? free0_ - min_free_ : 0; }
+  void sample_driver_memory();
+
+ private:
+  explicit Session(std::shared_ptr<Backend> backend) : backend_(std::move(backend)) {}
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<h3::H3TensorSource> source_;
+  std::unique_ptr<exec::Engine> engine_;
+  bool have_info_ = false;
+  uint64_t free0_ = 0, min_free_ = 0;
+};
+
+}  // namespace ls::api
