@@ -25,15 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "api/session.h"
 #include "core/arena.h"  // format_bytes
 #include "core/thread_pool.h"
-#include "exec/budget_plan.h"
-#include "exec/engine.h"
-#include "exec/plan.h"
 #include "io/safetensors.h"
-#include "model/h3/checkpoint.h"
-#include "model/h3/config.h"
 #include "sample/generate.h"
 #include "sample/schedule.h"
 #include "tools/command.h"
@@ -256,26 +251,27 @@ int run_generate(const GenerateOptions& o) {
   if (Status s = check_output_paths(outputs); !s.ok()) return fail(s.error());
 
   // ---- the backend (its default kv_tile is a numerics input of the plans) ----
-  auto backend = make_backend(o.device.given() ? o.device.text : "cpu");
-  if (!backend.ok()) return fail(backend.error());
-  if ((*backend)->device().kind == DeviceKind::cpu && o.vram_budget.given())
+  // The chain (backend, weights, budget -> residency + knobs, engine) is api::Session's.
+  auto opened = api::Session::open_backend(o.device.given() ? o.device.text : "cpu");
+  if (!opened.ok()) return fail(opened.error());
+  api::Session& session = **opened;
+  if (session.device_is_cpu() && o.vram_budget.given())
     return fail("--vram-budget is a device budget and the CPU backend has no device memory (on the CPU it only "
                 "copies weights into more host memory): use --budget for the activation memory, or --device cuda");
-  if (!o.kv_tile.given()) knobs.kv_tile = (*backend)->default_kv_tile();
+  if (!o.kv_tile.given()) knobs.kv_tile = 0;  // the device's (Session::resolve_kv_tile)
 
   // ---- weights ----
-  std::unique_ptr<h3::H3TensorSource> source;
   std::string preset_name = builtin ? "tiny" : o.preset.text;
+  api::WeightsSpec weights;
   if (o.model.given()) {
-    auto f = h3::open_h3_checkpoint(o.model.text);
-    if (!f.ok()) return fail(f.error());
-    source = std::move(f).value();
+    weights.model_path = o.model.text;
   } else {
-    auto cfg = h3::h3_preset(preset_name);
-    if (!cfg.ok()) return fail(cfg.error());
-    source = std::make_unique<h3::H3SyntheticSource>(*cfg, wseed);
+    weights.preset = preset_name;
+    weights.weights_seed = wseed;
   }
-  const h3::H3Config& cfg = source->cfg();
+  if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
+  const h3::H3TensorSource* source = &session.source();
+  const h3::H3Config& cfg = session.config();
 
   // ---- text states ----
   std::unique_ptr<SafetensorsReader> text_file;
@@ -326,40 +322,8 @@ int run_generate(const GenerateOptions& o) {
   auto sched = sample::make_simple_schedule(*steps, cond.shift_video, cond.shift_audio);
   if (!sched.ok()) return fail(sched.error());
 
-  // ---- --vram-budget: one total for weights, tables, activations and workspace ----
-  // Planned for the longer of the two prompts (the negative one may have another L, so
-  // another S); every buffer grows with S at fixed slices, so the same slices, offload
-  // choices and weight residency fit the shorter prompt too.
-  exec::Residency residency;
-  std::optional<exec::BudgetPlan> vram_plan;
-  if (o.vram_budget.given()) {
-    const uint64_t* bytes = &*vram_b;
-    h3::Conditioning widest = cond;
-    if (guided && !negative_view.empty() && negative_view.size(0) > L) {
-      widest.geometry.text_tokens = negative_view.size(0);
-      widest.text_token_tags.clear();
-    }
-    exec::BudgetOptions bo;
-    bo.kv_tile = knobs.kv_tile;
-    bo.workspace_bytes = (*backend)->workspace_bytes();
-    auto rows = exec::modulation_rows_for(cfg, cond, sched->video);
-    if (!rows.ok()) return fail(rows.error());
-    bo.modulation_rows = *rows;
-    auto bp = exec::plan_total_budget(cfg, widest, *bytes, bo);
-    if (!bp.ok()) return fail(bp.error());
-    knobs.attn_chunk_tokens = bp->activations.attn_slice;
-    knobs.mlp_chunk_tokens = bp->activations.mlp_slice;
-    knobs.final_chunk_tokens = bp->activations.final_slice;
-    knobs.kv_offload = bp->kv_offload;
-    knobs.residual_offload = bp->residual_offload;
-    knobs.kv_chunk_rows = bp->kv_chunk;
-    residency.resident_blocks = bp->resident_blocks;
-    residency.slots = bp->prefetch ? 2 : 1;
-    vram_plan = std::move(bp).value();
-  }
-
-  // ---- the runs: their plans are made (and checked against a budget) before any work ----
-  std::vector<RunSpec> runs;
+  // ---- memory: --vram-budget (one total for weights, tables, activations and
+  // workspace, planned for the longer prompt), --budget, or the slice flags ----
   sample::GenerateRequest base;
   base.cond = cond;
   base.text = text_view;
@@ -367,8 +331,21 @@ int run_generate(const GenerateOptions& o) {
   base.sigmas = sched->video;
   base.cfg = *cfg_scale;
   base.seed = seed;
-  base.knobs = knobs;
-  base.budget_bytes = budget;
+  api::MemorySpec memory;
+  memory.mode = o.vram_budget.given() ? api::MemoryMode::total_budget
+                : budget > 0          ? api::MemoryMode::activation_budget
+                                      : api::MemoryMode::knobs;
+  memory.knobs = knobs;
+  memory.activation_budget = budget;
+  memory.total_budget = *vram_b;
+  auto run_plan = session.plan_sampling(base, memory);
+  if (!run_plan.ok()) return fail(run_plan.error());
+  api::Session::apply(*run_plan, base);
+  knobs = run_plan->knobs;
+  const std::optional<exec::BudgetPlan>& vram_plan = run_plan->budget;
+
+  // ---- the runs: their plans are made (and checked against a budget) before any work ----
+  std::vector<RunSpec> runs;
   if (builtin) {
     RunSpec stock{"stock", base};
     stock.req.knobs = exec::PlanKnobs{};
@@ -389,7 +366,7 @@ int run_generate(const GenerateOptions& o) {
   }
   std::vector<sample::GeneratePlans> plans;
   for (const RunSpec& r : runs) {
-    auto p = sample::plan_generation(cfg, r.req);
+    auto p = session.plan_generation(r.req);
     if (!p.ok()) return fail(p.error());
     plans.push_back(std::move(p).value());
   }
@@ -398,22 +375,20 @@ int run_generate(const GenerateOptions& o) {
   Progress* progress = nullptr;  // the current run's display
   int64_t forwards_begun = 0;    // of the current run
   exec::EngineOptions eopts;
-  eopts.residency = residency;
   eopts.check_finite = !o.allow_nonfinite;
   eopts.record_memory = o.memory_plot.given();
   // Blocks done in the current forward, placed after the forwards before it.
   eopts.progress = [&](int64_t done, int64_t) {
     if (progress) progress->set_done((forwards_begun - 1) * cfg.num_layers + done);
   };
-  auto engine = exec::Engine::create(*source, **backend, eopts);
-  if (!engine.ok()) return fail(engine.error());
+  if (Status s = session.create_engine(*run_plan, eopts); !s.ok()) return fail(s.error());
 
   // ---- header ----
   const h3::ClipGeometry& g = *geom;
   std::printf("model: %s%s\n", source->describe().c_str(),
               builtin ? " (built-in: no --model/--preset given; tiny H3-shaped model, synthetic weights)" : "");
   std::printf("backend: %s; clip: %lld frames %lldx%lld, L %lld -> latent T %lld, %lldx%lld, audio A %lld; S %lld\n",
-              (*backend)->name().c_str(), static_cast<long long>(g.frames), static_cast<long long>(g.width),
+              session.backend().name().c_str(), static_cast<long long>(g.frames), static_cast<long long>(g.width),
               static_cast<long long>(g.height), static_cast<long long>(L), static_cast<long long>(g.T),
               static_cast<long long>(g.Hl), static_cast<long long>(g.Wl), static_cast<long long>(g.A),
               static_cast<long long>(plans[0].positive.sizes.S));
@@ -447,7 +422,7 @@ int run_generate(const GenerateOptions& o) {
                     p == sample::Prompt::negative ? " (negative)" : "");
       progress->set_detail(buf);
     };
-    auto res = sample::generate(**engine, runs[i].req, hooks);
+    auto res = session.generate(runs[i].req, hooks);
     progress = nullptr;
     if (!res.ok()) {
       if (bar) bar->abandon();
@@ -536,7 +511,7 @@ int run_generate(const GenerateOptions& o) {
         {"height", std::to_string(g.height)},
         {"text_tokens", std::to_string(L)},
         {"kv_tile", std::to_string(out.plan.kv_tile)},
-        {"backend", backend_kind((*backend)->name())},
+        {"backend", backend_kind(session.backend().name())},
     };
     if (o.text.given()) meta["text"] = o.text.text;
     auto joined = [](const std::vector<std::string>& v) {
@@ -564,7 +539,7 @@ int run_generate(const GenerateOptions& o) {
   if (o.memory_plot.given()) {
     MemoryPlotInput in;
     in.title = "generate, " + std::to_string(out.forwards.size()) + " forwards, S " + std::to_string(out.plan.sizes.S) +
-               ", " + (*backend)->name() +
+               ", " + session.backend().name() +
                (vram_plan ? ", --vram-budget " + format_bytes(vram_plan->budget_bytes) : std::string());
     for (const sample::ForwardRecord& f : out.forwards)
       in.samples.insert(in.samples.end(), f.report.memory.begin(), f.report.memory.end());
@@ -579,7 +554,7 @@ int run_generate(const GenerateOptions& o) {
     j["nonfinite_values"] = nonfinite;
     j["model"] = source->describe();
     j["builtin"] = builtin;
-    j["backend"] = (*backend)->name();
+    j["backend"] = session.backend().name();
     j["config"] = {{"hidden", cfg.hidden}, {"num_layers", cfg.num_layers}, {"heads", cfg.heads},
                    {"head_dim", cfg.head_dim}, {"ffn", cfg.ffn}, {"text_dim", cfg.text_dim}};
     j["clip"] = {{"frames", g.frames}, {"width", g.width}, {"height", g.height}, {"T", g.T}, {"Hl", g.Hl},
