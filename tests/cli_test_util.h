@@ -21,13 +21,15 @@ inline long long named_minimum_budget(const std::string& message) {
 }
 
 // Runs `layerstream ARGS` (ARGS as a shell would split them) with stdout and stderr
-// together; `env` is prepended ("LAYERSTREAM_TEST_FAIL_ALLOC=3").
+// together (stderr dropped when !merge_stderr); `env` is prepended
+// ("LAYERSTREAM_TEST_FAIL_ALLOC=3").
 struct ToolRun {
   int code = -1;    // the exit status; -1 when killed by a signal
   std::string out;  // stdout and stderr
 };
-inline ToolRun run_tool(const std::string& args, const std::string& env = "") {
-  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(LS_TOOL_PATH) + " " + args + " 2>&1";
+inline ToolRun run_tool(const std::string& args, const std::string& env = "", bool merge_stderr = true) {
+  const std::string cmd =
+      (env.empty() ? "" : env + " ") + std::string(LS_TOOL_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   ToolRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_test_util.h"
 #include "model/h3/checkpoint.h"
 #include "model/h3/memory_table.h"
 
@@ -23,16 +24,8 @@ struct RunResult {
 };
 
 RunResult run_tool(const std::string& args, bool merge_stderr = false) {
-  const std::string cmd = std::string(LS_TOOL_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const ls::test::ToolRun r = ls::test::run_tool(args, "", merge_stderr);
+  return RunResult{r.code, r.out};
 }
 
 std::string temp_path(const std::string& name) {

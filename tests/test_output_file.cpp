@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "file_test_util.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
 
@@ -63,16 +64,8 @@ class OutputFileTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good());
-}
+using ls::test::read_all;
+using ls::test::write_all;
 
 bool has(const Status& s, const std::string& text) { return !s.ok() && s.message().find(text) != std::string::npos; }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "file_test_util.h"
 #include "io/safetensors.h"
 
 namespace ls {
@@ -41,16 +42,8 @@ class SafetensorsTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good());
-}
+using ls::test::read_all;
+using ls::test::write_all;
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
