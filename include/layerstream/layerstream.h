@@ -1,0 +1,320 @@
+/* LayerStream: the public C API (C11; the only header a front-end includes).
+ *
+ * One engine holds an H3 denoiser's weights on one device and runs denoiser calls and
+ * whole sampling runs under a memory choice (a total device budget, an activation
+ * budget, or explicit slice / offload / residency knobs). None of the memory choices
+ * changes an output bit (docs/exactness.md); the numerics (ls_numerics) may.
+ *
+ *   ls_engine_params p;  ls_engine_params_init(&p);
+ *   p.preset = "tiny";                             (or p.model_path = "h3.safetensors")
+ *   ls_engine* e = NULL;
+ *   if (ls_engine_create(&p, &e) != LS_OK) fprintf(stderr, "%s\n", ls_last_error());
+ *   ls_denoise_params d;  ls_denoise_params_init(&d);
+ *   ... d.clip, d.video, d.audio, d.text, d.sigma, d.video_out, d.audio_out ...
+ *   if (ls_engine_denoise(e, &d) != LS_OK) fprintf(stderr, "%s\n", ls_engine_last_error(e));
+ *   printf("%016llx\n", (unsigned long long)ls_engine_output_hash(e));
+ *   ls_engine_free(e);
+ *
+ * Ownership and lifetime (docs/api.md):
+ *  - Every pointer a caller passes in is borrowed for the duration of the call only;
+ *    the library copies what it keeps. Outputs go to caller-owned buffers.
+ *  - Strings the library returns (last error, JSON) are owned by the library: the
+ *    engine's until the next call on that engine or ls_engine_free; ls_last_error's
+ *    until the next failing create on the same thread.
+ * Threading: an engine is used by one thread at a time (calls on one engine must not
+ *   overlap); different engines may be used from different threads.
+ * Errors: every function returning ls_status sets a message a user can act on:
+ *   ls_engine_last_error(engine), or ls_last_error() (thread-local) when there is no
+ *   engine yet (ls_engine_create) or the engine argument is NULL.
+ * Versioning: every params struct starts with `size`, set by its _init function to
+ *   sizeof(the struct); structs only ever grow at the end (append-only), so a program
+ *   built against an older header keeps working (fields it does not know take their
+ *   defaults). A size larger than the library knows is refused (LS_INVALID_ARGUMENT).
+ *   LS_API_VERSION counts compatible additions; ls_version() names the build.
+ * Shapes are PyTorch-ordered, outermost first: fp32 [C, T, Hl, Wl] is C*T*Hl*Wl
+ *   contiguous floats with Wl fastest.
+ */
+#ifndef LAYERSTREAM_LAYERSTREAM_H
+#define LAYERSTREAM_LAYERSTREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(LS_BUILDING_LIBRARY)
+#    define LS_API __declspec(dllexport)
+#  else
+#    define LS_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) || defined(__clang__)
+#  define LS_API __attribute__((visibility("default")))
+#else
+#  define LS_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LS_API_VERSION 1
+
+/* ---- status ------------------------------------------------------------------- */
+/* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
+typedef enum ls_status {
+  LS_OK = 0,
+  LS_INVALID_ARGUMENT = 1, /* the caller asked for something malformed (shape, value) */
+  LS_INVALID_FILE = 2,     /* a file is malformed or inconsistent */
+  LS_IO = 3,               /* the operating system refused a read or write */
+  LS_UNSUPPORTED = 4,      /* well-formed but not implemented (or not in this build) */
+  LS_OUT_OF_BUDGET = 5,    /* a plan does not fit the memory budget (the message names the minimum) */
+  LS_OUT_OF_MEMORY = 6,    /* an allocation failed */
+  LS_DEVICE = 7,           /* a device (CUDA, cuBLAS, cuDNN) call failed */
+  LS_NOT_FOUND = 8,        /* a named thing is absent */
+  LS_NONFINITE = 9         /* a computed value is NaN or infinite */
+} ls_status;
+
+/* "ok", "invalid_argument", ... (static strings). */
+LS_API const char* ls_status_string(ls_status status);
+/* "layerstream 0.1.0 (commit ..., Release build, backends: cpu)" (static string). */
+LS_API const char* ls_version(void);
+/* The message of the last failure on this thread with no engine to hold it
+ * (ls_engine_create, or a NULL engine); "" if none. */
+LS_API const char* ls_last_error(void);
+
+/* FNV-1a 64 of the video bytes then the audio bytes: the output fingerprint the CLI
+ * prints ("output hash"), equal across plans and budgets. */
+LS_API uint64_t ls_fingerprint(const float* video, size_t video_count, const float* audio, size_t audio_count);
+
+/* ---- numerics: every setting that may change output bits ----------------------- */
+typedef enum ls_attention {
+  LS_ATTENTION_DEFAULT = 0, /* the backend's: cuDNN where built (CUDA), else native */
+  LS_ATTENTION_NATIVE = 1,  /* the built-in kernel (CUDA) / the reference (CPU) */
+  LS_ATTENTION_CUDNN = 2    /* cuDNN's fused SDPA per key tile (CUDA + cuDNN) */
+} ls_attention;
+
+typedef enum ls_gemm_f32_order {
+  LS_GEMM_F32_LANES16 = 0, /* the CPU reference's order (CUDA gives the CPU's bytes) */
+  LS_GEMM_F32_CUBLASLT = 1 /* pinned cuBLASLt path (CUDA only; other bits) */
+} ls_gemm_f32_order;
+
+typedef struct ls_numerics {
+  uint32_t size;              /* sizeof(ls_numerics), set by ls_numerics_init */
+  ls_attention attention;     /* default LS_ATTENTION_DEFAULT */
+  int64_t kv_tile;            /* keys per attention tile; 0 (default) = the device's (CPU 1024) */
+  ls_gemm_f32_order gemm_f32; /* default LS_GEMM_F32_LANES16 */
+  /* Developer knobs of the CUDA kernels (each may change bits). */
+  const char* native_variant; /* native kernel warp layout: NULL/"" (= "4x1"), "8x1", "4x2" */
+  int64_t cudnn_q_chunk;      /* cuDNN: queries per staged chunk (default 2048) */
+  const char* cudnn_form;     /* cuDNN graph form: NULL/"" (auto), "unified", "composite", "composite-f32p" */
+  int64_t cudnn_skip_configs; /* cuDNN: skip the first N heuristic engine configs (default 0) */
+} ls_numerics;
+
+LS_API void ls_numerics_init(ls_numerics* n);
+
+/* ---- engine --------------------------------------------------------------------- */
+typedef enum ls_memory_mode {
+  LS_MEMORY_KNOBS = 0,             /* the explicit knobs below (default: stock plan, all resident) */
+  LS_MEMORY_ACTIVATION_BUDGET = 1, /* the largest slices whose activations fit activation_budget */
+  LS_MEMORY_VRAM_BUDGET = 2        /* ONE device budget: weights, tables, activations, workspace */
+} ls_memory_mode;
+
+typedef struct ls_engine_params {
+  uint32_t size; /* sizeof(ls_engine_params), set by ls_engine_params_init */
+  /* Weights: a checkpoint, or a preset's synthetic weights (what make-model writes). */
+  const char* model_path; /* an H3 checkpoint (.safetensors); NULL = use preset */
+  const char* preset;     /* "tiny" | "small" | "h3" (with model_path NULL) */
+  uint64_t weights_seed;  /* preset only; default 0 */
+  int64_t blocks;         /* preset only; > 0 = this many DiT blocks at full width; 0 = the preset's */
+  /* Device: "cpu" (default), "cuda", "cuda:N". */
+  const char* device;
+  int32_t threads; /* CPU threads of the process-wide pool; 0 (default) = all cores, < 0 = leave as is */
+  /* Memory (never changes an output bit). */
+  ls_memory_mode memory_mode;
+  uint64_t vram_budget;       /* LS_MEMORY_VRAM_BUDGET: bytes (a device backend only) */
+  int32_t prefetch;           /* LS_MEMORY_VRAM_BUDGET: 1 (default) two block slots, 0 one */
+  uint64_t activation_budget; /* LS_MEMORY_ACTIVATION_BUDGET: bytes */
+  int64_t mlp_chunk;          /* KNOBS: rows per MLP / patch-embedding slice; 0 = all */
+  int64_t attn_chunk;         /* KNOBS: rows per attention slice (two-pass); 0 = stock */
+  int64_t final_chunk;        /* KNOBS: rows per final-layer slice; 0 = all */
+  int32_t kv_offload;         /* KNOBS: K/V in pinned host memory (needs attn_chunk) */
+  int64_t kv_chunk;           /* KNOBS: keys per streamed K/V chunk (0 = about 4096) */
+  int32_t residual_offload;   /* KNOBS: the residual in pinned host memory (needs attn_chunk) */
+  int64_t resident_blocks;    /* KNOBS: blocks kept on the device; -1 (default) = all */
+  int32_t slots;              /* KNOBS: slots for streamed blocks, 2 (default, prefetch) or 1 */
+  /* Numerics: NULL = every default (ls_numerics_init). Copied at create. */
+  const ls_numerics* numerics;
+  /* Checks: 1 (default) fail with LS_NONFINITE naming the first block and phase where a
+   * NaN/inf appears; 0 no check. Never changes a bit. */
+  int32_t check_finite;
+} ls_engine_params;
+
+LS_API void ls_engine_params_init(ls_engine_params* p);
+
+typedef struct ls_engine ls_engine; /* opaque */
+
+/* Opens the device and the weights (a file is checked now; synthetic weights are made
+ * lazily). The device engine itself is made at the first call that knows the clip (its
+ * residency may depend on the clip under a vram budget) and kept while the clip's plan
+ * keeps the same residency. On failure *out is NULL and ls_last_error() says why. */
+LS_API ls_status ls_engine_create(const ls_engine_params* params, ls_engine** out);
+LS_API void ls_engine_free(ls_engine* engine); /* NULL is fine */
+/* The message of the engine's last failure ("" if none); owned by the engine. */
+LS_API const char* ls_engine_last_error(const ls_engine* engine);
+
+/* The model's dimensions (for sizing buffers). */
+typedef struct ls_model_info {
+  uint32_t size;
+  int64_t hidden, num_layers, heads, head_dim, text_dim;
+  int64_t latents_dim;       /* C of video latents */
+  int64_t audio_latents_dim; /* Ca of audio latents */
+} ls_model_info;
+LS_API void ls_model_info_init(ls_model_info* info);
+LS_API ls_status ls_engine_model_info(ls_engine* engine, ls_model_info* info);
+
+/* ---- the clip and its conditioning ---------------------------------------------- */
+typedef struct ls_video_latent {
+  const float* data; /* fp32 [C, T, Hl, Wl], C = latents_dim; NULL = none */
+  int64_t T, Hl, Wl;
+} ls_video_latent;
+
+typedef struct ls_audio_latent {
+  const float* data; /* fp32 [Ca, 2, A], Ca = audio_latents_dim; NULL = none */
+  int64_t A;
+} ls_audio_latent;
+
+/* Caller-drawn noise augmentation rows (h3::ConditionNoise): NULL = the engine's
+ * restatement of torch's CPU generator. Read only when the stream's aug < 1. */
+typedef struct ls_condition_noise {
+  const float* video; /* fp32 [T*Hl/2*Wl/2, 4C] row-major, or NULL */
+  size_t video_count;
+  const float* audio; /* fp32 [2A, Ca] row-major, or NULL */
+  size_t audio_count;
+} ls_condition_noise;
+
+typedef struct ls_keyframe {
+  int64_t pixel_frame; /* 0 = first frame, frames - 1 = last */
+  ls_video_latent video;
+  ls_audio_latent audio; /* optional */
+  ls_condition_noise noise;
+} ls_keyframe;
+
+typedef enum ls_reference_kind {
+  LS_REFERENCE_IMAGE = 0,
+  LS_REFERENCE_AUDIO = 1,
+  LS_REFERENCE_VIDEO = 2,
+  LS_REFERENCE_VIDEO_AUDIO = 3
+} ls_reference_kind;
+
+typedef struct ls_reference {
+  ls_reference_kind kind;
+  ls_video_latent video;
+  ls_audio_latent audio;
+  ls_condition_noise noise;
+} ls_reference;
+
+typedef struct ls_clip {
+  uint32_t size; /* sizeof(ls_clip), set by ls_clip_init */
+  /* Pixel geometry: frames (snapped up to 17j+5), width and height (multiples of 32). */
+  int64_t frames, width, height;
+  int64_t text_tokens;       /* L: rows of the text states */
+  const int8_t* text_tags;   /* int8 [L]: 1 text, 0 vision token; NULL = all text */
+  const ls_keyframe* keyframes;
+  size_t keyframe_count;
+  const ls_reference* references;
+  size_t reference_count;
+  const float* video_mask;   /* fp32 [T, Hl, Wl], 1 = denoise; NULL = none */
+  const float* audio_mask;   /* fp32 [2, A]; NULL = none */
+  double vis_aug;            /* default 0.999 */
+  double aud_aug;            /* default 1.0 */
+  uint64_t seed;             /* noise-augmentation seed (the sampler seed); default 0 */
+  double shift_video;        /* default 12.0 */
+  double shift_audio;        /* default 3.0 */
+  double audio_scale;        /* default 4.0 (1.0: no audio carry) */
+  /* The sampling schedule (descending, terminal 0 allowed). ls_engine_denoise: read by
+   * the PDD head bank only (NULL: a PDD model uses {1, sigma, 0}, as `layerstream
+   * forward`). ls_engine_generate: the schedule (NULL: a simple one of `steps`). */
+  const float* sample_sigmas;
+  size_t sample_sigma_count;
+} ls_clip;
+
+LS_API void ls_clip_init(ls_clip* clip);
+
+/* The latent sizes of a clip on this engine's model (for sizing buffers). */
+typedef struct ls_clip_shape {
+  uint32_t size;           /* sizeof(ls_clip_shape), set by ls_clip_shape_init */
+  int64_t T, Hl, Wl;       /* video latent frames, height, width */
+  int64_t A;               /* audio latent frames */
+  int64_t S;               /* packed rows of one denoiser call */
+  size_t video_count;      /* floats of fp32 [C, T, Hl, Wl] */
+  size_t audio_count;      /* floats of fp32 [Ca, 2, A] */
+  size_t text_count;       /* floats of raw text states fp32 [L, text_dim] */
+} ls_clip_shape;
+LS_API void ls_clip_shape_init(ls_clip_shape* shape);
+LS_API ls_status ls_engine_clip_shape(ls_engine* engine, const ls_clip* clip, ls_clip_shape* shape);
+
+/* ---- plan without work (the dry run) -------------------------------------------- */
+/* JSON owned by the engine (valid until the next call on it): {"plan": the activation
+ * plan (slices, buffers, predicted peak), "vram_budget": the budget plan or null
+ * (residency, offloads, predicted peak by component, PCIe bytes), "minimum_budget_bytes"
+ * (the smallest budget of the mode, 0 for knobs), "numerics", "version"}. `sigma` is
+ * the call's sigma (ignored when clip->sample_sigmas is given). */
+LS_API ls_status ls_engine_plan(ls_engine* engine, const ls_clip* clip, float sigma, const char** json);
+
+/* ---- one denoiser call ---------------------------------------------------------- */
+typedef struct ls_denoise_params {
+  uint32_t size; /* sizeof(ls_denoise_params), set by ls_denoise_params_init */
+  const ls_clip* clip;
+  const float* video; /* fp32 [C, T, Hl, Wl] (the sampler's state) */
+  const float* audio; /* fp32 [Ca, 2, A] */
+  /* Text: raw text-encoder states fp32 [L, text_dim] (refined here), or refined ones
+   * bf16 bits [L, hidden] (from ls_engine_refine_text; then `text` is ignored). */
+  const float* text;
+  const uint16_t* refined_text;
+  float sigma;  /* the call's video sigma (timestep fl32(sigma * 1000)) */
+  float* video_out; /* fp32 [C, T, Hl, Wl]: the velocity (ComfyUI sign) */
+  size_t video_out_count;
+  float* audio_out; /* fp32 [Ca, 2, A] */
+  size_t audio_out_count;
+} ls_denoise_params;
+
+LS_API void ls_denoise_params_init(ls_denoise_params* p);
+LS_API ls_status ls_engine_denoise(ls_engine* engine, const ls_denoise_params* p);
+
+/* Refines raw text states fp32 [tokens, text_dim] into bf16 bits [tokens, hidden]
+ * (out_count = tokens * hidden). */
+LS_API ls_status ls_engine_refine_text(ls_engine* engine, const float* text, int64_t tokens, uint16_t* out,
+                                       size_t out_count);
+
+/* ---- a whole sampling run (simple schedule, flow Euler, CFG) --------------------- */
+typedef struct ls_generate_params {
+  uint32_t size; /* sizeof(ls_generate_params) */
+  const ls_clip* clip; /* clip->sample_sigmas, if given, is the schedule; else a simple one of `steps` */
+  int64_t steps;         /* default 4 */
+  double cfg;            /* default 1 (one forward per step) */
+  uint64_t seed;         /* sampler seed: noise; default 0 */
+  const float* text;     /* raw text states fp32 [L, text_dim], L = clip->text_tokens */
+  const float* negative; /* fp32 [negative_tokens, text_dim]; required when cfg != 1 */
+  int64_t negative_tokens;
+  const float* initial_latent; /* packed fp32 video then audio, NULL = t2va (zeros) */
+  float* video_out;            /* fp32 [C, T, Hl, Wl]: the final latents */
+  size_t video_out_count;
+  float* audio_out; /* fp32 [Ca, 2, A] */
+  size_t audio_out_count;
+} ls_generate_params;
+
+LS_API void ls_generate_params_init(ls_generate_params* p);
+LS_API ls_status ls_engine_generate(ls_engine* engine, const ls_generate_params* p);
+
+/* ---- after a call ---------------------------------------------------------------- */
+/* The last denoise / generate: the run report (RunReport fields; every forward for
+ * generate), the plan, the budget plan, the numerics and the version, as JSON owned by
+ * the engine (valid until the next call on it). LS_NOT_FOUND before any call. */
+LS_API ls_status ls_engine_report_json(ls_engine* engine, const char** json);
+/* The last output's fingerprint (ls_fingerprint of video then audio); 0 before any. */
+LS_API uint64_t ls_engine_output_hash(const ls_engine* engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LAYERSTREAM_LAYERSTREAM_H */

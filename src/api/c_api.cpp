@@ -1,0 +1,647 @@
+// The C API (include/layerstream/layerstream.h) over api::Session. Every entry point
+// catches C++ exceptions (std::bad_alloc -> LS_OUT_OF_MEMORY) so none crosses the C
+// boundary; every failure leaves a message in the engine (or thread-local) error slot.
+#define LS_BUILDING_LIBRARY 1
+#include "layerstream/layerstream.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/report_json.h"
+#include "api/session.h"
+#include "core/hash.h"
+#include "core/thread_pool.h"
+#include "sample/schedule.h"
+
+struct ls_engine {
+  std::unique_ptr<ls::api::Session> session;
+  ls::api::MemorySpec memory;
+  ls_numerics numerics{};          // as given (strings copied below)
+  std::string native_variant, cudnn_form;
+  bool check_finite = true;
+  bool engine_made = false;
+  ls::exec::Residency engine_residency;  // the residency the current engine was made with
+  std::string error;
+  std::string plan_json, report_json;
+  uint64_t hash = 0;
+  bool have_report = false;
+};
+
+namespace {
+
+using ls::Error;
+using ls::ErrorCode;
+using ls::Expected;
+using ls::Status;
+
+thread_local std::string g_last_error;
+
+ls_status to_status(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::invalid_argument: return LS_INVALID_ARGUMENT;
+    case ErrorCode::invalid_file: return LS_INVALID_FILE;
+    case ErrorCode::io: return LS_IO;
+    case ErrorCode::unsupported: return LS_UNSUPPORTED;
+    case ErrorCode::out_of_budget: return LS_OUT_OF_BUDGET;
+    case ErrorCode::out_of_memory: return LS_OUT_OF_MEMORY;
+    case ErrorCode::device: return LS_DEVICE;
+    case ErrorCode::not_found: return LS_NOT_FOUND;
+    case ErrorCode::nonfinite: return LS_NONFINITE;
+  }
+  return LS_INVALID_ARGUMENT;
+}
+
+ls_status fail(ls_engine* e, const Error& err) {
+  (e ? e->error : g_last_error) = err.message;
+  return to_status(err.code);
+}
+ls_status fail(ls_engine* e, ls_status s, const std::string& msg) {
+  (e ? e->error : g_last_error) = msg;
+  return s;
+}
+
+// Runs f() (returning ls_status) with exceptions turned into statuses.
+template <typename F>
+ls_status guarded(ls_engine* e, F&& f) {
+  try {
+    if (e) e->error.clear();
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail(e, LS_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& x) {
+    return fail(e, LS_INVALID_ARGUMENT, std::string("internal error: ") + x.what());
+  } catch (...) {
+    return fail(e, LS_INVALID_ARGUMENT, "internal error");
+  }
+}
+
+// A caller's params struct read through its `size` (append-only versioning): the
+// defaults of this library's struct, overwritten by the first `size` bytes given.
+template <typename T>
+Expected<T> read_params(const T* given, void (*init)(T*), const char* name) {
+  T out;
+  init(&out);
+  if (!given) return ls::make_error(ErrorCode::invalid_argument, std::string(name) + " is NULL");
+  if (given->size < sizeof(uint32_t))
+    return ls::make_error(ErrorCode::invalid_argument,
+                          std::string(name) + ".size is not set: initialise the struct with " + name + "_init()");
+  if (given->size > sizeof(T))
+    return ls::make_error(ErrorCode::invalid_argument,
+                          std::string(name) + ".size is " + std::to_string(given->size) + " but this library knows " +
+                              std::to_string(sizeof(T)) + " bytes: the header is newer than the library");
+  std::memcpy(static_cast<void*>(&out), given, given->size);
+  out.size = sizeof(T);
+  return out;
+}
+
+Status check_numerics(const ls_numerics& n) {
+  // TODO(lead, issue 12 part 2): helper F makes the backend honour ls::Numerics
+  // (src/backend/numerics.h, resolved per backend). Once it lands, map ls_numerics to
+  // ls::Numerics here and hand it to the backend (make_backend with numerics /
+  // Backend::set_numerics, whichever F provides) instead of refusing these.
+  if (n.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
+  if (n.attention != LS_ATTENTION_DEFAULT)
+    return Error{ErrorCode::unsupported,
+                 "numerics.attention other than LS_ATTENTION_DEFAULT is not supported by this build yet (the backend "
+                 "picks its attention algorithm; only kv_tile is honoured)"};
+  if (n.gemm_f32 != LS_GEMM_F32_LANES16)
+    return Error{ErrorCode::unsupported, "numerics.gemm_f32 other than LS_GEMM_F32_LANES16 is not supported by this build yet"};
+  if ((n.native_variant && *n.native_variant) || (n.cudnn_form && *n.cudnn_form) || n.cudnn_q_chunk != 2048 ||
+      n.cudnn_skip_configs != 0)
+    return Error{ErrorCode::unsupported,
+                 "the developer numerics knobs (native_variant, cudnn_q_chunk, cudnn_form, cudnn_skip_configs) are not "
+                 "supported through the API by this build yet: leave them at ls_numerics_init's values"};
+  return {};
+}
+
+nlohmann::json numerics_json(const ls_engine& e, int64_t kv_tile) {
+  static const char* att[] = {"backend_default", "native", "cudnn"};
+  static const char* gemm[] = {"lanes16", "cublaslt"};
+  return {{"attention", att[e.numerics.attention]},
+          {"kv_tile", kv_tile},
+          {"gemm_f32", gemm[e.numerics.gemm_f32]},
+          {"native_variant", e.native_variant},
+          {"cudnn_q_chunk", e.numerics.cudnn_q_chunk},
+          {"cudnn_form", e.cudnn_form},
+          {"cudnn_skip_configs", e.numerics.cudnn_skip_configs}};
+}
+
+// ---- ls_clip -> h3::Conditioning -----------------------------------------------------
+std::vector<float> copy_floats(const float* p, size_t n) { return p ? std::vector<float>(p, p + n) : std::vector<float>{}; }
+
+Status video_latent(const ls_video_latent& v, int64_t C, const char* what, ls::h3::VideoLatent& out) {
+  if (!v.data) return {};
+  if (v.T < 1 || v.Hl < 1 || v.Wl < 1)
+    return Error{ErrorCode::invalid_argument, std::string(what) + ": video T, Hl, Wl must be >= 1"};
+  out.T = v.T, out.Hl = v.Hl, out.Wl = v.Wl;
+  out.data = copy_floats(v.data, static_cast<size_t>(C * v.T * v.Hl * v.Wl));
+  return {};
+}
+Status audio_latent(const ls_audio_latent& a, int64_t C, const char* what, ls::h3::AudioLatent& out) {
+  if (!a.data) return {};
+  if (a.A < 1) return Error{ErrorCode::invalid_argument, std::string(what) + ": audio A must be >= 1"};
+  out.A = a.A;
+  out.data = copy_floats(a.data, static_cast<size_t>(C * 2 * a.A));
+  return {};
+}
+ls::h3::ConditionNoise noise(const ls_condition_noise& n) {
+  return {copy_floats(n.video, n.video_count), copy_floats(n.audio, n.audio_count)};
+}
+
+Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const ls_clip* given) {
+  LS_ASSIGN_OR_RETURN(ls_clip c, read_params(given, ls_clip_init, "ls_clip"));
+  ls::h3::Conditioning cond;
+  LS_ASSIGN_OR_RETURN(cond.geometry, ls::h3::clip_geometry(c.frames, c.width, c.height, c.text_tokens));
+  const ls::h3::ClipGeometry& g = cond.geometry;
+  if (c.text_tags) cond.text_token_tags.assign(c.text_tags, c.text_tags + c.text_tokens);
+  if (c.keyframe_count > 0 && !c.keyframes)
+    return Error{ErrorCode::invalid_argument, "ls_clip.keyframes is NULL with keyframe_count > 0"};
+  for (size_t i = 0; i < c.keyframe_count; ++i) {
+    const ls_keyframe& k = c.keyframes[i];
+    ls::h3::Keyframe kf;
+    kf.pixel_frame = k.pixel_frame;
+    if (!k.video.data) return Error{ErrorCode::invalid_argument, "keyframe " + std::to_string(i) + " has no video latent"};
+    LS_TRY(video_latent(k.video, cfg.latents_dim, "keyframe", kf.video));
+    LS_TRY(audio_latent(k.audio, cfg.audio_latents_dim, "keyframe", kf.audio));
+    kf.noise = noise(k.noise);
+    cond.keyframes.push_back(std::move(kf));
+  }
+  if (c.reference_count > 0 && !c.references)
+    return Error{ErrorCode::invalid_argument, "ls_clip.references is NULL with reference_count > 0"};
+  for (size_t i = 0; i < c.reference_count; ++i) {
+    const ls_reference& r = c.references[i];
+    ls::h3::Reference ref;
+    if (r.kind < LS_REFERENCE_IMAGE || r.kind > LS_REFERENCE_VIDEO_AUDIO)
+      return Error{ErrorCode::invalid_argument, "reference " + std::to_string(i) + ": unknown kind"};
+    ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
+    LS_TRY(video_latent(r.video, cfg.latents_dim, "reference", ref.video));
+    LS_TRY(audio_latent(r.audio, cfg.audio_latents_dim, "reference", ref.audio));
+    ref.noise = noise(r.noise);
+    cond.refs.push_back(std::move(ref));
+  }
+  cond.video_mask = copy_floats(c.video_mask, static_cast<size_t>(g.T * g.Hl * g.Wl));
+  cond.audio_mask = copy_floats(c.audio_mask, static_cast<size_t>(2 * g.A));
+  cond.vis_aug = c.vis_aug;
+  cond.aud_aug = c.aud_aug;
+  cond.seed = c.seed;
+  cond.shift_video = c.shift_video;
+  cond.shift_audio = c.shift_audio;
+  cond.audio_scale = c.audio_scale;
+  cond.sample_sigmas = copy_floats(c.sample_sigmas, c.sample_sigma_count);
+  return cond;
+}
+
+size_t video_count(const ls::h3::H3Config& cfg, const ls::h3::ClipGeometry& g) {
+  return static_cast<size_t>(cfg.latents_dim * g.T * g.Hl * g.Wl);
+}
+size_t audio_count(const ls::h3::H3Config& cfg, const ls::h3::ClipGeometry& g) {
+  return static_cast<size_t>(cfg.audio_latents_dim * 2 * g.A);
+}
+
+Status check_out(const float* p, size_t have, size_t want, const char* what) {
+  if (!p) return Error{ErrorCode::invalid_argument, std::string(what) + " is NULL"};
+  if (have != want)
+    return Error{ErrorCode::invalid_argument, std::string(what) + "_count is " + std::to_string(have) +
+                                                  "; this clip needs " + std::to_string(want) + " floats"};
+  return {};
+}
+
+// The engine for rp, made (or remade) when its residency differs from the current one.
+Status ensure_engine(ls_engine& e, const ls::api::RunPlan& rp) {
+  ls::api::Session& s = *e.session;
+  if (e.engine_made && e.engine_residency.resident_blocks == rp.residency.resident_blocks &&
+      e.engine_residency.slots == rp.residency.slots)
+    return {};
+  ls::exec::EngineOptions eo;
+  eo.check_finite = e.check_finite;
+  eo.residency.release_source = false;  // a later clip may need another residency
+  e.engine_made = false;
+  LS_TRY(s.create_engine(rp, eo));
+  e.engine_made = true;
+  e.engine_residency = rp.residency;
+  return {};
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* ls_status_string(ls_status s) {
+  switch (s) {
+    case LS_OK: return "ok";
+    case LS_INVALID_ARGUMENT: return "invalid_argument";
+    case LS_INVALID_FILE: return "invalid_file";
+    case LS_IO: return "io";
+    case LS_UNSUPPORTED: return "unsupported";
+    case LS_OUT_OF_BUDGET: return "out_of_budget";
+    case LS_OUT_OF_MEMORY: return "out_of_memory";
+    case LS_DEVICE: return "device";
+    case LS_NOT_FOUND: return "not_found";
+    case LS_NONFINITE: return "nonfinite";
+  }
+  return "unknown";
+}
+
+const char* ls_version(void) {
+  static const std::string v = ls::api::version_line();
+  return v.c_str();
+}
+
+const char* ls_last_error(void) { return g_last_error.c_str(); }
+
+uint64_t ls_fingerprint(const float* video, size_t video_n, const float* audio, size_t audio_n) {
+  uint64_t h = ls::kFnv1a64Offset;
+  if (video) h = ls::fnv1a64(video, video_n * sizeof(float), h);
+  if (audio) h = ls::fnv1a64(audio, audio_n * sizeof(float), h);
+  return h;
+}
+
+void ls_numerics_init(ls_numerics* n) {
+  if (!n) return;
+  std::memset(n, 0, sizeof *n);
+  n->size = sizeof *n;
+  n->attention = LS_ATTENTION_DEFAULT;
+  n->kv_tile = 0;
+  n->gemm_f32 = LS_GEMM_F32_LANES16;
+  n->cudnn_q_chunk = 2048;
+}
+
+void ls_engine_params_init(ls_engine_params* p) {
+  if (!p) return;
+  std::memset(p, 0, sizeof *p);
+  p->size = sizeof *p;
+  p->device = "cpu";
+  p->memory_mode = LS_MEMORY_KNOBS;
+  p->prefetch = 1;
+  p->resident_blocks = -1;
+  p->slots = 2;
+  p->check_finite = 1;
+}
+
+void ls_model_info_init(ls_model_info* info) {
+  if (!info) return;
+  std::memset(info, 0, sizeof *info);
+  info->size = sizeof *info;
+}
+
+void ls_clip_init(ls_clip* c) {
+  if (!c) return;
+  std::memset(c, 0, sizeof *c);
+  c->size = sizeof *c;
+  const ls::h3::Conditioning d;  // the library's defaults, one source of truth
+  c->vis_aug = d.vis_aug;
+  c->aud_aug = d.aud_aug;
+  c->shift_video = d.shift_video;
+  c->shift_audio = d.shift_audio;
+  c->audio_scale = d.audio_scale;
+}
+
+void ls_denoise_params_init(ls_denoise_params* p) {
+  if (!p) return;
+  std::memset(p, 0, sizeof *p);
+  p->size = sizeof *p;
+}
+
+void ls_generate_params_init(ls_generate_params* p) {
+  if (!p) return;
+  std::memset(p, 0, sizeof *p);
+  p->size = sizeof *p;
+  p->steps = 4;
+  p->cfg = 1.0;
+}
+
+ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!out) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_create: out is NULL");
+    *out = nullptr;
+    auto pr = read_params(given, ls_engine_params_init, "ls_engine_params");
+    if (!pr.ok()) return fail(nullptr, pr.error());
+    const ls_engine_params& p = *pr;
+    auto e = std::make_unique<ls_engine>();
+    ls_numerics_init(&e->numerics);
+    if (p.numerics) {
+      auto n = read_params(p.numerics, ls_numerics_init, "ls_numerics");
+      if (!n.ok()) return fail(nullptr, n.error());
+      e->numerics = *n;
+    }
+    if (Status s = check_numerics(e->numerics); !s.ok()) return fail(nullptr, s.error());
+    e->native_variant = e->numerics.native_variant ? e->numerics.native_variant : "";
+    e->cudnn_form = e->numerics.cudnn_form ? e->numerics.cudnn_form : "";
+    e->numerics.native_variant = nullptr;  // not kept: the strings above are
+    e->numerics.cudnn_form = nullptr;
+    if (p.memory_mode < LS_MEMORY_KNOBS || p.memory_mode > LS_MEMORY_VRAM_BUDGET)
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.memory_mode is not an ls_memory_mode");
+    if (p.memory_mode == LS_MEMORY_VRAM_BUDGET && p.vram_budget == 0)
+      return fail(nullptr, LS_INVALID_ARGUMENT, "LS_MEMORY_VRAM_BUDGET needs vram_budget > 0 (bytes)");
+    if (p.memory_mode == LS_MEMORY_ACTIVATION_BUDGET && p.activation_budget == 0)
+      return fail(nullptr, LS_INVALID_ARGUMENT, "LS_MEMORY_ACTIVATION_BUDGET needs activation_budget > 0 (bytes)");
+    if (p.slots != 1 && p.slots != 2) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.slots must be 1 or 2");
+    if (!p.model_path && !p.preset)
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params: give model_path (a checkpoint) or preset");
+    if (p.threads >= 0) ls::set_num_threads(p.threads);
+
+    auto session = ls::api::Session::open_backend(p.device ? p.device : "cpu");
+    if (!session.ok()) return fail(nullptr, session.error());
+    if ((*session)->device_is_cpu() && p.memory_mode == LS_MEMORY_VRAM_BUDGET)
+      return fail(nullptr, LS_INVALID_ARGUMENT,
+                  "a vram budget is a device budget and the CPU backend has no device memory: use "
+                  "LS_MEMORY_ACTIVATION_BUDGET for the activation memory, or a \"cuda\" device");
+    ls::api::WeightsSpec ws;
+    if (p.model_path) {
+      ws.model_path = p.model_path;
+    } else {
+      ws.preset = p.preset;
+      ws.weights_seed = p.weights_seed;
+      ws.blocks = p.blocks;
+    }
+    if (Status s = (*session)->load_weights(ws); !s.ok()) return fail(nullptr, s.error());
+    e->session = std::move(*session);
+
+    ls::api::MemorySpec& m = e->memory;
+    m.mode = p.memory_mode == LS_MEMORY_VRAM_BUDGET       ? ls::api::MemoryMode::total_budget
+             : p.memory_mode == LS_MEMORY_ACTIVATION_BUDGET ? ls::api::MemoryMode::activation_budget
+                                                            : ls::api::MemoryMode::knobs;
+    m.total_budget = p.vram_budget;
+    m.prefetch = p.prefetch != 0;
+    m.activation_budget = p.activation_budget;
+    m.knobs.mlp_chunk_tokens = p.mlp_chunk;
+    m.knobs.attn_chunk_tokens = p.attn_chunk;
+    m.knobs.final_chunk_tokens = p.final_chunk;
+    m.knobs.kv_offload = p.kv_offload != 0;
+    m.knobs.kv_chunk_rows = p.kv_chunk;
+    m.knobs.residual_offload = p.residual_offload != 0;
+    m.knobs.kv_tile = e->numerics.kv_tile;  // 0 = the device's
+    m.residency.resident_blocks = p.resident_blocks;
+    m.residency.slots = p.slots;
+    e->check_finite = p.check_finite != 0;
+    *out = e.release();
+    return LS_OK;
+  });
+}
+
+void ls_engine_free(ls_engine* engine) { delete engine; }
+
+const char* ls_engine_last_error(const ls_engine* engine) {
+  return engine ? engine->error.c_str() : g_last_error.c_str();
+}
+
+ls_status ls_engine_model_info(ls_engine* e, ls_model_info* info) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    if (!info || info->size < sizeof(uint32_t))
+      return fail(e, LS_INVALID_ARGUMENT, "ls_model_info is NULL or not initialised (ls_model_info_init)");
+    const ls::h3::H3Config& c = e->session->config();
+    ls_model_info m;
+    ls_model_info_init(&m);
+    m.hidden = c.hidden, m.num_layers = c.num_layers, m.heads = c.heads, m.head_dim = c.head_dim;
+    m.text_dim = c.text_dim, m.latents_dim = c.latents_dim, m.audio_latents_dim = c.audio_latents_dim;
+    const uint32_t n = info->size < sizeof m ? info->size : static_cast<uint32_t>(sizeof m);
+    std::memcpy(static_cast<void*>(info), &m, n);
+    info->size = n;
+    return LS_OK;
+  });
+}
+
+void ls_clip_shape_init(ls_clip_shape* shape) {
+  if (!shape) return;
+  std::memset(shape, 0, sizeof *shape);
+  shape->size = sizeof *shape;
+}
+
+ls_status ls_engine_clip_shape(ls_engine* e, const ls_clip* clip, ls_clip_shape* shape) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    if (!shape || shape->size < sizeof(uint32_t))
+      return fail(e, LS_INVALID_ARGUMENT, "ls_clip_shape is NULL or not initialised (ls_clip_shape_init)");
+    const ls::h3::H3Config& cfg = e->session->config();
+    auto cond = conditioning(cfg, clip);
+    if (!cond.ok()) return fail(e, cond.error());
+    auto sizes = ls::exec::sequence_sizes(cfg, *cond);
+    if (!sizes.ok()) return fail(e, sizes.error());
+    const ls::h3::ClipGeometry& g = cond->geometry;
+    ls_clip_shape out;
+    ls_clip_shape_init(&out);
+    out.T = g.T, out.Hl = g.Hl, out.Wl = g.Wl, out.A = g.A, out.S = sizes->S;
+    out.video_count = video_count(cfg, g);
+    out.audio_count = audio_count(cfg, g);
+    out.text_count = static_cast<size_t>(g.text_tokens * cfg.text_dim);
+    const uint32_t n = shape->size < sizeof out ? shape->size : static_cast<uint32_t>(sizeof out);
+    std::memcpy(static_cast<void*>(shape), &out, n);
+    shape->size = n;
+    return LS_OK;
+  });
+}
+
+ls_status ls_engine_plan(ls_engine* e, const ls_clip* clip, float sigma, const char** json) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
+    *json = nullptr;
+    ls::api::Session& s = *e->session;
+    const ls::h3::H3Config& cfg = s.config();
+    auto cond = conditioning(cfg, clip);
+    if (!cond.ok()) return fail(e, cond.error());
+    if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, sigma, 0.0f};
+    auto rp = s.plan(*cond, {sigma}, e->memory);
+    if (!rp.ok()) return fail(e, rp.error());
+    auto minimum = s.minimum_budget(*cond, {sigma}, e->memory);
+    if (!minimum.ok()) return fail(e, minimum.error());
+    nlohmann::json j;
+    j["plan"] = ls::api::plan_json(rp->plan);
+    j["vram_budget"] = rp->budget ? ls::api::budget_plan_json(*rp->budget) : nlohmann::json();
+    j["resident_blocks"] = rp->residency.resident_blocks;
+    j["slots"] = rp->residency.slots;
+    j["minimum_budget_bytes"] = *minimum;
+    j["numerics"] = numerics_json(*e, rp->plan.kv_tile);
+    j["backend"] = s.backend().name();
+    j["version"] = ls::api::version_json();
+    e->plan_json = j.dump(2);
+    *json = e->plan_json.c_str();
+    return LS_OK;
+  });
+}
+
+ls_status ls_engine_refine_text(ls_engine* e, const float* text, int64_t tokens, uint16_t* out, size_t out_count) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    ls::api::Session& s = *e->session;
+    const ls::h3::H3Config& cfg = s.config();
+    if (!text || tokens < 1) return fail(e, LS_INVALID_ARGUMENT, "text is NULL or tokens < 1");
+    if (!out || out_count != static_cast<size_t>(tokens * cfg.hidden))
+      return fail(e, LS_INVALID_ARGUMENT, "out must hold tokens * hidden = " + std::to_string(tokens * cfg.hidden) +
+                                              " bf16 values");
+    if (!e->engine_made) {
+      if (e->memory.mode == ls::api::MemoryMode::total_budget)
+        return fail(e, LS_INVALID_ARGUMENT,
+                    "under a vram budget the engine's residency comes from the clip: call ls_engine_denoise once "
+                    "before ls_engine_refine_text");
+      ls::api::RunPlan rp;
+      rp.residency = e->memory.residency;
+      if (Status st = ensure_engine(*e, rp); !st.ok()) return fail(e, st.error());
+    }
+    auto r = s.engine().refine_text(
+        ls::TensorView(const_cast<float*>(text), ls::DType::f32, {tokens, cfg.text_dim}));
+    if (!r.ok()) return fail(e, r.error());
+    std::memcpy(out, r->bf16.data(), r->bf16.size() * sizeof(uint16_t));
+    return LS_OK;
+  });
+}
+
+ls_status ls_engine_denoise(ls_engine* e, const ls_denoise_params* given) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    auto pr = read_params(given, ls_denoise_params_init, "ls_denoise_params");
+    if (!pr.ok()) return fail(e, pr.error());
+    const ls_denoise_params& p = *pr;
+    ls::api::Session& s = *e->session;
+    const ls::h3::H3Config& cfg = s.config();
+    auto cond = conditioning(cfg, p.clip);
+    if (!cond.ok()) return fail(e, cond.error());
+    const ls::h3::ClipGeometry& g = cond->geometry;
+    if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, p.sigma, 0.0f};
+    if (!p.video || !p.audio) return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: video and audio are required");
+    if (!p.text && !p.refined_text)
+      return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: give text (raw states) or refined_text");
+    const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
+    if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) return fail(e, st.error());
+    if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) return fail(e, st.error());
+
+    auto rp = s.plan(*cond, {p.sigma}, e->memory);
+    if (!rp.ok()) return fail(e, rp.error());
+    if (Status st = ensure_engine(*e, *rp); !st.ok()) return fail(e, st.error());
+    ls::exec::RefinedText refined;
+    ls::api::DenoiseCall call;
+    call.cond = &*cond;
+    if (p.refined_text) {
+      refined.L = g.text_tokens;
+      refined.D = cfg.hidden;
+      refined.bf16.assign(p.refined_text, p.refined_text + g.text_tokens * cfg.hidden);
+      call.refined = &refined;
+    } else {
+      call.text = ls::TensorView(const_cast<float*>(p.text), ls::DType::f32, {g.text_tokens, cfg.text_dim});
+    }
+    call.video = ls::TensorView(const_cast<float*>(p.video), ls::DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
+    call.audio = ls::TensorView(const_cast<float*>(p.audio), ls::DType::f32, {cfg.audio_latents_dim, 2, g.A});
+    call.sigma = p.sigma;
+    call.plan = &rp->plan;
+    e->have_report = false;
+    auto r = s.denoise(call);
+    if (!r.ok()) return fail(e, r.error());
+    std::memcpy(p.video_out, r->video.data(), nv * sizeof(float));
+    std::memcpy(p.audio_out, r->audio.data(), na * sizeof(float));
+    e->hash = r->hash();
+    nlohmann::json j = nlohmann::json::parse(r->report.to_json());
+    j["call"] = "denoise";
+    j["plan"] = ls::api::plan_json(rp->plan);
+    j["vram_budget"] = rp->budget ? ls::api::budget_plan_json(*rp->budget) : nlohmann::json();
+    j["numerics"] = numerics_json(*e, rp->plan.kv_tile);
+    j["version"] = ls::api::version_json();
+    j["weights"] = s.source().describe();
+    j["driver_used_bytes"] = s.driver_used_bytes();
+    char hex[20];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e->hash));
+    j["output_hash"] = hex;
+    e->report_json = j.dump(2);
+    e->have_report = true;
+    return LS_OK;
+  });
+}
+
+ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    auto pr = read_params(given, ls_generate_params_init, "ls_generate_params");
+    if (!pr.ok()) return fail(e, pr.error());
+    const ls_generate_params& p = *pr;
+    ls::api::Session& s = *e->session;
+    const ls::h3::H3Config& cfg = s.config();
+    auto cond = conditioning(cfg, p.clip);
+    if (!cond.ok()) return fail(e, cond.error());
+    const ls::h3::ClipGeometry& g = cond->geometry;
+    if (!p.text) return fail(e, LS_INVALID_ARGUMENT, "ls_generate_params.text is NULL");
+    const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
+    if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) return fail(e, st.error());
+    if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) return fail(e, st.error());
+
+    ls::sample::GenerateRequest req;
+    if (!cond->sample_sigmas.empty()) {
+      req.sigmas = cond->sample_sigmas;
+    } else {
+      auto sched = ls::sample::make_simple_schedule(p.steps, cond->shift_video, cond->shift_audio);
+      if (!sched.ok()) return fail(e, sched.error());
+      req.sigmas = sched->video;
+    }
+    cond->sample_sigmas.clear();  // generate() fills it from req.sigmas
+    req.cond = std::move(*cond);
+    req.text = ls::TensorView(const_cast<float*>(p.text), ls::DType::f32, {g.text_tokens, cfg.text_dim});
+    if (p.negative) {
+      if (p.negative_tokens < 1) return fail(e, LS_INVALID_ARGUMENT, "negative_tokens must be >= 1 with negative");
+      req.negative = ls::TensorView(const_cast<float*>(p.negative), ls::DType::f32, {p.negative_tokens, cfg.text_dim});
+    }
+    req.cfg = p.cfg;
+    req.seed = p.seed;
+    if (p.initial_latent) req.initial_latent.assign(p.initial_latent, p.initial_latent + nv + na);
+
+    auto rp = s.plan_sampling(req, e->memory);
+    if (!rp.ok()) return fail(e, rp.error());
+    ls::api::Session::apply(*rp, req);
+    auto plans = s.plan_generation(req);  // every refusal before any work
+    if (!plans.ok()) return fail(e, plans.error());
+    if (Status st = ensure_engine(*e, *rp); !st.ok()) return fail(e, st.error());
+    e->have_report = false;
+    auto r = s.generate(req);
+    if (!r.ok()) return fail(e, r.error());
+    std::memcpy(p.video_out, r->video.data(), nv * sizeof(float));
+    std::memcpy(p.audio_out, r->audio.data(), na * sizeof(float));
+    e->hash = ls_fingerprint(r->video.data(), r->video.size(), r->audio.data(), r->audio.size());
+    nlohmann::json j;
+    j["call"] = "generate";
+    j["plan"] = ls::api::plan_json(r->plan);
+    if (r->negative_plan) j["negative_plan"] = ls::api::plan_json(*r->negative_plan);
+    j["vram_budget"] = rp->budget ? ls::api::budget_plan_json(*rp->budget) : nlohmann::json();
+    j["numerics"] = numerics_json(*e, r->plan.kv_tile);
+    j["version"] = ls::api::version_json();
+    j["weights"] = s.source().describe();
+    j["sigmas"] = req.sigmas;
+    j["seconds"] = {{"refine_text", r->refine_seconds},
+                    {"adaln_precompute", r->adaln_seconds},
+                    {"sampling", r->sampling_seconds},
+                    {"total", r->total_seconds}};
+    nlohmann::json fw = nlohmann::json::array();
+    for (const auto& f : r->forwards) {
+      nlohmann::json x = nlohmann::json::parse(f.report.to_json());
+      x["step"] = f.step;
+      x["prompt"] = f.prompt == ls::sample::Prompt::positive ? "positive" : "negative";
+      x["sigma"] = f.sigma;
+      fw.push_back(x);
+    }
+    j["forwards"] = fw;
+    char hex[20];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e->hash));
+    j["output_hash"] = hex;
+    e->report_json = j.dump(2);
+    e->have_report = true;
+    return LS_OK;
+  });
+}
+
+ls_status ls_engine_report_json(ls_engine* e, const char** json) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
+    *json = nullptr;
+    if (!e->have_report) return fail(e, LS_NOT_FOUND, "no report: no denoise or generate call has succeeded yet");
+    *json = e->report_json.c_str();
+    return LS_OK;
+  });
+}
+
+uint64_t ls_engine_output_hash(const ls_engine* e) { return e && e->have_report ? e->hash : 0; }
+
+}  // extern "C"
