@@ -1,8 +1,8 @@
 // Issue 5's benchmark: the whole H3 model (synthetic weights made once in host memory,
 // the values make-model would write) at one clip size, ONE denoiser call per total
-// device budget, through the same path as `layerstream forward --vram-budget`:
-// plan_total_budget -> Engine (resident blocks + slots) -> refine_text ->
-// precompute_adaln -> forward.
+// device budget, through the same path as `layerstream forward --vram-budget`: the
+// api::Session chain (src/api/session.h: plan_total_budget -> Engine with resident
+// blocks + slots -> refine_text -> precompute_adaln -> prepare -> forward).
 //
 // Per budget: the planner's choice and predicted peak; the forward's wall time (its
 // own clock, the call ends with a device synchronize); LayerStream's device peak (every
@@ -31,13 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "api/session.h"
 #include "bench_json.h"
-#include "exec/budget_plan.h"
-#include "exec/engine.h"
-#include "exec/plan.h"
-#include "model/h3/checkpoint.h"
-#include "model/h3/config.h"
+#include "core/arena.h"  // format_bytes
 #include "model/h3/torch_random.h"
 
 namespace {
@@ -146,44 +142,32 @@ struct Outcome {
   double engine_seconds = 0, precompute_seconds = 0;
 };
 
-// One engine: create, refine, precompute, forward. min free memory sampled around each.
-Expected<Outcome> run_once(const h3::H3TensorSource& src, Backend& be, const Clip& clip, float sigma,
-                           const exec::Residency& residency, const exec::Plan& plan, bool profile = false) {
-  const h3::H3Config& cfg = src.cfg();
+// One engine of the session: create, refine, precompute, prepare, forward (the
+// session samples the driver's free memory around each).
+Expected<Outcome> run_once(api::Session& session, const Clip& clip, float sigma, const api::RunPlan& rp,
+                           bool profile = false) {
+  const h3::H3Config& cfg = session.config();
   const auto& g = clip.cond.geometry;
-  uint64_t free0 = 0, total = 0;
-  const bool info = be.device_memory_info(&free0, &total).ok();
-  uint64_t min_free = free0;
-  auto sample = [&]() {
-    uint64_t f = 0, t = 0;
-    if (info && be.device_memory_info(&f, &t).ok()) min_free = std::min(min_free, f);
-  };
   Outcome o;
   const auto t0 = std::chrono::steady_clock::now();
   exec::EngineOptions eo;
-  eo.residency = residency;
   eo.residency.release_source = false;  // the next budget reuses the host weights
   eo.profile = profile;
-  LS_ASSIGN_OR_RETURN(auto engine, exec::Engine::create(src, be, eo));
-  sample();
+  LS_TRY(session.create_engine(rp, eo));
   const auto t1 = std::chrono::steady_clock::now();
-  LS_ASSIGN_OR_RETURN(auto text, engine->refine_text(TensorView(const_cast<float*>(clip.text.data()), DType::f32,
-                                                                {g.text_tokens, cfg.text_dim})));
-  sample();
-  LS_TRY(engine->precompute_adaln({sigma}, clip.cond));
-  sample();
-  LS_TRY(engine->prepare(clip.cond, plan));  // arenas and pinned buffers outside the timed call
-  sample();
-  const auto t2 = std::chrono::steady_clock::now();
-  LS_ASSIGN_OR_RETURN(
-      o.r, engine->forward(clip.cond, text,
-                           TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl}),
-                           TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A}),
-                           sigma, plan));
-  sample();
-  o.driver_used = info ? free0 - min_free : 0;
+  api::DenoiseCall call;
+  call.cond = &clip.cond;
+  call.text = TensorView(const_cast<float*>(clip.text.data()), DType::f32, {g.text_tokens, cfg.text_dim});
+  call.video = TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
+  call.audio = TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
+  call.sigma = sigma;
+  call.plan = &rp.plan;
+  api::DenoiseTimes times;
+  LS_ASSIGN_OR_RETURN(o.r, session.denoise(call, &times));  // arenas and pinned buffers outside the timed call
+  session.drop_engine();
+  o.driver_used = session.driver_used_bytes();
   o.engine_seconds = std::chrono::duration<double>(t1 - t0).count();
-  o.precompute_seconds = std::chrono::duration<double>(t2 - t1).count();  // refine, precompute, prepare
+  o.precompute_seconds = times.refine_precompute_prepare_seconds;  // refine, precompute, prepare
   return o;
 }
 
@@ -191,44 +175,45 @@ Expected<Outcome> run_once(const h3::H3TensorSource& src, Backend& be, const Cli
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  auto cfg = h3::h3_preset(a.preset);
-  if (!cfg.ok()) die(cfg.error().message);
-  if (a.blocks > 0) cfg->num_layers = a.blocks;
-  auto be = make_backend(a.device);
-  if (!be.ok()) die(be.error().message);
-  const int64_t kv_tile = a.kv_tile > 0 ? a.kv_tile : (*be)->default_kv_tile();
+  auto opened = api::Session::open_backend(a.device);
+  if (!opened.ok()) die(opened.error().message);
+  api::Session& session = **opened;
+  api::WeightsSpec weights;
+  weights.preset = a.preset;
+  weights.blocks = a.blocks;
+  if (Status st = session.load_weights(weights); !st.ok()) die(st.error().message);
+  const h3::H3Config* cfg = &session.config();
+  const int64_t kv_tile = session.resolve_kv_tile(a.kv_tile);
   const Clip clip = make_clip(*cfg, a.frames, a.width, a.height, a.text_tokens);
   auto sizes = exec::sequence_sizes(*cfg, clip.cond);
   if (!sizes.ok()) die(sizes.error().message);
   std::printf("bench_budget: %s, %" PRId64 " blocks, S = %" PRId64 " (%" PRId64 " frames %" PRId64 "x%" PRId64
               ", %" PRId64 " text tokens), sigma %.3f, on %s\n",
               a.preset.c_str(), cfg->num_layers, sizes->S, a.frames, a.width, a.height, a.text_tokens, a.sigma,
-              (*be)->name().c_str());
+              session.backend().name().c_str());
   std::fflush(stdout);
 
   // Pin every GEMM algorithm and build every cuDNN attention plan (one per key-tile
-  // length, so the clip's own S) before timing: one block, the real clip.
+  // length, so the clip's own S) before timing: one block, the real clip, on the same
+  // backend (a second session sharing it).
   {
-    h3::H3Config one = *cfg;
-    one.num_layers = 1;
-    h3::H3SyntheticSource warm_src(one, 0);
-    const Clip warm_clip = make_clip(one, a.frames, a.width, a.height, a.text_tokens);
-    exec::PlanKnobs warm_knobs;
-    warm_knobs.kv_tile = kv_tile;
-    auto p = exec::make_plan(one, warm_clip.cond, warm_knobs);
-    if (!p.ok()) die(p.error().message);
-    auto w = run_once(warm_src, **be, warm_clip, a.sigma, exec::Residency{}, *p);
+    auto warm = api::Session::with_backend(session.shared_backend());
+    api::WeightsSpec one = weights;
+    one.blocks = 1;
+    if (Status st = warm->load_weights(one); !st.ok()) die(st.error().message);
+    const Clip warm_clip = make_clip(warm->config(), a.frames, a.width, a.height, a.text_tokens);
+    api::MemorySpec m;
+    m.knobs.kv_tile = kv_tile;
+    auto rp = warm->plan(warm_clip.cond, {a.sigma}, m);
+    if (!rp.ok()) die(rp.error().message);
+    auto w = run_once(*warm, warm_clip, a.sigma, *rp);
     if (!w.ok()) die("warm-up: " + w.error().message);
   }
 
-  const h3::H3SyntheticSource src(*cfg, 0);
-  exec::BudgetOptions bo;
-  bo.kv_tile = kv_tile;
-  bo.workspace_bytes = (*be)->workspace_bytes();
-  auto rows = exec::modulation_rows_for(*cfg, clip.cond, {a.sigma});
-  if (!rows.ok()) die(rows.error().message);
-  bo.modulation_rows = *rows;
-  auto minimum = exec::min_total_budget(*cfg, clip.cond, bo);
+  api::MemorySpec memory;
+  memory.mode = api::MemoryMode::total_budget;
+  memory.knobs.kv_tile = kv_tile;
+  auto minimum = session.minimum_budget(clip.cond, {a.sigma}, memory);
   if (!minimum.ok()) die(minimum.error().message);
   std::printf("smallest total budget that plans: %s (%" PRIu64 " bytes)\n", format_bytes(*minimum).c_str(), *minimum);
 
@@ -237,7 +222,7 @@ int main(int argc, char** argv) {
   std::ostringstream js;
   js << "{\"bench\": \"bench_budget\", \"preset\": \"" << a.preset << "\", \"blocks\": " << cfg->num_layers
      << ", \"S\": " << sizes->S << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
-     << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << esc((*be)->name())
+     << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << esc(session.backend().name())
      << "\", \"kv_tile\": " << kv_tile << ", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
   std::vector<std::string> table;
   // The JSON is rewritten after every budget, so a run cut short keeps what it measured.
@@ -257,19 +242,18 @@ int main(int argc, char** argv) {
       return *v;
     }();
     js << (bi ? ", " : "") << "{\"budget\": \"" << b << "\", \"budget_bytes\": " << (b == "unlimited" ? 0 : bytes);
-    auto bp = exec::plan_total_budget(*cfg, clip.cond, bytes, bo);
-    if (!bp.ok()) {
-      std::printf("[%s] refused: %s\n", b.c_str(), bp.error().message.c_str());
-      js << ", \"refused\": \"" << esc(bp.error().message) << "\"}";
+    memory.total_budget = bytes;
+    auto rp = session.plan(clip.cond, {a.sigma}, memory);
+    if (!rp.ok()) {
+      std::printf("[%s] refused: %s\n", b.c_str(), rp.error().message.c_str());
+      js << ", \"refused\": \"" << esc(rp.error().message) << "\"}";
       table.push_back(b + " | refused before any work |");
       continue;
     }
+    const exec::BudgetPlan* bp = &*rp->budget;
     std::printf("[%s] %s\n", b.c_str(), bp->describe().c_str());
     std::fflush(stdout);
-    exec::Residency res;
-    res.resident_blocks = bp->resident_blocks;
-    res.slots = bp->prefetch ? 2 : 1;
-    auto o = run_once(src, **be, clip, a.sigma, res, bp->activations, a.profile);
+    auto o = run_once(session, clip, a.sigma, *rp, a.profile);
     if (!o.ok()) {
       std::printf("[%s] FAILED: %s\n", b.c_str(), o.error().message.c_str());
       js << ", \"failed\": \"" << esc(o.error().message) << "\"}";
