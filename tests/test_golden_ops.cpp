@@ -29,7 +29,6 @@
 #include "backend/backend.h"
 #include "core/thread_pool.h"
 #include "reference/golden_compare.h"
-#include "scoped_env.h"
 
 namespace ls {
 namespace {
@@ -327,7 +326,7 @@ TEST_P(GoldenOps, ConvertIsBitExact) {
 // 1.08e-2 max abs against the 2x bound of 1.05e-2 (H200, 2026-11-30); tiles that small
 // are not what that path is for (docs/cuda.md). All are held to the same bound.
 struct AttentionRun {
-  const char* path;  // LAYERSTREAM_ATTENTION, or null: the backend's only path
+  const char* path;  // Numerics::attention ("native", "cudnn"), or null: the backend's default
   int64_t kv_tile;
 };
 
@@ -336,9 +335,19 @@ TEST_P(GoldenOps, Attention) {
   ASSERT_GE(cs.size(), 3u);
   std::vector<AttentionRun> runs = {{nullptr, 1024}, {nullptr, 16}};
   if (GetParam() == "cuda") runs = {{"native", 1024}, {"native", 16}, {"cudnn", 1024}, {"cudnn", 8192}};
+  const Numerics before = backend_->numerics();
   for (const AttentionRun& run : runs) {
-    std::optional<test::ScopedEnv> path;
-    if (run.path) path.emplace("LAYERSTREAM_ATTENTION", run.path);
+    // The path is a numerics setting of the backend (set_numerics), never the environment.
+    Numerics n;
+    if (run.path) n.attention = parse_attention(run.path).value();
+    if (Status s = backend_->set_numerics(n, {}); !s.ok()) {
+      ASSERT_EQ(s.error().code, ErrorCode::unsupported) << s.message();
+      std::printf("  (%s not in this build: %s)\n", run.path, s.message().c_str());
+      continue;
+    }
+    if (run.path) {
+      ASSERT_EQ(to_string(backend_->numerics().attention), std::string(run.path));
+    }
     for (const auto& j : cs) {
       std::string c = j["case"];
       TensorView q = input(c, "q"), k = input(c, "k"), v = input(c, "v");
@@ -351,6 +360,7 @@ TEST_P(GoldenOps, Attention) {
       check(c, out);
     }
   }
+  ASSERT_TRUE(backend_->set_numerics(before, {}).ok());
 }
 
 // Every case in the file belongs to an op one of the tests above runs (so a new golden

@@ -27,6 +27,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/numerics.h"
 #include "core/status.h"
 
 namespace ls::tools {
@@ -115,6 +116,40 @@ Expected<int64_t> flag_int(const FlagText& f, const IntRange& r, int64_t def);
 Expected<double> flag_float(const FlagText& f, const FloatRange& r, double def);
 Expected<float> flag_float32(const FlagText& f, const FloatRange& r, float def);
 Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def);
+
+// ---- numerics (src/backend/numerics.h, docs/numerics.md "The numerics settings") ------
+// The bit-changing settings of a run come from flags; the developer variables below are
+// mapped onto the same struct HERE (the library never reads the environment), each use
+// announced by one line on stderr and listed in NumericsChoice::from_env (for the report):
+//   LAYERSTREAM_ATTENTION      = auto|native|cudnn     -> --attention (when not given)
+//   LAYERSTREAM_GEMM_F32       = lanes16|cublaslt      -> --gemm-f32 (when not given)
+//   LAYERSTREAM_ATTN_VARIANT   = 4x2|4x1|8x1           -> Numerics::native_variant
+//   LAYERSTREAM_CUDNN_QCHUNK   = multiple of 64 in [64, 65536] -> Numerics::cudnn_q_chunk
+//   LAYERSTREAM_CUDNN_FORM     = unified|composite|composite-f32p -> Numerics::cudnn_form
+//   LAYERSTREAM_CUDNN_CONFIG   = N (>= 0)              -> Numerics::cudnn_skip_configs
+//   LAYERSTREAM_GEMM_CANDIDATE = i | K:i,K:i           -> Numerics::gemm_candidate
+//   LAYERSTREAM_GEMM_VERBOSE / LAYERSTREAM_CUDNN_VERBOSE = 1 -> Diagnostics (no bit changes)
+// An unset or empty variable is not used; a value outside its set is a usage error
+// (exit 2), never silently the default.
+struct NumericsFlags {
+  FlagText attention;  // --attention auto|native|cudnn
+  FlagText gemm_f32;   // --gemm-f32 lanes16|cublaslt
+};
+// Adds --attention and --gemm-f32 to a subcommand (bound to f, which must outlive the parse).
+void add_numerics_flags(CLI::App& app, NumericsFlags& f);
+
+struct NumericsChoice {
+  Numerics numerics;                  // as asked (not yet resolved: Backend::set_numerics resolves)
+  Diagnostics diagnostics;
+  std::vector<std::string> from_env;  // "LAYERSTREAM_ATTENTION=native", each variable used
+};
+// The run's numerics: the flags, then the developer variables for what no flag gave;
+// kv_tile is the caller's --kv-tile (0 when not given: the backend's default). Prints
+// "<command>: using developer variable LAYERSTREAM_X=v (-> ...)" on stderr for each
+// variable used (and one naming a variable that a given flag overrides), unless quiet.
+// invalid_argument (exit 2) for a bad flag or variable value, naming it.
+Expected<NumericsChoice> numerics_from_flags_and_env(std::string_view command, const NumericsFlags& f,
+                                                     int64_t kv_tile = 0, bool quiet = false);
 
 // Checks every output path given with io::check_output_path before any work starts (an
 // empty path, `-o ''`, is refused), and that no two of them are the same file.

@@ -7,11 +7,12 @@
 //   ... --frames F --width W --height H [--text-tokens L]   clip geometry, S, the
 //        h3-model.md §6.4 buffer table and the per-block memory of the stock and the
 //        sliced plan (DESIGN.md §2)
-//   ... --vram-budget B [--device cuda] [--kv-tile N] [--no-prefetch] [--sigma S | --steps N]
+//   ... --vram-budget B [--device cuda] [--kv-tile N] [--attention A] [--no-prefetch] [--sigma S | --steps N]
 //        a dry run of the total-budget planner (docs/budget.md): residency, offloads,
 //        slices, predicted peak, PCIe bytes, and the smallest budget that plans. No device
 //        is opened: the CUDA backend's figures are its documented defaults
-//        (exec::cuda_device_profile), printed as assumed.
+//        (exec::cuda_device_profile) for the numerics asked (--attention / --gemm-f32 or
+//        the developer variables, tools/cli_util.h), printed as assumed.
 //   ... --budget B [--device cpu|cuda] [--kv-tile N]   the activation-only planner
 //   ... --json                                the same as one JSON object on stdout
 //   layerstream info --check FILE [--json]    every tensor of a safetensors file scanned
@@ -37,6 +38,7 @@
 
 #include <layerstream_version.h>  // LS_BACKENDS
 
+#include "backend/backend.h"  // make_cpu_backend (the CPU's numerics resolution)
 #include "core/arena.h"  // format_bytes
 #include "exec/budget_plan.h"
 #include "exec/plan.h"
@@ -70,6 +72,7 @@ struct InfoOptions {
   std::string device;
   CLI::Option* device_opt = nullptr;
   bool no_prefetch = false;
+  NumericsFlags numerics;  // --attention, --gemm-f32 (and the developer variables)
   // Non-finite scan.
   bool check = false;
 };
@@ -260,40 +263,39 @@ int run_check(const InfoOptions& o) {
 // ---- dry run: what a budget would plan -------------------------------------------------
 
 // The device a dry run plans for: a profile of plain numbers, never an opened device.
-Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vram) {
+// The numerics (tools/cli_util.h numerics_from_flags_and_env) choose the attention
+// path, so the default kv_tile and the workspace; the CPU's resolution is its backend's
+// own (set_numerics: refusals included), CUDA's the documented one of a build with cuDNN.
+Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vram, const Numerics& numerics) {
   if (device == "cpu") {
     if (vram)
       return Error{ErrorCode::invalid_argument,
                    "--vram-budget budgets device memory, and the CPU backend has none: its weights are the "
                    "checkpoint's mapped host memory and there is nothing to stream or offload. Give --budget B to "
                    "plan the activation memory (the slices) on the CPU, or --device cuda for a GPU's budget"};
+    auto cpu = make_cpu_backend();
+    if (Status s = cpu->set_numerics(numerics, {}); !s.ok())
+      return Error{ErrorCode::invalid_argument, s.message()};
     exec::DeviceProfile d;
     d.name = "cpu";
-    d.default_kv_tile = 1024;
-    d.assumed = {"kv_tile 1024: the CPU backend's default"};
+    d.default_kv_tile = cpu->default_kv_tile();
+    d.assumed = {"kv_tile " + std::to_string(d.default_kv_tile) + ": the CPU backend's default"};
     return d;
   }
   if (device != "cuda" && device.rfind("cuda:", 0) != 0)
     return Error{ErrorCode::invalid_argument, "--device must be cpu, cuda or cuda:N (got '" + device + "')"};
   if (device != "cuda") LS_TRY(parse_int("--device cuda:N", device.substr(5), IntRange{0, 1023}).status());
-  // The environment the CUDA backend would read (cuda_backend.cu, attention_cudnn.cu).
-  const char* att = std::getenv("LAYERSTREAM_ATTENTION");
-  const bool native = att != nullptr && std::strcmp(att, "native") == 0;
-  int64_t q_chunk = 2048;
-  if (const char* q = std::getenv("LAYERSTREAM_CUDNN_QCHUNK"); q != nullptr && q[0] != '\0') {
-    auto v = parse_int("LAYERSTREAM_CUDNN_QCHUNK", q, IntRange{64, 65536});
-    if (!v.ok() || *v % 64 != 0)
-      return Error{ErrorCode::invalid_argument,
-                   std::string("LAYERSTREAM_CUDNN_QCHUNK=") + q + ": needs a multiple of 64 in [64, 65536]"};
-    q_chunk = *v;
-  }
+  // The CUDA backend's resolution in a build with cuDNN (cuda_backend.cu resolve):
+  // attention auto -> cudnn.
+  const bool native = numerics.attention == AttentionAlgorithm::native;
+  const int64_t q_chunk = numerics.cudnn_q_chunk;
   exec::DeviceProfile d = exec::cuda_device_profile(/*cudnn_built=*/true, !native, q_chunk);
   d.name = device;
   const bool have_cuda = std::string(LS_BACKENDS).find("cuda") != std::string::npos;
   d.assumed.insert(d.assumed.begin(),
                    std::string(have_cuda ? "no device opened" : "this build has no CUDA backend (backends: " LS_BACKENDS ")") +
                        ": the CUDA backend's documented figures in a build with cuDNN" +
-                       (native ? " and LAYERSTREAM_ATTENTION=native" : "") +
+                       (native ? " and attention native" : "") +
                        " (without cuDNN: 64 MiB workspace, kv_tile 1024)");
   return d;
 }
@@ -353,12 +355,13 @@ struct DryRun {
   std::optional<Error> refused;  // the planner's refusal (the budget is below the minimum)
 };
 
-Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const h3::ClipGeometry& g) {
+Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const h3::ClipGeometry& g,
+                         const Numerics& numerics) {
   const bool vram = o.vram_budget.given();
   const FlagText& bflag = vram ? o.vram_budget : o.budget;
   LS_ASSIGN_OR_RETURN(const uint64_t budget, flag_size(bflag, range::budget, 0));
   LS_ASSIGN_OR_RETURN(exec::DeviceProfile dev,
-                      dry_run_device(!o.device.empty() ? o.device : (vram ? "cuda" : "cpu"), vram));
+                      dry_run_device(!o.device.empty() ? o.device : (vram ? "cuda" : "cpu"), vram, numerics));
   LS_ASSIGN_OR_RETURN(const int64_t kv_tile, flag_int(o.kv_tile, range::kv_tile, dev.default_kv_tile));
   if (o.kv_tile.given()) {
     // The numerics setting the user chose replaces the assumed default.
@@ -515,7 +518,8 @@ int run_info(const InfoOptions& o) {
     // Only the file and --json mean anything to the scan.
     const bool others = !o.preset.empty() || o.blocks.given() || o.adaln_curve || clip_asked || o.text_tokens.given() ||
                         o.slice_tokens.given() || o.list_tensors || planning || o.kv_tile.given() ||
-                        o.sigma.given() || o.steps.given() || o.device_opt->count() > 0 || o.no_prefetch;
+                        o.sigma.given() || o.steps.given() || o.device_opt->count() > 0 || o.no_prefetch ||
+                        o.numerics.attention.given() || o.numerics.gemm_f32.given();
     if (o.file.empty()) return usage_error("--check needs a FILE (any safetensors file: a checkpoint, an output)");
     if (others) return usage_error("--check scans FILE for non-finite values and takes no other flag but --json");
     return run_check(o);
@@ -539,9 +543,16 @@ int run_info(const InfoOptions& o) {
     return usage_error("give --sigma (one denoiser call, as forward) or --steps (a generate run), not both");
   if (planning && !o.text_tokens.given())
     return usage_error("a dry run needs --text-tokens L, as forward and generate do (S counts the text rows)");
+  if (!planning && (o.numerics.attention.given() || o.numerics.gemm_f32.given()))
+    return usage_error(std::string(o.numerics.attention.given() ? "--attention" : "--gemm-f32") +
+                       " has no effect without --vram-budget B or --budget B (a dry run)");
+  Numerics numerics;
   if (planning) {
+    auto chosen = numerics_from_flags_and_env(kCmd, o.numerics);
+    if (!chosen.ok()) return fail(chosen.error());
+    numerics = chosen->numerics;
     auto d = dry_run_device(!o.device.empty() ? o.device : (o.vram_budget.given() ? "cuda" : "cpu"),
-                            o.vram_budget.given());
+                            o.vram_budget.given(), numerics);
     if (!d.ok()) return fail(d.error());
   }
 
@@ -680,7 +691,7 @@ int run_info(const InfoOptions& o) {
     }
     out["block_memory"] = jp;
     if (planning) {
-      auto d = dry_run(o, cfg, *g);
+      auto d = dry_run(o, cfg, *g, numerics);
       if (!d.ok()) return fail(d.error());
       out["dry_run"] = d->j;
       refused = d->refused;
@@ -792,6 +803,7 @@ CommandRun setup_info(CLI::App& sub) {
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile, "Dry run: keys per attention tile (numerics)",
                "the device's: 1024 on the CPU, 8192 with CUDA + cuDNN");
   sub.add_flag("--no-prefetch", o->no_prefetch, "With --vram-budget: one block slot instead of two");
+  add_numerics_flags(sub, o->numerics);
   add_float_flag(sub, "--sigma", o->sigma, range::sigma,
                  "With --vram-budget: plan one denoiser call at this sigma (as forward)", "1");
   add_int_flag(sub, "--steps", o->steps, range::steps,

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/numerics.h"
 #include "core/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -112,10 +113,29 @@ class Backend {
   virtual size_t workspace_bytes() const { return 0; }
   virtual Status set_workspace(const TensorView& ws) { (void)ws; return Status(); }
 
-  // The kv_tile (AttentionParams::kv_tile, a numerics setting: DESIGN.md §1.2) this
-  // backend's attention is fast at: tiling costs under 2 % of attention time. Callers
-  // that take kv_tile from the user (the CLI) use it when none is given. CPU: 1024.
-  virtual int64_t default_kv_tile() const { return 1024; }
+  // ---- numerics (backend/numerics.h, DESIGN.md §1) ---------------------------------
+  // The settings that may change output bits come in here, never from the
+  // environment. set_numerics validates them (ls::validate) and refuses, with
+  // invalid_argument or unsupported and a message saying what to change, what this
+  // backend cannot honour (cudnn attention on the CPU or on a build without cuDNN,
+  // cublaslt fp32 GEMMs on the CPU, a CUDA kernel knob that the resolved algorithm does
+  // not use); on refusal the previous settings stay. Call it before set_workspace: the
+  // workspace may depend on the settings (CUDA: the cuDNN query chunk), and a workspace
+  // already set that is too small for the new settings is refused. A backend starts
+  // with the default Numerics{} resolved.
+  virtual Status set_numerics(const Numerics& n, const Diagnostics& d) = 0;
+  // The RESOLVED settings in force: backend_default replaced by the concrete algorithm,
+  // kv_tile 0 by that algorithm's default, native_variant "" by "4x2" where the native
+  // CUDA kernel runs. What every report and output file records (describe / to_json).
+  virtual Numerics numerics() const = 0;
+  virtual Diagnostics diagnostics() const = 0;
+
+  // The kv_tile (AttentionParams::kv_tile, a numerics setting: DESIGN.md §1.2) of the
+  // resolved numerics: the Numerics::kv_tile given, or (0) the default of the resolved
+  // attention algorithm, at which tiling costs under 2 % of attention time (CPU and the
+  // native CUDA kernel 1024, cuDNN 8192). Callers plan with it, so that the plan's
+  // kv_tile is the one recorded in numerics().
+  int64_t default_kv_tile() const { return numerics().kv_tile; }
 
   // ---- ops ---------------------------------------------------------------------
   // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])      (PyTorch's F.linear)
@@ -222,5 +242,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 // has no CUDA or the device is absent. Implemented in src/backend/registry.cpp, the one
 // file that tests LAYERSTREAM_CUDA.
 Expected<std::unique_ptr<Backend>> make_backend(const std::string& name);
+// The same, then set_numerics(n, d): fails with set_numerics's message when the backend
+// cannot honour n.
+Expected<std::unique_ptr<Backend>> make_backend(const std::string& name, const Numerics& n, const Diagnostics& d);
 
 }  // namespace ls

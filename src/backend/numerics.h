@@ -1,18 +1,34 @@
 // Numerics: every setting that may change output bits, in one struct (DESIGN.md §1).
 // Memory knobs (slices, budgets, residency, offload) are NOT here: they never change a
 // bit. Everything here may, like the seed of a sampler, so it comes in with the params
-// (never from the environment), is printed in the status line and stored in every JSON
-// report and output file's metadata (to_json / describe).
+// (never from the environment: nothing under src/ reads one), is handed to the backend
+// (Backend::set_numerics), printed in the status line and stored in every JSON report
+// and output file's metadata (describe / to_json of Backend::numerics(), the RESOLVED
+// settings).
 //
-// Defaults per backend (resolve()): the CPU reference has one algorithm of each kind and
-// kv_tile 1024; CUDA runs cuDNN's fused attention where the build has cuDNN (kv_tile
-// 8192), else the native kernel (kv_tile 1024), fp32 GEMMs in the CPU reference's lane
-// order ("lanes16"), the heuristic's first admissible cuBLASLt algorithm per GEMM shape.
+// Defaults per backend (Backend::numerics() after resolution; docs/numerics.md, "The
+// numerics settings"):
+//   CPU:  attention native (the reference), kv_tile 1024, fp32 GEMM lanes16; the CUDA
+//         kernel knobs must stay at their defaults (refused otherwise).
+//   CUDA: attention cudnn where the build has cuDNN (kv_tile 8192), else native
+//         (kv_tile 1024; native_variant "4x2"); fp32 GEMMs lanes16 (the CPU reference's
+//         order, so the CPU's bytes); bf16 GEMMs the heuristic's first admissible
+//         cuBLASLt algorithm per shape; cuDNN: 2048 queries per call, graph form auto.
+//
+// Usage:
+//   ls::Numerics n;                        // every field at "the backend's default"
+//   n.attention = ls::AttentionAlgorithm::native;
+//   LS_TRY(backend.set_numerics(n, {}));   // validated; refused if it cannot be honoured
+//   std::string line = ls::describe(backend.numerics());  // "attention native, kv_tile 1024, ..."
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/status.h"
 
 namespace ls {
 
@@ -32,7 +48,7 @@ struct Numerics {
   int64_t kv_tile = 0;  // keys per attention tile; 0 = the resolved algorithm's default
   GemmF32Order gemm_f32 = GemmF32Order::lanes16;
   // Developer / experiment knobs of the CUDA kernels; each may change bits.
-  std::string native_variant;      // native kernel warp layout: "" (= "4x1"), "8x1", "4x2"
+  std::string native_variant;      // native kernel warp layout: "" (= "4x2", the default), "4x1", "8x1"
   int64_t cudnn_q_chunk = 2048;    // cuDNN path: queries per staged chunk, multiple of 64 in [64, 65536]
   std::string cudnn_form;          // cuDNN graph form: "" (auto), "unified", "composite", "composite-f32p"
   int64_t cudnn_skip_configs = 0;  // cuDNN: skip the first N heuristic engine configs
@@ -45,11 +61,42 @@ struct Numerics {
 struct Diagnostics {
   bool gemm_verbose = false;   // print each GEMM pin
   bool cudnn_verbose = false;  // print cuDNN graph building steps
+
+  bool operator==(const Diagnostics&) const = default;
 };
 
-const char* to_string(AttentionAlgorithm a);
-const char* to_string(GemmF32Order g);
-// One line: "attention cudnn, kv_tile 8192, fp32 GEMM lanes16" (+ any non-default knob).
+// The default cuDNN query chunk (Numerics::cudnn_q_chunk) and native kernel variant
+// (what Numerics::native_variant "" resolves to on CUDA).
+constexpr int64_t kDefaultCudnnQChunk = 2048;
+constexpr const char* kDefaultNativeVariant = "4x2";
+
+const char* to_string(AttentionAlgorithm a);  // "auto", "native", "cudnn"
+const char* to_string(GemmF32Order g);        // "lanes16", "cublaslt"
+
+// Names as the CLI and the C API spell them. invalid_argument with the accepted names.
+Expected<AttentionAlgorithm> parse_attention(const std::string& s);  // "auto" | "native" | "cudnn"
+Expected<GemmF32Order> parse_gemm_f32(const std::string& s);         // "lanes16" | "cublaslt"
+// "i" (every K) or "K:i,K:i" (GEMMs with that K; "*:i" every other K); "" = none.
+Expected<std::map<int64_t, int>> parse_gemm_candidate(const std::string& s);
+std::string format_gemm_candidate(const std::map<int64_t, int>& m);  // inverse of parse_gemm_candidate
+
+// invalid_argument (a message naming the field, the value and what is accepted) unless
+// every field is in range on some backend: kv_tile 0 (the default) or >= 1;
+// cudnn_q_chunk a multiple of 64 in [64, 65536]; native_variant "", "4x2", "4x1" or
+// "8x1"; cudnn_form "", "unified", "composite" or "composite-f32p"; cudnn_skip_configs
+// >= 0; gemm_candidate keys K >= 1 or -1, indices >= 0; enums in range. Whether a
+// backend can honour the settings is Backend::set_numerics's question.
+Status validate(const Numerics& n);
+
+// One line: "attention cudnn, kv_tile 8192, fp32 GEMM lanes16" (+ every CUDA knob that
+// differs from its default: "native variant 4x1", "cudnn q_chunk 1024", "cudnn form
+// composite", "cudnn skip 2 configs", "gemm candidate 5376:1").
 std::string describe(const Numerics& n);
+
+// Every field, by name (nlohmann's ADL hook: `nlohmann::json j = numerics;`):
+//   {"attention": "cudnn", "kv_tile": 8192, "gemm_f32": "lanes16", "native_variant": "",
+//    "cudnn_q_chunk": 2048, "cudnn_form": "", "cudnn_skip_configs": 0, "gemm_candidate": ""}
+void to_json(nlohmann::json& j, const Numerics& n);
+void to_json(nlohmann::json& j, const Diagnostics& d);
 
 }  // namespace ls

@@ -33,4 +33,11 @@ Expected<std::unique_ptr<Backend>> make_backend(const std::string& name) {
   return make_error(ErrorCode::invalid_argument, "unknown device '" + name + "': expected cpu, cuda or cuda:N");
 }
 
+Expected<std::unique_ptr<Backend>> make_backend(const std::string& name, const Numerics& n, const Diagnostics& d) {
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, make_backend(name));
+  Status s = b->set_numerics(n, d);
+  if (!s.ok()) return make_error(s.error().code, name + ": " + s.error().message);
+  return b;
+}
+
 }  // namespace ls

@@ -31,9 +31,17 @@ struct Gpu {
   TensorView counter;  // 8 bytes for count_unequal
 };
 
+// Set by select_native_attention() (before main): the shared backend runs the native kernel.
+inline bool& native_attention_wanted() {
+  static bool wanted = false;
+  return wanted;
+}
+
 inline Gpu* gpu() {
   static Gpu* g = []() -> Gpu* {
-    auto b = make_backend("cuda");
+    Numerics n;
+    if (native_attention_wanted()) n.attention = AttentionAlgorithm::native;
+    auto b = make_backend("cuda", n, {});
     if (!b.ok()) return nullptr;
     auto* r = new Gpu;
     r->cpu = make_cpu_backend();
@@ -221,9 +229,41 @@ inline HostBuf host_rows(const HostBuf& h, int64_t a, int64_t b) {
 
 // The native attention kernel's tests: the cuDNN path is the default where the build
 // has it (and has its own tests, test_attention_cudnn), so a test binary of the native
-// kernel selects it before main with
+// kernel makes the shared backend (gpu()) run it, before main, with
 //   const bool kNative = ls::cudatest::select_native_attention();
-// (a test that wants cuDNN sets LAYERSTREAM_ATTENTION=cudnn itself and restores it).
-inline bool select_native_attention() { return setenv("LAYERSTREAM_ATTENTION", "native", 1) == 0; }
+// (a test that wants cuDNN sets it on the backend for a scope: ScopedNumerics).
+inline bool select_native_attention() {
+  native_attention_wanted() = true;
+  return true;
+}
+
+// Numerics with attention `path` ("native" | "cudnn" | "auto") and, for the native
+// kernel, a variant ("4x1", "8x1", "4x2"; null: the default).
+inline Numerics attention_numerics(const char* path, const char* variant = nullptr) {
+  Numerics n;
+  n.attention = parse_attention(path).value();
+  if (variant != nullptr) n.native_variant = variant;
+  return n;
+}
+
+// Sets a backend's numerics for a scope and puts the previous (resolved) settings back
+// after: the tests that select an attention path or kernel variant leave the backend as
+// they found it. status(): set_numerics's answer (a build without cuDNN refuses cudnn).
+class ScopedNumerics {
+ public:
+  ScopedNumerics(Backend& b, const Numerics& n) : b_(b), old_(b.numerics()), old_diag_(b.diagnostics()) {
+    status_ = b.set_numerics(n, old_diag_);
+  }
+  ~ScopedNumerics() { LS_CHECK_MSG(b_.set_numerics(old_, old_diag_).ok(), "ScopedNumerics: restoring failed"); }
+  ScopedNumerics(const ScopedNumerics&) = delete;
+  ScopedNumerics& operator=(const ScopedNumerics&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  Backend& b_;
+  Numerics old_;
+  Diagnostics old_diag_;
+  Status status_;
+};
 
 }  // namespace ls::cudatest

@@ -1,4 +1,4 @@
-// The cuDNN attention path (src/backend/cuda/attention_cudnn.cu, LAYERSTREAM_ATTENTION=
+// The cuDNN attention path (src/backend/cuda/attention_cudnn.cu, numerics attention
 // cudnn): error vs an fp64 reference within 2x the CPU reference's, query slices give
 // the same bytes (1, 97 and 4096-row slices at H3 width), kv_tile variants, streamed keys
 // (p.state) leave the bytes unchanged, a too-small workspace is a clear Status, and a
@@ -11,7 +11,6 @@
 
 #include "backend/cuda/attention_cudnn.cuh"
 #include "cuda_test_util.h"
-#include "scoped_env.h"
 
 namespace ls::cudatest {
 namespace {
@@ -27,8 +26,8 @@ constexpr bool kHaveCudnn = false;
   if (!kHaveCudnn) GTEST_SKIP() << "this build has no cuDNN (LAYERSTREAM_CUDNN)"
 
 // Also skips (loudly, with cuDNN's reasons) when this machine's cuDNN has no engine for
-// the SDPA graph: that is an environment condition (LAYERSTREAM_ATTENTION=native is the
-// way out there), not wrong results. Every other failure (numbers, slicing bytes) still fails the test.
+// the SDPA graph: that is an environment condition (attention native is the way out
+// there), not wrong results. Every other failure (numbers, slicing bytes) still fails the test.
 #define LS_NEED_CUDNN()                                                            \
   LS_NEED_CUDNN_BUILD();                                                           \
   if (Status probe_ = cudnn_probe(G); !probe_.ok()) {                              \
@@ -40,9 +39,10 @@ constexpr bool kHaveCudnn = false;
 // Selects the cuDNN path and hands the backend a workspace big enough for H x Dh for
 // the scope; restores the default workspace and the default path after.
 struct CudnnScope {
-  test::ScopedEnv path{"LAYERSTREAM_ATTENTION", "cudnn"};
+  ScopedNumerics path;
   Gpu* G;
-  explicit CudnnScope(Gpu* g, int64_t H, int64_t Dh) : G(g) {
+  explicit CudnnScope(Gpu* g, int64_t H, int64_t Dh) : path(*g->cuda, attention_numerics("cudnn")), G(g) {
+    LS_CHECK_MSG(path.status().ok(), "CudnnScope: " + path.status().message());
     const auto bytes =
         static_cast<int64_t>(std::max(G->cuda->workspace_bytes(), cuda::attention_cudnn_workspace_bytes(H, Dh)));
     auto ws = G->arena->alloc(DType::u8, {bytes}, "cudnn attention workspace");
@@ -245,8 +245,9 @@ TEST(CudnnAttention, StreamedKeysSameBytes) {
   expect_guards(G, parts, "cudnn attention (streamed keys)");
   if (!same_bytes(a, b)) {
     {
-      const test::ScopedEnv use_native("LAYERSTREAM_ATTENTION", "native");
-      s = G->cuda->attention(dq.v, dk.v, dv.v, native.v, p);
+      const ScopedNumerics use_native(*G->cuda, attention_numerics("native"));
+      s = use_native.status();
+      if (s.ok()) s = G->cuda->attention(dq.v, dk.v, dv.v, native.v, p);
     }
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_TRUE(same_bytes(download(G, native.v), b)) << "streamed keys give neither path's bytes of one call";
@@ -263,7 +264,8 @@ TEST(CudnnAttention, WorkspaceTooSmallIsAStatus) {
   DevBuf dq = dev_from(G, q), dout = dev_buf(G, DType::bf16, {4, 72, 128});
   Status s;
   {
-    const test::ScopedEnv use_cudnn("LAYERSTREAM_ATTENTION", "cudnn");
+    const ScopedNumerics use_cudnn(*G->cuda, attention_numerics("cudnn"));
+    ASSERT_TRUE(use_cudnn.status().ok()) << use_cudnn.status().message();
     s = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
   }
   ASSERT_FALSE(s.ok());
@@ -298,7 +300,8 @@ TEST(CudnnAttention, ThroughputH3) {
       for (int64_t kv_tile : {int64_t{1024}, int64_t{2048}, int64_t{8192}, S}) {
         if (path != "cudnn" && kv_tile != 1024) continue;
         if (quick && (path != "cudnn" || (kv_tile != 1024 && kv_tile != 8192))) continue;
-        const test::ScopedEnv use_path("LAYERSTREAM_ATTENTION", path.c_str());
+        const ScopedNumerics use_path(*G->cuda, attention_numerics(path.c_str()));
+        ASSERT_TRUE(use_path.status().ok()) << use_path.status().message();
         AttentionParams p;
         p.kv_tile = kv_tile;
         Status s = G->cuda->attention(q, k, v, *out, p);  // warm-up (plan build)

@@ -16,7 +16,6 @@
 
 #include "core/alloc_fault.h"
 #include "cuda_test_util.h"
-#include "scoped_env.h"
 
 // The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
 [[maybe_unused]] const bool kNative = ls::cudatest::select_native_attention();
@@ -543,7 +542,9 @@ TEST(CudaOps, AttentionVariantsAgree) {
     HostBuf first;
     bool have_first = false;
     for (const char* variant : {"4x1", "8x1", "4x2"}) {
-      const test::ScopedEnv variant_env("LAYERSTREAM_ATTN_VARIANT", variant);
+      const ScopedNumerics variant_numerics(*G->cuda, attention_numerics("native", variant));
+      ASSERT_TRUE(variant_numerics.status().ok()) << variant_numerics.status().message();
+      ASSERT_EQ(G->cuda->numerics().native_variant, variant);
       DevBuf o = dev_buf(G, DType::bf16, {Mq, H, Dh});
       ASSERT_TRUE(G->cuda->attention(dq.v, dk, dv, o.v, p).ok());
       HostBuf got = download(G, o.v);

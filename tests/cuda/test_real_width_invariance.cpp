@@ -10,7 +10,6 @@
 // native kernel with kv_tile 1024; and, on the default path, the same with every input
 // mode (masks, keyframe and references at augmentation 0.5, PDD bank). Skips without a GPU. Takes a minute or two on an
 // H200 (the 1-row plan runs 8197 one-row slices per phase).
-#include "scoped_env.h"
 #include "streaming_cases.h"
 
 using namespace ls;
@@ -75,11 +74,18 @@ void check_modes() {
   test::expect_same(ref, test::run_streaming(c, **be, res, *p), p->describe());
 }
 
+// The backend with attention `path` ("native" | "cudnn"), set as numerics.
+Expected<std::unique_ptr<Backend>> cuda_with(const char* path) {
+  Numerics n;
+  n.attention = parse_attention(path).value();
+  return make_backend("cuda", n, {});
+}
+
 void check_path(const char* path) {
-  const test::ScopedEnv scope("LAYERSTREAM_ATTENTION", path);
   SCOPED_TRACE(std::string("attention path ") + path);
-  auto be = make_backend("cuda");
+  auto be = cuda_with(path);
   ASSERT_TRUE(be.ok()) << be.error().message;
+  ASSERT_EQ(to_string((*be)->numerics().attention), std::string(path));
   test::StreamingCase c = real_width_case();
   c.kv_tile = (*be)->default_kv_tile();
   auto sizes = exec::sequence_sizes(c.cfg, c.cond);
@@ -139,10 +145,9 @@ void check_path(const char* path) {
 }
 
 bool cudnn_in_build() {
-  // The cuDNN path's kv_tile is 8192; without cuDNN in the build "cudnn" cannot be
-  // selected and the backend reports the native kernel's 1024.
-  const test::ScopedEnv scope("LAYERSTREAM_ATTENTION", "cudnn");
-  auto be = make_backend("cuda");
+  // Without cuDNN in the build set_numerics refuses attention cudnn; with it the resolved
+  // default kv_tile is the cuDNN path's 8192.
+  auto be = cuda_with("cudnn");
   return be.ok() && (*be)->default_kv_tile() == 8192;
 }
 

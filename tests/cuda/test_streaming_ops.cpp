@@ -7,7 +7,7 @@
 //    the fp32 state itself round-trips (tile by tile == one call); a non-final chunk
 //    leaves out untouched; the error cases; the result stays within the attention
 //    tolerance of the CPU reference (error vs fp64 at most 2x the CPU's); under
-//    LAYERSTREAM_ATTENTION=cudnn the chunks give the cuDNN path's one-call bytes;
+//    attention cudnn (the backend's numerics) the chunks give the cuDNN path's one-call bytes;
 //  - pinned_host_memory + copy_async on the transfer queue + fences: H2D, compute,
 //    D2H ordered only by fences, and the executor's double-buffer loop (50 rounds,
 //    every round's result checked).
@@ -24,7 +24,6 @@
 
 #include "backend/cuda/attention_cudnn.cuh"
 #include "cuda_test_util.h"
-#include "scoped_env.h"
 
 // The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
 [[maybe_unused]] const bool kNative = ls::cudatest::select_native_attention();
@@ -65,9 +64,12 @@ const StateCase kCases[] = {
 const std::vector<std::vector<int64_t>> kChunkings = {{1}, {2}, {3}, {1, 3, 2}, {0}};
 const char* const kVariants[] = {"4x1", "8x1", "4x2"};
 
-// Sets LAYERSTREAM_ATTN_VARIANT for a scope (unset when v is null), restoring the old value.
-struct VariantScope : test::ScopedEnv {
-  explicit VariantScope(const char* v) : test::ScopedEnv("LAYERSTREAM_ATTN_VARIANT", v) {}
+// Runs the shared backend's native kernel in variant v for a scope (null: the default
+// variant), as numerics (Numerics::native_variant), restoring the old settings after.
+struct VariantScope : ScopedNumerics {
+  explicit VariantScope(const char* v) : ScopedNumerics(*gpu()->cuda, attention_numerics("native", v)) {
+    LS_CHECK_MSG(status().ok(), "VariantScope: " + status().message());
+  }
 };
 
 // Inputs of a case on host and device: q [Mq, H, Dh]; k and v as head-strided column
@@ -295,7 +297,7 @@ TEST(CudaStreaming, StateRoundTripAndOutUntouched) {
   }
 }
 
-// Under LAYERSTREAM_ATTENTION=cudnn, calls with a state take the cuDNN path too (it
+// Under attention cudnn (numerics), calls with a state take the cuDNN path too (it
 // keeps its own fp32 state), so K/V offload leaves that path's bits unchanged: chunked
 // output equals the cuDNN one-call output. Skips when the build or machine has no
 // usable cuDNN engine (tests/cuda/test_attention_cudnn covers that path in depth).
@@ -313,15 +315,16 @@ TEST(CudaStreaming, ChunkedAttentionUnderCudnnSelection) {
   const TensorView state = device_state(G, c.Mq, c.H, c.Dh, 0);
   Status one, chunked;
   {
-    const test::ScopedEnv use_cudnn("LAYERSTREAM_ATTENTION", "cudnn");
-    one = G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p);
+    const ScopedNumerics use_cudnn(*G->cuda, attention_numerics("cudnn"));
+    one = use_cudnn.status();
+    if (one.ok()) one = G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p);
     if (one.ok()) chunked = run_chunked(*G->cuda, in.dq.v, in.dk, in.dv, out.v, state, c.kv_tile, {3});
   }
   ASSERT_TRUE(G->cuda->set_workspace(G->workspace).ok());
   if (!one.ok()) GTEST_SKIP() << "no usable cuDNN attention here: " << one.message();
   ASSERT_TRUE(chunked.ok()) << "cuDNN path with a state: " << chunked.message();
   EXPECT_TRUE(same_bytes(download(G, out.v), download(G, whole.v)))
-      << "with LAYERSTREAM_ATTENTION=cudnn, chunks of 3 tiles differ from the cuDNN one call (K/V offload would "
+      << "with attention cudnn, chunks of 3 tiles differ from the cuDNN one call (K/V offload would "
          "change bits on that path)";
 }
 

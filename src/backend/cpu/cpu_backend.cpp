@@ -43,6 +43,42 @@ Status cpu_op_copy(const TensorView& dst, const TensorView& src) {
   return Status();
 }
 
+// ---- numerics ----------------------------------------------------------------------
+Numerics CpuBackend::resolve_default() {
+  Numerics n;
+  n.attention = AttentionAlgorithm::native;
+  n.kv_tile = 1024;
+  return n;
+}
+
+Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
+  LS_TRY(validate(n));
+  const auto refuse = [](const std::string& what) {
+    return Status(make_error(ErrorCode::unsupported, "the cpu backend " + what));
+  };
+  if (n.attention == AttentionAlgorithm::cudnn)
+    return refuse("has no cuDNN attention (it runs the reference, attention native); use --device cuda or "
+                  "attention auto|native");
+  if (n.gemm_f32 == GemmF32Order::cublaslt)
+    return refuse("has no cuBLASLt: its fp32 GEMMs are the lanes16 reference order; use gemm_f32 lanes16");
+  const Numerics defaults;
+  if (!n.native_variant.empty())
+    return refuse("has no native CUDA kernel variants (native_variant '" + n.native_variant + "'); leave it empty");
+  if (n.cudnn_q_chunk != defaults.cudnn_q_chunk || !n.cudnn_form.empty() || n.cudnn_skip_configs != 0)
+    return refuse("has no cuDNN path: cudnn_q_chunk, cudnn_form and cudnn_skip_configs must stay at their "
+                  "defaults (" + describe(n) + ")");
+  if (!n.gemm_candidate.empty())
+    return refuse("has no cuBLASLt candidates (gemm_candidate " + format_gemm_candidate(n.gemm_candidate) +
+                  "); leave it empty");
+  Numerics r = n;
+  r.attention = AttentionAlgorithm::native;
+  r.native_variant.clear();
+  if (r.kv_tile == 0) r.kv_tile = 1024;
+  numerics_ = r;
+  diagnostics_ = d;  // nothing to log on the CPU; kept so diagnostics() reports what was asked
+  return Status();
+}
+
 MemoryResource& CpuBackend::memory() { return host_memory_resource(); }
 Status CpuBackend::copy(const TensorView& dst, const TensorView& src) { return cpu_op_copy(dst, src); }
 MemoryResource& CpuBackend::pinned_host_memory() { return host_memory_resource(); }

@@ -5,7 +5,9 @@
 // batch-invariant by construction, multithreaded over rows with ls::parallel_for
 // without any bit depending on the thread count. Memory comes from
 // host_memory_resource(); copies are memcpy per contiguous row; there is no queue, so
-// synchronize() returns at once.
+// synchronize() returns at once. Numerics: the CPU has one algorithm of each kind, so
+// set_numerics accepts attention auto|native, fp32 GEMM lanes16 and any kv_tile (default
+// 1024), and refuses everything else (cuDNN, cuBLASLt, the CUDA kernel knobs).
 //
 // Usage:
 //   std::unique_ptr<ls::Backend> cpu = ls::make_cpu_backend();
@@ -35,6 +37,11 @@ class CpuBackend final : public Backend {
   Status wait(Queue q, int fence) override;
   Status host_wait(int fence) override;
 
+  // Numerics: one algorithm of each kind (the reference), kv_tile 1024 by default.
+  Status set_numerics(const Numerics& n, const Diagnostics& d) override;
+  Numerics numerics() const override { return numerics_; }
+  Diagnostics diagnostics() const override { return diagnostics_; }
+
   Status gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& out) override;
   Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& out) override;
   Status modulate(const TensorView& in, const TensorView& shift, const TensorView& scale, const TensorView& rows,
@@ -49,6 +56,13 @@ class CpuBackend final : public Backend {
   Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const AttentionParams& p) override;
   Expected<int64_t> count_nonfinite(const TensorView& t) override;
+
+  // Numerics{} resolved (the constructor cannot fail: the defaults are valid).
+  static Numerics resolve_default();
+
+ private:
+  Numerics numerics_ = resolve_default();
+  Diagnostics diagnostics_;
 };
 
 }  // namespace ls::cpu

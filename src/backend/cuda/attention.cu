@@ -402,13 +402,14 @@ Status launch(CudaContext& ctx, const AttnArgs& a, int H) {
   return Status();
 }
 
-// Kernel variant (speed only; every variant gives the same bits):
-// LAYERSTREAM_ATTN_VARIANT = "4x1" (4 warps x 1 m-tile), "8x1", or "4x2" (4 warps x 2 m-tiles).
-// Read at every call so tests can compare variants in one process.
+// Kernel variant (speed only; every variant gives the same bits, tested; it is a
+// Numerics field because that is not guaranteed by construction):
+// Numerics::native_variant = "4x1" (4 warps x 1 m-tile), "8x1", or "4x2" (4 warps x 2
+// m-tiles), of the backend's resolved numerics, so tests compare variants in one process
+// by set_numerics between calls.
 template <int D, bool kState>
 Status launch_variant(CudaContext& ctx, const AttnArgs& a, int H) {
-  const char* e = std::getenv("LAYERSTREAM_ATTN_VARIANT");
-  const std::string v = e ? e : kDefaultVariant;
+  const std::string& v = ctx.numerics.native_variant.empty() ? std::string(kDefaultVariant) : ctx.numerics.native_variant;
   if (v == "8x1") return launch<D, 8, 1, kState>(ctx, a, H);
   if (v == "4x2") return launch<D, 4, 2, kState>(ctx, a, H);
   return launch<D, 4, 1, kState>(ctx, a, H);
@@ -440,12 +441,12 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
                "attention: q " + q.shape_str() + " k " + k.shape_str() + " v " + v.shape_str() + " out " +
                    out.shape_str());
   LS_TRY(check_state(p, q.shape[0], k.shape[0], q.shape[1], q.shape[2]));
-  // ---- hook: cuDNN attention path (attention_cudnn.cu), the default where the build has
-  // cuDNN (LAYERSTREAM_ATTENTION=native selects the kernel below). Calls with
+  // ---- hook: cuDNN attention path (attention_cudnn.cu), the resolved default where the
+  // build has cuDNN (numerics.attention native selects the kernel below). Calls with
   // a state go to the selected path too: the cuDNN path carries its own fp32 state
   // (docs/cuda.md), so streamed keys (K/V offload) give the bytes of that path's one
   // call, and the selection never changes between the chunks of one query slice. ----
-  if (attention_cudnn_selected()) return attention_cudnn(ctx, q, k, v, out, p);
+  if (attention_cudnn_selected(ctx)) return attention_cudnn(ctx, q, k, v, out, p);
   if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported("attention", "needs bf16 q, k, v, out");
   const int64_t Dh = q.shape[2];

@@ -2,8 +2,9 @@
 // backend descriptor API, no cudnn_frontend: the unified SDPA_FWD operation, else the
 // composite matmul/softmax/matmul graph) once per key tile, tiles merged in fp32.
 //
-// Per chunk of kQChunk queries (a FIXED row count: every cuDNN call sees the same
-// graph whatever Mq is, which is what makes the path query-slice invariant) and per
+// Per chunk of Qc queries (Numerics::cudnn_q_chunk, default 2048: a FIXED row count for
+// the backend: every cuDNN call sees the same graph whatever Mq is, which is what makes
+// the path query-slice invariant) and per
 // key tile T = [t0, t1) of kv_tile keys, in order:
 //   cuDNN:  O_t   = bf16( softmax(scale * Q K_T^T) V_T )        bf16 [Qc, H, Dh]
 //           LSE_t = max_j s_j + log(sum_j exp(s_j - max))       fp32 [H, Qc]
@@ -19,7 +20,7 @@
 // end. The error stays within 2x of the plain bf16 reference (tested); the bits differ
 // from the native kernel and may change with kv_tile, the cuDNN version and the engine
 // cuDNN's heuristic picks (cached per graph for the process). Query slicing never
-// changes them: queries are staged into a zero-padded [kQChunk, H, Dh] buffer, so the
+// changes them: queries are staged into a zero-padded [Qc, H, Dh] buffer, so the
 // graph (and engine) is the same for every chunk, and a row's arithmetic inside the
 // flash kernel and the merge depends only on that row.
 //
@@ -40,7 +41,8 @@
 // Status, never an allocation. cuDNN's handle (one per device, created on first use) and
 // the plan cache live for the process.
 //
-// Diagnostics: LAYERSTREAM_CUDNN_VERBOSE=1 prints, per graph build, the cuDNN version,
+// Diagnostics (Diagnostics::cudnn_verbose; the CLI maps LAYERSTREAM_CUDNN_VERBOSE=1 onto
+// it) print, per graph build, the cuDNN version,
 // every descriptor step's status (the attribute that failed, with cuDNN's last error
 // string), how many engine configs each source gave (heuristics mode A, the fallback
 // list, then every engine of the graph by global index) and why each was rejected.
@@ -66,28 +68,14 @@
 namespace ls::cuda {
 namespace {
 
-// Queries per cuDNN call: fixed for the process (part of the numerics: it picks the graph
-// and so cuDNN's engine). LAYERSTREAM_CUDNN_QCHUNK overrides it (a multiple of 64; an
-// experiment knob like LAYERSTREAM_GEMM_CANDIDATE: it may change bits).
-int64_t q_chunk_from_env() {
-  const char* e = std::getenv("LAYERSTREAM_CUDNN_QCHUNK");
-  if (e == nullptr || e[0] == '\0') return 2048;
-  const long long v = std::atoll(e);
-  LS_CHECK_MSG(v >= 64 && v % 64 == 0 && v <= 65536,
-               std::string("LAYERSTREAM_CUDNN_QCHUNK=") + e + ": needs a multiple of 64 in [64, 65536]");
-  return v;
-}
-const int64_t kQChunk = q_chunk_from_env();
+// Queries per cuDNN call: Numerics::cudnn_q_chunk of the backend (part of the numerics:
+// it picks the graph and so cuDNN's engine; a multiple of 64, validated by
+// Backend::set_numerics; the workspace is sized for it: Layout below).
 constexpr int64_t kTilesPerMerge = 4;   // key tiles per merge launch (speed only: same bits)
 constexpr size_t kCudnnReserve = 64ull << 20;  // cuDNN's own workspace, at most
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-bool verbose() {
-  const char* e = std::getenv("LAYERSTREAM_CUDNN_VERBOSE");
-  return e != nullptr && e[0] != '\0' && std::strcmp(e, "0") != 0;
-}
 
 // Workspace layout (each piece 256-byte aligned), for H heads of Dh:
 //   Qs   bf16 [Qc, H, Dh]               staged query chunk (rows >= n zero)
@@ -100,9 +88,9 @@ struct Layout {
   size_t qs, ot, lt, acc, l, ws, total;
   size_t ot_stride, lt_stride;  // bytes between consecutive tiles of a group
 };
-Layout layout(int64_t H, int64_t Dh) {
+Layout layout(int64_t H, int64_t Dh, int64_t qc) {
   Layout y{};
-  const size_t rows = static_cast<size_t>(kQChunk * H);
+  const size_t rows = static_cast<size_t>(qc * H);
   const size_t tile_bf16 = align_up(rows * static_cast<size_t>(Dh) * 2);
   const size_t tile_lse = align_up(rows * 4);
   const size_t tiles = static_cast<size_t>(kTilesPerMerge);
@@ -144,7 +132,7 @@ struct MergeArgs {
   uint16_t* out;       // bf16 rows [c0, c0 + n) of the caller's output (last group, finalize)
   int64_t so, ho;
   int64_t n;           // valid rows in this chunk
-  int64_t qc;          // kQChunk (the LSE rows' stride per head)
+  int64_t qc;          // the query chunk Qc (the LSE rows' stride per head)
   int H, Dh;
 };
 
@@ -332,7 +320,7 @@ struct Plan {
 // Graph key: everything the descriptors depend on. Mq is not in it (fixed chunk).
 // The last two: the forced graph form and the skipped heuristic configs (diagnostic
 // settings, below).
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int64_t>;
 
 // Per device: the cuDNN handle.
 struct DeviceState {
@@ -345,7 +333,7 @@ std::map<PlanKey, Plan*> g_plans;
 std::map<PlanKey, std::string> g_refused;  // graphs cuDNN refused: fail fast with the first reason
 bool g_version_logged = false;
 
-Expected<DeviceState*> device_state(int device) {
+Expected<DeviceState*> device_state(int device, bool log, int64_t qc) {
   LS_CHECK(device >= 0 && device < kMaxDevices);
   DeviceState& d = g_dev[device];
   if (!d.handle) {
@@ -355,7 +343,7 @@ Expected<DeviceState*> device_state(int device) {
       return cudnn_error(s, "cudnnCreate (cuDNN runtime " + std::to_string(cudnnGetVersion()) + ")");
     }
   }
-  if (!g_version_logged && verbose()) {
+  if (!g_version_logged && log) {
     g_version_logged = true;
     int dev = 0, major = 0, minor = 0;
     cudaGetDevice(&dev);
@@ -365,7 +353,7 @@ Expected<DeviceState*> device_state(int device) {
                  "cudnn attention: cuDNN runtime %zu (headers %d), cudart %zu, device %d sm_%d%d, chunk %lld queries, "
                  "%lld tiles per merge\n",
                  cudnnGetVersion(), CUDNN_VERSION, cudnnGetCudartVersion(), dev, major, minor,
-                 static_cast<long long>(kQChunk), static_cast<long long>(kTilesPerMerge));
+                 static_cast<long long>(qc), static_cast<long long>(kTilesPerMerge));
   }
   return &d;
 }
@@ -390,23 +378,18 @@ const char* form_name(GraphForm f) {
   return f == GraphForm::unified ? "unified SDPA_FWD" : f == GraphForm::composite ? "composite" : "composite (fp32 P)";
 }
 
-// Diagnostic settings (read per call; part of the plan key). They change which engine
+// Developer settings of the numerics (part of the plan key). They change which engine
 // runs, so they may change bits; the defaults are what the tests and docs describe.
-//   LAYERSTREAM_CUDNN_FORM = unified | composite | composite-f32p: only that graph form
-//     (default: unified when cuDNN >= 9.13.1, then composite).
-//   LAYERSTREAM_CUDNN_CONFIG = N: skip the first N configs of heuristics mode A.
-int forced_form() {
-  const char* e = std::getenv("LAYERSTREAM_CUDNN_FORM");
-  if (e == nullptr) return -1;
-  if (std::strcmp(e, "unified") == 0) return static_cast<int>(GraphForm::unified);
-  if (std::strcmp(e, "composite") == 0) return static_cast<int>(GraphForm::composite);
-  if (std::strcmp(e, "composite-f32p") == 0) return static_cast<int>(GraphForm::composite_f32p);
-  return -1;
+//   Numerics::cudnn_form = unified | composite | composite-f32p: only that graph form
+//     ("" = auto: unified when cuDNN >= 9.13.1, then composite).
+//   Numerics::cudnn_skip_configs = N: skip the first N configs of heuristics mode A.
+int forced_form(const Numerics& n) {
+  if (n.cudnn_form == "unified") return static_cast<int>(GraphForm::unified);
+  if (n.cudnn_form == "composite") return static_cast<int>(GraphForm::composite);
+  if (n.cudnn_form == "composite-f32p") return static_cast<int>(GraphForm::composite_f32p);
+  return -1;  // "" (validated by set_numerics: nothing else reaches here)
 }
-int skipped_configs() {
-  const char* e = std::getenv("LAYERSTREAM_CUDNN_CONFIG");
-  return e == nullptr ? 0 : std::max(0, std::atoi(e));
-}
+int skipped_configs(const Numerics& n) { return static_cast<int>(std::max<int64_t>(0, n.cudnn_skip_configs)); }
 
 // Engine global index and knob choices of an engine config, for messages.
 std::string describe_cfg(cudnnBackendDescriptor_t cfg, int64_t* engine_index) {
@@ -485,14 +468,12 @@ cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t
 }
 
 Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk,
-                                int64_t hk, int64_t sv, int64_t hv, int skip) {
-  const bool log = verbose();
+                                int64_t hk, int64_t sv, int64_t hv, int skip, int64_t Qc, bool log) {
   Builder b;
   b.log = log;
   b.tag = std::string("[") + form_name(form) + " H=" + std::to_string(H) + " Dh=" + std::to_string(Dh) +
-          " Qc=" + std::to_string(kQChunk) + " kv=" + std::to_string(kv) + "]";
+          " Qc=" + std::to_string(Qc) + " kv=" + std::to_string(kv) + "]";
   if (log) std::fprintf(stderr, "cudnn attention: %s building the graph\n", b.tag.c_str());
-  const int64_t Qc = kQChunk;
   const int64_t q_dims[4] = {1, H, Qc, Dh}, q_str[4] = {Qc * H * Dh, Dh, H * Dh, 1};
   const int64_t v_dims[4] = {1, H, kv, Dh}, v_str[4] = {kv * sv, hv, sv, 1};
   const int64_t s_dims[4] = {1, H, Qc, kv}, s_str[4] = {H * Qc * kv, Qc * kv, kv, 1};
@@ -640,21 +621,23 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
 }
 
 Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk, int64_t hk, int64_t sv,
-                           int64_t hv, int forced, int skip) {
-  if (forced >= 0) return build_plan_form(static_cast<GraphForm>(forced), handle, H, Dh, kv, sk, hk, sv, hv, skip);
+                           int64_t hv, int forced, int skip, int64_t Qc, bool log) {
+  if (forced >= 0)
+    return build_plan_form(static_cast<GraphForm>(forced), handle, H, Dh, kv, sk, hk, sv, hv, skip, Qc, log);
   std::string unified_why = "skipped (cuDNN runtime " + std::to_string(cudnnGetVersion()) + " < 91301)";
   if (cudnnGetVersion() >= 91301) {
-    auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv, skip);
+    auto unified = build_plan_form(GraphForm::unified, handle, H, Dh, kv, sk, hk, sv, hv, skip, Qc, log);
     if (unified.ok()) return unified;
     unified_why = unified.error().message;
   }
-  auto composite = build_plan_form(GraphForm::composite, handle, H, Dh, kv, sk, hk, sv, hv, skip);
+  auto composite = build_plan_form(GraphForm::composite, handle, H, Dh, kv, sk, hk, sv, hv, skip, Qc, log);
   if (composite.ok()) return composite;
   return make_error(ErrorCode::unsupported, "cuDNN " + std::to_string(cudnnGetVersion()) + ": unified SDPA op: " +
                                                 unified_why + " | composite graph: " + composite.error().message +
-                                                " (LAYERSTREAM_CUDNN_VERBOSE=1 CUDNN_LOGLEVEL_DBG=2 "
-                                                "CUDNN_LOGDEST_DBG=stderr print every step; "
-                                                "LAYERSTREAM_ATTENTION=native runs the built-in kernel instead)");
+                                                " (Diagnostics::cudnn_verbose, e.g. the CLI's developer "
+                                                "variable LAYERSTREAM_CUDNN_VERBOSE=1, with CUDNN_LOGLEVEL_DBG=2 "
+                                                "CUDNN_LOGDEST_DBG=stderr prints every step; attention native "
+                                                "(--attention native) runs the built-in kernel instead)");
 }
 
 Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k, const void* v, void* o, void* stats,
@@ -680,21 +663,7 @@ Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k,
 
 }  // namespace
 
-bool attention_cudnn_selected() {
-  const char* e = std::getenv("LAYERSTREAM_ATTENTION");
-  const bool set = e != nullptr && e[0] != '\0';
-  if (set && std::strcmp(e, "native") != 0 && std::strcmp(e, "cudnn") != 0) {
-    static std::once_flag warned;
-    std::call_once(warned, [e] {
-      std::fprintf(stderr, "LayerStream: LAYERSTREAM_ATTENTION=%s is neither 'cudnn' nor 'native'; using the default\n", e);
-    });
-  }
-#ifdef LAYERSTREAM_CUDNN
-  return !(set && std::strcmp(e, "native") == 0);  // the default where the build has cuDNN
-#else
-  return set && std::strcmp(e, "cudnn") == 0;  // then attention_cudnn says this build has no cuDNN
-#endif
-}
+bool attention_cudnn_selected(const CudaContext& ctx) { return ctx.numerics.attention == AttentionAlgorithm::cudnn; }
 
 bool attention_cudnn_built() {
 #ifdef LAYERSTREAM_CUDNN
@@ -704,14 +673,17 @@ bool attention_cudnn_built() {
 #endif
 }
 
-size_t attention_cudnn_workspace_bytes(int64_t H, int64_t Dh) { return layout(H, Dh).total; }
+size_t attention_cudnn_workspace_bytes(int64_t H, int64_t Dh, int64_t q_chunk) {
+  LS_CHECK(H > 0 && Dh > 0 && q_chunk > 0);
+  return layout(H, Dh, q_chunk).total;
+}
 
 Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const AttentionParams& p) {
 #ifndef LAYERSTREAM_CUDNN
   (void)ctx, (void)q, (void)k, (void)v, (void)out, (void)p;
-  return unsupported("attention", "LAYERSTREAM_ATTENTION=cudnn but this build has no cuDNN; unset it for the "
-                                  "native kernel");
+  return unsupported("attention", "attention cudnn but this build has no cuDNN; use attention auto or native "
+                                  "(Backend::set_numerics refuses it: this is a bug)");
 #else
   LS_CHECK_MSG(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && out.ndim == 3 && k.shape[0] == v.shape[0] &&
                    q.shape[1] == k.shape[1] && q.shape[1] == v.shape[1] && q.shape[1] == out.shape[1] &&
@@ -739,14 +711,17 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
   }
   if (Mq == 0) return Status();
   if (Mk == 0) return unsupported("attention (cudnn)", "no keys");
-  const Layout lay = layout(H, Dh);
+  const int64_t q_chunk = ctx.numerics.cudnn_q_chunk;  // queries per cuDNN call (validated: multiple of 64)
+  const bool log = ctx.diagnostics.cudnn_verbose;
+  const Layout lay = layout(H, Dh, q_chunk);
   if (ctx.workspace == nullptr || ctx.workspace_bytes < lay.total)
     return make_error(ErrorCode::invalid_argument,
                       "cuda attention (cudnn): the backend workspace has " + std::to_string(ctx.workspace_bytes) +
                           " bytes, the cuDNN path needs " + std::to_string(lay.total) + " for H = " +
                           std::to_string(H) + ", head_dim = " + std::to_string(Dh) +
-                          " (attention_cudnn_workspace_bytes); hand a larger view to set_workspace or set "
-                          "LAYERSTREAM_ATTENTION=native");
+                          " at q_chunk " + std::to_string(q_chunk) +
+                          " (attention_cudnn_workspace_bytes); hand a larger view to set_workspace or use "
+                          "attention native");
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   if (!(scale > 0.0f)) return unsupported("attention (cudnn)", "softmax scale must be positive");
 
@@ -757,18 +732,18 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
   Plan* plan_last = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    auto d = device_state(ctx.device);
+    auto d = device_state(ctx.device, log, q_chunk);
     if (!d.ok()) return d.error();
     dev = d.value();
-    const int forced = forced_form(), skip = skipped_configs();
+    const int forced = forced_form(ctx.numerics), skip = skipped_configs(ctx.numerics);
     auto get = [&](int64_t kv) -> Expected<Plan*> {
-      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip};
+      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip, q_chunk};
       auto it = g_plans.find(key);
       if (it != g_plans.end()) return it->second;
       auto refused = g_refused.find(key);
       if (refused != g_refused.end()) return make_error(ErrorCode::unsupported, refused->second);
       auto built =
-          build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip);
+          build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip, q_chunk, log);
       if (!built.ok()) {
         if (built.error().code == ErrorCode::unsupported) g_refused[key] = built.error().message;
         return built.error();
@@ -796,11 +771,11 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
   const auto* vb = v.ptr<const uint16_t>();
   const int threads = 256;
   Status failed;
-  for (int64_t c0 = 0; c0 < Mq && failed.ok(); c0 += kQChunk) {
-    const int64_t n = std::min(kQChunk, Mq - c0);
-    const int64_t stage_n = kQChunk * H * (Dh / 8);
+  for (int64_t c0 = 0; c0 < Mq && failed.ok(); c0 += q_chunk) {
+    const int64_t n = std::min(q_chunk, Mq - c0);
+    const int64_t stage_n = q_chunk * H * (Dh / 8);
     stage_queries<<<static_cast<unsigned>(div_up(stage_n, threads)), threads, 0, ctx.stream>>>(
-        q.ptr<const uint16_t>(), q.stride[0], q.stride[1], c0, n, qs, kQChunk, static_cast<int>(H), static_cast<int>(Dh));
+        q.ptr<const uint16_t>(), q.stride[0], q.stride[1], c0, n, qs, q_chunk, static_cast<int>(H), static_cast<int>(Dh));
     LS_CUDA_CHECK_LAUNCH();
     for (int64_t g0 = 0; g0 < ntiles; g0 += kTilesPerMerge) {
       const int64_t gn = std::min(kTilesPerMerge, ntiles - g0);
@@ -837,7 +812,7 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
       a.so = out.stride[0];
       a.ho = out.stride[1];
       a.n = n;
-      a.qc = kQChunk;
+      a.qc = q_chunk;
       a.H = static_cast<int>(H);
       a.Dh = static_cast<int>(Dh);
       const int64_t merge_n = n * H * (Dh / 8);

@@ -152,6 +152,9 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t& f : fences_) LS_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
     LS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.gemm_cache = gemm_cache_create();
+    auto defaults = resolve(Numerics{});
+    LS_CHECK_MSG(defaults.ok(), "cuda: the default numerics do not resolve");
+    ctx_.numerics = *defaults;
   }
   // Backend state that can fail for lack of memory (make_cuda_backend calls it once):
   // count_nonfinite's 8-byte device counter. Plain cudaMalloc, outside the arenas and
@@ -235,22 +238,73 @@ class CudaBackend final : public Backend {
   }
 
   // The GEMM's cuBLASLt workspace; in a build with cuDNN the larger of that and the
-  // cuDNN attention path's scratch for up to 64 heads of 128 (H3: 56 x 128), whichever
-  // path LAYERSTREAM_ATTENTION selects, so the amount is a constant of the build and
-  // either path can run on it. Ops run one at a time on the compute queue, so they
-  // share one view.
-  size_t workspace_bytes() const override {
-    return attention_cudnn_built() ? std::max(gemm_workspace_bytes(), attention_cudnn_workspace_bytes(64, 128))
-                                   : gemm_workspace_bytes();
+  // cuDNN attention path's scratch for up to 64 heads of 128 (H3: 56 x 128) at the
+  // numerics' cudnn_q_chunk, whichever attention path the numerics select, so switching
+  // between cudnn and native (set_numerics) keeps a workspace valid; only a larger
+  // q chunk needs a larger one (set_numerics refuses it once a smaller workspace is set).
+  // Ops run one at a time on the compute queue, so they share one view.
+  size_t workspace_bytes() const override { return workspace_bytes_for(ctx_.numerics); }
+  size_t workspace_bytes_for(const Numerics& n) const {
+    return attention_cudnn_built()
+               ? std::max(gemm_workspace_bytes(), attention_cudnn_workspace_bytes(64, 128, n.cudnn_q_chunk))
+               : gemm_workspace_bytes();
   }
-  // cuDNN's fused kernel is called once per key tile and the tiles are merged, so small
-  // tiles cost speed: at S = 111274, H3 width, on the H200, kv_tile 1024 ran at 438
-  // TFLOP/s, 8192 at 552-555, 16384 at 559-567, one tile of all keys at 531 (and the K/V offload
-  // chunks, whole tiles, grow with it). 8192 is within 2 % of the best (DESIGN.md §1.2). The native kernel walks 64-key blocks whatever kv_tile
-  // is, so it keeps the CPU's 1024.
-  int64_t default_kv_tile() const override {
-    return attention_cudnn_built() && attention_cudnn_selected() ? 8192 : 1024;
+
+  // ---- numerics ------------------------------------------------------------------
+  // Resolution (numerics.h): attention auto -> cudnn where the build has cuDNN, else
+  // native; kv_tile 0 -> the algorithm's default. cuDNN's fused kernel is called once per
+  // key tile and the tiles are merged, so small tiles cost speed: at S = 111274, H3
+  // width, on the H200, kv_tile 1024 ran at 438 TFLOP/s, 8192 at 552-555, 16384 at
+  // 559-567, one tile of all keys at 531 (and the K/V offload chunks, whole tiles, grow
+  // with it). 8192 is within 2 % of the best (DESIGN.md §1.2). The native kernel walks
+  // 64-key blocks whatever kv_tile is, so it keeps the CPU's 1024. native_variant "" ->
+  // "4x2" under native attention. The knobs of the path not taken must stay at their
+  // defaults (they would be recorded without acting).
+  static Expected<Numerics> resolve(const Numerics& n) {
+    LS_TRY(validate(n));
+    Numerics r = n;
+    if (r.attention == AttentionAlgorithm::backend_default)
+      r.attention = attention_cudnn_built() ? AttentionAlgorithm::cudnn : AttentionAlgorithm::native;
+    if (r.attention == AttentionAlgorithm::cudnn && !attention_cudnn_built())
+      return make_error(ErrorCode::unsupported,
+                        "attention cudnn: this layerstream was built without cuDNN (no libcudnn found at configure "
+                        "time); use attention auto or native, or rebuild with cuDNN installed");
+    const Numerics defaults;
+    if (r.attention == AttentionAlgorithm::cudnn) {
+      if (!r.native_variant.empty())
+        return make_error(ErrorCode::invalid_argument,
+                          "native_variant '" + r.native_variant +
+                              "' is a setting of the native attention kernel, but the attention is cudnn; "
+                              "select attention native or leave native_variant empty");
+    } else {
+      if (r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() || r.cudnn_skip_configs != 0)
+        return make_error(ErrorCode::invalid_argument,
+                          "cudnn_q_chunk, cudnn_form and cudnn_skip_configs are settings of the cudnn attention "
+                          "path, but the attention is native (" + describe(r) +
+                              "); select attention cudnn or leave them at their defaults");
+      if (r.native_variant.empty()) r.native_variant = kDefaultNativeVariant;
+    }
+    if (r.kv_tile == 0) r.kv_tile = r.attention == AttentionAlgorithm::cudnn ? 8192 : 1024;
+    return r;
   }
+  Status set_numerics(const Numerics& n, const Diagnostics& d) override {
+    LS_ASSIGN_OR_RETURN(Numerics r, resolve(n));
+    if (ctx_.workspace != nullptr && ctx_.workspace_bytes < workspace_bytes_for(r))
+      return make_error(ErrorCode::invalid_argument,
+                        "cuda set_numerics: " + describe(r) + " needs " + std::to_string(workspace_bytes_for(r)) +
+                            " bytes of workspace, the view set has " + std::to_string(ctx_.workspace_bytes) +
+                            "; call set_numerics before set_workspace (workspace_bytes() follows the numerics)");
+    // Ops read the settings on the host when they are queued, so work already queued
+    // keeps the old ones and nothing waits; the cuBLASLt pins follow the candidates, so
+    // they are forgotten when those change.
+    if (r.gemm_candidate != ctx_.numerics.gemm_candidate) gemm_cache_clear(ctx_.gemm_cache);
+    ctx_.numerics = r;
+    ctx_.diagnostics = d;
+    return Status();
+  }
+  Numerics numerics() const override { return ctx_.numerics; }
+  Diagnostics diagnostics() const override { return ctx_.diagnostics; }
+
   Status set_workspace(const TensorView& ws) override {
     LS_CHECK_MSG(ws.empty() || ws.device == device(), "set_workspace: view on " + ws.device.str());
     if (!ws.empty() && static_cast<size_t>(ws.nbytes()) < workspace_bytes())

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/numerics.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -49,7 +50,7 @@ namespace ls::cuda {
 struct GemmAlgoCache;  // gemm.cu
 
 // What every op entry receives: the device, its compute stream, the cuBLASLt handle,
-// the caller's GEMM workspace and the pinned-algorithm cache.
+// the caller's GEMM workspace, the pinned-algorithm cache and the numerics.
 struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -62,6 +63,11 @@ struct CudaContext {
   // count_nonfinite's result on the device: one counter made with the backend (see
   // nonfinite.cu for why it is not a workspace piece).
   unsigned long long* nonfinite_counter = nullptr;
+  // The backend's RESOLVED numerics (Backend::set_numerics / numerics()): the op entries
+  // read the attention path, the kernel variant, the cuDNN chunk and form, the fp32 GEMM
+  // order and the cuBLASLt candidates from here, never from the environment.
+  Numerics numerics;
+  Diagnostics diagnostics;
 };
 
 // Host-side helpers for views.

@@ -24,9 +24,9 @@
 // fp32 accumulator per output and walk K sequentially (error ~ sqrt(K) eps), and so
 // does the f32 x bf16 SIMT kernel; PyTorch's cuBLAS picks a split-K kernel at that
 // small shape, the CPU reference keeps 16 lane sums and adds them as a tree.
-// So f32 x f32 and f32 x bf16 go to gemm_f32_lanes16 by default (LAYERSTREAM_GEMM_F32=
-// cublaslt, read at every call, selects the path above; it changes bits like
-// LAYERSTREAM_GEMM_CANDIDATE),
+// So f32 x f32 and f32 x bf16 go to gemm_f32_lanes16 by default (Numerics::gemm_f32 =
+// cublaslt, of the backend's numerics, selects the path above; it changes bits like
+// Numerics::gemm_candidate),
 // which computes the CPU reference's order (src/backend/cpu/gemm.cpp) exactly:
 //   acc[l] = acc[l] + fl32(x[k] * w[k]) for k = l (mod 16), K zero-padded to 16;
 //   sum = ((acc[l] + acc[l+8]) -> + [l+4] -> + [l+2] -> + [l+1]); out = round(sum + bias)
@@ -82,6 +82,10 @@ struct GemmAlgoCache {
 
 GemmAlgoCache* gemm_cache_create() { return new GemmAlgoCache(); }
 void gemm_cache_destroy(GemmAlgoCache* c) { delete c; }
+void gemm_cache_clear(GemmAlgoCache* c) {
+  std::lock_guard<std::mutex> lock(c->mu);
+  c->plans.clear();
+}
 size_t gemm_workspace_bytes() { return kGemmWorkspaceBytes + kGemmStageBytes; }
 
 namespace {
@@ -159,17 +163,10 @@ std::string describe_algo(const cublasLtMatmulAlgo_t& a, size_t ws) {
   return os.str();
 }
 
-// LAYERSTREAM_GEMM_CANDIDATE: "i" (every key) or "K:i,K:i" (keys with that K). -1 = none.
-int candidate_override(int64_t K) {
-  const char* e = std::getenv("LAYERSTREAM_GEMM_CANDIDATE");
-  if (e == nullptr || e[0] == '\0') return -1;
-  const std::string v = e;
-  if (v.find(':') == std::string::npos) return std::max(0, std::atoi(e));
-  std::istringstream is(v);
-  std::string item;
-  while (std::getline(is, item, ','))
-    if (const size_t c = item.find(':'); c != std::string::npos && std::atoll(item.substr(0, c).c_str()) == K)
-      return std::max(0, std::atoi(item.c_str() + c + 1));
+// Numerics::gemm_candidate: the entry for K, else the -1 entry (every K), else -1 = none.
+int candidate_override(const Numerics& n, int64_t K) {
+  if (auto it = n.gemm_candidate.find(K); it != n.gemm_candidate.end()) return std::max(0, it->second);
+  if (auto it = n.gemm_candidate.find(-1); it != n.gemm_candidate.end()) return std::max(0, it->second);
   return -1;
 }
 
@@ -216,7 +213,7 @@ GemmPlan choose_plan(CudaContext& ctx, const GemmKey& key) {
     return plan;
   }
   // Which one: the heuristic's first admissible candidate, unless
-  // LAYERSTREAM_GEMM_CANDIDATE says otherwise (experiments: it changes bits, like
+  // the numerics' gemm_candidate says otherwise (experiments: it changes bits, like
   // kv_tile). Both depend only on the key and the heuristic's list for the fixed
   // reference shape, so one process and the next pin the same algorithm. Timing the
   // candidates instead (bench/bench_gemm_pins, H200, 2026-11-30) found no reason to: 8
@@ -225,16 +222,16 @@ GemmPlan choose_plan(CudaContext& ctx, const GemmKey& key) {
   // differ (docs/cuda.md).
   int pick = 0;
   const char* why = "heuristic's first";
-  if (const int forced = candidate_override(key.K); forced >= 0) {
+  if (const int forced = candidate_override(ctx.numerics, key.K); forced >= 0) {
     pick = std::min<int>(forced, static_cast<int>(admissible.size()) - 1);
-    why = "LAYERSTREAM_GEMM_CANDIDATE";
+    why = "numerics gemm_candidate";
   }
   const int i = admissible[static_cast<size_t>(pick)];
   plan.ok = true;
   plan.algo = res[i].algo;
   plan.workspace = res[i].workspaceSize;
   plan.desc = describe_algo(res[i].algo, res[i].workspaceSize);
-  if (const char* e = std::getenv("LAYERSTREAM_GEMM_VERBOSE"); e && e[0] && e[0] != '0')
+  if (ctx.diagnostics.gemm_verbose)
     std::fprintf(stderr, "gemm pin: K %lld x%d w%d out%d bias%d align %d -> candidate %d of %zu (%s): %s\n",
                  static_cast<long long>(key.K), key.xt, key.wt, key.ot, key.bt, key.align, pick,
                  admissible.size(), why, plan.desc.c_str());
@@ -357,12 +354,9 @@ __global__ void __launch_bounds__(256) gemm_f32_lanes16(const float* __restrict_
 }
 
 // The default for f32 x (f32|bf16) since the H200 check (GoldenOps.Gemm/cuda: bytes and
-// errors equal the CPU reference's; CudaOps.Gemm* pass); LAYERSTREAM_GEMM_F32=cublaslt
+// errors equal the CPU reference's; CudaOps.Gemm* pass); Numerics::gemm_f32 = cublaslt
 // selects the pinned cuBLASLt / plain SIMT path instead.
-bool gemm_f32_lanes16_selected() {
-  const char* e = std::getenv("LAYERSTREAM_GEMM_F32");
-  return e == nullptr || std::string(e) != "cublaslt";
-}
+bool gemm_f32_lanes16_selected(const CudaContext& ctx) { return ctx.numerics.gemm_f32 == GemmF32Order::lanes16; }
 
 Status launch_gemm_f32_lanes16(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
                                const TensorView& out) {
@@ -419,7 +413,7 @@ const GemmPlan& plan_for(CudaContext& ctx, const GemmKey& key) {
 std::string gemm_describe_pinned(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out) {
   if (!gemm_shapes_ok(x, w, bias, out)) return "bad shapes";
-  if (x.dtype == DType::f32 && gemm_f32_lanes16_selected()) return "simt f32 lanes16 (the CPU reference's order)";
+  if (x.dtype == DType::f32 && gemm_f32_lanes16_selected(ctx)) return "simt f32 lanes16 (the CPU reference's order)";
   if (x.dtype == DType::f32 && w.dtype == DType::bf16) return "simt f32 x bf16 (fmaf, k ascending)";
   const GemmPlan& p = plan_for(ctx, make_key(x, w, bias, out));
   if (!p.ok && bias) {
@@ -446,7 +440,7 @@ Status cuda_op_gemm(CudaContext& ctx, const TensorView& x, const TensorView& w, 
     return unsupported("gemm", "x " + x.shape_str() + " w " + w.shape_str() + " out " + out.shape_str() +
                                    (bias ? " bias " + bias->shape_str() : ""));
   if (M == 0 || N == 0) return Status();
-  if (x.dtype == DType::f32 && gemm_f32_lanes16_selected()) return launch_gemm_f32_lanes16(ctx, x, w, bias, out);
+  if (x.dtype == DType::f32 && gemm_f32_lanes16_selected(ctx)) return launch_gemm_f32_lanes16(ctx, x, w, bias, out);
   if (mixed) {
     dim3 grid(static_cast<unsigned>(div_up(N, kTile)), static_cast<unsigned>(div_up(M, kTile)));
     LS_CHECK_MSG(div_up(M, kTile) < 65536, "gemm f32 x bf16: M too large for one launch");

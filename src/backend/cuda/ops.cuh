@@ -39,6 +39,8 @@ Expected<int64_t> cuda_op_count_nonfinite(CudaContext& ctx, const TensorView& t)
 // gemm.cu: the algorithm cache's lifetime is the backend's.
 GemmAlgoCache* gemm_cache_create();
 void gemm_cache_destroy(GemmAlgoCache* c);
+// Forgets every pinned algorithm (Backend::set_numerics, when gemm_candidate changes).
+void gemm_cache_clear(GemmAlgoCache* c);
 size_t gemm_workspace_bytes();
 std::string gemm_describe_pinned(CudaContext& ctx, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out);
