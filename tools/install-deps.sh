@@ -2,7 +2,7 @@
 # Installs the Debian packages LayerStream builds with (skips apt when all are present).
 # Used by the README's commands and by .ci/run.
 set -euo pipefail
-PKGS="cmake g++ make ninja-build libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev python3"
+PKGS="cmake g++ make ninja-build libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev python3 pkg-config"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 [ -z "$missing" ] && exit 0

@@ -1,0 +1,241 @@
+// The C API (include/layerstream/layerstream.h) through liblayerstream: statuses and
+// messages, params versioning by `size`, the numerics refusals, the dry run, one
+// denoiser call whose bytes do not depend on the memory mode (exactness through the
+// API), the report and the fingerprint.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "layerstream/layerstream.h"
+#include "layerstream/layerstream.hpp"
+
+namespace {
+
+struct Inputs {
+  ls_clip clip;
+  ls_clip_shape shape;
+  std::vector<float> video, audio, text;
+};
+
+// Integer-formula inputs in steps of 1/64 (bf16-exact, never all zero).
+void fill(std::vector<float>& x, uint32_t salt) {
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(((i * 37 + salt * 11) % 97)) / 64.0f - 0.75f;
+}
+
+Inputs make_inputs(ls_engine* e) {
+  Inputs in;
+  ls_clip_init(&in.clip);
+  in.clip.frames = 22, in.clip.width = 64, in.clip.height = 64, in.clip.text_tokens = 8;
+  ls_clip_shape_init(&in.shape);
+  EXPECT_EQ(ls_engine_clip_shape(e, &in.clip, &in.shape), LS_OK) << ls_engine_last_error(e);
+  in.video.resize(in.shape.video_count), in.audio.resize(in.shape.audio_count), in.text.resize(in.shape.text_count);
+  fill(in.video, 1), fill(in.audio, 2), fill(in.text, 3);
+  return in;
+}
+
+layerstream::EnginePtr tiny(void (*tweak)(ls_engine_params&) = nullptr) {
+  ls_engine_params p;
+  ls_engine_params_init(&p);
+  p.preset = "tiny";
+  if (tweak) tweak(p);
+  ls_status s = LS_OK;
+  auto e = layerstream::make_engine(p, &s);
+  EXPECT_EQ(s, LS_OK) << ls_last_error();
+  return e;
+}
+
+struct Out {
+  std::vector<float> video, audio;
+  uint64_t hash = 0;
+};
+
+Out denoise(ls_engine* e, const Inputs& in, float sigma = 0.7f) {
+  Out o;
+  o.video.resize(in.shape.video_count), o.audio.resize(in.shape.audio_count);
+  ls_denoise_params d;
+  ls_denoise_params_init(&d);
+  d.clip = &in.clip, d.video = in.video.data(), d.audio = in.audio.data(), d.text = in.text.data(), d.sigma = sigma;
+  d.video_out = o.video.data(), d.video_out_count = o.video.size();
+  d.audio_out = o.audio.data(), d.audio_out_count = o.audio.size();
+  EXPECT_EQ(ls_engine_denoise(e, &d), LS_OK) << ls_engine_last_error(e);
+  o.hash = ls_engine_output_hash(e);
+  return o;
+}
+
+TEST(Api, StatusStringsAndVersion) {
+  EXPECT_STREQ(ls_status_string(LS_OK), "ok");
+  EXPECT_STREQ(ls_status_string(LS_OUT_OF_BUDGET), "out_of_budget");
+  EXPECT_STREQ(ls_status_string(LS_NONFINITE), "nonfinite");
+  EXPECT_NE(std::string(ls_version()).find("layerstream "), std::string::npos);
+}
+
+TEST(Api, CreateFailuresSetTheThreadLocalMessage) {
+  ls_engine_params p;
+  ls_engine_params_init(&p);
+  ls_engine* e = reinterpret_cast<ls_engine*>(1);
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);  // neither model nor preset
+  EXPECT_EQ(e, nullptr);
+  EXPECT_NE(std::string(ls_last_error()).find("preset"), std::string::npos);
+  p.preset = "no-such-preset";
+  EXPECT_NE(ls_engine_create(&p, &e), LS_OK);
+  EXPECT_NE(std::string(ls_last_error()), "");
+  p.preset = nullptr;
+  p.model_path = "/nonexistent/h3.safetensors";
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_IO) << ls_last_error();
+  ls_engine_params_init(&p);
+  p.preset = "tiny";
+  p.memory_mode = LS_MEMORY_VRAM_BUDGET;
+  p.vram_budget = 1ull << 30;
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);  // the CPU has no device memory
+  EXPECT_NE(std::string(ls_last_error()).find("CPU"), std::string::npos);
+}
+
+TEST(Api, ParamsSizeVersioning) {
+  ls_engine_params p;
+  ls_engine_params_init(&p);
+  p.preset = "tiny";
+  ls_engine* e = nullptr;
+  p.size = 0;  // not initialised
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ls_last_error()).find("_init"), std::string::npos);
+  p.size = sizeof p + 8;  // a newer header than the library
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);
+  // An older, shorter struct: the fields it lacks take their defaults.
+  p.size = static_cast<uint32_t>(offsetof(ls_engine_params, device));
+  ASSERT_EQ(ls_engine_create(&p, &e), LS_OK) << ls_last_error();
+  ls_engine_free(e);
+}
+
+TEST(Api, NumericsNotYetHonouredAreRefused) {
+  ls_numerics n;
+  ls_numerics_init(&n);
+  n.attention = LS_ATTENTION_CUDNN;
+  ls_engine_params p;
+  ls_engine_params_init(&p);
+  p.preset = "tiny";
+  p.numerics = &n;
+  ls_engine* e = nullptr;
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_UNSUPPORTED);
+  EXPECT_NE(std::string(ls_last_error()).find("attention"), std::string::npos);
+  ls_numerics_init(&n);
+  n.kv_tile = 8;  // honoured
+  ASSERT_EQ(ls_engine_create(&p, &e), LS_OK) << ls_last_error();
+  layerstream::EnginePtr owned(e);
+  Inputs in = make_inputs(e);
+  const char* json = nullptr;
+  ASSERT_EQ(ls_engine_plan(e, &in.clip, 0.7f, &json), LS_OK) << ls_engine_last_error(e);
+  auto j = nlohmann::json::parse(json);
+  EXPECT_EQ(j["plan"]["kv_tile"], 8);
+  EXPECT_EQ(j["numerics"]["kv_tile"], 8);
+}
+
+TEST(Api, MemoryModesGiveTheSameBytes) {
+  auto stock = tiny();
+  ASSERT_TRUE(stock);
+  Inputs in = make_inputs(stock.get());
+  ASSERT_GT(in.shape.S, 100);
+  double norm = 0;
+  for (float v : in.video) norm += std::fabs(v);
+  ASSERT_GT(norm, 0.0);
+  const Out a = denoise(stock.get(), in);
+  ASSERT_NE(a.hash, 0u);
+  EXPECT_EQ(a.hash, ls_fingerprint(a.video.data(), a.video.size(), a.audio.data(), a.audio.size()));
+  double out_norm = 0;
+  for (float v : a.video) out_norm += std::fabs(v);
+  EXPECT_GT(out_norm, 0.0);
+
+  auto sliced = tiny([](ls_engine_params& p) { p.mlp_chunk = 7, p.attn_chunk = 9, p.final_chunk = 5; });
+  const Out b = denoise(sliced.get(), in);
+  EXPECT_EQ(a.hash, b.hash);
+  EXPECT_EQ(0, std::memcmp(a.video.data(), b.video.data(), a.video.size() * sizeof(float)));
+
+  auto budget = tiny([](ls_engine_params& p) {
+    p.memory_mode = LS_MEMORY_ACTIVATION_BUDGET;
+    p.activation_budget = 100 << 10;
+  });
+  const Out c = denoise(budget.get(), in);
+  EXPECT_EQ(a.hash, c.hash);
+  const char* rep = nullptr;
+  ASSERT_EQ(ls_engine_report_json(budget.get(), &rep), LS_OK);
+  auto j = nlohmann::json::parse(rep);
+  EXPECT_FALSE(j["plan"]["stock"].get<bool>());
+  EXPECT_EQ(j["output_hash"].get<std::string>().size(), 16u);
+  EXPECT_TRUE(j.contains("version") && j.contains("numerics"));
+
+  // Another sigma: other bytes (the fingerprint is not constant).
+  const Out d = denoise(stock.get(), in, 0.3f);
+  EXPECT_NE(a.hash, d.hash);
+}
+
+TEST(Api, RefinedTextGivesTheSameBytes) {
+  auto e = tiny();
+  Inputs in = make_inputs(e.get());
+  const Out a = denoise(e.get(), in);
+  ls_model_info m;
+  ls_model_info_init(&m);
+  ASSERT_EQ(ls_engine_model_info(e.get(), &m), LS_OK);
+  std::vector<uint16_t> refined(static_cast<size_t>(in.clip.text_tokens * m.hidden));
+  ASSERT_EQ(ls_engine_refine_text(e.get(), in.text.data(), in.clip.text_tokens, refined.data(), refined.size()), LS_OK)
+      << ls_engine_last_error(e.get());
+  Out b;
+  b.video.resize(a.video.size()), b.audio.resize(a.audio.size());
+  ls_denoise_params d;
+  ls_denoise_params_init(&d);
+  d.clip = &in.clip, d.video = in.video.data(), d.audio = in.audio.data(), d.refined_text = refined.data();
+  d.sigma = 0.7f;
+  d.video_out = b.video.data(), d.video_out_count = b.video.size();
+  d.audio_out = b.audio.data(), d.audio_out_count = b.audio.size();
+  ASSERT_EQ(ls_engine_denoise(e.get(), &d), LS_OK) << ls_engine_last_error(e.get());
+  EXPECT_EQ(a.hash, ls_engine_output_hash(e.get()));
+}
+
+TEST(Api, BadShapesAndBudgetsAreRefusedWithAMessage) {
+  auto e = tiny();
+  Inputs in = make_inputs(e.get());
+  std::vector<float> vo(in.shape.video_count - 1), ao(in.shape.audio_count);
+  ls_denoise_params d;
+  ls_denoise_params_init(&d);
+  d.clip = &in.clip, d.video = in.video.data(), d.audio = in.audio.data(), d.text = in.text.data(), d.sigma = 0.7f;
+  d.video_out = vo.data(), d.video_out_count = vo.size(), d.audio_out = ao.data(), d.audio_out_count = ao.size();
+  EXPECT_EQ(ls_engine_denoise(e.get(), &d), LS_INVALID_ARGUMENT);
+  EXPECT_NE(layerstream::last_error(e.get()).find("video_out_count"), std::string::npos);
+  const char* rep = nullptr;
+  EXPECT_EQ(ls_engine_report_json(e.get(), &rep), LS_NOT_FOUND);
+
+  auto small = tiny([](ls_engine_params& p) {
+    p.memory_mode = LS_MEMORY_ACTIVATION_BUDGET;
+    p.activation_budget = 1024;
+  });
+  const char* json = nullptr;
+  EXPECT_EQ(ls_engine_plan(small.get(), &in.clip, 0.7f, &json), LS_OUT_OF_BUDGET);
+  EXPECT_NE(layerstream::last_error(small.get()).find("smallest budget"), std::string::npos);
+}
+
+TEST(Api, GenerateMatchesAcrossMemoryModes) {
+  auto a = tiny();
+  auto b = tiny([](ls_engine_params& p) { p.mlp_chunk = 64, p.attn_chunk = 32, p.final_chunk = 16; });
+  Inputs in = make_inputs(a.get());
+  std::vector<float> neg(static_cast<size_t>(in.shape.text_count / 8 * 5));
+  fill(neg, 9);
+  uint64_t h[2];
+  ls_engine* es[2] = {a.get(), b.get()};
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> vo(in.shape.video_count), ao(in.shape.audio_count);
+    ls_generate_params g;
+    ls_generate_params_init(&g);
+    g.clip = &in.clip, g.steps = 2, g.cfg = 2.0, g.seed = 5, g.text = in.text.data();
+    g.negative = neg.data(), g.negative_tokens = 5;
+    g.video_out = vo.data(), g.video_out_count = vo.size(), g.audio_out = ao.data(), g.audio_out_count = ao.size();
+    ASSERT_EQ(ls_engine_generate(es[i], &g), LS_OK) << ls_engine_last_error(es[i]);
+    h[i] = ls_engine_output_hash(es[i]);
+  }
+  EXPECT_NE(h[0], 0u);
+  EXPECT_EQ(h[0], h[1]);
+}
+
+}  // namespace
