@@ -86,7 +86,7 @@ TEST(Api, CreateFailuresSetTheThreadLocalMessage) {
   EXPECT_NE(std::string(ls_last_error()), "");
   p.preset = nullptr;
   p.model_path = "/nonexistent/h3.safetensors";
-  EXPECT_EQ(ls_engine_create(&p, &e), LS_IO) << ls_last_error();
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_NOT_FOUND) << ls_last_error();  // ls::ErrorCode::not_found
   ls_engine_params_init(&p);
   p.preset = "tiny";
   p.memory_mode = LS_MEMORY_VRAM_BUDGET;
