@@ -20,6 +20,9 @@
 //   --gemm-only       the four GEMMs alone (M = min(S, 16384) rows), TFLOP/s printed;
 //                     the algorithm is pinned once per process, so sweep
 //                     LAYERSTREAM_GEMM_CANDIDATE=i with one process per i.
+// Numerics: the developer variables (LAYERSTREAM_ATTENTION, _ATTN_VARIANT, _GEMM_CANDIDATE,
+// _CUDNN_QCHUNK, ...: src/backend/numerics.h apply_developer_variables) are read here
+// and handed to the backend with set_numerics; the JSON records the resolved numerics.
 //   --dump DIR        x0 gets S independent random rows (without --dump, 4096 rows are
 //                     repeated: fast set-up, but repeated rows would let an error test
 //                     pass on few distinct rows), and the block's exact weights, inputs
@@ -348,10 +351,18 @@ int main(int argc, char** argv) {
   if (attention_only && gemm_only) die("--attention-only and --gemm-only exclude each other");
   if (!dump_dir.empty() && (attention_only || gemm_only)) die("--dump needs the block run (no --attention-only, --gemm-only)");
   const bool run_block = !attention_only && !gemm_only;
-  auto be = make_backend(device);
+  Numerics numerics;
+  Diagnostics diagnostics;
+  std::vector<std::string> from_env;
+  ok(apply_developer_variables([](const char* n) -> const char* { return std::getenv(n); }, &numerics, &diagnostics,
+                               &from_env),
+     "developer variables");
+  for (const std::string& e : from_env) std::fprintf(stderr, "bench_cuda_block: using developer variable %s\n", e.c_str());
+  auto be = make_backend(device, numerics, diagnostics);
   if (!be.ok()) die(be.error().message);
   Backend& b = **be;
   if (kv_tile == 0) kv_tile = b.default_kv_tile();
+  std::fprintf(stderr, "bench_cuda_block: numerics %s\n", describe(b.numerics()).c_str());
   const int64_t maxS = *std::max_element(Ss.begin(), Ss.end());
   // Arena: weights + inputs + a stock block at maxS + a saved residual, with slack.
   const size_t weights_bytes = static_cast<size_t>((3 * I * D + D * I + 2 * F * D + D * F + 3 * 6 * D + 2 * D + 2 * Dh) * 2);
@@ -384,9 +395,12 @@ int main(int argc, char** argv) {
   fill(b, w.fc2, 8, 1.0f / std::sqrt(static_cast<float>(F)));
   fill(b, w.table, 9, 0.1f);
   }
-  const char* gemm_candidate = std::getenv("LAYERSTREAM_GEMM_CANDIDATE");
-  std::map<std::string, std::string> dump_meta = {
-      {"producer", "bench/bench_cuda_block.cpp --dump"}, {"device", b.name()}, {"kv_tile", std::to_string(kv_tile)}};
+  const std::string gemm_candidate_text = format_gemm_candidate(b.numerics().gemm_candidate);
+  const char* gemm_candidate = gemm_candidate_text.empty() ? nullptr : gemm_candidate_text.c_str();
+  std::map<std::string, std::string> dump_meta = {{"producer", "bench/bench_cuda_block.cpp --dump"},
+                                                  {"device", b.name()},
+                                                  {"kv_tile", std::to_string(kv_tile)},
+                                                  {"numerics", describe(b.numerics())}};
   if (gemm_candidate) dump_meta["gemm_candidate"] = gemm_candidate;
   if (!dump_dir.empty()) {
     std::error_code ec;
@@ -402,6 +416,8 @@ int main(int argc, char** argv) {
   out["device"] = b.name();
   out["slice_tokens"] = slice;
   out["kv_tile"] = kv_tile;
+  out["numerics"] = b.numerics();  // resolved (src/backend/numerics.h to_json)
+  out["numerics_from_env"] = from_env;
   out["iters"] = iters;
   out["warmup"] = warmup;
   out["timing"] = "steady_clock around backend synchronize(), median";

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,7 +81,15 @@ int main(int argc, char** argv) {
     } else die("unknown argument " + a + " (see --help)");
   }
   if (M < 1 || S < 1 || iters < 1 || warmup < 0) die("--M, --S, --iters must be >= 1, --warmup >= 0");
-  auto be = make_backend(device);
+  // The developer variables (LAYERSTREAM_GEMM_CANDIDATE, LAYERSTREAM_GEMM_VERBOSE, ...)
+  // are read here and handed to the backend as numerics (src/ reads no environment).
+  Numerics numerics;
+  Diagnostics diagnostics;
+  std::vector<std::string> from_env;
+  const Status vars = apply_developer_variables([](const char* n) -> const char* { return std::getenv(n); },
+                                                &numerics, &diagnostics, &from_env);
+  if (!vars.ok()) die(vars.message());
+  auto be = make_backend(device, numerics, diagnostics);
   if (!be.ok()) die(be.error().message);
   Backend& b = **be;
   struct G {
@@ -106,7 +115,10 @@ int main(int argc, char** argv) {
   out["S"] = S;
   out["iters"] = iters;
   out["timing"] = "steady_clock around backend synchronize(), median";
-  if (const char* e = std::getenv("LAYERSTREAM_GEMM_CANDIDATE")) out["LAYERSTREAM_GEMM_CANDIDATE"] = e;
+  if (const std::string c = format_gemm_candidate(b.numerics().gemm_candidate); !c.empty())
+    out["LAYERSTREAM_GEMM_CANDIDATE"] = c;  // the key earlier results used
+  out["numerics"] = b.numerics();
+  out["numerics_from_env"] = from_env;
   double block_ms = 0;
   uint32_t seed = 1;
   for (const G& g : gs) {

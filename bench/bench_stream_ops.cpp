@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -73,7 +74,17 @@ int main(int argc, char** argv) {
     else if (k == "--json") json = v;
     else die("unknown option " + k);
   }
-  auto be = take(make_backend(device), "backend");
+  // Numerics from the developer variables (LAYERSTREAM_ATTENTION, ...), read here: the
+  // backend takes them as parameters.
+  Numerics numerics;
+  Diagnostics diagnostics;
+  std::vector<std::string> from_env;
+  if (Status s = apply_developer_variables([](const char* n) -> const char* { return std::getenv(n); }, &numerics,
+                                           &diagnostics, &from_env);
+      !s.ok())
+    die(s.message());
+  auto be = take(make_backend(device, numerics, diagnostics), "backend");
+  std::fprintf(stderr, "bench_stream_ops: numerics %s\n", describe(be->numerics()).c_str());
   const size_t kv_bytes = static_cast<size_t>(S * I * 2);
   const size_t need = 2 * Arena::aligned_bytes(kv_bytes) + 2 * Arena::aligned_bytes(static_cast<size_t>(Mq * I * 2)) +
                       Arena::aligned_bytes(static_cast<size_t>(Mq * H * (Dh + kAttentionStateExtra) * 4)) +
@@ -190,10 +201,11 @@ int main(int argc, char** argv) {
     std::fprintf(f,
                  "{\"S\": %lld, \"Mq\": %lld, \"chunk\": %lld, \"kv_tile\": %lld, \"device\": \"%s\", "
                  "\"attention_ms\": %.3f, \"attention_tflops\": %.2f, \"chunked_ms\": %.3f, \"chunked_tflops\": %.2f, "
-                 "\"h2d_gb_per_s\": %.2f, \"d2h_gb_per_s\": %.2f, \"streamed_ms\": %.3f}\n",
+                 "\"h2d_gb_per_s\": %.2f, \"d2h_gb_per_s\": %.2f, \"streamed_ms\": %.3f, \"numerics\": \"%s\"}\n",
                  static_cast<long long>(S), static_cast<long long>(Mq), static_cast<long long>(chunk),
                  static_cast<long long>(kv_tile), be->name().c_str(), t_whole * 1e3, flops / t_whole / 1e12,
-                 t_chunked * 1e3, flops / t_chunked / 1e12, gbs / t_h2d, gbs / t_d2h, t_streamed * 1e3);
+                 t_chunked * 1e3, flops / t_chunked / 1e12, gbs / t_h2d, gbs / t_d2h, t_streamed * 1e3,
+                 describe(be->numerics()).c_str());
     std::fclose(f);
   }
   return 0;

@@ -191,6 +191,63 @@ TEST(Numerics, CpuRefusesWhatItCannotHonour) {
   EXPECT_TRUE(has(made.error().message, "cpu: the cpu backend has no cuDNN")) << made.error().message;
 }
 
+// The developer variables' mapping (numerics.h apply_developer_variables), with a fake
+// lookup: every variable lands on its field, "used" lists them, bad values are refused
+// naming the variable, and skipped names are left alone.
+TEST(Numerics, DeveloperVariablesMapOntoTheStruct) {
+  std::map<std::string, std::string> env = {
+      {"LAYERSTREAM_ATTENTION", "native"},     {"LAYERSTREAM_GEMM_F32", "cublaslt"},
+      {"LAYERSTREAM_ATTN_VARIANT", "4x1"},     {"LAYERSTREAM_CUDNN_QCHUNK", "1024"},
+      {"LAYERSTREAM_CUDNN_FORM", "composite"}, {"LAYERSTREAM_CUDNN_CONFIG", "2"},
+      {"LAYERSTREAM_GEMM_CANDIDATE", "5376:1"}, {"LAYERSTREAM_GEMM_VERBOSE", "1"},
+      {"LAYERSTREAM_CUDNN_VERBOSE", "0"},      {"LAYERSTREAM_UNRELATED", "x"}};
+  const VariableLookup lookup = [&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  Numerics n;
+  Diagnostics d;
+  std::vector<std::string> used;
+  ASSERT_TRUE(apply_developer_variables(lookup, &n, &d, &used).ok());
+  EXPECT_EQ(n.attention, AttentionAlgorithm::native);
+  EXPECT_EQ(n.gemm_f32, GemmF32Order::cublaslt);
+  EXPECT_EQ(n.native_variant, "4x1");
+  EXPECT_EQ(n.cudnn_q_chunk, 1024);
+  EXPECT_EQ(n.cudnn_form, "composite");
+  EXPECT_EQ(n.cudnn_skip_configs, 2);
+  EXPECT_EQ(n.gemm_candidate, (std::map<int64_t, int>{{5376, 1}}));
+  EXPECT_TRUE(d.gemm_verbose);
+  EXPECT_FALSE(d.cudnn_verbose);
+  EXPECT_EQ(used.size(), 9u);
+  EXPECT_EQ(used.front(), "LAYERSTREAM_ATTENTION=native");
+
+  // Skipped (a flag was given): untouched and not listed; empty values count as unset.
+  Numerics m;
+  Diagnostics dm;
+  std::vector<std::string> used2;
+  env = {{"LAYERSTREAM_ATTENTION", "cudnn"}, {"LAYERSTREAM_GEMM_F32", ""}};
+  ASSERT_TRUE(apply_developer_variables(lookup, &m, &dm, &used2, {"LAYERSTREAM_ATTENTION"}).ok());
+  EXPECT_EQ(m, Numerics{});
+  EXPECT_TRUE(used2.empty());
+
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"LAYERSTREAM_ATTENTION", "flash"},
+           {"LAYERSTREAM_CUDNN_QCHUNK", "100"},
+           {"LAYERSTREAM_CUDNN_QCHUNK", "2048x"},
+           {"LAYERSTREAM_ATTN_VARIANT", "2x2"},
+           {"LAYERSTREAM_CUDNN_FORM", "fused"},
+           {"LAYERSTREAM_CUDNN_CONFIG", "-1"},
+           {"LAYERSTREAM_GEMM_CANDIDATE", "a:b"}}) {
+    env = {{name, value}};
+    Numerics b;
+    Diagnostics db;
+    std::vector<std::string> u;
+    const Status s = apply_developer_variables(lookup, &b, &db, &u);
+    ASSERT_FALSE(s.ok()) << name << "=" << value;
+    EXPECT_TRUE(has(s.message(), name + "=" + value)) << s.message();
+  }
+}
+
 // Nothing under src/ reads the environment (issue 12: `grep -rn getenv src/` finds
 // nothing): the numerics come in as parameters, the CLI maps developer variables.
 TEST(Numerics, SourceTreeReadsNoEnvironment) {

@@ -300,21 +300,6 @@ void add_numerics_flags(CLI::App& app, NumericsFlags& f) {
                 "lanes16");
 }
 
-namespace {
-
-// The value of a developer variable, or null when unset or empty.
-const char* dev_var(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' ? v : nullptr;
-}
-
-Error var_error(const char* name, const char* value, const std::string& why) {
-  return Error{ErrorCode::invalid_argument,
-               std::string("developer variable ") + name + "=" + value + ": " + why};
-}
-
-}  // namespace
-
 Expected<NumericsChoice> numerics_from_flags_and_env(std::string_view command, const NumericsFlags& f, int64_t kv_tile,
                                                      bool quiet) {
   NumericsChoice c;
@@ -322,65 +307,24 @@ Expected<NumericsChoice> numerics_from_flags_and_env(std::string_view command, c
   const auto note = [&](const std::string& line) {
     if (!quiet) std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(command.size()), command.data(), line.c_str());
   };
-  const auto used = [&](const char* name, const char* value, const std::string& maps_to) {
-    c.from_env.push_back(std::string(name) + "=" + value);
-    note(std::string("using developer variable ") + name + "=" + value + " (" + maps_to + ")");
-  };
-  // A flag, or else its developer variable.
-  const auto flag_or_var = [&](const FlagText& flag, const char* var, auto parse, auto& field) -> Status {
-    const char* v = dev_var(var);
-    if (flag.given()) {
-      auto p = parse(flag.text);
-      if (!p.ok()) return Error{ErrorCode::invalid_argument, flag.name + ": " + p.error().message};
-      field = *p;
-      if (v != nullptr) note(std::string("developer variable ") + var + "=" + v + " ignored: " + flag.name + " " +
-                             flag.text + " given");
-      return Status();
-    }
-    if (v == nullptr) return Status();
-    auto p = parse(std::string(v));
-    if (!p.ok()) return var_error(var, v, p.error().message);
+  // The flags first; a developer variable for what no flag gave (the mapping: numerics.h,
+  // apply_developer_variables, the one place that knows the variables).
+  std::vector<std::string> skip;
+  const auto flag = [&](const FlagText& fl, const char* var, auto parse, auto& field) -> Status {
+    if (!fl.given()) return Status();
+    auto p = parse(fl.text);
+    if (!p.ok()) return Error{ErrorCode::invalid_argument, fl.name + ": " + p.error().message};
     field = *p;
-    used(var, v, "as " + flag.name + " " + v);
+    skip.push_back(var);
+    if (const char* v = std::getenv(var); v != nullptr && v[0] != '\0')
+      note(std::string("developer variable ") + var + "=" + v + " ignored: " + fl.name + " " + fl.text + " given");
     return Status();
   };
-  LS_TRY(flag_or_var(f.attention, "LAYERSTREAM_ATTENTION", parse_attention, c.numerics.attention));
-  LS_TRY(flag_or_var(f.gemm_f32, "LAYERSTREAM_GEMM_F32", parse_gemm_f32, c.numerics.gemm_f32));
-  if (const char* v = dev_var("LAYERSTREAM_ATTN_VARIANT")) {
-    c.numerics.native_variant = v;
-    used("LAYERSTREAM_ATTN_VARIANT", v, "numerics native_variant");
-  }
-  if (const char* v = dev_var("LAYERSTREAM_CUDNN_QCHUNK")) {
-    auto q = parse_int("LAYERSTREAM_CUDNN_QCHUNK", v, IntRange{64, 65536});
-    if (!q.ok() || *q % 64 != 0) return var_error("LAYERSTREAM_CUDNN_QCHUNK", v, "needs a multiple of 64 in [64, 65536]");
-    c.numerics.cudnn_q_chunk = *q;
-    used("LAYERSTREAM_CUDNN_QCHUNK", v, "numerics cudnn_q_chunk");
-  }
-  if (const char* v = dev_var("LAYERSTREAM_CUDNN_FORM")) {
-    c.numerics.cudnn_form = v;
-    used("LAYERSTREAM_CUDNN_FORM", v, "numerics cudnn_form");
-  }
-  if (const char* v = dev_var("LAYERSTREAM_CUDNN_CONFIG")) {
-    auto n = parse_int("LAYERSTREAM_CUDNN_CONFIG", v, IntRange{0, 1000});
-    if (!n.ok()) return var_error("LAYERSTREAM_CUDNN_CONFIG", v, "needs an integer in [0, 1000]");
-    c.numerics.cudnn_skip_configs = *n;
-    used("LAYERSTREAM_CUDNN_CONFIG", v, "numerics cudnn_skip_configs");
-  }
-  if (const char* v = dev_var("LAYERSTREAM_GEMM_CANDIDATE")) {
-    auto m = parse_gemm_candidate(v);
-    if (!m.ok()) return var_error("LAYERSTREAM_GEMM_CANDIDATE", v, m.error().message);
-    c.numerics.gemm_candidate = *m;
-    used("LAYERSTREAM_GEMM_CANDIDATE", v, "numerics gemm_candidate");
-  }
-  const auto on = [](const char* v) { return std::strcmp(v, "0") != 0; };
-  if (const char* v = dev_var("LAYERSTREAM_GEMM_VERBOSE")) {
-    c.diagnostics.gemm_verbose = on(v);
-    used("LAYERSTREAM_GEMM_VERBOSE", v, "diagnostics gemm_verbose");
-  }
-  if (const char* v = dev_var("LAYERSTREAM_CUDNN_VERBOSE")) {
-    c.diagnostics.cudnn_verbose = on(v);
-    used("LAYERSTREAM_CUDNN_VERBOSE", v, "diagnostics cudnn_verbose");
-  }
+  LS_TRY(flag(f.attention, "LAYERSTREAM_ATTENTION", parse_attention, c.numerics.attention));
+  LS_TRY(flag(f.gemm_f32, "LAYERSTREAM_GEMM_F32", parse_gemm_f32, c.numerics.gemm_f32));
+  LS_TRY(apply_developer_variables([](const char* name) -> const char* { return std::getenv(name); }, &c.numerics,
+                                   &c.diagnostics, &c.from_env, skip));
+  for (const std::string& e : c.from_env) note("using developer variable " + e);
   // Field ranges and names (the backend then says what it cannot honour).
   if (Status s = validate(c.numerics); !s.ok()) {
     std::string where = c.from_env.empty() ? std::string() : " (from the environment:";

@@ -119,8 +119,10 @@ Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def
 
 // ---- numerics (src/backend/numerics.h, docs/numerics.md "The numerics settings") ------
 // The bit-changing settings of a run come from flags; the developer variables below are
-// mapped onto the same struct HERE (the library never reads the environment), each use
-// announced by one line on stderr and listed in NumericsChoice::from_env (for the report):
+// read HERE (std::getenv; the library never reads the environment) and mapped onto the
+// same struct by ls::apply_developer_variables (numerics.h, the one table of them), each
+// use announced by one line on stderr and listed in NumericsChoice::from_env (for the
+// report):
 //   LAYERSTREAM_ATTENTION      = auto|native|cudnn     -> --attention (when not given)
 //   LAYERSTREAM_GEMM_F32       = lanes16|cublaslt      -> --gemm-f32 (when not given)
 //   LAYERSTREAM_ATTN_VARIANT   = 4x2|4x1|8x1           -> Numerics::native_variant

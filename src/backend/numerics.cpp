@@ -139,6 +139,61 @@ std::string describe(const Numerics& n) {
   return os.str();
 }
 
+Status apply_developer_variables(const VariableLookup& lookup, Numerics* n, Diagnostics* d,
+                                 std::vector<std::string>* used, const std::vector<std::string>& skip) {
+  const auto get = [&](const char* name) -> const char* {
+    for (const std::string& s : skip)
+      if (s == name) return nullptr;
+    const char* v = lookup(name);
+    if (v == nullptr || v[0] == '\0') return nullptr;
+    used->push_back(std::string(name) + "=" + v);
+    return v;
+  };
+  const auto var_error = [](const char* name, const char* v, const std::string& why) {
+    return Status(make_error(ErrorCode::invalid_argument, std::string("developer variable ") + name + "=" + v + ": " + why));
+  };
+  const auto integer = [&](const char* name, const char* v, int64_t lo, int64_t hi, int64_t mult,
+                           int64_t* out) -> Status {
+    int64_t x = 0;
+    if (!parse_i64(v, &x) || x < lo || x > hi || x % mult != 0)
+      return var_error(name, v,
+                       (mult > 1 ? "needs a multiple of " + std::to_string(mult) + " in [" : "needs an integer in [") +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    *out = x;
+    return Status();
+  };
+  if (const char* v = get("LAYERSTREAM_ATTENTION")) {
+    auto a = parse_attention(v);
+    if (!a.ok()) return var_error("LAYERSTREAM_ATTENTION", v, a.error().message);
+    n->attention = *a;
+  }
+  if (const char* v = get("LAYERSTREAM_GEMM_F32")) {
+    auto g = parse_gemm_f32(v);
+    if (!g.ok()) return var_error("LAYERSTREAM_GEMM_F32", v, g.error().message);
+    n->gemm_f32 = *g;
+  }
+  if (const char* v = get("LAYERSTREAM_ATTN_VARIANT")) {
+    if (!known_variant(v)) return var_error("LAYERSTREAM_ATTN_VARIANT", v, "expected 4x2 (the default), 4x1 or 8x1");
+    n->native_variant = v;
+  }
+  if (const char* v = get("LAYERSTREAM_CUDNN_QCHUNK"))
+    LS_TRY(integer("LAYERSTREAM_CUDNN_QCHUNK", v, 64, 65536, 64, &n->cudnn_q_chunk));
+  if (const char* v = get("LAYERSTREAM_CUDNN_FORM")) {
+    if (!known_form(v)) return var_error("LAYERSTREAM_CUDNN_FORM", v, "expected unified, composite or composite-f32p");
+    n->cudnn_form = v;
+  }
+  if (const char* v = get("LAYERSTREAM_CUDNN_CONFIG"))
+    LS_TRY(integer("LAYERSTREAM_CUDNN_CONFIG", v, 0, 1000, 1, &n->cudnn_skip_configs));
+  if (const char* v = get("LAYERSTREAM_GEMM_CANDIDATE")) {
+    auto m = parse_gemm_candidate(v);
+    if (!m.ok()) return var_error("LAYERSTREAM_GEMM_CANDIDATE", v, m.error().message);
+    n->gemm_candidate = *m;
+  }
+  if (const char* v = get("LAYERSTREAM_GEMM_VERBOSE")) d->gemm_verbose = std::string(v) != "0";
+  if (const char* v = get("LAYERSTREAM_CUDNN_VERBOSE")) d->cudnn_verbose = std::string(v) != "0";
+  return Status();
+}
+
 void to_json(nlohmann::json& j, const Numerics& n) {
   j = nlohmann::json{{"attention", to_string(n.attention)},
                      {"kv_tile", n.kv_tile},

@@ -23,8 +23,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -92,6 +94,24 @@ Status validate(const Numerics& n);
 // differs from its default: "native variant 4x1", "cudnn q_chunk 1024", "cudnn form
 // composite", "cudnn skip 2 configs", "gemm candidate 5376:1").
 std::string describe(const Numerics& n);
+
+// The developer variables of the front-ends (the CLI, the benchmarks), mapped onto the
+// struct in ONE place. The library never reads the environment: `lookup` is the caller's
+// (the C library lookup, in tools/ and bench/ only); it returns null for an unset variable, and an empty
+// value counts as unset. Each variable used is appended to `used` as "NAME=value":
+//   LAYERSTREAM_ATTENTION      auto|native|cudnn          -> attention
+//   LAYERSTREAM_GEMM_F32       lanes16|cublaslt           -> gemm_f32
+//   LAYERSTREAM_ATTN_VARIANT   4x2|4x1|8x1                -> native_variant
+//   LAYERSTREAM_CUDNN_QCHUNK   multiple of 64 in [64, 65536] -> cudnn_q_chunk
+//   LAYERSTREAM_CUDNN_FORM     unified|composite|composite-f32p -> cudnn_form
+//   LAYERSTREAM_CUDNN_CONFIG   N in [0, 1000]             -> cudnn_skip_configs
+//   LAYERSTREAM_GEMM_CANDIDATE i | K:i,K:i                -> gemm_candidate
+//   LAYERSTREAM_GEMM_VERBOSE, LAYERSTREAM_CUDNN_VERBOSE (not "0") -> Diagnostics
+// `skip` names variables to leave alone (the CLI's --attention / --gemm-f32 given).
+// invalid_argument naming the variable for a value outside its set.
+using VariableLookup = std::function<const char*(const char*)>;
+Status apply_developer_variables(const VariableLookup& lookup, Numerics* n, Diagnostics* d,
+                                 std::vector<std::string>* used, const std::vector<std::string>& skip = {});
 
 // Every field, by name (nlohmann's ADL hook: `nlohmann::json j = numerics;`):
 //   {"attention": "cudnn", "kv_tile": 8192, "gemm_f32": "lanes16", "native_variant": "",
