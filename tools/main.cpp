@@ -4,8 +4,11 @@
 // bad values, a budget below the clip's minimum), found before any work starts; 1 any
 // failure at run time (files, I/O, device, memory, non-finite values).
 //
-// LAYERSTREAM_TEST_FAIL_ALLOC=k (a developer / test variable; only the CLI reads the
-// environment, never the library): the k-th allocation of the run (host arena, pinned,
+// Only the CLI reads the environment, never the library. The developer variables that
+// change numerics (LAYERSTREAM_ATTENTION, _GEMM_F32, _ATTN_VARIANT, _CUDNN_QCHUNK, ...)
+// are mapped onto ls::Numerics by tools/cli_util.h numerics_from_flags_and_env, next to
+// the --attention / --gemm-f32 flags (add_numerics_flags), with a notice on stderr.
+// LAYERSTREAM_TEST_FAIL_ALLOC=k (a developer / test variable): the k-th allocation of the run (host arena, pinned,
 // device; counted from 1) fails as if memory were exhausted (ls::testing::
 // arm_allocation_fault), to check that every such failure is a clean error, exit 1, with
 // no output file left behind.
