@@ -111,7 +111,8 @@ TEST(Api, ParamsSizeVersioning) {
   ls_engine_free(e);
 }
 
-TEST(Api, NumericsNotYetHonouredAreRefused) {
+TEST(Api, NumericsReachTheBackend) {
+  // cuDNN attention is a CUDA algorithm: the CPU backend's set_numerics refuses it.
   ls_numerics n;
   ls_numerics_init(&n);
   n.attention = LS_ATTENTION_CUDNN;
@@ -123,7 +124,12 @@ TEST(Api, NumericsNotYetHonouredAreRefused) {
   EXPECT_EQ(ls_engine_create(&p, &e), LS_UNSUPPORTED);
   EXPECT_NE(std::string(ls_last_error()).find("attention"), std::string::npos);
   ls_numerics_init(&n);
-  n.kv_tile = 8;  // honoured
+  n.cudnn_q_chunk = 100;  // not a multiple of 64: ls::validate names the field
+  EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ls_last_error()).find("cudnn_q_chunk"), std::string::npos) << ls_last_error();
+  ls_numerics_init(&n);
+  n.attention = LS_ATTENTION_NATIVE;  // the CPU reference's one algorithm
+  n.kv_tile = 8;
   ASSERT_EQ(ls_engine_create(&p, &e), LS_OK) << ls_last_error();
   layerstream::EnginePtr owned(e);
   Inputs in = make_inputs(e);
@@ -132,6 +138,7 @@ TEST(Api, NumericsNotYetHonouredAreRefused) {
   auto j = nlohmann::json::parse(json);
   EXPECT_EQ(j["plan"]["kv_tile"], 8);
   EXPECT_EQ(j["numerics"]["kv_tile"], 8);
+  EXPECT_EQ(j["numerics"]["attention"], "native");
 }
 
 TEST(Api, MemoryModesGiveTheSameBytes) {

@@ -56,6 +56,7 @@ namespace {
 constexpr const char* kCmd = "layerstream forward";
 
 struct ForwardOptions {
+  NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
   FlagText model, preset, weights_seed, blocks;
   FlagText frames, width, height, text_tokens, sigma, seed;
   std::vector<std::string> keyframes;
@@ -198,7 +199,13 @@ int run_forward(const ForwardOptions& o) {
   set_num_threads(static_cast<int>(*threads));
 
   // The backend first: what a flag means can depend on it (the chain: api::Session).
-  auto opened = api::Session::open_backend(device);
+  // Numerics (every bit-changing setting): flags, then developer variables, resolved by
+  // the backend; printed, and stored in the report and the output file.
+  auto nc = numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? *kv : 0);
+  if (!nc.ok()) return fail(nc.error());
+  auto opened = api::Session::open_backend(device, nc->numerics, nc->diagnostics);
+  if (opened.ok())
+    std::printf("[LayerStream] numerics: %s\n", describe((*opened)->backend().numerics()).c_str());
   if (!opened.ok()) return fail(opened.error());
   api::Session& session = **opened;
   if (session.device_is_cpu() && o.vram_budget.given())
@@ -338,6 +345,7 @@ int run_forward(const ForwardOptions& o) {
                                              {"text_tokens", std::to_string(g.text_tokens)},
                                              {"kv_tile", std::to_string(plan->kv_tile)},
                                              {"backend", backend_kind(session.backend().name())},
+        {"numerics", describe(session.backend().numerics())},
                                              {"weights", src->describe()}};
   if (!o.keyframes.empty()) {
     std::string k;
@@ -376,6 +384,8 @@ int run_forward(const ForwardOptions& o) {
     nlohmann::json j = nlohmann::json::parse(r->report.to_json());
     j["command"] = "forward";
     j["version"] = version_json();
+    j["numerics"] = session.backend().numerics();
+    j["numerics_from_env"] = nc->from_env;
     j["output_hash"] = hash_hex;
     j["nonfinite_values"] = bad_v + bad_a;
     j["driver_used_bytes"] = driver_used;
@@ -414,6 +424,7 @@ CommandRun setup(CLI::App& sub) {
   add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
                "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
+  add_numerics_flags(sub, o->numerics);
   add_size_flag(sub, "--budget", o->budget, range::budget,
                 "activation memory budget: the largest slices that fit (not with the chunk flags)");
   sub.add_flag("--random-weights", o->random_weights,

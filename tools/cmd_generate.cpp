@@ -45,6 +45,7 @@ constexpr const char* kCmd = "layerstream generate";
 // Numbers are taken as text and parsed by the one strict parser (tools/cli_util.h), so
 // that a bad value is exit code 2 with a message naming the flag and its range.
 struct GenerateOptions {
+  NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
   FlagText model, preset, weights_seed;
   FlagText steps, cfg, seed;
   FlagText frames, width, height, text_tokens;
@@ -252,7 +253,13 @@ int run_generate(const GenerateOptions& o) {
 
   // ---- the backend (its default kv_tile is a numerics input of the plans) ----
   // The chain (backend, weights, budget -> residency + knobs, engine) is api::Session's.
-  auto opened = api::Session::open_backend(o.device.given() ? o.device.text : "cpu");
+  // Numerics (every bit-changing setting): flags, then developer variables, resolved by
+  // the backend; printed, and stored in the report and the output file.
+  auto nc = numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? *kv : 0);
+  if (!nc.ok()) return fail(nc.error());
+  auto opened = api::Session::open_backend(o.device.given() ? o.device.text : "cpu", nc->numerics, nc->diagnostics);
+  if (opened.ok())
+    std::printf("[LayerStream] numerics: %s\n", describe((*opened)->backend().numerics()).c_str());
   if (!opened.ok()) return fail(opened.error());
   api::Session& session = **opened;
   if (session.device_is_cpu() && o.vram_budget.given())
@@ -512,6 +519,7 @@ int run_generate(const GenerateOptions& o) {
         {"text_tokens", std::to_string(L)},
         {"kv_tile", std::to_string(out.plan.kv_tile)},
         {"backend", backend_kind(session.backend().name())},
+        {"numerics", describe(session.backend().numerics())},
     };
     if (o.text.given()) meta["text"] = o.text.text;
     auto joined = [](const std::vector<std::string>& v) {
@@ -551,6 +559,8 @@ int run_generate(const GenerateOptions& o) {
     nlohmann::json j;
     j["command"] = "generate";
     j["version"] = version_json();
+    j["numerics"] = session.backend().numerics();
+    j["numerics_from_env"] = nc->from_env;
     j["nonfinite_values"] = nonfinite;
     j["model"] = source->describe();
     j["builtin"] = builtin;
@@ -607,6 +617,7 @@ CommandRun setup_generate(CLI::App& sub) {
   add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
                "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
+  add_numerics_flags(sub, o->numerics);
   add_size_flag(sub, "--budget", o->budget, range::budget,
                 "activation memory budget: picks the largest slices that fit (not with the chunk flags)");
   add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,

@@ -100,36 +100,34 @@ Expected<T> read_params(const T* given, void (*init)(T*), const char* name) {
   return out;
 }
 
-Status check_numerics(const ls_numerics& n) {
-  // TODO(lead, issue 12 part 2): helper F makes the backend honour ls::Numerics
-  // (src/backend/numerics.h, resolved per backend). Once it lands, map ls_numerics to
-  // ls::Numerics here and hand it to the backend (make_backend with numerics /
-  // Backend::set_numerics, whichever F provides) instead of refusing these.
-  if (n.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
-  if (n.attention != LS_ATTENTION_DEFAULT)
-    return Error{ErrorCode::unsupported,
-                 "numerics.attention other than LS_ATTENTION_DEFAULT is not supported by this build yet (the backend "
-                 "picks its attention algorithm; only kv_tile is honoured)"};
-  if (n.gemm_f32 != LS_GEMM_F32_LANES16)
-    return Error{ErrorCode::unsupported, "numerics.gemm_f32 other than LS_GEMM_F32_LANES16 is not supported by this build yet"};
-  if ((n.native_variant && *n.native_variant) || (n.cudnn_form && *n.cudnn_form) || n.cudnn_q_chunk != 2048 ||
-      n.cudnn_skip_configs != 0)
-    return Error{ErrorCode::unsupported,
-                 "the developer numerics knobs (native_variant, cudnn_q_chunk, cudnn_form, cudnn_skip_configs) are not "
-                 "supported through the API by this build yet: leave them at ls_numerics_init's values"};
-  return {};
+// ls_numerics (the C mirror) -> ls::Numerics; ls::validate names a bad field. The backend
+// (Backend::set_numerics, through Session::open_backend) then refuses what it cannot
+// honour and resolves the defaults.
+Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
+  if (c.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
+  if (c.attention < LS_ATTENTION_DEFAULT || c.attention > LS_ATTENTION_CUDNN)
+    return Error{ErrorCode::invalid_argument, "numerics.attention is not an ls_attention"};
+  if (c.gemm_f32 < LS_GEMM_F32_LANES16 || c.gemm_f32 > LS_GEMM_F32_CUBLASLT)
+    return Error{ErrorCode::invalid_argument, "numerics.gemm_f32 is not an ls_gemm_f32_order"};
+  ls::Numerics n;
+  n.attention = c.attention == LS_ATTENTION_NATIVE  ? ls::AttentionAlgorithm::native
+                : c.attention == LS_ATTENTION_CUDNN ? ls::AttentionAlgorithm::cudnn
+                                                    : ls::AttentionAlgorithm::backend_default;
+  n.kv_tile = c.kv_tile;
+  n.gemm_f32 = c.gemm_f32 == LS_GEMM_F32_CUBLASLT ? ls::GemmF32Order::cublaslt : ls::GemmF32Order::lanes16;
+  n.native_variant = c.native_variant ? c.native_variant : "";
+  n.cudnn_q_chunk = c.cudnn_q_chunk;
+  n.cudnn_form = c.cudnn_form ? c.cudnn_form : "";
+  n.cudnn_skip_configs = c.cudnn_skip_configs;
+  LS_TRY(ls::validate(n));
+  return n;
 }
 
+// The resolved numerics the backend runs with (what produced the output).
 nlohmann::json numerics_json(const ls_engine& e, int64_t kv_tile) {
-  static const char* att[] = {"backend_default", "native", "cudnn"};
-  static const char* gemm[] = {"lanes16", "cublaslt"};
-  return {{"attention", att[e.numerics.attention]},
-          {"kv_tile", kv_tile},
-          {"gemm_f32", gemm[e.numerics.gemm_f32]},
-          {"native_variant", e.native_variant},
-          {"cudnn_q_chunk", e.numerics.cudnn_q_chunk},
-          {"cudnn_form", e.cudnn_form},
-          {"cudnn_skip_configs", e.numerics.cudnn_skip_configs}};
+  nlohmann::json j = e.session->backend().numerics();
+  j["kv_tile"] = kv_tile;  // the plan's (equal to the backend's unless a caller planned another)
+  return j;
 }
 
 // ---- ls_clip -> h3::Conditioning -----------------------------------------------------
@@ -330,9 +328,10 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
       if (!n.ok()) return fail(nullptr, n.error());
       e->numerics = *n;
     }
-    if (Status s = check_numerics(e->numerics); !s.ok()) return fail(nullptr, s.error());
-    e->native_variant = e->numerics.native_variant ? e->numerics.native_variant : "";
-    e->cudnn_form = e->numerics.cudnn_form ? e->numerics.cudnn_form : "";
+    auto numerics = to_numerics(e->numerics);
+    if (!numerics.ok()) return fail(nullptr, numerics.error());
+    e->native_variant = numerics->native_variant;
+    e->cudnn_form = numerics->cudnn_form;
     e->numerics.native_variant = nullptr;  // not kept: the strings above are
     e->numerics.cudnn_form = nullptr;
     if (p.memory_mode < LS_MEMORY_KNOBS || p.memory_mode > LS_MEMORY_VRAM_BUDGET)
@@ -346,7 +345,7 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
       return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params: give model_path (a checkpoint) or preset");
     if (p.threads >= 0) ls::set_num_threads(p.threads);
 
-    auto session = ls::api::Session::open_backend(p.device ? p.device : "cpu");
+    auto session = ls::api::Session::open_backend(p.device ? p.device : "cpu", *numerics);
     if (!session.ok()) return fail(nullptr, session.error());
     if ((*session)->device_is_cpu() && p.memory_mode == LS_MEMORY_VRAM_BUDGET)
       return fail(nullptr, LS_INVALID_ARGUMENT,

@@ -6,8 +6,9 @@
 
 namespace ls::api {
 
-Expected<std::unique_ptr<Session>> Session::open_backend(const std::string& device) {
-  LS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(device));
+Expected<std::unique_ptr<Session>> Session::open_backend(const std::string& device, const Numerics& numerics,
+                                                         const Diagnostics& diagnostics) {
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(device, numerics, diagnostics));
   return std::unique_ptr<Session>(new Session(std::shared_ptr<Backend>(std::move(be))));
 }
 
@@ -36,9 +37,7 @@ Status Session::load_weights(const WeightsSpec& spec) {
 }
 
 int64_t Session::resolve_kv_tile(int64_t kv_tile) const {
-  // TODO(lead, issue 12 part 2): once helper F's numerics land, the default comes from
-  // the resolved ls::Numerics of the backend (Numerics::kv_tile 0 -> the algorithm's
-  // default) rather than Backend::default_kv_tile().
+  // 0 -> the backend's resolved numerics (Backend::default_kv_tile() == numerics().kv_tile).
   return kv_tile > 0 ? kv_tile : backend_->default_kv_tile();
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/numerics.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "exec/budget_plan.h"
@@ -103,7 +104,10 @@ class Session {
  public:
   // Step 1: the backend ("cpu", "cuda", "cuda:N"), or one shared with another session
   // (a benchmark's warm-up model on the same device).
-  static Expected<std::unique_ptr<Session>> open_backend(const std::string& device);
+  // The backend with its numerics (Backend::set_numerics validates and resolves them:
+  // backend_default -> the device's algorithm, kv_tile 0 -> its default).
+  static Expected<std::unique_ptr<Session>> open_backend(const std::string& device, const Numerics& numerics = {},
+                                                         const Diagnostics& diagnostics = {});
   static std::unique_ptr<Session> with_backend(std::shared_ptr<Backend> backend);
   ~Session();
   Session(const Session&) = delete;
