@@ -75,14 +75,15 @@ class CudaMemoryResource final : public MemoryResource {
     if (bytes == 0) return static_cast<void*>(nullptr);
     void* p = nullptr;
     // A test's injected failure (core/alloc_fault.h) takes the path of a real one.
-    cudaError_t e = testing::allocation_should_fail() ? cudaErrorMemoryAllocation : cudaMalloc(&p, bytes);
+    const bool injected = testing::allocation_should_fail();
+    cudaError_t e = injected ? cudaErrorMemoryAllocation : cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
       size_t free_b = 0, total_b = 0;
       cudaGetLastError();
       cudaMemGetInfo(&free_b, &total_b);
       return cuda_error(e, "cudaMalloc of " + format_bytes(bytes) + " on cuda:" + std::to_string(device_) + " (" +
                                format_bytes(free_b) + " free of " + format_bytes(total_b) +
-                               "); lower the memory budget");
+                               "); lower the memory budget" + (injected ? " (injected allocation failure)" : ""));
     }
     testing::allocation_made();
     return p;
@@ -110,12 +111,13 @@ class CudaPinnedHostResource final : public MemoryResource {
     DeviceGuard g(device_);
     if (bytes == 0) return static_cast<void*>(nullptr);
     void* p = nullptr;
-    cudaError_t e = testing::allocation_should_fail() ? cudaErrorMemoryAllocation
-                                                      : cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    const bool injected = testing::allocation_should_fail();
+    cudaError_t e = injected ? cudaErrorMemoryAllocation : cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
     if (e != cudaSuccess)
       return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " (" + std::to_string(bytes) +
                                " bytes) of pinned host memory for cuda:" + std::to_string(device_) +
-                               "; lower the host offload budget or free host memory");
+                               "; lower the host offload budget or free host memory" +
+                               (injected ? " (injected allocation failure)" : ""));
     testing::allocation_made();
     return p;
   }
@@ -424,9 +426,11 @@ class CudaBackend final : public Backend {
 // ---- cuda_ext.h ------------------------------------------------------------------
 Expected<std::unique_ptr<PinnedHostBuffer>> PinnedHostBuffer::create(size_t bytes) {
   void* p = nullptr;
-  cudaError_t e = bytes == 0 || !testing::allocation_should_fail() ? cudaHostAlloc(&p, bytes, cudaHostAllocDefault)
-                                                                    : cudaErrorMemoryAllocation;
-  if (e != cudaSuccess) return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " pinned host memory");
+  const bool injected = bytes != 0 && testing::allocation_should_fail();
+  cudaError_t e = injected ? cudaErrorMemoryAllocation : cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess)
+    return cuda_error(e, "cudaHostAlloc of " + format_bytes(bytes) + " pinned host memory" +
+                             (injected ? " (injected allocation failure)" : ""));
   if (p) testing::allocation_made();
   return std::unique_ptr<PinnedHostBuffer>(new PinnedHostBuffer(p, bytes));
 }
