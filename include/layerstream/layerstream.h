@@ -103,7 +103,7 @@ typedef struct ls_numerics {
   int64_t kv_tile;            /* keys per attention tile; 0 (default) = the device's (CPU 1024) */
   ls_gemm_f32_order gemm_f32; /* default LS_GEMM_F32_LANES16 */
   /* Developer knobs of the CUDA kernels (each may change bits). */
-  const char* native_variant; /* native kernel warp layout: NULL/"" (= "4x1"), "8x1", "4x2" */
+  const char* native_variant; /* native kernel warp layout: NULL/"" (= "4x2"), "4x1", "8x1" */
   int64_t cudnn_q_chunk;      /* cuDNN: queries per staged chunk (default 2048) */
   const char* cudnn_form;     /* cuDNN graph form: NULL/"" (auto), "unified", "composite", "composite-f32p" */
   int64_t cudnn_skip_configs; /* cuDNN: skip the first N heuristic engine configs (default 0) */
