@@ -92,7 +92,7 @@ std::string RunReport::to_json() const {
      << ", \"predicted_peak_bytes\": " << predicted_peak_bytes << ", \"measured_peak_bytes\": " << measured_peak_bytes
      << ", \"stock_peak_bytes\": " << stock_peak_bytes << ", \"adaln_table_bytes\": " << adaln_table_bytes
      << ", \"adaln_precomputed\": " << b(adaln_precomputed) << ", \"wall_seconds\": " << wall_seconds
-     << ", \"backend\": \"" << be << "\", \"resident_blocks\": " << resident_blocks
+     << ", \"backend\": \"" << be << "\", \"numerics\": \"" << numerics << "\", \"resident_blocks\": " << resident_blocks
      << ", \"streamed_blocks\": " << streamed_blocks << ", \"slots\": " << slots << ", \"kv_offload\": " << b(kv_offload)
      << ", \"residual_offload\": " << b(residual_offload) << ", \"kv_chunk\": " << kv_chunk
      << ", \"pcie_weight_bytes\": " << pcie_weight_bytes << ", \"pcie_kv_bytes\": " << pcie_kv_bytes
@@ -977,6 +977,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   rep.adaln_table_bytes = tab->bytes();
   rep.adaln_precomputed = tab->precomputed;
   rep.backend = be.name();
+  rep.numerics = describe(be.numerics());
   rep.phase_seconds = prof;
   rep.resident_blocks = m.weights->resident_blocks();
   rep.streamed_blocks = cfg.num_layers - m.weights->resident_blocks();

@@ -92,6 +92,7 @@ struct RunReport {
   bool adaln_precomputed = false;     // tables came from precompute_adaln
   double wall_seconds = 0.0;
   std::string backend;                // "cpu", "cuda:0 (...)"
+  std::string numerics;               // the backend's resolved numerics (describe(Backend::numerics()))
   // Residency and traffic (issue 5).
   int64_t resident_blocks = 0;        // blocks whose weights stay on the device
   int64_t streamed_blocks = 0;        // blocks copied into slots during this call
