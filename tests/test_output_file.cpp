@@ -33,26 +33,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class OutputFileTest : public ::testing::Test {
+class OutputFileTest : public test::TempDirTest {
  protected:
+  OutputFileTest() : TempDirTest("ls_output_file") {}
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "ls_output_file_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    TempDirTest::SetUp();
     // A FIFO must never make a test hang: if something opens one and waits, the alarm
     // kills the test binary (a failure, not a stuck CI job).
     alarm(60);
   }
   void TearDown() override {
     alarm(0);
-    fs::remove_all(dir_);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
+    TempDirTest::TearDown();
   }
   // A character device node like /dev/null (1, 3) in our folder; as a non-root user,
   // the system's /dev/null (which we cannot delete anyway).
@@ -61,7 +53,6 @@ class OutputFileTest : public ::testing::Test {
     if (mknod(p.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) return p;
     return "/dev/null";
   }
-  fs::path dir_;
 };
 
 using ls::test::read_all;
