@@ -103,21 +103,22 @@ Expected<EmbedInputs> EmbedInputs::prepare(const H3Config& cfg, const PackedLayo
   // Condition rows: the generator is reseeded identically for every condition (video:
   // seed, audio: seed + 1), so conditions of one shape get the same noise.
   const int64_t C = cfg.latents_dim, Ca = cfg.audio_latents_dim;
+  // One condition's rows: video and audio patchified, then each augmented in row order.
+  auto add = [&](std::vector<std::vector<float>>& vrows, std::vector<std::vector<float>>& arows,
+                 const VideoLatent& lat_v, const AudioLatent& lat_a, const ConditionNoise& n,
+                 const std::string& what) -> Status {
+    vrows.push_back(video_rows_of(lat_v, C));
+    LS_TRY(augment(vrows.back(), cond.vis_aug, cond.seed, n.video, what + " video"));
+    arows.push_back(audio_rows_of(lat_a, Ca));
+    return augment(arows.back(), cond.aud_aug, cond.seed + 1, n.audio, what + " audio");
+  };
   for (size_t i = 0; i < cond.keyframes.size(); ++i) {
     const Keyframe& k = cond.keyframes[i];
-    const std::string what = "keyframe " + std::to_string(i);
-    e.key_video_.push_back(video_rows_of(k.video, C));
-    LS_TRY(augment(e.key_video_.back(), cond.vis_aug, cond.seed, k.noise.video, what + " video"));
-    e.key_audio_.push_back(audio_rows_of(k.audio, Ca));
-    LS_TRY(augment(e.key_audio_.back(), cond.aud_aug, cond.seed + 1, k.noise.audio, what + " audio"));
+    LS_TRY(add(e.key_video_, e.key_audio_, k.video, k.audio, k.noise, "keyframe " + std::to_string(i)));
   }
   for (size_t i = 0; i < cond.refs.size(); ++i) {
     const Reference& r = cond.refs[i];
-    const std::string what = "reference " + std::to_string(i);
-    e.ref_video_.push_back(video_rows_of(r.video, C));
-    LS_TRY(augment(e.ref_video_.back(), cond.vis_aug, cond.seed, r.noise.video, what + " video"));
-    e.ref_audio_.push_back(audio_rows_of(r.audio, Ca));
-    LS_TRY(augment(e.ref_audio_.back(), cond.aud_aug, cond.seed + 1, r.noise.audio, what + " audio"));
+    LS_TRY(add(e.ref_video_, e.ref_audio_, r.video, r.audio, r.noise, "reference " + std::to_string(i)));
   }
   (void)layout;
   return e;
