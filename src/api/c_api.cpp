@@ -210,6 +210,36 @@ Status check_out(const float* p, size_t have, size_t want, const char* what) {
   return {};
 }
 
+// Both output buffers of a call (denoise, generate): present and of the clip's sizes.
+Status check_outputs(const float* video_out, size_t video_count, const float* audio_out, size_t audio_count,
+                     size_t nv, size_t na) {
+  LS_TRY(check_out(video_out, video_count, nv, "video_out"));
+  return check_out(audio_out, audio_count, na, "audio_out");
+}
+
+// The end of a call that produced velocities: copies them into the caller's buffers,
+// sets the fingerprint (ls_fingerprint: video bytes then audio bytes) and stores the
+// report `j` with the fields every call has (plan, budget plan, resolved numerics,
+// version, weights, output hash).
+ls_status publish(ls_engine& e, nlohmann::json j, const ls::exec::Plan& plan, const ls::exec::BudgetPlan* budget,
+                  const std::vector<float>& video, const std::vector<float>& audio, float* video_out,
+                  float* audio_out) {
+  std::memcpy(video_out, video.data(), video.size() * sizeof(float));
+  std::memcpy(audio_out, audio.data(), audio.size() * sizeof(float));
+  e.hash = ls_fingerprint(video.data(), video.size(), audio.data(), audio.size());
+  j["plan"] = ls::api::plan_json(plan);
+  j["vram_budget"] = budget ? ls::api::budget_plan_json(*budget) : nlohmann::json();
+  j["numerics"] = numerics_json(e, plan.kv_tile);
+  j["version"] = ls::api::version_json();
+  j["weights"] = e.session->source().describe();
+  char hex[20];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e.hash));
+  j["output_hash"] = hex;
+  e.report_json = j.dump(2);
+  e.have_report = true;
+  return LS_OK;
+}
+
 // The engine for rp, made (or remade) when its residency differs from the current one.
 Status ensure_engine(ls_engine& e, const ls::api::RunPlan& rp) {
   ls::api::Session& s = *e.session;
@@ -508,8 +538,8 @@ ls_status ls_engine_denoise(ls_engine* e, const ls_denoise_params* given) {
     if (!p.text && !p.refined_text)
       return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: give text (raw states) or refined_text");
     const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
-    if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) return fail(e, st.error());
-    if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) return fail(e, st.error());
+    if (Status st = check_outputs(p.video_out, p.video_out_count, p.audio_out, p.audio_out_count, nv, na); !st.ok())
+      return fail(e, st.error());
 
     auto rp = s.plan(*cond, {p.sigma}, e->memory);
     if (!rp.ok()) return fail(e, rp.error());
@@ -532,23 +562,11 @@ ls_status ls_engine_denoise(ls_engine* e, const ls_denoise_params* given) {
     e->have_report = false;
     auto r = s.denoise(call);
     if (!r.ok()) return fail(e, r.error());
-    std::memcpy(p.video_out, r->video.data(), nv * sizeof(float));
-    std::memcpy(p.audio_out, r->audio.data(), na * sizeof(float));
-    e->hash = r->hash();
     nlohmann::json j = nlohmann::json::parse(r->report.to_json());
     j["call"] = "denoise";
-    j["plan"] = ls::api::plan_json(rp->plan);
-    j["vram_budget"] = rp->budget ? ls::api::budget_plan_json(*rp->budget) : nlohmann::json();
-    j["numerics"] = numerics_json(*e, rp->plan.kv_tile);
-    j["version"] = ls::api::version_json();
-    j["weights"] = s.source().describe();
     j["driver_used_bytes"] = s.driver_used_bytes();
-    char hex[20];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e->hash));
-    j["output_hash"] = hex;
-    e->report_json = j.dump(2);
-    e->have_report = true;
-    return LS_OK;
+    return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio, p.video_out,
+                   p.audio_out);
   });
 }
 
@@ -565,8 +583,8 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
     const ls::h3::ClipGeometry& g = cond->geometry;
     if (!p.text) return fail(e, LS_INVALID_ARGUMENT, "ls_generate_params.text is NULL");
     const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
-    if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) return fail(e, st.error());
-    if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) return fail(e, st.error());
+    if (Status st = check_outputs(p.video_out, p.video_out_count, p.audio_out, p.audio_out_count, nv, na); !st.ok())
+      return fail(e, st.error());
 
     ls::sample::GenerateRequest req;
     if (!cond->sample_sigmas.empty()) {
@@ -596,17 +614,9 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
     e->have_report = false;
     auto r = s.generate(req);
     if (!r.ok()) return fail(e, r.error());
-    std::memcpy(p.video_out, r->video.data(), nv * sizeof(float));
-    std::memcpy(p.audio_out, r->audio.data(), na * sizeof(float));
-    e->hash = ls_fingerprint(r->video.data(), r->video.size(), r->audio.data(), r->audio.size());
     nlohmann::json j;
     j["call"] = "generate";
-    j["plan"] = ls::api::plan_json(r->plan);
     if (r->negative_plan) j["negative_plan"] = ls::api::plan_json(*r->negative_plan);
-    j["vram_budget"] = rp->budget ? ls::api::budget_plan_json(*rp->budget) : nlohmann::json();
-    j["numerics"] = numerics_json(*e, r->plan.kv_tile);
-    j["version"] = ls::api::version_json();
-    j["weights"] = s.source().describe();
     j["sigmas"] = req.sigmas;
     j["seconds"] = {{"refine_text", r->refine_seconds},
                     {"adaln_precompute", r->adaln_seconds},
@@ -621,12 +631,8 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
       fw.push_back(x);
     }
     j["forwards"] = fw;
-    char hex[20];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e->hash));
-    j["output_hash"] = hex;
-    e->report_json = j.dump(2);
-    e->have_report = true;
-    return LS_OK;
+    return publish(*e, std::move(j), r->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio, p.video_out,
+                   p.audio_out);
   });
 }
 
