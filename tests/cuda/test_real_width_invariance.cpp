@@ -41,6 +41,38 @@ test::StreamingCase real_width_case(bool modes = false) {
   return c;
 }
 
+// Slices of each of `slices` rows for attention, MLP and head alike give ref's bytes.
+void check_slices(test::StreamingCase& c, Backend& be, const exec::PlanKnobs& sk, const test::StreamingRun& ref,
+                  std::initializer_list<int64_t> slices) {
+  for (int64_t slice : slices) {
+    exec::PlanKnobs k = sk;
+    k.attn_chunk_tokens = k.mlp_chunk_tokens = k.final_chunk_tokens = slice;
+    auto p = exec::make_plan(c.cfg, c.cond, k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    test::expect_same(ref, test::run_streaming(c, be, exec::Residency{}, *p), p->describe());
+  }
+}
+
+// K/V and residual offload by hand (the planner keeps this short sequence's K/V on the
+// device): attention slices of 4096, MLP and head of 97, chunks of whole kv_tiles streamed
+// back (the last one short), weights through one slot (no prefetch). Gives ref's bytes.
+test::StreamingRun check_offload(test::StreamingCase& c, Backend& be, const exec::PlanKnobs& sk,
+                                 const test::StreamingRun& ref) {
+  exec::PlanKnobs k = sk;
+  k.attn_chunk_tokens = 4096;
+  k.mlp_chunk_tokens = k.final_chunk_tokens = 97;
+  k.kv_offload = k.residual_offload = true;
+  auto p = exec::make_plan(c.cfg, c.cond, k);
+  EXPECT_TRUE(p.ok()) << p.error().message;
+  if (!p.ok()) return {};
+  exec::Residency res;
+  res.resident_blocks = 0;
+  res.slots = 1;
+  test::StreamingRun got = test::run_streaming(c, be, res, *p);
+  test::expect_same(ref, got, p->describe());
+  return got;
+}
+
 // The input modes at real width on the default attention path: slices of 97 and 8192
 // rows and K/V + residual offload with streamed weights give the stock bytes.
 void check_modes() {
@@ -55,23 +87,8 @@ void check_modes() {
   const test::StreamingRun ref = test::run_streaming(c, **be, exec::Residency{}, *stock);
   ASSERT_TRUE(ref.ok);
   ASSERT_GT(test::sum_abs(ref.r.video), 0.0);
-  for (int64_t slice : {int64_t{97}, int64_t{8192}}) {
-    exec::PlanKnobs k = sk;
-    k.attn_chunk_tokens = k.mlp_chunk_tokens = k.final_chunk_tokens = slice;
-    auto p = exec::make_plan(c.cfg, c.cond, k);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    test::expect_same(ref, test::run_streaming(c, **be, exec::Residency{}, *p), p->describe());
-  }
-  exec::PlanKnobs k = sk;
-  k.attn_chunk_tokens = 4096;
-  k.mlp_chunk_tokens = k.final_chunk_tokens = 97;
-  k.kv_offload = k.residual_offload = true;
-  auto p = exec::make_plan(c.cfg, c.cond, k);
-  ASSERT_TRUE(p.ok()) << p.error().message;
-  exec::Residency res;
-  res.resident_blocks = 0;
-  res.slots = 1;
-  test::expect_same(ref, test::run_streaming(c, **be, res, *p), p->describe());
+  check_slices(c, **be, sk, ref, {97, 8192});
+  check_offload(c, **be, sk, ref);
 }
 
 // The backend with attention `path` ("native" | "cudnn"), set as numerics.
@@ -102,29 +119,9 @@ void check_path(const char* path) {
   ASSERT_GT(test::sum_abs(ref.r.video), 0.0);
   ASSERT_GT(test::sum_abs(ref.r.audio), 0.0);
 
-  for (int64_t slice : {int64_t{1}, int64_t{97}, int64_t{4096}, int64_t{8192}}) {
-    exec::PlanKnobs k = sk;
-    k.attn_chunk_tokens = k.mlp_chunk_tokens = k.final_chunk_tokens = slice;
-    auto p = exec::make_plan(c.cfg, c.cond, k);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    test::expect_same(ref, test::run_streaming(c, **be, exec::Residency{}, *p), p->describe());
-  }
-
-  // K/V and residual offload by hand (the planner keeps this short sequence's K/V on the
-  // device): chunks of whole kv_tiles streamed back, the last one short; weights through
-  // one slot (no prefetch).
+  check_slices(c, **be, sk, ref, {1, 97, 4096, 8192});
   {
-    exec::PlanKnobs k = sk;
-    k.attn_chunk_tokens = 4096;
-    k.mlp_chunk_tokens = k.final_chunk_tokens = 97;
-    k.kv_offload = k.residual_offload = true;
-    auto p = exec::make_plan(c.cfg, c.cond, k);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    exec::Residency res;
-    res.resident_blocks = 0;
-    res.slots = 1;
-    const test::StreamingRun got = test::run_streaming(c, **be, res, *p);
-    test::expect_same(ref, got, p->describe());
+    const test::StreamingRun got = check_offload(c, **be, sk, ref);
     if (got.ok) {
       EXPECT_GT(got.r.report.pcie_kv_bytes, 0u);
     }
