@@ -60,6 +60,34 @@ struct AttentionParams {
 // backend calls it (src/backend/attention_state.cpp), so the rules and messages agree.
 Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh);
 
+// One linear layer's weight in its stored format (issue 14; comfyui-and-quantized-weights.md
+// §2-3). A plain bf16/f32 weight is format bf16 with only `w` set.
+enum class WeightFormat : uint8_t { bf16 = 0, int8_convrot = 1, fp8_e4m3 = 2 };
+const char* weight_format_name(WeightFormat f);  // "bf16", "int8_convrot", "fp8_e4m3"
+
+struct LinearWeight {
+  WeightFormat format = WeightFormat::bf16;
+  TensorView w;              // bf16|f32 [N, K] | i8 [N, K] rotated per group (W * H_G) | f8e4m3 [N, K]
+  TensorView scale;          // int8_convrot: f32 [N] (per output row); fp8_e4m3: f32 [1]; else empty
+  float input_scale = 1.0f;  // fp8_e4m3: the static activation scale s_a (1 = none)
+  int64_t group = 0;         // int8_convrot: ConvRot group G (a power of 4 dividing K: 64, 256)
+  bool dynamic_act = false;  // fp8_e4m3: per-row amax/448 activation scale (engine option, lossy)
+
+  LinearWeight() = default;
+  // A plain weight (what every linear was before quantised formats).
+  LinearWeight(const TensorView& plain) : w(plain) {}  // NOLINT: implicit on purpose
+  int64_t out_features() const { return w.size(0); }
+  int64_t in_features() const { return w.size(1); }
+  // Output rows [a, b) (the qkv weight's Q, K or V rows): weight rows and, per-row
+  // int8 scales, scale rows; a per-tensor scale is kept.
+  LinearWeight rows(int64_t a, int64_t b) const;
+};
+
+// Options of Backend::linear.
+struct LinearOptions {
+  bool swiglu_input = false;  // x is u bf16 [M, 2K] = [gate | up]; the input is silu(gate) * up
+};
+
 // Queues of a backend. Work on one queue runs in call order; work on different queues
 // may overlap and is ordered only by fences. The CPU backend runs everything at once
 // (every queue is synchronous), so fences are no-ops there.
@@ -104,6 +132,15 @@ class Backend {
     (void)total_bytes;
     return Status(make_error(ErrorCode::unsupported, name() + " has no device memory to report"));
   }
+
+  // ---- a caller's queue (C API / Python interop, issue 13) ------------------------
+  // `stream` is the caller's queue handle: CUDA a cudaStream_t (nullptr = the legacy
+  // default stream). wait_external: later work on every queue of this backend waits for
+  // what is queued on `stream` so far (an event, no device-wide synchronisation).
+  // signal_external: later work on `stream` waits for everything queued on this backend
+  // so far. The CPU backend runs everything at once: both are no-ops there.
+  virtual Status wait_external(void* stream) { (void)stream; return Status(); }
+  virtual Status signal_external(void* stream) { (void)stream; return Status(); }
 
   // ---- scratch -------------------------------------------------------------------
   // Bytes of scratch the backend's ops need (0 on the CPU; the CUDA GEMM's cuBLASLt
@@ -222,6 +259,37 @@ class Backend {
   //   p.state: streamed keys in chunks carrying the fp32 state (see AttentionParams).
   virtual Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                            const AttentionParams& p) = 0;
+
+  // ---- linears in a stored weight format (issue 14; docs/numerics.md, quantised linears) ----
+  // Scratch: every format's temporaries (quantised activation rows, per-row scales, int32
+  // accumulators) come from the backend's workspace (workspace_bytes / set_workspace), a
+  // constant of the backend: a backend processes the M rows in row chunks of its own fixed
+  // size, which changes no bit because every format below is row-independent.
+  //
+  // out = linear(x, w) (+ bias), by w.format:
+  //   bf16 / f32 weights: exactly gemm(x, w.w, bias, out)  (the base implementation).
+  //   int8_convrot ("LS-int8", comfyui-and-quantized-weights.md §2.6), per row r of x [M, K]:
+  //     v     = the fp32 fast Hadamard transform of each group of G = w.group inputs: radix-4
+  //             stages with strides 1, 4, 16 (, 64 for G = 256) in that order; element i of a
+  //             stage of stride s, digit d = (i/s) % 4, base b = i - d*s, is fl32(0.5 * t), t
+  //             the left-to-right fp32 sum of +-x[b], +-x[b+s], +-x[b+2s], +-x[b+3s] with the
+  //             signs of h4 row d (0: + + + -, 1: + + - +, 2: + - + +, 3: - + + +); no rounding
+  //             (with opts.swiglu_input the input of the FHT is a = fl32(fl32(g/fl32(1+exp(-g)))*u),
+  //             g, u the halves of x [M, 2K], unrounded)
+  //     sx[r] = max(fl32(min(max|v|, bf16_max) * fl32(1/127)), 1e-30)
+  //     q     = clamp(rint(bf16(fl32(bf16(v) / bf16(sx[r])))), -128, 127)   (IEEE division)
+  //     acc   = sum_k q[r,k] * w.w[n,k] in int32 (exact: any order)
+  //     y     = bf16(fl32(fl32(float(acc) * sx[r]) * w.scale[n]))  (+ bias: fl32(. + float(bias)))
+  //   fp8_e4m3: s_a = w.input_scale, or per row fl32(max|x_r| / 448) with w.dynamic_act;
+  //     q = e4m3_rn_sat(clamp(s_a == 1 ? x : fl32(x / s_a), -448, 448)) (IEEE division);
+  //     acc = fp32 sum of exact e4m3 products in a fixed k order that does not depend on M
+  //     (the backend documents it); y = bf16(fl32(acc * fl32(s_a * w.scale[0]))) (+ bias).
+  //     Backends without fp8 tensor cores may instead dequantise (fl32(e4m3(w)) * s_w, rounded
+  //     to bf16) and run gemm on bf16(x): other bits, recorded in Numerics by the backend.
+  //   x: bf16 [M, K] (row-strided); w: see LinearWeight; bias: null or f32|bf16 [N];
+  //   out: bf16 [M, N]. Formats a backend cannot run return unsupported naming the format.
+  virtual Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
+                        const LinearOptions& opts = {});
 
   // ---- checks --------------------------------------------------------------------
   // The number of elements of t that are NaN, +inf or -inf (a value whose exponent bits

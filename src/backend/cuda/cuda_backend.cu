@@ -152,6 +152,7 @@ class CudaBackend final : public Backend {
     LS_CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_stream_, cudaStreamNonBlocking));
     // Fences only order work, they never time it: no timing makes record/wait cheaper.
     for (cudaEvent_t& f : fences_) LS_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
+    LS_CUDA_CHECK(cudaEventCreateWithFlags(&interop_event_, cudaEventDisableTiming));
     LS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.gemm_cache = gemm_cache_create();
     auto defaults = resolve(Numerics{});
@@ -180,6 +181,7 @@ class CudaBackend final : public Backend {
     gemm_cache_destroy(ctx_.gemm_cache);
     cublasLtDestroy(ctx_.lt);
     for (cudaEvent_t f : fences_) cudaEventDestroy(f);
+    cudaEventDestroy(interop_event_);
     cudaStreamDestroy(transfer_stream_);
     cudaStreamDestroy(ctx_.stream);
   }
@@ -375,6 +377,30 @@ class CudaBackend final : public Backend {
     DeviceGuard g(ctx_.device);
     return cuda_op_count_nonfinite(ctx_, t);
   }
+  Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
+                const LinearOptions& opts) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_linear(ctx_, x, w, bias, out, opts);
+  }
+  // The caller's stream and ours, ordered by one event each way (no device-wide sync).
+  Status wait_external(void* stream) override {
+    DeviceGuard g(ctx_.device);
+    cudaError_t e = cudaEventRecord(interop_event_, static_cast<cudaStream_t>(stream));
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx_.stream, interop_event_, 0);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(transfer_stream_, interop_event_, 0);
+    if (e != cudaSuccess) return cuda_error(e, "wait for the caller's stream");
+    return Status();
+  }
+  Status signal_external(void* stream) override {
+    DeviceGuard g(ctx_.device);
+    auto s = static_cast<cudaStream_t>(stream);
+    cudaError_t e = cudaEventRecord(interop_event_, transfer_stream_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, interop_event_, 0);
+    if (e == cudaSuccess) e = cudaEventRecord(interop_event_, ctx_.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, interop_event_, 0);
+    if (e != cudaSuccess) return cuda_error(e, "order the caller's stream after the engine's work");
+    return Status();
+  }
 
   CudaContext& context() { return ctx_; }
 
@@ -418,6 +444,7 @@ class CudaBackend final : public Backend {
   CudaPinnedHostResource pinned_;
   cudaStream_t transfer_stream_ = nullptr;  // Queue::transfer (non-blocking)
   std::array<cudaEvent_t, kFences> fences_{};
+  cudaEvent_t interop_event_ = nullptr;  // wait_external / signal_external (recorded, then waited on at once)
   std::string prop_name_;
 };
 

@@ -33,6 +33,9 @@ Status cuda_op_time_embedding(CudaContext& ctx, const TensorView& t, const Tenso
 Status cuda_op_convert(CudaContext& ctx, const TensorView& src, const TensorView& dst);
 Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionParams& p);
+// linear_quant.cu: Backend::linear for every WeightFormat (bf16 goes to cuda_op_gemm).
+Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView* bias,
+                      const TensorView& out, const LinearOptions& opts);
 // nonfinite.cu: uses ctx.nonfinite_counter; synchronises the compute stream.
 Expected<int64_t> cuda_op_count_nonfinite(CudaContext& ctx, const TensorView& t);
 
