@@ -120,6 +120,35 @@ TEST(H3Specs, ShapesAndDtypes) {
   EXPECT_EQ(p.count("time_embedder.proj_in.weight"), 0u);
 }
 
+// Every tensor has a role and (for block tensors) its block index, so no layer has to
+// parse names: the counts per role follow from the config, and block indices agree with
+// the names they came from.
+TEST(H3Specs, RolesAndBlockIndices) {
+  H3Config c = *h3_preset("tiny");
+  c.gate_compress = true;
+  std::map<TensorRole, int> count;
+  for (const TensorSpec& s : h3_tensor_specs(c)) {
+    ++count[s.role];
+    if (s.name.rfind("blocks.", 0) == 0) {
+      EXPECT_EQ(s.block, std::stoll(s.name.substr(7))) << s.name;
+    } else if (s.name.rfind("token_refiner.blocks.", 0) == 0) {
+      EXPECT_EQ(s.block, std::stoll(s.name.substr(21))) << s.name;
+    } else {
+      EXPECT_EQ(s.block, -1) << s.name;
+    }
+    EXPECT_STRNE(tensor_role_name(s.role), "?");
+  }
+  EXPECT_EQ(count[TensorRole::block], 8 * c.num_layers);  // norm1, qkv, q/k norm, out_proj, norm2, fc1, fc2
+  EXPECT_EQ(count[TensorRole::adaln], 2 * c.num_layers + 2);
+  EXPECT_EQ(count[TensorRole::unused], c.num_layers);  // attn.to_gate_compress
+  EXPECT_EQ(count[TensorRole::refiner], 8 * c.refiner_layers + 1);
+  EXPECT_EQ(count[TensorRole::head], 5);
+  EXPECT_EQ(count[TensorRole::patch_embed], 4);
+  EXPECT_EQ(count[TensorRole::text_proj], 2);
+  EXPECT_EQ(count[TensorRole::time_embedder] + count[TensorRole::adaln_table], c.curve_form() ? 1 : 4);
+  EXPECT_EQ(count[TensorRole::rope], 1);
+}
+
 TEST(H3Detect, RoundTripsEveryPresetAndForm) {
   for (const char* name : {"tiny", "small", "h3"}) {
     for (int form = 0; form < 4; ++form) {

@@ -132,6 +132,22 @@ int64_t TensorSpec::numel() const {
   return n;
 }
 
+const char* tensor_role_name(TensorRole r) {
+  switch (r) {
+    case TensorRole::patch_embed: return "patch_embed";
+    case TensorRole::text_proj: return "text_proj";
+    case TensorRole::time_embedder: return "time_embedder";
+    case TensorRole::adaln_table: return "adaln_table";
+    case TensorRole::adaln: return "adaln";
+    case TensorRole::rope: return "rope";
+    case TensorRole::refiner: return "refiner";
+    case TensorRole::block: return "block";
+    case TensorRole::head: return "head";
+    case TensorRole::unused: return "unused";
+  }
+  return "?";
+}
+
 const char* group_name(TensorSpec::Group g) {
   switch (g) {
     case TensorSpec::Group::blocks: return "blocks";
@@ -158,8 +174,21 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
   const DType bf = DType::bf16, f32 = DType::f32, ad = c.adaln_dtype();
   std::vector<TensorSpec> s;
   s.reserve(static_cast<size_t>(20 + 8 * c.refiner_layers + 12 * c.num_layers));
-  auto add = [&](std::string name, DType dt, std::vector<int64_t> shape, G g) {
-    s.push_back(TensorSpec{std::move(name), dt, std::move(shape), g});
+  using R = TensorRole;
+  // Role from the name's family (the one place names become roles), block from the caller.
+  auto add = [&](std::string name, DType dt, std::vector<int64_t> shape, G g, int64_t block = -1) {
+    R r = R::unused;
+    auto has = [&](const char* p) { return name.rfind(p, 0) == 0; };
+    if (has("video_patch_proj.") || has("audio_patch_proj.")) r = R::patch_embed;
+    else if (has("condition_proj.")) r = R::text_proj;
+    else if (has("time_embedder.")) r = R::time_embedder;
+    else if (name == "adaln_t_table") r = R::adaln_table;
+    else if (name == "rope.inv_freq") r = R::rope;
+    else if (has("token_refiner.")) r = R::refiner;
+    else if (g == G::adaln) r = R::adaln;
+    else if (has("final_layer.")) r = R::head;
+    else if (g == G::blocks) r = R::block;
+    s.push_back(TensorSpec{std::move(name), dt, std::move(shape), g, r, block});
   };
   // Top level.
   add("video_patch_proj.weight", f32, {D, c.video_patch_dim()}, G::embed);
@@ -187,30 +216,30 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
   // Token refiner.
   for (int64_t b = 0; b < c.refiner_layers; ++b) {
     const std::string p = "token_refiner.blocks." + std::to_string(b) + ".";
-    add(p + "norm1.weight", bf, {D}, G::refiner);
-    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, G::refiner);
-    add(p + "attn.q_norm.weight", bf, {Dh}, G::refiner);
-    add(p + "attn.k_norm.weight", bf, {Dh}, G::refiner);
-    add(p + "attn.out_proj.weight", bf, {D, I}, G::refiner);
-    add(p + "norm2.weight", bf, {D}, G::refiner);
-    add(p + "mlp.fc1.weight", bf, {2 * F, D}, G::refiner);
-    add(p + "mlp.fc2.weight", bf, {D, F}, G::refiner);
+    add(p + "norm1.weight", bf, {D}, G::refiner, b);
+    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, G::refiner, b);
+    add(p + "attn.q_norm.weight", bf, {Dh}, G::refiner, b);
+    add(p + "attn.k_norm.weight", bf, {Dh}, G::refiner, b);
+    add(p + "attn.out_proj.weight", bf, {D, I}, G::refiner, b);
+    add(p + "norm2.weight", bf, {D}, G::refiner, b);
+    add(p + "mlp.fc1.weight", bf, {2 * F, D}, G::refiner, b);
+    add(p + "mlp.fc2.weight", bf, {D, F}, G::refiner, b);
   }
   if (c.refiner_layers > 0) add("token_refiner.final_norm.weight", bf, {D}, G::refiner);
   // DiT blocks.
   for (int64_t b = 0; b < c.num_layers; ++b) {
     const std::string p = "blocks." + std::to_string(b) + ".";
-    add(p + "norm1.weight", bf, {D}, G::blocks);
-    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, G::blocks);
-    add(p + "attn.q_norm.weight", bf, {Dh}, G::blocks);
-    add(p + "attn.k_norm.weight", bf, {Dh}, G::blocks);
-    add(p + "attn.out_proj.weight", bf, {D, I}, G::blocks);
-    if (c.gate_compress) add(p + "attn.to_gate_compress.weight", bf, {I, D}, G::other);
-    add(p + "norm2.weight", bf, {D}, G::blocks);
-    add(p + "mlp.fc1.weight", bf, {2 * F, D}, G::blocks);
-    add(p + "mlp.fc2.weight", bf, {D, F}, G::blocks);
-    add(p + "adaln_proj.linear.weight", ad, {18 * D, t}, G::adaln);
-    add(p + "adaln_proj.linear.bias", ad, {18 * D}, G::adaln);
+    add(p + "norm1.weight", bf, {D}, G::blocks, b);
+    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, G::blocks, b);
+    add(p + "attn.q_norm.weight", bf, {Dh}, G::blocks, b);
+    add(p + "attn.k_norm.weight", bf, {Dh}, G::blocks, b);
+    add(p + "attn.out_proj.weight", bf, {D, I}, G::blocks, b);
+    if (c.gate_compress) add(p + "attn.to_gate_compress.weight", bf, {I, D}, G::other, b);
+    add(p + "norm2.weight", bf, {D}, G::blocks, b);
+    add(p + "mlp.fc1.weight", bf, {2 * F, D}, G::blocks, b);
+    add(p + "mlp.fc2.weight", bf, {D, F}, G::blocks, b);
+    add(p + "adaln_proj.linear.weight", ad, {18 * D, t}, G::adaln, b);
+    add(p + "adaln_proj.linear.bias", ad, {18 * D}, G::adaln, b);
   }
   return s;
 }

@@ -55,11 +55,29 @@ std::string h3_config_json(const H3Config& cfg);
 
 // Every tensor a checkpoint of this config holds, with real key names, shapes and
 // declared dtypes (h3-model.md §1.3), in a stable order (top level, refiner, blocks).
+// What a tensor is for (the executor, the planner and the weight store select tensors
+// by role and block index, never by matching names).
+enum class TensorRole : uint8_t {
+  patch_embed,     // video_patch_proj.*, audio_patch_proj.*
+  text_proj,       // condition_proj.*
+  time_embedder,   // time_embedder.* (AdaLN precompute only)
+  adaln_table,     // adaln_t_table (curve form; AdaLN precompute only)
+  adaln,           // blocks.N.adaln_proj.*, final_layer.adaln_proj.* (AdaLN precompute only)
+  rope,            // rope.inv_freq (host-side only)
+  refiner,         // token_refiner.* (text refinement only)
+  block,           // blocks.N.{norm1, attn.*, norm2, mlp.*}: what the block steps read
+  head,            // final_layer.{norm, video_out, audio_out}
+  unused,          // present in files, never read (attn.to_gate_compress)
+};
+const char* tensor_role_name(TensorRole r);  // "patch_embed", "block", ...
+
 struct TensorSpec {
   std::string name;        // without key_prefix
   DType dtype;
   std::vector<int64_t> shape;
   enum class Group { blocks, adaln, heads, refiner, embed, other } group;
+  TensorRole role = TensorRole::unused;
+  int64_t block = -1;      // blocks.N.* and token_refiner.blocks.N.*: N; else -1
   int64_t numel() const;
 };
 std::vector<TensorSpec> h3_tensor_specs(const H3Config& cfg);
