@@ -40,9 +40,9 @@ Status adaln_input(Backend& be, const H3Config& cfg, const WeightGetter& w, cons
   return be.convert(s.temb, ain);
 }
 
-Status adaln_linear(Backend& be, const TensorView& ain, const TensorView& weight, const TensorView& bias,
+Status adaln_linear(Backend& be, const TensorView& ain, const LinearWeight& weight, const TensorView& bias,
                     const TensorView& out) {
-  return be.gemm(ain, weight, &bias, out);
+  return be.linear(ain, weight, &bias, out);
 }
 
 }  // namespace ls::h3

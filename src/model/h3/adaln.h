@@ -42,8 +42,12 @@ struct TimeEmbedScratch {
 Status adaln_input(Backend& be, const H3Config& cfg, const WeightGetter& w, const TimeEmbedScratch& scratch,
                    const TensorView& ain);
 
-// One AdaLN linear: out [M, E*D] = ain * W^T + b, W = `prefix`.linear.weight.
-Status adaln_linear(Backend& be, const TensorView& ain, const TensorView& weight, const TensorView& bias,
+// One AdaLN linear: out [M, E*D] = ain * W^T + b, W = `prefix`.linear.weight, through
+// Backend::linear: a plain weight (a TensorView converts) is exactly the gemm; the full
+// int8 files' blocks.N.adaln_proj.linear (int8 ConvRot, G = 64, unpruned form: ain bf16
+// [M, t], out bf16) adds the bias in fp32 before the one rounding. Build the weight with
+// h3_linear_weight(w, cfg, "blocks.N.adaln_proj.linear") (block.h) to get its format.
+Status adaln_linear(Backend& be, const TensorView& ain, const LinearWeight& weight, const TensorView& bias,
                     const TensorView& out);
 
 }  // namespace ls::h3

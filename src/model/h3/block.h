@@ -27,20 +27,32 @@ namespace ls::h3 {
 // name (without prefix) -> view on the backend's device.
 using WeightGetter = std::function<TensorView(const std::string&)>;
 
+// Linears are LinearWeight (backend.h): bf16 (the plain weight), int8 ConvRot or fp8
+// e4m3, per layer as the checkpoint stores them (cfg.quant, model/h3/quant.h).
 struct AttnWeights {
-  TensorView qkv;       // bf16 [3I, D]: rows [q_all | k_all | v_all], each head-major
-  TensorView q_norm;    // bf16 [Dh]
-  TensorView k_norm;    // bf16 [Dh]
-  TensorView out_proj;  // bf16 [D, I]
+  LinearWeight qkv;       // [3I, D]: rows [q_all | k_all | v_all], each head-major
+  TensorView q_norm;      // bf16 [Dh]
+  TensorView k_norm;      // bf16 [Dh]
+  LinearWeight out_proj;  // [D, I]
 };
 struct BlockWeights {
   TensorView norm1, norm2;  // bf16 [D]
   AttnWeights attn;
-  TensorView fc1;           // bf16 [2F, D]: rows [gate | up]
-  TensorView fc2;           // bf16 [D, F]
+  LinearWeight fc1;         // [2F, D]: rows [gate | up]
+  LinearWeight fc2;         // [D, F]
 };
+// Plain (bf16) block weights, as before quantised formats: aborts if a weight is
+// quantised (its dtype is i8 / f8e4m3): use the overload with the config.
 BlockWeights dit_block_weights(const WeightGetter& w, int64_t block);
 BlockWeights refiner_block_weights(const WeightGetter& w, int64_t block);
+// Block weights in the formats of cfg.quant (bf16 layers exactly as above).
+BlockWeights dit_block_weights(const WeightGetter& w, const H3Config& cfg, int64_t block);
+BlockWeights refiner_block_weights(const WeightGetter& w, const H3Config& cfg, int64_t block);
+// The LinearWeight of linear `linear` ("blocks.3.mlp.fc2", "blocks.3.adaln_proj.linear":
+// the name without ".weight") in the format of cfg.quant: bf16: w(linear + ".weight");
+// int8: + weight_scale viewed as f32 [N] and the group; fp8: weight_scale viewed as f32
+// [1] and the input_scale value (host, from the layout).
+LinearWeight h3_linear_weight(const WeightGetter& w, const H3Config& cfg, const std::string& linear);
 
 // The six modulation tables of one block: bf16|f32 [3M, D] row-strided views of the
 // AdaLN output [3M, 6D] (row = t_index * 3 + tag).
@@ -86,6 +98,8 @@ class DitBlock {
                     int64_t kv_tile) const;
   // MLP half for rows [a, b): norm2, modulate, fc1, SwiGLU, fc2, gated add into x.
   //   scratch h bf16 [n, D], u bf16 [n, 2F], act bf16 [n, F]
+  // An int8 fc2 takes u itself (Backend::linear with swiglu_input: the fp32 swiglu of the
+  // LS-int8 numerics, no bf16 rounding of the activation), so act is not written.
   Status mlp(const BlockRows& r, int64_t a, int64_t b, const TensorView& h, const TensorView& u,
              const TensorView& act) const;
 

@@ -35,6 +35,16 @@ H3SyntheticSource::H3SyntheticSource(H3Config cfg, uint64_t seed) : cfg_(std::mo
   set_specs(h3_tensor_specs(cfg_));
 }
 
+static H3Config with_synthetic_layout(H3Config cfg, SyntheticFormat f) {
+  auto q = synthetic_quant_layout(cfg, f);
+  LS_CHECK_MSG(q.ok(), q.ok() ? std::string() : q.error().message);
+  cfg.quant = std::move(q).value();
+  return cfg;
+}
+
+H3SyntheticSource::H3SyntheticSource(H3Config cfg, uint64_t seed, SyntheticFormat format)
+    : H3SyntheticSource(with_synthetic_layout(std::move(cfg), format), seed) {}
+
 TensorView H3SyntheticSource::get(const std::string& name) const {
   const TensorSpec* s = spec(name);
   LS_CHECK_MSG(s != nullptr, "synthetic H3 source has no tensor '" + name + "'");
@@ -43,7 +53,7 @@ TensorView H3SyntheticSource::get(const std::string& name) const {
   if (it == tensors_.end()) {
     // One host buffer per tensor, filled with the same values make-model writes.
     std::vector<uint8_t> buf(static_cast<size_t>(s->numel() * dtype_size(s->dtype)));
-    fill_synthetic(*s, seed_, 0, s->numel(), buf.data());
+    fill_synthetic_tensor(cfg_, *s, seed_, 0, s->numel(), buf.data());
     it = tensors_.emplace(name, std::move(buf)).first;
   }
   return TensorView::contiguous(it->second.data(), s->dtype, s->shape.data(), static_cast<int>(s->shape.size()));
@@ -55,7 +65,13 @@ void H3SyntheticSource::release(const std::string& name) const {
 }
 
 std::string H3SyntheticSource::describe() const {
-  return "synthetic weights, seed " + std::to_string(seed_) + " (" + h3_config_summary(cfg_) + ")";
+  std::string fmt;
+  if (cfg_.quant.any()) {
+    const LinearQuant& first = cfg_.quant.linears.begin()->second;
+    fmt = std::string(", ") + weight_format_name(first.format) + " " + std::to_string(cfg_.quant.linears.size()) +
+          " linears";
+  }
+  return "synthetic weights, seed " + std::to_string(seed_) + fmt + " (" + h3_config_summary(cfg_) + ")";
 }
 
 }  // namespace ls::h3

@@ -100,14 +100,23 @@ class H3FileSource final : public H3TensorSource {
   mutable std::map<std::string, std::vector<uint8_t>> converted_;  // name -> declared-dtype bytes
 };
 
-// Opens, detects (§1.2, metadata "config.transformer" overrides) and validates. Errors
-// (not a safetensors file, not an H3 checkpoint, missing / misshapen tensor,
-// quantised checkpoint) name the file and what is wrong.
+// Opens, detects (§1.2, metadata "config.transformer" overrides), classifies the
+// quantised layers (detect_quant_layout, quant.h: cfg().quant) and validates. Errors
+// (not a safetensors file, not an H3 checkpoint, missing / misshapen tensor, a malformed
+// or unsupported quantised layer) name the file and what is wrong. A quantised file is
+// read under ComfyUI's mixed-ops dtype policy: its declared-f32 Linear weights and biases
+// are rounded to bf16 on first get() (held_as_bf16), and stored dtypes are converted as
+// with allow_dtype_conversion (the policy converts them anyway).
 Expected<std::unique_ptr<H3FileSource>> open_h3_checkpoint(const std::string& path, const OpenOptions& opts = {});
 
 class H3SyntheticSource final : public H3TensorSource {
  public:
+  // cfg.quant empty (bf16) or a layout from synthetic_quant_layout (quant.h).
   H3SyntheticSource(H3Config cfg, uint64_t seed);
+  // The synthetic model in weight format `format` (make-model --format; quant.h): the
+  // bf16 synthetic weights quantised as the published files were made. Aborts when the
+  // config admits no such layout; check with synthetic_quant_layout first.
+  H3SyntheticSource(H3Config cfg, uint64_t seed, SyntheticFormat format);
   const H3Config& cfg() const override { return cfg_; }
   TensorView get(const std::string& name) const override;
   bool has(const std::string& name) const override { return spec(name) != nullptr; }

@@ -43,7 +43,18 @@ Expected<std::unique_ptr<H3FileSource>> open_h3_checkpoint(const std::string& pa
       e.message += " (the file also holds tensors of unsupported dtypes, e.g. " + file->unsupported_tensors().front() + ")";
     return prefixed(e);
   }
-  Status valid = validate_h3_tensors(*cfg, infos, opts.allow_dtype_conversion);
+  // Quantised layers (per layer, from .comfy_quant; quant.h). The JSON and the fp8
+  // input scales are read here, on the host.
+  auto read = [&](const std::string& full) {
+    const SafetensorsEntry* e = file->find(full);
+    LS_CHECK(e != nullptr);
+    const uint8_t* p = static_cast<const uint8_t*>(file->data(*e));
+    return std::vector<uint8_t>(p, p + (e->end - e->begin));
+  };
+  auto quant = detect_quant_layout(*cfg, infos, read);
+  if (!quant.ok()) return prefixed(quant.error());
+  cfg->quant = std::move(quant).value();
+  Status valid = validate_h3_tensors(*cfg, infos, opts.allow_dtype_conversion || cfg->quant.mixed_ops);
   if (!valid.ok()) return prefixed(valid.error());
 
   auto src = std::unique_ptr<H3FileSource>(new H3FileSource());
@@ -68,7 +79,8 @@ TensorView H3FileSource::get(const std::string& name) const {
   const SafetensorsEntry* e = file_->find(cfg_.key_prefix + name);
   LS_CHECK_MSG(e != nullptr, "validated H3 checkpoint lost tensor '" + name + "'");
   const int nd = static_cast<int>(s->shape.size());
-  if (e->dtype == s->dtype && file_->is_aligned(*e))
+  const bool to_bf16 = held_as_bf16(cfg_.quant, *s);  // ComfyUI's mixed ops (quant.h)
+  if (e->dtype == s->dtype && file_->is_aligned(*e) && !to_bf16)
     // Zero-copy: the mapped bytes. The view is typed non-const (TensorView has no const
     // flavour); the mapping is read-only, so a write through it faults.
     return TensorView::contiguous(const_cast<void*>(file_->data(*e)), s->dtype, s->shape.data(), nd);
@@ -82,8 +94,14 @@ TensorView H3FileSource::get(const std::string& name) const {
     const int64_t n = s->numel();
     std::vector<uint8_t> buf(static_cast<size_t>(n * dtype_size(s->dtype)));
     const void* src = file_->data(*e);
-    if (e->dtype == s->dtype) {
+    if (e->dtype == s->dtype && !to_bf16) {
       std::memcpy(buf.data(), src, buf.size());
+    } else if (to_bf16) {
+      // Held as bf16, used as fp32: v = fl32(bf16(stored)) (f16 -> bf16 rounds once;
+      // the f32 declared dtype holds the bf16 value exactly).
+      std::vector<uint8_t> stored(static_cast<size_t>(n * dtype_size(e->dtype)));
+      std::memcpy(stored.data(), src, stored.size());
+      for (int64_t i = 0; i < n; ++i) store_from_f32(buf.data(), s->dtype, i, round_bf16(load_as_f32(stored.data(), e->dtype, i)));
     } else {
       // load_as_f32 reads element-wise with memcpy-free pointer casts; stage the stored
       // bytes in an aligned buffer first in case the file is misaligned.

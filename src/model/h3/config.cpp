@@ -241,7 +241,29 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
     add(p + "adaln_proj.linear.weight", ad, {18 * D, t}, G::adaln, b);
     add(p + "adaln_proj.linear.bias", ad, {18 * D}, G::adaln, b);
   }
-  return s;
+  if (!c.quant.any()) return s;
+  // Quantised linears (quant.h): the weight in its stored dtype, then its side tensors.
+  std::vector<TensorSpec> q;
+  q.reserve(s.size() + 3 * c.quant.linears.size());
+  for (TensorSpec& ts : s) {
+    const bool weight = ts.name.size() > 7 && ts.name.compare(ts.name.size() - 7, 7, ".weight") == 0;
+    const LinearQuant* lq = weight ? c.quant.find(ts.name.substr(0, ts.name.size() - 7)) : nullptr;
+    if (!lq) {
+      q.push_back(std::move(ts));
+      continue;
+    }
+    const std::string m = ts.name.substr(0, ts.name.size() - 7);
+    ts.dtype = lq->format == WeightFormat::int8_convrot ? DType::i8 : DType::f8e4m3;
+    const int64_t blk = ts.block;
+    TensorSpec scale{m + ".weight_scale", f32, lq->scale_shape, ts.group, ts.role, ts.block};
+    q.push_back(std::move(ts));
+    q.push_back(std::move(scale));
+    if (lq->has_input_scale) q.push_back(TensorSpec{m + ".input_scale", f32, lq->input_scale_shape, G::other, R::unused, blk});
+    if (!lq->comfy_quant.empty())
+      q.push_back(TensorSpec{m + ".comfy_quant", DType::u8, {static_cast<int64_t>(lq->comfy_quant.size())}, G::other,
+                             R::unused, blk});
+  }
+  return q;
 }
 
 // ---- detection (§1.2) -----------------------------------------------------------------
@@ -480,12 +502,18 @@ Status validate_h3_tensors(const H3Config& cfg, const std::vector<TensorInfo>& t
   std::map<std::string, const TensorInfo*> keys;
   for (const auto& t : tensors) {
     if (!starts_with(t.name, cfg.key_prefix)) continue;
-    // Quantised (Comfy-Org int8 "mixed ops") files: recognisable by their side tensors.
-    if (ends_with(t.name, ".comfy_quant") || ends_with(t.name, ".weight_scale"))
-      return make_error(ErrorCode::unsupported,
-                        "quantised checkpoint (found " + t.name +
-                            "): int8/comfy_quant H3 files are not supported yet; use a bf16 checkpoint");
-    keys[t.name.substr(cfg.key_prefix.size())] = &t;
+    // Quantisation side tensors must be described by cfg.quant (detect_quant_layout,
+    // which open_h3_checkpoint runs); a config detected from shapes alone has none.
+    const std::string stripped = t.name.substr(cfg.key_prefix.size());
+    for (std::string_view side : {".comfy_quant", ".weight_scale", ".input_scale"}) {
+      if (!ends_with(stripped, side)) continue;
+      if (!cfg.quant.find(stripped.substr(0, stripped.size() - side.size())))
+        return make_error(ErrorCode::unsupported,
+                          "quantised tensor " + t.name +
+                              " is not described by the config: detect the file's quantised layers first "
+                              "(detect_quant_layout; open_h3_checkpoint does)");
+    }
+    keys[stripped] = &t;
   }
   for (const TensorSpec& s : h3_tensor_specs(cfg)) {
     const std::string full = cfg.key_prefix + s.name;
@@ -498,8 +526,10 @@ Status validate_h3_tensors(const H3Config& cfg, const std::vector<TensorInfo>& t
       return make_error(ErrorCode::invalid_file, "checkpoint tensor " + full + " has shape " + shape_string(t.shape) +
                                                      ", expected " + shape_string(s.shape) + " for the detected config");
     if (t.dtype != s.dtype) {
-      const bool convertible = (t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16) &&
-                               (s.dtype == DType::f32 || s.dtype == DType::bf16);
+      // f8e4m3 widens exactly ("raw" fp8 files without scales: ComfyUI upcasts them).
+      const bool convertible =
+          (t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f8e4m3) &&
+          (s.dtype == DType::f32 || s.dtype == DType::bf16);
       if (!convertible || !allow_dtype_conversion)
         return make_error(ErrorCode::unsupported,
                           "checkpoint tensor " + full + " is stored as " + dtype_name(t.dtype) + ", declared " +

@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "model/h3/quant.h"
 
 namespace ls::h3 {
 
@@ -29,6 +30,10 @@ struct H3Config {
   bool gate_compress = false;          // VSA checkpoints carry an unused to_gate_compress linear
   int64_t pdd_heads = 1;               // n of the PDD head bank (video_out rows = n * 4 * latents_dim)
   std::string key_prefix;              // prefix stripped from every key ("" for bare keys)
+  // Which linears are stored quantised (int8 ConvRot / fp8 e4m3) and ComfyUI's dtype
+  // policy for such files (model/h3/quant.h). Empty for a bf16 checkpoint. Not part of
+  // the dimensions: h3_config_json leaves it out. h3_tensor_specs adds the side tensors.
+  QuantLayout quant;
 
   int64_t inner() const { return heads * head_dim; }          // I
   int64_t video_patch_dim() const { return latents_dim * 4; }  // patch (1,2,2)
@@ -55,6 +60,10 @@ std::string h3_config_json(const H3Config& cfg);
 
 // Every tensor a checkpoint of this config holds, with real key names, shapes and
 // declared dtypes (h3-model.md §1.3), in a stable order (top level, refiner, blocks).
+// A linear quantised in cfg.quant has its weight's stored dtype (i8 | f8e4m3), followed by
+//   <m>.weight_scale  f32, shape as stored, the weight's role, group and block
+//   <m>.input_scale   f32 scalar (fp8, when present)      role unused, read on the host at open
+//   <m>.comfy_quant   u8 [len] (when the file has it)    role unused, read on the host at open
 // What a tensor is for (the executor, the planner and the weight store select tensors
 // by role and block index, never by matching names).
 enum class TensorRole : uint8_t {
