@@ -1,5 +1,7 @@
 // `layerstream make-model`: writes a synthetic H3 checkpoint (deterministic weights from
-// fill_synthetic under a seed) of a preset's dimensions.
+// fill_synthetic under a seed) of a preset's dimensions, in bf16 or in ComfyUI's
+// quantised layouts (--format int8-convrot | int8-convrot-full | fp8: the bf16 synthetic
+// weights quantised as the published files were made; model/h3/quant.h).
 //
 // Memory: the file is streamed. Every tensor is generated in pieces of at most 64 MiB
 // into one reused buffer and handed to SafetensorsWriter, so a 66 GB h3 model needs
@@ -18,6 +20,7 @@
 #include "core/arena.h"  // format_bytes
 #include "io/safetensors.h"
 #include "model/h3/config.h"
+#include "model/h3/quant.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
 #include "io/output_file.h"
@@ -33,7 +36,7 @@ volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
 struct MakeModelOptions {
-  FlagText preset, blocks, pdd_heads, seed, output;  // numbers parsed by tools/cli_util.h (exit 2 on bad values)
+  FlagText preset, blocks, pdd_heads, seed, output, format;  // numbers parsed by tools/cli_util.h (exit 2 on bad values)
   bool adaln_curve = false;
   bool gate_compress = false;
   bool quiet = false;
@@ -68,6 +71,17 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.adaln_curve) cfg = h3::h3_curve_form(cfg);
   cfg.gate_compress = o.gate_compress;
   if (Status st = h3::check_h3_config(cfg); !st.ok()) return usage_error(st.message());
+  h3::SyntheticFormat format = h3::SyntheticFormat::bf16;
+  if (o.format.given()) {
+    auto f = h3::parse_synthetic_format(o.format.text);
+    if (!f.ok()) return usage_error(f.error().message);
+    format = *f;
+  }
+  {
+    auto q = h3::synthetic_quant_layout(cfg, format);
+    if (!q.ok()) return usage_error(q.error().message);
+    cfg.quant = std::move(q).value();
+  }
 
   // File order: by decreasing element size (fp32 before bf16), otherwise the table's
   // order, so every tensor is aligned to its element size in the file and can be used
@@ -89,6 +103,7 @@ int run_make_model(const MakeModelOptions& o) {
   w.set_metadata("layerstream.seed", std::to_string(*seed));
   w.set_metadata("layerstream.version", LS_VERSION);
   w.set_metadata("layerstream.config", h3::h3_config_json(cfg));
+  w.set_metadata("layerstream.format", h3::synthetic_format_name(format));
   for (const auto& s : specs)
     if (Status st = w.declare(s.name, s.dtype, s.shape); !st.ok()) return usage_error(st.message());
   auto fail = [&](const std::string& msg) {
@@ -115,11 +130,24 @@ int run_make_model(const MakeModelOptions& o) {
   uint64_t written = 0;
   for (const auto& s : specs) {
     const int64_t esz = dtype_size(s.dtype), n = s.numel();
-    const int64_t per_piece = static_cast<int64_t>(kPieceBytes) / esz;
+    int64_t per_piece = static_cast<int64_t>(kPieceBytes) / esz;
+    // A quantised weight: int8 rows are quantised whole (per-row scale); an fp8 weight's
+    // per-tensor scale needs one pass over the whole tensor first.
+    const bool quantised_weight = s.dtype == DType::i8 || s.dtype == DType::f8e4m3;
+    if (quantised_weight) per_piece = std::max<int64_t>(s.shape[1], per_piece / s.shape[1] * s.shape[1]);
+    float fp8_scale = 0.0f;
+    const float* fp8_scale_p = nullptr;
+    if (s.dtype == DType::f8e4m3) {
+      h3::TensorSpec plain = s;
+      plain.dtype = DType::bf16;
+      fp8_scale = h3::synthetic_fp8_weight_scale(plain, *seed);
+      fp8_scale_p = &fp8_scale;
+    }
+    if (static_cast<uint64_t>(per_piece * esz) > buf.size()) buf.resize(static_cast<size_t>(per_piece * esz));
     for (int64_t a = 0; a < n; a += per_piece) {
       if (g_interrupted) return fail("interrupted; nothing was written to " + o.output.text);
       const int64_t cnt = std::min(per_piece, n - a);
-      h3::fill_synthetic(s, *seed, a, cnt, buf.data());
+      h3::fill_synthetic_tensor(cfg, s, *seed, a, cnt, buf.data(), fp8_scale_p);
       if (Status st = w.write(buf.data(), static_cast<size_t>(cnt * esz)); !st.ok()) return fail(st.message());
       written += static_cast<uint64_t>(cnt * esz);
       if (progress) {
@@ -142,6 +170,8 @@ int run_make_model(const MakeModelOptions& o) {
   std::printf("wrote %s: preset %s, seed %llu, %zu tensors, %llu parameters, %s in %.1f s\n  %s\n", o.output.text.c_str(),
               o.preset.text.c_str(), static_cast<unsigned long long>(*seed), specs.size(), static_cast<unsigned long long>(params),
               format_bytes(total).c_str(), secs, h3::h3_config_summary(cfg).c_str());
+  if (cfg.quant.any())
+    std::printf("  format %s: %zu quantised linears\n", h3::synthetic_format_name(format), cfg.quant.linears.size());
   return 0;
 }
 
@@ -156,6 +186,10 @@ CommandRun setup_make_model(CLI::App& sub) {
                "1");
   sub.add_flag("--gate-compress", o->gate_compress, "Add the unused VSA attn.to_gate_compress weights");
   add_int_flag(sub, "--seed", o->seed, range::seed, "Seed of the synthetic weights", "0");
+  add_text_flag(sub, "--format", o->format, "FORMAT",
+                "Weight format: bf16, int8-convrot (ComfyUI's pruned int8 ConvRot layout: the 4 big linears of every "
+                "block), int8-convrot-full (+ the blocks' AdaLN linears at group 64) or fp8 (fp8_scaled e4m3)",
+                "bf16", false);
   sub.add_flag("-q,--quiet", o->quiet, "No progress on stderr");
   add_text_flag(sub, "-o,--output", o->output, "FILE", "Output .safetensors file (written atomically)", "", true);
   return [o]() { return run_make_model(*o); };
