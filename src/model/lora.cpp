@@ -1,0 +1,364 @@
+// LoRA key mapping, validation and merge; see lora.h for the rules and the arithmetic.
+#include "model/lora.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <set>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+
+namespace ls::lora {
+
+const char* merge_dtype_name(MergeDtype d) { return d == MergeDtype::f16 ? "f16" : "f32"; }
+
+Expected<LoraFile> parse_lora_arg(const std::string& arg) {
+  LoraFile f;
+  f.path = arg;
+  const size_t colon = arg.rfind(':');
+  if (colon != std::string::npos && colon + 1 < arg.size()) {
+    const std::string tail = arg.substr(colon + 1);
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(tail.c_str(), &end);
+    if (end != nullptr && *end == '\0' && errno == 0) {
+      if (!std::isfinite(v))
+        return make_error(ErrorCode::invalid_argument, "--lora " + arg + ": the strength must be finite");
+      f.path = arg.substr(0, colon);
+      f.strength = v;
+    }
+  }
+  if (f.path.empty()) return make_error(ErrorCode::invalid_argument, "--lora " + arg + ": no file named");
+  return f;
+}
+
+namespace {
+
+// The up/down suffix pairs of ComfyUI's LoRA adapter, in the order it tries them.
+struct PairStyle {
+  const char* up;
+  const char* down;
+};
+constexpr PairStyle kPairs[] = {
+    {".lora_up.weight", ".lora_down.weight"},
+    {"_lora.up.weight", "_lora.down.weight"},
+    {".lora_B.weight", ".lora_A.weight"},
+    {".lora.up.weight", ".lora.down.weight"},
+    {".lora_B", ".lora_A"},
+    {".lora_linear_layer.up.weight", ".lora_linear_layer.down.weight"},
+    {".lora_B.default.weight", ".lora_A.default.weight"},
+};
+// Other suffixes this loader understands (read or refused with a reason).
+constexpr const char* kOther[] = {".alpha", ".diff", ".diff_b", ".set_weight", ".w_norm", ".b_norm",
+                                  ".dora_scale", ".lora_mid.weight", ".reshape_weight"};
+// Adapters of ComfyUI's weight_adapter list (and LyCORIS) not applied here: a marker
+// suffix -> the adapter's name.
+constexpr std::pair<const char*, const char*> kUnsupported[] = {
+    {".hada_w1_a", "LoHa"}, {".hada_w1_b", "LoHa"}, {".hada_w2_a", "LoHa"}, {".hada_w2_b", "LoHa"},
+    {".hada_t1", "LoHa"},   {".hada_t2", "LoHa"},   {".lokr_w1", "LoKr"},   {".lokr_w2", "LoKr"},
+    {".lokr_w1_a", "LoKr"}, {".lokr_w1_b", "LoKr"}, {".lokr_w2_a", "LoKr"}, {".lokr_w2_b", "LoKr"},
+    {".lokr_t2", "LoKr"},   {".a1.weight", "GLoRA"}, {".a2.weight", "GLoRA"}, {".b1.weight", "GLoRA"},
+    {".b2.weight", "GLoRA"}, {".oft_blocks", "OFT"}, {".oft_diag", "OFT"},   {".boft_blocks", "BOFT"},
+    {".rescale", "OFT/BOFT"},
+};
+
+bool ends_with(const std::string& s, const char* suf) {
+  const size_t n = std::char_traits<char>::length(suf);
+  return s.size() > n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+// The longest known suffix of `name` (a LoRA tensor key), or "".
+std::string known_suffix(const std::string& name) {
+  std::string best;
+  auto consider = [&](const char* s) {
+    if (ends_with(name, s) && std::char_traits<char>::length(s) > best.size()) best = s;
+  };
+  for (const PairStyle& p : kPairs) {
+    consider(p.up);
+    consider(p.down);
+  }
+  for (const char* s : kOther) consider(s);
+  return best;
+}
+
+const char* unsupported_adapter(const std::string& name) {
+  for (const auto& [suf, what] : kUnsupported)
+    if (ends_with(name, suf)) return what;
+  return nullptr;
+}
+
+// Stored values widened to fp32 (exact for every float dtype a LoRA holds).
+Expected<std::vector<float>> widen(const SafetensorsReader& r, const SafetensorsEntry& e, const std::string& file) {
+  if (!(e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16))
+    return make_error(ErrorCode::unsupported, "LoRA " + file + ": tensor " + e.name + " is " + dtype_name(e.dtype) +
+                                                  "; LoRA tensors must be F32, BF16 or F16");
+  LS_ASSIGN_OR_RETURN(TensorView v, r.try_view(e));
+  std::vector<float> out(static_cast<size_t>(e.numel()));
+  for (int64_t i = 0; i < e.numel(); ++i) out[static_cast<size_t>(i)] = load_as_f32(v.data, e.dtype, i);
+  return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+}  // namespace
+
+Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::vector<h3::TensorSpec>& model) {
+  // The key map: every alias ComfyUI gives a model tensor.
+  std::map<std::string, const h3::TensorSpec*> key_map;
+  std::map<std::string, const h3::TensorSpec*> by_name;
+  for (const h3::TensorSpec& s : model) {
+    by_name[s.name] = &s;
+    if (ends_with(s.name, ".weight")) {
+      const std::string m = s.name.substr(0, s.name.size() - 7);
+      std::string flat = m;
+      std::replace(flat.begin(), flat.end(), '.', '_');
+      key_map["diffusion_model." + m] = &s;
+      key_map[m] = &s;
+      key_map["lora_unet_" + flat] = &s;
+    } else {
+      key_map["diffusion_model." + s.name] = &s;
+      key_map[s.name] = &s;
+    }
+  }
+
+  LoraSet set;
+  set.files_ = files;
+  for (const LoraFile& f : files) {
+    if (!std::isfinite(f.strength))
+      return make_error(ErrorCode::invalid_argument, "LoRA " + f.path + ": the strength must be finite");
+    LS_ASSIGN_OR_RETURN(auto reader, SafetensorsReader::open(f.path));
+    if (!reader->unsupported_tensors().empty())
+      return make_error(ErrorCode::unsupported, "LoRA " + f.path + ": tensor " + reader->unsupported_tensors()[0] +
+                                                    " has a dtype this loader cannot read");
+    if (reader->entries().empty()) return make_error(ErrorCode::invalid_file, "LoRA " + f.path + " holds no tensors");
+    // base key -> suffix -> entry
+    std::map<std::string, std::map<std::string, const SafetensorsEntry*>> groups;
+    for (const SafetensorsEntry& e : reader->entries()) {
+      if (const char* what = unsupported_adapter(e.name))
+        return make_error(ErrorCode::unsupported, std::string("LoRA ") + f.path + ": " + e.name + " is a " + what +
+                                                      " adapter; this engine applies plain LoRA (up/down), diff "
+                                                      "and set patches only");
+      const std::string suf = known_suffix(e.name);
+      if (suf.empty())
+        return make_error(ErrorCode::invalid_file,
+                          "LoRA " + f.path + ": key " + e.name +
+                              " is no LoRA tensor this loader knows (expected a layer name followed by "
+                              ".lora_up.weight / .lora_down.weight, .lora_B.weight / .lora_A.weight, .alpha, .diff, ...)");
+      groups[e.name.substr(0, e.name.size() - suf.size())][suf] = &e;
+    }
+    std::map<std::string, std::string> target_key;  // target -> the base that patches it (duplicates)
+    auto claim = [&](const std::string& target, const std::string& base) -> Status {
+      auto [it, fresh] = target_key.emplace(target, base);
+      if (!fresh)
+        return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": keys " + it->second + " and " + base +
+                                                       " both patch " + target);
+      return Status();
+    };
+    for (const auto& [base, parts] : groups) {
+      auto target_it = key_map.find(base);
+      if (target_it == key_map.end())
+        return make_error(ErrorCode::invalid_file,
+                          "LoRA " + f.path + ": key " + base + "* matches no layer of the model (H3 LoRA keys name a layer "
+                              "as diffusion_model.blocks.N.attn.qkv_proj, blocks.N.attn.qkv_proj or "
+                              "lora_unet_blocks_N_attn_qkv_proj)");
+      const h3::TensorSpec& target = *target_it->second;
+      auto has = [&](const char* s) { return parts.count(s) != 0; };
+      for (const char* refused : {".dora_scale", ".lora_mid.weight", ".reshape_weight"})
+        if (has(refused))
+          return make_error(ErrorCode::unsupported,
+                            "LoRA " + f.path + ": " + base + refused + " (" +
+                                (std::string(refused) == ".dora_scale"       ? "DoRA"
+                                 : std::string(refused) == ".lora_mid.weight" ? "LoCon/Tucker mid weight"
+                                                                              : "enlarging a layer") +
+                                ") is not supported yet");
+      Patch p;
+      p.file = f.path;
+      p.key = base;
+      p.strength = f.strength;
+      // What ComfyUI's load_lora keeps for this key: set, else diff, else w_norm, else the pair.
+      const SafetensorsEntry* full = nullptr;
+      Patch::Kind kind = Patch::Kind::lora;
+      if (has(".set_weight")) {
+        full = parts.at(".set_weight");
+        kind = Patch::Kind::set;
+      } else if (has(".diff")) {
+        full = parts.at(".diff");
+        kind = Patch::Kind::diff;
+      } else if (has(".w_norm")) {
+        full = parts.at(".w_norm");
+        kind = Patch::Kind::diff;
+      }
+      if (full != nullptr) {
+        if (full->shape != target.shape)
+          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + full->name + " is " + shape_str(full->shape) +
+                                                         ", the layer " + target.name + " is " + shape_str(target.shape));
+        p.kind = kind;
+        LS_ASSIGN_OR_RETURN(p.full, widen(*reader, *full, f.path));
+      } else {
+        const PairStyle* style = nullptr;
+        for (const PairStyle& s : kPairs)
+          if (has(s.up)) {
+            style = &s;
+            break;
+          }
+        if (style == nullptr) {
+          // Only a bias diff, an alpha, or a lone down half.
+          bool bias_only = has(".diff_b") || has(".b_norm");
+          if (!bias_only) {
+            std::string what = parts.begin()->first;
+            return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + what +
+                                                           " has no up half (e.g. " + base + ".lora_up.weight)");
+          }
+        } else {
+          if (!has(style->down))
+            return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + style->up + " has no " + base +
+                                                           style->down);
+          const SafetensorsEntry& up = *parts.at(style->up);
+          const SafetensorsEntry& down = *parts.at(style->down);
+          if (target.shape.size() != 2 || up.shape.size() != 2 || down.shape.size() != 2 ||
+              up.shape[0] != target.shape[0] || down.shape[1] != target.shape[1] || up.shape[1] != down.shape[0] ||
+              up.shape[1] <= 0)
+            return make_error(ErrorCode::invalid_file,
+                              "LoRA " + f.path + ": " + base + " up " + shape_str(up.shape) + " x down " +
+                                  shape_str(down.shape) + " does not make the layer " + target.name + " " +
+                                  shape_str(target.shape) + " (up must be [out, rank], down [rank, in])");
+          p.kind = Patch::Kind::lora;
+          p.out = up.shape[0];
+          p.rank = up.shape[1];
+          p.in = down.shape[1];
+          LS_ASSIGN_OR_RETURN(p.up, widen(*reader, up, f.path));
+          LS_ASSIGN_OR_RETURN(p.down, widen(*reader, down, f.path));
+          if (has(".alpha")) {
+            const SafetensorsEntry& a = *parts.at(".alpha");
+            if (a.numel() != 1)
+              return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + a.name + " must be a scalar, is " +
+                                                             shape_str(a.shape));
+            LS_ASSIGN_OR_RETURN(std::vector<float> av, widen(*reader, a, f.path));
+            // ComfyUI: alpha = lora[alpha].item() / rank, a Python (double) division.
+            p.alpha_over_rank = static_cast<double>(av[0]) / static_cast<double>(p.rank);
+          }
+        }
+      }
+      if (full != nullptr || !p.up.empty()) {
+        LS_TRY(claim(target.name, base));
+        set.patches_[target.name].push_back(std::move(p));
+      }
+      // The bias diff patches <module>.bias (ComfyUI: to_load[x] minus ".weight", + ".bias").
+      const char* bias_suffix = has(".diff_b") ? ".diff_b" : has(".b_norm") ? ".b_norm" : nullptr;
+      if (bias_suffix != nullptr) {
+        if (!ends_with(target.name, ".weight"))
+          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " names no layer weight");
+        const std::string bias_name = target.name.substr(0, target.name.size() - 7) + ".bias";
+        auto b = by_name.find(bias_name);
+        if (b == by_name.end())
+          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " patches " + bias_name +
+                                                         ", which the model does not have");
+        const SafetensorsEntry& e = *parts.at(bias_suffix);
+        if (e.shape != b->second->shape)
+          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + e.name + " is " + shape_str(e.shape) +
+                                                         ", the bias " + bias_name + " is " + shape_str(b->second->shape));
+        Patch bp;
+        bp.kind = Patch::Kind::diff;
+        bp.file = f.path;
+        bp.key = base + bias_suffix;
+        bp.strength = f.strength;
+        LS_ASSIGN_OR_RETURN(bp.full, widen(*reader, e, f.path));
+        LS_TRY(claim(bias_name, bp.key));
+        set.patches_[bias_name].push_back(std::move(bp));
+      }
+    }
+    set.per_file_[f.path] = target_key.size();
+  }
+  return set;
+}
+
+std::vector<std::string> LoraSet::targets() const {
+  std::vector<std::string> t;
+  for (const auto& [name, p] : patches_) t.push_back(name);
+  return t;
+}
+
+const std::vector<Patch>& LoraSet::patches(const std::string& tensor) const {
+  static const std::vector<Patch> kNone;
+  auto it = patches_.find(tensor);
+  return it == patches_.end() ? kNone : it->second;
+}
+
+size_t LoraSet::patch_count() const {
+  size_t n = 0;
+  for (const auto& [name, p] : patches_) n += p.size();
+  return n;
+}
+
+std::string LoraSet::describe() const {
+  std::string s = std::to_string(files_.size()) + (files_.size() == 1 ? " LoRA: " : " LoRAs: ");
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const LoraFile& f = files_[i];
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " x%.2f", f.strength);
+    auto it = per_file_.find(f.path);
+    s += (i ? ", " : "") + f.path + buf + " (" + std::to_string(it == per_file_.end() ? 0 : it->second) + " tensors)";
+  }
+  return s;
+}
+
+Status LoraSet::merge(const std::string& tensor, int64_t row0, const TensorView& w, const TensorView& out,
+                      MergeDtype dt) const {
+  LS_CHECK_MSG(w.is_contiguous() && out.is_contiguous() && w.dtype == out.dtype && w.numel() == out.numel() &&
+                   w.ndim == out.ndim && (w.ndim == 1 || w.ndim == 2),
+               "lora merge: " + w.shape_str() + " -> " + out.shape_str());
+  if (!(w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32))
+    return make_error(ErrorCode::unsupported, std::string("LoRA on ") + tensor + ": weights stored as " +
+                                                  dtype_name(w.dtype) + " are merged only as bf16, f16 or f32");
+  const int64_t rows = w.size(0);
+  const int64_t cols = w.ndim == 2 ? w.size(1) : 1;
+  const auto& ps = patches(tensor);
+  const bool f16 = dt == MergeDtype::f16;
+  // T(x): a value rounded to the compute dtype.
+  auto T = [f16](float x) { return f16 ? f16_to_f32(f32_to_f16(x)) : x; };
+  parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> acc(static_cast<size_t>(cols)), d(static_cast<size_t>(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t row = row0 + r;  // row of the whole tensor (1-D: element index)
+      for (int64_t c = 0; c < cols; ++c) acc[static_cast<size_t>(c)] = T(load_as_f32(w.data, w.dtype, r * cols + c));
+      for (const Patch& p : ps) {
+        if (p.kind == Patch::Kind::set) {
+          for (int64_t c = 0; c < cols; ++c) acc[static_cast<size_t>(c)] = T(p.full[static_cast<size_t>(row * cols + c)]);
+        } else if (p.kind == Patch::Kind::diff) {
+          const float s = static_cast<float>(p.strength);
+          for (int64_t c = 0; c < cols; ++c) {
+            const float v = T(s * T(p.full[static_cast<size_t>(row * cols + c)]));
+            acc[static_cast<size_t>(c)] = T(acc[static_cast<size_t>(c)] + v);
+          }
+        } else {
+          LS_CHECK(p.in == cols && row < p.out);
+          // d = up[row, :] @ down: k ascending, one fp32 multiply and one fp32 add per step.
+          std::fill(d.begin(), d.end(), 0.0f);
+          const float* up = p.up.data() + row * p.rank;
+          for (int64_t k = 0; k < p.rank; ++k) {
+            const float a = up[k];
+            const float* dk = p.down.data() + k * p.in;
+            for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * dk[c];
+          }
+          const float s = static_cast<float>(p.strength * p.alpha_over_rank);
+          for (int64_t c = 0; c < cols; ++c) {
+            const float v = T(s * d[static_cast<size_t>(c)]);
+            acc[static_cast<size_t>(c)] = T(acc[static_cast<size_t>(c)] + v);
+          }
+        }
+      }
+      for (int64_t c = 0; c < cols; ++c) store_from_f32(out.data, out.dtype, r * cols + c, acc[static_cast<size_t>(c)]);
+    }
+  });
+  return Status();
+}
+
+}  // namespace ls::lora
