@@ -256,7 +256,8 @@ def _exactness(table, note, keys):
     floors = ", ".join(f"{k} >= {e.min_rows}" for k, e in sorted(entries.items()) if e.min_rows > 1)
     if kinds <= {"construction"}:
         return "exact by construction (int8)" if "gemm.int8" in entries else "exact by construction (row-local kernels)"
-    return "exact by measurement (table" + (f": {floors}" if floors else "") + ")"
+    int8 = "; int8 GEMMs by construction" if "gemm.int8" in entries else ""
+    return "exact by measurement (table" + (f": {floors}" if floors else "") + int8 + ")"
 
 
 # ----------------------------------------------------------------------------------------
