@@ -1,0 +1,393 @@
+"""The DIFFUSION_MODEL wrapper: MiniMaxH3Model._forward on the LayerStream engine.
+
+ComfyUI calls every DIFFUSION_MODEL wrapper as wrapper(executor, x, timestep, context,
+transformer_options, **kwargs) from MiniMaxH3Model.forward (comfy/patcher_extension.py
+WrapperExecutor; comfy/ldm/minimax/model.py @ 01a56b76). `executor.class_obj` is the
+MiniMaxH3Model; `executor(...)` runs the next wrapper or the stock `_forward`. This
+wrapper returns what `_forward` returns, [-video.to(bf16), -audio.to(bf16)], from ONE
+Engine.denoise call and never calls `executor` -- so ComfyUI never faults the DiT's
+weights into VRAM -- except to fall back, and then it says why.
+
+Fallbacks (each logged once per sampling run with the reason, and on the node):
+  static (found when the node runs, or at the start of a run by the ON_PRE_RUN callback):
+    not MiniMax H3; no checkpoint path; unsupported checkpoint format; LoRA or other weight
+    patches, weight wrappers, hook patches, object patches on the diffusion model;
+    layerstream not importable; the engine refusing the file or the device.
+  per call: batch > 1 (raises stock's ValueError instead), a ControlNet (`control`),
+    block replacements (transformer_options["patches_replace"]["dit"]), an attention
+    override, wrappers registered after this one, and everything mapping.Unsupported names.
+Where it goes: `path` auto -> comfy-sliced (H7's runner) when that supports the model,
+else the fallback policy; policy stock -> executor(...); policy error -> RuntimeError.
+"""
+
+import logging
+import threading
+import time
+
+from . import budget as budget_mod
+from . import mapping
+
+LOG = logging.getLogger("layerstream_h3")
+PREFIX = "[LayerStream] "
+WRAPPER_KEY = "layerstream_h3"
+
+
+def log(msg, level=logging.INFO):
+    LOG.log(level, PREFIX + msg)
+
+
+class FallbackError(RuntimeError):
+    """fallback = error: the engine cannot run this call (the message says why)."""
+
+
+# ---- the engine cache: one engine (one copy of the weights on the device) per process ----
+_ENGINE_LOCK = threading.Lock()
+_ENGINE = {"key": None, "engine": None}
+
+
+def _cached_engine(key, factory):
+    with _ENGINE_LOCK:
+        if _ENGINE["key"] == key and _ENGINE["engine"] is not None:
+            return _ENGINE["engine"], False
+        old = _ENGINE["engine"]
+        _ENGINE["key"], _ENGINE["engine"] = None, None
+        if old is not None:
+            close = getattr(old, "close", None)
+            if close is not None:
+                close()  # free the previous engine's device memory before the next one takes its own
+            del old
+        eng = factory()
+        _ENGINE["key"], _ENGINE["engine"] = key, eng
+        return eng, True
+
+
+def drop_cached_engine():
+    """Free the cached engine (tests; a node that changes its checkpoint does it implicitly)."""
+    _cached_engine(("dropped",), lambda: None)
+    with _ENGINE_LOCK:
+        _ENGINE["key"] = None
+
+
+def is_h3_model(obj):
+    """True for ComfyUI's MiniMaxH3Model (isinstance when ComfyUI is importable, else by name)."""
+    try:
+        from comfy.ldm.minimax.model import MiniMaxH3Model
+        return isinstance(obj, MiniMaxH3Model)
+    except ImportError:
+        return type(obj).__name__ == "MiniMaxH3Model"
+
+
+def weight_patch_reason(patcher):
+    """Why ComfyUI's weights are not the file's (LoRA and friends), or None.
+
+    ComfyUI applies LoRA at cast time, for quantised weights with stochastic rounding seeded
+    by the key (model_patcher.patch_weight_to_device); the engine reads the file, so any of
+    these would be silently lost."""
+    n = len(getattr(patcher, "patches", {}) or {})
+    if n:
+        return "LoRA or other weight patches are applied to {} weight(s)".format(n)
+    if getattr(patcher, "weight_wrapper_patches", None):
+        return "weight wrappers are registered ({} weight(s))".format(len(patcher.weight_wrapper_patches))
+    if getattr(patcher, "hook_patches", None):
+        return "hook (scheduled LoRA) patches are registered"
+    ours = {"diffusion_model.blocks"}
+    other = [k for k in (getattr(patcher, "object_patches", {}) or {})
+             if k.startswith("diffusion_model") and k not in ours]
+    if other:
+        return "object patches replace parts of the diffusion model ({})".format(", ".join(sorted(other)[:3]))
+    return None
+
+
+class Settings(object):
+    """The node's knobs, resolved (see node.py for their meaning)."""
+
+    def __init__(self, path="auto", fallback="stock", device="cpu", vram_budget="auto", mlp_chunk=0,
+                 attn_chunk=0, kv_tile=0, mlp_chunk_tokens=8192, attn_chunk_tokens=8192):
+        self.path = path
+        self.fallback = fallback
+        self.device = device
+        self.vram_budget_text = str(vram_budget)
+        self.vram_budget = budget_mod.parse_budget(vram_budget)  # None = auto (or no budget on the CPU)
+        self.mlp_chunk = int(mlp_chunk)
+        self.attn_chunk = int(attn_chunk)
+        self.kv_tile = int(kv_tile)
+        self.mlp_chunk_tokens = int(mlp_chunk_tokens)
+        self.attn_chunk_tokens = int(attn_chunk_tokens)
+
+    def explicit_slices(self):
+        return self.mlp_chunk > 0 or self.attn_chunk > 0 or self.device == "cpu"
+
+    def memory_text(self):
+        if self.device == "cpu":
+            return "memory: CPU engine (slices {}/{}; a vram budget applies to devices only)".format(
+                self.mlp_chunk or "all", self.attn_chunk or "stock")
+        if self.mlp_chunk > 0 or self.attn_chunk > 0:
+            return "memory: explicit slices mlp {} / attention {} (vram_budget ignored)".format(
+                self.mlp_chunk or "all", self.attn_chunk or "stock")
+        if self.vram_budget is None:
+            return "memory: vram_budget auto = free VRAM at the first call minus 1 GiB + 5 % of the device"
+        return "memory: vram_budget {}".format(budget_mod.format_bytes(self.vram_budget))
+
+
+class EngineWrapper(object):
+    """The callable registered as ComfyUI's DIFFUSION_MODEL wrapper (see the module doc).
+
+    engine_factory(settings, budget_bytes) -> a layerstream.Engine; the default opens
+    `checkpoint` on settings.device. Tests pass their own (the tiny preset)."""
+
+    def __init__(self, settings, checkpoint=None, static_reason=None, sliced_runner=None, sliced_module=None,
+                 detached=False, engine_factory=None, layerstream_module=None):
+        self.settings = settings
+        self.checkpoint = checkpoint
+        self.static_reason = static_reason
+        self.run_reason = None
+        self.sliced_runner = sliced_runner
+        self.sliced = sliced_module
+        self.detached = detached
+        self._factory = engine_factory
+        self._ls = layerstream_module
+        self._logged = set()
+        self._planned = set()
+        self.calls = 0
+        self.last = None  # (report dict, seconds) of the last engine call
+
+    # -- ComfyUI callbacks --------------------------------------------------------------
+    def on_pre_run(self, patcher):
+        """CallbacksMP.ON_PRE_RUN: the patcher that is about to sample (clones made after this
+        node, e.g. by a LoRA loader, carry this callback too)."""
+        self.run_reason = weight_patch_reason(patcher)
+        self._logged.clear()
+
+    # -- the wrapper -----------------------------------------------------------------
+    def __call__(self, executor, x, timestep, context, transformer_options=None, **kwargs):
+        if transformer_options is None:
+            transformer_options = {}
+        args = (x, timestep, context, transformer_options)
+        model = getattr(executor, "class_obj", None)
+        reason = self.static_reason or self.run_reason or self.call_reason(executor, model, transformer_options, kwargs)
+        if reason:
+            return self.fall_back(executor, model, reason, args, kwargs)
+        try:
+            eng = self.engine()
+        except mapping.Unsupported as e:
+            return self.fall_back(executor, model, str(e), args, kwargs)
+        info = eng.info()
+        try:
+            req = mapping.build_request(model, info, x, timestep, context, transformer_options,
+                                        kwargs.get("minimax_payload"), kwargs.get("denoise_mask"),
+                                        kwargs.get("audio_denoise_mask"))
+        except mapping.Unsupported as e:
+            return self.fall_back(executor, model, str(e), args, kwargs)
+        self._write_layout(model, transformer_options, kwargs.get("minimax_payload"), req)
+        try:
+            return self.run(eng, req)
+        except mapping.Unsupported as e:
+            return self.fall_back(executor, model, str(e), args, kwargs)
+
+    def call_reason(self, executor, model, transformer_options, kwargs):
+        if model is None or not is_h3_model(model):
+            return "the diffusion model is {}, not MiniMax H3".format(type(model).__name__)
+        if kwargs.get("control") is not None:
+            return "a ControlNet is attached (control); the engine runs no control branch"
+        if (transformer_options.get("patches_replace") or {}).get("dit"):
+            return "block replacement patches are set (patches_replace['dit'], e.g. a Fun ControlNet)"
+        if transformer_options.get("optimized_attention_override") is not None:
+            return "an attention override is set (optimized_attention_override)"
+        wrappers = getattr(executor, "wrappers", None)
+        idx = getattr(executor, "idx", None)
+        if wrappers is not None and idx is not None and idx + 1 < len(wrappers):
+            return "{} DIFFUSION_MODEL wrapper(s) registered after LayerStream's expect the stock _forward".format(
+                len(wrappers) - idx - 1)
+        return None
+
+    def fall_back(self, executor, model, reason, args, kwargs):
+        s = self.settings
+        target = "stock"
+        if s.path == "auto" and self.sliced_runner is not None and self.sliced is not None and not self.detached:
+            ok, why = self.sliced.supported(model)
+            if ok:
+                target = "comfy-sliced"
+            else:
+                reason += "; comfy-sliced cannot run it either: " + str(why)
+        if target == "stock" and s.fallback == "error":
+            raise FallbackError(PREFIX + "the engine cannot run this call: " + reason + " (fallback = error; "
+                                "set fallback = stock, or bypass the node for stock ComfyUI)")
+        if self.detached:
+            raise FallbackError(PREFIX + "the engine cannot run this call: " + reason + "; stock is impossible "
+                                "because this MODEL's DiT blocks were detached so the legacy loader would not copy "
+                                "them to the GPU (path = engine). Bypass the node, or use dynamic VRAM with path = auto.")
+        key = (target, reason)
+        if key not in self._logged:
+            self._logged.add(key)
+            log("fallback to {}: {}".format(target, reason), logging.WARNING)
+        if target == "comfy-sliced":
+            return self.sliced_runner(executor, *args, **kwargs)
+        return executor(*args, **kwargs)
+
+    # -- the engine ------------------------------------------------------------------
+    def layerstream(self):
+        if self._ls is None:
+            try:
+                import layerstream
+            except ImportError as e:
+                raise mapping.Unsupported("the layerstream Python package is not importable ({})".format(e))
+            self._ls = layerstream
+        return self._ls
+
+    def engine(self):
+        s = self.settings
+        budget = s.vram_budget
+        if not s.explicit_slices() and budget is None:
+            budget = self._auto_budget()
+        key = (self.checkpoint, s.device, None if s.explicit_slices() else budget, s.mlp_chunk, s.attn_chunk,
+               s.kv_tile, id(self._factory))
+        ls = self.layerstream()
+
+        def make():
+            if self._factory is not None:
+                return self._factory(s, budget)
+            return open_engine(ls, self.checkpoint, s, budget)
+
+        try:
+            eng, fresh = _cached_engine(key, make)
+        except ls.Error as e:
+            raise mapping.Unsupported("the engine refused the checkpoint or device: {}".format(e))
+        if fresh:
+            info = eng.info()
+            log("engine {} on {}: {} blocks, hidden {}; {}".format(
+                info.get("version", ls.version()), info.get("device", s.device), info.get("num_layers"),
+                info.get("hidden"), s.memory_text() if budget is None or s.explicit_slices()
+                else "vram_budget " + budget_mod.format_bytes(budget)))
+        return eng
+
+    def _auto_budget(self):
+        try:
+            import torch
+            free, total = torch.cuda.mem_get_info(torch.device(self.settings.device))
+        except Exception as e:  # no CUDA in this torch, or a bad device string
+            raise mapping.Unsupported("cannot read free VRAM for vram_budget auto on {}: {}".format(
+                self.settings.device, e))
+        b = budget_mod.auto_budget(free, total)
+        if b is None:
+            raise mapping.Unsupported("vram_budget auto: only {} free on {}, less than the reserve {}".format(
+                budget_mod.format_bytes(free), self.settings.device, budget_mod.format_bytes(
+                    budget_mod.auto_reserve(total))))
+        return b
+
+    def run(self, eng, req):
+        """One Engine.denoise call; returns [video, audio] as _forward does."""
+        import torch
+        ls = self.layerstream()
+        clip = mapping.make_clip(ls, req)
+        dev = torch.device(self.settings.device)
+        video, audio = req["video"], req["audio"]
+        out_dev = video.device
+        s = req["shapes"]
+        text = req["text"].to(dev) if req["text"] is not None else None
+        refined = req["refined_text"].to(dev) if req["refined_text"] is not None else None
+        # Outputs: bf16 on the engine's device, [C, T, Hl, Wl] views of [1, ...] tensors (the
+        # engine rounds its fp32 velocities to bf16 exactly as .to(torch.bfloat16) does).
+        v_out = torch.empty((1, s["C"], s["T"], s["Hl"], s["Wl"]), dtype=torch.bfloat16, device=dev)
+        a_out = torch.empty((1, s["Ca"], 2, s["A"]), dtype=torch.bfloat16, device=dev)
+        stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+        extra = {}
+        if req["output_masks"] is not None:
+            extra["output_masks"] = req["output_masks"]
+        first = self.calls == 0 or (s["T"], s["Hl"], s["Wl"], s["L"]) not in self._planned
+        t0 = time.perf_counter()
+        try:
+            eng.denoise(clip, video.to(dev), audio.to(dev), req["sigma"], text=text, refined_text=refined,
+                        video_out=v_out[0], audio_out=a_out[0], stream=stream, **extra)
+        except ls.Error as e:
+            raise mapping.Unsupported("the engine failed: {}".format(e))
+        except TypeError as e:
+            if extra:
+                raise mapping.Unsupported("this layerstream build cannot leave masks out of its output ({})".format(e))
+            raise
+        seconds = time.perf_counter() - t0
+        self.calls += 1
+        report = {}
+        try:
+            report = eng.report()
+        except Exception:  # a report is for the log only
+            report = {}
+        self.last = (report, seconds)
+        if first:
+            self._planned.add((s["T"], s["Hl"], s["Wl"], s["L"]))
+            log("call: " + mapping.describe_request(req))
+            for line in plan_lines(report):
+                log(line)
+        log(after_call_line(report, seconds, getattr(eng, "output_hash", None), req["sigma"]))
+        if out_dev != dev:
+            v_out, a_out = v_out.to(out_dev), a_out.to(out_dev)
+        return [v_out, a_out]
+
+    def _write_layout(self, model, transformer_options, payload, req):
+        """_forward writes transformer_options['minimax_h3_layout'] for attention patches; so
+        does this replacement (the payload's prebuilt layout when its signature fits)."""
+        s = req["shapes"]
+        layout = (payload or {}).get("layout")
+        if layout is not None and getattr(layout, "signature", None) == (s["L"], s["T"], s["Hl"], s["Wl"], s["A"]):
+            transformer_options["minimax_h3_layout"] = layout
+
+
+def open_engine(ls, checkpoint, s, budget):
+    """layerstream.Engine for the node's settings (budget None = explicit knobs)."""
+    kw = {"model": checkpoint, "device": s.device}
+    if s.kv_tile > 0:
+        kw["numerics"] = {"kv_tile": s.kv_tile}
+    if s.explicit_slices() or budget is None:
+        kw["mlp_chunk"] = s.mlp_chunk
+        kw["attn_chunk"] = s.attn_chunk
+    else:
+        kw["vram_budget"] = int(budget)
+    return ls.Engine(**kw)
+
+
+def _find(d, key):
+    """The first value of `key` anywhere in a nested report dict (None if absent)."""
+    if isinstance(d, dict):
+        if key in d:
+            return d[key]
+        for v in d.values():
+            r = _find(v, key)
+            if r is not None:
+                return r
+    return None
+
+
+def plan_lines(report):
+    """The plan as the log shows it at the first call of a clip shape."""
+    lines = []
+    plan = report.get("plan") if isinstance(report, dict) else None
+    if isinstance(plan, dict):
+        lines.append("plan: " + str(plan.get("describe", "")).strip() + "; predicted activation peak {} (stock {})".format(
+            budget_mod.format_bytes(plan.get("predicted_peak_bytes")), budget_mod.format_bytes(plan.get("stock_peak_bytes"))))
+    vb = report.get("vram_budget") if isinstance(report, dict) else None
+    if isinstance(vb, dict):
+        lines.append("budget: {} -> {} resident blocks, {} slot(s), K/V {}, residual {}; predicted device peak {}".format(
+            budget_mod.format_bytes(vb.get("budget_bytes")), vb.get("resident_blocks"), vb.get("slots"),
+            "offloaded" if vb.get("kv_offload") else "on the device",
+            "offloaded" if vb.get("residual_offload") else "on the device",
+            budget_mod.format_bytes(vb.get("predicted_peak_bytes"))))
+    num = report.get("numerics") if isinstance(report, dict) else None
+    if num is not None:
+        lines.append("numerics: {}".format(num if isinstance(num, str) else ", ".join(
+            "{} {}".format(k, v) for k, v in sorted(num.items()) if not isinstance(v, (dict, list)))))
+    if isinstance(report, dict) and report.get("weights") is not None:
+        lines.append("weights: {}".format(report.get("weights")))
+    return lines
+
+
+def after_call_line(report, seconds, output_hash, sigma):
+    peak = _find(report, "device_peak_bytes")
+    held = _find(report, "device_held_bytes")
+    act = _find(report, "measured_peak_bytes")
+    wall = _find(report, "wall_seconds")
+    h = _find(report, "output_hash")
+    if h is None and output_hash is not None:
+        h = output_hash() if callable(output_hash) else output_hash
+        h = "{:016x}".format(h) if isinstance(h, int) else h
+    return "denoise sigma {:.6g}: {:.3f} s ({} in the engine), device peak {} (held {}), activation peak {}, output hash {}".format(
+        sigma, seconds, "{:.3f} s".format(wall) if isinstance(wall, (int, float)) else "?",
+        budget_mod.format_bytes(peak), budget_mod.format_bytes(held), budget_mod.format_bytes(act), h)
