@@ -56,7 +56,7 @@
 extern "C" {
 #endif
 
-#define LS_API_VERSION 1
+#define LS_API_VERSION 2 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream */
 
 /* ---- status ------------------------------------------------------------------- */
 /* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
@@ -84,6 +84,37 @@ LS_API const char* ls_last_error(void);
 /* FNV-1a 64 of the video bytes then the audio bytes: the output fingerprint the CLI
  * prints ("output hash"), equal across plans and budgets. */
 LS_API uint64_t ls_fingerprint(const float* video, size_t video_count, const float* audio, size_t audio_count);
+
+/* ---- tensors (API version 2): caller memory on the host or a CUDA device ---------
+ * An ls_tensor describes memory the caller owns (borrowed for the call, as every
+ * pointer). Inputs may be f32 or bf16 (bf16 is widened to fp32 exactly) and strided
+ * (gathered into the library's contiguous fp32 copy); leading dimensions of size 1 are
+ * accepted (a batch of one: [1, C, T, Hl, Wl] for [C, T, Hl, Wl]). Outputs are written
+ * as f32, or as bf16 (each fp32 value rounded to nearest-even, as torch's .to(bfloat16));
+ * host outputs may be strided, device outputs must be contiguous.
+ * Device memory: a CUDA tensor must be on the engine's device. The engine packs its
+ * inputs on the host today, so the library stages device inputs through host memory
+ * (and device outputs back), ordered on the caller's stream with events
+ * (ls_denoise_params.stream; no device-wide synchronisation). */
+typedef enum ls_dtype { LS_DTYPE_F32 = 0, LS_DTYPE_BF16 = 1 } ls_dtype;
+typedef enum ls_device_type { LS_DEVICE_CPU = 0, LS_DEVICE_CUDA = 1 } ls_device_type;
+#define LS_TENSOR_MAX_DIMS 8
+
+typedef struct ls_tensor {
+  uint32_t size;               /* sizeof(ls_tensor), set by ls_tensor_init */
+  void* data;                  /* the element at index (0, ..., 0) */
+  ls_dtype dtype;              /* default LS_DTYPE_F32 */
+  ls_device_type device_type;  /* default LS_DEVICE_CPU (host memory) */
+  int32_t device_index;        /* CUDA: the device ordinal */
+  int32_t ndim;                /* 1 .. LS_TENSOR_MAX_DIMS */
+  int64_t shape[LS_TENSOR_MAX_DIMS];
+  int64_t strides[LS_TENSOR_MAX_DIMS]; /* elements (not bytes), >= 0; always set (row-major for contiguous) */
+} ls_tensor;
+
+/* Zeroes t and sets size. */
+LS_API void ls_tensor_init(ls_tensor* t);
+/* ls_tensor_init, then a contiguous (row-major) host tensor of the given shape. */
+LS_API void ls_tensor_host(ls_tensor* t, void* data, ls_dtype dtype, int32_t ndim, const int64_t* shape);
 
 /* ---- numerics: every setting that may change output bits ----------------------- */
 typedef enum ls_attention {
@@ -212,6 +243,29 @@ typedef struct ls_reference {
   ls_condition_noise noise;
 } ls_reference;
 
+/* API version 2: a keyframe or reference in ls_tensor form (any dtype, strides, host
+ * or device memory), through ls_clip.keyframe_tensors / reference_tensors. Arrays of
+ * POINTERS, so that each struct's `size` versions it on its own. */
+typedef struct ls_keyframe_tensors {
+  uint32_t size;                /* sizeof(ls_keyframe_tensors), set by ls_keyframe_tensors_init */
+  int64_t pixel_frame;          /* as ls_keyframe */
+  const ls_tensor* video;       /* [C, T, Hl, Wl] (required) */
+  const ls_tensor* audio;       /* [Ca, 2, A] or NULL */
+  const ls_tensor* noise_video; /* ls_condition_noise.video's values (any shape; read in row-major order) or NULL */
+  const ls_tensor* noise_audio; /* ls_condition_noise.audio's values or NULL */
+} ls_keyframe_tensors;
+LS_API void ls_keyframe_tensors_init(ls_keyframe_tensors* k);
+
+typedef struct ls_reference_tensors {
+  uint32_t size; /* sizeof(ls_reference_tensors), set by ls_reference_tensors_init */
+  ls_reference_kind kind;
+  const ls_tensor* video;       /* [C, T, Hl, Wl] or NULL */
+  const ls_tensor* audio;       /* [Ca, 2, A] or NULL */
+  const ls_tensor* noise_video; /* or NULL */
+  const ls_tensor* noise_audio; /* or NULL */
+} ls_reference_tensors;
+LS_API void ls_reference_tensors_init(ls_reference_tensors* r);
+
 typedef struct ls_clip {
   uint32_t size; /* sizeof(ls_clip), set by ls_clip_init */
   /* Pixel geometry: frames (snapped up to 17j+5), width and height (multiples of 32). */
@@ -235,10 +289,21 @@ typedef struct ls_clip {
    * forward`). ls_engine_generate: the schedule (NULL: a simple one of `steps`). */
   const float* sample_sigmas;
   size_t sample_sigma_count;
+  /* API version 2: tensor forms, used in place of the pointer forms above (give one
+   * form of each: both is LS_INVALID_ARGUMENT). */
+  const ls_tensor* video_mask_tensor; /* [T, Hl, Wl] (leading 1s allowed) or NULL */
+  const ls_tensor* audio_mask_tensor; /* [2, A] or NULL */
+  const ls_keyframe_tensors* const* keyframe_tensors; /* keyframe_tensor_count pointers */
+  size_t keyframe_tensor_count;
+  const ls_reference_tensors* const* reference_tensors;
+  size_t reference_tensor_count;
 } ls_clip;
 
 LS_API void ls_clip_init(ls_clip* clip);
 
+/* Device tensors in a clip (ls_clip's tensor forms) given to ls_engine_clip_shape or
+ * ls_engine_plan are read after the work on the legacy default stream (ls_engine_denoise
+ * orders them on its `stream`). */
 /* The latent sizes of a clip on this engine's model (for sizing buffers). */
 typedef struct ls_clip_shape {
   uint32_t size;           /* sizeof(ls_clip_shape), set by ls_clip_shape_init */
@@ -275,6 +340,20 @@ typedef struct ls_denoise_params {
   size_t video_out_count;
   float* audio_out; /* fp32 [Ca, 2, A] */
   size_t audio_out_count;
+  /* API version 2: tensor forms (ls_tensor), used in place of the pointer of the same
+   * role (give one form of each). video_out_tensor / audio_out_tensor are written (f32
+   * or bf16); the fingerprint (ls_engine_output_hash) is always of the fp32 velocities. */
+  const ls_tensor* video_tensor;        /* [C, T, Hl, Wl] */
+  const ls_tensor* audio_tensor;        /* [Ca, 2, A] */
+  const ls_tensor* text_tensor;         /* raw states [L, text_dim] */
+  const ls_tensor* refined_text_tensor; /* bf16 [L, hidden] */
+  const ls_tensor* video_out_tensor;
+  const ls_tensor* audio_out_tensor;
+  /* The caller's CUDA stream (a cudaStream_t; NULL = the legacy default stream): the
+   * engine's reads of device inputs wait for the work queued on it so far, and later
+   * work on it waits for the engine's writes of device outputs (events, no device-wide
+   * synchronisation). Ignored when no tensor is on a device. */
+  void* stream;
 } ls_denoise_params;
 
 LS_API void ls_denoise_params_init(ls_denoise_params* p);

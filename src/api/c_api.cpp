@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -152,7 +153,278 @@ ls::h3::ConditionNoise noise(const ls_condition_noise& n) {
   return {copy_floats(n.video, n.video_count), copy_floats(n.audio, n.audio_count)};
 }
 
-Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const ls_clip* given) {
+// ---- ls_tensor: caller memory (host or device, f32 | bf16, strided) -----------------
+// Inputs become the library's contiguous fp32 host copies (bf16 widened exactly, strides
+// gathered in row-major order); outputs are written from fp32 (bf16: round to nearest
+// even, core/dtype.h). The engine packs its inputs on the host, so device memory is
+// staged through host memory with Backend::copy, ordered on the caller's stream:
+// wait_external(stream) before the first device read or write, signal_external(stream)
+// after the last write (TensorIO::finish).
+struct TensorIO {
+  ls::Backend* backend = nullptr;
+  void* stream = nullptr;  // the caller's cudaStream_t (NULL = legacy default)
+  bool waited = false;     // wait_external done (a device tensor was touched)
+  bool wrote = false;      // a device output was written
+
+  Status before_device_access() {
+    if (waited) return {};
+    LS_TRY(backend->wait_external(stream));
+    waited = true;
+    return {};
+  }
+  // After the outputs: later work on the caller's stream waits for the device writes.
+  Status finish() {
+    if (!wrote) return {};
+    wrote = false;
+    return backend->signal_external(stream);
+  }
+};
+
+Expected<ls_tensor> tensor_desc(const ls_tensor* given, const std::string& what) {
+  if (!given) return Error{ErrorCode::invalid_argument, what + " is NULL"};
+  if (given->size < sizeof(uint32_t))
+    return Error{ErrorCode::invalid_argument, what + ".size is not set: initialise it with ls_tensor_init()"};
+  if (given->size > sizeof(ls_tensor))
+    return Error{ErrorCode::invalid_argument, what + ".size is " + std::to_string(given->size) + " but this library knows " +
+                                                  std::to_string(sizeof(ls_tensor)) + " bytes: the header is newer than the library"};
+  ls_tensor t;
+  ls_tensor_init(&t);
+  std::memcpy(static_cast<void*>(&t), given, given->size);
+  t.size = sizeof t;
+  return t;
+}
+
+std::string dims_str(const int64_t* d, int n) {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+int64_t numel_of(const ls_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+bool contiguous(const ls_tensor& t) {
+  int64_t want = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != want) return false;
+    want *= t.shape[i];
+  }
+  return true;
+}
+
+// The descriptor's own consistency and its device against the engine's.
+Status check_tensor(const ls_tensor& t, const ls::Device& engine, const std::string& what) {
+  if (t.dtype != LS_DTYPE_F32 && t.dtype != LS_DTYPE_BF16)
+    return Error{ErrorCode::invalid_argument, what + ".dtype is not an ls_dtype (f32 or bf16)"};
+  if (t.ndim < 1 || t.ndim > LS_TENSOR_MAX_DIMS)
+    return Error{ErrorCode::invalid_argument, what + ".ndim is " + std::to_string(t.ndim) + "; 1 to " +
+                                                  std::to_string(LS_TENSOR_MAX_DIMS) + " dimensions"};
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) return Error{ErrorCode::invalid_argument, what + " has a negative dimension " + dims_str(t.shape, t.ndim)};
+    if (t.strides[i] < 0) return Error{ErrorCode::invalid_argument, what + " has a negative stride (give a copy)"};
+  }
+  if (!t.data && numel_of(t) > 0) return Error{ErrorCode::invalid_argument, what + ".data is NULL"};
+  if (t.device_type == LS_DEVICE_CPU) return {};
+  if (t.device_type != LS_DEVICE_CUDA)
+    return Error{ErrorCode::invalid_argument, what + ".device_type is not an ls_device_type (cpu or cuda)"};
+  const std::string dev = "cuda:" + std::to_string(t.device_index);
+  if (engine.kind != ls::DeviceKind::cuda || engine.index != t.device_index)
+    return Error{ErrorCode::invalid_argument, what + " is on " + dev + " but the engine runs on " + engine.str() +
+                                                  ": give host memory or memory on the engine's device"};
+  return {};
+}
+
+// Shape check with leading 1s dropped (a batch of one). want[i] < 0: any size >= 1,
+// returned through `got`.
+Status match_shape(const ls_tensor& t, const std::vector<int64_t>& want, const std::string& what,
+                   std::vector<int64_t>* got = nullptr) {
+  int lead = t.ndim - static_cast<int>(want.size());
+  bool ok = lead >= 0;
+  for (int i = 0; ok && i < lead; ++i) ok = t.shape[i] == 1;
+  for (size_t i = 0; ok && i < want.size(); ++i) {
+    const int64_t g = t.shape[lead + static_cast<int>(i)];
+    ok = want[i] < 0 ? g >= 1 : g == want[i];
+  }
+  if (!ok) {
+    std::string w = "[";
+    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + (want[i] < 0 ? std::string("*") : std::to_string(want[i]));
+    return Error{ErrorCode::invalid_argument, what + " has shape " + dims_str(t.shape, t.ndim) + "; this call needs " + w +
+                                                  "] (leading dimensions of size 1 allowed)"};
+  }
+  if (got) got->assign(t.shape + lead, t.shape + t.ndim);
+  return {};
+}
+
+size_t elem_bytes(const ls_tensor& t) { return t.dtype == LS_DTYPE_BF16 ? 2 : 4; }
+
+// Elements from the first to the last one the view touches (strides >= 0).
+int64_t span_of(const ls_tensor& t) {
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
+  return last + 1;
+}
+
+// Visits the elements in row-major order: f(i, offset in elements).
+template <typename F>
+void for_each_offset(const ls_tensor& t, F&& f) {
+  const int64_t n = numel_of(t);
+  if (n == 0) return;
+  int64_t idx[LS_TENSOR_MAX_DIMS] = {};
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    f(i, off);
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (++idx[d] < t.shape[d]) {
+        off += t.strides[d];
+        break;
+      }
+      off -= (t.shape[d] - 1) * t.strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+ls::Device device_of(const ls_tensor& t) {
+  return t.device_type == LS_DEVICE_CUDA ? ls::Device{ls::DeviceKind::cuda, t.device_index} : ls::Device{};
+}
+
+// A byte range between host and device memory (Backend::copy, then wait for it).
+Status device_bytes(TensorIO& io, void* dst, ls::Device dst_dev, const void* src, ls::Device src_dev, int64_t bytes) {
+  LS_TRY(io.before_device_access());
+  ls::TensorView d(dst, ls::DType::u8, {bytes}, dst_dev);
+  ls::TensorView s(const_cast<void*>(src), ls::DType::u8, {bytes}, src_dev);
+  LS_TRY(io.backend->copy(d, s));
+  return io.backend->synchronize();  // the engine's own queues only
+}
+
+// The tensor's values as contiguous fp32 (row-major), staged from a device if needed.
+Expected<std::vector<float>> gather(const ls_tensor& t, TensorIO& io, const std::string& what) {
+  const int64_t n = numel_of(t);
+  std::vector<float> out(static_cast<size_t>(n));
+  if (n == 0) return out;
+  const void* base = t.data;
+  std::vector<unsigned char> staged;
+  if (t.device_type == LS_DEVICE_CUDA) {
+    const int64_t bytes = span_of(t) * static_cast<int64_t>(elem_bytes(t));
+    staged.resize(static_cast<size_t>(bytes));
+    if (Status st = device_bytes(io, staged.data(), ls::Device{}, t.data, device_of(t), bytes); !st.ok())
+      return Error{st.error().code, what + ": staging from " + device_of(t).str() + ": " + st.error().message};
+    base = staged.data();
+  }
+  if (t.dtype == LS_DTYPE_F32) {
+    const float* src = static_cast<const float*>(base);
+    if (contiguous(t)) std::memcpy(out.data(), src, static_cast<size_t>(n) * sizeof(float));
+    else for_each_offset(t, [&](int64_t i, int64_t off) { out[static_cast<size_t>(i)] = src[off]; });
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(base);
+    for_each_offset(t, [&](int64_t i, int64_t off) { out[static_cast<size_t>(i)] = ls::bf16_to_f32(src[off]); });
+  }
+  return out;
+}
+
+// An output tensor, checked before any work: the clip's shape, writable memory.
+Status check_output(const ls_tensor& t, const ls::Device& engine, const std::vector<int64_t>& want, const std::string& what) {
+  LS_TRY(check_tensor(t, engine, what));
+  LS_TRY(match_shape(t, want, what));
+  if (t.device_type == LS_DEVICE_CUDA && !contiguous(t))
+    return Error{ErrorCode::unsupported, what + " on " + device_of(t).str() +
+                                             " is strided: device outputs must be contiguous (host outputs may be strided)"};
+  // Overlapping elements (a zero stride over a dimension > 1) cannot hold distinct values.
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] > 1 && t.strides[i] == 0)
+      return Error{ErrorCode::invalid_argument, what + " has a zero stride: its elements overlap"};
+  return {};
+}
+
+// Writes fp32 values (row-major) into an output tensor (checked by check_output).
+Status scatter(const ls_tensor& t, const std::vector<float>& v, TensorIO& io, const std::string& what) {
+  const int64_t n = numel_of(t);
+  LS_CHECK(static_cast<size_t>(n) == v.size());
+  if (n == 0) return {};
+  if (t.device_type == LS_DEVICE_CUDA) {  // contiguous (check_output)
+    std::vector<uint16_t> narrowed;
+    const void* src = v.data();
+    if (t.dtype == LS_DTYPE_BF16) {
+      narrowed.resize(v.size());
+      for (size_t i = 0; i < v.size(); ++i) narrowed[i] = ls::f32_to_bf16(v[i]);
+      src = narrowed.data();
+    }
+    if (Status st = device_bytes(io, t.data, device_of(t), src, ls::Device{}, n * static_cast<int64_t>(elem_bytes(t)));
+        !st.ok())
+      return Error{st.error().code, what + ": writing to " + device_of(t).str() + ": " + st.error().message};
+    io.wrote = true;
+    return {};
+  }
+  if (t.dtype == LS_DTYPE_F32) {
+    float* dst = static_cast<float*>(t.data);
+    if (contiguous(t)) std::memcpy(dst, v.data(), v.size() * sizeof(float));
+    else for_each_offset(t, [&](int64_t i, int64_t off) { dst[off] = v[static_cast<size_t>(i)]; });
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(t.data);
+    for_each_offset(t, [&](int64_t i, int64_t off) { dst[off] = ls::f32_to_bf16(v[static_cast<size_t>(i)]); });
+  }
+  return {};
+}
+
+// A latent in tensor form: [C, *, *, *] (video) or [C, 2, *] (audio).
+Expected<std::vector<int64_t>> input_shape(const ls_tensor& t, const ls::Device& engine, const std::vector<int64_t>& want,
+                                           const std::string& what) {
+  LS_TRY(check_tensor(t, engine, what));
+  std::vector<int64_t> got;
+  LS_TRY(match_shape(t, want, what, &got));
+  return got;
+}
+
+Status video_tensor(const ls_tensor* p, int64_t C, TensorIO& io, const std::string& what, ls::h3::VideoLatent& out) {
+  if (!p) return {};
+  LS_ASSIGN_OR_RETURN(ls_tensor t, tensor_desc(p, what));
+  LS_ASSIGN_OR_RETURN(std::vector<int64_t> d, input_shape(t, io.backend->device(), {C, -1, -1, -1}, what));
+  out.T = d[1], out.Hl = d[2], out.Wl = d[3];
+  LS_ASSIGN_OR_RETURN(out.data, gather(t, io, what));
+  return {};
+}
+Status audio_tensor(const ls_tensor* p, int64_t C, TensorIO& io, const std::string& what, ls::h3::AudioLatent& out) {
+  if (!p) return {};
+  LS_ASSIGN_OR_RETURN(ls_tensor t, tensor_desc(p, what));
+  LS_ASSIGN_OR_RETURN(std::vector<int64_t> d, input_shape(t, io.backend->device(), {C, 2, -1}, what));
+  out.A = d[2];
+  LS_ASSIGN_OR_RETURN(out.data, gather(t, io, what));
+  return {};
+}
+// Any shape: the values in row-major order.
+Status values_tensor(const ls_tensor* p, TensorIO& io, const std::string& what, std::vector<float>& out) {
+  if (!p) return {};
+  LS_ASSIGN_OR_RETURN(ls_tensor t, tensor_desc(p, what));
+  LS_TRY(check_tensor(t, io.backend->device(), what));
+  LS_ASSIGN_OR_RETURN(out, gather(t, io, what));
+  return {};
+}
+// A fixed shape (leading 1s allowed).
+Expected<std::vector<float>> fixed_tensor(const ls_tensor* p, const std::vector<int64_t>& want, TensorIO& io,
+                                          const std::string& what) {
+  LS_ASSIGN_OR_RETURN(ls_tensor t, tensor_desc(p, what));
+  LS_TRY(input_shape(t, io.backend->device(), want, what));
+  return gather(t, io, what);
+}
+
+// A versioned struct behind a pointer in an array (ls_keyframe_tensors, ls_reference_tensors).
+template <typename T>
+Expected<T> read_element(const T* given, void (*init)(T*), const std::string& what) {
+  T out;
+  init(&out);
+  if (!given) return Error{ErrorCode::invalid_argument, what + " is NULL"};
+  if (given->size < sizeof(uint32_t) || given->size > sizeof(T))
+    return Error{ErrorCode::invalid_argument, what + ".size is " + std::to_string(given->size) +
+                                                  ": initialise it with its _init() (or the header is newer than the library)"};
+  std::memcpy(static_cast<void*>(&out), given, given->size);
+  out.size = sizeof(T);
+  return out;
+}
+
+Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const ls_clip* given, TensorIO& io) {
   LS_ASSIGN_OR_RETURN(ls_clip c, read_params(given, ls_clip_init, "ls_clip"));
   ls::h3::Conditioning cond;
   LS_ASSIGN_OR_RETURN(cond.geometry, ls::h3::clip_geometry(c.frames, c.width, c.height, c.text_tokens));
@@ -183,8 +455,51 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
     ref.noise = noise(r.noise);
     cond.refs.push_back(std::move(ref));
   }
+  if (c.keyframe_tensor_count > 0 && c.keyframe_count > 0)
+    return Error{ErrorCode::invalid_argument, "ls_clip: give keyframes or keyframe_tensors, not both"};
+  if (c.keyframe_tensor_count > 0 && !c.keyframe_tensors)
+    return Error{ErrorCode::invalid_argument, "ls_clip.keyframe_tensors is NULL with keyframe_tensor_count > 0"};
+  for (size_t i = 0; i < c.keyframe_tensor_count; ++i) {
+    const std::string what = "keyframe " + std::to_string(i);
+    LS_ASSIGN_OR_RETURN(ls_keyframe_tensors k, read_element(c.keyframe_tensors[i], ls_keyframe_tensors_init, what));
+    if (!k.video) return Error{ErrorCode::invalid_argument, what + " has no video latent"};
+    ls::h3::Keyframe kf;
+    kf.pixel_frame = k.pixel_frame;
+    LS_TRY(video_tensor(k.video, cfg.latents_dim, io, what + " video", kf.video));
+    LS_TRY(audio_tensor(k.audio, cfg.audio_latents_dim, io, what + " audio", kf.audio));
+    LS_TRY(values_tensor(k.noise_video, io, what + " noise_video", kf.noise.video));
+    LS_TRY(values_tensor(k.noise_audio, io, what + " noise_audio", kf.noise.audio));
+    cond.keyframes.push_back(std::move(kf));
+  }
+  if (c.reference_tensor_count > 0 && c.reference_count > 0)
+    return Error{ErrorCode::invalid_argument, "ls_clip: give references or reference_tensors, not both"};
+  if (c.reference_tensor_count > 0 && !c.reference_tensors)
+    return Error{ErrorCode::invalid_argument, "ls_clip.reference_tensors is NULL with reference_tensor_count > 0"};
+  for (size_t i = 0; i < c.reference_tensor_count; ++i) {
+    const std::string what = "reference " + std::to_string(i);
+    LS_ASSIGN_OR_RETURN(ls_reference_tensors r, read_element(c.reference_tensors[i], ls_reference_tensors_init, what));
+    if (r.kind < LS_REFERENCE_IMAGE || r.kind > LS_REFERENCE_VIDEO_AUDIO)
+      return Error{ErrorCode::invalid_argument, what + ": unknown kind"};
+    ls::h3::Reference ref;
+    ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
+    LS_TRY(video_tensor(r.video, cfg.latents_dim, io, what + " video", ref.video));
+    LS_TRY(audio_tensor(r.audio, cfg.audio_latents_dim, io, what + " audio", ref.audio));
+    LS_TRY(values_tensor(r.noise_video, io, what + " noise_video", ref.noise.video));
+    LS_TRY(values_tensor(r.noise_audio, io, what + " noise_audio", ref.noise.audio));
+    cond.refs.push_back(std::move(ref));
+  }
+  if (c.video_mask && c.video_mask_tensor)
+    return Error{ErrorCode::invalid_argument, "ls_clip: give video_mask or video_mask_tensor, not both"};
+  if (c.audio_mask && c.audio_mask_tensor)
+    return Error{ErrorCode::invalid_argument, "ls_clip: give audio_mask or audio_mask_tensor, not both"};
   cond.video_mask = copy_floats(c.video_mask, static_cast<size_t>(g.T * g.Hl * g.Wl));
   cond.audio_mask = copy_floats(c.audio_mask, static_cast<size_t>(2 * g.A));
+  if (c.video_mask_tensor) {
+    LS_ASSIGN_OR_RETURN(cond.video_mask, fixed_tensor(c.video_mask_tensor, {g.T, g.Hl, g.Wl}, io, "video_mask"));
+  }
+  if (c.audio_mask_tensor) {
+    LS_ASSIGN_OR_RETURN(cond.audio_mask, fixed_tensor(c.audio_mask_tensor, {2, g.A}, io, "audio_mask"));
+  }
   cond.vis_aug = c.vis_aug;
   cond.aud_aug = c.aud_aug;
   cond.seed = c.seed;
@@ -217,15 +532,16 @@ Status check_outputs(const float* video_out, size_t video_count, const float* au
   return check_out(audio_out, audio_count, na, "audio_out");
 }
 
-// The end of a call that produced velocities: copies them into the caller's buffers,
+// The end of a call that produced velocities: copies them into the caller's buffers
+// (NULL: the caller's ls_tensor outputs were written already),
 // sets the fingerprint (ls_fingerprint: video bytes then audio bytes) and stores the
 // report `j` with the fields every call has (plan, budget plan, resolved numerics,
 // version, weights, output hash).
 ls_status publish(ls_engine& e, nlohmann::json j, const ls::exec::Plan& plan, const ls::exec::BudgetPlan* budget,
                   const std::vector<float>& video, const std::vector<float>& audio, float* video_out,
                   float* audio_out) {
-  std::memcpy(video_out, video.data(), video.size() * sizeof(float));
-  std::memcpy(audio_out, audio.data(), audio.size() * sizeof(float));
+  if (video_out) std::memcpy(video_out, video.data(), video.size() * sizeof(float));
+  if (audio_out) std::memcpy(audio_out, audio.data(), audio.size() * sizeof(float));  // NULL: written to tensors
   e.hash = ls_fingerprint(video.data(), video.size(), audio.data(), audio.size());
   j["plan"] = ls::api::plan_json(plan);
   j["vram_budget"] = budget ? ls::api::budget_plan_json(*budget) : nlohmann::json();
@@ -254,6 +570,127 @@ Status ensure_engine(ls_engine& e, const ls::api::RunPlan& rp) {
   e.engine_made = true;
   e.engine_residency = rp.residency;
   return {};
+}
+
+
+// "give X or X_tensor, not both"; neither is fine here (the caller checks what is required).
+Status one_form(const void* ptr, const ls_tensor* tensor, const char* name) {
+  if (ptr && tensor)
+    return Error{ErrorCode::invalid_argument, std::string("ls_denoise_params: give ") + name + " or " + name + "_tensor, not both"};
+  return {};
+}
+
+// ls_engine_denoise after its params struct is read: the inputs (pointers or tensors,
+// staged through io), one denoiser call, the outputs.
+ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io) {
+  ls_engine* e = &eng;
+  ls::api::Session& s = *e->session;
+  const ls::h3::H3Config& cfg = s.config();
+  const ls::Device dev = s.backend().device();
+  for (auto [ptr, t, name] : {std::tuple<const void*, const ls_tensor*, const char*>{p.video, p.video_tensor, "video"},
+                              {p.audio, p.audio_tensor, "audio"},
+                              {p.text, p.text_tensor, "text"},
+                              {p.refined_text, p.refined_text_tensor, "refined_text"},
+                              {p.video_out, p.video_out_tensor, "video_out"},
+                              {p.audio_out, p.audio_out_tensor, "audio_out"}})
+    if (Status st = one_form(ptr, t, name); !st.ok()) return fail(e, st.error());
+  auto cond = conditioning(cfg, p.clip, io);
+  if (!cond.ok()) return fail(e, cond.error());
+  const ls::h3::ClipGeometry& g = cond->geometry;
+  if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, p.sigma, 0.0f};
+  if ((!p.video && !p.video_tensor) || (!p.audio && !p.audio_tensor))
+    return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: video and audio are required");
+  if (!p.text && !p.refined_text && !p.text_tensor && !p.refined_text_tensor)
+    return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: give text (raw states) or refined_text");
+  const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
+  const std::vector<int64_t> vshape{cfg.latents_dim, g.T, g.Hl, g.Wl}, ashape{cfg.audio_latents_dim, 2, g.A};
+  // The outputs are checked before any work.
+  ls_tensor vout{}, aout{};
+  if (p.video_out_tensor) {
+    auto t = tensor_desc(p.video_out_tensor, "video_out_tensor");
+    if (!t.ok()) return fail(e, t.error());
+    vout = *t;
+    if (Status st = check_output(vout, dev, vshape, "video_out_tensor"); !st.ok()) return fail(e, st.error());
+  } else if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) {
+    return fail(e, st.error());
+  }
+  if (p.audio_out_tensor) {
+    auto t = tensor_desc(p.audio_out_tensor, "audio_out_tensor");
+    if (!t.ok()) return fail(e, t.error());
+    aout = *t;
+    if (Status st = check_output(aout, dev, ashape, "audio_out_tensor"); !st.ok()) return fail(e, st.error());
+  } else if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) {
+    return fail(e, st.error());
+  }
+
+  // Inputs in tensor form: contiguous fp32 host copies.
+  std::vector<float> video_in, audio_in, text_in, refined_in;
+  const float* video = p.video;
+  const float* audio = p.audio;
+  const float* text = p.text;
+  if (p.video_tensor) {
+    auto v = fixed_tensor(p.video_tensor, vshape, io, "video_tensor");
+    if (!v.ok()) return fail(e, v.error());
+    video_in = std::move(*v);
+    video = video_in.data();
+  }
+  if (p.audio_tensor) {
+    auto a = fixed_tensor(p.audio_tensor, ashape, io, "audio_tensor");
+    if (!a.ok()) return fail(e, a.error());
+    audio_in = std::move(*a);
+    audio = audio_in.data();
+  }
+  ls::exec::RefinedText refined;
+  bool have_refined = false;
+  if (p.refined_text_tensor) {
+    auto t = tensor_desc(p.refined_text_tensor, "refined_text_tensor");
+    if (!t.ok()) return fail(e, t.error());
+    if (t->dtype != LS_DTYPE_BF16)
+      return fail(e, LS_INVALID_ARGUMENT, "refined_text_tensor must be bf16 [L, hidden] (the refined text states)");
+    auto r = fixed_tensor(p.refined_text_tensor, {g.text_tokens, cfg.hidden}, io, "refined_text_tensor");
+    if (!r.ok()) return fail(e, r.error());
+    refined.bf16.resize(r->size());
+    for (size_t i = 0; i < r->size(); ++i) refined.bf16[i] = ls::f32_to_bf16((*r)[i]);  // exact: widened from bf16
+    have_refined = true;
+  } else if (p.refined_text) {
+    refined.bf16.assign(p.refined_text, p.refined_text + g.text_tokens * cfg.hidden);
+    have_refined = true;
+  } else if (p.text_tensor) {
+    auto t = fixed_tensor(p.text_tensor, {g.text_tokens, cfg.text_dim}, io, "text_tensor");
+    if (!t.ok()) return fail(e, t.error());
+    text_in = std::move(*t);
+    text = text_in.data();
+  }
+
+  auto rp = s.plan(*cond, {p.sigma}, e->memory);
+  if (!rp.ok()) return fail(e, rp.error());
+  if (Status st = ensure_engine(*e, *rp); !st.ok()) return fail(e, st.error());
+  ls::api::DenoiseCall call;
+  call.cond = &*cond;
+  if (have_refined) {
+    refined.L = g.text_tokens;
+    refined.D = cfg.hidden;
+    call.refined = &refined;
+  } else {
+    call.text = ls::TensorView(const_cast<float*>(text), ls::DType::f32, {g.text_tokens, cfg.text_dim});
+  }
+  call.video = ls::TensorView(const_cast<float*>(video), ls::DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
+  call.audio = ls::TensorView(const_cast<float*>(audio), ls::DType::f32, {cfg.audio_latents_dim, 2, g.A});
+  call.sigma = p.sigma;
+  call.plan = &rp->plan;
+  e->have_report = false;
+  auto r = s.denoise(call);
+  if (!r.ok()) return fail(e, r.error());
+  if (p.video_out_tensor)
+    if (Status st = scatter(vout, r->video, io, "video_out_tensor"); !st.ok()) return fail(e, st.error());
+  if (p.audio_out_tensor)
+    if (Status st = scatter(aout, r->audio, io, "audio_out_tensor"); !st.ok()) return fail(e, st.error());
+  nlohmann::json j = nlohmann::json::parse(r->report.to_json());
+  j["call"] = "denoise";
+  j["driver_used_bytes"] = s.driver_used_bytes();
+  j["staged_through_host"] = io.waited;  // a device tensor was staged (the engine packs on the host)
+  return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio,
+                 p.video_out_tensor ? nullptr : p.video_out, p.audio_out_tensor ? nullptr : p.audio_out);
 }
 
 }  // namespace
@@ -310,6 +747,41 @@ void ls_engine_params_init(ls_engine_params* p) {
   p->resident_blocks = -1;
   p->slots = 2;
   p->check_finite = 1;
+}
+
+void ls_tensor_init(ls_tensor* t) {
+  if (!t) return;
+  std::memset(t, 0, sizeof *t);
+  t->size = sizeof *t;
+  t->dtype = LS_DTYPE_F32;
+  t->device_type = LS_DEVICE_CPU;
+}
+
+void ls_tensor_host(ls_tensor* t, void* data, ls_dtype dtype, int32_t ndim, const int64_t* shape) {
+  if (!t) return;
+  ls_tensor_init(t);
+  t->data = data;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  if (ndim < 1 || ndim > LS_TENSOR_MAX_DIMS || !shape) return;  // refused by the call that reads it
+  int64_t stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    t->shape[i] = shape[i];
+    t->strides[i] = stride;
+    stride *= shape[i];
+  }
+}
+
+void ls_keyframe_tensors_init(ls_keyframe_tensors* k) {
+  if (!k) return;
+  std::memset(k, 0, sizeof *k);
+  k->size = sizeof *k;
+}
+
+void ls_reference_tensors_init(ls_reference_tensors* r) {
+  if (!r) return;
+  std::memset(r, 0, sizeof *r);
+  r->size = sizeof *r;
 }
 
 void ls_model_info_init(ls_model_info* info) {
@@ -449,7 +921,8 @@ ls_status ls_engine_clip_shape(ls_engine* e, const ls_clip* clip, ls_clip_shape*
     if (!shape || shape->size < sizeof(uint32_t))
       return fail(e, LS_INVALID_ARGUMENT, "ls_clip_shape is NULL or not initialised (ls_clip_shape_init)");
     const ls::h3::H3Config& cfg = e->session->config();
-    auto cond = conditioning(cfg, clip);
+    TensorIO io{&e->session->backend()};  // device tensors: after the legacy default stream
+    auto cond = conditioning(cfg, clip, io);
     if (!cond.ok()) return fail(e, cond.error());
     auto sizes = ls::exec::sequence_sizes(cfg, *cond);
     if (!sizes.ok()) return fail(e, sizes.error());
@@ -474,7 +947,8 @@ ls_status ls_engine_plan(ls_engine* e, const ls_clip* clip, float sigma, const c
     *json = nullptr;
     ls::api::Session& s = *e->session;
     const ls::h3::H3Config& cfg = s.config();
-    auto cond = conditioning(cfg, clip);
+    TensorIO io{&e->session->backend()};  // device tensors: after the legacy default stream
+    auto cond = conditioning(cfg, clip, io);
     if (!cond.ok()) return fail(e, cond.error());
     if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, sigma, 0.0f};
     auto rp = s.plan(*cond, {sigma}, e->memory);
@@ -528,45 +1002,12 @@ ls_status ls_engine_denoise(ls_engine* e, const ls_denoise_params* given) {
     auto pr = read_params(given, ls_denoise_params_init, "ls_denoise_params");
     if (!pr.ok()) return fail(e, pr.error());
     const ls_denoise_params& p = *pr;
-    ls::api::Session& s = *e->session;
-    const ls::h3::H3Config& cfg = s.config();
-    auto cond = conditioning(cfg, p.clip);
-    if (!cond.ok()) return fail(e, cond.error());
-    const ls::h3::ClipGeometry& g = cond->geometry;
-    if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, p.sigma, 0.0f};
-    if (!p.video || !p.audio) return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: video and audio are required");
-    if (!p.text && !p.refined_text)
-      return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: give text (raw states) or refined_text");
-    const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
-    if (Status st = check_outputs(p.video_out, p.video_out_count, p.audio_out, p.audio_out_count, nv, na); !st.ok())
-      return fail(e, st.error());
-
-    auto rp = s.plan(*cond, {p.sigma}, e->memory);
-    if (!rp.ok()) return fail(e, rp.error());
-    if (Status st = ensure_engine(*e, *rp); !st.ok()) return fail(e, st.error());
-    ls::exec::RefinedText refined;
-    ls::api::DenoiseCall call;
-    call.cond = &*cond;
-    if (p.refined_text) {
-      refined.L = g.text_tokens;
-      refined.D = cfg.hidden;
-      refined.bf16.assign(p.refined_text, p.refined_text + g.text_tokens * cfg.hidden);
-      call.refined = &refined;
-    } else {
-      call.text = ls::TensorView(const_cast<float*>(p.text), ls::DType::f32, {g.text_tokens, cfg.text_dim});
-    }
-    call.video = ls::TensorView(const_cast<float*>(p.video), ls::DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
-    call.audio = ls::TensorView(const_cast<float*>(p.audio), ls::DType::f32, {cfg.audio_latents_dim, 2, g.A});
-    call.sigma = p.sigma;
-    call.plan = &rp->plan;
-    e->have_report = false;
-    auto r = s.denoise(call);
-    if (!r.ok()) return fail(e, r.error());
-    nlohmann::json j = nlohmann::json::parse(r->report.to_json());
-    j["call"] = "denoise";
-    j["driver_used_bytes"] = s.driver_used_bytes();
-    return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio, p.video_out,
-                   p.audio_out);
+    TensorIO io{&e->session->backend(), p.stream};
+    const ls_status st = denoise_call(*e, p, io);
+    // The caller's stream waits for whatever device outputs were written, also when a
+    // later step failed (the writes are queued either way).
+    if (Status fin = io.finish(); !fin.ok() && st == LS_OK) return fail(e, fin.error());
+    return st;
   });
 }
 
@@ -578,7 +1019,8 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
     const ls_generate_params& p = *pr;
     ls::api::Session& s = *e->session;
     const ls::h3::H3Config& cfg = s.config();
-    auto cond = conditioning(cfg, p.clip);
+    TensorIO io{&s.backend()};
+    auto cond = conditioning(cfg, p.clip, io);
     if (!cond.ok()) return fail(e, cond.error());
     const ls::h3::ClipGeometry& g = cond->geometry;
     if (!p.text) return fail(e, LS_INVALID_ARGUMENT, "ls_generate_params.text is NULL");

@@ -12,6 +12,9 @@ int main(void) {
   ls_generate_params g;
   ls_keyframe k;
   ls_reference r;
-  (void)n, (void)p, (void)c, (void)s, (void)m, (void)d, (void)g, (void)k, (void)r;
+  ls_tensor t;
+  ls_keyframe_tensors kt;
+  ls_reference_tensors rt;
+  (void)n, (void)p, (void)c, (void)s, (void)m, (void)d, (void)g, (void)k, (void)r, (void)t, (void)kt, (void)rt;
   return LS_OK;
 }

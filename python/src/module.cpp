@@ -1,0 +1,467 @@
+// layerstream._C: the CPython extension over the public C API (layerstream.h) only.
+//
+// What it adds to the C API is the Python side of tensor exchange and errors:
+//  - arrays in and out: the buffer protocol (numpy; float32) and DLPack (`__dlpack__`,
+//    torch CPU and CUDA tensors; float32 and bfloat16; legacy DLManagedTensor capsules,
+//    <dlpack/dlpack.h> from Debian's libdlpack-dev, no torch at build time) become
+//    ls_tensor descriptors of the caller's memory: no copy here, strides kept (the
+//    library gathers strided inputs and widens bf16 exactly);
+//  - the GIL is released during every engine call (a mutex keeps calls on one engine
+//    from overlapping, as the C API requires);
+//  - a failing status raises layerstream.Error (or a subclass per status) carrying the
+//    engine's message (ls_engine_last_error / ls_last_error) and `.status`.
+// Everything else (argument parsing, sizes like "12G", numpy output allocation, JSON)
+// is in python/layerstream/__init__.py.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <dlpack/dlpack.h>
+#include <layerstream/layerstream.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---- errors ------------------------------------------------------------------------
+// layerstream.Error (a RuntimeError) and one subclass per ls_status.
+PyObject* g_error = nullptr;
+std::map<int, PyObject*> g_status_class;
+
+[[noreturn]] void raise(ls_status st, const std::string& message) {
+  auto it = g_status_class.find(static_cast<int>(st));
+  PyObject* cls = it != g_status_class.end() ? it->second : g_error;
+  py::object inst = py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", message.c_str()));
+  if (!inst) throw py::error_already_set();
+  inst.attr("status") = py::str(ls_status_string(st));
+  PyErr_SetObject(cls, inst.ptr());
+  throw py::error_already_set();
+}
+[[noreturn]] void invalid(const std::string& message) { raise(LS_INVALID_ARGUMENT, message); }
+
+// ---- tensors -------------------------------------------------------------------------
+// One caller array seen as an ls_tensor, and what keeps its memory alive until the call
+// returns: a Py_buffer (buffer protocol) or a consumed DLPack capsule's DLManagedTensor
+// (its deleter runs in the destructor, with the GIL held). Held objects are kept in
+// unique_ptrs so the ls_tensor addresses handed to the C API stay put.
+struct Held {
+  ls_tensor t{};
+  Py_buffer view{};
+  bool has_view = false;
+  DLManagedTensor* managed = nullptr;
+
+  Held() { ls_tensor_init(&t); }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+  ~Held() {
+    if (managed && managed->deleter) managed->deleter(managed);
+    if (has_view) PyBuffer_Release(&view);
+  }
+};
+
+// The caller's CUDA stream as DLPack's `stream` argument: the producer (torch) makes
+// that stream wait for its own work on the tensor. 0 (the legacy default stream) is
+// spelled 1 in the DLPack protocol.
+py::object dlpack_stream_arg(uintptr_t stream) { return py::int_(stream == 0 ? uintptr_t{1} : stream); }
+
+std::unique_ptr<Held> from_buffer(py::handle obj, bool writable, const std::string& what) {
+  auto h = std::make_unique<Held>();
+  int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &h->view, flags) != 0) {
+    py::error_already_set e;  // takes the Python error
+    invalid(what + ": " + std::string(py::str(e.value())) + (writable ? " (an output must be writable)" : ""));
+  }
+  h->has_view = true;
+  const Py_buffer& v = h->view;
+  std::string fmt = v.format ? v.format : "B";
+  if (!fmt.empty() && (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')) fmt = fmt.substr(1);
+  if (fmt != "f" || v.itemsize != 4)
+    invalid(what + ": buffer format '" + std::string(v.format ? v.format : "B") + "' (itemsize " +
+            std::to_string(v.itemsize) + "): give float32 (numpy), or bfloat16 / float32 through __dlpack__ (torch)");
+  if (v.ndim < 1 || v.ndim > LS_TENSOR_MAX_DIMS)
+    invalid(what + ": " + std::to_string(v.ndim) + " dimensions (1 to " + std::to_string(LS_TENSOR_MAX_DIMS) + ")");
+  h->t.data = v.buf;
+  h->t.dtype = LS_DTYPE_F32;
+  h->t.device_type = LS_DEVICE_CPU;
+  h->t.ndim = v.ndim;
+  for (int i = 0; i < v.ndim; ++i) {
+    h->t.shape[i] = v.shape[i];
+    if (v.strides[i] % v.itemsize != 0) invalid(what + ": a stride is not a whole number of elements");
+    h->t.strides[i] = v.strides[i] / v.itemsize;  // negative strides are refused by the library
+  }
+  return h;
+}
+
+std::unique_ptr<Held> from_dlpack(py::handle obj, uintptr_t stream, const std::string& what) {
+  int dev_type = kDLCPU;
+  if (py::hasattr(obj, "__dlpack_device__")) {
+    py::tuple d = obj.attr("__dlpack_device__")();
+    dev_type = d[0].cast<int>();
+  }
+  py::object capsule;
+  if (dev_type == kDLCUDA) {
+    capsule = obj.attr("__dlpack__")(py::arg("stream") = dlpack_stream_arg(stream));
+  } else if (dev_type == kDLCPU || dev_type == kDLCUDAHost) {
+    capsule = obj.attr("__dlpack__")();
+  } else {
+    invalid(what + ": DLPack device type " + std::to_string(dev_type) + ": give a CPU or CUDA tensor");
+  }
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
+    invalid(what + ": __dlpack__ did not return a \"dltensor\" capsule (an unused DLPack 0.6 capsule)");
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (!m) throw py::error_already_set();
+  // Consumed: the capsule's destructor must no longer free it; Held calls the deleter.
+  if (PyCapsule_SetName(capsule.ptr(), "used_dltensor") != 0) throw py::error_already_set();
+  auto h = std::make_unique<Held>();
+  h->managed = m;
+  const DLTensor& dl = m->dl_tensor;
+  if (dl.dtype.lanes != 1) invalid(what + ": vector dtypes (lanes > 1) are not supported");
+  if (dl.dtype.code == kDLFloat && dl.dtype.bits == 32) {
+    h->t.dtype = LS_DTYPE_F32;
+  } else if (dl.dtype.code == kDLBfloat && dl.dtype.bits == 16) {
+    h->t.dtype = LS_DTYPE_BF16;
+  } else {
+    const char* code = dl.dtype.code == kDLFloat ? "float" : dl.dtype.code == kDLInt ? "int"
+                       : dl.dtype.code == kDLUInt ? "uint" : dl.dtype.code == kDLBfloat ? "bfloat" : "code ";
+    invalid(what + ": dtype " + code + std::to_string(dl.dtype.bits) + ": give float32 or bfloat16");
+  }
+  if (dl.ndim < 1 || dl.ndim > LS_TENSOR_MAX_DIMS)
+    invalid(what + ": " + std::to_string(dl.ndim) + " dimensions (1 to " + std::to_string(LS_TENSOR_MAX_DIMS) + ")");
+  h->t.data = static_cast<char*>(dl.data) + dl.byte_offset;
+  h->t.ndim = dl.ndim;
+  int64_t stride = 1;
+  for (int i = dl.ndim - 1; i >= 0; --i) {
+    h->t.shape[i] = dl.shape[i];
+    h->t.strides[i] = dl.strides ? dl.strides[i] : stride;  // NULL strides: row-major
+    stride *= dl.shape[i];
+  }
+  if (dl.device.device_type == kDLCUDA) {
+    h->t.device_type = LS_DEVICE_CUDA;
+    h->t.device_index = dl.device.device_id;
+  } else {
+    h->t.device_type = LS_DEVICE_CPU;  // kDLCPU, kDLCUDAHost (pinned host memory)
+  }
+  return h;
+}
+
+// Buffer protocol first (numpy; torch tensors do not offer it), then DLPack.
+std::unique_ptr<Held> as_tensor(py::handle obj, bool writable, uintptr_t stream, const std::string& what) {
+  if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, writable, what);
+  if (py::hasattr(obj, "__dlpack__")) return from_dlpack(obj, stream, what);
+  invalid(what + ": expected an array with the buffer protocol (numpy float32) or a tensor with __dlpack__ (torch), got " +
+          std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+}
+
+// ---- the clip --------------------------------------------------------------------------
+// The clip as python/layerstream/__init__.py hands it over (Clip._to_c): a dict of plain
+// values; keyframes as (pixel_frame, video, audio, noise_video, noise_audio) tuples,
+// references as (kind, video, audio, noise_video, noise_audio).
+struct ClipHolder {
+  ls_clip clip{};
+  std::string tags;
+  std::vector<float> sigmas;
+  std::vector<std::unique_ptr<Held>> tensors;
+  std::vector<ls_keyframe_tensors> keyframes;
+  std::vector<const ls_keyframe_tensors*> keyframe_ptrs;
+  std::vector<ls_reference_tensors> references;
+  std::vector<const ls_reference_tensors*> reference_ptrs;
+
+  const ls_tensor* tensor(py::handle obj, uintptr_t stream, const std::string& what) {
+    if (obj.is_none()) return nullptr;
+    tensors.push_back(as_tensor(obj, false, stream, what));
+    return &tensors.back()->t;
+  }
+};
+
+std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
+  auto h = std::make_unique<ClipHolder>();
+  ls_clip& c = h->clip;
+  ls_clip_init(&c);
+  c.frames = d["frames"].cast<int64_t>();
+  c.width = d["width"].cast<int64_t>();
+  c.height = d["height"].cast<int64_t>();
+  c.text_tokens = d["text_tokens"].cast<int64_t>();
+  if (!d["text_tags"].is_none()) {
+    h->tags = d["text_tags"].cast<std::string>();  // bytes of int8 tags
+    if (static_cast<int64_t>(h->tags.size()) != c.text_tokens)
+      invalid("text_tags has " + std::to_string(h->tags.size()) + " entries; text_tokens is " +
+              std::to_string(c.text_tokens));
+    c.text_tags = reinterpret_cast<const int8_t*>(h->tags.data());
+  }
+  c.vis_aug = d["vis_aug"].cast<double>();
+  c.aud_aug = d["aud_aug"].cast<double>();
+  c.seed = d["seed"].cast<uint64_t>();
+  c.shift_video = d["shift_video"].cast<double>();
+  c.shift_audio = d["shift_audio"].cast<double>();
+  c.audio_scale = d["audio_scale"].cast<double>();
+  if (!d["sample_sigmas"].is_none()) {
+    h->sigmas = d["sample_sigmas"].cast<std::vector<float>>();
+    c.sample_sigmas = h->sigmas.data();
+    c.sample_sigma_count = h->sigmas.size();
+  }
+  c.video_mask_tensor = h->tensor(d["video_mask"], stream, "video_mask");
+  c.audio_mask_tensor = h->tensor(d["audio_mask"], stream, "audio_mask");
+  py::list kfs = d["keyframes"];
+  h->keyframes.resize(kfs.size());  // sized once: the pointers below stay valid
+  for (size_t i = 0; i < kfs.size(); ++i) {
+    py::tuple k = kfs[i];
+    const std::string w = "keyframe " + std::to_string(i);
+    ls_keyframe_tensors& kt = h->keyframes[i];
+    ls_keyframe_tensors_init(&kt);
+    kt.pixel_frame = k[0].cast<int64_t>();
+    kt.video = h->tensor(k[1], stream, w + " video");
+    kt.audio = h->tensor(k[2], stream, w + " audio");
+    kt.noise_video = h->tensor(k[3], stream, w + " noise_video");
+    kt.noise_audio = h->tensor(k[4], stream, w + " noise_audio");
+    h->keyframe_ptrs.push_back(&kt);
+  }
+  c.keyframe_tensors = h->keyframe_ptrs.data();
+  c.keyframe_tensor_count = h->keyframe_ptrs.size();
+  py::list refs = d["references"];
+  h->references.resize(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    py::tuple r = refs[i];
+    const std::string w = "reference " + std::to_string(i);
+    ls_reference_tensors& rt = h->references[i];
+    ls_reference_tensors_init(&rt);
+    rt.kind = static_cast<ls_reference_kind>(r[0].cast<int>());
+    rt.video = h->tensor(r[1], stream, w + " video");
+    rt.audio = h->tensor(r[2], stream, w + " audio");
+    rt.noise_video = h->tensor(r[3], stream, w + " noise_video");
+    rt.noise_audio = h->tensor(r[4], stream, w + " noise_audio");
+    h->reference_ptrs.push_back(&rt);
+  }
+  c.reference_tensors = h->reference_ptrs.data();
+  c.reference_tensor_count = h->reference_ptrs.size();
+  return h;
+}
+
+// ---- the engine ------------------------------------------------------------------------
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
+class Engine {
+ public:
+  // `p`: the ls_engine_params fields by name (python/layerstream/__init__.py builds it);
+  // numerics as ls_numerics fields (enums as ints).
+  explicit Engine(const py::dict& p) {
+    ls_engine_params ep;
+    ls_engine_params_init(&ep);
+    const std::string model = get<std::string>(p, "model_path", "");
+    const std::string preset = get<std::string>(p, "preset", "");
+    const std::string device = get<std::string>(p, "device", "cpu");
+    ep.model_path = model.empty() ? nullptr : model.c_str();
+    ep.preset = preset.empty() ? nullptr : preset.c_str();
+    ep.weights_seed = get<uint64_t>(p, "weights_seed", 0);
+    ep.blocks = get<int64_t>(p, "blocks", 0);
+    ep.device = device.c_str();
+    ep.threads = get<int32_t>(p, "threads", 0);
+    ep.memory_mode = static_cast<ls_memory_mode>(get<int>(p, "memory_mode", LS_MEMORY_KNOBS));
+    ep.vram_budget = get<uint64_t>(p, "vram_budget", 0);
+    ep.prefetch = get<bool>(p, "prefetch", true) ? 1 : 0;
+    ep.activation_budget = get<uint64_t>(p, "activation_budget", 0);
+    ep.mlp_chunk = get<int64_t>(p, "mlp_chunk", 0);
+    ep.attn_chunk = get<int64_t>(p, "attn_chunk", 0);
+    ep.final_chunk = get<int64_t>(p, "final_chunk", 0);
+    ep.kv_offload = get<bool>(p, "kv_offload", false) ? 1 : 0;
+    ep.kv_chunk = get<int64_t>(p, "kv_chunk", 0);
+    ep.residual_offload = get<bool>(p, "residual_offload", false) ? 1 : 0;
+    ep.resident_blocks = get<int64_t>(p, "resident_blocks", -1);
+    ep.slots = get<int32_t>(p, "slots", 2);
+    ep.check_finite = get<bool>(p, "check_finite", true) ? 1 : 0;
+    ls_numerics n;
+    ls_numerics_init(&n);
+    const std::string native_variant = get<std::string>(p, "native_variant", "");
+    const std::string cudnn_form = get<std::string>(p, "cudnn_form", "");
+    n.attention = static_cast<ls_attention>(get<int>(p, "attention", LS_ATTENTION_DEFAULT));
+    n.kv_tile = get<int64_t>(p, "kv_tile", 0);
+    n.gemm_f32 = static_cast<ls_gemm_f32_order>(get<int>(p, "gemm_f32", LS_GEMM_F32_LANES16));
+    n.native_variant = native_variant.empty() ? nullptr : native_variant.c_str();
+    n.cudnn_q_chunk = get<int64_t>(p, "cudnn_q_chunk", n.cudnn_q_chunk);
+    n.cudnn_form = cudnn_form.empty() ? nullptr : cudnn_form.c_str();
+    n.cudnn_skip_configs = get<int64_t>(p, "cudnn_skip_configs", 0);
+    ep.numerics = &n;
+    ls_status st;
+    std::string message;
+    {
+      py::gil_scoped_release nogil;
+      st = ls_engine_create(&ep, &e_);
+      if (st != LS_OK) message = ls_last_error();
+    }
+    if (st != LS_OK) raise(st, message);
+  }
+  ~Engine() { close(); }
+
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ls_engine_free(e_);
+    e_ = nullptr;
+  }
+
+  py::dict info() {
+    ls_model_info m;
+    ls_model_info_init(&m);
+    call([&] { return ls_engine_model_info(e_, &m); });
+    py::dict d;
+    d["hidden"] = m.hidden, d["num_layers"] = m.num_layers, d["heads"] = m.heads, d["head_dim"] = m.head_dim;
+    d["text_dim"] = m.text_dim, d["latents_dim"] = m.latents_dim, d["audio_latents_dim"] = m.audio_latents_dim;
+    return d;
+  }
+
+  py::dict clip_shape(const py::dict& clip) {
+    auto c = make_clip(clip, 0);
+    ls_clip_shape s;
+    ls_clip_shape_init(&s);
+    call([&] { return ls_engine_clip_shape(e_, &c->clip, &s); });
+    py::dict d;
+    d["T"] = s.T, d["Hl"] = s.Hl, d["Wl"] = s.Wl, d["A"] = s.A, d["S"] = s.S;
+    d["video_count"] = s.video_count, d["audio_count"] = s.audio_count, d["text_count"] = s.text_count;
+    return d;
+  }
+
+  std::string plan(const py::dict& clip, float sigma) {
+    auto c = make_clip(clip, 0);
+    const char* json = nullptr;
+    std::string out;
+    call([&] {
+      ls_status st = ls_engine_plan(e_, &c->clip, sigma, &json);
+      if (st == LS_OK && json) out = json;  // copied before the lock is released
+      return st;
+    });
+    return out;
+  }
+
+  // One denoiser call; the outputs are written into video_out / audio_out.
+  void denoise(const py::dict& clip, py::handle video, py::handle audio, float sigma, py::handle text,
+               py::handle refined_text, py::handle video_out, py::handle audio_out, uintptr_t stream) {
+    auto c = make_clip(clip, stream);
+    ls_denoise_params d;
+    ls_denoise_params_init(&d);
+    d.clip = &c->clip;
+    d.sigma = sigma;
+    d.stream = reinterpret_cast<void*>(stream);
+    std::vector<std::unique_ptr<Held>> held;
+    auto in = [&](py::handle obj, const char* what) -> const ls_tensor* {
+      if (obj.is_none()) return nullptr;
+      held.push_back(as_tensor(obj, false, stream, what));
+      return &held.back()->t;
+    };
+    auto out = [&](py::handle obj, const char* what) -> const ls_tensor* {
+      if (obj.is_none()) invalid(std::string(what) + " is required");
+      held.push_back(as_tensor(obj, true, stream, what));
+      return &held.back()->t;
+    };
+    d.video_tensor = in(video, "video");
+    d.audio_tensor = in(audio, "audio");
+    d.text_tensor = in(text, "text");
+    d.refined_text_tensor = in(refined_text, "refined_text");
+    d.video_out_tensor = out(video_out, "video_out");
+    d.audio_out_tensor = out(audio_out, "audio_out");
+    call([&] { return ls_engine_denoise(e_, &d); });
+  }
+
+  std::string report() {
+    const char* json = nullptr;
+    std::string out;
+    call([&] {
+      ls_status st = ls_engine_report_json(e_, &json);
+      if (st == LS_OK && json) out = json;
+      return st;
+    });
+    return out;
+  }
+
+  uint64_t output_hash() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ls_engine_output_hash(e_);
+  }
+
+ private:
+  // Runs f (an ls_ call on e_) without the GIL, one call at a time; raises on failure
+  // with the engine's message.
+  template <typename F>
+  void call(F&& f) {
+    ls_status st = LS_OK;
+    std::string message;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!e_) {
+        st = LS_INVALID_ARGUMENT;
+        message = "the engine is closed";
+      } else {
+        st = f();
+        if (st != LS_OK) message = ls_engine_last_error(e_);
+      }
+    }
+    if (st != LS_OK) raise(st, message);
+  }
+
+  ls_engine* e_ = nullptr;
+  std::mutex mu_;
+};
+
+// ls_fingerprint of two contiguous float32 host arrays (numpy): the CLI's "output hash".
+uint64_t fingerprint(py::handle video, py::handle audio) {
+  auto v = as_tensor(video, false, 0, "video");
+  auto a = as_tensor(audio, false, 0, "audio");
+  auto count = [](const ls_tensor& t, const char* what) {
+    size_t n = 1;
+    int64_t want = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != want) invalid(std::string(what) + ": fingerprint needs a contiguous array");
+      want *= t.shape[i];
+      n *= static_cast<size_t>(t.shape[i]);
+    }
+    if (t.dtype != LS_DTYPE_F32 || t.device_type != LS_DEVICE_CPU)
+      invalid(std::string(what) + ": fingerprint needs float32 host memory");
+    return n;
+  };
+  return ls_fingerprint(static_cast<const float*>(v->t.data), count(v->t, "video"),
+                        static_cast<const float*>(a->t.data), count(a->t, "audio"));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "LayerStream's C API (layerstream.h) for Python; use the `layerstream` package";
+  g_error = PyErr_NewExceptionWithDoc("layerstream.Error",
+                                      "An engine call failed; .status names the ls_status, str(e) is the engine's message.",
+                                      PyExc_RuntimeError, nullptr);
+  PyObject_SetAttrString(g_error, "status", py::str("error").ptr());
+  m.attr("Error") = py::handle(g_error);
+  const std::pair<ls_status, const char*> classes[] = {
+      {LS_INVALID_ARGUMENT, "InvalidArgument"}, {LS_INVALID_FILE, "InvalidFile"}, {LS_IO, "IoError"},
+      {LS_UNSUPPORTED, "Unsupported"},          {LS_OUT_OF_BUDGET, "OutOfBudget"}, {LS_OUT_OF_MEMORY, "OutOfMemory"},
+      {LS_DEVICE, "DeviceError"},               {LS_NOT_FOUND, "NotFound"},       {LS_NONFINITE, "NonFinite"}};
+  for (const auto& [st, name] : classes) {
+    PyObject* cls = PyErr_NewException((std::string("layerstream.") + name).c_str(), g_error, nullptr);
+    PyObject_SetAttrString(cls, "status", py::str(ls_status_string(st)).ptr());
+    g_status_class[static_cast<int>(st)] = cls;
+    m.attr(name) = py::handle(cls);
+  }
+  m.def("version", [] { return std::string(ls_version()); }, "ls_version(): the build's version line");
+  m.attr("API_VERSION") = LS_API_VERSION;
+  m.def("status_string", [](int s) { return std::string(ls_status_string(static_cast<ls_status>(s))); });
+  m.def("fingerprint", &fingerprint, py::arg("video"), py::arg("audio"),
+        "ls_fingerprint (FNV-1a 64 of the video bytes, then the audio bytes) of contiguous float32 arrays");
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<const py::dict&>(), py::arg("params"))
+      .def("close", &Engine::close)
+      .def("info", &Engine::info)
+      .def("clip_shape", &Engine::clip_shape, py::arg("clip"))
+      .def("plan", &Engine::plan, py::arg("clip"), py::arg("sigma"))
+      .def("denoise", &Engine::denoise, py::arg("clip"), py::arg("video"), py::arg("audio"), py::arg("sigma"),
+           py::arg("text"), py::arg("refined_text"), py::arg("video_out"), py::arg("audio_out"), py::arg("stream"))
+      .def("report", &Engine::report)
+      .def("output_hash", &Engine::output_hash);
+}
