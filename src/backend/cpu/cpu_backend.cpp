@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/linear_quant.h"
 
 namespace ls {
 namespace cpu {
@@ -119,6 +120,10 @@ Status CpuBackend::attention(const TensorView& q, const TensorView& k, const Ten
   return cpu_op_attention(q, k, v, out, p);
 }
 Expected<int64_t> CpuBackend::count_nonfinite(const TensorView& t) { return cpu_op_count_nonfinite(t); }
+Status CpuBackend::linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
+                          const LinearOptions& opts) {
+  return cpu_op_linear(x, w, bias, out, opts);
+}
 
 }  // namespace cpu
 

@@ -56,6 +56,10 @@ class CpuBackend final : public Backend {
   Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const AttentionParams& p) override;
   Expected<int64_t> count_nonfinite(const TensorView& t) override;
+  // bf16 weights: gemm; int8_convrot and fp8_e4m3: src/backend/cpu/linear_quant.cpp (no
+  // workspace: the quantised row tiles are fixed-size stack buffers, workspace_bytes() stays 0).
+  Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
+                const LinearOptions& opts) override;
 
   // Numerics{} resolved (the constructor cannot fail: the defaults are valid).
   static Numerics resolve_default();
