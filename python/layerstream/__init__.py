@@ -288,11 +288,18 @@ class Engine:
         [L, hidden]. Returns (video_out, audio_out)."""
         clip = _clip(clip)
         if video_out is None or audio_out is None:
+            # New numpy float32 arrays of the inputs' shapes (a leading 1 kept), or of the
+            # clip's when an input has no .shape.
             import numpy as np
+            shape = None
+            if not (hasattr(video, "shape") and hasattr(audio, "shape")):
+                shape, info = self.clip_shape(clip), self._e.info()
             if video_out is None:
-                video_out = np.empty(tuple(video.shape), dtype=np.float32)
+                video_out = np.empty(tuple(video.shape) if shape is None else
+                                     (info["latents_dim"], shape["T"], shape["Hl"], shape["Wl"]), dtype=np.float32)
             if audio_out is None:
-                audio_out = np.empty(tuple(audio.shape), dtype=np.float32)
+                audio_out = np.empty(tuple(audio.shape) if shape is None else
+                                     (info["audio_latents_dim"], 2, shape["A"]), dtype=np.float32)
         arrays = [video, audio, text, refined_text, video_out, audio_out, clip.video_mask, clip.audio_mask]
         for k in clip.keyframes + clip.references:
             arrays += [k.video, k.audio, k.noise_video, k.noise_audio]

@@ -604,25 +604,6 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
     return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: give text (raw states) or refined_text");
   const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
   const std::vector<int64_t> vshape{cfg.latents_dim, g.T, g.Hl, g.Wl}, ashape{cfg.audio_latents_dim, 2, g.A};
-  // The outputs are checked before any work.
-  ls_tensor vout{}, aout{};
-  if (p.video_out_tensor) {
-    auto t = tensor_desc(p.video_out_tensor, "video_out_tensor");
-    if (!t.ok()) return fail(e, t.error());
-    vout = *t;
-    if (Status st = check_output(vout, dev, vshape, "video_out_tensor"); !st.ok()) return fail(e, st.error());
-  } else if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) {
-    return fail(e, st.error());
-  }
-  if (p.audio_out_tensor) {
-    auto t = tensor_desc(p.audio_out_tensor, "audio_out_tensor");
-    if (!t.ok()) return fail(e, t.error());
-    aout = *t;
-    if (Status st = check_output(aout, dev, ashape, "audio_out_tensor"); !st.ok()) return fail(e, st.error());
-  } else if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) {
-    return fail(e, st.error());
-  }
-
   // Inputs in tensor form: contiguous fp32 host copies.
   std::vector<float> video_in, audio_in, text_in, refined_in;
   const float* video = p.video;
@@ -660,6 +641,26 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
     if (!t.ok()) return fail(e, t.error());
     text_in = std::move(*t);
     text = text_in.data();
+  }
+
+  // The outputs, checked after the inputs (a bad input is named as such) and before any
+  // engine work.
+  ls_tensor vout{}, aout{};
+  if (p.video_out_tensor) {
+    auto t = tensor_desc(p.video_out_tensor, "video_out_tensor");
+    if (!t.ok()) return fail(e, t.error());
+    vout = *t;
+    if (Status st = check_output(vout, dev, vshape, "video_out_tensor"); !st.ok()) return fail(e, st.error());
+  } else if (Status st = check_out(p.video_out, p.video_out_count, nv, "video_out"); !st.ok()) {
+    return fail(e, st.error());
+  }
+  if (p.audio_out_tensor) {
+    auto t = tensor_desc(p.audio_out_tensor, "audio_out_tensor");
+    if (!t.ok()) return fail(e, t.error());
+    aout = *t;
+    if (Status st = check_output(aout, dev, ashape, "audio_out_tensor"); !st.ok()) return fail(e, st.error());
+  } else if (Status st = check_out(p.audio_out, p.audio_out_count, na, "audio_out"); !st.ok()) {
+    return fail(e, st.error());
   }
 
   auto rp = s.plan(*cond, {p.sigma}, e->memory);

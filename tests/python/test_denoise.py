@@ -1,8 +1,10 @@
 """numpy inputs through Engine.denoise give the bytes of `layerstream forward --inputs`
 and of examples/denoise.c (the C API); bf16, strided and batched inputs; outputs into
 caller arrays; the memory knobs change no bit; keyframes and masks match the CLI."""
+import os
 import re
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -25,6 +27,11 @@ def test_numpy_matches_cli_and_c_example(engine, clip, inputs, reference, tmp_pa
     r = subprocess.run([example(), str(tmp_path / "in.safetensors")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert int(re.search(r"output hash ([0-9a-f]{16})", r.stdout).group(1), 16) == cli_hash
+    # examples/denoise.py (this package) prints the same hash
+    ex = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "denoise.py")
+    r = subprocess.run([sys.executable, ex], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "output hash %016x" % cli_hash
     # and the report says so
     rep = engine.report()
     assert rep["call"] == "denoise" and int(rep["output_hash"], 16) == cli_hash

@@ -76,7 +76,7 @@ def test_bad_shapes(engine, clip, inputs):
 
 def test_bad_clip(engine, inputs):
     video, audio, text = inputs
-    raises(layerstream.InvalidArgument, "invalid_argument", "multiple of 32", engine.denoise,
+    raises(layerstream.InvalidArgument, "invalid_argument", "multiples of 32", engine.denoise,
            layerstream.Clip(22, 65, 64, 8), video, audio, SIGMA, text=text)
     raises(layerstream.InvalidArgument, "invalid_argument", "text_tags has 3 entries", engine.denoise,
            layerstream.Clip(22, 64, 64, 8, text_tags=[1, 1, 0]), video, audio, SIGMA, text=text)
@@ -99,7 +99,7 @@ def test_required_and_dtypes(engine, clip, inputs):
 
 
 def test_numerics_refused():
-    raises(layerstream.Unsupported, "unsupported", "cudnn", layerstream.Engine, preset="tiny",
+    raises(layerstream.Unsupported, "unsupported", "no cuDNN attention", layerstream.Engine, preset="tiny",
            numerics={"attention": "cudnn"})
     raises(layerstream.InvalidArgument, "invalid_argument", "kv_tile", layerstream.Engine, preset="tiny",
            numerics={"kv_tile": -1})
