@@ -23,11 +23,12 @@
 
 #include <cstdint>
 
+#include <cmath>
+#include <cstring>
+
 #if defined(__CUDACC__)
 #define LQ_HD __host__ __device__ __forceinline__
 #else
-#include <cmath>
-#include <cstring>
 #define LQ_HD inline
 #endif
 

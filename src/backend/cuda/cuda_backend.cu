@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ext.h"
+#include "backend/cuda/linear_quant_bench.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/alloc_fault.h"
 
@@ -248,10 +249,13 @@ class CudaBackend final : public Backend {
   // q chunk needs a larger one (set_numerics refuses it once a smaller workspace is set).
   // Ops run one at a time on the compute queue, so they share one view.
   size_t workspace_bytes() const override { return workspace_bytes_for(ctx_.numerics); }
+  // The GEMM's part is followed by the quantised linears' region (linear_quant.cu: their
+  // cuBLASLt workspace and row-chunk scratch), so a linear can call the GEMM.
   size_t workspace_bytes_for(const Numerics& n) const {
+    const size_t linears = gemm_workspace_bytes() + linear_quant_workspace_bytes();
     return attention_cudnn_built()
-               ? std::max(gemm_workspace_bytes(), attention_cudnn_workspace_bytes(64, 128, n.cudnn_q_chunk))
-               : gemm_workspace_bytes();
+               ? std::max(linears, attention_cudnn_workspace_bytes(64, 128, n.cudnn_q_chunk))
+               : linears;
   }
 
   // ---- numerics ------------------------------------------------------------------

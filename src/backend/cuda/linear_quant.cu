@@ -1,17 +1,479 @@
-// Backend::linear on CUDA (backend.h). Plain weights go to the bf16 GEMM; the quantised
-// formats (int8 ConvRot, fp8 e4m3) are not implemented on CUDA yet (issue 14).
+// Backend::linear on CUDA (backend.h; docs/numerics.md "Quantised linears"). Plain weights go
+// to the bf16 GEMM (gemm.cu). The quantised formats, per chunk of rows:
+//
+//   int8_convrot (LS-int8), the CPU reference's bits (src/backend/cpu/linear_quant.cpp):
+//     1. quant_int8_rows: one CTA per row. The row (or with swiglu_input lq_swiglu(g, u), the
+//        shared fma-polynomial exp) goes to shared memory as fp32; the FHT runs in place, one
+//        radix-4 quartet per thread per stage, strides 1, 4, 16 (, 64) ascending, with the
+//        left-to-right sign sums of core/hadamard.h (every add/mul an _rn intrinsic); absmax
+//        (max is exact in any order), sx = lq_int8_scale, q = lq_int8_quant (linear_quant_math.h,
+//        the same code the CPU runs). Writes q int8 [rows, K] and sx f32 [rows].
+//     2. the int32 GEMM acc = q * w^T on the int8 tensor cores: cuBLASLt IMMA
+//        (CUBLAS_COMPUTE_32I, int8 A/B, int32 C/D, TN), one algorithm pinned per (K, alignment)
+//        from the heuristic at a fixed 8192 x 8192 reference shape, split-K 1. Integer sums
+//        are exact, so any algorithm gives the same acc; pinning keeps the speed predictable.
+//     3. epilogue_int8: y = bf16(lq_int8_epilogue(acc, sx[r], sw[n]) (+ bias)).
+//   fp8_e4m3 on SM >= 8.9 (tensor cores):
+//     1. quant_fp8_rows: s_a (static, or per row lq_fp8_dynamic_scale(max |x|)), q = lq_fp8_quant.
+//     2. cuBLASLt FP8 GEMM (E4M3 A/B, fp32 C/D, CUBLAS_COMPUTE_32F, fast accumulation off,
+//        alpha 1) with a pinned algorithm, split-K 1 and no reduction scheme: every output is
+//        one CTA's fixed walk over K, so a row's sum does not depend on M or on which rows
+//        are computed with it (tested: tests/cuda/test_linear_quant_cuda.cpp). The tensor
+//        cores' internal order is not the CPU's dot16, so the bits differ from the CPU's
+//        (the distance is measured in the same test).
+//     3. epilogue_fp8: y = bf16(fl32(acc * fl32(s_a * s_w)) (+ bias)).
+//   fp8_e4m3 below SM 8.9: the weight is dequantised column chunk by column chunk into the
+//     workspace, w_bf16 = bf16(fl32(e4m3(w)) * s_w), and the pinned bf16 GEMM runs on x (other
+//     bits: cuda_linear_fp8_path says which path runs).
+//
+// Scratch: the linear region of the backend workspace (after the GEMM's), a constant
+// (linear_quant_workspace_bytes): a small cuBLASLt workspace, then per chunk of Mc rows the
+// quantised rows (Mc * K bytes), their scales (Mc floats) and the 32-bit accumulators
+// (Mc * N * 4 bytes). Mc = the region over (K + 16 + 4 N), rounded down to a multiple of 128:
+// a function of (K, N) only; rows are independent, so the chunking changes no bit.
+// No op synchronises the device; every CUDA call is checked.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
+#include "backend/cpu/linear_quant.h"
+#include "backend/cpu/linear_quant_math.h"
+#include "backend/cuda/cuda_ext.h"
+#include "backend/cuda/linear_quant_bench.cuh"
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
 
+namespace {
+
+constexpr size_t kLtBytes = 4ull << 20;       // cuBLASLt workspace of the quantised GEMMs
+constexpr size_t kChunkBytes = 96ull << 20;   // quantised rows, scales, accumulators / dequantised weight
+constexpr int64_t kRefDim = 8192;             // the heuristic's fixed reference shape
+constexpr int kThreads = 256;
+
+size_t align_up(size_t v) { return (v + 255) & ~size_t{255}; }
+
+// ---- kernels ------------------------------------------------------------------------------
+__device__ __forceinline__ float block_max(float m, float* red) {
+  for (int o = 16; o > 0; o /= 2) m = lq::max_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < kThreads / 32 ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o /= 2) m = lq::max_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[0] = m;
+  }
+  __syncthreads();
+  return red[0];
+}
+
+// x: bf16 rows (ldx elements apart; [K] or [2K] with SWIGLU); q: int8 [rows, K]; sx: f32 [rows].
+// Dynamic shared memory: K floats.
+template <bool SWIGLU>
+__global__ void __launch_bounds__(kThreads) quant_int8_rows(const uint16_t* __restrict__ x, int64_t ldx, int64_t K,
+                                                            int G, int8_t* __restrict__ q, float* __restrict__ sx) {
+  extern __shared__ float v[];
+  __shared__ float red[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const uint16_t* xr = x + r * ldx;
+  for (int64_t k = threadIdx.x; k < K; k += kThreads)
+    v[k] = SWIGLU ? lq::lq_swiglu(lq::bf16_widen(xr[k]), lq::bf16_widen(xr[K + k])) : lq::bf16_widen(xr[k]);
+  __syncthreads();
+  const int64_t quartets = K / 4, per_group = G / 4;
+  for (int s = 1; s < G; s *= 4) {
+    for (int64_t j = threadIdx.x; j < quartets; j += kThreads) {
+      const int64_t g = j / per_group, jj = j % per_group;
+      const int64_t b = g * G + (jj / s) * 4 * s + (jj % s);
+      const float x0 = v[b], x1 = v[b + s], x2 = v[b + 2 * s], x3 = v[b + 3 * s];
+      // the four outputs of the quartet (core/hadamard.h: digit d uses h4 row d)
+      const float t0 = lq::sub(lq::add(lq::add(x0, x1), x2), x3);
+      const float t1 = lq::add(lq::sub(lq::add(x0, x1), x2), x3);
+      const float t2 = lq::add(lq::add(lq::sub(x0, x1), x2), x3);
+      const float t3 = lq::add(lq::add(lq::add(-x0, x1), x2), x3);
+      v[b] = lq::mul(0.5f, t0);
+      v[b + s] = lq::mul(0.5f, t1);
+      v[b + 2 * s] = lq::mul(0.5f, t2);
+      v[b + 3 * s] = lq::mul(0.5f, t3);
+    }
+    __syncthreads();
+  }
+  float m = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += kThreads) m = lq::max_nan_ignoring(m, lq::abs(v[k]));
+  m = block_max(m, red);
+  const float scale = lq::lq_int8_scale(m);
+  const float d = lq::round_bf16(scale);
+  int8_t* qr = q + r * K;
+  for (int64_t k = threadIdx.x; k < K; k += kThreads) qr[k] = lq::lq_int8_quant(v[k], d);
+  if (threadIdx.x == 0) sx[r] = scale;
+}
+
+// x: bf16 rows; q: e4m3 [rows, K]; sa: f32 [rows] (the activation scale used per row).
+__global__ void __launch_bounds__(kThreads) quant_fp8_rows(const uint16_t* __restrict__ x, int64_t ldx, int64_t K,
+                                                           float input_scale, bool dynamic, uint8_t* __restrict__ q,
+                                                           float* __restrict__ sa) {
+  __shared__ float red[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const uint16_t* xr = x + r * ldx;
+  float s = input_scale;
+  if (dynamic) {
+    float m = 0.0f;
+    for (int64_t k = threadIdx.x; k < K; k += kThreads) m = lq::max_nan_ignoring(m, lq::abs(lq::bf16_widen(xr[k])));
+    s = lq::lq_fp8_dynamic_scale(block_max(m, red));
+  }
+  uint8_t* qr = q + r * K;
+  for (int64_t k = threadIdx.x; k < K; k += kThreads) qr[k] = lq::lq_fp8_quant(lq::bf16_widen(xr[k]), s);
+  if (threadIdx.x == 0) sa[r] = s;
+}
+
+__device__ __forceinline__ float bias_at(const void* bias, bool bias_f32, int64_t n) {
+  return bias_f32 ? static_cast<const float*>(bias)[n] : lq::bf16_widen(static_cast<const uint16_t*>(bias)[n]);
+}
+
+// out[r, n] = bf16(epilogue(acc[r, n]) (+ bias[n])); acc: [rows, N] contiguous (int32 | f32).
+// FP8: s_w = sw[0], y = fl32(acc * fl32(s_a[r] * s_w)). INT8: y = fl32(fl32(acc * sx[r]) * sw[n]).
+template <bool FP8>
+__global__ void __launch_bounds__(kThreads) epilogue_rows(const void* __restrict__ acc, const float* __restrict__ rs,
+                                                          const float* __restrict__ sw, bool sw_scalar,
+                                                          const void* bias, bool bias_f32, uint16_t* __restrict__ out,
+                                                          int64_t ldo, int64_t N) {
+  const int64_t r = blockIdx.y;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (n >= N) return;
+  float y;
+  if constexpr (FP8) {
+    const float s = lq::mul(rs[r], sw[0]);
+    y = lq::mul(static_cast<const float*>(acc)[r * N + n], s);
+  } else {
+    y = lq::lq_int8_epilogue(static_cast<const int32_t*>(acc)[r * N + n], rs[r], sw_scalar ? sw[0] : sw[n]);
+  }
+  if (bias) y = lq::add(y, bias_at(bias, bias_f32, n));
+  out[r * ldo + n] = lq::bf16_bits(y);
+}
+
+// w_bf16[n, k] = bf16(fl32(e4m3(w[n, k])) * s_w), s_w = sw[0] (read on the device).
+__global__ void dequant_fp8(const uint8_t* __restrict__ w, int64_t ldw, int64_t K, const float* __restrict__ sw,
+                            uint16_t* __restrict__ out, int64_t rows) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * K) return;
+  const int64_t n = i / K, k = i % K;
+  out[i] = lq::bf16_bits(lq::mul(lq::lq_e4m3_to_f32(w[n * ldw + k]), sw[0]));
+}
+
+// ---- cuBLASLt: the pinned quantised GEMMs ---------------------------------------------------
+struct QKey {
+  int device;
+  bool fp8;
+  int64_t K;
+  int align;
+  auto tie() const { return std::tie(device, fp8, K, align); }
+  bool operator<(const QKey& o) const { return tie() < o.tie(); }
+};
+struct QPlan {
+  bool ok = false;
+  cublasLtMatmulAlgo_t algo{};
+  std::string desc, error;
+};
+std::mutex g_plans_mu;
+std::map<QKey, QPlan>& plans() {
+  static std::map<QKey, QPlan> m;
+  return m;
+}
+
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Descs() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// Column-major view of acc[M, N] = q[M, K] * w[N, K]^T: D (N x M, ld N) = op(A) B with
+// A = w stored K x N (ld ldw, transposed) and B = q stored K x M (ld K).
+cublasStatus_t make_descs(Descs& d, bool fp8, int64_t M, int64_t N, int64_t K, int64_t ldw) {
+  const cublasComputeType_t compute = fp8 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I;
+  const cudaDataType_t scale_t = fp8 ? CUDA_R_32F : CUDA_R_32I;
+  const cudaDataType_t ab = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_8I, cd = fp8 ? CUDA_R_32F : CUDA_R_32I;
+  cublasStatus_t s = cublasLtMatmulDescCreate(&d.op, compute, scale_t);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+  cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  if (fp8) {
+    const int8_t fast = 0;  // partial sums promoted to fp32 (no fast accumulation)
+    cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+  }
+  s = cublasLtMatrixLayoutCreate(&d.a, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(N), ldw);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  s = cublasLtMatrixLayoutCreate(&d.b, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  return cublasLtMatrixLayoutCreate(&d.c, cd, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N);
+}
+
+template <typename T>
+T algo_attr(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t what) {
+  T v{};
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, what, &v, sizeof(v), &written);
+  return v;
+}
+
+QPlan choose(CudaContext& ctx, const QKey& key) {
+  QPlan p;
+  Descs d;
+  cublasStatus_t s = make_descs(d, key.fp8, kRefDim, kRefDim, key.K, key.K);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    p.error = std::string("cublasLt descriptors: ") + cublasLtGetStatusString(s);
+    return p;
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  LS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kLtBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  const uint32_t al = static_cast<uint32_t>(key.align);
+  for (auto a : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(pref, a, &al, sizeof(al));
+  constexpr int kRequested = 32;
+  cublasLtMatmulHeuristicResult_t res[kRequested] = {};
+  int found = 0;
+  s = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, pref, kRequested, res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    p.error = std::string("no cuBLASLt ") + (key.fp8 ? "fp8" : "int8") + " algorithm for K = " + std::to_string(key.K) +
+              " (" + cublasLtGetStatusString(s) + ")";
+    return p;
+  }
+  for (int i = 0; i < found; ++i) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > kLtBytes) continue;
+    if (algo_attr<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) continue;
+    if (algo_attr<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) != CUBLASLT_REDUCTION_SCHEME_NONE)
+      continue;
+    p.ok = true;
+    p.algo = res[i].algo;
+    p.desc = std::string(key.fp8 ? "fp8" : "int8") + " algo " +
+             std::to_string(algo_attr<int32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+             std::to_string(algo_attr<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
+             std::to_string(algo_attr<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " candidate " +
+             std::to_string(i);
+    if (ctx.diagnostics.gemm_verbose) std::fprintf(stderr, "linear pin: K %lld %s\n", static_cast<long long>(key.K), p.desc.c_str());
+    return p;
+  }
+  p.error = std::string("no ") + (key.fp8 ? "fp8" : "int8") + " cuBLASLt candidate with split-K 1 and no reduction scheme";
+  return p;
+}
+
+int align_of(const void* p, int64_t ld_bytes) {
+  const uint64_t v = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld_bytes) | 16u;
+  return static_cast<int>(v & (~v + 1));
+}
+
+const QPlan& plan_for(CudaContext& ctx, bool fp8, int64_t K, const void* w, int64_t ldw) {
+  const QKey key{ctx.device, fp8, K, align_of(w, ldw)};
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  auto it = plans().find(key);
+  if (it == plans().end()) it = plans().emplace(key, choose(ctx, key)).first;
+  return it->second;
+}
+
+// acc[M, N] (int32 or f32, contiguous) = q[M, K] * w[N, K]^T with the pinned algorithm.
+Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const TensorView& w, void* acc, void* lt_ws) {
+  const int64_t N = w.shape[0], K = w.shape[1];
+  const QPlan& p = plan_for(ctx, fp8, K, w.data, w.stride[0]);
+  if (!p.ok) return unsupported("linear", p.error);
+  Descs d;
+  cublasStatus_t s = make_descs(d, fp8, M, N, K, w.stride[0]);
+  if (s != CUBLAS_STATUS_SUCCESS) return cublas_error(s, "cuda linear: cublasLt descriptors");
+  const int32_t one_i = 1, zero_i = 0;
+  const float one_f = 1.0f, zero_f = 0.0f;
+  const void* alpha = fp8 ? static_cast<const void*>(&one_f) : &one_i;
+  const void* beta = fp8 ? static_cast<const void*>(&zero_f) : &zero_i;
+  s = cublasLtMatmul(ctx.lt, d.op, alpha, w.data, d.a, q, d.b, beta, acc, d.c, acc, d.c, &p.algo, lt_ws, kLtBytes,
+                     ctx.stream);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    return cublas_error(s, std::string("cuda linear: ") + (fp8 ? "fp8" : "int8") + " GEMM (" + p.desc + ") M " +
+                               std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K));
+  return Status();
+}
+
+int compute_capability(int device) {
+  static std::mutex mu;
+  static std::map<int, int> cc;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cc.find(device);
+  if (it != cc.end()) return it->second;
+  int major = 0, minor = 0;
+  LS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return cc[device] = major * 10 + minor;
+}
+bool fp8_tensor_cores(int device) { return compute_capability(device) >= 89; }
+
+struct Region {
+  void* lt = nullptr;
+  char* chunk = nullptr;
+};
+Status linear_region(const CudaContext& ctx, Region* r) {
+  const size_t need = gemm_workspace_bytes() + linear_quant_workspace_bytes();
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < need)
+    return make_error(ErrorCode::invalid_argument,
+                      "cuda linear: no workspace for the quantised linears; call Backend::set_workspace with "
+                      "workspace_bytes() (at least " + std::to_string(need) + " bytes) from the device arena first");
+  char* base = static_cast<char*>(ctx.workspace) + gemm_workspace_bytes();
+  r->lt = base;
+  r->chunk = base + kLtBytes;
+  return Status();
+}
+
+// Rows per chunk for (K, N): what fits the chunk region, a multiple of 128 when >= 128.
+int64_t chunk_rows(int64_t K, int64_t N) {
+  const int64_t per_row = K + 16 + 4 * N;
+  int64_t rows = static_cast<int64_t>((kChunkBytes - 3 * 256) / static_cast<size_t>(per_row));
+  if (rows >= 128) rows = rows / 128 * 128;
+  return std::max<int64_t>(rows, 1);
+}
+
+Status launch_int8_quant(CudaContext& ctx, const TensorView& x, int64_t rows, int64_t K, int64_t G, bool swiglu,
+                         int8_t* q, float* sx) {
+  const size_t smem = static_cast<size_t>(K) * sizeof(float);
+  if (smem > ctx.max_smem_optin)
+    return unsupported("linear", "int8_convrot with K = " + std::to_string(K) + " needs " + std::to_string(smem) +
+                                     " bytes of shared memory per row; the device has " +
+                                     std::to_string(ctx.max_smem_optin));
+  auto kernel = swiglu ? quant_int8_rows<true> : quant_int8_rows<false>;
+  if (smem > 48 * 1024)
+    LS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<static_cast<unsigned>(rows), kThreads, smem, ctx.stream>>>(x.ptr<const uint16_t>(), x.stride[0], K,
+                                                                     static_cast<int>(G), q, sx);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+Status launch_epilogue(CudaContext& ctx, bool fp8, const void* acc, const float* rs, const TensorView& w_scale,
+                       const TensorView* bias, const TensorView& out_rows, int64_t rows, int64_t N) {
+  dim3 grid(static_cast<unsigned>(div_up(N, kThreads)), static_cast<unsigned>(rows));
+  const void* b = bias ? bias->data : nullptr;
+  const bool bf32 = bias && bias->dtype == DType::f32;
+  const bool scalar = w_scale.numel() == 1;
+  if (fp8)
+    epilogue_rows<true><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, w_scale.ptr<const float>(), scalar, b, bf32,
+                                                          out_rows.ptr<uint16_t>(), out_rows.stride[0], N);
+  else
+    epilogue_rows<false><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, w_scale.ptr<const float>(), scalar, b, bf32,
+                                                           out_rows.ptr<uint16_t>(), out_rows.stride[0], N);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+// The dequantise-to-bf16 path (fp8 below SM 8.9): column chunks of the weight, bf16 GEMM.
+Status fp8_dequant_linear(CudaContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView* bias,
+                          const TensorView& out, char* chunk) {
+  const int64_t N = w.w.shape[0], K = w.w.shape[1];
+  int64_t cols = static_cast<int64_t>(kChunkBytes / (static_cast<size_t>(K) * 2)) / 8 * 8;  // 16-byte column starts
+  cols = std::max<int64_t>(1, std::min(cols, N));
+  auto* wb = reinterpret_cast<uint16_t*>(chunk);
+  for (int64_t n0 = 0; n0 < N; n0 += cols) {
+    const int64_t n1 = std::min(N, n0 + cols);
+    const int64_t cnt = (n1 - n0) * K;
+    dequant_fp8<<<static_cast<unsigned>(div_up(cnt, kThreads)), kThreads, 0, ctx.stream>>>(
+        w.w.ptr<const uint8_t>() + n0 * w.w.stride[0], w.w.stride[0], K, w.scale.ptr<const float>(), wb, n1 - n0);
+    LS_CUDA_CHECK_LAUNCH();
+    TensorView wv(wb, DType::bf16, {n1 - n0, K}, out.device);
+    TensorView bv;
+    if (bias) bv = bias->slice_rows(n0, n1);
+    LS_TRY(cuda_op_gemm(ctx, x, wv, bias ? &bv : nullptr, out.cols(n0, n1)));
+  }
+  return Status();
+}
+
+}  // namespace
+
+size_t linear_quant_workspace_bytes() { return kLtBytes + kChunkBytes; }
+
+std::string cuda_linear_fp8_path(const CudaContext& ctx) {
+  const int cc = compute_capability(ctx.device);
+  return fp8_tensor_cores(ctx.device)
+             ? "fp8 tensor cores (cuBLASLt E4M3, fp32 accumulation, pinned, SM " + std::to_string(cc) + ")"
+             : "fp8 dequantised to bf16 + bf16 GEMM (SM " + std::to_string(cc) + " < 8.9)";
+}
+
 Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView* bias,
                       const TensorView& out, const LinearOptions& opts) {
-  if (w.format == WeightFormat::bf16 && !opts.swiglu_input) return cuda_op_gemm(ctx, x, w.w, bias, out);
-  return make_error(ErrorCode::unsupported, std::string("linear: the CUDA backend cannot run ") +
-                                                weight_format_name(w.format) + " weights yet" +
-                                                (opts.swiglu_input ? " (fused swiglu input)" : ""));
+  if (w.format == WeightFormat::bf16) {
+    if (opts.swiglu_input)
+      return make_error(ErrorCode::unsupported,
+                        "cuda linear: a fused swiglu input is implemented for int8_convrot only; for bf16 weights run "
+                        "swiglu first");
+    return cuda_op_gemm(ctx, x, w.w, bias, out);
+  }
+  const Device dev{DeviceKind::cuda, ctx.device};
+  for (const TensorView* v : {&x, &w.w, &w.scale, bias, &out})
+    if (v && !v->empty() && v->device != dev)
+      return unsupported("linear", "a view lives on " + v->device.str() + ", not on cuda:" + std::to_string(ctx.device));
+  int64_t K = 0;
+  LS_TRY(check_linear_quant_args("cuda", x, w, bias, out, opts, &K));
+  const int64_t M = x.shape[0], N = w.w.shape[0];
+  if (M == 0 || N == 0) return Status();
+  Region reg;
+  LS_TRY(linear_region(ctx, &reg));
+  const bool fp8 = w.format == WeightFormat::fp8_e4m3;
+  if (fp8 && !fp8_tensor_cores(ctx.device)) return fp8_dequant_linear(ctx, x, w, bias, out, reg.chunk);
+  if (fp8 && K % 16 != 0)
+    return unsupported("linear", "fp8_e4m3 on the tensor cores needs K to be a multiple of 16 (K = " +
+                                     std::to_string(K) + ")");
+  const int64_t Mc = chunk_rows(K, N);
+  auto* q = reinterpret_cast<uint8_t*>(reg.chunk);
+  auto* rs = reinterpret_cast<float*>(reg.chunk + align_up(static_cast<size_t>(Mc * K)));
+  void* acc = reg.chunk + align_up(static_cast<size_t>(Mc * K)) + align_up(static_cast<size_t>(Mc) * 4);
+  for (int64_t m0 = 0; m0 < M; m0 += Mc) {
+    const int64_t rows = std::min(Mc, M - m0);
+    const TensorView xr = x.slice_rows(m0, m0 + rows);
+    if (fp8) {
+      quant_fp8_rows<<<static_cast<unsigned>(rows), kThreads, 0, ctx.stream>>>(
+          xr.ptr<const uint16_t>(), xr.stride[0], K, w.input_scale, w.dynamic_act, q, rs);
+      LS_CUDA_CHECK_LAUNCH();
+    } else {
+      LS_TRY(launch_int8_quant(ctx, xr, rows, K, w.group, opts.swiglu_input, reinterpret_cast<int8_t*>(q), rs));
+    }
+    LS_TRY(quant_gemm(ctx, fp8, q, rows, w.w, acc, reg.lt));
+    LS_TRY(launch_epilogue(ctx, fp8, acc, rs, w.scale, bias, out.slice_rows(m0, m0 + rows), rows, N));
+  }
+  return Status();
+}
+
+// ---- benchmark entry (linear_quant_bench.cuh) -------------------------------------------------
+Status bench_quant_gemm_only(Backend& b, bool fp8, const TensorView& q, const TensorView& w, const TensorView& acc) {
+  const int dev = device_index(b);
+  if (dev < 0) return make_error(ErrorCode::unsupported, "bench_quant_gemm_only: not a CUDA backend");
+  static std::mutex mu;
+  static std::map<int, cublasLtHandle_t> handles;
+  static std::map<int, void*> lt_ws;
+  CudaContext ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!handles.count(dev)) {
+      LS_CUDA_CHECK(cudaSetDevice(dev));
+      cublasLtHandle_t h = nullptr;
+      LS_CUBLAS_CHECK(cublasLtCreate(&h));
+      handles[dev] = h;
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, kLtBytes);
+      if (e != cudaSuccess) return cuda_error(e, "bench_quant_gemm_only: cuBLASLt workspace");
+      lt_ws[dev] = p;
+    }
+    ctx.lt = handles[dev];
+  }
+  ctx.device = dev;
+  ctx.stream = compute_stream(b);
+  LS_CHECK_MSG(q.shape[1] == w.shape[1] && acc.shape[0] == q.shape[0] && acc.shape[1] == w.shape[0] &&
+                   q.is_contiguous() && acc.is_contiguous(),
+               "bench_quant_gemm_only: shapes");
+  return quant_gemm(ctx, fp8, q.data, q.shape[0], w, acc.data, lt_ws[dev]);
 }
 
 }  // namespace ls::cuda

@@ -33,9 +33,13 @@ Status cuda_op_time_embedding(CudaContext& ctx, const TensorView& t, const Tenso
 Status cuda_op_convert(CudaContext& ctx, const TensorView& src, const TensorView& dst);
 Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionParams& p);
-// linear_quant.cu: Backend::linear for every WeightFormat (bf16 goes to cuda_op_gemm).
+// linear_quant.cu: Backend::linear for every WeightFormat (bf16 goes to cuda_op_gemm). Its
+// scratch is the workspace region after the GEMM's (linear_quant_workspace_bytes,
+// linear_quant_bench.cuh); cuda_linear_fp8_path says which fp8 path this device runs
+// (tensor cores on SM >= 8.9, else dequantise to bf16), for reports.
 Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView* bias,
                       const TensorView& out, const LinearOptions& opts);
+std::string cuda_linear_fp8_path(const CudaContext& ctx);
 // nonfinite.cu: uses ctx.nonfinite_counter; synchronises the compute stream.
 Expected<int64_t> cuda_op_count_nonfinite(CudaContext& ctx, const TensorView& t);
 
