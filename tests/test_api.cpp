@@ -246,3 +246,162 @@ TEST(Api, GenerateMatchesAcrossMemoryModes) {
 }
 
 }  // namespace
+
+// ---- API version 2: ls_tensor inputs and outputs -------------------------------------
+namespace {
+
+uint16_t bf16_bits(float f) {  // round to nearest even (the library's rule)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// A host tensor of `data` with the given shape (row-major strides).
+ls_tensor host(void* data, ls_dtype dt, std::vector<int64_t> shape) {
+  ls_tensor t;
+  ls_tensor_host(&t, data, dt, static_cast<int32_t>(shape.size()), shape.data());
+  return t;
+}
+
+}  // namespace
+
+TEST(Api, TensorInputsGiveThePointerBytes) {
+  auto e = tiny();
+  Inputs in = make_inputs(e.get());
+  const Out ref = denoise(e.get(), in);
+  ls_model_info info;
+  ls_model_info_init(&info);
+  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const int64_t C = info.latents_dim, T = in.shape.T, H = in.shape.Hl, W = in.shape.Wl;
+  // video as bf16 (the inputs are bf16-exact), with a leading 1; audio strided (every
+  // other float of a larger buffer); text as f32 with column-major strides.
+  std::vector<uint16_t> vb(in.video.size());
+  for (size_t i = 0; i < vb.size(); ++i) vb[i] = bf16_bits(in.video[i]);
+  std::vector<float> ab(2 * in.audio.size(), -99.0f);
+  for (size_t i = 0; i < in.audio.size(); ++i) ab[2 * i] = in.audio[i];
+  std::vector<float> tc(in.text.size());
+  const int64_t L = in.clip.text_tokens, D = info.text_dim;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t d = 0; d < D; ++d) tc[static_cast<size_t>(d * L + l)] = in.text[static_cast<size_t>(l * D + d)];
+  ls_tensor v = host(vb.data(), LS_DTYPE_BF16, {1, C, T, H, W});
+  ls_tensor a = host(ab.data(), LS_DTYPE_F32, {info.audio_latents_dim, 2, in.shape.A});
+  for (int i = 0; i < 3; ++i) a.strides[i] *= 2;
+  ls_tensor t = host(tc.data(), LS_DTYPE_F32, {L, D});
+  t.strides[0] = 1, t.strides[1] = L;
+  // outputs: video as bf16, audio f32 strided
+  std::vector<uint16_t> vo(in.video.size(), 0xffff);
+  std::vector<float> ao(2 * in.audio.size(), 5.0f);
+  ls_tensor vot = host(vo.data(), LS_DTYPE_BF16, {C, T, H, W});
+  ls_tensor aot = host(ao.data(), LS_DTYPE_F32, {info.audio_latents_dim, 2, in.shape.A});
+  for (int i = 0; i < 3; ++i) aot.strides[i] *= 2;
+  ls_denoise_params d;
+  ls_denoise_params_init(&d);
+  d.clip = &in.clip, d.sigma = 0.7f;
+  d.video_tensor = &v, d.audio_tensor = &a, d.text_tensor = &t, d.video_out_tensor = &vot, d.audio_out_tensor = &aot;
+  ASSERT_EQ(ls_engine_denoise(e.get(), &d), LS_OK) << ls_engine_last_error(e.get());
+  EXPECT_EQ(ls_engine_output_hash(e.get()), ref.hash);  // the fp32 velocities' fingerprint
+  for (size_t i = 0; i < ref.video.size(); ++i) ASSERT_EQ(vo[i], bf16_bits(ref.video[i])) << i;
+  for (size_t i = 0; i < ref.audio.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&ao[2 * i], &ref.audio[i], 4), 0) << i;
+    ASSERT_EQ(ao[2 * i + 1], 5.0f) << i;  // the gaps untouched
+  }
+}
+
+TEST(Api, TensorRefusals) {
+  auto e = tiny();
+  Inputs in = make_inputs(e.get());
+  Out o;
+  o.video.resize(in.shape.video_count), o.audio.resize(in.shape.audio_count);
+  ls_model_info info;
+  ls_model_info_init(&info);
+  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const int64_t C = info.latents_dim, T = in.shape.T, H = in.shape.Hl, W = in.shape.Wl;
+  ls_tensor v = host(in.video.data(), LS_DTYPE_F32, {C, T, H, W});
+  auto call = [&](auto tweak) {
+    ls_denoise_params d;
+    ls_denoise_params_init(&d);
+    d.clip = &in.clip, d.sigma = 0.7f, d.video_tensor = &v, d.audio = in.audio.data(), d.text = in.text.data();
+    d.video_out = o.video.data(), d.video_out_count = o.video.size();
+    d.audio_out = o.audio.data(), d.audio_out_count = o.audio.size();
+    tweak(d);
+    const ls_status s = ls_engine_denoise(e.get(), &d);
+    return std::make_pair(s, std::string(ls_engine_last_error(e.get())));
+  };
+  auto r = call([](ls_denoise_params&) {});
+  ASSERT_EQ(r.first, LS_OK) << r.second;
+  r = call([&](ls_denoise_params& d) { d.video = in.video.data(); });
+  EXPECT_EQ(r.first, LS_INVALID_ARGUMENT);
+  EXPECT_NE(r.second.find("give video or video_tensor, not both"), std::string::npos) << r.second;
+  ls_tensor bad = host(in.video.data(), LS_DTYPE_F32, {C, T, H, W - 1});
+  r = call([&](ls_denoise_params& d) { d.video_tensor = &bad; });
+  EXPECT_EQ(r.first, LS_INVALID_ARGUMENT);
+  EXPECT_NE(r.second.find("video_tensor has shape [" + std::to_string(C)), std::string::npos) << r.second;
+  ls_tensor cuda = v;
+  cuda.device_type = LS_DEVICE_CUDA;
+  r = call([&](ls_denoise_params& d) { d.video_tensor = &cuda; });
+  EXPECT_EQ(r.first, LS_INVALID_ARGUMENT);
+  EXPECT_NE(r.second.find("is on cuda:0 but the engine runs on cpu"), std::string::npos) << r.second;
+  ls_tensor neg = v;
+  neg.strides[0] = -1;
+  r = call([&](ls_denoise_params& d) { d.video_tensor = &neg; });
+  EXPECT_NE(r.second.find("negative stride"), std::string::npos) << r.second;
+  ls_tensor unset = v;
+  unset.size = 0;
+  r = call([&](ls_denoise_params& d) { d.video_tensor = &unset; });
+  EXPECT_NE(r.second.find("ls_tensor_init"), std::string::npos) << r.second;
+  // an output with overlapping elements
+  ls_tensor overlap = host(o.audio.data(), LS_DTYPE_F32, {info.audio_latents_dim, 2, in.shape.A});
+  overlap.strides[0] = 0;
+  r = call([&](ls_denoise_params& d) { d.audio_out = nullptr, d.audio_out_tensor = &overlap; });
+  EXPECT_NE(r.second.find("zero stride"), std::string::npos) << r.second;
+  // both forms of a mask; a keyframe in tensor form beside one in pointer form
+  std::vector<float> mask(static_cast<size_t>(T * H * W), 1.0f);
+  ls_tensor m = host(mask.data(), LS_DTYPE_F32, {T, H, W});
+  in.clip.video_mask = mask.data(), in.clip.video_mask_tensor = &m;
+  r = call([](ls_denoise_params&) {});
+  EXPECT_NE(r.second.find("give video_mask or video_mask_tensor, not both"), std::string::npos) << r.second;
+  in.clip.video_mask = nullptr, in.clip.video_mask_tensor = nullptr;
+  ls_tensor kv = host(in.video.data(), LS_DTYPE_F32, {C, 1, H, W});
+  ls_keyframe_tensors k;
+  ls_keyframe_tensors_init(&k);
+  k.video = &kv;
+  const ls_keyframe_tensors* kp = &k;
+  ls_keyframe pk{};
+  pk.video = {in.video.data(), 1, H, W};
+  in.clip.keyframe_tensors = &kp, in.clip.keyframe_tensor_count = 1;
+  in.clip.keyframes = &pk, in.clip.keyframe_count = 1;
+  r = call([](ls_denoise_params&) {});
+  EXPECT_NE(r.second.find("give keyframes or keyframe_tensors, not both"), std::string::npos) << r.second;
+}
+
+TEST(Api, KeyframeAndMaskTensorsEqualPointerForms) {
+  auto e = tiny();
+  Inputs in = make_inputs(e.get());
+  ls_model_info info;
+  ls_model_info_init(&info);
+  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const int64_t C = info.latents_dim, T = in.shape.T, H = in.shape.Hl, W = in.shape.Wl;
+  std::vector<float> kvid(static_cast<size_t>(C * H * W)), mask(static_cast<size_t>(T * H * W));
+  fill(kvid, 7);
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<float>(i % 3 != 0);
+  const Out plain = denoise(e.get(), in);
+  ls_keyframe pk{};
+  pk.pixel_frame = 0;
+  pk.video = {kvid.data(), 1, H, W};
+  in.clip.keyframes = &pk, in.clip.keyframe_count = 1, in.clip.video_mask = mask.data();
+  const Out ptr = denoise(e.get(), in);
+  EXPECT_NE(ptr.hash, plain.hash);  // the keyframe and mask matter
+  in.clip.keyframes = nullptr, in.clip.keyframe_count = 0, in.clip.video_mask = nullptr;
+  std::vector<uint16_t> kb(kvid.size());
+  for (size_t i = 0; i < kb.size(); ++i) kb[i] = bf16_bits(kvid[i]);  // bf16-exact values
+  ls_tensor kv = host(kb.data(), LS_DTYPE_BF16, {C, 1, H, W});
+  ls_tensor m = host(mask.data(), LS_DTYPE_F32, {1, 1, T, H, W});
+  ls_keyframe_tensors k;
+  ls_keyframe_tensors_init(&k);
+  k.video = &kv;
+  const ls_keyframe_tensors* kp = &k;
+  in.clip.keyframe_tensors = &kp, in.clip.keyframe_tensor_count = 1, in.clip.video_mask_tensor = &m;
+  const Out ten = denoise(e.get(), in);
+  EXPECT_EQ(ten.hash, ptr.hash);
+  EXPECT_EQ(std::memcmp(ten.video.data(), ptr.video.data(), ptr.video.size() * 4), 0);
+}

@@ -208,9 +208,10 @@ def _stream_handle(stream, arrays):
             return 0
         import sys
         torch = sys.modules.get("torch")
-        if torch is None:
+        device = getattr(cuda[0], "device", None)
+        if torch is None or not isinstance(device, torch.device):
             return 0
-        return int(torch.cuda.current_stream(cuda[0].device).cuda_stream)
+        return int(torch.cuda.current_stream(device).cuda_stream)
     if hasattr(stream, "cuda_stream"):
         return int(stream.cuda_stream)
     if isinstance(stream, int) and stream >= 0:
