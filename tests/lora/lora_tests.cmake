@@ -1,0 +1,22 @@
+# tests/lora: `layerstream merge-lora` against ComfyUI's merge formula restated in torch
+# (CPU). Needs a Python with torch, numpy and pytest (Debian: python3-torch, python3-numpy,
+# python3-pytest): the interpreter the Python package's tests use when it is configured
+# (LAYERSTREAM_PYTHON_TEST_EXECUTABLE), else the first of python3 / /usr/bin/python3 that
+# imports them. Without one the test is not registered (a configure message says so).
+set(LS_LORA_PY "")
+foreach(py ${LAYERSTREAM_PYTHON_TEST_EXECUTABLE} ${Python3_EXECUTABLE} /usr/bin/python3)
+  if(py AND NOT LS_LORA_PY)
+    execute_process(COMMAND ${py} -c "import torch, numpy, pytest" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+    if(rc EQUAL 0)
+      set(LS_LORA_PY ${py})
+    endif()
+  endif()
+endforeach()
+if(LS_LORA_PY)
+  add_test(NAME LoraPy.MergeEqualsComfyUIFormula
+           COMMAND ${LS_LORA_PY} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/test_lora_comfy_formula.py)
+  set_tests_properties(LoraPy.MergeEqualsComfyUIFormula PROPERTIES LABELS unit
+                       ENVIRONMENT "LS_TOOL=$<TARGET_FILE:layerstream>")
+else()
+  message(STATUS "tests/lora not registered: no python3 with torch, numpy and pytest")
+endif()
