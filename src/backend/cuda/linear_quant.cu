@@ -12,6 +12,8 @@
 //        (CUBLAS_COMPUTE_32I, int8 A/B, int32 C/D, TN), one algorithm pinned per (K, alignment)
 //        from the heuristic at a fixed 8192 x 8192 reference shape, split-K 1. Integer sums
 //        are exact, so any algorithm gives the same acc; pinning keeps the speed predictable.
+//        Where cuBLASLt has no algorithm for a shape or alignment, a dp4a SIMT kernel
+//        computes the same int32 sums (slower; logged with Diagnostics::gemm_verbose).
 //     3. epilogue_int8: y = bf16(lq_int8_epilogue(acc, sx[r], sw[n]) (+ bias)).
 //   fp8_e4m3 on SM >= 8.9 (tensor cores):
 //     1. quant_fp8_rows: s_a (static, or per row lq_fp8_dynamic_scale(max |x|)), q = lq_fp8_quant.
@@ -29,7 +31,8 @@
 // Scratch: the linear region of the backend workspace (after the GEMM's), a constant
 // (linear_quant_workspace_bytes): a small cuBLASLt workspace, then per chunk of Mc rows the
 // quantised rows (Mc * K bytes), their scales (Mc floats) and the 32-bit accumulators
-// (Mc * N * 4 bytes). Mc = the region over (K + 16 + 4 N), rounded down to a multiple of 128:
+// (Mc * N * 4 bytes). Mc = the region over (K + 16 + 4 N), at most 32768, rounded down to a
+// multiple of 128:
 // a function of (K, N) only; rows are independent, so the chunking changes no bit.
 // No op synchronises the device; every CUDA call is checked.
 #include <algorithm>
@@ -163,6 +166,21 @@ __global__ void dequant_fp8(const uint8_t* __restrict__ w, int64_t ldw, int64_t 
   out[i] = lq::bf16_bits(lq::mul(lq::lq_e4m3_to_f32(w[n * ldw + k]), sw[0]));
 }
 
+// acc[m, n] = sum_k q[m, k] * w[n, k] in int32 with dp4a (K a multiple of 4, rows 4-byte
+// aligned): the fallback where cuBLASLt has no IMMA algorithm for a shape or alignment.
+// Integer sums are exact, so its bits are the tensor-core path's.
+__global__ void gemm_i8_simt(const int8_t* __restrict__ q, int64_t K, const int8_t* __restrict__ w, int64_t ldw,
+                             int32_t* __restrict__ acc, int64_t M, int64_t N) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t m = static_cast<int64_t>(blockIdx.y) * 8 + threadIdx.y;
+  if (n >= N || m >= M) return;
+  const int* qr = reinterpret_cast<const int*>(q + m * K);
+  const int* wr = reinterpret_cast<const int*>(w + n * ldw);
+  int32_t a = 0;
+  for (int64_t k = 0; k < K / 4; ++k) a = __dp4a(qr[k], wr[k], a);
+  acc[m * N + n] = a;
+}
+
 // ---- cuBLASLt: the pinned quantised GEMMs ---------------------------------------------------
 struct QKey {
   int device;
@@ -285,7 +303,20 @@ const QPlan& plan_for(CudaContext& ctx, bool fp8, int64_t K, const void* w, int6
 Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const TensorView& w, void* acc, void* lt_ws) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const QPlan& p = plan_for(ctx, fp8, K, w.data, w.stride[0]);
-  if (!p.ok) return unsupported("linear", p.error);
+  auto simt = [&](const std::string& why) -> Status {
+    if (ctx.diagnostics.gemm_verbose)
+      std::fprintf(stderr, "linear: int8 GEMM M %lld N %lld K %lld on the SIMT kernel (%s)\n",
+                   static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), why.c_str());
+    dim3 grid(static_cast<unsigned>(div_up(N, 32)), static_cast<unsigned>(div_up(M, 8)));
+    gemm_i8_simt<<<grid, dim3(32, 8), 0, ctx.stream>>>(static_cast<const int8_t*>(q), K, w.ptr<const int8_t>(),
+                                                       w.stride[0], static_cast<int32_t*>(acc), M, N);
+    LS_CUDA_CHECK_LAUNCH();
+    return Status();
+  };
+  if (!p.ok) {
+    if (!fp8) return simt(p.error);
+    return unsupported("linear", p.error);
+  }
   Descs d;
   cublasStatus_t s = make_descs(d, fp8, M, N, K, w.stride[0]);
   if (s != CUBLAS_STATUS_SUCCESS) return cublas_error(s, "cuda linear: cublasLt descriptors");
@@ -295,6 +326,7 @@ Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const Te
   const void* beta = fp8 ? static_cast<const void*>(&zero_f) : &zero_i;
   s = cublasLtMatmul(ctx.lt, d.op, alpha, w.data, d.a, q, d.b, beta, acc, d.c, acc, d.c, &p.algo, lt_ws, kLtBytes,
                      ctx.stream);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED && !fp8) return simt(p.desc + ": not supported for this shape");
   if (s != CUBLAS_STATUS_SUCCESS)
     return cublas_error(s, std::string("cuda linear: ") + (fp8 ? "fp8" : "int8") + " GEMM (" + p.desc + ") M " +
                                std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K));
@@ -334,6 +366,7 @@ Status linear_region(const CudaContext& ctx, Region* r) {
 int64_t chunk_rows(int64_t K, int64_t N) {
   const int64_t per_row = K + 16 + 4 * N;
   int64_t rows = static_cast<int64_t>((kChunkBytes - 3 * 256) / static_cast<size_t>(per_row));
+  rows = std::min<int64_t>(rows, 32768);  // the epilogue's grid.y (<= 65535)
   if (rows >= 128) rows = rows / 128 * 128;
   return std::max<int64_t>(rows, 1);
 }
@@ -341,7 +374,7 @@ int64_t chunk_rows(int64_t K, int64_t N) {
 Status launch_int8_quant(CudaContext& ctx, const TensorView& x, int64_t rows, int64_t K, int64_t G, bool swiglu,
                          int8_t* q, float* sx) {
   const size_t smem = static_cast<size_t>(K) * sizeof(float);
-  if (smem > ctx.max_smem_optin)
+  if (smem + 256 > ctx.max_smem_optin)  // + the kernel's static reduction array
     return unsupported("linear", "int8_convrot with K = " + std::to_string(K) + " needs " + std::to_string(smem) +
                                      " bytes of shared memory per row; the device has " +
                                      std::to_string(ctx.max_smem_optin));
