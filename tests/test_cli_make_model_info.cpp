@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cli_test_util.h"
+#include "exec/planner.h"
 #include "model/h3/checkpoint.h"
 #include "model/h3/memory_table.h"
 
@@ -127,8 +128,19 @@ TEST(CliInfo, WorkedExampleOnH3Preset) {
   for (size_t i = 0; i < 9; ++i) EXPECT_EQ(j["buffers"][i]["bytes"].get<int64_t>(), want[i]) << i;
   ASSERT_EQ(j["block_memory"].size(), 2u);
   const H3Config h3 = *h3_preset("h3");
-  EXPECT_EQ(j["block_memory"][0]["peak_bytes"].get<int64_t>(), h3_block_memory_stock(h3, 111274).peak_bytes());
-  EXPECT_EQ(j["block_memory"][1]["peak_bytes"].get<int64_t>(), h3_block_memory_sliced(h3, 111274, 8192).peak_bytes());
+  // The activation tables are the one planner's (exec::plan_memory, knobs mode): the
+  // stock plan and 8192-row slices, as forward would allocate them.
+  Conditioning cond;
+  cond.geometry = *clip_geometry(362, 1024, 1024, 500);
+  for (int i = 0; i < 2; ++i) {
+    ls::exec::PlanRequest q;
+    q.cfg = &h3;
+    q.cond = &cond;
+    q.knobs.attn_chunk_tokens = q.knobs.mlp_chunk_tokens = q.knobs.final_chunk_tokens = i == 0 ? 0 : 8192;
+    auto planned = ls::exec::plan_memory(q);
+    ASSERT_TRUE(planned.ok()) << planned.error().message;
+    EXPECT_EQ(j["block_memory"][i]["peak_bytes"].get<uint64_t>(), planned->plan.predicted_peak_bytes) << i;
+  }
   EXPECT_EQ(j["total"]["params"].get<int64_t>(), 33122992912);
   EXPECT_EQ(j["groups"]["blocks"]["params"].get<int64_t>(), 50 * 385362688LL);  // big linears + norms
 

@@ -5,15 +5,16 @@
 //   layerstream info FILE                     detected config, parameters and bytes by group
 //   layerstream info --preset h3 [--adaln-curve] [--blocks N]
 //   ... --frames F --width W --height H [--text-tokens L]   clip geometry, S, the
-//        h3-model.md §6.4 buffer table and the per-block memory of the stock and the
-//        sliced plan (DESIGN.md §2)
+//        h3-model.md §6.4 buffer table and the activation arena of the stock and the
+//        sliced plan (--slice-tokens), from the one planner (exec::plan_memory: the
+//        buffer lists forward allocates)
 //   ... --vram-budget B [--device cuda] [--kv-tile N] [--attention A] [--no-prefetch] [--sigma S | --steps N]
-//        a dry run of the total-budget planner (docs/budget.md): residency, offloads,
+//        a dry run of the planner's total-budget mode (docs/budget.md): residency, offloads,
 //        slices, predicted peak, PCIe bytes, and the smallest budget that plans. No device
 //        is opened: the CUDA backend's figures are its documented defaults
 //        (exec::cuda_device_profile) for the numerics asked (--attention / --gemm-f32 or
 //        the developer variables, tools/cli_util.h), printed as assumed.
-//   ... --budget B [--device cpu|cuda] [--kv-tile N]   the activation-only planner
+//   ... --budget B [--device cpu|cuda] [--kv-tile N]   the planner's activation-budget mode
 //   ... --json                                the same as one JSON object on stdout
 //   layerstream info --check FILE [--json]    every tensor of a safetensors file scanned
 //        for NaN / +inf / -inf (one pass through the mapping); exit 1 when any is found
@@ -41,6 +42,7 @@
 #include "backend/backend.h"  // make_cpu_backend (the CPU's numerics resolution)
 #include "core/arena.h"  // format_bytes
 #include "exec/budget_plan.h"
+#include "exec/planner.h"
 #include "exec/plan.h"
 #include "io/safetensors.h"
 #include "model/h3/checkpoint.h"
@@ -260,6 +262,52 @@ int run_check(const InfoOptions& o) {
   return kExitRuntime;
 }
 
+// ---- the activation tables: what a forward's activation arena holds -------------------
+
+json buffer_json(const exec::PlannedBuffer& b) {
+  return {{"what", b.what}, {"dtype", dtype_name(b.dtype)}, {"shape", std::vector<int64_t>{b.rows, b.cols}},
+          {"bytes", b.bytes()}};
+}
+
+// The activation arena of the knobs plan with every slice `slice` rows (0: the stock
+// plan), from exec::plan_memory: the persistent buffers, then each phase with every
+// buffer live at its high point (persistent included in "bytes" and "live"); the peak
+// is the plan's predicted peak (the arena's capacity, what forward measures).
+Expected<json> activation_table_json(const h3::H3Config& cfg, const std::vector<h3::TensorSpec>& tensors,
+                                     const h3::Conditioning& cond, int64_t slice) {
+  exec::PlanRequest q;
+  q.cfg = &cfg;
+  q.tensors = &tensors;
+  q.cond = &cond;
+  q.knobs.attn_chunk_tokens = q.knobs.mlp_chunk_tokens = q.knobs.final_chunk_tokens = slice;
+  q.knobs.kv_tile = 1024;  // buffer sizes do not depend on it (no K/V offload here)
+  LS_ASSIGN_OR_RETURN(exec::PlanResult r, exec::plan_memory(q));
+  const exec::Plan& p = r.plan;
+  const uint64_t persistent = exec::sum_bytes(p.persistent);
+  const exec::PlannedBuffer* x = exec::find_buffer(p.persistent, "residual x");
+  json live0 = json::array();
+  for (const auto& b : p.persistent) live0.push_back(buffer_json(b));
+  json phases = json::array();
+  const exec::PlanPhase* top = nullptr;
+  for (const auto& ph : p.phases) {
+    json live = live0;
+    for (const auto& b : ph.buffers) live.push_back(buffer_json(b));
+    phases.push_back({{"name", ph.name}, {"bytes", persistent + ph.bytes()}, {"phase_bytes", ph.bytes()}, {"live", live}});
+    if (!top || ph.bytes() > top->bytes()) top = &ph;
+  }
+  LS_CHECK(top != nullptr && persistent + top->bytes() == p.predicted_peak_bytes);
+  return json{{"plan", slice == 0 ? std::string("stock plan (all rows at once)")
+                                  : "sliced plan (" + std::to_string(slice) + "-row slices, K/V resident)"},
+              {"paths", plan_paths(p)},
+              {"slice_tokens", slice},
+              {"peak_bytes", p.predicted_peak_bytes},
+              {"peak_phase", top->name},
+              {"persistent_bytes", persistent},
+              {"persistent_count", p.persistent.size()},
+              {"residual_bytes", x ? x->bytes() : 0},
+              {"phases", phases}};
+}
+
 // ---- dry run: what a budget would plan -------------------------------------------------
 
 // The device a dry run plans for: a profile of plain numbers, never an opened device.
@@ -355,8 +403,8 @@ struct DryRun {
   std::optional<Error> refused;  // the planner's refusal (the budget is below the minimum)
 };
 
-Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const h3::ClipGeometry& g,
-                         const Numerics& numerics) {
+Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const std::vector<h3::TensorSpec>& tensors,
+                         const h3::ClipGeometry& g, const Numerics& numerics) {
   const bool vram = o.vram_budget.given();
   const FlagText& bflag = vram ? o.vram_budget : o.budget;
   LS_ASSIGN_OR_RETURN(const uint64_t budget, flag_size(bflag, range::budget, 0));
@@ -388,58 +436,51 @@ Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const h3
                          {"attention_tflops", dev.throughput.attention_tflops},
                          {"assumed", dev.assumed}}},
              {"kv_tile", kv_tile}};
+  // The one planner (exec::plan_memory), as forward and generate call it through
+  // api::Session: the source's tensor table, the dry run's device profile.
+  exec::PlanRequest q;
+  q.cfg = &cfg;
+  q.tensors = &tensors;
+  q.cond = &cond;
+  q.mode = vram ? exec::MemoryMode::total_budget : exec::MemoryMode::activation_budget;
+  q.knobs.kv_tile = kv_tile;
+  q.budget_bytes = budget;
+  q.prefetch = !o.no_prefetch;
+  q.device = dev;
   if (vram) {
     // The AdaLN tables hold one row set per distinct timestep of the run.
-    std::vector<float> sigmas;
     std::string run;
     if (o.steps.given()) {
       LS_ASSIGN_OR_RETURN(const int64_t steps, flag_int(o.steps, range::steps, 4));
       LS_ASSIGN_OR_RETURN(sample::Schedule sched, sample::make_simple_schedule(steps, cond.shift_video, cond.shift_audio));
-      sigmas = sched.video;
+      q.sigmas = sched.video;
       run = "a generate run of " + std::to_string(steps) + " steps (simple schedule, no CFG)";
-      if (cfg.pdd_heads > 1) cond.sample_sigmas = sigmas;
+      if (cfg.pdd_heads > 1) cond.sample_sigmas = q.sigmas;
     } else {
       LS_ASSIGN_OR_RETURN(const double sigma, flag_float(o.sigma, range::sigma, 1.0));
-      sigmas = {static_cast<float>(sigma)};
+      q.sigmas = {static_cast<float>(sigma)};
       char b[64];
       std::snprintf(b, sizeof b, "%g", sigma);
       run = std::string("one denoiser call at sigma ") + b + " (as forward)";
-      if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, sigmas[0], 0.0f};  // forward's one-call stand-in
+      if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, q.sigmas[0], 0.0f};  // forward's one-call stand-in
     }
-    LS_ASSIGN_OR_RETURN(const int64_t rows, exec::modulation_rows_for(cfg, cond, sigmas));
-    exec::BudgetOptions bo = exec::budget_options_for(dev);
-    bo.kv_tile = kv_tile;
-    bo.prefetch = !o.no_prefetch;
-    bo.modulation_rows = std::max<int64_t>(rows, 1);
+    LS_ASSIGN_OR_RETURN(const int64_t rows, exec::modulation_rows_for(cfg, cond, q.sigmas));
     jd["run"] = run;
-    jd["modulation_rows"] = bo.modulation_rows;
-    LS_ASSIGN_OR_RETURN(const uint64_t minimum, exec::min_total_budget(cfg, cond, bo));
-    jd["minimum_bytes"] = minimum;
-    auto bp = exec::plan_total_budget(cfg, cond, budget, bo);
-    if (bp.ok()) {
-      jd["plan"] = vram_plan_json(*bp);
-      jd["refused"] = nullptr;
-    } else if (bp.error().code == ErrorCode::out_of_budget) {
-      jd["plan"] = nullptr;
-      jd["refused"] = bp.error().message;
-      r.refused = bp.error();
-    } else {
-      return bp.error();
-    }
+    jd["modulation_rows"] = rows;
+  }
+  LS_ASSIGN_OR_RETURN(const uint64_t minimum, exec::minimum_budget(q));
+  jd["minimum_bytes"] = minimum;
+  auto planned = exec::plan_memory(q);
+  if (planned.ok()) {
+    LS_CHECK(planned->minimum_budget_bytes == minimum);
+    jd["plan"] = vram ? vram_plan_json(*planned->budget) : activation_plan_json(planned->plan);
+    jd["refused"] = nullptr;
+  } else if (planned.error().code == ErrorCode::out_of_budget) {
+    jd["plan"] = nullptr;
+    jd["refused"] = planned.error().message;
+    r.refused = planned.error();
   } else {
-    LS_ASSIGN_OR_RETURN(const uint64_t minimum, exec::min_activation_budget(cfg, cond));
-    jd["minimum_bytes"] = minimum;
-    auto p = exec::plan_for_budget(cfg, cond, budget, kv_tile);
-    if (p.ok()) {
-      jd["plan"] = activation_plan_json(*p);
-      jd["refused"] = nullptr;
-    } else if (p.error().code == ErrorCode::out_of_budget) {
-      jd["plan"] = nullptr;
-      jd["refused"] = p.error().message;
-      r.refused = p.error();
-    } else {
-      return p.error();
-    }
+    return planned.error();
   }
   r.j = std::move(jd);
   return r;
@@ -674,24 +715,19 @@ int run_info(const InfoOptions& o) {
     for (const auto& m : h3::h3_buffer_table(cfg, S, g->video_tokens()))
       jb.push_back({{"what", m.what}, {"dtype", dtype_name(m.dtype)}, {"shape", m.shape}, {"bytes", m.bytes()}});
     out["buffers"] = jb;
+    // The activation arena of two plans, from the one planner (exec::plan_memory, knobs
+    // mode): exactly the buffer lists forward allocates, per block phase.
+    h3::Conditioning cond;
+    cond.geometry = *g;
     json jp = json::array();
-    for (const auto& bm : {h3::h3_block_memory_stock(cfg, S), h3::h3_block_memory_sliced(cfg, S, *c)}) {
-      json phases = json::array();
-      for (const auto& ph : bm.phases) {
-        json live = json::array();
-        for (const auto& m : ph.live)
-          live.push_back({{"what", m.what}, {"dtype", dtype_name(m.dtype)}, {"shape", m.shape}, {"bytes", m.bytes()}});
-        phases.push_back({{"name", ph.name}, {"bytes", ph.bytes()}, {"live", live}});
-      }
-      jp.push_back({{"plan", bm.plan},
-                    {"peak_bytes", bm.peak_bytes()},
-                    {"peak_phase", bm.peak_phase().name},
-                    {"residual_bytes", bm.residual_bytes},
-                    {"phases", phases}});
+    for (const int64_t slice : {int64_t{0}, *c}) {
+      auto t = activation_table_json(cfg, specs, cond, slice);
+      if (!t.ok()) return fail(t.error());
+      jp.push_back(std::move(*t));
     }
     out["block_memory"] = jp;
     if (planning) {
-      auto d = dry_run(o, cfg, *g, numerics);
+      auto d = dry_run(o, cfg, specs, *g, numerics);
       if (!d.ok()) return fail(d.error());
       out["dry_run"] = d->j;
       refused = d->refused;
@@ -760,14 +796,25 @@ int run_info(const InfoOptions& o) {
                   shape_json_str(b["shape"].get<std::vector<int64_t>>()).c_str(), with_commas(b["bytes"].get<int64_t>()).c_str(),
                   format_bytes(b["bytes"].get<uint64_t>()).c_str());
     for (const auto& bm : out["block_memory"]) {
-      std::printf("\nper-block activations, %s: peak %s (%s phase; residual %s)\n", bm["plan"].get<std::string>().c_str(),
-                  format_bytes(bm["peak_bytes"].get<uint64_t>()).c_str(), bm["peak_phase"].get<std::string>().c_str(),
+      std::printf("\nactivations, %s: peak %s predicted (%s phase; persistent %s, of which residual x %s)\n",
+                  bm["plan"].get<std::string>().c_str(), format_bytes(bm["peak_bytes"].get<uint64_t>()).c_str(),
+                  bm["peak_phase"].get<std::string>().c_str(), format_bytes(bm["persistent_bytes"].get<uint64_t>()).c_str(),
                   format_bytes(bm["residual_bytes"].get<uint64_t>()).c_str());
+      const size_t persistent_n = bm["persistent_count"].get<size_t>();
+      const auto print_buffers = [](const json& live, size_t from, size_t to) {
+        for (size_t i = from; i < to; ++i)
+          std::printf(" %s %s%s;", live[i]["what"].get<std::string>().c_str(), live[i]["dtype"].get<std::string>().c_str(),
+                      shape_json_str(live[i]["shape"].get<std::vector<int64_t>>()).c_str());
+      };
+      if (!bm["phases"].empty()) {
+        std::printf("  %-10s %12s:", "persistent", format_bytes(bm["persistent_bytes"].get<uint64_t>()).c_str());
+        print_buffers(bm["phases"][0]["live"], 0, persistent_n);
+        std::printf("\n");
+      }
       for (const auto& ph : bm["phases"]) {
-        std::printf("  %-44s %12s:", ph["name"].get<std::string>().c_str(), format_bytes(ph["bytes"].get<uint64_t>()).c_str());
-        for (const auto& m : ph["live"])
-          std::printf(" %s %s%s;", m["what"].get<std::string>().c_str(), m["dtype"].get<std::string>().c_str(),
-                      shape_json_str(m["shape"].get<std::vector<int64_t>>()).c_str());
+        std::printf("  %-10s %12s:", ("+ " + ph["name"].get<std::string>()).c_str(),
+                    format_bytes(ph["phase_bytes"].get<uint64_t>()).c_str());
+        print_buffers(ph["live"], persistent_n, ph["live"].size());
         std::printf("\n");
       }
     }

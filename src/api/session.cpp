@@ -41,58 +41,44 @@ int64_t Session::resolve_kv_tile(int64_t kv_tile) const {
   return kv_tile > 0 ? kv_tile : backend_->default_kv_tile();
 }
 
+exec::PlanRequest Session::plan_request(const h3::Conditioning& cond, const std::vector<float>& sigmas,
+                                        const MemorySpec& memory, const h3::Conditioning* widest) const {
+  LS_CHECK(source_ != nullptr);
+  exec::PlanRequest q;
+  q.cfg = &config();
+  q.tensors = &source_->specs();  // the dtypes the source holds (and the device would)
+  q.cond = &cond;
+  q.widest = widest;
+  q.sigmas = sigmas;
+  q.mode = memory.mode;
+  if (memory.mode == MemoryMode::total_budget) {
+    q.knobs.kv_tile = memory.knobs.kv_tile;  // only kv_tile: the rest is the planner's choice
+    q.budget_bytes = memory.total_budget;
+  } else {
+    q.knobs = memory.knobs;
+    q.residency = memory.residency;
+    q.budget_bytes = memory.mode == MemoryMode::activation_budget ? memory.activation_budget : 0;
+  }
+  q.prefetch = memory.prefetch;
+  q.device = device_profile();  // kv_tile 0 -> default_kv_tile() (resolve_kv_tile)
+  return q;
+}
+
 Expected<RunPlan> Session::plan(const h3::Conditioning& cond, const std::vector<float>& sigmas,
                                 const MemorySpec& memory, const h3::Conditioning* widest) const {
-  LS_CHECK(source_ != nullptr);
-  const h3::H3Config& cfg = config();
-  RunPlan rp;
-  rp.mode = memory.mode;
-  rp.knobs = memory.knobs;
-  rp.knobs.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
-  rp.residency = memory.residency;
-  switch (memory.mode) {
-    case MemoryMode::total_budget: {
-      exec::BudgetOptions bo;
-      bo.kv_tile = rp.knobs.kv_tile;
-      bo.workspace_bytes = backend_->workspace_bytes();
-      bo.prefetch = memory.prefetch;
-      LS_ASSIGN_OR_RETURN(bo.modulation_rows, exec::modulation_rows_for(cfg, cond, sigmas));
-      LS_ASSIGN_OR_RETURN(exec::BudgetPlan bp,
-                          exec::plan_total_budget(cfg, widest ? *widest : cond, memory.total_budget, bo));
-      rp.knobs.attn_chunk_tokens = bp.activations.attn_slice;
-      rp.knobs.mlp_chunk_tokens = bp.activations.mlp_slice;
-      rp.knobs.final_chunk_tokens = bp.activations.final_slice;
-      rp.knobs.kv_offload = bp.kv_offload;
-      rp.knobs.residual_offload = bp.residual_offload;
-      rp.knobs.kv_chunk_rows = bp.kv_chunk;
-      rp.residency.resident_blocks = bp.resident_blocks;
-      rp.residency.slots = bp.prefetch ? 2 : 1;
-      rp.plan = bp.activations;
-      rp.budget = std::move(bp);
-      break;
-    }
-    case MemoryMode::activation_budget: {
-      rp.activation_budget = memory.activation_budget;
-      LS_ASSIGN_OR_RETURN(rp.plan, exec::plan_for_budget(cfg, cond, memory.activation_budget, rp.knobs.kv_tile));
-      break;
-    }
-    case MemoryMode::knobs: {
-      LS_ASSIGN_OR_RETURN(rp.plan, exec::make_plan(cfg, cond, rp.knobs));
-      break;
-    }
-  }
-  return rp;
+  return exec::plan_memory(plan_request(cond, sigmas, memory, widest));
 }
 
 Expected<RunPlan> Session::plan_sampling(const sample::GenerateRequest& req, const MemorySpec& memory) const {
   LS_CHECK(source_ != nullptr);
   if (memory.mode != MemoryMode::total_budget) {
+    // The prompts' plans come from plan_generation (exec::plan_memory per prompt).
     RunPlan rp;
     rp.mode = memory.mode;
     rp.knobs = memory.knobs;
     rp.knobs.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
     rp.residency = memory.residency;
-    rp.activation_budget = memory.mode == MemoryMode::activation_budget ? memory.activation_budget : 0;
+    rp.budget_bytes = memory.mode == MemoryMode::activation_budget ? memory.activation_budget : 0;
     return rp;
   }
   // Planned for the longer of the two prompts (the negative one may have another L, so
@@ -110,7 +96,7 @@ Expected<RunPlan> Session::plan_sampling(const sample::GenerateRequest& req, con
 
 void Session::apply(const RunPlan& rp, sample::GenerateRequest& req) {
   req.knobs = rp.knobs;
-  req.budget_bytes = rp.mode == MemoryMode::activation_budget ? rp.activation_budget : 0;
+  req.budget_bytes = rp.mode == MemoryMode::activation_budget ? rp.budget_bytes : 0;
 }
 
 Expected<sample::GeneratePlans> Session::plan_generation(const sample::GenerateRequest& req) const {
@@ -125,17 +111,7 @@ Expected<sample::GenerateResult> Session::generate(const sample::GenerateRequest
 
 Expected<uint64_t> Session::minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
                                            const MemorySpec& memory) const {
-  const h3::H3Config& cfg = config();
-  if (memory.mode == MemoryMode::total_budget) {
-    exec::BudgetOptions bo;
-    bo.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
-    bo.workspace_bytes = backend_->workspace_bytes();
-    bo.prefetch = memory.prefetch;
-    LS_ASSIGN_OR_RETURN(bo.modulation_rows, exec::modulation_rows_for(cfg, cond, sigmas));
-    return exec::min_total_budget(cfg, cond, bo);
-  }
-  if (memory.mode == MemoryMode::activation_budget) return exec::min_activation_budget(cfg, cond);
-  return uint64_t{0};
+  return exec::minimum_budget(plan_request(cond, sigmas, memory));
 }
 
 void Session::sample_driver_memory() {

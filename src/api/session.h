@@ -1,10 +1,10 @@
 // api::Session: the ONE place for the chain every front-end runs (issue 12)
 //
 //   checkpoint | preset (+ weights seed, blocks)   -> H3 config + tensor source
-//   device name                                    -> Backend (kv_tile default from it)
-//   memory: a total device budget                  -> plan_total_budget -> residency + knobs
-//           | an activation budget                 -> plan_for_budget (slices only)
-//           | explicit knobs                       -> make_plan
+//   device name                                    -> Backend -> exec::device_profile
+//                                                     (workspace bytes, default kv_tile)
+//   memory: a total device budget | an activation  -> exec::plan_memory (the ONE planner,
+//           budget | explicit knobs                   exec/planner.h): residency + Plan
 //   -> Plan -> Engine::create -> refine text -> precompute AdaLN -> prepare -> forward
 //
 // The C API (include/layerstream/layerstream.h, src/api/c_api.cpp), `layerstream
@@ -37,6 +37,7 @@
 #include "exec/budget_plan.h"
 #include "exec/engine.h"
 #include "exec/plan.h"
+#include "exec/planner.h"
 #include "model/h3/checkpoint.h"
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
@@ -53,11 +54,8 @@ struct WeightsSpec {
   int64_t blocks = 0;         // preset only: > 0 = this many DiT blocks (full width)
 };
 
-enum class MemoryMode {
-  knobs,              // MemorySpec::knobs + residency as given
-  activation_budget,  // the largest slices whose activations fit activation_budget
-  total_budget,       // ONE device budget (weights, tables, activations, workspace)
-};
+// The planner's modes (exec/planner.h): knobs, activation_budget, total_budget.
+using MemoryMode = exec::MemoryMode;
 
 struct MemorySpec {
   MemoryMode mode = MemoryMode::knobs;
@@ -70,17 +68,12 @@ struct MemorySpec {
   bool prefetch = true;             // total_budget mode: 2 block slots (else 1)
 };
 
-// What the planning chain chose for one run.
-struct RunPlan {
-  MemoryMode mode = MemoryMode::knobs;
-  std::optional<exec::BudgetPlan> budget;  // total_budget mode: the planner's choice
-  exec::Residency residency;               // what Engine::create gets
-  // Resolved knobs: kv_tile set; in total_budget mode the budget plan's slices and
-  // offloads. Every other conditioning of the run (a negative prompt) plans with these.
-  exec::PlanKnobs knobs;
-  uint64_t activation_budget = 0;  // activation_budget mode: plan_for_budget's budget
-  exec::Plan plan;                 // the plan for the conditioning planned for
-};
+// What the planning chain chose for one run: exec::plan_memory's result (plan: the
+// activation Plan; residency: what Engine::create gets; knobs: resolved, kv_tile set and
+// in total_budget mode the budget plan's slices and offloads, which every other
+// conditioning of the run plans with; budget: the total-budget decision record; peak:
+// the predicted device peak by component; minimum_budget_bytes: the mode's minimum).
+using RunPlan = exec::PlanResult;
 
 // One denoiser call's inputs (host fp32 latents; raw or refined text).
 struct DenoiseCall {
@@ -126,9 +119,17 @@ class Session {
 
   // kv_tile 0 -> this backend's default_kv_tile().
   int64_t resolve_kv_tile(int64_t kv_tile) const;
+  // The device facts the planner takes: this backend's workspace_bytes() and
+  // default_kv_tile() (exec::device_profile).
+  exec::DeviceProfile device_profile() const { return exec::device_profile(*backend_); }
+  // The planner's request for `memory` on this session's model (tensors: the source's
+  // table with its dtypes) and device; cond, widest and sigmas as plan() takes them.
+  exec::PlanRequest plan_request(const h3::Conditioning& cond, const std::vector<float>& sigmas,
+                                 const MemorySpec& memory, const h3::Conditioning* widest = nullptr) const;
 
-  // Step 3: plan one conditioning. `sigmas`: every sigma the run evaluates (the
-  // schedule, or the one call's sigma): the modulation tables a total budget must hold.
+  // Step 3: plan one conditioning (exec::plan_memory). `sigmas`: every sigma the run
+  // evaluates (the schedule, or the one call's sigma): the modulation tables a total
+  // budget must hold.
   // `widest`, if given, is planned instead of `cond` under a total budget (the longer
   // of two prompts: every buffer grows with S at fixed slices, so the same slices,
   // offloads and residency fit the shorter one; RunPlan::plan is then widest's).
@@ -145,8 +146,8 @@ class Session {
   Expected<sample::GeneratePlans> plan_generation(const sample::GenerateRequest& req) const;
   // A whole sampling run on the engine (sample::generate).
   Expected<sample::GenerateResult> generate(const sample::GenerateRequest& req, const sample::GenerateHooks& hooks = {});
-  // The smallest budget of rp's mode for `cond` (total: min_total_budget; otherwise
-  // the activation minimum). 0 in knobs mode.
+  // The smallest budget of the mode for `cond` (exec::minimum_budget: total
+  // min_total_budget, activation min_activation_budget, knobs 0).
   Expected<uint64_t> minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
                                     const MemorySpec& memory) const;
 

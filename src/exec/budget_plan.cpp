@@ -31,7 +31,6 @@
 #include <sstream>
 
 #include "core/arena.h"
-#include "exec/weights.h"
 #include "model/h3/layout.h"
 
 namespace ls::exec {
@@ -39,58 +38,52 @@ namespace ls::exec {
 namespace {
 
 using h3::H3Config;
+using h3::TensorRole;
 using h3::TensorSpec;
 
 uint64_t aligned(int64_t elements, DType t) {
   return Arena::aligned_bytes(static_cast<size_t>(elements) * static_cast<size_t>(dtype_size(t)));
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+}  // namespace
 
-// Mirrors weights.cpp's host-only set: read on the host (rope.inv_freq) or unused by the
-// dense forward (to_gate_compress). adaln_t_table is precompute-only and read on the host.
-bool host_only(const std::string& n) {
-  return n == "rope.inv_freq" || n.find("to_gate_compress") != std::string::npos;
-}
-
-// Index i of "<prefix>{i}.<rest>", or -1.
-int64_t indexed(const std::string& n, const std::string& prefix) {
-  if (!starts_with(n, prefix)) return -1;
-  const size_t dot = n.find('.', prefix.size());
-  if (dot == std::string::npos || dot == prefix.size()) return -1;
-  return std::stoll(n.substr(prefix.size(), dot - prefix.size()));
-}
-
-// Device weight bytes by role, from the declared tensor table (the only dtypes a
-// checkpoint can be loaded as: quantised files are refused by the loader).
-struct WeightTally {
-  uint64_t block = 0;           // largest block (all equal in practice) = slot bytes
-  uint64_t nonblock = 0;        // patch projections, final norm, output heads
-  uint64_t text = 0;            // condition_proj, refiner final norm
-  uint64_t refiner_block = 0;   // largest refiner block
-  int64_t refiner_blocks = 0;
-  uint64_t time_embedder = 0;   // transient during the AdaLN precompute (unpruned form)
-  uint64_t adaln_largest = 0;   // largest AdaLN linear (weight + bias), transient
-};
-
-WeightTally tally_weights(const H3Config& cfg) {
+// By role and block index (config.h assigns them once from the name family):
+//   block         -> blocks[block]      (norms, qkv, q/k norm, out_proj, fc1, fc2, and
+//                                        any per-row scales a quantised format adds)
+//   patch_embed, head -> nonblock       (on the device for every step)
+//   text_proj, refiner (block -1)       -> text (condition_proj, the refiner's final norm)
+//   refiner (block r)                   -> refiner[r]
+//   time_embedder -> time_embedder; adaln (block i / -1) -> that block's / the final
+//   layer's AdaLN linear (transient during the precompute)
+//   rope, adaln_table, unused           -> never on the device (read on the host / unused)
+// Each tensor is one allocation of its own dtype's bytes, aligned as the arenas align.
+WeightTally tally_weights(const std::vector<TensorSpec>& tensors) {
   WeightTally w;
   std::map<int64_t, uint64_t> blocks, refiner, adaln_blocks;
   uint64_t adaln_final = 0;
-  for (const TensorSpec& s : h3::h3_tensor_specs(cfg)) {
+  for (const TensorSpec& s : tensors) {
     const uint64_t b = aligned(s.numel(), s.dtype);
-    const std::string& n = s.name;
-    if (host_only(n) || n == "adaln_t_table") continue;
-    if (WeightStore::is_precompute_only(n)) {
-      if (starts_with(n, "time_embedder.")) w.time_embedder += b;
-      else if (starts_with(n, "final_layer.")) adaln_final += b;
-      else adaln_blocks[indexed(n, "blocks.")] += b;
-      continue;
+    switch (s.role) {
+      case TensorRole::block:
+        LS_CHECK_MSG(s.block >= 0, "block tensor " + s.name + " without a block index");
+        blocks[s.block] += b;
+        break;
+      case TensorRole::patch_embed:
+      case TensorRole::head: w.nonblock += b; break;
+      case TensorRole::text_proj: w.text += b; break;
+      case TensorRole::refiner:
+        if (s.block >= 0) refiner[s.block] += b;
+        else w.text += b;
+        break;
+      case TensorRole::time_embedder: w.time_embedder += b; break;
+      case TensorRole::adaln:
+        if (s.block >= 0) adaln_blocks[s.block] += b;
+        else adaln_final += b;
+        break;
+      case TensorRole::rope:
+      case TensorRole::adaln_table:
+      case TensorRole::unused: break;
     }
-    if (const int64_t i = indexed(n, "blocks."); i >= 0) blocks[i] += b;
-    else if (const int64_t r = indexed(n, "token_refiner.blocks."); r >= 0) refiner[r] += b;
-    else if (starts_with(n, "condition_proj.") || starts_with(n, "token_refiner.")) w.text += b;
-    else w.nonblock += b;
   }
   for (const auto& [i, b] : blocks) w.block = std::max(w.block, b);
   for (const auto& [i, b] : refiner) w.refiner_block = std::max(w.refiner_block, b);
@@ -99,6 +92,8 @@ WeightTally tally_weights(const H3Config& cfg) {
   for (const auto& [i, b] : adaln_blocks) w.adaln_largest = std::max(w.adaln_largest, b);
   return w;
 }
+
+namespace {
 
 // Modulation tables: per block [M, 18D] (= [3M, 6D]) + final [M, 2D], AdaLN dtype, as
 // Engine::Impl::compute_tables allocates them.
@@ -285,11 +280,13 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
   return e;
 }
 
-Status check_options(const BudgetOptions& o) {
+// tables_required: the total budget always holds tables (>= 1 row set); a device peak
+// of a run without sigmas (knobs / activation modes, device_peak()) may count none.
+Status check_options(const BudgetOptions& o, bool tables_required = true) {
   if (o.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
   if (o.kv_chunk_rows < 0)
     return Status(make_error(ErrorCode::invalid_argument, "kv_chunk_rows must be >= 0 (0 = the default)"));
-  if (o.modulation_rows < 1)
+  if (o.modulation_rows < (tables_required ? 1 : 0))
     return Status(make_error(ErrorCode::invalid_argument,
                              "modulation_rows (distinct timesteps of the run's AdaLN tables) must be >= 1"));
   if (!(o.device.pcie_gb_per_s > 0) || !(o.device.attention_tflops > 0))
@@ -297,11 +294,12 @@ Status check_options(const BudgetOptions& o) {
   return Status();
 }
 
-Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {
-  LS_TRY(check_options(o));
+Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o,
+                               bool tables_required = true) {
+  LS_TRY(check_options(o, tables_required));
   LS_TRY(h3::check_h3_config(cfg));
   LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
-  Context c{cfg, o, z, tally_weights(cfg)};
+  Context c{cfg, o, z, o.tensors ? tally_weights(*o.tensors) : tally_weights(h3::h3_tensor_specs(cfg))};
   c.L = cfg.num_layers;
   LS_ASSIGN_OR_RETURN(c.kv_chunk, resolve_kv_chunk(o.kv_chunk_rows, o.kv_tile, z.S));
   c.tables = table_bytes(cfg, o.modulation_rows);
@@ -317,6 +315,31 @@ uint64_t minimum(const Context& c) {
     best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
   }
   return best;
+}
+
+// The device peak by component of R resident blocks and `act` activation bytes under
+// offload level lv (the numbers BudgetPlan carries, for any residency).
+DevicePeak peak_of(const Context& c, int64_t R, uint64_t act, Level lv) {
+  DevicePeak d;
+  d.resident_blocks = R;
+  d.slots = c.slots(R);
+  d.block_bytes = c.w.block;
+  d.resident_weight_bytes = c.w.nonblock + static_cast<uint64_t>(R) * c.w.block;
+  d.slot_bytes = static_cast<uint64_t>(d.slots) * c.w.block;
+  d.modulation_table_bytes = c.tables;
+  d.activation_bytes = act;
+  d.workspace_bytes = c.o.workspace_bytes;
+  d.text_phase_extra_bytes = c.text_extra(R);
+  d.precompute_scratch_bytes = c.scratch;
+  d.steps_peak_bytes = c.steps_peak(R, act);
+  d.text_peak_bytes = c.text_peak(R);
+  d.precompute_peak_bytes = c.precompute_peak(R);
+  d.predicted_peak_bytes = std::max({d.steps_peak_bytes, d.text_peak_bytes, d.precompute_peak_bytes});
+  const uint64_t S = static_cast<uint64_t>(c.z.S);
+  d.host_pinned_bytes = static_cast<uint64_t>(c.L - R) * c.w.block;  // streamed blocks' pinned copies
+  if (lv.kv) d.host_pinned_bytes += 2 * S * static_cast<uint64_t>(c.cfg.inner()) * 2;  // one block's K, V
+  if (lv.res) d.host_pinned_bytes += S * static_cast<uint64_t>(c.cfg.hidden) * 2;       // the residual x
+  return d;
 }
 
 std::string budget_text(uint64_t b) {
@@ -373,7 +396,7 @@ int64_t kv_hiding_slice(const DeviceFacts& f) {
   return std::max<int64_t>(1, static_cast<int64_t>(c));
 }
 
-uint64_t block_weight_bytes(const H3Config& cfg) { return tally_weights(cfg).block; }
+uint64_t block_weight_bytes(const H3Config& cfg) { return tally_weights(h3::h3_tensor_specs(cfg)).block; }
 
 Expected<int64_t> modulation_rows_for(const H3Config& cfg, const h3::Conditioning& cond,
                                       const std::vector<float>& sigmas) {
@@ -481,6 +504,17 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   if (lv.kv) bp.host_pinned_bytes += 2 * S * static_cast<uint64_t>(cfg.inner()) * 2;  // one block's K, V (reused)
   if (lv.res) bp.host_pinned_bytes += S * static_cast<uint64_t>(cfg.hidden) * 2;      // the residual x
   return bp;
+}
+
+Expected<DevicePeak> device_peak(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o,
+                                 int64_t resident_blocks, const Plan& activations) {
+  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o, /*tables_required=*/false));
+  if (resident_blocks < 0 || resident_blocks > c.L)
+    return make_error(ErrorCode::invalid_argument, "resident blocks must be 0.." + std::to_string(c.L) + " (got " +
+                                                       std::to_string(resident_blocks) + ")");
+  LS_CHECK(activations.sizes == c.z);
+  return peak_of(c, resident_blocks, activations.predicted_peak_bytes,
+                 Level{activations.kv_offload, activations.residual_offload});
 }
 
 std::string BudgetPlan::describe() const {

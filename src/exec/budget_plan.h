@@ -19,7 +19,12 @@
 //                      (K/V offload: K and V [S, I] -> 2 + 2 chunks of kv_chunk rows and
 //                      the fp32 attention state; residual offload: x [S, D] -> one
 //                      slice of each phase's rows).
-//   workspace        : GEMM workspace (Backend::workspace_bytes()).
+//   workspace        : the backend's workspace (DeviceProfile::workspace_bytes: a live
+//                      backend's Backend::workspace_bytes() through exec::device_profile,
+//                      or for a dry run cuda_device_profile()'s documented figures).
+// Weight bytes come from the tensor table with its dtypes (BudgetOptions::tensors: the
+// source's H3TensorSource::specs()), selected by TensorSpec::role and ::block
+// (tally_weights), so any format's tensors (int8 weights with f32 scales) count as held.
 // Two transient phases happen outside the steps and are checked too:
 //   text refinement  : condition_proj + refiner blocks (streamed through the block slots
 //                      when there are slots, else loaded whole) + refiner activations;
@@ -51,6 +56,8 @@
 //   o.workspace_bytes = backend.workspace_bytes();
 //   Expected<BudgetPlan> bp = plan_total_budget(cfg, cond, 12ull << 30, o);
 //   bp->describe(); bp->activations (the Plan for Engine::forward)
+// Front-ends do not call it directly: exec::plan_memory (planner.h, the one planner)
+// runs it as its total-budget mode.
 #pragma once
 
 #include <cstdint>
@@ -105,6 +112,9 @@ uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_
 DeviceProfile cuda_device_profile(bool cudnn_built = true, bool cudnn_selected = true, int64_t q_chunk = 2048);
 
 struct BudgetOptions {
+  // The tensors the device would hold, with their dtypes (H3TensorSource::specs());
+  // null: h3_tensor_specs(cfg). Must outlive the call.
+  const std::vector<h3::TensorSpec>* tensors = nullptr;
   int64_t kv_tile = 1024;                  // keys per attention tile (numerics setting)
   int64_t kv_chunk_rows = 0;               // K/V offload chunk rows (PlanKnobs::kv_chunk_rows; 0 = default)
   uint64_t workspace_bytes = 64ull << 20;  // GEMM workspace etc. (the CUDA backend: 64 MiB)
@@ -131,8 +141,23 @@ BudgetOptions budget_options_for(const DeviceProfile& device);
 // 71 ms at 600 TFLOP/s, hidden with margin; the break-even there is 10.8k.)
 int64_t kv_hiding_slice(const DeviceFacts& facts);
 
+// Device weight bytes by role, each tensor rounded up as the arenas do, from a tensor
+// table with its dtypes: TensorSpec::role and ::block decide, never the name.
+struct WeightTally {
+  uint64_t block = 0;           // largest DiT block (role block; all equal in practice) = slot bytes
+  uint64_t nonblock = 0;        // roles patch_embed + head: patch projections, final norm, output heads
+  uint64_t text = 0;            // role text_proj + the refiner's non-block tensors (final norm)
+  uint64_t refiner_block = 0;   // largest refiner block (role refiner, block >= 0)
+  int64_t refiner_blocks = 0;
+  uint64_t time_embedder = 0;   // role time_embedder: transient during the AdaLN precompute
+  uint64_t adaln_largest = 0;   // largest AdaLN linear (role adaln, per block / final), transient
+};
+// rope, adaln_table and unused tensors never reach the device (read on the host, or not read).
+WeightTally tally_weights(const std::vector<h3::TensorSpec>& tensors);
+
 // Device bytes of one DiT block's weights as the WeightStore holds them (per tensor
-// aligned; AdaLN and to_gate_compress excluded). The largest block's, so = slot bytes.
+// aligned; AdaLN and to_gate_compress excluded), of the declared table h3_tensor_specs.
+// The largest block's, so = slot bytes.
 uint64_t block_weight_bytes(const h3::H3Config& cfg);
 
 struct BudgetPlan {
@@ -191,6 +216,35 @@ struct BudgetPlan {
   // ...; peak 11.9 GiB predicted = ...; PCIe 27.6 GB per forward".
   std::string describe() const;
 };
+
+// Predicted device bytes by component for a residency and an activation plan (the
+// arithmetic at the top of this file, for any R; plan_total_budget's BudgetPlan
+// carries the same numbers for the R it chooses).
+struct DevicePeak {
+  int64_t resident_blocks = 0;            // R (0..L)
+  int64_t slots = 0;                      // block slots (0 when all resident)
+  uint64_t block_bytes = 0;               // one block's weights
+  uint64_t resident_weight_bytes = 0;     // non-block + R blocks
+  uint64_t slot_bytes = 0;                // slots x block_bytes
+  uint64_t modulation_table_bytes = 0;
+  uint64_t activation_bytes = 0;          // the plan's predicted_peak_bytes
+  uint64_t workspace_bytes = 0;
+  uint64_t text_phase_extra_bytes = 0;    // text weights not in slots + refiner activations
+  uint64_t precompute_scratch_bytes = 0;  // AdaLN precompute scratch (tables counted apart)
+  uint64_t steps_peak_bytes = 0;          // resident + slots + tables + activations + workspace
+  uint64_t text_peak_bytes = 0;           // resident + slots + workspace + text extra
+  uint64_t precompute_peak_bytes = 0;     // resident + slots + tables + workspace + scratch
+  uint64_t predicted_peak_bytes = 0;      // max of the three
+  // Pinned host memory: the streamed blocks' host copies ((L - R) x block_bytes, as the
+  // WeightStore holds them) + K, V [S, I] (K/V offload) + x [S, D] (residual offload).
+  uint64_t host_pinned_bytes = 0;
+};
+// The device peak of `resident_blocks` resident blocks (slots from options.prefetch: 2,
+// else 1, never more than the streamed blocks) and `activations` (a Plan for cond: its
+// peak and offload choices). options.modulation_rows may be 0 here (no tables).
+// Errors: invalid options, config or geometry; resident_blocks outside 0..L.
+Expected<DevicePeak> device_peak(const h3::H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& options,
+                                 int64_t resident_blocks, const Plan& activations);
 
 // The plan for a total device budget (see the policy above). Errors: invalid options
 // (kv_tile < 1, modulation_rows < 1, device facts <= 0), an invalid config or

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "exec/planner.h"
 #include "sample/noise.h"
 
 namespace ls::sample {
@@ -30,9 +31,20 @@ Status check_text(const TensorView& t, const h3::H3Config& cfg, const char* what
   return {};
 }
 
+// One prompt's activation plan from the one planner (exec::plan_memory): the activation
+// budget mode when the request has a budget, else its knobs. The knobs' kv_tile is the
+// resolved one (Session::apply); none is defaulted here (device.default_kv_tile 0), and
+// no AdaLN tables are counted (no sigmas: only the activation plan is used).
 Expected<exec::Plan> plan_for(const h3::H3Config& cfg, const h3::Conditioning& cond, const GenerateRequest& req) {
-  if (req.budget_bytes > 0) return exec::plan_for_budget(cfg, cond, req.budget_bytes, req.knobs.kv_tile);
-  return exec::make_plan(cfg, cond, req.knobs);
+  exec::PlanRequest q;
+  q.cfg = &cfg;
+  q.cond = &cond;
+  q.mode = req.budget_bytes > 0 ? exec::MemoryMode::activation_budget : exec::MemoryMode::knobs;
+  q.knobs = req.knobs;
+  q.budget_bytes = req.budget_bytes;
+  q.device.default_kv_tile = 0;
+  LS_ASSIGN_OR_RETURN(exec::PlanResult r, exec::plan_memory(q));
+  return std::move(r.plan);
 }
 
 // The engine as the sampler's velocity model: splits the packed state into the video

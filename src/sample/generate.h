@@ -4,8 +4,9 @@
 // `layerstream generate` runs; it is here (not in the CLI) so tests can drive it.
 //
 // Order of work (everything that can fail on user input fails before step 1):
-//   0. plans for the positive (and, with CFG, the negative) conditioning: make_plan
-//      with the knobs, or plan_for_budget (fails naming the smallest budget);
+//   0. plans for the positive (and, with CFG, the negative) conditioning from the one
+//      planner (exec::plan_memory): its knobs mode with the knobs, or its activation
+//      budget mode (fails naming the smallest budget);
 //   1. refine_text for each prompt used (once per run; at cfg 1 the negative is not
 //      refined, it is never evaluated);
 //   2. Engine::precompute_adaln with every sigma of the schedule (the AdaLN weights
@@ -47,7 +48,7 @@ struct GenerateRequest {
   double cfg = 1.0;
   uint64_t seed = 0;
   exec::PlanKnobs knobs;      // used when budget_bytes == 0
-  uint64_t budget_bytes = 0;  // > 0: plan_for_budget(budget_bytes, knobs.kv_tile)
+  uint64_t budget_bytes = 0;  // > 0: plan_memory's activation budget mode (budget_bytes, knobs.kv_tile)
   std::vector<float> initial_latent;  // packed fp32, empty = t2va (zeros)
 };
 
