@@ -32,6 +32,7 @@ def inputs(seed=1):
 def apply(comfy, fake_ls, path_file, **kw):
     p = comfy.make_patcher(path=path_file)
     kw.setdefault("device", "cpu")
+    kw.setdefault("path", "engine")  # fallbacks go to stock (path auto: test_auto_falls_back_to_comfy_sliced)
     m, text = node_api().apply_node(p, layerstream_module=fake_ls, **kw)
     return p, m, text
 

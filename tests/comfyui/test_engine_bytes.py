@@ -1,0 +1,211 @@
+"""The wrapper on the real engine (the built `layerstream` package; skipped when it is not
+importable): what it returns to ComfyUI is byte for byte what a direct Engine.denoise call
+with the same inputs gives (torch.equal), for t2va, keyframes, references, masks, PDD,
+sliced plans, and a checkpoint file written by `layerstream make-model` (LS_TOOL)."""
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+ls = pytest.importorskip("layerstream")
+
+import fake_comfy  # noqa: E402
+from layerstream_h3 import node  # noqa: E402
+
+C, T, HL, WL, CA, A, L = 24, 2, 4, 4, 32, 8, 6  # tiny preset; 5 frames of 64x64
+KIND = "diffusion_model"
+
+
+@pytest.fixture
+def comfy(monkeypatch):
+    import sys
+    for name, mod in fake_comfy.modules().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    from layerstream_h3 import wrapper
+    wrapper.drop_cached_engine()
+    yield fake_comfy
+    wrapper.drop_cached_engine()
+
+
+def tiny_factory(settings, budget):
+    return ls.Engine(preset="tiny", device="cpu", mlp_chunk=settings.mlp_chunk, attn_chunk=settings.attn_chunk)
+
+
+def inputs(seed=1, hidden=128):
+    g = torch.Generator().manual_seed(seed)
+    video = torch.randn((1, C, T, HL, WL), generator=g).to(torch.bfloat16)
+    audio = torch.randn((1, CA, 2, A), generator=g).to(torch.bfloat16)
+    ctx = (0.5 * torch.randn((1, L, hidden), generator=g)).to(torch.bfloat16)
+    return video, audio, ctx
+
+
+def probed(comfy, path, pdd_heads=1, **kw):
+    """A MODEL with a probe wrapper registered BEFORE the node's (it sees what ours returns)."""
+    p = comfy.make_patcher(path=path, pdd_heads=pdd_heads)
+    seen = []
+
+    def probe(executor, *a, **k):
+        out = executor(*a, **k)
+        seen.append({"x": a[0], "out": [o.clone() for o in out]})
+        return out
+
+    p.add_wrapper_with_key(KIND, "probe", probe)
+    kw.setdefault("engine_factory", tiny_factory)
+    m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls, **kw)
+    return m, seen, text
+
+
+def carried(comfy, audio, sigma):
+    """The audio _forward receives: forward() multiplies by bf16(sigma_a / sigma_v)."""
+    t = torch.tensor([sigma], dtype=torch.float32) * 1000.0
+    sv = (t[0] / 1000.0).float().clamp(min=1e-6)
+    return audio * (comfy.time_shift_sigma(sv, 12.0, 3.0) / sv).to(torch.bfloat16)
+
+
+def direct(clip, video, audio, sigma, ctx):
+    eng = ls.Engine(preset="tiny", device="cpu")
+    v, a = eng.denoise(clip, video[0].float().numpy(), audio[0].float().numpy(), np.float32(sigma),
+                       refined_text=ctx[0])
+    return torch.from_numpy(np.ascontiguousarray(v)), torch.from_numpy(np.ascontiguousarray(a))
+
+
+def check_equal(seen, v, a):
+    assert len(seen) == 1
+    out = seen[0]["out"]
+    assert out[0].dtype == torch.bfloat16 and out[0].shape == (1,) + tuple(v.shape)
+    assert v.abs().sum() > 0 and a.abs().sum() > 0  # a non-trivial answer
+    assert torch.equal(out[0][0].float(), v) and torch.equal(out[1][0].float(), a)
+
+
+def test_t2va_gives_the_bytes_of_a_direct_call(comfy, bf16_file):
+    m, seen, _ = probed(comfy, bf16_file)
+    video, audio, ctx = inputs()
+    tags = torch.tensor([1, 1, 0, 0, 1, 1])
+    sigma = 0.8123
+    comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(text_token_tags=tags, seed=3))
+    clip = ls.Clip(5, 64, 64, L, text_tags=[1, 1, 0, 0, 1, 1], seed=3, audio_scale=1.0)
+    v, a = direct(clip, video, carried(comfy, audio, sigma), sigma, ctx)
+    check_equal(seen, v, a)
+
+
+def test_forward_level_equals_the_engines_own_carry(comfy, bf16_file):
+    """ComfyUI's forward() around the wrapper (carry in, velocity conversion out, masks)
+    gives what the engine computes itself for the whole forward (audio_scale 4)."""
+    m, _, _ = probed(comfy, bf16_file)
+    video, audio, ctx = inputs(seed=2)
+    vm = torch.ones((T, HL, WL))
+    vm[0] = 0.0
+    am = torch.ones((CA, 2, A))
+    am[:, :, :2] = 0.0
+    dm, adm = comfy.token_grid_masks(vm, am)
+    sigma = 0.55
+    out = comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(seed=1, audio_scale=4.0),
+                         denoise_mask=dm, audio_denoise_mask=adm)
+    clip = ls.Clip(5, 64, 64, L, seed=1, audio_scale=4.0, video_mask=dm[0, 0].numpy(), audio_mask=adm[0, 0].numpy())
+    v, a = direct(clip, video, audio, sigma, ctx)
+    assert torch.equal(out[0][0].float(), v) and torch.equal(out[1][0].float(), a)
+
+
+def test_keyframes_references_and_masks(comfy, bf16_file):
+    m, seen, _ = probed(comfy, bf16_file)
+    video, audio, ctx = inputs(seed=4)
+    g = torch.Generator().manual_seed(9)
+    first = torch.randn((1, C, 1, HL, WL), generator=g)
+    guide_audio = torch.randn((1, CA, 2, 2), generator=g)
+    img = torch.randn((1, C, 1, 2, 4), generator=g)
+    kfs = [{"resolved_frame_index": 0, "latent": first}, {"resolved_frame_index": 4, "audio_latent": guide_audio,
+                                                           "latent": first.flip(-1).contiguous()}]
+    refs = [{"kind": "image", "latent_h": 2, "latent_w": 4, "latent_t": 1, "ref_audio_t": 0, "latent": img}]
+    vm = torch.ones((T, HL, WL))
+    vm[1, 2:, :] = 0.0
+    dm, _ = comfy.token_grid_masks(vm, torch.ones((CA, 2, A)))
+    sigma, seed = 0.4, 21
+    payload = comfy.make_payload(keyframes=kfs, refs=refs, seed=seed, aud_aug=0.75)
+    comfy.run_step(m, video, audio, sigma, ctx, payload, denoise_mask=dm)
+
+    def nv(z):  # ComfyUI's draws, restated: patchify then randn(rows.shape), seed / seed + 1
+        rows = (z.shape[2] * (z.shape[3] // 2) * (z.shape[4] // 2), 4 * z.shape[1])
+        return torch.randn(rows, generator=torch.Generator("cpu").manual_seed(seed)).numpy()
+
+    na = torch.randn((2 * 2, CA), generator=torch.Generator("cpu").manual_seed(seed + 1)).numpy()
+    clip = ls.Clip(5, 64, 64, L, seed=seed, audio_scale=1.0, aud_aug=0.75, video_mask=dm[0, 0].numpy(),
+                   keyframes=[ls.Keyframe(0, first[0].numpy(), noise_video=nv(first)),
+                              ls.Keyframe(4, first.flip(-1)[0].contiguous().numpy(), audio=guide_audio[0].numpy(),
+                                          noise_video=nv(first), noise_audio=na)],
+                   references=[ls.Reference("image", video=img[0].numpy(), noise_video=nv(img))])
+    v, a = direct(clip, video, carried(comfy, audio, sigma), sigma, ctx)
+    check_equal(seen, v, a)
+    # and the condition rows mattered: without them the answer differs
+    v0, _ = direct(ls.Clip(5, 64, 64, L, seed=seed, audio_scale=1.0, video_mask=dm[0, 0].numpy()),
+                   video, carried(comfy, audio, sigma), sigma, ctx)
+    assert not torch.equal(v0, v)
+
+
+def test_slices_do_not_change_a_byte(comfy, bf16_file):
+    video, audio, ctx = inputs(seed=5)
+    outs = []
+    for mlp, attn in ((0, 0), (64, 32), (16, 48)):
+        from layerstream_h3 import wrapper
+        wrapper.drop_cached_engine()
+        m, seen, _ = probed(comfy, bf16_file, mlp_chunk=mlp, attn_chunk=attn)
+        comfy.run_step(m, video, audio, 0.7, ctx, comfy.make_payload())
+        outs.append(seen[0]["out"])
+    for o in outs[1:]:
+        assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1])
+
+
+def make_model_file(tmp_path, *extra):
+    tool = os.environ.get("LS_TOOL") or shutil.which("layerstream")
+    if not tool or not os.path.exists(tool):
+        pytest.skip("the layerstream CLI is not known (LS_TOOL)")
+    path = str(tmp_path / "tiny.safetensors")
+    r = subprocess.run([tool, "make-model", "--preset", "tiny", "-q", "-o", path] + list(extra),
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("make-model {} failed: {}".format(" ".join(extra), r.stderr.strip()))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8-convrot", "fp8"])
+def test_the_models_own_file(comfy, tmp_path, fmt):
+    """The real route: the engine opens the file the MODEL was loaded from."""
+    path = make_model_file(tmp_path, "--format", fmt)
+    p = comfy.make_patcher(path=path)
+    seen = []
+
+    def probe(executor, *a, **k):
+        out = executor(*a, **k)
+        seen.append({"out": [o.clone() for o in out]})
+        return out
+
+    p.add_wrapper_with_key(KIND, "probe", probe)
+    m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls)
+    assert "checkpoint: " + path in text
+    video, audio, ctx = inputs(seed=6)
+    sigma = 0.66
+    comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(seed=2))
+    eng = ls.Engine(model=path, device="cpu")
+    v, a = eng.denoise(ls.Clip(5, 64, 64, L, seed=2, audio_scale=1.0), video[0].float().numpy(),
+                       carried(comfy, audio, sigma)[0].float().numpy(), np.float32(sigma), refined_text=ctx[0])
+    check_equal(seen, torch.from_numpy(v), torch.from_numpy(a))
+
+
+def test_pdd_heads_read_the_schedule(comfy, tmp_path):
+    path = make_model_file(tmp_path, "--pdd-heads", "16")
+    p = comfy.make_patcher(path=path, pdd_heads=16)
+    m, _ = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls)
+    video, audio, ctx = inputs(seed=7)
+    # 16 heads at sigma 0.8: the step to 0.45 spans heads [12, 15), the step to 0 spans [12, 16)
+    schedules = ([1.0, 0.8, 0.45, 0.0], [1.0, 0.8, 0.0])
+    outs = [comfy.run_step(m, video, audio, 0.8, ctx, comfy.make_payload(audio_scale=1.0), sample_sigmas=s)
+            for s in schedules]
+    eng = ls.Engine(model=path, device="cpu")
+    for out, s in zip(outs, schedules):
+        v, a = eng.denoise(ls.Clip(5, 64, 64, L, audio_scale=1.0, sample_sigmas=s), video[0].float().numpy(),
+                           audio[0].float().numpy(), np.float32(0.8), refined_text=ctx[0])
+        assert torch.equal(out[0][0].float(), torch.from_numpy(v)) and torch.equal(out[1][0].float(), torch.from_numpy(a))
+    assert not torch.equal(outs[0][0], outs[1][0])  # the schedule picks other heads
