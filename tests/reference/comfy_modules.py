@@ -104,13 +104,29 @@ class ComfyAttention(nn.Module):
         self.function = None
 
 
+def _sdpa_comfy_priority(q, k, v):
+    """SDPA as comfy/ops.py calls it on CUDA: for inputs of 128k elements or more, under the
+    backend priority flash, cuDNN, efficient, math (where PyTorch can set a priority)."""
+    try:
+        import inspect
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if q.nelement() >= 1024 * 128 and "set_priority" in inspect.signature(sdpa_kernel).parameters:
+            order = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                     SDPBackend.MATH]
+            with sdpa_kernel(order, set_priority=True):
+                return F.scaled_dot_product_attention(q, k, v)
+    except ImportError:
+        pass
+    return F.scaled_dot_product_attention(q, k, v)
+
+
 def _attention_math(q, k, v, heads, **kw):
     """q [1, H, M, Dh], k/v [1, H, S, Dh] -> [1, M, H*Dh]. CUDA / PyTorch >= 2: SDPA (as
     ComfyUI's attention_pytorch); otherwise fp32 scores and softmax, P rounded to the input
     dtype, P.V accumulated in fp32 (row-exact on the CPU, sliced_table.py)."""
     ATTENTION_CALLS.append(q.shape[2])
     if hasattr(F, "scaled_dot_product_attention") and q.is_cuda:
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = _sdpa_comfy_priority(q, k, v)
     else:
         s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (q.shape[-1] ** -0.5)
         p = torch.softmax(s, dim=-1).to(q.dtype).float()
@@ -171,7 +187,7 @@ class Int8Linear(nn.Module):
     def __init__(self, lin):
         super().__init__()
         self.in_features, self.out_features = lin.in_features, lin.out_features
-        self.weight = _Int8Weight(lin.weight.detach())
+        self.weight = _Int8Weight(lin.weight.detach())  # on lin's device
         self.bias = None
 
     def forward(self, x):
@@ -179,8 +195,18 @@ class Int8Linear(nn.Module):
         sx = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.0  # f32 [M, 1]
         xq = torch.round(xf / sx).clamp(-127, 127)
         w = self.weight
-        acc = torch.matmul(xq.double(), w.qdata.to(x.device).double().t())  # exact integers
-        return (acc.float() * sx * w.scale.to(x.device)[None, :]).to(x.dtype)
+        m = xq.shape[0]
+        if x.is_cuda and hasattr(torch, "_int_mm"):
+            # cuBLAS int8 x int8 -> int32 (|sum| <= K * 127^2 < 2^31): exact for every row
+            # count; _int_mm wants more than 16 rows and a multiple of 8, so pad with zero rows.
+            a = xq.to(torch.int8)
+            rows = max(32, (m + 7) // 8 * 8)
+            if rows != m:
+                a = torch.cat([a, a.new_zeros((rows - m, a.shape[1]))])
+            acc = torch._int_mm(a, w.qdata.t())[:m]
+        else:
+            acc = torch.matmul(xq.double(), w.qdata.double().t())  # exact integers in float64
+        return (acc.float() * sx * w.scale[None, :]).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -357,11 +383,12 @@ class MiniMaxH3Model(nn.Module):
 
     def randomize(self, seed):
         """Seeded weights with the spread of a trained model's (norms near 1, linears 1/sqrt(fan_in))."""
-        g = torch.Generator().manual_seed(seed)
+        dev = next(self.parameters()).device
+        g = torch.Generator(device=dev).manual_seed(seed)  # drawn where the weights live
         with torch.no_grad():
             for name, p in self.named_parameters():
-                r = torch.randn(p.shape, generator=g)
-                if name.endswith("norm1.weight") or name.endswith("norm2.weight") or "norm" in name.split(".")[-2]:
+                r = torch.randn(p.shape, generator=g, device=dev)
+                if "norm" in name.split(".")[-2]:
                     v = 1.0 + 0.1 * r
                 elif p.dim() == 2:
                     v = r / math.sqrt(p.shape[1])
