@@ -346,7 +346,7 @@ typedef struct ls_denoise_params {
   const ls_tensor* video_tensor;        /* [C, T, Hl, Wl] */
   const ls_tensor* audio_tensor;        /* [Ca, 2, A] */
   const ls_tensor* text_tensor;         /* raw states [L, text_dim] */
-  const ls_tensor* refined_text_tensor; /* bf16 [L, hidden] */
+  const ls_tensor* refined_text_tensor; /* bf16 [L, hidden] (or f32 holding bf16 values exactly) */
   const ls_tensor* video_out_tensor;
   const ls_tensor* audio_out_tensor;
   /* The caller's CUDA stream (a cudaStream_t; NULL = the legacy default stream): the

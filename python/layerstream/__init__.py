@@ -308,6 +308,17 @@ class Engine:
         self._e.denoise(clip._to_c(), video, audio, float(sigma), text, refined_text, video_out, audio_out, handle)
         return video_out, audio_out
 
+    def refine_text(self, text):
+        """ls_engine_refine_text: raw text states float32 [L, text_dim] (a contiguous host
+        array) -> the refined states as bf16 bits, numpy uint16 [L, hidden]. As values:
+        ``(bits.astype(np.uint32) << 16).view(np.float32)``, or torch's
+        ``torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)``; either can be
+        passed as denoise(refined_text=...). (Beyond the contract: for tests and tools.)"""
+        import numpy as np
+        hidden = self._e.info()["hidden"]
+        bits = np.frombuffer(self._e.refine_text(text, hidden), dtype="<u2")
+        return bits.reshape(-1, hidden).copy()
+
     def report(self):
         """The last call's report (ls_engine_report_json, parsed)."""
         return _json.loads(self._e.report())

@@ -369,6 +369,27 @@ class Engine {
     call([&] { return ls_engine_denoise(e_, &d); });
   }
 
+  // ls_engine_refine_text: raw states f32 [L, text_dim] (contiguous host) -> the bf16
+  // bits [L, hidden] as bytes (little-endian uint16).
+  py::bytes refine_text(py::handle text, int64_t hidden) {
+    auto t = as_tensor(text, false, 0, "text");
+    const ls_tensor& d = t->t;
+    int64_t want = 1;
+    for (int i = d.ndim - 1; i >= 0; --i) {
+      if (d.shape[i] != 1 && d.strides[i] != want) invalid("refine_text: text must be contiguous");
+      want *= d.shape[i];
+    }
+    if (d.dtype != LS_DTYPE_F32 || d.device_type != LS_DEVICE_CPU || d.ndim < 1)
+      invalid("refine_text: text must be float32 host memory [L, text_dim]");
+    const int64_t tokens = d.ndim >= 2 ? d.shape[d.ndim - 2] : 0;
+    std::string out(static_cast<size_t>(tokens * hidden) * sizeof(uint16_t), '\0');
+    call([&] {
+      return ls_engine_refine_text(e_, static_cast<const float*>(d.data), tokens, reinterpret_cast<uint16_t*>(out.data()),
+                                   static_cast<size_t>(tokens * hidden));
+    });
+    return py::bytes(out);
+  }
+
   std::string report() {
     const char* json = nullptr;
     std::string out;
@@ -462,6 +483,7 @@ PYBIND11_MODULE(_C, m) {
       .def("plan", &Engine::plan, py::arg("clip"), py::arg("sigma"))
       .def("denoise", &Engine::denoise, py::arg("clip"), py::arg("video"), py::arg("audio"), py::arg("sigma"),
            py::arg("text"), py::arg("refined_text"), py::arg("video_out"), py::arg("audio_out"), py::arg("stream"))
+      .def("refine_text", &Engine::refine_text, py::arg("text"), py::arg("hidden"))
       .def("report", &Engine::report)
       .def("output_hash", &Engine::output_hash);
 }

@@ -626,12 +626,19 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   if (p.refined_text_tensor) {
     auto t = tensor_desc(p.refined_text_tensor, "refined_text_tensor");
     if (!t.ok()) return fail(e, t.error());
-    if (t->dtype != LS_DTYPE_BF16)
-      return fail(e, LS_INVALID_ARGUMENT, "refined_text_tensor must be bf16 [L, hidden] (the refined text states)");
     auto r = fixed_tensor(p.refined_text_tensor, {g.text_tokens, cfg.hidden}, io, "refined_text_tensor");
     if (!r.ok()) return fail(e, r.error());
+    // The refined states are bf16 values: bf16 given, or f32 holding bf16 values exactly
+    // (anything else would be rounded here, silently changing the call's input).
     refined.bf16.resize(r->size());
-    for (size_t i = 0; i < r->size(); ++i) refined.bf16[i] = ls::f32_to_bf16((*r)[i]);  // exact: widened from bf16
+    for (size_t i = 0; i < r->size(); ++i) {
+      const float x = (*r)[i];
+      refined.bf16[i] = ls::f32_to_bf16(x);
+      if (ls::f32_bits(ls::bf16_to_f32(refined.bf16[i])) != ls::f32_bits(x))
+        return fail(e, LS_INVALID_ARGUMENT,
+                    "refined_text_tensor holds a value that is not a bf16 value (element " + std::to_string(i) +
+                        "): the refined text states are bf16 [L, hidden]; give them as bf16");
+    }
     have_refined = true;
   } else if (p.refined_text) {
     refined.bf16.assign(p.refined_text, p.refined_text + g.text_tokens * cfg.hidden);

@@ -140,3 +140,22 @@ def test_overhead_against_cli(engine, clip, inputs, tmp_path):
     cli = time.perf_counter() - t0
     print("\n[overhead] tiny preset, CPU: Python denoise %.2f ms per call; engine-reported %s; CLI process %.1f ms"
           % (py * 1e3, {k: rep[k] for k in rep if "second" in k or k.endswith("_s")}, cli * 1e3))
+
+
+def test_refined_text_gives_the_raw_text_bytes(engine, clip, inputs, reference):
+    """Refined states (ls_engine_refine_text) as f32 holding bf16 values, and as torch
+    bf16, give the bytes of the raw-text call."""
+    video, audio, text = inputs
+    bits = engine.refine_text(text)
+    assert bits.dtype == np.uint16 and bits.shape == (8, engine.info()["hidden"]) and np.count_nonzero(bits) > 0
+    as_f32 = (bits.astype(np.uint32) << 16).view(np.float32)
+    v, a = engine.denoise(clip, video, audio, SIGMA, refined_text=as_f32)
+    assert v.tobytes() == reference[1].tobytes() and a.tobytes() == reference[2].tobytes()
+    torch = pytest.importorskip("torch")
+    as_bf16 = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    assert torch.equal(as_bf16.float(), torch.from_numpy(as_f32))
+    v, _ = engine.denoise(clip, video, audio, SIGMA, refined_text=as_bf16[None])
+    assert v.tobytes() == reference[1].tobytes()
+    # other refined states give another output (the argument is really used)
+    v, _ = engine.denoise(clip, video, audio, SIGMA, refined_text=as_f32[::-1].copy())
+    assert v.tobytes() != reference[1].tobytes()

@@ -94,8 +94,10 @@ def test_required_and_dtypes(engine, clip, inputs):
     ro.flags.writeable = False
     raises(layerstream.InvalidArgument, "invalid_argument", "must be writable", engine.denoise, clip, video, audio,
            SIGMA, text=text, video_out=ro)
-    raises(layerstream.InvalidArgument, "invalid_argument", "refined_text_tensor must be bf16", engine.denoise,
-           clip, video, audio, SIGMA, refined_text=np.zeros((8, engine.info()["hidden"]), np.float32))
+    raises(layerstream.InvalidArgument, "invalid_argument", "not a bf16 value (element 1)", engine.denoise,
+           clip, video, audio, SIGMA,
+           refined_text=np.array([0.5, 1 + 2 ** -10] + [0.0] * (8 * engine.info()["hidden"] - 2),
+                                 np.float32).reshape(8, -1))
 
 
 def test_numerics_refused():
