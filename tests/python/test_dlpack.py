@@ -121,3 +121,37 @@ def test_cuda_tensor_on_cpu_engine_refused(engine, clip, inputs):
     video, audio, text = inputs
     with pytest.raises(layerstream.InvalidArgument, match="engine runs on cpu"):
         engine.denoise(clip, torch.from_numpy(video).cuda(), audio, SIGMA, text=text)
+
+
+def test_references_and_condition_noise(engine, inputs):
+    """References (image, audio, video_audio) with caller-drawn noise rows: numpy f32 and
+    torch bf16 / strided forms give one output; the noise rows are really used (other
+    rows, another output); a wrong number of noise values is refused by the engine."""
+    video, audio, text = inputs
+    C, T, Hl, Wl = video.shape
+    Ca = audio.shape[0]
+    g = torch.Generator().manual_seed(3)
+    rv = (torch.randint(-96, 96, (C, 1, Hl, Wl), generator=g) / 64.0).numpy().astype(np.float32)
+    ra = (torch.randint(-96, 96, (Ca, 2, 4), generator=g) / 64.0).numpy().astype(np.float32)
+    nv = (torch.randint(-64, 64, (1 * (Hl // 2) * (Wl // 2), 4 * C), generator=g) / 32.0).numpy().astype(np.float32)
+    na = (torch.randint(-64, 64, (2 * 4, Ca), generator=g) / 32.0).numpy().astype(np.float32)
+
+    def run(refs):
+        clip = layerstream.Clip(22, 64, 64, 8, references=refs, vis_aug=0.9, aud_aug=0.8, seed=11)
+        return engine.denoise(clip, video, audio, SIGMA, text=text)[0].tobytes()
+
+    plain = run([])
+    a = run([layerstream.Reference("image", video=rv, noise_video=nv),
+             layerstream.Reference("audio", audio=ra, noise_audio=na)])
+    b = run([layerstream.Reference("image", video=torch.from_numpy(rv).to(torch.bfloat16),
+                                   noise_video=torch.from_numpy(np.ascontiguousarray(nv.T)).t()),
+             layerstream.Reference("audio", audio=torch.from_numpy(ra)[None], noise_audio=torch.from_numpy(na))])
+    assert a == b and a != plain
+    c = run([layerstream.Reference("image", video=rv, noise_video=nv * 0.5),
+             layerstream.Reference("audio", audio=ra, noise_audio=na)])
+    assert c != a  # the given rows are used, not redrawn
+    d = run([layerstream.Reference("image", video=rv), layerstream.Reference("audio", audio=ra)])
+    assert d != a  # the engine's own draw differs from the given rows
+    with pytest.raises(layerstream.InvalidArgument) as ei:
+        run([layerstream.Reference("image", video=rv, noise_video=nv[:-1])])
+    assert "noise" in str(ei.value)
