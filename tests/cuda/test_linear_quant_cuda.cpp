@@ -2,7 +2,7 @@
 // (src/backend/cpu/linear_quant.cpp) and against themselves:
 //  - int8_convrot: CPU vs CUDA memcmp for M in {1, 7, 97, 1000} at several (K, N, G), with
 //    bias, the fused swiglu input (K = 14336: the > 48 KiB shared-memory path) and an H3
-//    width K = 5376; rows across several row chunks (N = 28672 makes the chunk 768 rows);
+//    width K = 5376; rows across several row chunks (N = 28672 makes the chunk 1408 rows);
 //  - fp8_e4m3: row invariance on CUDA (memcmp between the whole call and slices of it, one
 //    row included) with static and dynamic activation scales, and the distance to the CPU
 //    (printed; bounded, not bitwise: the tensor cores' sum order is not the CPU's dot16);
@@ -165,21 +165,22 @@ TEST(LinearQuantCuda, Int8MatchesCpuBitwise) {
 
 TEST(LinearQuantCuda, Int8RowChunksAndSlices) {
   LS_NEED_GPU();
-  // N = 28672 (H3's fc1 width), K = 256: the chunk is 768 rows, so M = 2000 spans three.
-  const Problem p{2000, 28672, 256, 256, false, 1};
+  // N = 28672 (H3's fc1 width), K = 256: the chunk is 1408 rows (linear_quant.cu chunk_rows:
+  // 160 MiB / (K + 16 + 4 N), a multiple of 128), so M = 3000 spans three.
+  const Problem p{3000, 28672, 256, 256, false, 1};
   Prepared r = prepare(G, p, 77);
   DevBuf full = run_cuda(G, p, r, 0, p.M);
-  for (auto [a, b] : {std::pair<int64_t, int64_t>{0, 1}, {1, 767}, {767, 769}, {1000, 2000}, {1999, 2000}}) {
+  for (auto [a, b] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1407}, {1407, 1409}, {1000, 3000}, {2999, 3000}}) {
     DevBuf part = run_cuda(G, p, r, a, b);
     EXPECT_EQ(count_diff(G, part.v, full.v.slice_rows(a, b)), 0) << "rows " << a << ".." << b;
   }
-  // and rows 760..780 (across the first chunk boundary) equal the CPU's
+  // and rows 1400..1420 (across the first chunk boundary) equal the CPU's
   Problem q = p;
   q.M = 20;
   Prepared rc = r;
-  rc.x.v = r.x.v.slice_rows(760, 780);
+  rc.x.v = r.x.v.slice_rows(1400, 1420);
   HostBuf want = run_cpu(G, q, rc);
-  HostBuf got = cudatest::download(G, full.v.slice_rows(760, 780));
+  HostBuf got = cudatest::download(G, full.v.slice_rows(1400, 1420));
   EXPECT_EQ(0, std::memcmp(want.v.data, got.v.data, static_cast<size_t>(want.n() * 2)));
 }
 

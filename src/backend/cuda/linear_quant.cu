@@ -53,7 +53,9 @@ namespace ls::cuda {
 namespace {
 
 constexpr size_t kLtBytes = 4ull << 20;       // cuBLASLt workspace of the quantised GEMMs
-constexpr size_t kChunkBytes = 96ull << 20;   // quantised rows, scales, accumulators / dequantised weight
+// 4 + 160 MiB after the GEMM's 64: inside the cuDNN attention scratch (290 MiB at H3 width,
+// q chunk 2048) that a build with cuDNN reserves anyway, so that workspace does not grow.
+constexpr size_t kChunkBytes = 160ull << 20;  // quantised rows, scales, accumulators / dequantised weight
 constexpr int64_t kRefDim = 8192;             // the heuristic's fixed reference shape
 constexpr int kThreads = 256;
 
