@@ -58,7 +58,8 @@ def sigma_for_timestep(timestep):
     """An fp32 sigma with fl32(sigma * 1000) == timestep (fp32), the value the engine forms
     (layout.cpp: ts = sigma * 1000.0f). The sampler's own sigma is one such value, so one
     exists within an ulp or two of timestep / 1000; the search walks outwards from there.
-    Raises Unsupported if none is found (a timestep that no fp32 sigma produces)."""
+    (Checked over every fp32 sigma in [1e-6, 1]: fl32(timestep / 1000) itself always works;
+    the neighbours are a guard for other ranges.) Raises Unsupported if none is found."""
     t = _f32(timestep)
     if not (t > 0.0) or t != t or t == float("inf"):
         raise Unsupported("timestep {} is not a positive finite value".format(timestep))

@@ -301,7 +301,7 @@ def run_step(patcher, video, audio, sigma, context, payload, denoise_mask=None, 
     patcher.patch_model()
     try:
         patcher.pre_run()
-        t = torch.tensor([sigma], dtype=torch.float32) * 1000.0  # model_sampling.timestep(sigma)
+        t = torch.tensor([sigma], dtype=torch.float32, device=video.device) * 1000.0  # model_sampling.timestep(sigma)
         dm = patcher.model.diffusion_model
         kw = {"minimax_payload": payload}
         if denoise_mask is not None:
