@@ -471,6 +471,8 @@ class SlicedRunner:
             if torch.is_floating_point(fl.adaln_proj.linear.weight) else e
         table, note = sliced_table.table_for(x.device.type, torch.__version__, _device_name(x.device))
         head_k = classify_linear(fl.video_out, "head", x.dtype)
+        if call is not None:
+            call["head_rows"] = rows
         keys = [head_k, "rowwise"]
         floor = _floor(table, keys)
         budget = None
@@ -544,7 +546,7 @@ class SlicedRunner:
         kern = c["kernels"]
         lines.append("kernels: " + ", ".join(f"{k} {v}" for k, v in kern.items() if v))
         est_stock = max(stock_block_bytes(S, c["D"], c["I"], c["F"], c["e"]),
-                        head_bytes(S, S, c["D"], c["e"], c["e"]))
+                        head_bytes(S, c.get("head_rows", S), c["D"], c["e"], c["e"]))
         est_sliced = sliced_block_bytes(S, c["D"], c["I"], c["F"], self._attn_c(), self.mlp_chunk_tokens, c["e"],
                                         self.keep_q, not c.get("stock_attn"))
         peak = c.get("peak")

@@ -193,6 +193,7 @@ class TestOneBlock:
             self._run(model, args, kwargs, None)  # warm-up (cuBLAS handles, kernels)
             ref, t_stock, p_stock = self._run(model, args, kwargs, None)
             configs = [("8192/8192", dict(mlp_chunk_tokens=8192, attn_chunk_tokens=8192)),
+                       ("8192/8192 keep_q", dict(mlp_chunk_tokens=8192, attn_chunk_tokens=8192, keep_q=True)),
                        ("8192/0", dict(mlp_chunk_tokens=8192, attn_chunk_tokens=0))]
             if fmt == "bf16" and S_want <= 40_000:
                 configs.append(("256/128 (table raises)", dict(mlp_chunk_tokens=256, attn_chunk_tokens=128)))
