@@ -1,0 +1,126 @@
+"""The node's wrapper on a CUDA engine (GPU machine; ctest label "cuda"). Skipped without
+CUDA, without a CUDA build of the `layerstream` package, or without the CLI (LS_TOOL).
+
+- CUDA tensors in and out (the wrapper's outputs are bf16 on the input's device), on the
+  caller's stream (a side stream here), equal to a direct Engine.denoise on CUDA tensors;
+- vram_budget auto and explicit slices give the same bytes through the node;
+- a real-width synthetic model (make-model --preset h3 --blocks 1, about 3 GB, written to a
+  temporary folder): the wrapper gives a direct call's bytes; the time of both is printed.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+ls = pytest.importorskip("layerstream")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+if "cuda" not in ls.version():
+    pytest.skip("layerstream was built without CUDA: " + ls.version(), allow_module_level=True)
+
+import fake_comfy  # noqa: E402
+from layerstream_h3 import node, wrapper  # noqa: E402
+
+KIND = "diffusion_model"
+DEV = "cuda:0"
+
+
+@pytest.fixture
+def comfy(monkeypatch):
+    import sys
+    for name, mod in fake_comfy.modules().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    wrapper.drop_cached_engine()
+    yield fake_comfy
+    wrapper.drop_cached_engine()
+
+
+def model_file(tmp_path, preset, *extra):
+    tool = os.environ.get("LS_TOOL") or shutil.which("layerstream")
+    if not tool or not os.path.exists(tool):
+        pytest.skip("the layerstream CLI is not known (LS_TOOL)")
+    path = str(tmp_path / "{}.safetensors".format(preset))
+    subprocess.run([tool, "make-model", "--preset", preset, "-q", "-o", path] + list(extra), check=True)
+    return path
+
+
+def probed(comfy, path, hidden, layers, **kw):
+    p = comfy.make_patcher(path=path, hidden_size=hidden, num_layers=layers)
+    p.load_device = torch.device(DEV)
+    seen = []
+
+    def probe(executor, *a, **k):
+        out = executor(*a, **k)
+        seen.append([o.clone() for o in out])
+        return out
+
+    p.add_wrapper_with_key(KIND, "probe", probe)
+    m, text = node.apply_node(p, device="auto", path="engine", fallback="error", layerstream_module=ls, **kw)
+    return m, seen, text
+
+
+def cuda_inputs(C, T, Hl, Wl, Ca, A, L, hidden, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    video = torch.randn((1, C, T, Hl, Wl), generator=g).to(torch.bfloat16).to(DEV)
+    audio = torch.randn((1, Ca, 2, A), generator=g).to(torch.bfloat16).to(DEV)
+    ctx = (0.5 * torch.randn((1, L, hidden), generator=g)).to(torch.bfloat16).to(DEV)
+    return video, audio, ctx
+
+
+def direct_cuda(path, clip, video, audio_in, sigma, ctx):
+    eng = ls.Engine(model=path, device=DEV)
+    v = torch.empty(video.shape[1:], dtype=torch.bfloat16, device=DEV)
+    a = torch.empty(audio_in.shape[1:], dtype=torch.bfloat16, device=DEV)
+    t0 = time.perf_counter()
+    eng.denoise(clip, video, audio_in, np.float32(sigma), refined_text=ctx[0], video_out=v, audio_out=a,
+                stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    return v, a, time.perf_counter() - t0
+
+
+def test_cuda_tensors_on_a_side_stream(comfy, tmp_path):
+    path = model_file(tmp_path, "tiny")
+    C, T, Hl, Wl, Ca, A, L = 24, 2, 4, 4, 32, 8, 6
+    video, audio, ctx = cuda_inputs(C, T, Hl, Wl, Ca, A, L, 128)
+    outs = []
+    for kw in ({"vram_budget": "auto"}, {"mlp_chunk": 32, "attn_chunk": 16}):
+        wrapper.drop_cached_engine()
+        m, seen, text = probed(comfy, path, 128, 2, **kw)
+        assert "device: cuda:0" in text
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            comfy.run_step(m, video, audio, 0.6, ctx, comfy.make_payload(audio_scale=1.0, seed=4))
+        side.synchronize()
+        assert seen[0][0].device.type == "cuda" and seen[0][0].dtype == torch.bfloat16
+        outs.append(seen[0])
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    v, a, _ = direct_cuda(path, ls.Clip(5, 64, 64, L, audio_scale=1.0, seed=4), video, audio, 0.6, ctx)
+    assert v.abs().sum() > 0
+    assert torch.equal(outs[0][0][0], v) and torch.equal(outs[0][1][0], a)
+
+
+def test_real_width_model_gives_a_direct_calls_bytes(comfy, tmp_path):
+    path = model_file(tmp_path, "h3", "--blocks", "1")
+    info = ls.Engine(model=path, device="cpu").info()
+    C, Ca, hidden = info["latents_dim"], info["audio_latents_dim"], info["hidden"]
+    T, Hl, Wl, A, L = 2, 16, 16, 8, 32  # 5 frames of 256x256
+    video, audio, ctx = cuda_inputs(C, T, Hl, Wl, Ca, A, L, hidden, seed=3)
+    m, seen, _ = probed(comfy, path, hidden, info["num_layers"])
+    t0 = time.perf_counter()
+    comfy.run_step(m, video, audio, 0.7, ctx, comfy.make_payload(audio_scale=1.0, seed=1))  # first call: makes the engine
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    comfy.run_step(m, video, audio, 0.7, ctx, comfy.make_payload(audio_scale=1.0, seed=1))
+    torch.cuda.synchronize()
+    second = time.perf_counter() - t0
+    v, a, direct_s = direct_cuda(path, ls.Clip(5, 256, 256, L, audio_scale=1.0, seed=1), video, audio, 0.7, ctx)
+    print("real width, 1 block, S = {}: node call {:.3f} s (first, with engine creation {:.3f} s), direct call "
+          "(with creation) {:.3f} s".format(L + 2 * A + T * (Hl // 2) * (Wl // 2), second, first, direct_s))
+    assert torch.equal(seen[0][0], seen[1][0])
+    assert torch.equal(seen[1][0][0], v) and torch.equal(seen[1][1][0], a)
