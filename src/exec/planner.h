@@ -88,9 +88,9 @@ struct PlanRequest {
   // only; the total budget needs at least one sigma > 0).
   std::vector<float> sigmas;
   MemoryMode mode = MemoryMode::knobs;
-  // Slices, offloads and kv_chunk_rows (knobs mode); kv_tile in every mode (0 = the
-  // device's default_kv_tile); kv_chunk_rows also in total_budget mode.
-  PlanKnobs knobs;
+  // Slices, offloads and kv_chunk_rows (knobs mode); kv_tile in every mode (0, the
+  // default here, = the device's default_kv_tile); kv_chunk_rows also in total_budget mode.
+  PlanKnobs knobs{.kv_tile = 0};
   Residency residency;             // knobs / activation_budget modes (resident_blocks -1 = all)
   uint64_t budget_bytes = 0;       // activation_budget / total_budget modes
   bool prefetch = true;            // total_budget: 2 block slots (else 1)
