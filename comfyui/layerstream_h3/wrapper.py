@@ -148,6 +148,7 @@ class EngineWrapper(object):
         self._ls = layerstream_module
         self._logged = set()
         self._planned = set()
+        self._refused = {}  # engine key -> the engine's message (opening a file is not retried every step)
         self.calls = 0
         self.last = None  # (report dict, seconds) of the last engine call
 
@@ -248,10 +249,13 @@ class EngineWrapper(object):
                 return self._factory(s, budget)
             return open_engine(ls, self.checkpoint, s, budget)
 
+        if key in self._refused:
+            raise mapping.Unsupported(self._refused[key])
         try:
             eng, fresh = _cached_engine(key, make)
         except ls.Error as e:
-            raise mapping.Unsupported("the engine refused the checkpoint or device: {}".format(e))
+            self._refused[key] = "the engine refused the checkpoint or device: {}".format(e)
+            raise mapping.Unsupported(self._refused[key])
         if fresh:
             info = eng.info()
             log("engine {} on {}: {} blocks, hidden {}; {}".format(

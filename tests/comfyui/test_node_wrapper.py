@@ -350,15 +350,20 @@ def test_engine_refusing_the_file_falls_back_per_call(comfy, bf16_file, caplog):
     from conftest import fake_layerstream
     ls = fake_layerstream()
 
+    tries = []
+
     def refuse(**kw):
+        tries.append(kw)
         raise FakeError("checkpoint is not an H3 model: missing blocks.0.adaln_proj.linear.weight")
 
     ls.Engine = refuse
     p = comfy.make_patcher(path=bf16_file)
-    m, _ = node_api().apply_node(p, device="cpu", layerstream_module=ls)
+    m, _ = node_api().apply_node(p, device="cpu", layerstream_module=ls, path="engine")
     out = step_and_log(comfy, m, caplog)
     assert len(m.model.diffusion_model.stock_calls) == 1 and torch.equal(out[0], torch.full_like(out[0], -0.25))
     assert "missing blocks.0.adaln_proj" in caplog.text
+    step_and_log(comfy, m, caplog)
+    assert len(m.model.diffusion_model.stock_calls) == 2 and len(tries) == 1  # not reopened every step
 
 
 def test_odd_latent_and_off_grid_frames_fall_back(comfy, fake_ls, bf16_file, caplog):
