@@ -31,7 +31,7 @@
 // Scratch: the linear region of the backend workspace (after the GEMM's), a constant
 // (linear_quant_workspace_bytes): a small cuBLASLt workspace, then per chunk of Mc rows the
 // quantised rows (Mc * K bytes), their scales (Mc floats) and the 32-bit accumulators
-// (Mc * N * 4 bytes). Mc = the region over (K + 16 + 4 N), at most 32768, rounded down to a
+// (Mc * ldc * 4 bytes, ldc = N rounded up to 4). Mc = the region over (K + 16 + 4 ldc), at most 32768, rounded down to a
 // multiple of 128:
 // a function of (K, N) only; rows are independent, so the chunking changes no bit.
 // No op synchronises the device; every CUDA call is checked.
@@ -60,6 +60,9 @@ constexpr int64_t kRefDim = 8192;             // the heuristic's fixed reference
 constexpr int kThreads = 256;
 
 size_t align_up(size_t v) { return (v + 255) & ~size_t{255}; }
+// The accumulators' row stride: N rounded up to 4 elements (16-byte rows, as cuBLASLt's
+// fp8 and int8 kernels want for C/D).
+int64_t ld_acc(int64_t N) { return (N + 3) / 4 * 4; }
 
 // ---- kernels ------------------------------------------------------------------------------
 __device__ __forceinline__ float block_max(float m, float* red) {
@@ -144,16 +147,16 @@ template <bool FP8>
 __global__ void __launch_bounds__(kThreads) epilogue_rows(const void* __restrict__ acc, const float* __restrict__ rs,
                                                           const float* __restrict__ sw, bool sw_scalar,
                                                           const void* bias, bool bias_f32, uint16_t* __restrict__ out,
-                                                          int64_t ldo, int64_t N) {
+                                                          int64_t ldo, int64_t N, int64_t ldc) {
   const int64_t r = blockIdx.y;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (n >= N) return;
   float y;
   if constexpr (FP8) {
     const float s = lq::mul(rs[r], sw[0]);
-    y = lq::mul(static_cast<const float*>(acc)[r * N + n], s);
+    y = lq::mul(static_cast<const float*>(acc)[r * ldc + n], s);
   } else {
-    y = lq::lq_int8_epilogue(static_cast<const int32_t*>(acc)[r * N + n], rs[r], sw_scalar ? sw[0] : sw[n]);
+    y = lq::lq_int8_epilogue(static_cast<const int32_t*>(acc)[r * ldc + n], rs[r], sw_scalar ? sw[0] : sw[n]);
   }
   if (bias) y = lq::add(y, bias_at(bias, bias_f32, n));
   out[r * ldo + n] = lq::bf16_bits(y);
@@ -172,7 +175,7 @@ __global__ void dequant_fp8(const uint8_t* __restrict__ w, int64_t ldw, int64_t 
 // aligned): the fallback where cuBLASLt has no IMMA algorithm for a shape or alignment.
 // Integer sums are exact, so its bits are the tensor-core path's.
 __global__ void gemm_i8_simt(const int8_t* __restrict__ q, int64_t K, const int8_t* __restrict__ w, int64_t ldw,
-                             int32_t* __restrict__ acc, int64_t M, int64_t N) {
+                             int32_t* __restrict__ acc, int64_t M, int64_t N, int64_t ldc) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t m = static_cast<int64_t>(blockIdx.y) * 8 + threadIdx.y;
   if (n >= N || m >= M) return;
@@ -180,7 +183,7 @@ __global__ void gemm_i8_simt(const int8_t* __restrict__ q, int64_t K, const int8
   const int* wr = reinterpret_cast<const int*>(w + n * ldw);
   int32_t a = 0;
   for (int64_t k = 0; k < K / 4; ++k) a = __dp4a(qr[k], wr[k], a);
-  acc[m * N + n] = a;
+  acc[m * ldc + n] = a;
 }
 
 // ---- cuBLASLt: the pinned quantised GEMMs ---------------------------------------------------
@@ -216,7 +219,7 @@ struct Descs {
 
 // Column-major view of acc[M, N] = q[M, K] * w[N, K]^T: D (N x M, ld N) = op(A) B with
 // A = w stored K x N (ld ldw, transposed) and B = q stored K x M (ld K).
-cublasStatus_t make_descs(Descs& d, bool fp8, int64_t M, int64_t N, int64_t K, int64_t ldw) {
+cublasStatus_t make_descs(Descs& d, bool fp8, int64_t M, int64_t N, int64_t K, int64_t ldw, int64_t ldc) {
   const cublasComputeType_t compute = fp8 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I;
   const cudaDataType_t scale_t = fp8 ? CUDA_R_32F : CUDA_R_32I;
   const cudaDataType_t ab = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_8I, cd = fp8 ? CUDA_R_32F : CUDA_R_32I;
@@ -233,7 +236,7 @@ cublasStatus_t make_descs(Descs& d, bool fp8, int64_t M, int64_t N, int64_t K, i
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   s = cublasLtMatrixLayoutCreate(&d.b, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  return cublasLtMatrixLayoutCreate(&d.c, cd, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N);
+  return cublasLtMatrixLayoutCreate(&d.c, cd, static_cast<uint64_t>(N), static_cast<uint64_t>(M), ldc);
 }
 
 template <typename T>
@@ -247,7 +250,7 @@ T algo_attr(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t 
 QPlan choose(CudaContext& ctx, const QKey& key) {
   QPlan p;
   Descs d;
-  cublasStatus_t s = make_descs(d, key.fp8, kRefDim, kRefDim, key.K, key.K);
+  cublasStatus_t s = make_descs(d, key.fp8, kRefDim, kRefDim, key.K, key.K, kRefDim);
   if (s != CUBLAS_STATUS_SUCCESS) {
     p.error = std::string("cublasLt descriptors: ") + cublasLtGetStatusString(s);
     return p;
@@ -302,7 +305,8 @@ const QPlan& plan_for(CudaContext& ctx, bool fp8, int64_t K, const void* w, int6
 }
 
 // acc[M, N] (int32 or f32, contiguous) = q[M, K] * w[N, K]^T with the pinned algorithm.
-Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const TensorView& w, void* acc, void* lt_ws) {
+Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const TensorView& w, void* acc, int64_t ldc,
+                  void* lt_ws) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const QPlan& p = plan_for(ctx, fp8, K, w.data, w.stride[0]);
   auto simt = [&](const std::string& why) -> Status {
@@ -311,7 +315,7 @@ Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const Te
                    static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), why.c_str());
     dim3 grid(static_cast<unsigned>(div_up(N, 32)), static_cast<unsigned>(div_up(M, 8)));
     gemm_i8_simt<<<grid, dim3(32, 8), 0, ctx.stream>>>(static_cast<const int8_t*>(q), K, w.ptr<const int8_t>(),
-                                                       w.stride[0], static_cast<int32_t*>(acc), M, N);
+                                                       w.stride[0], static_cast<int32_t*>(acc), M, N, ldc);
     LS_CUDA_CHECK_LAUNCH();
     return Status();
   };
@@ -320,7 +324,7 @@ Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const Te
     return unsupported("linear", p.error);
   }
   Descs d;
-  cublasStatus_t s = make_descs(d, fp8, M, N, K, w.stride[0]);
+  cublasStatus_t s = make_descs(d, fp8, M, N, K, w.stride[0], ldc);
   if (s != CUBLAS_STATUS_SUCCESS) return cublas_error(s, "cuda linear: cublasLt descriptors");
   const int32_t one_i = 1, zero_i = 0;
   const float one_f = 1.0f, zero_f = 0.0f;
@@ -366,7 +370,7 @@ Status linear_region(const CudaContext& ctx, Region* r) {
 
 // Rows per chunk for (K, N): what fits the chunk region, a multiple of 128 when >= 128.
 int64_t chunk_rows(int64_t K, int64_t N) {
-  const int64_t per_row = K + 16 + 4 * N;
+  const int64_t per_row = K + 16 + 4 * ld_acc(N);
   int64_t rows = static_cast<int64_t>((kChunkBytes - 3 * 256) / static_cast<size_t>(per_row));
   rows = std::min<int64_t>(rows, 32768);  // the epilogue's grid.y (<= 65535)
   if (rows >= 128) rows = rows / 128 * 128;
@@ -397,10 +401,10 @@ Status launch_epilogue(CudaContext& ctx, bool fp8, const void* acc, const float*
   const bool scalar = w_scale.numel() == 1;
   if (fp8)
     epilogue_rows<true><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, w_scale.ptr<const float>(), scalar, b, bf32,
-                                                          out_rows.ptr<uint16_t>(), out_rows.stride[0], N);
+                                                          out_rows.ptr<uint16_t>(), out_rows.stride[0], N, ld_acc(N));
   else
     epilogue_rows<false><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, w_scale.ptr<const float>(), scalar, b, bf32,
-                                                           out_rows.ptr<uint16_t>(), out_rows.stride[0], N);
+                                                           out_rows.ptr<uint16_t>(), out_rows.stride[0], N, ld_acc(N));
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
@@ -475,7 +479,7 @@ Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight&
     } else {
       LS_TRY(launch_int8_quant(ctx, xr, rows, K, w.group, opts.swiglu_input, reinterpret_cast<int8_t*>(q), rs));
     }
-    LS_TRY(quant_gemm(ctx, fp8, q, rows, w.w, acc, reg.lt));
+    LS_TRY(quant_gemm(ctx, fp8, q, rows, w.w, acc, ld_acc(N), reg.lt));
     LS_TRY(launch_epilogue(ctx, fp8, acc, rs, w.scale, bias, out.slice_rows(m0, m0 + rows), rows, N));
   }
   return Status();
@@ -508,7 +512,7 @@ Status bench_quant_gemm_only(Backend& b, bool fp8, const TensorView& q, const Te
   LS_CHECK_MSG(q.shape[1] == w.shape[1] && acc.shape[0] == q.shape[0] && acc.shape[1] == w.shape[0] &&
                    q.is_contiguous() && acc.is_contiguous(),
                "bench_quant_gemm_only: shapes");
-  return quant_gemm(ctx, fp8, q.data, q.shape[0], w, acc.data, lt_ws[dev]);
+  return quant_gemm(ctx, fp8, q.data, q.shape[0], w, acc.data, acc.shape[1], lt_ws[dev]);
 }
 
 }  // namespace ls::cuda
