@@ -365,8 +365,11 @@ def plan_lines(report):
     lines = []
     plan = report.get("plan") if isinstance(report, dict) else None
     if isinstance(plan, dict):
-        lines.append("plan: " + str(plan.get("describe", "")).strip() + "; predicted activation peak {} (stock {})".format(
-            budget_mod.format_bytes(plan.get("predicted_peak_bytes")), budget_mod.format_bytes(plan.get("stock_peak_bytes"))))
+        text = str(plan.get("describe", "")).strip()
+        if "peak" not in text:
+            text += "; predicted activation peak {} (stock {})".format(
+                budget_mod.format_bytes(plan.get("predicted_peak_bytes")), budget_mod.format_bytes(plan.get("stock_peak_bytes")))
+        lines.append("plan: " + text)
     vb = report.get("vram_budget") if isinstance(report, dict) else None
     if isinstance(vb, dict):
         lines.append("budget: {} -> {} resident blocks, {} slot(s), K/V {}, residual {}; predicted device peak {}".format(
@@ -377,7 +380,7 @@ def plan_lines(report):
     num = report.get("numerics") if isinstance(report, dict) else None
     if num is not None:
         lines.append("numerics: {}".format(num if isinstance(num, str) else ", ".join(
-            "{} {}".format(k, v) for k, v in sorted(num.items()) if not isinstance(v, (dict, list)))))
+            "{} {}".format(k, v) for k, v in sorted(num.items()) if not isinstance(v, (dict, list)) and v != "")))
     if isinstance(report, dict) and report.get("weights") is not None:
         lines.append("weights: {}".format(report.get("weights")))
     return lines
