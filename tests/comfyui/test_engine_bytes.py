@@ -81,12 +81,19 @@ def check_equal(seen, v, a):
     assert torch.equal(out[0][0].float(), v) and torch.equal(out[1][0].float(), a)
 
 
-def test_t2va_gives_the_bytes_of_a_direct_call(comfy, bf16_file):
+def test_t2va_gives_the_bytes_of_a_direct_call(comfy, bf16_file, caplog):
+    import logging
+    import re
     m, seen, _ = probed(comfy, bf16_file)
     video, audio, ctx = inputs()
     tags = torch.tensor([1, 1, 0, 0, 1, 1])
     sigma = 0.8123
-    comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(text_token_tags=tags, seed=3))
+    with caplog.at_level(logging.INFO, logger="layerstream_h3"):
+        comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(text_token_tags=tags, seed=3))
+    # the log: the plan at the first call, then the device peak, time and hash read from the engine's report
+    assert "[LayerStream] plan: " in caplog.text and "[LayerStream] numerics: " in caplog.text
+    assert re.search(r"device peak [0-9.]+ [KMG]?i?B .*activation peak [0-9.]+ [KMG]?i?B, output hash [0-9a-f]{16}",
+                     caplog.text), caplog.text
     clip = ls.Clip(5, 64, 64, L, text_tags=[1, 1, 0, 0, 1, 1], seed=3, audio_scale=1.0)
     v, a = direct(clip, video, carried(comfy, audio, sigma), sigma, ctx)
     check_equal(seen, v, a)
