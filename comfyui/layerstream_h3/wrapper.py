@@ -267,7 +267,11 @@ class EngineWrapper(object):
     def _auto_budget(self):
         try:
             import torch
-            free, total = torch.cuda.mem_get_info(torch.device(self.settings.device))
+            dev = torch.device(self.settings.device)
+            # PyTorch's cached but unused blocks are not free for the engine's own cudaMalloc:
+            # hand them back to the driver first (ComfyUI's soft_empty_cache does the same).
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(dev)
         except Exception as e:  # no CUDA in this torch, or a bad device string
             raise mapping.Unsupported("cannot read free VRAM for vram_budget auto on {}: {}".format(
                 self.settings.device, e))
