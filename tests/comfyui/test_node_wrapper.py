@@ -476,3 +476,27 @@ def test_bad_budget_is_refused():
             parse_budget(bad)
     assert auto_budget(100 * GIB, 140 * GIB) == 100 * GIB - GIB - int(0.05 * 140 * GIB)
     assert auto_budget(GIB, 140 * GIB) is None
+
+
+def test_vram_budget_reaches_the_engine(comfy, fake_ls, bf16_file, monkeypatch):
+    from layerstream_h3.budget import GIB
+    from layerstream_h3 import wrapper
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (100 * GIB, 140 * GIB))
+    for text, want in (("auto", 100 * GIB - GIB - int(0.05 * 140 * GIB)), ("12G", 12 * GIB)):
+        wrapper.drop_cached_engine()
+        p = comfy.make_patcher(path=bf16_file)
+        m, status = node_api().apply_node(p, device="cuda:0", vram_budget=text, layerstream_module=fake_ls,
+                                          path="engine")
+        m.wrappers[KIND]["layerstream_h3"][0].engine()
+        assert fake_ls.engines[-1].kw == {"model": bf16_file, "device": "cuda:0", "vram_budget": want}
+        assert "vram_budget" in status
+    assert emptied == [1]  # only auto reads (and first empties PyTorch's cache)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (GIB, 140 * GIB))
+    wrapper.drop_cached_engine()
+    m, _ = node_api().apply_node(comfy.make_patcher(path=bf16_file), device="cuda:0", layerstream_module=fake_ls,
+                                 path="engine")
+    from layerstream_h3.mapping import Unsupported
+    with pytest.raises(Unsupported, match="less than the reserve"):
+        m.wrappers[KIND]["layerstream_h3"][0].engine()
