@@ -13,6 +13,7 @@
 #include "core/arena.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
+#include "exec/planner.h"
 
 using namespace ls;
 using namespace ls::exec;
@@ -537,18 +538,28 @@ TEST(BudgetPlan, CudaProfileArithmetic) {
 }
 
 TEST(BudgetPlan, CudaProfileMatchesTheBackend) {
-  // GPU machine: the documented figures info's dry run plans with are the real backend's.
+  // GPU machine: the documented figures info's dry run plans with (cuda_device_profile)
+  // are the live backend's as the planner takes them from it (exec::device_profile:
+  // workspace_bytes(), default_kv_tile()), for each attention path and cuDNN query chunk.
   auto b = make_backend("cuda");
   if (!b.ok()) GTEST_SKIP() << "no CUDA backend here: " << b.error().message;
-  if (std::getenv("LAYERSTREAM_CUDNN_QCHUNK") != nullptr) GTEST_SKIP() << "LAYERSTREAM_CUDNN_QCHUNK is set";
-  const int64_t tile = (*b)->default_kv_tile();
-  if (tile == 8192) {  // cuDNN built and selected
-    EXPECT_EQ((*b)->workspace_bytes(), cuda_device_profile(true, true).workspace_bytes);
-  } else {             // the native kernel: a build without cuDNN, or LAYERSTREAM_ATTENTION=native
-    EXPECT_EQ(tile, 1024);
-    const uint64_t ws = (*b)->workspace_bytes();
-    EXPECT_TRUE(ws == cuda_device_profile(false, false).workspace_bytes ||
-                ws == cuda_device_profile(true, false).workspace_bytes)
-        << ws;
+  const bool cudnn_built = (*b)->default_kv_tile() == 8192;  // the default resolves to cuDNN where built
+  EXPECT_TRUE(cudnn_built || (*b)->default_kv_tile() == 1024) << (*b)->default_kv_tile();
+  struct Case {
+    AttentionAlgorithm attention;
+    int64_t q_chunk;
+  };
+  for (const Case c : {Case{AttentionAlgorithm::backend_default, 2048}, Case{AttentionAlgorithm::native, 2048},
+                       Case{AttentionAlgorithm::backend_default, 4096}}) {
+    Numerics n;
+    n.attention = c.attention;
+    n.cudnn_q_chunk = c.q_chunk;
+    auto be = make_backend("cuda", n, {});
+    ASSERT_TRUE(be.ok()) << be.error().message;
+    const DeviceProfile live = device_profile(**be);
+    const DeviceProfile doc =
+        cuda_device_profile(cudnn_built, cudnn_built && c.attention != AttentionAlgorithm::native, c.q_chunk);
+    EXPECT_EQ(live.workspace_bytes, doc.workspace_bytes) << to_string(c.attention) << " q_chunk " << c.q_chunk;
+    EXPECT_EQ(live.default_kv_tile, doc.default_kv_tile) << to_string(c.attention);
   }
 }
