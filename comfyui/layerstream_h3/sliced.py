@@ -192,6 +192,8 @@ def classify_linear(lin, role, act_dtype):
         if getattr(w, "_layout_cls") == "TensorWiseINT8Layout" and not patched and not full:
             return "gemm.int8"
         return f"gemm.other({getattr(w, '_layout_cls')}{', patched' if patched else ''})"
+    if type(lin).__qualname__.startswith("fp8_ops"):  # comfy.ops fp8_ops: an fp8 _scaled_mm, not measured
+        return "gemm.other(fp8 matmul)"
     if role == "head":
         return "gemm.f32.head"
     if act_dtype == torch.bfloat16:
@@ -467,8 +469,7 @@ class SlicedRunner:
         na = audio_seg[1] - audio_seg[0]
         rows = max(nv, na)
         e = x.element_size()
-        scale_e = torch.finfo(fl.adaln_proj.linear.weight.dtype).bits // 8 \
-            if torch.is_floating_point(fl.adaln_proj.linear.weight) else e
+        scale_e = t_emb.element_size()  # the adaln output (scale, shift) has t_emb's dtype
         table, note = sliced_table.table_for(x.device.type, torch.__version__, _device_name(x.device))
         head_k = classify_linear(fl.video_out, "head", x.dtype)
         if call is not None:

@@ -35,6 +35,8 @@ class Threshold:
 #   SDPA FlashAttention-2, m queries x S keys:    differs for m <= 192 (split-KV below that)
 #   SDPA cuDNN attention:                          differs only at m = 1
 #   int8 GEMMs (ConvRot int8, per-row activation scales): equal at every m
+#     (comfy_kitchen's TensorWiseINT8Layout quantises activations with dynamic per-row
+#     scales, or one static input_scale: a row's int8 values never depend on other rows)
 # fc1 and out_proj were not listed separately; they get fc2's floor (the largest measured
 # GEMM floor), which costs nothing at the default 8192-row slices.
 # tests/comfyui/test_sliced_gpu.py re-measures every entry on the machine it runs on and
@@ -60,7 +62,7 @@ CUDA = {
 }
 
 # Measured on this project's CI machine: Debian 12 python3-torch 1.13.1 (x86-64, AVX2,
-# BLAS_INFO=generic, MKL-DNN 2.6.3), 1 thread and several, by tests/comfyui/test_sliced.py's
+# BLAS_INFO=generic, MKL-DNN 2.6.3; the CI machine's thread count), by tests/comfyui/test_sliced.py's
 # probe (TestCpuKernels): every slice of m = 1, 2, 3, 5, ... 513 rows at row offsets 0, 1 and
 # S - m compared with the full product:
 #   F.linear bf16 and fp32 (with and without bias), N x K from 64 x 64 to 1024 x 2048: equal
