@@ -1,8 +1,9 @@
 // Issue 5's benchmark: the whole H3 model (synthetic weights made once in host memory,
 // the values make-model would write) at one clip size, ONE denoiser call per total
 // device budget, through the same path as `layerstream forward --vram-budget`: the
-// api::Session chain (src/api/session.h: plan_total_budget -> Engine with resident
-// blocks + slots -> refine_text -> precompute_adaln -> prepare -> forward).
+// api::Session chain (src/api/session.h: exec::plan_memory's total-budget mode with the
+// backend's device profile -> Engine with resident blocks + slots -> refine_text ->
+// precompute_adaln -> prepare -> forward).
 //
 // Per budget: the planner's choice and predicted peak; the forward's wall time (its
 // own clock, the call ends with a device synchronize); LayerStream's device peak (every
@@ -274,7 +275,8 @@ int main(int argc, char** argv) {
     for (const auto& [phase, sec] : r.phase_seconds) std::printf("[%s]   %-18s %8.3f s\n", b.c_str(), phase.c_str(), sec);
     std::fflush(stdout);
     js << ", \"step\": \"" << esc(bp->step) << "\", \"plan\": \"" << esc(bp->describe())
-       << "\", \"predicted_peak_bytes\": " << bp->predicted_peak_bytes << ", \"predicted_pcie_bytes\": "
+       << "\", \"predicted_peak_bytes\": " << bp->predicted_peak_bytes
+       << ", \"predicted_host_pinned_bytes\": " << rp->peak.host_pinned_bytes << ", \"predicted_pcie_bytes\": "
        << bp->pcie_bytes_per_forward() << ", \"forward_seconds\": " << r.wall_seconds
        << ", \"engine_create_seconds\": " << o->engine_seconds << ", \"refine_precompute_prepare_seconds\": " << o->precompute_seconds
        << ", \"device_peak_bytes\": " << r.device_peak_bytes << ", \"driver_used_bytes\": " << o->driver_used

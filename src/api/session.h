@@ -136,7 +136,7 @@ class Session {
   Expected<RunPlan> plan(const h3::Conditioning& cond, const std::vector<float>& sigmas, const MemorySpec& memory,
                          const h3::Conditioning* widest = nullptr) const;
   // A sampling run's memory choices (`layerstream generate`, ls_engine_generate): in
-  // total_budget mode plan_total_budget over every sigma of req.sigmas, for the longer
+  // total_budget mode plan() (exec::plan_memory) over every sigma of req.sigmas, for the longer
   // of the two prompts when CFG uses a negative prompt of another length (RunPlan::plan
   // is then that prompt's plan); in the other modes nothing is planned yet (the
   // prompts' plans come from plan_generation). apply() puts the choices into a request.
