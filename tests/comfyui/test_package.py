@@ -105,3 +105,25 @@ def test_checkpoint_path_from_the_model(tmp_path, bf16_file):
     assert path is None and "load_gguf_unet" in why
     p.cached_patcher_init = (fake_comfy.load_diffusion_model, (str(tmp_path / "gone.safetensors"), {}))
     assert "not a readable file" in checkpoint_path(p)[1]
+
+
+def test_loads_the_way_comfyuis_custom_node_loader_loads_it(monkeypatch):
+    """nodes.py load_custom_node: spec_from_file_location(<module path as a name>, <dir>/__init__.py,
+    submodule_search_locations=[<dir>]); the relative imports must resolve under that name."""
+    import asyncio
+    import importlib.util
+    import fake_comfy
+    for name, mod in list(fake_comfy.comfy_api_modules().items()) + list(fake_comfy.modules().items()):
+        monkeypatch.setitem(sys.modules, name, mod)
+    pkg_dir = os.path.join(COMFYUI_DIR, "layerstream_h3")
+    name = pkg_dir.replace(".", "_x_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pkg_dir, "__init__.py"),
+                                                  submodule_search_locations=[pkg_dir])
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    assert getattr(module, "NODE_CLASS_MAPPINGS", None) is None  # so ComfyUI takes the v3 branch
+    (cls,) = asyncio.run(asyncio.run(module.comfy_entrypoint()).get_node_list())
+    assert cls.define_schema().node_id == "LayerStreamH3Engine"
+    for k in [k for k in sys.modules if k.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, k)
