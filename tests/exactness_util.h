@@ -16,6 +16,15 @@
 
 namespace ls::test {
 
+// Gives `be` numerics with kv_tile `tile`, every other field as it is: a plan's kv_tile
+// must be the backend's (Engine::prepare and forward refuse another), and the text
+// refiner walks its keys in the same tiles.
+inline Status use_kv_tile(Backend& be, int64_t tile) {
+  Numerics n = be.numerics();
+  n.kv_tile = tile;
+  return be.set_numerics(n, be.diagnostics());
+}
+
 inline h3::H3Config tiny_cfg(std::mt19937_64& rng, bool vary = true) {
   h3::H3Config c;
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };

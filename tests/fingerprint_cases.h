@@ -89,8 +89,20 @@ inline std::string hex(uint64_t h) {
   return b;
 }
 
-// The case's hash on `be`, or the error.
+// The case's hash on `be`, or the error. The backend's numerics take the case's kv_tile
+// for the call (a plan's kv_tile must be the backend's) and get their previous value
+// back after it; the refiner's L = 6 keys are one tile at every kv_tile of the cases.
+inline Expected<uint64_t> run_case_at_tile(const Case& c, Backend& be);
 inline Expected<uint64_t> run_case(const Case& c, Backend& be) {
+  const Numerics before = be.numerics();
+  Numerics n = before;
+  n.kv_tile = c.knobs.kv_tile;
+  LS_TRY(be.set_numerics(n, be.diagnostics()));
+  Expected<uint64_t> h = run_case_at_tile(c, be);
+  LS_TRY(be.set_numerics(before, be.diagnostics()));
+  return h;
+}
+inline Expected<uint64_t> run_case_at_tile(const Case& c, Backend& be) {
   LS_ASSIGN_OR_RETURN(h3::H3Config cfg, h3::h3_preset(c.preset));
   if (c.curve) cfg = h3::h3_curve_form(cfg, 33, 8);
   h3::H3SyntheticSource src(cfg, 7);

@@ -118,6 +118,11 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
   }
   s.be = std::move(*be);
   s.c = make_streaming_case(seed, layers, wide, device != "cpu", all_modes);
+  // The case's kv_tile is the backend's (a plan's kv_tile must be).
+  if (const Status t = use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
+    ADD_FAILURE() << t.error().message;
+    return s;
+  }
   exec::PlanKnobs sk;
   sk.kv_tile = s.c.kv_tile;
   auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);

@@ -78,6 +78,7 @@ struct RunResult {
 RunResult run(Case& c, const h3::H3TensorSource& src, const exec::PlanKnobs& knobs, exec::EngineOptions opts) {
   RunResult out;
   auto be = make_cpu_backend();
+  EXPECT_TRUE(use_kv_tile(*be, knobs.kv_tile).ok());  // the plan's kv_tile is the backend's
   opts.progress = [&](int64_t done, int64_t total) { out.progress.emplace_back(done, total); };
   auto eng = exec::Engine::create(src, *be, opts);
   if (!eng.ok()) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "backend/numerics.h"
@@ -116,13 +117,94 @@ class Backend {
   // earlier work on q; host memory involved must be pinned_host_memory() for the copy
   // to overlap with compute, and must stay untouched until the copy is known done.
   virtual Status copy_async(const TensorView& dst, const TensorView& src, Queue q) = 0;
-  // Fences 0 .. kFences-1. signal(q, f): f completes when everything queued on q so far
-  // has. wait(q, f): later work on q waits for the last signal of f (no-op if f was
-  // never signalled). host_wait(f): the host blocks until the last signal of f.
-  static constexpr int kFences = 16;
+  // Fences order work across queues (CUDA: events without timing). A user takes a
+  // handle from the backend's pool and holds it while it orders work with it; the
+  // handle goes back to the pool when destroyed, so no two users share a fence and no
+  // file partitions fence ids by hand:
+  //   LS_ASSIGN_OR_RETURN(Backend::Fence loaded, backend.take_fence());
+  //   LS_TRY(loaded.signal(Queue::transfer));  // completes when the transfer queue's work so far has
+  //   LS_TRY(loaded.wait(Queue::compute));     // later compute work waits for that signal
+  // signal(q): the fence completes when everything queued on q so far has. wait(q):
+  // later work on q waits for the last signal (a fence never signalled is complete; a
+  // recycled one at most waits for its previous holder's last signal, work that was
+  // ordered before the handle was given back). host_wait(): the host blocks until the
+  // last signal. Handles must not outlive the backend.
+  class Fence {
+   public:
+    Fence() = default;
+    Fence(Fence&& o) noexcept : be_(o.be_), id_(o.id_) { o.be_ = nullptr, o.id_ = -1; }
+    Fence& operator=(Fence&& o) noexcept {
+      if (this != &o) {
+        reset();
+        be_ = o.be_, id_ = o.id_;
+        o.be_ = nullptr, o.id_ = -1;
+      }
+      return *this;
+    }
+    Fence(const Fence&) = delete;
+    Fence& operator=(const Fence&) = delete;
+    ~Fence() { reset(); }
+    bool valid() const { return be_ != nullptr; }
+    int id() const { return id_; }  // the raw id (0 .. kFences-1), for messages and tests
+    Status signal(Queue q) const {
+      LS_CHECK_MSG(valid(), "signal on an empty fence handle");
+      return be_->signal(q, id_);
+    }
+    Status wait(Queue q) const {
+      LS_CHECK_MSG(valid(), "wait on an empty fence handle");
+      return be_->wait(q, id_);
+    }
+    Status host_wait() const {
+      LS_CHECK_MSG(valid(), "host wait on an empty fence handle");
+      return be_->host_wait(id_);
+    }
+    void reset() {  // back to the pool (no-op on an empty handle)
+      if (be_) be_->give_back_fence(id_);
+      be_ = nullptr, id_ = -1;
+    }
+
+   private:
+    friend class Backend;
+    Fence(Backend* be, int id) : be_(be), id_(id) {}
+    Backend* be_ = nullptr;
+    int id_ = -1;
+  };
+  // A free fence of the pool, or out_of_memory naming the pool's size when all kFences
+  // are held (a weight store that streams holds 4, a forward with K/V offload 8 more).
+  Expected<Fence> take_fence() {
+    std::lock_guard<std::mutex> lock(fence_mu_);
+    for (int f = 0; f < kFences; ++f)
+      if (!(fence_taken_ & (1u << f))) {
+        fence_taken_ |= 1u << f;
+        return Fence(this, f);
+      }
+    return make_error(ErrorCode::out_of_memory, "all " + std::to_string(kFences) + " fences of " + name() +
+                                                    " are held (by the engines on this backend): destroy an engine first");
+  }
+  int fences_held() const {  // handles taken and not given back
+    std::lock_guard<std::mutex> lock(fence_mu_);
+    int n = 0;
+    for (int f = 0; f < kFences; ++f) n += (fence_taken_ >> f) & 1u;
+    return n;
+  }
+  // The raw fences 0 .. kFences-1 that the handles wrap (same semantics, by id). Only
+  // backend tests and benchmarks that own the backend alone use ids directly.
+  static constexpr int kFences = 32;
   virtual Status signal(Queue q, int fence) = 0;
   virtual Status wait(Queue q, int fence) = 0;
   virtual Status host_wait(int fence) = 0;
+
+ private:
+  void give_back_fence(int f) {
+    std::lock_guard<std::mutex> lock(fence_mu_);
+    LS_CHECK_MSG(fence_taken_ & (1u << f), "fence " + std::to_string(f) + " given back twice");
+    fence_taken_ &= ~(1u << f);
+  }
+  mutable std::mutex fence_mu_;
+  uint32_t fence_taken_ = 0;  // bit f: fence f is held by a handle
+  static_assert(kFences <= 32, "the pool is one 32-bit mask");
+
+ public:
 
   // Free and total bytes of the device's memory as the driver sees them (all
   // processes), for confirming a budget from outside the arenas (cudaMemGetInfo).

@@ -1,27 +1,35 @@
-// The engine and its executor: the block loop with slices (DESIGN.md §3). The model
-// (src/model/h3) says which op runs on which rows; this file owns the slicing, the
-// arena and the order of phases:
+// The engine: weights, AdaLN tables, text refinement, and the forward's orchestration
+// (DESIGN.md §3). The model (src/model/h3) says which op runs on which rows; the
+// executor's phases, each in a file of its own, own the slicing:
 //
-//   persistent: x, RoPE table, modulation rows, final rows
-//   embed   : per mlp slice: fp32 patch rows -> fp32 projection -> bf16 into x (text rows copied)
-//   blocks  : attention (stock: one fused slice; two-pass: K/V for all slices, then Q/out per
-//             slice), then the MLP per slice; x is updated in place
-//   final   : per final slice of the target rows: norm, modulation, fp32 head -> host
-//   host    : unpatchify, bf16, negate, masks, audio carry transform
+//   persistent : x, RoPE table, modulation rows, final rows (here)
+//   embed      : exec/phase_embed     per MLP slice: patch rows -> fp32 projection -> bf16 x
+//   blocks     : exec/phase_attention stock | two-pass with K/V resident | K/V offloaded
+//                exec/phase_mlp       per MLP slice; x updated in place
+//   final      : exec/phase_final     per final slice of the target rows -> host
+//   output     : exec/phase_output    PDD bank selection (before), unpatchify, masks,
+//                                     audio carry (after), on the host
 //
-// Every allocation comes from the activation arena, with the specs of exec/plan.h, so
-// the measured peak can never exceed the plan's prediction.
+// Every allocation comes from the activation arena, with the typed phase buffers of
+// exec/buffers.h (the same structs the plan's lists are made from), so the measured
+// peak can never exceed the plan's prediction.
 #include "exec/engine.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <map>
-#include <sstream>
+#include <optional>
 
 #include "core/arena.h"
 #include "core/hash.h"
+#include "exec/buffers.h"
+#include "exec/forward_state.h"
+#include "exec/phase_attention.h"
+#include "exec/phase_embed.h"
+#include "exec/phase_final.h"
+#include "exec/phase_mlp.h"
+#include "exec/phase_output.h"
 #include "exec/weights.h"
 #include "model/h3/adaln.h"
 #include "model/h3/block.h"
@@ -41,88 +49,9 @@ uint64_t ForwardResult::hash() const {
   return fnv1a64(audio.data(), audio.size() * sizeof(float), fnv1a64(video.data(), video.size() * sizeof(float)));
 }
 
-// ---- RunReport ------------------------------------------------------------------------
-
-std::string RunReport::status_line() const {
-  std::ostringstream os;
-  os << "[LayerStream] ";
-  if (stock) {
-    os << "stock plan (one slice)";
-  } else {
-    os << (two_pass_attention ? "two-pass attention (" + std::to_string(attn_slice) + "-row slices)" : "stock attention")
-       << ", " << (sliced_mlp ? "sliced MLP (" + std::to_string(mlp_slice) + ")" : "stock MLP") << ", "
-       << (sliced_head ? "sliced head (" + std::to_string(final_slice) + ")" : "stock head");
-  }
-  os << "; S " << S << ", kv_tile " << kv_tile << "; activation peak " << format_bytes(measured_peak_bytes)
-     << " measured / " << format_bytes(predicted_peak_bytes) << " predicted (stock " << format_bytes(stock_peak_bytes);
-  if (stock_peak_bytes > 0 && !stock) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, ", %+.1f %%",
-                  100.0 * (static_cast<double>(predicted_peak_bytes) - static_cast<double>(stock_peak_bytes)) /
-                      static_cast<double>(stock_peak_bytes));
-    os << buf;
-  }
-  os << "); AdaLN tables " << format_bytes(adaln_table_bytes) << (adaln_precomputed ? " (precomputed)" : " (this call)");
-  if (streamed_blocks > 0)
-    os << "; weights: " << resident_blocks << " blocks resident, " << streamed_blocks << " streamed through " << slots
-       << (slots == 2 ? " slots (prefetch)" : " slot");
-  if (kv_offload) os << "; K/V offloaded (" << kv_chunk << "-key chunks)";
-  if (residual_offload) os << "; residual offloaded";
-  const uint64_t pcie = pcie_weight_bytes + pcie_kv_bytes + pcie_residual_bytes;
-  if (pcie > 0) os << "; PCIe " << format_bytes(pcie);
-  if (device_peak_bytes > 0) os << "; device peak " << format_bytes(device_peak_bytes);
-  char t[32];
-  std::snprintf(t, sizeof t, "; %.3f s", wall_seconds);
-  os << t << " on " << backend;
-  return os.str();
-}
-
-std::string RunReport::to_json() const {
-  std::ostringstream os;
-  auto b = [](bool v) { return v ? "true" : "false"; };
-  std::string be;
-  for (char c : backend) {
-    if (c == '"' || c == '\\') be += '\\';
-    be += c;
-  }
-  os << "{\"two_pass_attention\": " << b(two_pass_attention) << ", \"sliced_mlp\": " << b(sliced_mlp)
-     << ", \"sliced_head\": " << b(sliced_head) << ", \"stock\": " << b(stock) << ", \"S\": " << S
-     << ", \"target_rows\": " << target_rows << ", \"attn_slice\": " << attn_slice << ", \"mlp_slice\": " << mlp_slice
-     << ", \"final_slice\": " << final_slice << ", \"kv_tile\": " << kv_tile
-     << ", \"predicted_peak_bytes\": " << predicted_peak_bytes << ", \"measured_peak_bytes\": " << measured_peak_bytes
-     << ", \"stock_peak_bytes\": " << stock_peak_bytes << ", \"adaln_table_bytes\": " << adaln_table_bytes
-     << ", \"adaln_precomputed\": " << b(adaln_precomputed) << ", \"wall_seconds\": " << wall_seconds
-     << ", \"backend\": \"" << be << "\", \"numerics\": \"" << numerics << "\", \"resident_blocks\": " << resident_blocks
-     << ", \"streamed_blocks\": " << streamed_blocks << ", \"slots\": " << slots << ", \"kv_offload\": " << b(kv_offload)
-     << ", \"residual_offload\": " << b(residual_offload) << ", \"kv_chunk\": " << kv_chunk
-     << ", \"pcie_weight_bytes\": " << pcie_weight_bytes << ", \"pcie_kv_bytes\": " << pcie_kv_bytes
-     << ", \"pcie_residual_bytes\": " << pcie_residual_bytes << ", \"device_weight_bytes\": " << device_weight_bytes
-     << ", \"device_held_bytes\": " << device_held_bytes << ", \"device_peak_bytes\": " << device_peak_bytes
-     << ", \"pinned_host_bytes\": " << pinned_host_bytes << ", \"phase_seconds\": {";
-  bool first = true;
-  for (const auto& [k, v] : phase_seconds) {
-    os << (first ? "" : ", ") << "\"" << k << "\": " << v;
-    first = false;
-  }
-  os << "}}";
-  return os.str();
-}
-
 // ---- Impl -------------------------------------------------------------------------------
 
 namespace {
-
-// Allocates `spec` with `rows` rows (<= the planned rows) from the arena.
-Expected<TensorView> alloc(Arena& arena, const PlannedBuffer& spec, int64_t rows) {
-  LS_CHECK_MSG(rows <= spec.rows, "slice of " + std::to_string(rows) + " rows exceeds the planned " + spec.what);
-  return arena.alloc(spec.dtype, {rows, spec.cols}, spec.what.c_str());
-}
-
-// Host view of rows [a, b) of a contiguous host buffer [*, cols].
-template <typename T>
-TensorView host_rows(const std::vector<T>& v, DType t, int64_t cols, int64_t a, int64_t b) {
-  return TensorView(const_cast<T*>(v.data()) + a * cols, t, {b - a, cols});
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -153,18 +82,6 @@ class CountingResource final : public MemoryResource {
   MemoryResource& base_;
   uint64_t held_ = 0, peak_ = 0;
 };
-
-// Fences of the K/V offload (WeightStore owns 0-3): pass 1 chunk computed / copied out,
-// pass 2 chunk copied in / used, per chunk buffer b in {0, 1}.
-constexpr int kFenceKvComputed0 = 4, kFenceKvSaved0 = 6, kFenceKvLoaded0 = 8, kFenceKvUsed0 = 10;
-
-// Named buffer of a planned list (the executor looks buffers up by name, exec/plan.h);
-// a missing name is a bug in the plan's lists.
-const PlannedBuffer& named(const std::vector<PlannedBuffer>& v, const std::string& what) {
-  const PlannedBuffer* b = find_buffer(v, what);
-  LS_CHECK_MSG(b != nullptr, "the plan has no buffer '" + what + "'");
-  return *b;
-}
 
 }  // namespace
 
@@ -202,18 +119,56 @@ struct Engine::Impl {
   // between calls while the sizes stay; pinning gigabytes takes seconds, so prepare()
   // lets a caller pay it before the first step.
   Status ensure_arenas(const Plan& plan);
-  // invalid_argument unless `plan` is what make_plan gives for (cfg, cond, plan.knobs).
-  Status check_plan(const Conditioning& cond, const Plan& plan) const;
+  // invalid_argument unless `plan` is what make_plan gives for (cfg, these sizes,
+  // plan.knobs) and its kv_tile is the backend's (numerics().kv_tile).
+  Status check_plan(const SequenceSizes& sizes, const Plan& plan) const;
+  // The modulation tables covering ts.unique_t: the precomputed ones if they cover every
+  // timestep of the call, else tables computed now (call_tables). Rewrites ts.mod_rows
+  // and ts.final_rows to the chosen tables' rows.
+  Expected<const AdalnTables*> tables_for(h3::Timesteps& ts);
 };
 
-Status Engine::Impl::check_plan(const Conditioning& cond, const Plan& plan) const {
-  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(cfg, cond, plan.knobs));
+Status Engine::Impl::check_plan(const SequenceSizes& sizes, const Plan& plan) const {
+  LS_ASSIGN_OR_RETURN(Plan expect, make_plan(cfg, sizes, plan.knobs));
   if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes ||
       expect.attn_slice != plan.attn_slice || expect.mlp_slice != plan.mlp_slice || expect.final_slice != plan.final_slice)
     return make_error(ErrorCode::invalid_argument,
                       "the plan was made for another model or clip (plan S " + std::to_string(plan.sizes.S) +
                           ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
+  // kv_tile is a numerics setting (DESIGN.md §1.2): the one the backend records in every
+  // report and output file must be the one the attention walks.
+  const int64_t be_tile = be->numerics().kv_tile;
+  if (plan.kv_tile != be_tile)
+    return make_error(ErrorCode::invalid_argument,
+                      "the plan's kv_tile " + std::to_string(plan.kv_tile) + " differs from the backend's kv_tile " +
+                          std::to_string(be_tile) + " (" + describe(be->numerics()) +
+                          "): make the plan with the backend's default_kv_tile(), or give the backend Numerics with "
+                          "kv_tile " + std::to_string(plan.kv_tile) + " (set_numerics, --kv-tile)");
   return Status();
+}
+
+Expected<const AdalnTables*> Engine::Impl::tables_for(h3::Timesteps& ts) {
+  const AdalnTables* tab = nullptr;
+  std::vector<int32_t> remap(ts.unique_t.size());
+  if (!precomputed.t.empty()) {
+    bool covered = true;
+    for (size_t i = 0; i < ts.unique_t.size() && covered; ++i) {
+      auto it = std::lower_bound(precomputed.t.begin(), precomputed.t.end(), ts.unique_t[i]);
+      covered = it != precomputed.t.end() && *it == ts.unique_t[i];
+      if (covered) remap[i] = static_cast<int32_t>(it - precomputed.t.begin());
+    }
+    if (covered) tab = &precomputed;
+  }
+  if (!tab) {
+    call_tables = AdalnTables{};
+    LS_ASSIGN_OR_RETURN(call_tables, compute_tables(ts.unique_t));
+    for (size_t i = 0; i < remap.size(); ++i) remap[i] = static_cast<int32_t>(i);
+    tab = &call_tables;
+  }
+  // Table rows: modulation row = t_index * 3 + tag, final row = t_index.
+  for (auto& r : ts.mod_rows) r = remap[static_cast<size_t>(r / 3)] * 3 + r % 3;
+  for (auto& r : ts.final_rows) r = remap[static_cast<size_t>(r)];
+  return tab;
 }
 
 Status Engine::Impl::ensure_arenas(const Plan& plan) {
@@ -365,6 +320,10 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   for (size_t i = 0; i < in.size(); ++i)
     in[i] = text.dtype == DType::bf16 ? text.ptr<uint16_t>()[i] : f32_to_bf16(text.ptr<float>()[i]);
   Backend& be = *m.be;
+  // The refiner's attention walks the keys in tiles of the backend's kv_tile, like the
+  // steps' (the CPU's and native CUDA's default 1024; the cuDNN default 8192 gives the
+  // same tiles for L <= 1024 tokens).
+  const int64_t kv_tile = be.numerics().kv_tile;
   // Text arena: the refiner's activations, plus the text weights the steps never read
   // (condition_proj and the final norm, copied for this call; a refiner block at a time
   // when it does not go through a block slot).
@@ -376,14 +335,14 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) block_scratch = std::max(block_scratch, m.weights->refiner_block_scratch_bytes(i));
   LS_ASSIGN_OR_RETURN(auto arena, Arena::create(*m.dev, refiner_peak_bytes(cfg, L) + text_weight_bytes + block_scratch));
   const auto pers = refiner_persistent_buffers(cfg, L);
-  LS_ASSIGN_OR_RETURN(TensorView x, alloc(*arena, pers[0], L));
+  LS_ASSIGN_OR_RETURN(TensorView x, alloc_rows(*arena, pers[0], L));
   const TensorView in_host(in.data(), DType::bf16, {L, cfg.text_dim});
   if (cfg.text_dim != D) {
     Arena::Scope s(*arena);
     const PlanPhase ph = refiner_input_phase(cfg, L);
     LS_ASSIGN_OR_RETURN(TensorView cw, m.weights->transient("condition_proj.weight", *arena));
     LS_ASSIGN_OR_RETURN(TensorView cb, m.weights->transient("condition_proj.bias", *arena));
-    LS_ASSIGN_OR_RETURN(TensorView xin, alloc(*arena, ph.buffers[0], L));
+    LS_ASSIGN_OR_RETURN(TensorView xin, alloc_rows(*arena, ph.buffers[0], L));
     LS_TRY(be.copy(xin, in_host));
     LS_TRY(be.gemm(xin, cw, &cb, x));  // bf16 Linear + bias
     LS_TRY(be.synchronize());          // before the scope frees the copies
@@ -397,10 +356,10 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
     LS_ASSIGN_OR_RETURN(h3::WeightGetter w, m.weights->refiner_block(i, *arena));
     std::vector<TensorView> b;
     for (const auto& spec : ph.buffers) {
-      LS_ASSIGN_OR_RETURN(TensorView v, alloc(*arena, spec, L));
+      LS_ASSIGN_OR_RETURN(TensorView v, alloc_rows(*arena, spec, L));
       b.push_back(v);
     }
-    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, i), x, b[0], b[1], b[2], b[3], b[4], 1024));
+    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile));
     LS_TRY(m.weights->release_refiner_block(i));
     LS_TRY(be.synchronize());  // before the scope frees this block's buffers
   }
@@ -437,7 +396,8 @@ void Engine::drop_adaln_tables() {
 
 Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
   Impl& m = *impl_;
-  LS_TRY(m.check_plan(cond, plan));
+  LS_ASSIGN_OR_RETURN(const SequenceSizes sizes, sequence_sizes(m.cfg, cond));
+  LS_TRY(m.check_plan(sizes, plan));
   return m.ensure_arenas(plan);
 }
 
@@ -447,13 +407,13 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   Impl& m = *impl_;
   const h3::H3Config& cfg = m.cfg;
   Backend& be = *m.be;
-  const int64_t D = cfg.hidden, P = cfg.rope_pairs(), H = cfg.heads, Dh = cfg.head_dim;
+  const int64_t D = cfg.hidden, P = cfg.rope_pairs();
   if (!(sigma > 0.0f) || !std::isfinite(sigma))
     return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
 
-  // ---- host: layout, timesteps, inputs ----
+  // ---- host: layout (once per call), timesteps, inputs ----
   LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond));
-  LS_TRY(m.check_plan(cond, plan));
+  LS_TRY(m.check_plan(SequenceSizes{lay.S, lay.target_rows()}, plan));
   if (text.L != lay.L || (text.L > 0 && text.D != D))
     return make_error(ErrorCode::invalid_argument, "refined text has " + std::to_string(text.L) + " tokens of width " +
                                                        std::to_string(text.D) + " but the conditioning says L = " +
@@ -461,40 +421,17 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   h3::Timesteps ts = h3::layout_timesteps(lay, cond, sigma);
   const float carry = cond.audio_scale != 1.0 ? round_bf16(ts.sig.sigma_a_f32 / ts.sig.sigma_v_f32) : 1.0f;
   LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, lay, cond, video, audio, carry));
-
-  // PDD effective heads (host) before any device work. ComfyUI banks both heads with
-  // the same n and the same [start, stop) (from the video shift); each head's weights
-  // come from its own stream's shift (h3-model.md §2.12 step 4).
-  h3::EffectiveHead pdd_v, pdd_a;
-  if (cfg.pdd_heads > 1) {
-    LS_ASSIGN_OR_RETURN(pdd_v, h3::pdd_effective_head(m.weights->host("final_layer.video_out.weight"),
-                                                      m.weights->host("final_layer.video_out.bias"), cfg.pdd_heads,
-                                                      cond.sample_sigmas, ts.sig.sigma_v, cond.shift_video, cond.shift_video));
-    LS_ASSIGN_OR_RETURN(pdd_a, h3::pdd_effective_head(m.weights->host("final_layer.audio_out.weight"),
-                                                      m.weights->host("final_layer.audio_out.bias"), cfg.pdd_heads,
-                                                      cond.sample_sigmas, ts.sig.sigma_v, cond.shift_video, cond.shift_audio));
-  }
-
+  // PDD effective heads (host) before any device work.
+  LS_ASSIGN_OR_RETURN(const std::optional<PddHeads> pdd, select_pdd_heads(cfg, *m.weights, cond, ts));
   // ---- modulation tables: the precomputed ones if they cover this call ----
-  const AdalnTables* tab = nullptr;
-  std::vector<int32_t> remap(ts.unique_t.size());
-  if (!m.precomputed.t.empty()) {
-    bool covered = true;
-    for (size_t i = 0; i < ts.unique_t.size() && covered; ++i) {
-      auto it = std::lower_bound(m.precomputed.t.begin(), m.precomputed.t.end(), ts.unique_t[i]);
-      covered = it != m.precomputed.t.end() && *it == ts.unique_t[i];
-      if (covered) remap[i] = static_cast<int32_t>(it - m.precomputed.t.begin());
-    }
-    if (covered) tab = &m.precomputed;
-  }
-  if (!tab) {
-    m.call_tables = AdalnTables{};
-    LS_ASSIGN_OR_RETURN(m.call_tables, m.compute_tables(ts.unique_t));
-    for (size_t i = 0; i < remap.size(); ++i) remap[i] = static_cast<int32_t>(i);
-    tab = &m.call_tables;
-  }
-  for (auto& r : ts.mod_rows) r = remap[static_cast<size_t>(r / 3)] * 3 + r % 3;
-  for (auto& r : ts.final_rows) r = remap[static_cast<size_t>(r)];
+  LS_ASSIGN_OR_RETURN(const AdalnTables* tab, m.tables_for(ts));
+
+  // ---- the phases' buffers, from the plan ----
+  const PersistentSpecs pers = persistent_specs(cfg, plan);
+  const EmbedSpecs embed = embed_specs(cfg, plan);
+  const AttnSpecs attn = attention_specs(cfg, plan);
+  const MlpSpecs mlp = mlp_specs(cfg, plan);
+  const FinalSpecs fin = final_specs(cfg, plan);
 
   // ---- the activation arena: capacity = the plan's predicted peak ----
   // Kept between calls of the same plan (a sampler calls forward once or twice per
@@ -507,80 +444,38 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     Arena* a;
     ~Rewind() { a->rewind(Arena::Mark{0}); }
   } rewind_on_exit{arena};
-  const int64_t S = lay.S, I = cfg.inner();
+  const int64_t S = lay.S;
   const bool kv_off = plan.kv_offload, res_off = plan.residual_offload;
   LS_CHECK_MSG(!(kv_off || res_off) || plan.two_pass_attention(), "offload needs two-pass attention");
-  const auto& pers = plan.persistent;
-  // The residual: on the device, or (residual offload) in pinned host memory with one
-  // device slice buffer per phase that rows are copied into and out of on the compute
-  // queue (so the copies are ordered with the slice's work without fences).
-  TensorView x;  // bf16 [S, D]: device, or pinned host with residual offload
+  ForwardState st(be, cfg, *arena, res_off, m.opts.check_finite);
+  st.S = S;
+  // The residual: on the device, or (residual offload) in pinned host memory.
   if (!res_off) {
-    LS_ASSIGN_OR_RETURN(x, alloc(*arena, named(pers, "residual x"), S));
+    LS_ASSIGN_OR_RETURN(st.x, alloc_rows(*arena, *pers.x, S));
   } else {
     m.pinned_x->rewind(Arena::Mark{0});
-    LS_ASSIGN_OR_RETURN(x, m.pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
+    LS_ASSIGN_OR_RETURN(st.x, m.pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
   }
-  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc(*arena, named(pers, "rope table"), S));       // bf16 [S, 2P]
-  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc(*arena, named(pers, "modulation rows"), S));  // i32 [S, 1]
-  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc(*arena, named(pers, "final rows"), S));     // i32 [S, 1]
-  const TensorView rope(rope2.data, DType::bf16, {S, P, 2}, rope2.device);   // bf16 [S, P, 2]
-  const TensorView mod_rows(mod_rows2.data, DType::i32, {S}, mod_rows2.device);
-  const TensorView final_rows(final_rows2.data, DType::i32, {S}, final_rows2.device);
+  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc_rows(*arena, pers.rope, S));            // bf16 [S, 2P]
+  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc_rows(*arena, pers.mod_rows, S));      // i32 [S, 1]
+  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc_rows(*arena, pers.final_rows, S));  // i32 [S, 1]
+  st.rope = TensorView(rope2.data, DType::bf16, {S, P, 2}, rope2.device);  // bf16 [S, P, 2]
+  st.mod_rows = TensorView(mod_rows2.data, DType::i32, {S}, mod_rows2.device);
+  st.final_rows = TensorView(final_rows2.data, DType::i32, {S}, final_rows2.device);
   {
     std::vector<uint16_t> rt(static_cast<size_t>(S * P * 2));
     const TensorView inv = m.weights->host("rope.inv_freq");
     h3::rope_table_rows(lay.positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
-    LS_TRY(be.copy(rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
-    LS_TRY(be.copy(mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
-    LS_TRY(be.copy(final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
+    LS_TRY(be.copy(st.rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
+    LS_TRY(be.copy(st.mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
+    LS_TRY(be.copy(st.final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
     LS_TRY(be.synchronize());  // the host tables above are freed at scope exit
   }
-  uint64_t kv_bytes = 0, res_bytes = 0;
-  // Residual rows [a, b) as a device view: x itself, or the phase's slice buffer `rs`
-  // after copying the rows in (residual offload).
-  auto residual_in = [&](const TensorView& rs, int64_t a, int64_t b) -> Expected<h3::BlockRows> {
-    if (!res_off) return h3::BlockRows{x, rope, mod_rows, 0};
-    const TensorView d = rs.slice_rows(0, b - a);
-    LS_TRY(be.copy_async(d, x.slice_rows(a, b), Queue::compute));
-    res_bytes += static_cast<uint64_t>(d.nbytes());
-    return h3::BlockRows{d, rope, mod_rows, a};
-  };
-  // Non-finite check (EngineOptions::check_finite): the residual after each phase, on
-  // the device (with residual offload: each slice before it goes back to the host), one
-  // reduction per phase or slice; the first phase with a NaN/inf fails the call, naming
-  // it. Reads only: never changes a bit.
-  const char* phase_name = "embed";
-  int64_t phase_block = -1;
-  auto where = [&]() {
-    return phase_block < 0 ? std::string(phase_name) : "block " + std::to_string(phase_block) + " (" + phase_name + ")";
-  };
-  auto check_finite = [&](const TensorView& t) -> Status {
-    if (!m.opts.check_finite) return Status();
-    LS_ASSIGN_OR_RETURN(const int64_t n, be.count_nonfinite(t));
-    if (n == 0) return Status();
-    (void)be.synchronize();  // nothing in flight when the call returns the error
-    return make_error(ErrorCode::nonfinite,
-                      std::to_string(n) + " non-finite value(s) (NaN or inf) in the residual stream after " + where() +
-                          ", the first phase that produced one; check the checkpoint (`layerstream info --check`), "
-                          "the inputs and settings such as --cfg (--allow-nonfinite writes the output anyway)");
-  };
-  auto residual_out = [&](const h3::BlockRows& r, int64_t a, int64_t b) -> Status {
-    if (!res_off) return Status();
-    LS_TRY(check_finite(r.x_rows(a, b)));
-    LS_TRY(be.copy_async(x.slice_rows(a, b), r.x_rows(a, b), Queue::compute));
-    res_bytes += static_cast<uint64_t>((b - a) * D * 2);
-    return Status();
-  };
-  auto phase_slice = [&](const PlanPhase& ph, int64_t rows) -> Expected<TensorView> {
-    if (!res_off) return TensorView();
-    return alloc(*arena, named(ph.buffers, "residual slice"), rows);
-  };
   // Named intermediates see the residual as a whole (host memory with residual offload).
   auto eval_x = [&](const char* name, int64_t layer) -> Status {
     if (!m.opts.eval) return Status();
     if (res_off) LS_TRY(be.synchronize());
-    m.eval(name, layer, x);
+    m.eval(name, layer, st.x);
     return Status();
   };
 
@@ -589,12 +484,19 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   // the normal run).
   std::map<std::string, double> prof;
   auto prof_t = std::chrono::steady_clock::now();
+  if (m.opts.profile)
+    st.mark = [&](const char* phase) -> Status {
+      LS_TRY(be.synchronize());
+      const auto now = std::chrono::steady_clock::now();
+      prof[phase] += std::chrono::duration<double>(now - prof_t).count();
+      prof_t = now;
+      return Status();
+    };
   // Memory samples (EngineOptions::record_memory): at the end of each phase, what every
   // device arena holds, with the activation arena's high-water mark of that phase (the
   // call's peak is kept in call_peak across the per-phase resets).
   std::vector<MemorySample> samples;
   size_t call_peak = 0;
-  uint64_t phase_kv = 0;  // K/V buffers of the phase (two-pass attention), part of its activations
   auto sample = [&](const char* phase, int64_t block) {
     call_peak = std::max(call_peak, arena->peak());
     if (m.opts.record_memory) {
@@ -605,218 +507,49 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
       ms.slots = m.weights->slot_bytes() * static_cast<uint64_t>(m.weights->slots());
       ms.weights = m.weights->device_bytes() - std::min(ms.slots, m.weights->device_bytes());
       ms.activations = arena->peak();
-      ms.kv = phase_kv;
+      ms.kv = st.phase_kv;
       ms.adaln = tab->bytes();
       ms.workspace = m.workspace_arena ? m.workspace_arena->capacity() : 0;
       ms.held = m.dev->held();
       samples.push_back(std::move(ms));
     }
     arena->reset_peak();
-    phase_kv = 0;
+    st.phase_kv = 0;
   };
-  auto mark = [&](const char* phase) -> Status {
-    if (!m.opts.profile) return Status();
-    LS_TRY(be.synchronize());
-    const auto now = std::chrono::steady_clock::now();
-    prof[phase] += std::chrono::duration<double>(now - prof_t).count();
-    prof_t = now;
-    return Status();
-  };
-  LS_TRY(mark("setup"));
+  LS_TRY(st.mark("setup"));
 
   // Streamed block weights: the first copies start now, behind the embedding.
   LS_TRY(m.weights->begin_forward());
 
-  // ---- embed: text rows copied, latent rows projected per slice ----
-  {
-    Arena::Scope phase(*arena);
-    const PlanPhase& ph = plan.phases[0];
-    LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S, plan.mlp_slice)));
-    const TensorView vw = m.weights->get("video_patch_proj.weight"), vb = m.weights->get("video_patch_proj.bias");
-    const TensorView aw = m.weights->get("audio_patch_proj.weight"), ab = m.weights->get("audio_patch_proj.bias");
-    std::vector<float> staging;
-    for (int64_t a = 0; a < S; a += plan.mlp_slice) {
-      const int64_t b = std::min(S, a + plan.mlp_slice);
-      Arena::Scope slice(*arena);
-      LS_ASSIGN_OR_RETURN(TensorView rows, alloc(*arena, named(ph.buffers, "patch rows"), b - a));  // f32 [n, max(Pv, Pa)]
-      LS_ASSIGN_OR_RETURN(TensorView emb, alloc(*arena, named(ph.buffers, "patch embedding"), b - a));  // f32 [n, D]
-      // The rows [a, b) of the residual being written: x itself or the slice buffer.
-      const h3::BlockRows out = res_off ? h3::BlockRows{rs.slice_rows(0, b - a), rope, mod_rows, a}
-                                        : h3::BlockRows{x, rope, mod_rows, 0};
-      for (const h3::Segment& s : lay.segments) {
-        const int64_t lo = std::max(a, s.start), hi = std::min(b, s.stop);
-        if (lo >= hi) continue;
-        if (s.kind == h3::SegmentKind::text) {
-          LS_TRY(be.copy(out.x_rows(lo, hi), text.view().slice_rows(lo, hi)));
-          continue;
-        }
-        const int64_t w = inputs.width(s), n = hi - lo;
-        staging.resize(static_cast<size_t>(n * w));
-        inputs.rows(s, lo, hi, staging.data());
-        // Contiguous [n, w] views at the sub-range's offset inside the slice buffers.
-        const TensorView r(static_cast<float*>(rows.data) + (lo - a) * w, DType::f32, {n, w}, rows.device);
-        const TensorView e = emb.slice_rows(lo - a, hi - a);
-        LS_TRY(be.copy(r, TensorView(staging.data(), DType::f32, {n, w})));
-        LS_TRY(be.gemm(r, s.is_video() ? vw : aw, s.is_video() ? &vb : &ab, e));  // fp32 GEMM + bias
-        LS_TRY(be.convert(e, out.x_rows(lo, hi)));                                // -> bf16
-      }
-      LS_TRY(residual_out(out, a, b));
-      LS_TRY(be.synchronize());  // the staging buffer is reused by the next slice
-    }
-  }
-  if (!res_off) LS_TRY(check_finite(x));
+  // ---- embed ----
+  LS_TRY(run_embed(st, embed, plan.mlp_slice, lay, inputs, text.view(), *m.weights));
+  LS_TRY(st.check_residual());
   sample("embed", -1);
   LS_TRY(eval_x("x.embed", -1));
-  LS_TRY(mark("embed"));
+  LS_TRY(st.mark("embed"));
 
   // ---- the block loop ----
-  // K/V offload: host K, V [S, I] (pinned), reused block after block.
-  TensorView k_host, v_host;
+  // K/V offload: host K, V [S, I] (pinned, reused block after block) and its fences.
+  std::optional<KvOffload> kv;
   if (kv_off) {
-    m.pinned_kv->rewind(Arena::Mark{0});
-    LS_ASSIGN_OR_RETURN(k_host, m.pinned_kv->alloc(DType::bf16, {S, I}, "host K"));
-    LS_ASSIGN_OR_RETURN(v_host, m.pinned_kv->alloc(DType::bf16, {S, I}, "host V"));
+    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(be, *m.pinned_kv, S, cfg.inner(), plan.kv_chunk));
+    kv.emplace(std::move(k));
   }
-  const int64_t n_chunks = kv_off ? (S + plan.kv_chunk - 1) / plan.kv_chunk : 0;
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, m.weights->acquire_block(i));
     const h3::DitBlock blk(be, cfg, h3::dit_block_weights(wg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
-    phase_name = "attention";
-    phase_block = i;
-    {
-      Arena::Scope phase(*arena);
-      const PlanPhase& ph = plan.phases[1];
-      if (!plan.two_pass_attention()) {
-        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), S));
-        LS_ASSIGN_OR_RETURN(TensorView qkv, alloc(*arena, named(ph.buffers, "qkv"), S));
-        LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, named(ph.buffers, "attention out"), S));
-        LS_TRY(blk.attn_fused(h3::BlockRows{x, rope, mod_rows, 0}, h, qkv, o, plan.kv_tile));
-      } else if (!kv_off) {
-        LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, plan.attn_slice));
-        LS_ASSIGN_OR_RETURN(TensorView k2, alloc(*arena, named(ph.buffers, "K"), S));
-        LS_ASSIGN_OR_RETURN(TensorView v2, alloc(*arena, named(ph.buffers, "V"), S));
-        phase_kv = static_cast<uint64_t>(k2.nbytes() + v2.nbytes());
-        const TensorView k_all = k2.unflatten_last(H, Dh), v_all = v2.unflatten_last(H, Dh);  // bf16 [S, H, Dh]
-        // Pass 1: K and V of every row before any residual row changes.
-        for (int64_t a = 0; a < S; a += plan.attn_slice) {
-          const int64_t b = std::min(S, a + plan.attn_slice);
-          Arena::Scope slice(*arena);
-          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
-          LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
-          LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h));
-        }
-        LS_TRY(mark("attention pass 1"));
-        // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
-        for (int64_t a = 0; a < S; a += plan.attn_slice) {
-          const int64_t b = std::min(S, a + plan.attn_slice);
-          Arena::Scope slice(*arena);
-          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
-          LS_ASSIGN_OR_RETURN(TensorView q, alloc(*arena, named(ph.buffers, "Q"), b - a));
-          LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, named(ph.buffers, "attention out"), b - a));
-          LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
-          LS_TRY(blk.attn_q_out(r, a, b, k_all, v_all, h, q, o, plan.kv_tile));
-          LS_TRY(residual_out(r, a, b));
-        }
-      } else {
-        // K/V offload. Two device chunk buffers per tensor of kv_chunk rows (a multiple
-        // of kv_tile, so chunks hold whole key tiles): pass 1 computes chunk c into
-        // buffer c % 2 while the transfer queue copies chunk c - 1 out to the host;
-        // pass 2 copies chunk g + 1 in while attention runs on chunk g, carrying the
-        // fp32 attention state across chunks (bytes equal one call over all keys).
-        LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, plan.attn_slice));
-        TensorView kc[2], vc[2];
-        for (int j = 0; j < 2; ++j) {
-          LS_ASSIGN_OR_RETURN(kc[j], alloc(*arena, named(ph.buffers, "K chunk " + std::to_string(j)), plan.kv_chunk));
-          LS_ASSIGN_OR_RETURN(vc[j], alloc(*arena, named(ph.buffers, "V chunk " + std::to_string(j)), plan.kv_chunk));
-          phase_kv += static_cast<uint64_t>(kc[j].nbytes() + vc[j].nbytes());
-        }
-        for (int64_t c = 0; c < n_chunks; ++c) {
-          const int64_t k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
-          const int j = static_cast<int>(c % 2);
-          LS_TRY(be.wait(Queue::compute, kFenceKvSaved0 + j));  // chunk c - 2's copy out is done
-          for (int64_t a = k0; a < k1; a += plan.attn_slice) {
-            const int64_t b = std::min(k1, a + plan.attn_slice);
-            Arena::Scope slice(*arena);
-            LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
-            LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
-            LS_TRY(blk.attn_kv(r, a, b, kc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh),
-                               vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh), h));
-          }
-          LS_TRY(be.signal(Queue::compute, kFenceKvComputed0 + j));
-          LS_TRY(be.wait(Queue::transfer, kFenceKvComputed0 + j));
-          LS_TRY(be.copy_async(k_host.slice_rows(k0, k1), kc[j].slice_rows(0, k1 - k0), Queue::transfer));
-          LS_TRY(be.copy_async(v_host.slice_rows(k0, k1), vc[j].slice_rows(0, k1 - k0), Queue::transfer));
-          LS_TRY(be.signal(Queue::transfer, kFenceKvSaved0 + j));
-          kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
-        }
-        LS_TRY(mark("attention pass 1"));
-        const int64_t n_slices = (S + plan.attn_slice - 1) / plan.attn_slice, total = n_slices * n_chunks;
-        auto load = [&](int64_t g) -> Status {  // chunk g % n_chunks into buffer g % 2
-          const int64_t c = g % n_chunks, k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
-          const int j = static_cast<int>(g % 2);
-          LS_TRY(be.wait(Queue::transfer, kFenceKvUsed0 + j));  // attention on chunk g - 2 is done
-          LS_TRY(be.copy_async(kc[j].slice_rows(0, k1 - k0), k_host.slice_rows(k0, k1), Queue::transfer));
-          LS_TRY(be.copy_async(vc[j].slice_rows(0, k1 - k0), v_host.slice_rows(k0, k1), Queue::transfer));
-          kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
-          return be.signal(Queue::transfer, kFenceKvLoaded0 + j);
-        };
-        for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
-        int64_t g = 0;
-        for (int64_t a = 0; a < S; a += plan.attn_slice) {
-          const int64_t b = std::min(S, a + plan.attn_slice);
-          Arena::Scope slice(*arena);
-          LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
-          LS_ASSIGN_OR_RETURN(TensorView q, alloc(*arena, named(ph.buffers, "Q"), b - a));
-          LS_ASSIGN_OR_RETURN(TensorView o, alloc(*arena, named(ph.buffers, "attention out"), b - a));
-          LS_ASSIGN_OR_RETURN(TensorView st, alloc(*arena, named(ph.buffers, "attention state"), b - a));
-          LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
-          LS_TRY(blk.attn_q(r, a, b, h, q));
-          AttentionParams ap;
-          ap.kv_tile = plan.kv_tile;
-          ap.state = TensorView(st.data, DType::f32, {b - a, H, Dh + kAttentionStateExtra}, st.device);
-          for (int64_t c = 0; c < n_chunks; ++c, ++g) {
-            const int64_t k0 = c * plan.kv_chunk, k1 = std::min(S, k0 + plan.kv_chunk);
-            const int j = static_cast<int>(g % 2);
-            LS_TRY(be.wait(Queue::compute, kFenceKvLoaded0 + j));
-            ap.state_in = c > 0;
-            ap.finalize = c == n_chunks - 1;
-            LS_TRY(be.attention(q.unflatten_last(H, Dh), kc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh),
-                                vc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh), o.unflatten_last(H, Dh), ap));
-            LS_TRY(be.signal(Queue::compute, kFenceKvUsed0 + j));
-            if (g + 2 < total) LS_TRY(load(g + 2));
-          }
-          LS_TRY(blk.attn_out(r, a, b, o, h));
-          LS_TRY(residual_out(r, a, b));
-        }
-      }
-      // The phase's buffers are rewound at scope exit and the next phase may reuse the
-      // bytes at once: queued work is ordered on the compute queue, and every transfer
-      // into or out of these buffers was waited for by compute above. On a backend
-      // with queues the transfer queue is idle here except for weight copies.
-    }
-    if (!res_off) LS_TRY(check_finite(x));
+    st.phase_name = "attention";
+    st.phase_block = i;
+    LS_TRY(run_attention(st, attn, blk, plan.attn_slice, plan.kv_tile, kv ? &*kv : nullptr));
+    LS_TRY(st.check_residual());
     sample("attention", i);
-    LS_TRY(mark(plan.two_pass_attention() ? "attention pass 2" : "attention"));
+    LS_TRY(st.mark(plan.two_pass_attention() ? "attention pass 2" : "attention"));
     LS_TRY(eval_x("block.attn", i));
-    phase_name = "mlp";
-    {
-      Arena::Scope phase(*arena);
-      const PlanPhase& ph = plan.phases[2];
-      LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S, plan.mlp_slice)));
-      for (int64_t a = 0; a < S; a += plan.mlp_slice) {
-        const int64_t b = std::min(S, a + plan.mlp_slice);
-        Arena::Scope slice(*arena);
-        LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
-        LS_ASSIGN_OR_RETURN(TensorView u, alloc(*arena, named(ph.buffers, "fc1 out"), b - a));
-        LS_ASSIGN_OR_RETURN(TensorView act, alloc(*arena, named(ph.buffers, "swiglu out"), b - a));
-        LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
-        LS_TRY(blk.mlp(r, a, b, h, u, act));
-        LS_TRY(residual_out(r, a, b));
-      }
-    }
-    if (!res_off) LS_TRY(check_finite(x));
+    st.phase_name = "mlp";
+    LS_TRY(run_mlp(st, mlp, blk, plan.mlp_slice));
+    LS_TRY(st.check_residual());
     sample("mlp", i);
-    LS_TRY(mark("mlp"));
+    LS_TRY(st.mark("mlp"));
     LS_TRY(m.weights->release_block(i));
     LS_TRY(eval_x("block.mlp", i));
     if (m.opts.progress) {
@@ -826,138 +559,20 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
       m.opts.progress(i + 1, cfg.num_layers);
     }
   }
-  phase_name = "final layer";
-  phase_block = -1;
+  st.phase_name = "final layer";
+  st.phase_block = -1;
 
   // ---- final layer on the target rows [audio | video] ----
-  const h3::Segment& sa = lay.target_audio();
-  const h3::Segment& sv = lay.target_video();
-  const int64_t Pv = cfg.video_patch_dim(), Pa = cfg.audio_latents_dim;
-  std::vector<float> vout(static_cast<size_t>(sv.rows() * Pv)), aout(static_cast<size_t>(sa.rows() * Pa));
-  {
-    Arena::Scope phase(*arena);
-    const PlanPhase& ph = plan.phases[3];
-    LS_ASSIGN_OR_RETURN(TensorView rs, phase_slice(ph, std::min(S - sa.start, plan.final_slice)));
-    TensorView vw = m.weights->get("final_layer.video_out.weight"), vb = m.weights->get("final_layer.video_out.bias");
-    TensorView aw = m.weights->get("final_layer.audio_out.weight"), ab = m.weights->get("final_layer.audio_out.bias");
-    // PDD: one planned buffer f32 [Pv, D] + [Pv] ("PDD video head" / "PDD video bias",
-    // Pv >= Pa) holds the effective head of the stream being projected: the audio head
-    // for the target audio rows, then the video head (the audio rows all come first, so
-    // it is loaded once each; the copies are ordered with the GEMMs on the compute queue).
-    TensorView pdd_w, pdd_b;
-    bool pdd_holds_video = false;
-    if (cfg.pdd_heads > 1) {
-      if (Pa > Pv)
-        return make_error(ErrorCode::unsupported, "a PDD head bank with audio head rows (" + std::to_string(Pa) +
-                                                      ") wider than the video head's (" + std::to_string(Pv) +
-                                                      ") is not supported");
-      LS_ASSIGN_OR_RETURN(pdd_w, alloc(*arena, named(ph.buffers, "PDD video head"), Pv));
-      LS_ASSIGN_OR_RETURN(TensorView pb, alloc(*arena, named(ph.buffers, "PDD video bias"), Pv));
-      pdd_b = TensorView(pb.data, DType::f32, {Pv}, pb.device);
-      aw = TensorView(pdd_w.data, DType::f32, {Pa, D}, pdd_w.device);
-      ab = TensorView(pdd_b.data, DType::f32, {Pa}, pdd_b.device);
-      LS_TRY(be.copy(aw, TensorView(pdd_a.w.data(), DType::f32, {Pa, D})));
-      LS_TRY(be.copy(ab, TensorView(pdd_a.b.data(), DType::f32, {Pa})));
-    }
-    const TensorView shift = tab->final_table.cols(0, D), scale = tab->final_table.cols(D, 2 * D);
-    const TensorView norm_w = m.weights->get("final_layer.norm.weight");
-    const PlannedBuffer& head_out = named(ph.buffers, "head out");
-    const int64_t pw = head_out.cols;
-    for (int64_t a = sa.start; a < S; a += plan.final_slice) {
-      const int64_t b = std::min(S, a + plan.final_slice);
-      Arena::Scope slice(*arena);
-      LS_ASSIGN_OR_RETURN(TensorView h, alloc(*arena, named(ph.buffers, "h"), b - a));
-      LS_ASSIGN_OR_RETURN(TensorView mod, alloc(*arena, named(ph.buffers, "modulated rows"), b - a));
-      LS_ASSIGN_OR_RETURN(TensorView out, alloc(*arena, head_out, b - a));
-      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, residual_in(rs, a, b));
-      for (const h3::Segment* s : {&sa, &sv}) {
-        const int64_t lo = std::max(a, s->start), hi = std::min(b, s->stop);
-        if (lo >= hi) continue;
-        const bool is_v = s->is_video();
-        const int64_t ow = is_v ? Pv : Pa, n = hi - lo;
-        if (cfg.pdd_heads > 1 && is_v && !pdd_holds_video) {
-          vw = pdd_w;
-          vb = pdd_b;
-          LS_TRY(be.copy(vw, TensorView(pdd_v.w.data(), DType::f32, {Pv, D})));
-          LS_TRY(be.copy(vb, TensorView(pdd_v.b.data(), DType::f32, {Pv})));
-          pdd_holds_video = true;
-        }
-        const TensorView o(static_cast<float*>(out.data) + (lo - a) * pw, DType::f32, {n, ow}, out.device);
-        LS_TRY(h3::final_layer_rows(be, r.x_rows(lo, hi), final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw,
-                                    is_v ? vb : ab, h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
-        std::vector<float>& dst = is_v ? vout : aout;
-        LS_TRY(be.copy(host_rows(dst, DType::f32, ow, lo - s->start, hi - s->start), o));
-      }
-    }
-    LS_TRY(be.synchronize());
-  }
+  std::vector<float> vout, aout;  // f32 [target video rows, Pv], [target audio rows, Pa]
+  LS_TRY(run_final(st, fin, plan.final_slice, lay, tab->final_table, *m.weights, pdd, vout, aout));
   sample("final", -1);
-  LS_TRY(mark("final"));
+  LS_TRY(st.mark("final"));
   const uint64_t measured = call_peak;
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
 
   // ---- host: unpatchify, bf16, negate, masks, audio carry ----
-  const h3::ClipGeometry& g = cond.geometry;
   ForwardResult res;
-  res.video.assign(static_cast<size_t>(cfg.latents_dim * g.T * g.Hl * g.Wl), 0.0f);
-  res.audio.assign(static_cast<size_t>(cfg.audio_latents_dim * 2 * g.A), 0.0f);
-  // Return [-video.to(bf16), -audio.to(bf16)]: cast first, then negate (exact).
-  for (auto& v : vout) v = -round_bf16(v);
-  for (auto& v : aout) v = -round_bf16(v);
-  for (int64_t r = 0; r < sv.rows(); ++r)
-    h3::video_unpatch_row(vout.data() + r * Pv, cfg.latents_dim, g.T, g.Hl, g.Wl, r, res.video.data());
-  for (int64_t r = 0; r < sa.rows(); ++r) h3::audio_unrow(aout.data() + r * Pa, cfg.audio_latents_dim, g.A, r, res.audio.data());
-  // Masks (§2.2 step 5): out *= the mask model_base hands the model: pooled per 2x2
-  // patch (amax) and quantised to ceil(m * 256) / 256, the values that also set the
-  // per-row timesteps (h3::pooled_video_mask / pooled_audio_mask), broadcast over the
-  // channels (video: also over the patch's 2x2 pixels). A bf16 tensor times a bf16 mask
-  // (k/256 is exact in bf16): one rounding to bf16.
-  if (!cond.video_mask.empty()) {
-    const std::vector<float> pm = h3::pooled_video_mask(cond);  // [T * Hl/2 * Wl/2]
-    const int64_t hp = g.Hl / 2, wp = g.Wl / 2, plane = g.T * g.Hl * g.Wl;
-    for (int64_t c = 0; c < cfg.latents_dim; ++c)
-      for (int64_t t = 0; t < g.T; ++t)
-        for (int64_t y = 0; y < g.Hl; ++y)
-          for (int64_t w = 0; w < g.Wl; ++w) {
-            const float mv = pm[static_cast<size_t>((t * hp + y / 2) * wp + w / 2)];
-            float& v = res.video[static_cast<size_t>(c * plane + (t * g.Hl + y) * g.Wl + w)];
-            v = round_bf16(v * mv);
-          }
-  }
-  if (!cond.audio_mask.empty()) {
-    const std::vector<float> pm = h3::pooled_audio_mask(cond);  // [2A]
-    const int64_t plane = 2 * g.A;
-    for (int64_t c = 0; c < cfg.audio_latents_dim; ++c)
-      for (int64_t i = 0; i < plane; ++i) {
-        float& v = res.audio[static_cast<size_t>(c * plane + i)];
-        v = round_bf16(v * pm[static_cast<size_t>(i)]);
-      }
-  }
-  // Audio carry (§2.2 step 6): out = (1 - s) * (audio_src * carry) + bf16(1 + (s - 1) * sigma_a) * out,
-  // every op a bf16 tensor op (fp32 inside, one rounding).
-  if (cond.audio_scale != 1.0) {
-    const double s = cond.audio_scale;
-    const auto one_minus_s = static_cast<float>(1.0 - s);
-    const float coef = round_bf16(1.0f + static_cast<float>(s - 1.0) * ts.sig.sigma_a_f32);
-    const std::vector<float>& ain = inputs.audio_in();
-    for (size_t i = 0; i < res.audio.size(); ++i) {
-      const float t1 = round_bf16(one_minus_s * ain[i]);
-      const float t2 = round_bf16(coef * res.audio[i]);
-      res.audio[i] = round_bf16(t1 + t2);
-    }
-  }
-
-  if (m.opts.check_finite) {
-    // The residual was finite after the last block; the head, masks or carry may still
-    // overflow (or a non-finite condition latent reach the carry term).
-    int64_t n = 0;
-    for (const std::vector<float>* out : {&res.video, &res.audio})
-      for (float v : *out) n += std::isfinite(v) ? 0 : 1;
-    if (n > 0)
-      return make_error(ErrorCode::nonfinite, std::to_string(n) +
-                                                  " non-finite output value(s) (NaN or inf) after the final layer "
-                                                  "(the residual stream was finite); --allow-nonfinite writes them anyway");
-  }
+  LS_TRY(finish_outputs(cfg, cond, ts, inputs, vout, aout, m.opts.check_finite, res.video, res.audio));
 
   RunReport& rep = res.report;
   rep.memory = std::move(samples);
@@ -986,8 +601,8 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   rep.residual_offload = res_off;
   rep.kv_chunk = kv_off ? plan.kv_chunk : 0;
   rep.pcie_weight_bytes = m.weights->forward_copy_bytes();
-  rep.pcie_kv_bytes = kv_bytes;
-  rep.pcie_residual_bytes = res_bytes;
+  rep.pcie_kv_bytes = st.kv_bytes;
+  rep.pcie_residual_bytes = st.residual_bytes;
   rep.device_weight_bytes = m.weights->device_bytes();
   rep.device_held_bytes = m.dev->held();
   rep.device_peak_bytes = m.dev->peak();

@@ -26,8 +26,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "backend/backend.h"
 #include "core/arena.h"
+#include "exec/buffers.h"
 #include "model/h3/layout.h"
 
 namespace ls::exec {
@@ -71,80 +71,26 @@ Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64
   return kv_chunk_rows;
 }
 
-// With residual offload a phase starts with its one residual slice bf16 [n, D]: the rows
-// it reads (and writes back) are copied in on the compute queue before use and out
-// after, so one buffer suffices (no overlap with compute).
-static PlanPhase phase_with_residual(const h3::H3Config& cfg, const Placement& where, int64_t n, PlanPhase p) {
-  if (where.residual_offload) p.buffers.insert(p.buffers.begin(), {"residual slice", DType::bf16, n, cfg.hidden});
-  return p;
-}
-
+// The lists are made from the typed phase structs (exec/buffers.h), the ones the
+// executor allocates from.
 std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& z, const Placement& where) {
-  std::vector<PlannedBuffer> v;
-  if (!where.residual_offload) v.push_back({"residual x", DType::bf16, z.S, cfg.hidden});
-  v.push_back({"rope table", DType::bf16, z.S, 2 * cfg.rope_pairs()});
-  v.push_back({"modulation rows", DType::i32, z.S, 1});
-  v.push_back({"final rows", DType::i32, z.S, 1});
-  return v;
+  return persistent_specs(cfg, z, where).list();
 }
-
-static int64_t patch_width(const h3::H3Config& cfg) { return std::max(cfg.video_patch_dim(), cfg.audio_latents_dim); }
 
 PlanPhase embed_phase(const h3::H3Config& cfg, int64_t n, const Placement& where) {
-  return phase_with_residual(
-      cfg, where, n,
-      {"embed", {{"patch rows", DType::f32, n, patch_width(cfg)}, {"patch embedding", DType::f32, n, cfg.hidden}}});
+  return embed_specs(cfg, n, where).phase();
 }
 
 PlanPhase attention_phase(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
-  const int64_t D = cfg.hidden, I = cfg.inner();
-  if (attn_slice == 0) {
-    LS_CHECK_MSG(!where.kv_offload && !where.residual_offload, "K/V and residual offload need two-pass attention");
-    return {"attn", {{"h", DType::bf16, S, D}, {"qkv", DType::bf16, S, 3 * I}, {"attention out", DType::bf16, S, I}}};
-  }
-  const int64_t n = attn_slice;
-  PlanPhase p{"attn", {}};
-  if (where.kv_offload) {
-    // bf16 [kv_chunk, I] x 2 per tensor: the chunk attention reads and the next one
-    // streaming in on the transfer queue. Pass 1 computes K and V into them and copies
-    // each finished chunk to pinned host memory (the GEMMs are row-invariant).
-    LS_CHECK_MSG(where.kv_chunk > 0, "K/V offload needs a resolved kv_chunk");
-    for (const char* t : {"K", "V"})
-      for (int i = 0; i < 2; ++i)
-        p.buffers.push_back({std::string(t) + " chunk " + std::to_string(i), DType::bf16, where.kv_chunk, I});
-  } else {
-    p.buffers.push_back({"K", DType::bf16, S, I});
-    p.buffers.push_back({"V", DType::bf16, S, I});
-  }
-  p.buffers.push_back({"h", DType::bf16, n, D});
-  p.buffers.push_back({"Q", DType::bf16, n, I});
-  p.buffers.push_back({"attention out", DType::bf16, n, I});
-  if (where.kv_offload) {
-    // f32 [n, H, Dh + 8]: each (query, head)'s running max, sum and accumulator, carried
-    // from one K/V chunk to the next (backend.h AttentionParams::state).
-    p.buffers.push_back({"attention state", DType::f32, n, cfg.heads * (cfg.head_dim + kAttentionStateExtra)});
-  }
-  return phase_with_residual(cfg, where, n, std::move(p));
+  return attention_specs(cfg, S, attn_slice, where).phase();
 }
 
 PlanPhase mlp_phase(const h3::H3Config& cfg, int64_t n, const Placement& where) {
-  return phase_with_residual(
-      cfg, where, n,
-      {"mlp",
-       {{"h", DType::bf16, n, cfg.hidden}, {"fc1 out", DType::bf16, n, 2 * cfg.ffn}, {"swiglu out", DType::bf16, n, cfg.ffn}}});
+  return mlp_specs(cfg, n, where).phase();
 }
 
 PlanPhase final_phase(const h3::H3Config& cfg, int64_t n, const Placement& where) {
-  PlanPhase p{"final", {}};
-  const int64_t D = cfg.hidden, Pv = cfg.video_patch_dim();
-  if (cfg.pdd_heads > 1) {
-    p.buffers.push_back({"PDD video head", DType::f32, Pv, D});
-    p.buffers.push_back({"PDD video bias", DType::f32, Pv, 1});
-  }
-  p.buffers.push_back({"h", DType::bf16, n, D});
-  p.buffers.push_back({"modulated rows", DType::f32, n, D});
-  p.buffers.push_back({"head out", DType::f32, n, patch_width(cfg)});
-  return phase_with_residual(cfg, where, n, std::move(p));
+  return final_specs(cfg, n, where).phase();
 }
 
 std::vector<PlannedBuffer> refiner_persistent_buffers(const h3::H3Config& cfg, int64_t L) {
@@ -228,6 +174,11 @@ Status check_knobs(const PlanKnobs& k) {
 Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, const PlanKnobs& knobs) {
   LS_TRY(check_knobs(knobs));
   LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  return make_plan(cfg, z, knobs);
+}
+
+Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& knobs) {
+  LS_TRY(check_knobs(knobs));
   Resolved r;
   r.attn = knobs.attn_chunk_tokens == 0 ? 0 : std::min(knobs.attn_chunk_tokens, z.S);
   r.mlp = knobs.mlp_chunk_tokens == 0 ? z.S : std::min(knobs.mlp_chunk_tokens, z.S);

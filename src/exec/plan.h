@@ -20,8 +20,9 @@
 //   phase's slice rows), copied in/out on the compute queue around its use.
 //
 // predicted peak = sum(persistent) + max over phases(sum(phase buffers at the largest
-// slice)), every buffer rounded up with Arena::aligned_bytes. The executor allocates
-// from exactly these lists, looking buffers up by name (find_buffer), so the arena's
+// slice)), every buffer rounded up with Arena::aligned_bytes. Every list is made from a
+// typed phase struct (exec/buffers.h: EmbedSpecs, AttnSpecs, ...) and the executor
+// allocates from those structs, never by looking a buffer up by name, so the arena's
 // measured peak equals the prediction for the largest slice and can never exceed it.
 //
 // Usage:
@@ -132,6 +133,9 @@ struct Plan {
 // residual offload with stock attention (attn_chunk_tokens == 0), a kv_chunk_rows that
 // is not a multiple of kv_tile and < S; an invalid geometry.
 Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, const PlanKnobs& knobs);
+// The same for sizes already known (the executor has built the layout: no second
+// build_layout per call).
+Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& sizes, const PlanKnobs& knobs);
 
 // The plan with the largest slices whose predicted peak fits `budget_bytes`: the stock
 // plan if it fits, else for each phase the largest slice that fits (binary search; the
@@ -150,7 +154,7 @@ Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Cond
 // Each phase's buffers in allocation order, for slices of `n` rows (the largest slice
 // of the plan), as the device holds them under `where`; the executor allocates the same
 // specs with the actual slice's rows (K/V chunks with the actual chunk's rows).
-// Names are fixed (the executor looks buffers up by name):
+// Names are fixed (reports and tests read them; the executor uses exec/buffers.h):
 //   persistent: "residual x" bf16 [S, D] (not with residual offload), "rope table"
 //               bf16 [S, 2P], "modulation rows" i32 [S, 1], "final rows" i32 [S, 1]
 //   every phase with residual offload: "residual slice" bf16 [n, D] first

@@ -7,17 +7,14 @@
 
 namespace ls::exec {
 
-bool WeightStore::is_precompute_only(const std::string& n) {
-  return n.rfind("time_embedder.", 0) == 0 || n.find("adaln_proj.") != std::string::npos || n == "adaln_t_table";
+using h3::TensorRole;
+
+bool WeightStore::is_precompute_only(TensorRole r) {
+  return r == TensorRole::time_embedder || r == TensorRole::adaln_table || r == TensorRole::adaln;
 }
 
-bool WeightStore::is_text(const std::string& n) {
-  return n.rfind("condition_proj.", 0) == 0 || n.rfind("token_refiner.", 0) == 0;
-}
-
-// Host-side only (small tables read on the host) or unused by the dense forward.
-static bool is_host_only(const std::string& n) {
-  return n == "rope.inv_freq" || n.find("to_gate_compress") != std::string::npos;
+bool WeightStore::is_step_weight(TensorRole r) {
+  return r == TensorRole::patch_embed || r == TensorRole::block || r == TensorRole::head;
 }
 
 static uint64_t spec_bytes(const h3::TensorSpec& s) {
@@ -30,12 +27,12 @@ static TensorView view_of(void* p, const h3::TensorSpec& s, Device d) {
   return v;
 }
 
-std::vector<WeightStore::SlotEntry> WeightStore::layout_of(const std::string& prefix) const {
+std::vector<WeightStore::SlotEntry> WeightStore::layout_of(TensorRole role, int64_t block) const {
   std::vector<SlotEntry> l;
   uint64_t off = 0;
   for (const auto& s : src_.specs()) {
-    if (s.name.rfind(prefix, 0) != 0 || is_precompute_only(s.name) || is_host_only(s.name)) continue;
-    l.push_back(SlotEntry{s.name.substr(prefix.size()), s, off});
+    if (s.role != role || s.block != block) continue;
+    l.push_back(SlotEntry{s, off});
     off += Arena::aligned_bytes(static_cast<size_t>(spec_bytes(s)));
   }
   return l;
@@ -45,15 +42,12 @@ uint64_t WeightStore::layout_bytes(const std::vector<SlotEntry>& l) {
   return l.empty() ? 0 : l.back().offset + Arena::aligned_bytes(static_cast<size_t>(spec_bytes(l.back().spec)));
 }
 
-h3::WeightGetter WeightStore::slot_getter(int64_t slot, const std::string& prefix,
-                                          const std::vector<SlotEntry>& l) const {
+h3::WeightGetter WeightStore::views_at(void* base, const std::vector<SlotEntry>& l, const char* where) const {
   std::map<std::string, TensorView> views;
-  for (const SlotEntry& e : l)
-    views[prefix + e.suffix] = view_of(static_cast<char*>(slot_ptr_[static_cast<size_t>(slot)]) + e.offset, e.spec,
-                                       be_.device());
-  return [views = std::move(views)](const std::string& n) {
+  for (const SlotEntry& e : l) views[e.spec.name] = view_of(static_cast<char*>(base) + e.offset, e.spec, be_.device());
+  return [views = std::move(views), where](const std::string& n) {
     auto it = views.find(n);
-    LS_CHECK_MSG(it != views.end(), "weight '" + n + "' is not in the block slot");
+    LS_CHECK_MSG(it != views.end(), "weight '" + n + "' is not in the " + where);
     return it->second;
   };
 }
@@ -72,29 +66,28 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
   ws->release_ = r.release_source;
   if (be.device().kind == DeviceKind::cpu && ws->resident_blocks_ == L) return ws;  // host views as they are
   ws->host_resident_ = false;
-  ws->block_layout_ = ws->layout_of("blocks.0.");
-  const uint64_t block_bytes = layout_bytes(ws->block_layout_);
-  for (int64_t i = 1; i < L; ++i) {
-    const auto li = ws->layout_of("blocks." + std::to_string(i) + ".");
-    LS_CHECK_MSG(layout_bytes(li) == block_bytes && li.size() == ws->block_layout_.size(),
-                 "block " + std::to_string(i) + " differs in layout from block 0");
+  // Block layouts by role and block index from the tensor table: every tensor of role
+  // `block` (quantised scales included) goes into the slot, nothing of another role.
+  for (int64_t i = 0; i < L; ++i) {
+    ws->block_layouts_.push_back(ws->layout_of(TensorRole::block, i));
+    const auto& l0 = ws->block_layouts_.front();
+    const auto& li = ws->block_layouts_.back();
+    bool same = li.size() == l0.size();
+    for (size_t k = 0; same && k < li.size(); ++k) same = li[k].offset == l0[k].offset && spec_bytes(li[k].spec) == spec_bytes(l0[k].spec);
+    LS_CHECK_MSG(same, "block " + std::to_string(i) + " differs in layout from block 0");
   }
-  auto block_of = [](const std::string& n) -> int64_t {
-    if (n.rfind("blocks.", 0) != 0) return -1;
-    return std::stoll(n.substr(7, n.find('.', 7) - 7));
+  const uint64_t block_bytes = L > 0 ? layout_bytes(ws->block_layouts_.front()) : 0;
+  // Resident arena: the step weights (patch projections, head) + blocks 0 .. R-1; never
+  // the precompute-only, text, host-only (rope) or unused tensors.
+  auto resident = [&](const h3::TensorSpec& s) {
+    return is_step_weight(s.role) && (s.role != TensorRole::block || s.block < ws->resident_blocks_);
   };
-  // Resident arena: non-block step weights + blocks 0 .. R-1.
   uint64_t total = 0;
-  for (const auto& s : src.specs()) {
-    if (is_precompute_only(s.name) || is_host_only(s.name) || is_text(s.name)) continue;
-    const int64_t b = block_of(s.name);
-    if (b >= ws->resident_blocks_) continue;
-    total += Arena::aligned_bytes(static_cast<size_t>(spec_bytes(s)));
-  }
+  for (const auto& s : src.specs())
+    if (resident(s)) total += Arena::aligned_bytes(static_cast<size_t>(spec_bytes(s)));
   LS_ASSIGN_OR_RETURN(ws->arena_, Arena::create(device_memory, total));
   for (const auto& s : src.specs()) {
-    if (is_precompute_only(s.name) || is_host_only(s.name) || is_text(s.name)) continue;
-    if (block_of(s.name) >= ws->resident_blocks_) continue;
+    if (!resident(s)) continue;
     const TensorView h = src.get(s.name);
     LS_ASSIGN_OR_RETURN(void* p, ws->arena_->alloc_bytes(static_cast<size_t>(h.nbytes()), s.name.c_str()));
     const TensorView d = view_of(p, s, be.device());
@@ -108,6 +101,12 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
   if (streamed > 0) {
     ws->slots_ = std::min<int64_t>(r.slots, streamed);
     ws->slot_bytes_ = block_bytes;
+    // loaded[s]: the transfer queue finished copying a block into slot s; free[s]: the
+    // compute queue finished the work that reads slot s.
+    for (int64_t s = 0; s < ws->slots_; ++s) {
+      LS_ASSIGN_OR_RETURN(ws->loaded_[static_cast<size_t>(s)], be.take_fence());
+      LS_ASSIGN_OR_RETURN(ws->free_[static_cast<size_t>(s)], be.take_fence());
+    }
     LS_ASSIGN_OR_RETURN(ws->slot_arena_,
                         Arena::create(device_memory, static_cast<size_t>(block_bytes) * static_cast<size_t>(ws->slots_)));
     for (int64_t s = 0; s < ws->slots_; ++s) {
@@ -119,9 +118,8 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
     for (int64_t i = ws->resident_blocks_; i < L; ++i) {
       LS_ASSIGN_OR_RETURN(void* p, ws->pinned_arena_->alloc_bytes(static_cast<size_t>(block_bytes), "streamed block"));
       ws->host_block_ptr_.push_back(p);
-      const std::string prefix = "blocks." + std::to_string(i) + ".";
-      for (const SlotEntry& e : ws->block_layout_) {
-        const std::string n = prefix + e.suffix;
+      for (const SlotEntry& e : ws->block_layouts_[static_cast<size_t>(i)]) {
+        const std::string& n = e.spec.name;
         const TensorView h = src.get(n);
         // Into pinned memory on all cores (36 GB for 50 streamed H3 blocks): 16 MiB pieces.
         char* dst = static_cast<char*>(p) + e.offset;
@@ -174,20 +172,21 @@ Expected<TensorView> WeightStore::transient(const std::string& name, Arena& scra
 void WeightStore::release_source(const std::string& name) const {
   // Precompute-only weights are read once per run, so their host copies always go
   // (a synthetic source remakes them if a later run asks; a mapped file is unaffected).
-  if (release_ || is_precompute_only(name)) src_.release(name);
+  const h3::TensorSpec* s = src_.spec(name);
+  if (release_ || (s && is_precompute_only(s->role))) src_.release(name);
 }
 
 // ---- block streaming ------------------------------------------------------------------
 
 Status WeightStore::queue_load(int64_t block) {
   const int64_t s = slot_of(block);
-  LS_TRY(be_.wait(Queue::transfer, kFenceFree0 + static_cast<int>(s)));  // the slot's last user is done
+  LS_TRY(free_[static_cast<size_t>(s)].wait(Queue::transfer));  // the slot's last user is done
   const auto n = static_cast<int64_t>(slot_bytes_);
   const TensorView dst(slot_ptr_[static_cast<size_t>(s)], DType::u8, {n}, be_.device());
   const TensorView src(host_block_ptr_[static_cast<size_t>(block - resident_blocks_)], DType::u8, {n});
   LS_TRY(be_.copy_async(dst, src, Queue::transfer));
   forward_copy_bytes_ += slot_bytes_;
-  return be_.signal(Queue::transfer, kFenceLoaded0 + static_cast<int>(s));
+  return loaded_[static_cast<size_t>(s)].signal(Queue::transfer);
 }
 
 Status WeightStore::begin_forward() {
@@ -202,14 +201,14 @@ Expected<h3::WeightGetter> WeightStore::acquire_block(int64_t i) {
     return h3::WeightGetter([this](const std::string& n) { return get(n); });
   }
   const int64_t s = slot_of(i);
-  LS_TRY(be_.wait(Queue::compute, kFenceLoaded0 + static_cast<int>(s)));
-  return slot_getter(s, "blocks." + std::to_string(i) + ".", block_layout_);
+  LS_TRY(loaded_[static_cast<size_t>(s)].wait(Queue::compute));
+  return views_at(slot_ptr_[static_cast<size_t>(s)], block_layouts_[static_cast<size_t>(i)], "block slot");
 }
 
 Status WeightStore::release_block(int64_t i) {
   if (host_resident_ || i < resident_blocks_) return Status();
   const int64_t s = slot_of(i);
-  LS_TRY(be_.signal(Queue::compute, kFenceFree0 + static_cast<int>(s)));
+  LS_TRY(free_[static_cast<size_t>(s)].signal(Queue::compute));
   if (i + slots_ < num_blocks_) LS_TRY(queue_load(i + slots_));
   return Status();
 }
@@ -218,15 +217,14 @@ Status WeightStore::release_block(int64_t i) {
 
 uint64_t WeightStore::refiner_block_scratch_bytes(int64_t i) const {
   if (host_resident_) return 0;
-  const auto l = layout_of(h3::h3_refiner_key(i, ""));
+  const auto l = layout_of(TensorRole::refiner, i);
   if (slots_ > 0 && layout_bytes(l) <= slot_bytes_) return 0;
   return layout_bytes(l);
 }
 
 Expected<h3::WeightGetter> WeightStore::refiner_block(int64_t i, Arena& scratch) {
   if (host_resident_) return h3::WeightGetter([this](const std::string& n) { return src_.get(n); });
-  const std::string prefix = h3::h3_refiner_key(i, "");
-  const auto l = layout_of(prefix);
+  const auto l = layout_of(TensorRole::refiner, i);
   void* base = nullptr;
   if (slots_ > 0 && layout_bytes(l) <= slot_bytes_) {
     // Nothing else is queued on the slots outside a forward, and a previous forward's
@@ -235,24 +233,18 @@ Expected<h3::WeightGetter> WeightStore::refiner_block(int64_t i, Arena& scratch)
   } else {
     LS_ASSIGN_OR_RETURN(base, scratch.alloc_bytes(static_cast<size_t>(layout_bytes(l)), "refiner block"));
   }
-  std::map<std::string, TensorView> views;
   for (const SlotEntry& e : l) {
-    const TensorView h = src_.get(prefix + e.suffix);
+    const TensorView h = src_.get(e.spec.name);
     const TensorView d = view_of(static_cast<char*>(base) + e.offset, e.spec, be_.device());
     LS_TRY(be_.copy_async(d, h, Queue::compute));  // ordered before the block's ops
-    views[prefix + e.suffix] = d;
   }
   LS_TRY(be_.synchronize());  // host views of the source may be released by the caller
-  return h3::WeightGetter([views = std::move(views)](const std::string& n) {
-    auto it = views.find(n);
-    LS_CHECK_MSG(it != views.end(), "weight '" + n + "' is not in the refiner block copy");
-    return it->second;
-  });
+  return views_at(base, l, "refiner block copy");
 }
 
 Status WeightStore::release_refiner_block(int64_t i) {
   if (host_resident_ || slots_ == 0) return Status();
-  return be_.signal(Queue::compute, kFenceFree0 + static_cast<int>(i % slots_));
+  return free_[static_cast<size_t>(i % slots_)].signal(Queue::compute);
 }
 
 }  // namespace ls::exec

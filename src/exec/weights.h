@@ -19,7 +19,12 @@
 //    refiner's blocks go through the slots when there are slots, else through transient
 //    copies (refiner_block()), and condition_proj through transient().
 //
-// Fences (Backend::signal/wait) 0-3 belong to this class: loaded[s] = s, free[s] = 2 + s.
+// Tensors are selected by their role and block index in the model's tensor table
+// (TensorSpec::role, TensorSpec::block), never by their names: a block slot holds every
+// tensor of role `block` of that block (quantised scales included), the resident arena
+// the roles patch_embed, head and block (blocks < R); tensors of role `unused` never go
+// to the device. Fences: two handles per slot from the backend's pool (loaded, free),
+// taken when blocks stream and held for the store's life.
 // Streaming protocol for one forward (the engine's block loop):
 //   begin_forward();                      // queues the first `slots` streamed blocks
 //   for i: auto w = acquire_block(i);     // compute waits until block i is in its slot
@@ -57,9 +62,6 @@ struct Residency {
 
 class WeightStore {
  public:
-  static constexpr int kFenceLoaded0 = 0;  // loaded[s] = 0 + s
-  static constexpr int kFenceFree0 = 2;    // free[s] = 2 + s
-
   static Expected<std::unique_ptr<WeightStore>> create(const h3::H3TensorSource& src, Backend& be,
                                                        const Residency& residency, MemoryResource& device_memory);
   ~WeightStore();
@@ -75,8 +77,10 @@ class WeightStore {
   // After the AdaLN precompute: drop the source's host copy of a precompute-only weight
   // (always, whatever Residency::release_source says: they are read once per run).
   void release_source(const std::string& name) const;
-  static bool is_precompute_only(const std::string& name);
-  static bool is_text(const std::string& name);
+  // Roles only the AdaLN precompute reads (time_embedder, adaln_table, adaln).
+  static bool is_precompute_only(h3::TensorRole role);
+  // Roles the steps read from the device (patch_embed, block, head).
+  static bool is_step_weight(h3::TensorRole role);
 
   // ---- the block walk of one forward (see the protocol above) ----
   Status begin_forward();
@@ -103,14 +107,14 @@ class WeightStore {
  private:
   WeightStore(const h3::H3TensorSource& src, Backend& be) : src_(src), be_(be) {}
   struct SlotEntry {
-    std::string suffix;  // "attn.qkv_proj.weight"
     h3::TensorSpec spec;
     uint64_t offset = 0;  // bytes from the slot start (256-aligned)
   };
-  // Tensors under `prefix` ("blocks.3.") the steps read, laid out one after another.
-  std::vector<SlotEntry> layout_of(const std::string& prefix) const;
+  // The tensors of `role` and `block` in table order, laid out one after another.
+  std::vector<SlotEntry> layout_of(h3::TensorRole role, int64_t block) const;
   static uint64_t layout_bytes(const std::vector<SlotEntry>& l);
-  h3::WeightGetter slot_getter(int64_t slot, const std::string& prefix, const std::vector<SlotEntry>& l) const;
+  // Views of layout `l` at `base` (a slot or a scratch copy), by tensor name.
+  h3::WeightGetter views_at(void* base, const std::vector<SlotEntry>& l, const char* where) const;
   Status queue_load(int64_t block);  // block's host copy -> its slot, on the transfer queue
   int64_t slot_of(int64_t block) const { return (block - resident_blocks_) % slots_; }
 
@@ -123,7 +127,8 @@ class WeightStore {
   std::unique_ptr<Arena> slot_arena_;    // slots (device)
   std::unique_ptr<Arena> pinned_arena_;  // streamed blocks (pinned host), slot layout each
   std::map<std::string, TensorView> device_;
-  std::vector<SlotEntry> block_layout_;  // of block 0, the same for every block
+  std::vector<std::vector<SlotEntry>> block_layouts_;  // [L], offsets equal to block 0's (checked)
+  Backend::Fence loaded_[2], free_[2];  // per slot: copy into it done / its last reader done
   uint64_t slot_bytes_ = 0;
   std::vector<void*> slot_ptr_;
   std::vector<void*> host_block_ptr_;    // [L - R] pinned copies

@@ -1,0 +1,199 @@
+// The phase buffers' arithmetic (exec/plan.cpp's header comment has the formulas):
+// every PlanPhase list the planner sums is made here, from the same struct the
+// executor allocates from.
+#include "exec/buffers.h"
+
+#include <algorithm>
+
+#include "backend/backend.h"  // kAttentionStateExtra
+
+namespace ls::exec {
+
+Expected<TensorView> alloc_rows(Arena& arena, const PlannedBuffer& spec, int64_t rows) {
+  LS_CHECK_MSG(rows <= spec.rows, "slice of " + std::to_string(rows) + " rows exceeds the planned " + spec.what);
+  return arena.alloc(spec.dtype, {rows, spec.cols}, spec.what.c_str());
+}
+
+namespace {
+
+int64_t patch_width(const h3::H3Config& cfg) { return std::max(cfg.video_patch_dim(), cfg.audio_latents_dim); }
+
+// With residual offload a phase starts with its one residual slice bf16 [n, D]: the rows
+// it reads (and writes back) are copied in on the compute queue before use and out
+// after, so one buffer suffices (no overlap with compute).
+std::optional<PlannedBuffer> residual_slice(const h3::H3Config& cfg, const Placement& where, int64_t n) {
+  if (!where.residual_offload) return std::nullopt;
+  return PlannedBuffer{"residual slice", DType::bf16, n, cfg.hidden};
+}
+
+void add(std::vector<PlannedBuffer>& v, const std::optional<PlannedBuffer>& b) {
+  if (b) v.push_back(*b);
+}
+
+bool same_specs(const std::vector<PlannedBuffer>& a, const std::vector<PlannedBuffer>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].what != b[i].what || a[i].dtype != b[i].dtype || a[i].rows != b[i].rows || a[i].cols != b[i].cols)
+      return false;
+  return true;
+}
+
+template <typename Specs>
+Specs checked(Specs s, const PlanPhase& planned) {
+  LS_CHECK_MSG(same_specs(s.phase().buffers, planned.buffers),
+               "the plan's '" + planned.name + "' buffers are not what its slices and placement give");
+  return s;
+}
+
+}  // namespace
+
+std::vector<PlannedBuffer> PersistentSpecs::list() const {
+  std::vector<PlannedBuffer> v;
+  add(v, x);
+  v.push_back(rope);
+  v.push_back(mod_rows);
+  v.push_back(final_rows);
+  return v;
+}
+
+PlanPhase EmbedSpecs::phase() const {
+  PlanPhase p{"embed", {}};
+  add(p.buffers, residual_slice);
+  p.buffers.push_back(patch_rows);
+  p.buffers.push_back(patch_embedding);
+  return p;
+}
+
+PlanPhase AttnSpecs::phase() const {
+  PlanPhase p{"attn", {}};
+  add(p.buffers, residual_slice);
+  add(p.buffers, k_chunk[0]);
+  add(p.buffers, k_chunk[1]);
+  add(p.buffers, v_chunk[0]);
+  add(p.buffers, v_chunk[1]);
+  add(p.buffers, k);
+  add(p.buffers, v);
+  p.buffers.push_back(h);
+  add(p.buffers, qkv);
+  add(p.buffers, q);
+  p.buffers.push_back(out);
+  add(p.buffers, state);
+  return p;
+}
+
+PlanPhase MlpSpecs::phase() const {
+  PlanPhase p{"mlp", {}};
+  add(p.buffers, residual_slice);
+  p.buffers.push_back(h);
+  p.buffers.push_back(fc1_out);
+  p.buffers.push_back(swiglu_out);
+  return p;
+}
+
+PlanPhase FinalSpecs::phase() const {
+  PlanPhase p{"final", {}};
+  add(p.buffers, residual_slice);
+  add(p.buffers, pdd_head);
+  add(p.buffers, pdd_bias);
+  p.buffers.push_back(h);
+  p.buffers.push_back(modulated);
+  p.buffers.push_back(head_out);
+  return p;
+}
+
+PersistentSpecs persistent_specs(const h3::H3Config& cfg, const SequenceSizes& z, const Placement& where) {
+  PersistentSpecs s;
+  if (!where.residual_offload) s.x = PlannedBuffer{"residual x", DType::bf16, z.S, cfg.hidden};
+  s.rope = {"rope table", DType::bf16, z.S, 2 * cfg.rope_pairs()};
+  s.mod_rows = {"modulation rows", DType::i32, z.S, 1};
+  s.final_rows = {"final rows", DType::i32, z.S, 1};
+  return s;
+}
+
+EmbedSpecs embed_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  EmbedSpecs s;
+  s.residual_slice = residual_slice(cfg, where, n);
+  s.patch_rows = {"patch rows", DType::f32, n, patch_width(cfg)};
+  s.patch_embedding = {"patch embedding", DType::f32, n, cfg.hidden};
+  return s;
+}
+
+AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
+  const int64_t D = cfg.hidden, I = cfg.inner();
+  AttnSpecs s;
+  if (attn_slice == 0) {
+    LS_CHECK_MSG(!where.kv_offload && !where.residual_offload, "K/V and residual offload need two-pass attention");
+    s.kind = AttentionKind::stock;
+    s.h = {"h", DType::bf16, S, D};
+    s.qkv = PlannedBuffer{"qkv", DType::bf16, S, 3 * I};
+    s.out = {"attention out", DType::bf16, S, I};
+    return s;
+  }
+  const int64_t n = attn_slice;
+  s.residual_slice = residual_slice(cfg, where, n);
+  if (where.kv_offload) {
+    // bf16 [kv_chunk, I] x 2 per tensor: the chunk attention reads and the next one
+    // streaming in on the transfer queue. Pass 1 computes K and V into them and copies
+    // each finished chunk to pinned host memory (the GEMMs are row-invariant).
+    LS_CHECK_MSG(where.kv_chunk > 0, "K/V offload needs a resolved kv_chunk");
+    s.kind = AttentionKind::offloaded_kv;
+    for (int j = 0; j < 2; ++j) {
+      s.k_chunk[j] = PlannedBuffer{"K chunk " + std::to_string(j), DType::bf16, where.kv_chunk, I};
+      s.v_chunk[j] = PlannedBuffer{"V chunk " + std::to_string(j), DType::bf16, where.kv_chunk, I};
+    }
+    // f32 [n, H, Dh + 8]: each (query, head)'s running max, sum and accumulator, carried
+    // from one K/V chunk to the next (backend.h AttentionParams::state).
+    s.state = PlannedBuffer{"attention state", DType::f32, n, cfg.heads * (cfg.head_dim + kAttentionStateExtra)};
+  } else {
+    s.kind = AttentionKind::resident_kv;
+    s.k = PlannedBuffer{"K", DType::bf16, S, I};
+    s.v = PlannedBuffer{"V", DType::bf16, S, I};
+  }
+  s.h = {"h", DType::bf16, n, D};
+  s.q = PlannedBuffer{"Q", DType::bf16, n, I};
+  s.out = {"attention out", DType::bf16, n, I};
+  return s;
+}
+
+MlpSpecs mlp_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  MlpSpecs s;
+  s.residual_slice = residual_slice(cfg, where, n);
+  s.h = {"h", DType::bf16, n, cfg.hidden};
+  s.fc1_out = {"fc1 out", DType::bf16, n, 2 * cfg.ffn};
+  s.swiglu_out = {"swiglu out", DType::bf16, n, cfg.ffn};
+  return s;
+}
+
+FinalSpecs final_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  const int64_t D = cfg.hidden, Pv = cfg.video_patch_dim();
+  FinalSpecs s;
+  s.residual_slice = residual_slice(cfg, where, n);
+  if (cfg.pdd_heads > 1) {
+    s.pdd_head = PlannedBuffer{"PDD video head", DType::f32, Pv, D};
+    s.pdd_bias = PlannedBuffer{"PDD video bias", DType::f32, Pv, 1};
+  }
+  s.h = {"h", DType::bf16, n, D};
+  s.modulated = {"modulated rows", DType::f32, n, D};
+  s.head_out = {"head out", DType::f32, n, patch_width(cfg)};
+  return s;
+}
+
+PersistentSpecs persistent_specs(const h3::H3Config& cfg, const Plan& plan) {
+  PersistentSpecs s = persistent_specs(cfg, plan.sizes, plan.placement());
+  LS_CHECK_MSG(same_specs(s.list(), plan.persistent), "the plan's persistent buffers are not what its sizes give");
+  return s;
+}
+EmbedSpecs embed_specs(const h3::H3Config& cfg, const Plan& plan) {
+  return checked(embed_specs(cfg, plan.mlp_slice, plan.placement()), plan.phase("embed"));
+}
+AttnSpecs attention_specs(const h3::H3Config& cfg, const Plan& plan) {
+  return checked(attention_specs(cfg, plan.sizes.S, plan.attn_slice, plan.placement()), plan.phase("attn"));
+}
+MlpSpecs mlp_specs(const h3::H3Config& cfg, const Plan& plan) {
+  return checked(mlp_specs(cfg, plan.mlp_slice, plan.placement()), plan.phase("mlp"));
+}
+FinalSpecs final_specs(const h3::H3Config& cfg, const Plan& plan) {
+  return checked(final_specs(cfg, plan.final_slice, plan.placement()), plan.phase("final"));
+}
+
+}  // namespace ls::exec

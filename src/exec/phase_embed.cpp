@@ -1,0 +1,49 @@
+#include "exec/phase_embed.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace ls::exec {
+
+Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const h3::PackedLayout& lay,
+                 const h3::EmbedInputs& inputs, const TensorView& text, const WeightStore& weights) {
+  Backend& be = st.be;
+  Arena& arena = st.arena;
+  const int64_t S = st.S;
+  Arena::Scope phase(arena);
+  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(S, slice)));
+  const TensorView vw = weights.get("video_patch_proj.weight"), vb = weights.get("video_patch_proj.bias");
+  const TensorView aw = weights.get("audio_patch_proj.weight"), ab = weights.get("audio_patch_proj.bias");
+  std::vector<float> staging;
+  for (int64_t a = 0; a < S; a += slice) {
+    const int64_t b = std::min(S, a + slice);
+    Arena::Scope slice_scope(arena);
+    LS_ASSIGN_OR_RETURN(TensorView rows, alloc_rows(arena, specs.patch_rows, b - a));      // f32 [n, max(Pv, Pa)]
+    LS_ASSIGN_OR_RETURN(TensorView emb, alloc_rows(arena, specs.patch_embedding, b - a));  // f32 [n, D]
+    // The rows [a, b) of the residual being written: x itself or the slice buffer.
+    const h3::BlockRows out = st.residual_offload ? h3::BlockRows{rs.slice_rows(0, b - a), st.rope, st.mod_rows, a}
+                                                  : h3::BlockRows{st.x, st.rope, st.mod_rows, 0};
+    for (const h3::Segment& s : lay.segments) {
+      const int64_t lo = std::max(a, s.start), hi = std::min(b, s.stop);
+      if (lo >= hi) continue;
+      if (s.kind == h3::SegmentKind::text) {
+        LS_TRY(be.copy(out.x_rows(lo, hi), text.slice_rows(lo, hi)));
+        continue;
+      }
+      const int64_t w = inputs.width(s), n = hi - lo;
+      staging.resize(static_cast<size_t>(n * w));
+      inputs.rows(s, lo, hi, staging.data());
+      // Contiguous [n, w] views at the sub-range's offset inside the slice buffers.
+      const TensorView r(static_cast<float*>(rows.data) + (lo - a) * w, DType::f32, {n, w}, rows.device);
+      const TensorView e = emb.slice_rows(lo - a, hi - a);
+      LS_TRY(be.copy(r, TensorView(staging.data(), DType::f32, {n, w})));
+      LS_TRY(be.gemm(r, s.is_video() ? vw : aw, s.is_video() ? &vb : &ab, e));  // fp32 GEMM + bias
+      LS_TRY(be.convert(e, out.x_rows(lo, hi)));                                // -> bf16
+    }
+    LS_TRY(st.residual_out(out, a, b));
+    LS_TRY(be.synchronize());  // the staging buffer is reused by the next slice
+  }
+  return Status();
+}
+
+}  // namespace ls::exec

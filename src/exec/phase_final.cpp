@@ -1,0 +1,78 @@
+#include "exec/phase_final.h"
+
+#include <algorithm>
+
+#include "model/h3/final_layer.h"
+
+namespace ls::exec {
+
+namespace {
+
+// Host view of rows [a, b) of a contiguous host buffer [*, cols].
+TensorView host_rows(std::vector<float>& v, int64_t cols, int64_t a, int64_t b) {
+  return TensorView(v.data() + a * cols, DType::f32, {b - a, cols});
+}
+
+}  // namespace
+
+Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const h3::PackedLayout& lay,
+                 const TensorView& final_table, const WeightStore& weights, const std::optional<PddHeads>& pdd,
+                 std::vector<float>& vout, std::vector<float>& aout) {
+  Backend& be = st.be;
+  Arena& arena = st.arena;
+  const h3::H3Config& cfg = st.cfg;
+  const int64_t S = st.S, D = cfg.hidden;
+  const h3::Segment& sa = lay.target_audio();
+  const h3::Segment& sv = lay.target_video();
+  const int64_t Pv = cfg.video_patch_dim(), Pa = cfg.audio_latents_dim;
+  vout.assign(static_cast<size_t>(sv.rows() * Pv), 0.0f);
+  aout.assign(static_cast<size_t>(sa.rows() * Pa), 0.0f);
+  Arena::Scope phase(arena);
+  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(S - sa.start, slice)));
+  TensorView vw = weights.get("final_layer.video_out.weight"), vb = weights.get("final_layer.video_out.bias");
+  TensorView aw = weights.get("final_layer.audio_out.weight"), ab = weights.get("final_layer.audio_out.bias");
+  TensorView pdd_w, pdd_b;
+  bool pdd_holds_video = false;
+  if (pdd) {
+    LS_CHECK_MSG(specs.pdd_head && specs.pdd_bias, "a PDD bank without its planned head buffers");
+    LS_ASSIGN_OR_RETURN(pdd_w, alloc_rows(arena, *specs.pdd_head, Pv));  // f32 [Pv, D]
+    LS_ASSIGN_OR_RETURN(TensorView pb, alloc_rows(arena, *specs.pdd_bias, Pv));
+    pdd_b = TensorView(pb.data, DType::f32, {Pv}, pb.device);
+    aw = TensorView(pdd_w.data, DType::f32, {Pa, D}, pdd_w.device);
+    ab = TensorView(pdd_b.data, DType::f32, {Pa}, pdd_b.device);
+    LS_TRY(be.copy(aw, TensorView(const_cast<float*>(pdd->audio.w.data()), DType::f32, {Pa, D})));
+    LS_TRY(be.copy(ab, TensorView(const_cast<float*>(pdd->audio.b.data()), DType::f32, {Pa})));
+  }
+  const TensorView shift = final_table.cols(0, D), scale = final_table.cols(D, 2 * D);
+  const TensorView norm_w = weights.get("final_layer.norm.weight");
+  const int64_t pw = specs.head_out.cols;
+  for (int64_t a = sa.start; a < S; a += slice) {
+    const int64_t b = std::min(S, a + slice);
+    Arena::Scope slice_scope(arena);
+    LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, specs.h, b - a));            // bf16 [n, D]
+    LS_ASSIGN_OR_RETURN(TensorView mod, alloc_rows(arena, specs.modulated, b - a));  // f32 [n, D]
+    LS_ASSIGN_OR_RETURN(TensorView out, alloc_rows(arena, specs.head_out, b - a));   // f32 [n, max(Pv, Pa)]
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(rs, a, b));
+    for (const h3::Segment* s : {&sa, &sv}) {
+      const int64_t lo = std::max(a, s->start), hi = std::min(b, s->stop);
+      if (lo >= hi) continue;
+      const bool is_v = s->is_video();
+      const int64_t ow = is_v ? Pv : Pa, n = hi - lo;
+      if (pdd && is_v && !pdd_holds_video) {
+        vw = pdd_w;
+        vb = pdd_b;
+        LS_TRY(be.copy(vw, TensorView(const_cast<float*>(pdd->video.w.data()), DType::f32, {Pv, D})));
+        LS_TRY(be.copy(vb, TensorView(const_cast<float*>(pdd->video.b.data()), DType::f32, {Pv})));
+        pdd_holds_video = true;
+      }
+      const TensorView o(static_cast<float*>(out.data) + (lo - a) * pw, DType::f32, {n, ow}, out.device);
+      LS_TRY(h3::final_layer_rows(be, r.x_rows(lo, hi), st.final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw,
+                                  is_v ? vb : ab, h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
+      std::vector<float>& dst = is_v ? vout : aout;
+      LS_TRY(be.copy(host_rows(dst, ow, lo - s->start, hi - s->start), o));
+    }
+  }
+  return be.synchronize();
+}
+
+}  // namespace ls::exec
