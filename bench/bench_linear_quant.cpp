@@ -1,11 +1,12 @@
 // The four linears of an H3 block (qkv 5376->16128, out_proj 7168->5376, fc1 5376->28672,
 // fc2 14336->5376) at real width on CUDA, in each weight format, side by side (issue 14):
-//   bf16       Backend::gemm (the pinned cuBLASLt bf16 GEMM)
+//   bf16       Backend::gemm (the pinned cuBLASLt bf16 GEMM; fc2: after the swiglu op, as the
+//              bf16 block runs it; bf16_gemm_only: the GEMM alone)
 //   int8       Backend::linear int8_convrot, the whole op (quantiser with FHT, int32 GEMM,
 //              epilogue; fc2 takes the fused swiglu input u [M, 28672]) and the int8 GEMM
 //              alone (cuda::bench_quant_gemm_only: int8 tensor cores, int32 out)
-//   fp8        Backend::linear fp8_e4m3 (static activation scale 1; the whole op) and the
-//              fp8 GEMM alone (fp32 out)
+//   fp8        Backend::linear fp8_e4m3 (static activation scale 1; the whole op; fc2: after
+//              the swiglu op) and the fp8 GEMM alone (fp32 out)
 // Per linear and format: median ms over --iters after --warmup at M = --M rows (steady clock
 // around synchronize()), and TFLOP/s (bf16, fp8) or TOP/s (int8), 2 M N K operations. The
 // block figure at S = --S tokens is timed, not extrapolated from rates: S is walked in
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
   for (const Lin& l : ls_) {
     const size_t N = static_cast<size_t>(l.N), K = static_cast<size_t>(l.K), m = static_cast<size_t>(M);
     // weights bf16 + i8 + e4m3, x bf16 [M, 2K], q [M, K], y bf16, acc 4 bytes [M, N]
-    bytes += N * K * 4 + m * K * 4 + m * K + m * N * 2 + m * N * 4 + N * 8 + (size_t{1} << 16);
+    bytes += N * K * 4 + m * K * 4 + m * K * 3 + m * N * 2 + m * N * 4 + N * 8 + (size_t{1} << 16);
   }
   auto arena = Arena::create(b.memory(), bytes);
   if (!arena.ok()) die(arena.error().message);
@@ -143,8 +144,12 @@ int main(int argc, char** argv) {
   out["numerics_from_env"] = from_env;
   const int64_t full_slices = S / M, last = S % M;
   out["slices_at_S"] = {{"rows", M}, {"count", full_slices}, {"last_rows", last}};
-  double block[4] = {0, 0, 0, 0};  // bf16, int8, fp8, int8 GEMM alone: ms at S
-  const char* fmt_names[4] = {"bf16", "int8", "fp8", "int8_gemm_only"};
+  // ms at S of: the bf16 linear, int8, fp8, the int8 GEMM alone, the bf16 GEMM alone. For
+  // fc2 "bf16" and "fp8" include the swiglu op before the GEMM (what those blocks run; int8
+  // fuses it into its quantiser), "bf16_gemm_only" does not.
+  constexpr int kF = 5;
+  double block[kF] = {0, 0, 0, 0, 0};
+  const char* fmt_names[kF] = {"bf16", "int8", "fp8", "int8_gemm_only", "bf16_gemm_only"};
   uint32_t seed = 1;
   auto bf16_gen = [](float sd) {
     return std::function<uint16_t(std::mt19937&)>([sd](std::mt19937& r) {
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
                wf = take(DType::f8e4m3, {l.N, l.K}, "w e4m3"), x = take(DType::bf16, {M, xk}, "x"),
                y = take(DType::bf16, {M, l.N}, "y"), q = take(DType::i8, {M, l.K}, "q"),
                acc = take(DType::i32, {M, l.N}, "acc"), sw = take(DType::f32, {l.N}, "sw"),
+               act = take(DType::bf16, {M, l.K}, "swiglu out"),
                sf = take(DType::f32, {1}, "s_w");
     fill<uint16_t>(b, wb, bf16_gen(1.0f / 64.0f), seed++);
     fill<uint16_t>(b, x, bf16_gen(1.0f), seed++);
@@ -187,18 +193,30 @@ int main(int argc, char** argv) {
     j["K"] = l.K;
     // per format: the op on rows [0, m)
     auto timed = [&](int f, int64_t m) -> double {
-      const TensorView xm = x.slice_rows(0, m), ym = y.slice_rows(0, m);
+      const TensorView xm = x.slice_rows(0, m), ym = y.slice_rows(0, m), am = act.slice_rows(0, m);
+      // the bf16 / fp8 input: swiglu(u) for fc2, else x
+      auto input = [&]() -> Status { return l.swiglu ? b.swiglu(xm, am) : Status(); };
+      const TensorView in = l.swiglu ? am : xm;
       switch (f) {
-        case 0: return median_ms(b, warmup, iters, [&] { return b.gemm(xm.cols(0, l.K), wb, nullptr, ym); }, "bf16 gemm");
+        case 0:
+          return median_ms(b, warmup, iters, [&]() -> Status {
+            LS_TRY(input());
+            return b.gemm(in, wb, nullptr, ym);
+          }, "bf16 gemm");
         case 1: return median_ms(b, warmup, iters, [&] { return b.linear(xm, li8, nullptr, ym, o8); }, "int8 linear");
-        case 2: return median_ms(b, warmup, iters, [&] { return b.linear(xm.cols(0, l.K), lf8, nullptr, ym); }, "fp8 linear");
+        case 2:
+          return median_ms(b, warmup, iters, [&]() -> Status {
+            LS_TRY(input());
+            return b.linear(in, lf8, nullptr, ym);
+          }, "fp8 linear");
+        case 4: return median_ms(b, warmup, iters, [&] { return b.gemm(xm.cols(0, l.K), wb, nullptr, ym); }, "bf16 gemm");
         default:
           return median_ms(b, warmup, iters,
                            [&] { return cuda::bench_quant_gemm_only(b, false, q.slice_rows(0, m), wi, acc.slice_rows(0, m)); },
                            "int8 gemm");
       }
     };
-    for (int f = 0; f < 4; ++f) {
+    for (int f = 0; f < kF; ++f) {
       const double t = timed(f, M);
       const double rate = ops * static_cast<double>(M) / (t * 1e-3) / 1e12;
       const double t_last = last > 0 ? timed(f, last) : 0.0;
@@ -221,7 +239,7 @@ int main(int argc, char** argv) {
                   ops * static_cast<double>(M) / (t * 1e-3) / 1e12);
     }
   }
-  for (int f = 0; f < 4; ++f) {
+  for (int f = 0; f < kF; ++f) {
     out["block_linears_ms_at_S"][fmt_names[f]] = block[f];
     std::printf("four linears of one block at S = %lld, %s: %.1f ms (%.3fx bf16)\n", static_cast<long long>(S),
                 fmt_names[f], block[f], block[f] / block[0]);
