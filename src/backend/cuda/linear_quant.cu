@@ -332,7 +332,8 @@ Status quant_gemm(CudaContext& ctx, bool fp8, const void* q, int64_t M, const Te
   const void* beta = fp8 ? static_cast<const void*>(&zero_f) : &zero_i;
   s = cublasLtMatmul(ctx.lt, d.op, alpha, w.data, d.a, q, d.b, beta, acc, d.c, acc, d.c, &p.algo, lt_ws, kLtBytes,
                      ctx.stream);
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED && !fp8) return simt(p.desc + ": not supported for this shape");
+  if ((s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) && !fp8)
+    return simt(p.desc + ": " + cublasLtGetStatusString(s) + " for this shape");
   if (s != CUBLAS_STATUS_SUCCESS)
     return cublas_error(s, std::string("cuda linear: ") + (fp8 ? "fp8" : "int8") + " GEMM (" + p.desc + ") M " +
                                std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K));
