@@ -398,3 +398,29 @@ class TestCpuKernels:
         full = x.pow(2).mean(-1)
         differs = sum(not torch.equal(x[a:a + m].pow(2).mean(-1), full[a:a + m]) for m in self.MS for a in (0, 1))
         print(f"bf16 mean: {differs} of {2 * len(self.MS)} slices differ from the full reduction")
+
+
+class TestClassify:
+    """Which table entry a ComfyUI Linear reads (comfy/ops.py at 0271a469fe29)."""
+
+    def lin(self, layout=None, patched=False, full=False, qualname=None):
+        weight = type("W", (), {"_layout_cls": layout})() if layout else torch.zeros(2, 2, dtype=torch.bfloat16)
+        cls = type("Linear", (), {"__qualname__": qualname or "MixedPrecisionOps.Linear"})
+        m = cls()
+        m.weight, m.weight_function, m.bias_function = weight, ([lambda w: w] if patched else []), []
+        m._full_precision_mm = full
+        return m
+
+    def test_keys(self):
+        bf = torch.bfloat16
+        assert sliced.classify_linear(self.lin(), "qkv", bf) == "gemm.bf16.qkv"
+        assert sliced.classify_linear(self.lin(), "fc2", torch.float16) == "gemm.other(float16)"
+        assert sliced.classify_linear(self.lin("TensorWiseINT8Layout"), "fc1", bf) == "gemm.int8"
+        # a LoRA patch on an int8 layer, or full-precision matmul, dequantises: not int8, not measured
+        assert sliced.classify_linear(self.lin("TensorWiseINT8Layout", patched=True), "fc1", bf).startswith("gemm.other")
+        assert sliced.classify_linear(self.lin("TensorWiseINT8Layout", full=True), "fc1", bf).startswith("gemm.other")
+        assert sliced.classify_linear(self.lin("TensorCoreFP8Layout"), "qkv", bf).startswith("gemm.other(TensorCoreFP8")
+        assert sliced.classify_linear(self.lin(qualname="fp8_ops.Linear"), "qkv", bf) == "gemm.other(fp8 matmul)"
+        assert sliced.classify_linear(self.lin(), "head", torch.float32) == "gemm.f32.head"
+        assert sliced_table.lookup(sliced_table.CUDA, "gemm.other(fp8 matmul)").kind == "unmeasured"
+        assert sliced_table.lookup(sliced_table.CUDA, "attention.other(attention_sage)").kind == "unmeasured"
