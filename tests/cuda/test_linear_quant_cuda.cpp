@@ -144,6 +144,9 @@ TEST(LinearQuantCuda, Int8MatchesCpuBitwise) {
       {1, 384, 512, 256, false, 0},  {7, 384, 512, 256, false, 1},   {97, 200, 768, 64, false, 2},
       {1000, 384, 512, 256, false, 1}, {97, 256, 1024, 256, true, 0}, {7, 130, 14336, 256, true, 1},
       {1000, 512, 5376, 256, false, 0}, {1, 64, 5376, 256, true, 2},
+      // K = 260 (G = 4: 4-byte rows) and N = 33 (accumulator rows padded): IMMA at a small
+      // alignment or the dp4a fallback, the same exact sums either way
+      {97, 33, 260, 4, false, 1},
   };
   uint32_t seed = 1;
   for (const Problem& p : cases) {
