@@ -265,10 +265,11 @@ void compute_tile(const Args& a, const QuantTile& t, int64_t m0, int64_t m1, int
         for (int c = 0; c < ct; ++c) wr[c] = row_ptr<const uint8_t>(w.w, n + c);
         if (i8) {
           int32_t res[kRT * kCT];
-          dispatch_tile<kRT, kCT>(rt, ct, [&]<int R, int C>() {
-            dot_i8_tile<R, C>(reinterpret_cast<const int8_t* const*>(xr), reinterpret_cast<const int8_t* const*>(wr),
-                              a.K, res);
-          });
+          const int8_t* xi[kRT];
+          const int8_t* wi[kCT];
+          for (int r = 0; r < rt; ++r) xi[r] = reinterpret_cast<const int8_t*>(xr[r]);
+          for (int c = 0; c < ct; ++c) wi[c] = reinterpret_cast<const int8_t*>(wr[c]);
+          dispatch_tile<kRT, kCT>(rt, ct, [&]<int R, int C>() { dot_i8_tile<R, C>(xi, wi, a.K, res); });
           for (int r = 0; r < rt; ++r) {
             const float sx = t.sx[m + r - m0];
             uint16_t* o = row_ptr<uint16_t>(*a.out, m + r);
