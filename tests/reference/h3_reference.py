@@ -517,11 +517,165 @@ def pdd_head(weight, bias, x, n, start, stop, flow_shift, P):
 # ---------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------
+# Quantised linears (issue 14; comfyui-and-quantized-weights.md §2-3). Two numerics, as
+# for every other op: "bf16" mode = ComfyUI's eager path (comfy-kitchen's eager backend,
+# as the spec restates it), "exact" mode = LayerStream's LS-int8 / fp8 formulas
+# (src/backend/backend.h) in float64 with no rounding but the quantisation itself.
+# ---------------------------------------------------------------------------------------
+H4 = [[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]]
+
+
+def hadamard(G, dtype):
+    """H_G = (h4 x ... x h4) / sqrt(G), symmetric and orthogonal (entries +-1/sqrt(G))."""
+    h = torch.ones((1, 1), dtype=torch.float64)
+    h4 = torch.tensor(H4, dtype=torch.float64) / 2
+    n = 1
+    while n < G:
+        h = torch.kron(h, h4)
+        n *= 4
+    assert n == G, G
+    return h.to(dtype)
+
+
+def convrot_group(K):
+    """The group of the synthetic files (model/h3/quant.h): 256 where it divides K, else
+    the largest power of 4 below it that does."""
+    for g in (256, 64, 16, 4):
+        if K % g == 0:
+            return g
+    raise ValueError(f"no ConvRot group divides K = {K}")
+
+
+def e4m3_round(x):
+    """Round to the nearest e4m3fn value (ties to even), saturating to +-448; float dtype
+    kept. Normal values: 3 mantissa bits (step 2^(e-3)); below 2^-6 the subnormal step 2^-9."""
+    x = x.clamp(-448.0, 448.0)
+    a = x.abs()
+    _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1)
+    step = torch.pow(torch.tensor(2.0, dtype=x.dtype, device=x.device), (e - 4).clamp(min=-9).to(x.dtype))
+    return (torch.round(x / step) * step).clamp(-448.0, 448.0)
+
+
+def e4m3_bytes(v):
+    """e4m3fn encodings (uint8) of values already on the e4m3 grid."""
+    v = v.double()
+    sign = (v < 0).to(torch.uint8) << 7
+    a = v.abs()
+    _, e = torch.frexp(a)
+    ex = e - 1  # a = 1.f * 2^ex for normals
+    normal = a >= 2.0 ** -6
+    mant_n = torch.round((a / torch.pow(2.0, ex.double()) - 1) * 8).to(torch.int64)
+    byte_n = ((ex + 7).clamp(min=0) << 3) | mant_n
+    byte_s = torch.round(a / 2.0 ** -9).to(torch.int64)
+    b = torch.where(normal, byte_n, byte_s).to(torch.uint8)
+    return b | sign
+
+
+SYNTH_FP8_INPUT_SCALE = f32(8.0 / 448.0)  # the synthetic fp8 files' static input scale (quant.h)
+BIG_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")
+
+
+def quantise_checkpoint(cfg, weights, fmt):
+    """A checkpoint in ComfyUI's quantised layout from the bf16 weights: the 4 big linears
+    of every DiT block quantised (int8 ConvRot: kitchen's quantize_int8_convrot_weight, the
+    fp32 rotation then the eager fp32 row quantiser; fp8: per-tensor amax/448, the e4m3
+    rounding, input_scale on qkv/out/fc1), everything declared f32 that is a Linear
+    parameter held as bf16 (ComfyUI's mixed ops). Returns (file tensors, dtype overrides,
+    quant info per linear)."""
+    out, over, Q = {}, {}, {}
+    for k, v in weights.items():
+        if v.dtype == torch.float32 and k not in ("rope.inv_freq", "adaln_t_table"):
+            v = v.to(torch.bfloat16).to(torch.float32)  # mixed ops: held as bf16
+        out[k] = v
+    for b in range(cfg.num_layers):
+        for lin in BIG_LINEARS:
+            m = f"blocks.{b}.{lin}"
+            w = out.pop(m + ".weight")  # bf16 [N, K]
+            N, K = w.shape
+            if fmt == "int8":
+                G = convrot_group(K)
+                wr = (w.float().reshape(N, K // G, G) @ hadamard(G, torch.float32)).reshape(N, K)
+                sw = (wr.abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=1e-30)  # f32 [N, 1]
+                q = torch.round(wr / sw).clamp(-128, 127).to(torch.int8)
+                out[m + ".weight"] = q
+                out[m + ".weight_scale"] = sw
+                js = json.dumps({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": G},
+                                separators=(",", ":"))
+                Q[m] = {"format": "int8", "group": G, "q": q, "sw": sw.reshape(N)}
+            else:
+                amax = float(w.float().abs().max())
+                sw = f32(amax / 448.0) if amax > 0 else 1.0
+                qv = e4m3_round((w.float() / sw).clamp(-448, 448))
+                out[m + ".weight"] = e4m3_bytes(qv)
+                over[m + ".weight"] = "F8_E4M3"
+                out[m + ".weight_scale"] = torch.tensor(sw, dtype=torch.float32)
+                sa = None
+                if lin != "mlp.fc2":
+                    sa = SYNTH_FP8_INPUT_SCALE
+                    out[m + ".input_scale"] = torch.tensor(sa, dtype=torch.float32)
+                js = json.dumps({"format": "float8_e4m3fn"}, separators=(",", ":"))
+                Q[m] = {"format": "fp8", "w8": qv, "sw": sw, "sa": sa}
+            out[m + ".comfy_quant"] = torch.tensor(list(js.encode()), dtype=torch.uint8)
+    return out, over, Q
+
+
+def op_linear_int8(x, q, sw, G, P):
+    """x [M, K] -> [M, N] through an int8 ConvRot weight q [N, K] (rotated), sw [N].
+    bf16 (ComfyUI eager): x_rot = bf16(x_g @ H_G(bf16)); sx = max(fl32(max|x_rot| / 127),
+    1e-30); qx = clamp(round(bf16(x_rot / bf16(sx))), -128, 127); acc exact;
+    y = bf16(fl32(acc) * fl32(sx * sw)).
+    exact (LS-int8 in float64): v = x_g @ H_G; sx = max|v| / 127; qx = clamp(round(v / sx));
+    y = acc * sx * sw."""
+    M, K = x.shape
+    N = q.shape[0]
+    if P.exact:
+        v = (x.double().reshape(M, K // G, G) @ hadamard(G, torch.float64).to(x.device)).reshape(M, K)
+        sx = (v.abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=1e-30)
+        qx = torch.round(v / sx).clamp(-128, 127)
+        acc = qx @ q.double().t()  # exact in float64: |acc| < 2^53
+        return acc * sx * sw.double()[None, :]
+    xr = (x.reshape(M, K // G, G) @ hadamard(G, torch.bfloat16).to(x.device)).reshape(M, K)  # bf16
+    sx = (xr.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp(min=1e-30)  # f32 [M, 1]
+    qx = torch.round(xr / sx.to(torch.bfloat16)).clamp(-128, 127)  # the quotient rounded to bf16
+    acc = qx.double() @ q.double().t()  # the int32 GEMM (exact)
+    return (acc.float() * (sx * sw.float()[None, :])).to(torch.bfloat16)
+
+
+def op_linear_fp8(x, w8, sw, sa, P):
+    """x [M, K] -> [M, N] through an fp8 e4m3 weight (values w8 [N, K] on the e4m3 grid),
+    per-tensor sw, static activation scale sa (None: 1).
+    bf16 (ComfyUI eager): qx = e4m3(clamp(bf16(x * bf16(fl32(1 / sa))), +-448)); acc = fp32
+    sum of the exact products; y = bf16(acc * fl32(sa * sw)).
+    exact (LS fp8 in float64): qx = e4m3(clamp(x / sa, +-448)); y = (qx @ w8^T) * sa * sw."""
+    s_a = 1.0 if sa is None else sa
+    if P.exact:
+        qx = e4m3_round((x.double() / s_a).clamp(-448, 448))
+        return (qx @ w8.double().t().to(x.device)) * s_a * sw
+    inv = bf16_scalar(f32(1.0 / s_a))
+    xs = x * torch.tensor(inv, dtype=torch.bfloat16, device=x.device) if sa is not None else x
+    qx = e4m3_round(xs.float().clamp(-448, 448))
+    acc = qx @ w8.float().t().to(x.device)
+    return (acc * f32(s_a * sw)).to(torch.bfloat16)
+
+
 class H3Reference:
-    def __init__(self, cfg, weights, P, device):
+    def __init__(self, cfg, weights, P, device, quant=None):
         self.cfg, self.P, self.dev = cfg, P, device
-        self.W = {k: (v.to(torch.float64) if P.exact else v).to(device) for k, v in weights.items()}
+        self.W = {k: (v.to(torch.float64) if P.exact else v).to(device) for k, v in weights.items()
+                  if v.is_floating_point()}
+        self.Q = quant or {}  # linear name -> quantised weight (quantise_checkpoint)
         self.trace = {}
+
+    def lin(self, m, x):
+        """Linear m ("blocks.0.mlp.fc2") on x: plain weights as op_gemm, quantised ones
+        through their format's op."""
+        q = self.Q.get(m)
+        if q is None:
+            return op_gemm(x, self.W[m + ".weight"])
+        if q["format"] == "int8":
+            return op_linear_int8(x, q["q"].to(self.dev), q["sw"].to(self.dev), q["group"], self.P)
+        return op_linear_fp8(x, q["w8"], q["sw"], q["sa"], self.P)
 
     def t(self, name, x):
         self.trace[name] = x.detach()
@@ -530,18 +684,20 @@ class H3Reference:
     def attention(self, pre, h, rope):
         cfg, P = self.cfg, self.P
         S, H, Dh, I = h.shape[0], cfg.heads, cfg.head_dim, cfg.inner
-        qkv = op_gemm(h, self.W[pre + "qkv_proj.weight"])  # bf16 [S, 3I]
+        qkv = self.lin(pre + "qkv_proj", h)  # bf16 [S, 3I]
         q = qkv[:, :I].reshape(S, H, Dh)  # contiguous thirds, head-major (§1.2)
         k = qkv[:, I:2 * I].reshape(S, H, Dh)
         v = qkv[:, 2 * I:].reshape(S, H, Dh)
         q = op_qk_norm_rope(q, self.W[pre + "q_norm.weight"], rope, EPS, P)
         k = op_qk_norm_rope(k, self.W[pre + "k_norm.weight"], rope, EPS, P)
         o = op_attention(q, k, v, P)  # bf16 [S, H, Dh]
-        return op_gemm(o.reshape(S, I), self.W[pre + "out_proj.weight"])
+        return self.lin(pre + "out_proj", o.reshape(S, I))
 
     def mlp(self, pre, h):
-        u = op_gemm(h, self.W[pre + "fc1.weight"])  # bf16 [S, 2F]
-        return op_gemm(op_swiglu(u, self.P), self.W[pre + "fc2.weight"])
+        u = self.lin(pre + "fc1", h)  # bf16 [S, 2F]
+        # ComfyUI's eager int8 / fp8 fc2 quantise the eager swiglu bf16(bf16(silu(g)) * u);
+        # exact mode's swiglu is unrounded (LS-int8's fused fp32 swiglu, in float64).
+        return self.lin(pre + "fc2", op_swiglu(u, self.P))
 
     # ---- text path (§2.13) ------------------------------------------------------------
     def refine_text(self, text):
@@ -752,10 +908,15 @@ _ST_DT = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", to
           torch.int32: "I32", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8"}
 
 
-def save(path, tensors, metadata):
+def save(path, tensors, metadata, dtype_override=None):
+    """dtype_override: name -> safetensors dtype for uint8 tensors holding other 1-byte
+    types (F8_E4M3 on a PyTorch without float8); such files use the writer below."""
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     meta = {k: str(v) for k, v in metadata.items()}
+    dtype_override = dtype_override or {}
     try:
+        if dtype_override:
+            raise ImportError
         from safetensors.torch import save_file
         save_file(tensors, path, metadata=meta)
         return "safetensors"
@@ -766,7 +927,8 @@ def save(path, tensors, metadata):
     for k in sorted(tensors):
         v = tensors[k]
         raw = v.view(torch.int16).numpy().tobytes() if v.dtype == torch.bfloat16 else v.numpy().tobytes()
-        header[k] = {"dtype": _ST_DT[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + len(raw)]}
+        header[k] = {"dtype": dtype_override.get(k, _ST_DT[v.dtype]), "shape": list(v.shape),
+                     "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     hb = json.dumps(header, separators=(",", ":")).encode()
@@ -1025,14 +1187,14 @@ EXACT_ALWAYS = ("text.refined", "t_emb", "x.embed", "final.video_rows", "final.a
                 "out.audio", "out.audio_model", "audio.carried")
 
 
-def run_forward_case(cfg, weights, case, dev, ckpt_name, full, check_determinism):
-    ref = H3Reference(cfg, weights, BF16, dev)
-    ex = H3Reference(cfg, weights, EXACT, dev)
+def run_forward_case(cfg, weights, case, dev, ckpt_name, full, check_determinism, quant=None):
+    ref = H3Reference(cfg, weights, BF16, dev, quant)
+    ex = H3Reference(cfg, weights, EXACT, dev, quant)
     text = ref.refine_text(case["text"].to(dev))
     ref.forward(case, text)
     deterministic = None
     if check_determinism:  # a second bf16 run must give the same bytes
-        again = H3Reference(cfg, weights, BF16, dev)
+        again = H3Reference(cfg, weights, BF16, dev, quant)
         again.forward(case, again.refine_text(case["text"].to(dev)))
         deterministic = all(torch.equal(ref.trace[k], again.trace[k]) for k in ref.trace)
     text_e = ex.refine_text(case["text"].to(dev))
@@ -1127,6 +1289,44 @@ def gen_torch_randn(out_dir):
     print(f"torch_randn_v1: {len(cases)} draws with torch {torch.__version__} on the CPU")
 
 
+def gen_quant(out_dir, dev, seed):
+    """The quantised golden cases (issue 14): the tiny config's weights (those of
+    h3_golden_tiny) quantised in ComfyUI's int8 ConvRot and fp8 layouts, and the t2va case
+    on each. Errors go to reference_errors_quant.json."""
+    cfg = Cfg()
+    weights = make_weights(cfg, seed)
+    summary = {"device": dev, "torch": torch.__version__, "forward": {}}
+    case = [c for c in case_list(cfg) if c["name"] == "t2va"][0]
+    for fmt in ("int8", "fp8"):
+        ckpt_name = f"h3_golden_tiny_{fmt}.safetensors"
+        tensors, over, Q = quantise_checkpoint(cfg, weights, fmt)
+        meta = base_metadata(dev)
+        meta["kind"] = "checkpoint"
+        meta["golden_config"] = json.dumps(cfg.to_json())
+        meta["quant_format"] = fmt
+        save(os.path.join(out_dir, ckpt_name), tensors, meta, over)
+        plain = {k: v for k, v in tensors.items() if v.is_floating_point()}  # the mixed-ops float weights
+        ATTN_BACKENDS.clear()
+        ft, meta_case, s_fw = run_forward_case(cfg, plain, case, dev, ckpt_name, True, True, Q)
+        meta = base_metadata(dev)
+        meta["kind"] = "forward"
+        meta["case"] = json.dumps(meta_case)
+        meta["golden_config"] = json.dumps(cfg.to_json())
+        meta["attention_backend"] = ",".join(sorted(ATTN_BACKENDS))
+        meta["quant_format"] = fmt
+        meta["regenerate"] = REGENERATE + " --quant-only --device cpu"
+        cname = f"t2va_{fmt}"
+        save(os.path.join(out_dir, f"forward_v1_{cname}.safetensors"), ft, meta)
+        summary["forward"][cname] = s_fw
+        print(f"forward_v1_{cname}: S {meta_case['S']}, deterministic rerun {meta_case['deterministic_rerun']}")
+        for k in ("text.refined", "x.embed", "block.0.attn", "block.0.mlp", f"block.{cfg.num_layers - 1}.mlp",
+                  "final.video_rows", "out.video", "out.audio"):
+            if k in s_fw:
+                print(f"  {k:22s} torch vs exact: max_abs {s_fw[k]['max_abs']:.3e} rel_l2 {s_fw[k]['rel_l2']:.3e}")
+    with open(os.path.join(out_dir, "reference_errors_quant.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output folder (e.g. tests/data/golden)")
@@ -1134,10 +1334,18 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--randn-only", action="store_true",
                     help="only write torch_randn_v1.safetensors (PyTorch's CPU randn; no GPU needed)")
+    ap.add_argument("--quant-only", action="store_true",
+                    help="only write the quantised cases (h3_golden_tiny_{int8,fp8}, forward_v1_t2va_{int8,fp8}); "
+                         "committed from Debian's PyTorch 1.13 on the CPU")
     args = ap.parse_args()
     if args.randn_only:
         os.makedirs(args.out, exist_ok=True)
         gen_torch_randn(args.out)
+        return
+    if args.quant_only:
+        os.makedirs(args.out, exist_ok=True)
+        torch.manual_seed(args.seed)
+        gen_quant(args.out, args.device or "cpu", args.seed)
         return
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     os.makedirs(args.out, exist_ok=True)
