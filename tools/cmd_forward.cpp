@@ -125,6 +125,28 @@ Status load_mask(const std::string& path, const h3::ClipGeometry& g, h3::Conditi
   return Status();
 }
 
+// The planner's prediction for the run (exec::plan_memory, every memory mode): the mode,
+// its budget and minimum, and the device peak by component (what the arenas would hold
+// on a device backend; the CPU's all-resident weights are the source's host views).
+nlohmann::json memory_plan_json(const exec::PlanResult& r) {
+  const exec::DevicePeak& d = r.peak;
+  return {{"mode", exec::memory_mode_name(r.mode)},
+          {"budget_bytes", r.budget_bytes},
+          {"minimum_budget_bytes", r.minimum_budget_bytes},
+          {"modulation_rows", r.modulation_rows},
+          {"resident_blocks", d.resident_blocks},
+          {"slots", d.slots},
+          {"bytes", {{"block", d.block_bytes}, {"resident_weights", d.resident_weight_bytes}, {"slots", d.slot_bytes},
+                     {"modulation_tables", d.modulation_table_bytes}, {"activations", d.activation_bytes},
+                     {"workspace", d.workspace_bytes}, {"text_phase_extra", d.text_phase_extra_bytes},
+                     {"precompute_scratch", d.precompute_scratch_bytes}}},
+          {"steps_peak_bytes", d.steps_peak_bytes},
+          {"text_peak_bytes", d.text_peak_bytes},
+          {"precompute_peak_bytes", d.precompute_peak_bytes},
+          {"predicted_peak_bytes", d.predicted_peak_bytes},
+          {"host_pinned_bytes", d.host_pinned_bytes}};
+}
+
 int fail(const Error& e) { return report_error(kCmd, e); }
 int usage(const std::string& msg) { return fail({ErrorCode::invalid_argument, msg}); }
 
@@ -391,6 +413,7 @@ int run_forward(const ForwardOptions& o) {
     j["driver_used_bytes"] = driver_used;
     j["plan"] = plan_json(*plan);
     j["vram_budget"] = vram_budget_json;
+    j["memory_plan"] = memory_plan_json(*run_plan);
     j["weights"] = src->describe();
     if (o.output.given()) j["output"] = o.output.text;
     if (Status w = write_json_file(o.json.text, j); !w.ok()) return fail(w.error());
