@@ -24,6 +24,8 @@
 // queue); with residual offload the residual stream lives in pinned host memory and
 // each slice is copied in and out around its work. Every device arena draws from one
 // counting resource, so RunReport::device_peak_bytes is what LayerStream held at most.
+// The forward's phases live in files of their own (exec/phase_*.h, typed buffers in
+// exec/buffers.h; docs/architecture.md has the layout).
 #pragma once
 
 #include <cstdint>
@@ -174,6 +176,7 @@ class Engine {
 
   // condition_proj (if text_dim != hidden) + refiner blocks + final_norm on raw text
   // states: host f32|bf16 [L, text_dim] (f32 is rounded to bf16 first, as ComfyUI casts).
+  // The refiner's attention walks its keys in tiles of the backend's numerics().kv_tile.
   Expected<RefinedText> refine_text(const TensorView& text_states);
 
   // Computes the modulation tables of every block and the final layer for every
@@ -185,7 +188,8 @@ class Engine {
 
   // Optional: takes the plan's device activation arena and, with offload, its pinned
   // host buffers now (pinning gigabytes of host memory takes seconds) instead of in
-  // the first forward(); fails here, before any step, when they cannot be had.
+  // the first forward(); fails here, before any step, when they cannot be had, or when
+  // the plan does not fit this call (see forward).
   Status prepare(const Conditioning& cond, const Plan& plan);
 
   // One denoiser call at video sigma `sigma` (the sampler's fp32 sigma; the timestep is
@@ -193,7 +197,9 @@ class Engine {
   //   video fp32 [latents_dim, T, Hl, Wl], audio fp32 [audio_latents_dim, 2, A]
   // (the sampler's state: rounded to bf16 on entry, as ComfyUI casts to the compute
   // dtype; the audio part is the carried variable when cond.audio_scale != 1).
-  // The plan must have been made for (config(), cond); a mismatch is an error. Its
+  // The plan must have been made for (config(), cond), and its kv_tile must be the
+  // backend's numerics().kv_tile (a numerics setting, recorded in the report); either
+  // mismatch is an invalid_argument error before any work. Its
   // offload knobs (plan.kv_offload, plan.residual_offload) say whether K/V and the
   // residual stay on the device; none of this changes an output bit.
   Expected<ForwardResult> forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
