@@ -335,4 +335,32 @@ Expected<NumericsChoice> numerics_from_flags_and_env(std::string_view command, c
   return c;
 }
 
+void add_lora_flags(CLI::App& app, LoraFlags& f) {
+  app.add_option("--lora", f.loras,
+                 "A LoRA to merge into the weights (ComfyUI's key formats and formula), optionally with a strength: "
+                 "FILE or FILE:STRENGTH; repeatable, applied in the order given")
+      ->type_name("FILE[:STRENGTH]");
+  add_text_flag(app, "--lora-dtype", f.dtype, "auto|f32|f16",
+                "Compute dtype of the LoRA merge (numerics: changes bits): auto = ComfyUI's for the device (f16 on "
+                "CUDA, f32 on the CPU)",
+                "auto");
+}
+
+Expected<LoraChoice> lora_from_flags(const LoraFlags& f) {
+  LoraChoice c;
+  for (const std::string& a : f.loras) {
+    LS_ASSIGN_OR_RETURN(lora::LoraFile lf, lora::parse_lora_arg(a));
+    c.files.push_back(std::move(lf));
+  }
+  if (f.dtype.given() && f.dtype.text != "auto") {
+    if (f.dtype.text == "f32") c.dtype = lora::MergeDtype::f32;
+    else if (f.dtype.text == "f16") c.dtype = lora::MergeDtype::f16;
+    else return make_error(ErrorCode::invalid_argument, "--lora-dtype must be auto, f32 or f16, got \"" + f.dtype.text + "\"");
+    c.dtype_given = true;
+  }
+  if (c.dtype_given && c.files.empty())
+    return make_error(ErrorCode::invalid_argument, "--lora-dtype has no effect without --lora");
+  return c;
+}
+
 }  // namespace ls::tools

@@ -28,6 +28,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/numerics.h"
+#include "model/lora.h"
 #include "core/status.h"
 
 namespace ls::tools {
@@ -139,6 +140,22 @@ struct NumericsFlags {
 };
 // Adds --attention and --gemm-f32 to a subcommand (bound to f, which must outlive the parse).
 void add_numerics_flags(CLI::App& app, NumericsFlags& f);
+
+// --lora FILE[:STRENGTH] (repeatable, applied in the order given) and --lora-dtype
+// auto|f32|f16 (the LoRA merge's compute dtype, a numerics setting: auto = ComfyUI's
+// choice for the device, f16 on CUDA and f32 on the CPU), shared by forward and generate.
+struct LoraFlags {
+  std::vector<std::string> loras;
+  FlagText dtype;
+};
+void add_lora_flags(CLI::App& app, LoraFlags& f);
+struct LoraChoice {
+  std::vector<lora::LoraFile> files;
+  bool dtype_given = false;  // false: auto
+  lora::MergeDtype dtype = lora::MergeDtype::f32;
+};
+// invalid_argument (exit 2) for a malformed --lora or --lora-dtype, naming it.
+Expected<LoraChoice> lora_from_flags(const LoraFlags& f);
 
 struct NumericsChoice {
   Numerics numerics;                  // as asked (not yet resolved: Backend::set_numerics resolves)

@@ -56,6 +56,7 @@ namespace {
 constexpr const char* kCmd = "layerstream forward";
 
 struct ForwardOptions {
+  LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
   NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
   FlagText model, preset, weights_seed, blocks;
   FlagText frames, width, height, text_tokens, sigma, seed;
@@ -243,6 +244,12 @@ int run_forward(const ForwardOptions& o) {
     weights.preset = o.preset.text;
     weights.weights_seed = static_cast<uint64_t>(*wseed);
     if (o.blocks.given()) weights.blocks = *nb;
+  }
+  {
+    auto lc = lora_from_flags(o.lora);
+    if (!lc.ok()) return usage(lc.error().message);
+    weights.loras = lc->files;
+    if (lc->dtype_given) weights.lora_dtype = lc->dtype;
   }
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* src = &session.source();
@@ -448,6 +455,7 @@ CommandRun setup(CLI::App& sub) {
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
                "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
   add_numerics_flags(sub, o->numerics);
+  add_lora_flags(sub, o->lora);
   add_size_flag(sub, "--budget", o->budget, range::budget,
                 "activation memory budget: the largest slices that fit (not with the chunk flags)");
   sub.add_flag("--random-weights", o->random_weights,

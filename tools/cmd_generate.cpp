@@ -45,6 +45,7 @@ constexpr const char* kCmd = "layerstream generate";
 // Numbers are taken as text and parsed by the one strict parser (tools/cli_util.h), so
 // that a bad value is exit code 2 with a message naming the flag and its range.
 struct GenerateOptions {
+  LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
   NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
   FlagText model, preset, weights_seed;
   FlagText steps, cfg, seed;
@@ -275,6 +276,12 @@ int run_generate(const GenerateOptions& o) {
   } else {
     weights.preset = preset_name;
     weights.weights_seed = wseed;
+  }
+  {
+    auto lc = lora_from_flags(o.lora);
+    if (!lc.ok()) return fail(lc.error().message);
+    weights.loras = lc->files;
+    if (lc->dtype_given) weights.lora_dtype = lc->dtype;
   }
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* source = &session.source();
@@ -618,6 +625,7 @@ CommandRun setup_generate(CLI::App& sub) {
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
                "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
   add_numerics_flags(sub, o->numerics);
+  add_lora_flags(sub, o->lora);
   add_size_flag(sub, "--budget", o->budget, range::budget,
                 "activation memory budget: picks the largest slices that fit (not with the chunk flags)");
   add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,

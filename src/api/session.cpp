@@ -1,5 +1,7 @@
 #include "api/session.h"
 
+#include "model/lora_source.h"
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -25,14 +27,24 @@ Session::~Session() {
 Status Session::load_weights(const WeightsSpec& spec) {
   engine_.reset();
   source_.reset();
+  std::unique_ptr<h3::H3TensorSource> src;
   if (!spec.model_path.empty()) {
     LS_ASSIGN_OR_RETURN(auto f, h3::open_h3_checkpoint(spec.model_path));
-    source_ = std::move(f);
-    return {};
+    src = std::move(f);
+  } else {
+    LS_ASSIGN_OR_RETURN(h3::H3Config cfg, h3::h3_preset(spec.preset));
+    if (spec.blocks > 0) cfg.num_layers = spec.blocks;  // full width, fewer blocks (as make-model --blocks)
+    src = std::make_unique<h3::H3SyntheticSource>(cfg, spec.weights_seed);
   }
-  LS_ASSIGN_OR_RETURN(h3::H3Config cfg, h3::h3_preset(spec.preset));
-  if (spec.blocks > 0) cfg.num_layers = spec.blocks;  // full width, fewer blocks (as make-model --blocks)
-  source_ = std::make_unique<h3::H3SyntheticSource>(cfg, spec.weights_seed);
+  if (!spec.loras.empty()) {
+    // Merged once per tensor on first read (model/lora_source.h): never per slice or step.
+    LS_ASSIGN_OR_RETURN(lora::LoraSet set, lora::LoraSet::open(spec.loras, src->specs()));
+    const lora::MergeDtype dt =
+        spec.lora_dtype ? *spec.lora_dtype : (device_is_cpu() ? lora::MergeDtype::f32 : lora::MergeDtype::f16);
+    LS_ASSIGN_OR_RETURN(auto wrapped, lora::LoraSource::wrap(std::move(src), std::move(set), dt));
+    src = std::move(wrapped);
+  }
+  source_ = std::move(src);
   return {};
 }
 

@@ -41,6 +41,7 @@
 #include "model/h3/checkpoint.h"
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
+#include "model/lora.h"
 #include "sample/generate.h"
 
 namespace ls::api {
@@ -52,6 +53,11 @@ struct WeightsSpec {
   std::string preset;         // else: "tiny" | "small" | "h3"
   uint64_t weights_seed = 0;  // preset only
   int64_t blocks = 0;         // preset only: > 0 = this many DiT blocks (full width)
+  // LoRAs merged into the weights (model/lora.h), in this order, with ComfyUI's formula
+  // in lora_dtype (a numerics setting; unset = ComfyUI's for the device: f16 on a GPU,
+  // f32 on the CPU). The source's describe() names them and the dtype.
+  std::vector<lora::LoraFile> loras;
+  std::optional<lora::MergeDtype> lora_dtype;
 };
 
 // The planner's modes (exec/planner.h): knobs, activation_budget, total_budget.
