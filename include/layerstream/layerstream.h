@@ -56,7 +56,7 @@
 extern "C" {
 #endif
 
-#define LS_API_VERSION 2 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream */
+#define LS_API_VERSION 3 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream */
 
 /* ---- status ------------------------------------------------------------------- */
 /* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
@@ -177,7 +177,19 @@ typedef struct ls_engine_params {
   /* Checks: 1 (default) fail with LS_NONFINITE naming the first block and phase where a
    * NaN/inf appears; 0 no check. Never changes a bit. */
   int32_t check_finite;
+  /* ---- LS_API_VERSION 3 ---- */
+  /* LoRAs merged into the weights by ComfyUI's formula (docs/lora.md), in this order:
+   * lora_count strings "FILE" or "FILE:STRENGTH" (copied at create). NULL / 0 = none. */
+  const char* const* loras;
+  size_t lora_count;
+  /* The merge's compute dtype (numerics: changes bits): LS_LORA_DTYPE_AUTO (default) =
+   * ComfyUI's for the device (f16 on CUDA, f32 on the CPU). */
+  int32_t lora_dtype;
 } ls_engine_params;
+
+#define LS_LORA_DTYPE_AUTO 0
+#define LS_LORA_DTYPE_F32 1
+#define LS_LORA_DTYPE_F16 2
 
 LS_API void ls_engine_params_init(ls_engine_params* p);
 

@@ -229,7 +229,7 @@ class Engine:
     def __init__(self, model=None, preset=None, weights_seed=0, blocks=0, device="cpu", vram_budget=None,
                  activation_budget=None, mlp_chunk=0, attn_chunk=0, final_chunk=0, kv_offload=False, kv_chunk=0,
                  residual_offload=False, resident_blocks=-1, slots=2, prefetch=True, numerics=None, threads=0,
-                 check_finite=True):
+                 check_finite=True, loras=(), lora_dtype="auto"):
         if model is not None and preset is not None:
             raise InvalidArgument("Engine: give model (a checkpoint path) or preset, not both")
         if vram_budget is not None and activation_budget is not None:
@@ -242,6 +242,12 @@ class Engine:
             "residual_offload": bool(residual_offload), "resident_blocks": int(resident_blocks), "slots": int(slots),
             "prefetch": bool(prefetch), "check_finite": bool(check_finite),
         }
+        # LoRAs: "FILE", "FILE:STRENGTH" or (FILE, STRENGTH), merged by ComfyUI's formula in this order.
+        params["loras"] = [f"{l[0]}:{float(l[1])!r}" if isinstance(l, (tuple, list)) else str(l) for l in loras]
+        dtypes = {"auto": 0, "f32": 1, "f16": 2}
+        if lora_dtype not in dtypes:
+            raise InvalidArgument(f"Engine: lora_dtype must be auto, f32 or f16, got {lora_dtype!r}")
+        params["lora_dtype"] = dtypes[lora_dtype]
         if vram_budget is not None:
             params["memory_mode"] = 2
             params["vram_budget"] = parse_size(vram_budget, "vram_budget")

@@ -278,6 +278,14 @@ class Engine {
     ep.resident_blocks = get<int64_t>(p, "resident_blocks", -1);
     ep.slots = get<int32_t>(p, "slots", 2);
     ep.check_finite = get<bool>(p, "check_finite", true) ? 1 : 0;
+    std::vector<std::string> loras;
+    if (p.contains("loras"))
+      for (const auto& l : p["loras"]) loras.push_back(py::cast<std::string>(l));
+    std::vector<const char*> lora_ptrs;
+    for (const auto& l : loras) lora_ptrs.push_back(l.c_str());
+    ep.loras = lora_ptrs.empty() ? nullptr : lora_ptrs.data();
+    ep.lora_count = lora_ptrs.size();
+    ep.lora_dtype = get<int32_t>(p, "lora_dtype", LS_LORA_DTYPE_AUTO);
     ls_numerics n;
     ls_numerics_init(&n);
     const std::string native_variant = get<std::string>(p, "native_variant", "");

@@ -869,6 +869,19 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
       ws.weights_seed = p.weights_seed;
       ws.blocks = p.blocks;
     }
+    if (p.lora_count > 0 && !p.loras)
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.loras is NULL but lora_count is " +
+                                                    std::to_string(p.lora_count));
+    for (size_t i = 0; i < p.lora_count; ++i) {
+      if (!p.loras[i]) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.loras[" + std::to_string(i) + "] is NULL");
+      auto lf = ls::lora::parse_lora_arg(p.loras[i]);
+      if (!lf.ok()) return fail(nullptr, lf.error());
+      ws.loras.push_back(*lf);
+    }
+    if (p.lora_dtype == LS_LORA_DTYPE_F32) ws.lora_dtype = ls::lora::MergeDtype::f32;
+    else if (p.lora_dtype == LS_LORA_DTYPE_F16) ws.lora_dtype = ls::lora::MergeDtype::f16;
+    else if (p.lora_dtype != LS_LORA_DTYPE_AUTO)
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.lora_dtype must be LS_LORA_DTYPE_AUTO, _F32 or _F16");
     if (Status s = (*session)->load_weights(ws); !s.ok()) return fail(nullptr, s.error());
     e->session = std::move(*session);
 
