@@ -83,6 +83,11 @@ Outcome run_forward(const Clip& s, const ForwardCase& fc) {
   Outcome o;
   h3::H3SyntheticSource src(s.cfg, 3);
   std::unique_ptr<Backend> be = make_cpu_backend();
+  {  // a plan's kv_tile is the backend's (Engine::forward refuses another)
+    Numerics n = be->numerics();
+    n.kv_tile = fc.knobs.kv_tile;
+    if (Status k = be->set_numerics(n, be->diagnostics()); !k.ok()) return {k, {}, {}};
+  }
   exec::EngineOptions eo;
   eo.residency = fc.residency;
   auto e = exec::Engine::create(src, *be, eo);

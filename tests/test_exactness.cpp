@@ -76,6 +76,7 @@ void check_plans(uint64_t seed, bool vary, bool extras, int plans, bool all_mode
   std::mt19937_64 rng(seed * 7919 + 1);
   exec::PlanKnobs stock_knobs;
   stock_knobs.kv_tile = std::uniform_int_distribution<int64_t>(0, 2)(rng) == 0 ? 1024 : std::uniform_int_distribution<int64_t>(1, 16)(rng);
+  ASSERT_TRUE(test::use_kv_tile(*c->be, stock_knobs.kv_tile).ok());  // a plan's kv_tile is the backend's
   auto stock_plan = exec::make_plan(c->cfg, c->cond, stock_knobs);
   ASSERT_TRUE(stock_plan.ok()) << stock_plan.error().message;
   ASSERT_TRUE(stock_plan->stock());
@@ -254,7 +255,9 @@ TEST(Exactness, OutputsAreSensitive) {
   auto p = exec::make_plan(c->cfg, c->cond, {});
   ASSERT_TRUE(p.ok() && p1.ok());
   const auto ref = run(*c, *p);
+  ASSERT_TRUE(test::use_kv_tile(*c->be, 1).ok());  // a plan's kv_tile is the backend's
   const auto tiled = run(*c, *p1);
+  ASSERT_TRUE(test::use_kv_tile(*c->be, 1024).ok());
   EXPECT_FALSE(test::same_bytes(ref.video, tiled.video) && test::same_bytes(ref.audio, tiled.audio));
   c->in.video[3] = std::nextafter(round_bf16(c->in.video[3]), 1e9f);
   c->in.video[3] = std::nextafter(c->in.video[3] + 0.01f, 1e9f);

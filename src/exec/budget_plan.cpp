@@ -360,7 +360,11 @@ uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_
 }
 
 DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t q_chunk) {
-  constexpr uint64_t kGemm = (32ull << 20) + (32ull << 20);  // gemm.cu: cuBLASLt workspace + fp32 staging
+  // cuda_backend.cu workspace_bytes_for: the GEMM's part (gemm.cu: cuBLASLt workspace +
+  // fp32 staging, 64 MiB) followed by the quantised linears' region (linear_quant.cu: their
+  // cuBLASLt workspace 4 MiB + 160 MiB of row-chunk scratch); cuDNN's attention scratch,
+  // where built, is at least as large and holds both.
+  constexpr uint64_t kGemm = (32ull << 20) + (32ull << 20) + (4ull << 20) + (160ull << 20);
   DeviceProfile d;
   d.name = "cuda";
   const uint64_t cudnn = cudnn_attention_workspace_bytes(64, 128, q_chunk);
@@ -369,10 +373,10 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
   if (cudnn_built)
-    ws << "a build with cuDNN, max(cuBLASLt 64 MiB, cuDNN attention scratch for 64 heads x 128 at " << q_chunk
+    ws << "a build with cuDNN, max(cuBLASLt + quantised linears 228 MiB, cuDNN attention scratch for 64 heads x 128 at " << q_chunk
        << "-query chunks " << format_bytes(cudnn) << ")";
   else
-    ws << "a build without cuDNN, the cuBLASLt GEMM's 64 MiB";
+    ws << "a build without cuDNN, the cuBLASLt GEMM's 64 MiB + the quantised linears' 164 MiB";
   tile << "kv_tile " << d.default_kv_tile << ": the backend's default "
        << (cudnn_built && cudnn_selected ? "with cuDNN attention" : "with the native attention kernel");
   tp << "throughput " << d.throughput.pcie_gb_per_s << " GB/s host-to-device, " << d.throughput.attention_tflops

@@ -7,7 +7,7 @@
 //   resident weights : the denoiser's non-block weights (patch projections, final norm,
 //                      output heads) + the first R blocks' weights (norms, qkv, q/k norm,
 //                      out_proj, fc1, fc2). AdaLN linears and the time embedder never
-//                      live on the device during steps (WeightStore::is_precompute_only);
+//                      live on the device during steps (WeightStore::is_precompute_only(TensorRole));
 //                      to_gate_compress and rope.inv_freq stay on the host.
 //   block slots      : when R < L, the other L - R blocks stream from host memory into
 //                      2 slots (prefetch: block i+1 copies on a copy stream while block i
