@@ -16,7 +16,7 @@ using namespace ls;
 
 namespace {
 
-enum class Kind { int8, fp8, int8_full, mixed, fp8_convert };
+enum class Kind { int8, fp8, int8_full, mixed, fp8_convert, fp8_dynamic };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -25,6 +25,7 @@ const char* kind_name(Kind k) {
     case Kind::int8_full: return "int8-convrot-full";
     case Kind::mixed: return "mixed int8/fp8/bf16";
     case Kind::fp8_convert: return "--precision fp8";
+    case Kind::fp8_dynamic: return "--precision fp8, dynamic activation scale";
   }
   return "?";
 }
@@ -63,7 +64,8 @@ test::StreamingCase quant_case(uint64_t seed, Kind kind, int64_t layers) {
     case Kind::fp8: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::fp8); break;
     case Kind::int8_full: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::int8_convrot_full); break;
     case Kind::mixed: c.cfg.quant = mixed_layout(c.cfg); break;
-    case Kind::fp8_convert: break;
+    case Kind::fp8_convert:
+    case Kind::fp8_dynamic: break;
   }
   c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, seed);
   c.cond = test::random_cond(rng, c.cfg, /*extras=*/true);
@@ -117,8 +119,8 @@ QuantSetup quant_setup(uint64_t seed, Kind kind, int64_t layers) {
   }
   s.be = std::move(*be);
   s.c = quant_case(seed, kind, layers);
-  if (kind == Kind::fp8_convert) {
-    s.wrapped = h3::fp8_convert_source(std::make_unique<h3::H3SyntheticSource>(s.c.cfg, seed));
+  if (kind == Kind::fp8_convert || kind == Kind::fp8_dynamic) {
+    s.wrapped = h3::fp8_convert_source(std::make_unique<h3::H3SyntheticSource>(s.c.cfg, seed), kind == Kind::fp8_dynamic);
     s.c.cfg = s.wrapped->cfg();  // the planner counts the fp8 bytes
   }
   if (const Status t = test::use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
@@ -222,7 +224,10 @@ TEST(QuantStreaming, Int8FullKnobsMatchResidentStock) { check_knobs(9, Kind::int
 TEST(QuantStreaming, MixedKnobsMatchResidentStock) {
   for (uint64_t seed = 10; seed <= 12; ++seed) check_knobs(seed, Kind::mixed, 3, 8);
 }
-TEST(QuantStreaming, Fp8ConvertKnobsMatchResidentStock) { check_knobs(13, Kind::fp8_convert, 2, 8); }
+TEST(QuantStreaming, Fp8ConvertKnobsMatchResidentStock) {
+  check_knobs(13, Kind::fp8_convert, 2, 8);
+  check_knobs(14, Kind::fp8_dynamic, 2, 8);
+}
 TEST(QuantStreaming, BudgetSweepsMatchAndFit) {
   check_budgets(21, Kind::int8, 3, 8);
   check_budgets(22, Kind::fp8, 3, 8);

@@ -25,7 +25,10 @@ LinearWeight h3_linear_weight(const WeightGetter& w, const H3Config& cfg, const 
   LS_CHECK(n == (q->format == WeightFormat::int8_convrot ? lw.out_features() : 1));
   lw.scale = TensorView::contiguous(sc.data, DType::f32, &n, 1, sc.device);
   if (q->format == WeightFormat::int8_convrot) lw.group = q->group;
-  else lw.input_scale = q->input_scale;
+  else {
+    lw.input_scale = q->input_scale;
+    lw.dynamic_act = q->dynamic_act;
+  }
   return lw;
 }
 

@@ -453,7 +453,8 @@ namespace {
 
 class Fp8ConvertSource final : public H3TensorSource {
  public:
-  explicit Fp8ConvertSource(std::unique_ptr<H3TensorSource> inner) : inner_(std::move(inner)), cfg_(inner_->cfg()) {
+  Fp8ConvertSource(std::unique_ptr<H3TensorSource> inner, bool dynamic)
+      : inner_(std::move(inner)), cfg_(inner_->cfg()), dynamic_(dynamic) {
     for (int64_t b = 0; b < cfg_.num_layers; ++b)
       for (const char* l : {"attn.qkv_proj", "mlp.fc1", "mlp.fc2"}) {
         const std::string m = h3_block_key(b, l);
@@ -461,6 +462,7 @@ class Fp8ConvertSource final : public H3TensorSource {
         LinearQuant q;
         q.format = WeightFormat::fp8_e4m3;
         q.scale_shape = {1};
+        q.dynamic_act = dynamic;
         cfg_.quant.linears.emplace(m, std::move(q));
         converted_layers_.insert(m);
       }
@@ -501,12 +503,14 @@ class Fp8ConvertSource final : public H3TensorSource {
   }
   std::string describe() const override {
     return inner_->describe() + ", lossy --precision fp8: " + std::to_string(converted_layers_.size()) +
-           " bf16 qkv/fc1/fc2 weights converted to fp8 e4m3 (per-tensor amax/448, activations at scale 1)";
+           " bf16 qkv/fc1/fc2 weights converted to fp8 e4m3 (per-tensor amax/448, " +
+           (dynamic_ ? "activations with a per-row amax/448 scale)" : "activations at scale 1)");
   }
 
  private:
   std::unique_ptr<H3TensorSource> inner_;
   H3Config cfg_;
+  bool dynamic_ = false;
   std::set<std::string> converted_layers_;
   mutable std::mutex mu_;
   mutable std::map<std::string, std::vector<uint8_t>> q_;  // <m> -> f8e4m3 [N, K]
@@ -515,9 +519,9 @@ class Fp8ConvertSource final : public H3TensorSource {
 
 }  // namespace
 
-std::unique_ptr<H3TensorSource> fp8_convert_source(std::unique_ptr<H3TensorSource> inner) {
+std::unique_ptr<H3TensorSource> fp8_convert_source(std::unique_ptr<H3TensorSource> inner, bool dynamic_activations) {
   LS_CHECK(inner != nullptr);
-  return std::make_unique<Fp8ConvertSource>(std::move(inner));
+  return std::make_unique<Fp8ConvertSource>(std::move(inner), dynamic_activations);
 }
 
 }  // namespace ls::h3

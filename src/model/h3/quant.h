@@ -46,6 +46,8 @@ struct LinearQuant {
   std::vector<int64_t> input_scale_shape;  // [] | [1]
   float input_scale = 1.0f;                // fp8: its value (read on the host at open), else 1
   std::string comfy_quant;                 // the <m>.comfy_quant JSON bytes ("" = the file has none)
+  bool dynamic_act = false;                // fp8: per-row amax/448 activation scale (LinearWeight::dynamic_act;
+                                           // an engine option, never from a file)
 };
 
 struct QuantLayout {
@@ -138,6 +140,11 @@ class H3TensorSource;
 // holds quantised are kept as they are; out_proj is not converted. cfg() gains the fp8
 // layers (mixed_ops unchanged: the fp32 islands of a bf16 model stay fp32). describe()
 // says "lossy". Host memory: one converted copy per weight, released with release().
-std::unique_ptr<H3TensorSource> fp8_convert_source(std::unique_ptr<H3TensorSource> inner);
+// dynamic_activations: the converted layers quantise activations with a per-row scale
+// fl32(max|x_r| / 448) instead of 1 (LinearWeight::dynamic_act: row-independent, no
+// clipping of outlier channels, not ComfyUI's numerics); for a second, clearly named
+// option ("--precision fp8-dynamic").
+std::unique_ptr<H3TensorSource> fp8_convert_source(std::unique_ptr<H3TensorSource> inner,
+                                                   bool dynamic_activations = false);
 
 }  // namespace ls::h3
