@@ -1,235 +1,26 @@
-// The plan-invariance property (DESIGN.md §1) on quantised models (issue 14): int8
-// ConvRot, fp8 e4m3, int8 with the AdaLN linears quantised (the full files) and a mixed
-// file (int8, fp8 and bf16 layers in one model). Every residency, slicing (slices of one
-// row, a last slice of one row), K/V and residual offload, and every plan of the budget
-// sweep gives the bytes of the all-resident stock run (memcmp): the quantised linears
-// are row-independent by construction (backend.h), so slicing the rows changes nothing.
-// CPU here; the same property on CUDA is the GPU machine's (tests/cuda).
-#include <gtest/gtest.h>
-
-#include <random>
-
-#include "model/h3/quant.h"
-#include "streaming_cases.h"
+// The plan-invariance property on quantised models, CPU backend (tests/quant_streaming_cases.h;
+// the GPU's in tests/cuda/test_quant_streaming_cuda.cpp).
+#include "quant_streaming_cases.h"
 
 using namespace ls;
-
-namespace {
-
-enum class Kind { int8, fp8, int8_full, mixed, fp8_convert, fp8_dynamic };
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::int8: return "int8-convrot";
-    case Kind::fp8: return "fp8";
-    case Kind::int8_full: return "int8-convrot-full";
-    case Kind::mixed: return "mixed int8/fp8/bf16";
-    case Kind::fp8_convert: return "--precision fp8";
-    case Kind::fp8_dynamic: return "--precision fp8, dynamic activation scale";
-  }
-  return "?";
-}
-
-// Formats decided per layer: in every block qkv_proj and fc2 int8 ConvRot, out_proj fp8
-// e4m3, fc1 bf16. (Every block has the same layout: the weight store's block slots need
-// that today; files whose blocks differ, such as the community _skip_edges builds with
-// bf16 blocks 0, 1, 48, 49, need per-block slot layouts in src/exec/weights.cpp.)
-h3::QuantLayout mixed_layout(const h3::H3Config& cfg) {
-  h3::QuantLayout q = *h3::synthetic_quant_layout(cfg, h3::SyntheticFormat::int8_convrot);
-  const h3::QuantLayout f8 = *h3::synthetic_quant_layout(cfg, h3::SyntheticFormat::fp8);
-  for (int64_t b = 0; b < cfg.num_layers; ++b) {
-    q.linears[h3::h3_block_key(b, "attn.out_proj")] = f8.linears.at(h3::h3_block_key(b, "attn.out_proj"));
-    q.linears.erase(h3::h3_block_key(b, "mlp.fc1"));
-  }
-  return q;
-}
-
-// A random tiny case (tests/exactness_util.h) whose linears admit a ConvRot group: every K
-// a multiple of 4 (head_dim rounded up to a multiple of 4; hidden and ffn are multiples
-// of 8). int8_full uses the tiny preset (time_embed_dim 64: the AdaLN linears' G = 64).
-test::StreamingCase quant_case(uint64_t seed, Kind kind, int64_t layers) {
-  std::mt19937_64 rng(seed);
-  test::StreamingCase c;
-  if (kind == Kind::int8_full) {
-    c.cfg = *h3::h3_preset("tiny");
-    c.cfg.hidden = 64;  // small and quick; K = 64 for qkv / fc1 / out_proj
-    c.cfg.ffn = 128;
-  } else {
-    c.cfg = test::tiny_cfg(rng, /*vary=*/true);
-    c.cfg.head_dim = (c.cfg.head_dim + 3) / 4 * 4;
-  }
-  c.cfg.num_layers = layers;
-  switch (kind) {
-    case Kind::int8: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::int8_convrot); break;
-    case Kind::fp8: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::fp8); break;
-    case Kind::int8_full: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::int8_convrot_full); break;
-    case Kind::mixed: c.cfg.quant = mixed_layout(c.cfg); break;
-    case Kind::fp8_convert:
-    case Kind::fp8_dynamic: break;
-  }
-  c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, seed);
-  c.cond = test::random_cond(rng, c.cfg, /*extras=*/true);
-  c.in = test::random_inputs(rng, c.cfg, c.cond);
-  c.kv_tile = std::uniform_int_distribution<int>(0, 1)(rng) ? std::uniform_int_distribution<int64_t>(1, 16)(rng) : 64;
-  const float sigmas[] = {1.0f, 0.8f, 0.5f};
-  c.sigma = sigmas[std::uniform_int_distribution<int>(0, 2)(rng)];
-  return c;
-}
-
-struct QuantSetup {
-  std::unique_ptr<Backend> be;
-  test::StreamingCase c;
-  std::unique_ptr<h3::H3TensorSource> wrapped;  // fp8_convert only
-  exec::Plan stock;
-  test::StreamingRun ref;
-  bool ok = false;
-};
-
-// One engine over `src`: refine, precompute, forward (test::run_streaming for any source).
-test::StreamingRun run_on(const h3::H3TensorSource& src, test::StreamingCase& c, Backend& be, const exec::Residency& res,
-                          const exec::Plan& plan) {
-  test::StreamingRun out;
-  exec::EngineOptions eo;
-  eo.residency = res;
-  eo.residency.release_source = false;
-  auto e = exec::Engine::create(src, be, eo);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
-  if (!e.ok()) return out;
-  auto t = (*e)->refine_text(c.in.text_view(c.cfg, c.cond));
-  EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
-  if (!t.ok()) return out;
-  Status s = (*e)->precompute_adaln({c.sigma}, c.cond);
-  EXPECT_TRUE(s.ok()) << s.message();
-  if (!s.ok()) return out;
-  auto r = (*e)->forward(c.cond, *t, c.in.video_view(c.cfg, c.cond), c.in.audio_view(c.cfg, c.cond), c.sigma, plan);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  if (!r.ok()) return out;
-  EXPECT_LE(r->report.measured_peak_bytes, r->report.predicted_peak_bytes);
-  out.r = std::move(*r);
-  out.ok = true;
-  return out;
-}
-
-QuantSetup quant_setup(uint64_t seed, Kind kind, int64_t layers) {
-  QuantSetup s;
-  auto be = make_backend("cpu");
-  if (!be.ok()) {
-    ADD_FAILURE() << be.error().message;
-    return s;
-  }
-  s.be = std::move(*be);
-  s.c = quant_case(seed, kind, layers);
-  if (kind == Kind::fp8_convert || kind == Kind::fp8_dynamic) {
-    s.wrapped = h3::fp8_convert_source(std::make_unique<h3::H3SyntheticSource>(s.c.cfg, seed), kind == Kind::fp8_dynamic);
-    s.c.cfg = s.wrapped->cfg();  // the planner counts the fp8 bytes
-  }
-  if (const Status t = test::use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
-    ADD_FAILURE() << t.error().message;
-    return s;
-  }
-  const h3::H3TensorSource& src = s.wrapped ? *s.wrapped : *s.c.src;
-  exec::PlanKnobs sk;
-  sk.kv_tile = s.c.kv_tile;
-  auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
-  if (!stock.ok()) {
-    ADD_FAILURE() << stock.error().message;
-    return s;
-  }
-  s.stock = *stock;
-  s.ref = run_on(src, s.c, *s.be, exec::Residency{}, s.stock);
-  s.ok = s.ref.ok && test::sum_abs(s.ref.r.video) > 0.0 && test::sum_abs(s.ref.r.audio) > 0.0;
-  if (!s.ok) {
-    ADD_FAILURE() << "the all-resident stock run failed or gave all-zero outputs";
-    return s;
-  }
-  // Not vacuous: the quantised model is not the bf16 one (its linears really ran quantised).
-  h3::H3Config plain = s.c.cfg;
-  plain.quant = h3::QuantLayout();
-  h3::H3SyntheticSource bf(plain, seed);
-  const test::StreamingRun b = run_on(bf, s.c, *s.be, exec::Residency{}, s.stock);
-  EXPECT_TRUE(b.ok);
-  EXPECT_FALSE(test::same_bytes(b.r.video, s.ref.r.video)) << kind_name(kind) << ": same output as the bf16 model";
-  return s;
-}
-
-void check_knobs(uint64_t seed, Kind kind, int64_t layers, int variants) {
-  QuantSetup su = quant_setup(seed, kind, layers);
-  ASSERT_TRUE(su.ok);
-  test::StreamingCase& c = su.c;
-  const h3::H3TensorSource& src = su.wrapped ? *su.wrapped : *c.src;
-  SCOPED_TRACE(std::string(kind_name(kind)) + ", case seed " + std::to_string(seed) + ": " +
-               h3::h3_config_summary(c.cfg) + ", kv_tile " + std::to_string(c.kv_tile));
-  const int64_t S = su.stock.sizes.S, L = c.cfg.num_layers, tr = su.stock.sizes.target_rows;
-  std::mt19937_64 rng(seed * 31 + 7);
-  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  for (int v = 0; v < variants; ++v) {
-    exec::Residency res;
-    res.resident_blocks = pick(0, 2) == 0 ? -1 : pick(0, L);
-    res.slots = pick(1, 2);
-    exec::PlanKnobs k;
-    k.kv_tile = c.kv_tile;
-    k.attn_chunk_tokens = pick(1, S);
-    k.mlp_chunk_tokens = pick(0, 1) ? pick(1, S) : 0;
-    k.final_chunk_tokens = pick(0, 1) ? pick(1, tr) : 0;
-    k.kv_offload = pick(0, 2) != 0;
-    k.residual_offload = pick(0, 1) != 0;
-    if (v < 2) {  // slices of one row; slices of S - 1 rows (a last slice of one row); both offloads
-      k.attn_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
-      k.mlp_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
-      k.final_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, tr - 1);
-      k.kv_offload = true;
-      k.residual_offload = true;
-      res.resident_blocks = v == 0 ? 0 : -1;
-    }
-    if (k.kv_offload) {
-      const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
-      k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : c.kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
-    }
-    auto p = exec::make_plan(c.cfg, c.cond, k);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +
-                             ", plan " + p->describe();
-    test::expect_same(su.ref, run_on(src, c, *su.be, res, *p), what);
-  }
-}
-
-void check_budgets(uint64_t seed, Kind kind, int64_t layers, int budgets) {
-  QuantSetup su = quant_setup(seed, kind, layers);
-  ASSERT_TRUE(su.ok);
-  ASSERT_FALSE(su.wrapped) << "budget sweeps run on StreamingCase sources";
-  test::StreamingCase& c = su.c;
-  SCOPED_TRACE(std::string(kind_name(kind)) + ", case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg));
-  const exec::BudgetOptions bo = test::budget_options(c, *su.be);
-  const std::optional<test::BudgetSpan> span = test::budget_span(c, bo);
-  ASSERT_TRUE(span.has_value());
-  std::set<std::string> steps;
-  for (int i = 0; i <= budgets; ++i) {
-    const uint64_t budget = span->lo + (span->hi - span->lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
-    const std::optional<exec::BudgetPlan> bp = test::check_budget_run(c, *su.be, su.ref, bo, budget);
-    ASSERT_TRUE(bp.has_value());
-    steps.insert(bp->step);
-  }
-  EXPECT_GE(steps.size(), 2u);  // the sweep reached more than one kind of plan
-}
-
-}  // namespace
+using namespace ls::test::quant;
 
 TEST(QuantStreaming, Int8KnobsMatchResidentStock) {
-  for (uint64_t seed = 1; seed <= 4; ++seed) check_knobs(seed, Kind::int8, 2, 8);
+  for (uint64_t seed = 1; seed <= 4; ++seed) check_knobs(seed, Kind::int8, 2, 8, "cpu");
 }
 TEST(QuantStreaming, Fp8KnobsMatchResidentStock) {
-  for (uint64_t seed = 5; seed <= 8; ++seed) check_knobs(seed, Kind::fp8, 2, 8);
+  for (uint64_t seed = 5; seed <= 8; ++seed) check_knobs(seed, Kind::fp8, 2, 8, "cpu");
 }
-TEST(QuantStreaming, Int8FullKnobsMatchResidentStock) { check_knobs(9, Kind::int8_full, 2, 8); }
+TEST(QuantStreaming, Int8FullKnobsMatchResidentStock) { check_knobs(9, Kind::int8_full, 2, 8, "cpu"); }
 TEST(QuantStreaming, MixedKnobsMatchResidentStock) {
-  for (uint64_t seed = 10; seed <= 12; ++seed) check_knobs(seed, Kind::mixed, 3, 8);
+  for (uint64_t seed = 10; seed <= 12; ++seed) check_knobs(seed, Kind::mixed, 3, 8, "cpu");
 }
 TEST(QuantStreaming, Fp8ConvertKnobsMatchResidentStock) {
-  check_knobs(13, Kind::fp8_convert, 2, 8);
-  check_knobs(14, Kind::fp8_dynamic, 2, 8);
+  check_knobs(13, Kind::fp8_convert, 2, 8, "cpu");
+  check_knobs(14, Kind::fp8_dynamic, 2, 8, "cpu");
 }
 TEST(QuantStreaming, BudgetSweepsMatchAndFit) {
-  check_budgets(21, Kind::int8, 3, 8);
-  check_budgets(22, Kind::fp8, 3, 8);
-  check_budgets(23, Kind::mixed, 3, 8);
+  check_budgets(21, Kind::int8, 3, 8, "cpu");
+  check_budgets(22, Kind::fp8, 3, 8, "cpu");
+  check_budgets(23, Kind::mixed, 3, 8, "cpu");
 }
