@@ -303,9 +303,11 @@ TEST_F(QuantFile, ParamsPlacementAndFp8WithoutComfyQuant) {
   RawFile f = tensors_of(q8);
   set_json(f, "blocks.0.attn.qkv_proj.comfy_quant",
            R"({"format":"int8_tensorwise","params":{"convrot":true,"convrot_groupsize":64}})");
+  find(f, "blocks.1.mlp.fc2.comfy_quant")->dtype = DType::i8;  // JSON bytes stored as I8: accepted
   auto src = open_ok(f);
   ASSERT_NE(src, nullptr);
   EXPECT_EQ(src->cfg().quant.find("blocks.0.attn.qkv_proj")->group, 64);
+  EXPECT_EQ(src->cfg().quant.find("blocks.1.mlp.fc2")->group, 256);
 
   H3SyntheticSource q3(preset("tiny"), 1, SyntheticFormat::fp8);
   RawFile g = tensors_of(q3);
@@ -355,6 +357,7 @@ TEST_F(QuantFile, MalformedFilesAreRefusedByName) {
     EXPECT_NE(e.find(want), std::string::npos) << "want '" << want << "' in: " << e;
     EXPECT_NE(e.find("q.safetensors"), std::string::npos) << e;  // names the file
   };
+  refused([&](RawFile& f) { find(f, m + ".comfy_quant")->dtype = DType::f32; }, "comfy_quant is stored as f32");
   refused([&](RawFile& f) { set_json(f, m + ".comfy_quant", "{\"format\": int8"); }, "comfy_quant is not a JSON object");
   refused([&](RawFile& f) { set_json(f, m + ".comfy_quant", "[1, 2]"); }, "comfy_quant is not a JSON object");
   refused([&](RawFile& f) { set_json(f, m + ".comfy_quant", "{\"convrot\":true}"); }, "no \"format\"");

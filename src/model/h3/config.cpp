@@ -260,7 +260,7 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
     q.push_back(std::move(scale));
     if (lq->has_input_scale) q.push_back(TensorSpec{m + ".input_scale", f32, lq->input_scale_shape, G::other, R::unused, blk});
     if (!lq->comfy_quant.empty())
-      q.push_back(TensorSpec{m + ".comfy_quant", DType::u8, {static_cast<int64_t>(lq->comfy_quant.size())}, G::other,
+      q.push_back(TensorSpec{m + ".comfy_quant", lq->comfy_quant_dtype, {static_cast<int64_t>(lq->comfy_quant.size())}, G::other,
                              R::unused, blk});
   }
   return q;

@@ -132,6 +132,7 @@ Expected<QuantLayout> detect_quant_layout(const H3Config& cfg, const std::vector
       if (cq->dtype != DType::u8 && cq->dtype != DType::i8)
         return bad(m, "comfy_quant is stored as " + std::string(dtype_name(cq->dtype)) + ", expected U8 (JSON bytes)");
       if (cq->shape.size() != 1) return bad(m, "comfy_quant has shape " + shape_string(cq->shape) + ", expected [len]");
+      lq.comfy_quant_dtype = cq->dtype;
       const std::vector<uint8_t> bytes = read(pre + m + ".comfy_quant");
       lq.comfy_quant.assign(bytes.begin(), bytes.end());
       nlohmann::json j = nlohmann::json::parse(lq.comfy_quant, nullptr, /*allow_exceptions=*/false);

@@ -46,6 +46,7 @@ struct LinearQuant {
   std::vector<int64_t> input_scale_shape;  // [] | [1]
   float input_scale = 1.0f;                // fp8: its value (read on the host at open), else 1
   std::string comfy_quant;                 // the <m>.comfy_quant JSON bytes ("" = the file has none)
+  DType comfy_quant_dtype = DType::u8;     // as stored (U8; some writers use I8)
   bool dynamic_act = false;                // fp8: per-row amax/448 activation scale (LinearWeight::dynamic_act;
                                            // an engine option, never from a file)
 };
