@@ -529,7 +529,7 @@ TEST(BudgetPlan, CudaProfileArithmetic) {
   EXPECT_EQ(native.workspace_bytes, 304611328u);  // the build's constant, whichever path runs
   EXPECT_EQ(native.default_kv_tile, 1024);
   const DeviceProfile plain = cuda_device_profile(false, false);
-  EXPECT_EQ(plain.workspace_bytes, 64ull << 20);
+  EXPECT_EQ(plain.workspace_bytes, (64ull << 20) + (164ull << 20));  // cuBLASLt GEMM + quantised linears (linear_quant.cu)
   EXPECT_EQ(plain.default_kv_tile, 1024);
   const BudgetOptions o = budget_options_for(d);
   EXPECT_EQ(o.workspace_bytes, d.workspace_bytes);

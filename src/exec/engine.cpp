@@ -257,7 +257,14 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
     LS_ASSIGN_OR_RETURN(TensorView w, weights->transient(h3::h3_block_key(i, "adaln_proj.linear.weight"), *sa));
     LS_ASSIGN_OR_RETURN(TensorView b, weights->transient(h3::h3_block_key(i, "adaln_proj.linear.bias"), *sa));
     const TensorView out(tab.blocks[static_cast<size_t>(i)].data, adt, {M, 18 * D}, be->device());
-    LS_TRY(h3::adaln_linear(*be, ain, w, b, out));
+    // The full int8 files quantise the blocks' AdaLN linears (group 64, with a bias).
+    LinearWeight lw(w);
+    const std::string m = h3::h3_block_key(i, "adaln_proj.linear");
+    if (cfg.quant.find(m)) {
+      LS_ASSIGN_OR_RETURN(TensorView sc, weights->transient(m + ".weight_scale", *sa));
+      lw = h3::h3_linear_weight([&](const std::string& n) { return n.ends_with(".weight") ? w : sc; }, cfg, m);
+    }
+    LS_TRY(h3::adaln_linear(*be, ain, lw, b, out));
     eval("adaln.block", i, tab.blocks[static_cast<size_t>(i)]);
     LS_TRY(be->synchronize());  // the host copy may go (read once per run)
     weights->release_source(h3::h3_block_key(i, "adaln_proj.linear.weight"));
@@ -359,7 +366,7 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
       LS_ASSIGN_OR_RETURN(TensorView v, alloc_rows(*arena, spec, L));
       b.push_back(v);
     }
-    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile));
+    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, cfg, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile));
     LS_TRY(m.weights->release_refiner_block(i));
     LS_TRY(be.synchronize());  // before the scope frees this block's buffers
   }
@@ -537,7 +544,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   }
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, m.weights->acquire_block(i));
-    const h3::DitBlock blk(be, cfg, h3::dit_block_weights(wg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
+    const h3::DitBlock blk(be, cfg, h3::dit_block_weights(wg, cfg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
     st.phase_name = "attention";
     st.phase_block = i;
     LS_TRY(run_attention(st, attn, blk, plan.attn_slice, plan.kv_tile, kv ? &*kv : nullptr));
