@@ -363,4 +363,29 @@ Expected<LoraChoice> lora_from_flags(const LoraFlags& f) {
   return c;
 }
 
+void add_weight_flags(CLI::App& app, WeightFlags& f) {
+  add_text_flag(app, "--format", f.format, "FORMAT",
+                "With --preset: the synthetic weights in ComfyUI's layouts: bf16, int8-convrot (the pruned int8 "
+                "ConvRot files), int8-convrot-full (+ the AdaLN linears at group 64) or fp8 (fp8_scaled e4m3); a "
+                "--model file has its own",
+                "bf16");
+  add_text_flag(app, "--precision", f.precision, "MODE",
+                "preserve = the weights as stored; fp8 = convert the bf16 qkv, fc1 and fc2 weights to fp8 e4m3 once at "
+                "load (per-tensor amax/448, LOSSY, changes the output); fp8-dynamic = the same with a per-row "
+                "activation scale (lossy, not ComfyUI's numerics)",
+                "preserve");
+}
+
+Status check_weight_flags(const WeightFlags& f, bool model_file) {
+  if (f.format.given() && model_file)
+    return make_error(ErrorCode::invalid_argument,
+                      "--format goes with --preset (synthetic weights); a --model file has its own format (its "
+                      ".comfy_quant tensors say it)");
+  if (f.precision.given() && f.precision.text != "preserve" && f.precision.text != "fp8" &&
+      f.precision.text != "fp8-dynamic")
+    return make_error(ErrorCode::invalid_argument,
+                      "--precision must be preserve, fp8 or fp8-dynamic, got \"" + f.precision.text + "\"");
+  return Status();
+}
+
 }  // namespace ls::tools

@@ -157,6 +157,16 @@ struct LoraChoice {
 // invalid_argument (exit 2) for a malformed --lora or --lora-dtype, naming it.
 Expected<LoraChoice> lora_from_flags(const LoraFlags& f);
 
+// --format (synthetic weights in ComfyUI's quantised layouts, with --preset) and
+// --precision preserve|fp8|fp8-dynamic (fp8: lossy conversion at load), shared by forward
+// and generate.
+struct WeightFlags {
+  FlagText format, precision;
+};
+void add_weight_flags(CLI::App& app, WeightFlags& f);
+// invalid_argument (exit 2) naming the flag: --format with a model file, an unknown precision.
+Status check_weight_flags(const WeightFlags& f, bool model_file);
+
 struct NumericsChoice {
   Numerics numerics;                  // as asked (not yet resolved: Backend::set_numerics resolves)
   Diagnostics diagnostics;

@@ -57,6 +57,7 @@ constexpr const char* kCmd = "layerstream forward";
 
 struct ForwardOptions {
   LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
+  WeightFlags wflags;  // --format, --precision
   NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
   FlagText model, preset, weights_seed, blocks;
   FlagText frames, width, height, text_tokens, sigma, seed;
@@ -250,9 +251,14 @@ int run_forward(const ForwardOptions& o) {
     if (!lc.ok()) return usage(lc.error().message);
     weights.loras = lc->files;
     if (lc->dtype_given) weights.lora_dtype = lc->dtype;
+    if (Status ws = check_weight_flags(o.wflags, o.model.given()); !ws.ok()) return usage(ws.message());
+    if (o.wflags.format.given()) weights.weights_format = o.wflags.format.text;
+    if (o.wflags.precision.given()) weights.precision = o.wflags.precision.text;
   }
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* src = &session.source();
+  if (!weights.loras.empty() || weights.precision != "preserve" || session.config().quant.any())
+    std::printf("[LayerStream] weights: %s\n", src->describe().c_str());  // LoRAs, formats, "lossy"
   const h3::H3Config& cfg = session.config();
   if (o.slots.given() && *rb >= cfg.num_layers)
     return usage("--slots has no effect: --resident-blocks " + std::to_string(*rb) + " keeps all " +
@@ -456,6 +462,7 @@ CommandRun setup(CLI::App& sub) {
                "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
   add_numerics_flags(sub, o->numerics);
   add_lora_flags(sub, o->lora);
+  add_weight_flags(sub, o->wflags);
   add_size_flag(sub, "--budget", o->budget, range::budget,
                 "activation memory budget: the largest slices that fit (not with the chunk flags)");
   sub.add_flag("--random-weights", o->random_weights,

@@ -46,6 +46,7 @@ constexpr const char* kCmd = "layerstream generate";
 // that a bad value is exit code 2 with a message naming the flag and its range.
 struct GenerateOptions {
   LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
+  WeightFlags wflags;  // --format, --precision
   NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
   FlagText model, preset, weights_seed;
   FlagText steps, cfg, seed;
@@ -282,6 +283,9 @@ int run_generate(const GenerateOptions& o) {
     if (!lc.ok()) return fail(lc.error().message);
     weights.loras = lc->files;
     if (lc->dtype_given) weights.lora_dtype = lc->dtype;
+    if (Status ws = check_weight_flags(o.wflags, o.model.given()); !ws.ok()) return fail(ws.message());
+    if (o.wflags.format.given()) weights.weights_format = o.wflags.format.text;
+    if (o.wflags.precision.given()) weights.precision = o.wflags.precision.text;
   }
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* source = &session.source();
@@ -626,6 +630,7 @@ CommandRun setup_generate(CLI::App& sub) {
                "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
   add_numerics_flags(sub, o->numerics);
   add_lora_flags(sub, o->lora);
+  add_weight_flags(sub, o->wflags);
   add_size_flag(sub, "--budget", o->budget, range::budget,
                 "activation memory budget: picks the largest slices that fit (not with the chunk flags)");
   add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,

@@ -49,6 +49,7 @@
 #include "model/h3/config.h"
 #include "model/h3/layout.h"
 #include "model/h3/memory_table.h"
+#include "model/h3/quant_census.h"
 #include "sample/schedule.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
@@ -647,6 +648,7 @@ int run_info(const InfoOptions& o) {
   out["config"] = json::parse(h3::h3_config_json(cfg));
   out["config"]["key_prefix"] = cfg.key_prefix;
   out["summary"] = h3::h3_config_summary(cfg);
+  out["quant"] = h3::quant_census_json(h3::quant_census(cfg));  // formats by layer (issue 14)
   const h3::TensorSpec::Group groups[] = {h3::TensorSpec::Group::blocks, h3::TensorSpec::Group::adaln,
                                           h3::TensorSpec::Group::heads,  h3::TensorSpec::Group::refiner,
                                           h3::TensorSpec::Group::embed,  h3::TensorSpec::Group::other};
@@ -745,6 +747,7 @@ int run_info(const InfoOptions& o) {
   else
     std::printf("preset      %s\n", o.preset.c_str());
   std::printf("config      %s\n", h3::h3_config_summary(cfg).c_str());
+  std::printf("weights\n%s", h3::quant_census_text(h3::quant_census(cfg)).c_str());
   std::printf("form        %s\n", cfg.curve_form() ? "curve (pruned): AdaLN linears fp32, fed by adaln_t_table"
                                                     : "unpruned: time embedder, AdaLN linears bf16");
   if (file)

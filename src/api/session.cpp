@@ -1,5 +1,6 @@
 #include "api/session.h"
 
+#include "model/h3/quant.h"
 #include "model/lora_source.h"
 
 #include <algorithm>
@@ -34,8 +35,13 @@ Status Session::load_weights(const WeightsSpec& spec) {
   } else {
     LS_ASSIGN_OR_RETURN(h3::H3Config cfg, h3::h3_preset(spec.preset));
     if (spec.blocks > 0) cfg.num_layers = spec.blocks;  // full width, fewer blocks (as make-model --blocks)
-    src = std::make_unique<h3::H3SyntheticSource>(cfg, spec.weights_seed);
+    LS_ASSIGN_OR_RETURN(h3::SyntheticFormat sf, h3::parse_synthetic_format(spec.weights_format));
+    LS_TRY(h3::synthetic_quant_layout(cfg, sf).status());  // a clear refusal before any work
+    src = std::make_unique<h3::H3SyntheticSource>(cfg, spec.weights_seed, sf);
   }
+  if (spec.precision != "preserve" && spec.precision != "fp8" && spec.precision != "fp8-dynamic")
+    return make_error(ErrorCode::invalid_argument,
+                      "precision must be preserve, fp8 (lossy) or fp8-dynamic (lossy), got \"" + spec.precision + "\"");
   if (!spec.loras.empty()) {
     // Merged once per tensor on first read (model/lora_source.h): never per slice or step.
     LS_ASSIGN_OR_RETURN(lora::LoraSet set, lora::LoraSet::open(spec.loras, src->specs()));
@@ -44,6 +50,7 @@ Status Session::load_weights(const WeightsSpec& spec) {
     LS_ASSIGN_OR_RETURN(auto wrapped, lora::LoraSource::wrap(std::move(src), std::move(set), dt));
     src = std::move(wrapped);
   }
+  if (spec.precision != "preserve") src = h3::fp8_convert_source(std::move(src), spec.precision == "fp8-dynamic");
   source_ = std::move(src);
   return {};
 }

@@ -58,6 +58,14 @@ struct WeightsSpec {
   // f32 on the CPU). The source's describe() names them and the dtype.
   std::vector<lora::LoraFile> loras;
   std::optional<lora::MergeDtype> lora_dtype;
+  // preset only: the synthetic weights in ComfyUI's layouts ("bf16", "int8-convrot",
+  // "int8-convrot-full", "fp8"), the values make-model --format writes.
+  std::string weights_format = "bf16";
+  // "preserve" (the weights as stored) | "fp8": bf16 qkv, fc1, fc2 converted to fp8 e4m3
+  // once at load (per-tensor amax/448; LOSSY, opt-in) | "fp8-dynamic": the same with a
+  // per-row activation scale (not ComfyUI's numerics). After the LoRAs, as ComfyUI merges
+  // LoRAs before converting.
+  std::string precision = "preserve";
 };
 
 // The planner's modes (exec/planner.h): knobs, activation_budget, total_budget.
