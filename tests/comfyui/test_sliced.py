@@ -37,7 +37,17 @@ def run(model, args, kwargs, runner=None):
         return model(*args[:3], to, **kwargs)
 
 
+# The CPU equality tests slice down to 1 row, which is exact only where every CPU kernel is
+# row-exact: measured for torch 1.13 (TestCpuKernels, sliced_table.CPU). On another torch
+# (the GPU machine's 2.11 on its CPU) bf16 GEMMs differ for small row counts, so there the
+# equality is not asserted (the GPU twin, test_sliced_gpu.py, checks it with the CUDA table).
+CPU_ROW_EXACT = torch.__version__.startswith(sliced_table.CPU_TORCH)
+
+
 def assert_equal(ref, out):
+    if not CPU_ROW_EXACT:
+        pytest.skip(f"CPU kernels row-exactness measured for torch {sliced_table.CPU_TORCH} only, this is "
+                    f"{torch.__version__}")
     for r, o in zip(ref, out):
         assert r.shape == o.shape and r.dtype == o.dtype
         assert torch.equal(r, o), f"max |diff| {(r.float() - o.float()).abs().max().item()}"
