@@ -66,6 +66,11 @@ inline ls::test::StreamingCase quant_case(uint64_t seed, Kind kind, int64_t laye
   // The CUDA attention kernel takes head_dim 32, 64 or 128 (the tiny preset's 64 stays: its
   // rotary width 6 * 8 = 48 would not fit 32).
   if (gpu && c.cfg.head_dim != 64 && c.cfg.head_dim != 128) c.cfg.head_dim = 32;
+  // fp8 on the CUDA tensor cores needs every K (hidden, inner, ffn) a multiple of 16.
+  if (gpu) {
+    c.cfg.hidden = (c.cfg.hidden + 15) / 16 * 16;
+    c.cfg.ffn = (c.cfg.ffn + 15) / 16 * 16;
+  }
   c.cfg.num_layers = layers;
   switch (kind) {
     case Kind::int8: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::int8_convrot); break;

@@ -354,7 +354,12 @@ class TestThresholdTable:
         args, kwargs = cm.make_inputs(model, 26)
         runner = sliced.SlicedRunner(3, 3)
         run(model, args, kwargs, runner)
-        assert "not guaranteed (CPU table measured with torch 1.13, this is 9.9.0)" in "\n".join(runner.status())
+        st = "\n".join(runner.status())
+        # Not guaranteed: for the version, or (torch >= 2 picks another attention function than
+        # the table measured) for an unmeasured kernel first.
+        assert "exactness: not guaranteed" in st, st
+        if "attention.other" not in st:
+            assert "CPU table measured with torch 1.13, this is 9.9.0" in st, st
 
     def test_cuda_table_entries(self):
         t = sliced_table.CUDA
