@@ -41,6 +41,13 @@ inline ToolRun run_tool(const std::string& args, const std::string& env = "", bo
   return r;
 }
 
+// The 16 hex digits after "output hash " in a run's output ("" when absent).
+inline std::string output_hash(const ToolRun& r) {
+  const std::string key = "output hash ";
+  const size_t at = r.out.find(key);
+  return at == std::string::npos ? "" : r.out.substr(at + key.size(), 16);
+}
+
 // True when the binary has the CUDA backend and a device runs a tiny forward: the
 // --vram-budget tests (a device budget; refused on the CPU backend) run only then.
 inline bool cuda_usable() {

@@ -13,12 +13,6 @@ using namespace ls;
 
 namespace {
 
-std::string hash_of(const test::ToolRun& r) {
-  const std::string key = "output hash ";
-  const size_t at = r.out.find(key);
-  return at == std::string::npos ? "" : r.out.substr(at + key.size(), 16);
-}
-
 class CliFormats : public test::TempDirTest {
  protected:
   CliFormats() : TempDirTest("ls_cli_formats") {}
@@ -26,7 +20,7 @@ class CliFormats : public test::TempDirTest {
 };
 
 TEST_F(CliFormats, SyntheticFormatsEqualTheirMadeFilesAndKeepTheirBytes) {
-  const std::string bf16 = hash_of(test::run_tool("forward --preset tiny --random-weights" + clip_));
+  const std::string bf16 = test::output_hash(test::run_tool("forward --preset tiny --random-weights" + clip_));
   ASSERT_EQ(bf16.size(), 16u);
   for (const std::string f : {"int8-convrot", "int8-convrot-full", "fp8"}) {
     const std::string path = file(f + ".safetensors");
@@ -34,12 +28,12 @@ TEST_F(CliFormats, SyntheticFormatsEqualTheirMadeFilesAndKeepTheirBytes) {
     const auto synth = test::run_tool("forward --preset tiny --random-weights --format " + f + clip_);
     ASSERT_EQ(synth.code, 0) << synth.out;
     EXPECT_NE(synth.out.find("[LayerStream] weights:"), std::string::npos) << synth.out;
-    const std::string h = hash_of(synth);
-    EXPECT_EQ(hash_of(test::run_tool("forward --model " + path + clip_)), h) << f;
+    const std::string h = test::output_hash(synth);
+    EXPECT_EQ(test::output_hash(test::run_tool("forward --model " + path + clip_)), h) << f;
     EXPECT_NE(h, bf16) << f;
     for (const std::string knobs : {" --mlp-chunk 1 --attn-chunk 3", " --attn-chunk 4 --kv-offload --residual-offload",
                                     " --resident-blocks 0 --slots 1", " --budget 120K"})
-      EXPECT_EQ(hash_of(test::run_tool("forward --model " + path + clip_ + knobs)), h) << f << knobs;
+      EXPECT_EQ(test::output_hash(test::run_tool("forward --model " + path + clip_ + knobs)), h) << f << knobs;
     const auto info = test::run_tool("info " + path);
     ASSERT_EQ(info.code, 0) << info.out;
     EXPECT_NE(info.out.find(f == "fp8" ? "fp8_e4m3" : "int8_convrot"), std::string::npos) << info.out;
@@ -47,16 +41,16 @@ TEST_F(CliFormats, SyntheticFormatsEqualTheirMadeFilesAndKeepTheirBytes) {
 }
 
 TEST_F(CliFormats, PrecisionFp8IsLossyAndSaysSo) {
-  const std::string bf16 = hash_of(test::run_tool("forward --preset tiny --random-weights" + clip_));
+  const std::string bf16 = test::output_hash(test::run_tool("forward --preset tiny --random-weights" + clip_));
   const auto fp8 = test::run_tool("forward --preset tiny --random-weights --precision fp8" + clip_);
   ASSERT_EQ(fp8.code, 0) << fp8.out;
   EXPECT_NE(fp8.out.find("lossy"), std::string::npos) << fp8.out;
-  EXPECT_NE(hash_of(fp8), bf16);
+  EXPECT_NE(test::output_hash(fp8), bf16);
   const auto dyn = test::run_tool("forward --preset tiny --random-weights --precision fp8-dynamic" + clip_);
   ASSERT_EQ(dyn.code, 0) << dyn.out;
-  EXPECT_NE(hash_of(dyn), hash_of(fp8));
-  EXPECT_EQ(hash_of(test::run_tool("forward --preset tiny --random-weights --precision fp8 --mlp-chunk 2" + clip_)),
-            hash_of(fp8));
+  EXPECT_NE(test::output_hash(dyn), test::output_hash(fp8));
+  EXPECT_EQ(test::output_hash(test::run_tool("forward --preset tiny --random-weights --precision fp8 --mlp-chunk 2" + clip_)),
+            test::output_hash(fp8));
   const auto g = test::run_tool("generate --preset tiny --precision fp8 --frames 22 --width 64 --height 64 "
                                 "--text-tokens 8 --steps 2 -o " + file("g.safetensors"));
   EXPECT_EQ(g.code, 0) << g.out;

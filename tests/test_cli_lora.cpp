@@ -20,12 +20,6 @@ using namespace ls;
 
 namespace {
 
-std::string hash_of(const test::ToolRun& r) {
-  const std::string key = "output hash ";
-  const size_t at = r.out.find(key);
-  return at == std::string::npos ? "" : r.out.substr(at + key.size(), 16);
-}
-
 class CliLora : public test::TempDirTest {
  protected:
   CliLora() : TempDirTest("ls_cli_lora") {}
@@ -79,26 +73,26 @@ TEST_F(CliLora, ForwardWithALoraEqualsThePreMergedCheckpoint) {
   const auto pre = test::run_tool("forward --model " + merged + clip_);
   ASSERT_EQ(with.code, 0) << with.out;
   ASSERT_EQ(pre.code, 0) << pre.out;
-  ASSERT_EQ(hash_of(with).size(), 16u) << with.out;
-  EXPECT_EQ(hash_of(with), hash_of(pre));
-  EXPECT_NE(hash_of(with), hash_of(plain));  // the LoRA changes the output
+  ASSERT_EQ(test::output_hash(with).size(), 16u) << with.out;
+  EXPECT_EQ(test::output_hash(with), test::output_hash(pre));
+  EXPECT_NE(test::output_hash(with), test::output_hash(plain));  // the LoRA changes the output
   // Another strength is another output; f16 merge is another numerics setting.
-  EXPECT_NE(hash_of(test::run_tool("forward --model " + base_ + " --lora " + lora_ + ":0.3" + clip_)), hash_of(with));
+  EXPECT_NE(test::output_hash(test::run_tool("forward --model " + base_ + " --lora " + lora_ + ":0.3" + clip_)), test::output_hash(with));
   const auto f16 = test::run_tool("forward --model " + base_ + " --lora " + lora_ + ":0.6 --lora-dtype f16" + clip_);
   ASSERT_EQ(f16.code, 0) << f16.out;
-  EXPECT_NE(hash_of(f16), hash_of(with));
+  EXPECT_NE(test::output_hash(f16), test::output_hash(with));
 }
 
 TEST_F(CliLora, MemoryKnobsKeepTheBytesWithALora) {
   const std::string l = " --lora " + lora_ + ":0.6";
-  const std::string want = hash_of(test::run_tool("forward --model " + base_ + l + clip_));
+  const std::string want = test::output_hash(test::run_tool("forward --model " + base_ + l + clip_));
   ASSERT_EQ(want.size(), 16u);
   for (const std::string knobs : {" --mlp-chunk 7 --attn-chunk 5", " --attn-chunk 3 --kv-offload --kv-chunk 1024",
                                   " --attn-chunk 9 --residual-offload", " --resident-blocks 0 --slots 1",
                                   " --resident-blocks 1 --slots 2 --mlp-chunk 1", " --budget 100K"}) {
     const auto r = test::run_tool("forward --model " + base_ + l + clip_ + knobs);
     ASSERT_EQ(r.code, 0) << knobs << "\n" << r.out;
-    EXPECT_EQ(hash_of(r), want) << knobs;
+    EXPECT_EQ(test::output_hash(r), want) << knobs;
   }
 }
 

@@ -9,14 +9,10 @@
 #   comfyui_test_sliced_gpu  labels cuda;comfyui  LAYERSTREAM_CUDA builds: real widths on the GPU; prints the
 #                            kernel-threshold and stock-vs-sliced tables (pytest -s)
 set(LS_SLICED_PY "${LS_COMFYUI_PY}")
-foreach(py ${LAYERSTREAM_PYTHON_TEST_EXECUTABLE} ${Python3_EXECUTABLE} /usr/bin/python3)
-  if(py AND NOT LS_SLICED_PY AND EXISTS ${py})
-    execute_process(COMMAND ${py} -c "import torch, pytest" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
-    if(rc EQUAL 0)
-      set(LS_SLICED_PY ${py})
-    endif()
-  endif()
-endforeach()
+if(NOT LS_SLICED_PY)
+  include(${PROJECT_SOURCE_DIR}/cmake/python_test_interpreter.cmake)
+  ls_find_test_python(LS_SLICED_PY "torch, pytest")
+endif()
 if(LS_SLICED_PY)
   add_test(NAME comfyui_test_sliced
            COMMAND ${LS_SLICED_PY} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/test_sliced.py

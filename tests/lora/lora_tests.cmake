@@ -3,15 +3,8 @@
 # python3-pytest): the interpreter the Python package's tests use when it is configured
 # (LAYERSTREAM_PYTHON_TEST_EXECUTABLE), else the first of python3 / /usr/bin/python3 that
 # imports them. Without one the test is not registered (a configure message says so).
-set(LS_LORA_PY "")
-foreach(py ${LAYERSTREAM_PYTHON_TEST_EXECUTABLE} ${Python3_EXECUTABLE} /usr/bin/python3)
-  if(py AND NOT LS_LORA_PY)
-    execute_process(COMMAND ${py} -c "import torch, numpy, pytest" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
-    if(rc EQUAL 0)
-      set(LS_LORA_PY ${py})
-    endif()
-  endif()
-endforeach()
+include(${PROJECT_SOURCE_DIR}/cmake/python_test_interpreter.cmake)
+ls_find_test_python(LS_LORA_PY "torch, numpy, pytest")
 if(LS_LORA_PY)
   add_test(NAME LoraPy.MergeEqualsComfyUIFormula
            COMMAND ${LS_LORA_PY} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/test_lora_comfy_formula.py)
