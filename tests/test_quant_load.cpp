@@ -357,7 +357,13 @@ TEST_F(QuantFile, MalformedFilesAreRefusedByName) {
     EXPECT_NE(e.find(want), std::string::npos) << "want '" << want << "' in: " << e;
     EXPECT_NE(e.find("q.safetensors"), std::string::npos) << e;  // names the file
   };
-  refused([&](RawFile& f) { find(f, m + ".comfy_quant")->dtype = DType::f32; }, "comfy_quant is stored as f32");
+  refused(
+      [&](RawFile& f) {
+        auto* t = find(f, m + ".comfy_quant");
+        t->dtype = DType::f32;  // [len] f32: the bytes grow with it (the view must stay inside them)
+        t->bytes.resize(t->bytes.size() * 4);
+      },
+      "comfy_quant is stored as f32");
   refused([&](RawFile& f) { set_json(f, m + ".comfy_quant", "{\"format\": int8"); }, "comfy_quant is not a JSON object");
   refused([&](RawFile& f) { set_json(f, m + ".comfy_quant", "[1, 2]"); }, "comfy_quant is not a JSON object");
   refused([&](RawFile& f) { set_json(f, m + ".comfy_quant", "{\"convrot\":true}"); }, "no \"format\"");
