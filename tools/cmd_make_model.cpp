@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,6 +22,7 @@
 #include "model/h3/quant.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
+#include "tools/interrupt.h"
 #include "io/output_file.h"
 
 #include <layerstream_version.h>
@@ -32,8 +32,6 @@ namespace {
 
 constexpr size_t kPieceBytes = 64ull << 20;
 
-volatile std::sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
 
 struct MakeModelOptions {
   FlagText preset, blocks, pdd_heads, seed, output, format;  // numbers parsed by tools/cli_util.h (exit 2 on bad values)
@@ -112,14 +110,7 @@ int run_make_model(const MakeModelOptions& o) {
   };
   if (Status st = w.begin(); !st.ok()) return fail(st.message());
 
-  g_interrupted = 0;
-  auto old_int = std::signal(SIGINT, on_interrupt);
-  auto old_term = std::signal(SIGTERM, on_interrupt);
-  struct RestoreSignals {
-    void (*i)(int);
-    void (*t)(int);
-    ~RestoreSignals() { std::signal(SIGINT, i); std::signal(SIGTERM, t); }
-  } restore{old_int, old_term};
+  const InterruptScope interrupt;  // ^C / SIGTERM: stop cleanly, the output untouched
 
   const bool progress = !o.quiet && total >= (256ull << 20);
   const bool tty = isatty(fileno(stderr)) != 0;
@@ -145,7 +136,7 @@ int run_make_model(const MakeModelOptions& o) {
     }
     if (static_cast<uint64_t>(per_piece * esz) > buf.size()) buf.resize(static_cast<size_t>(per_piece * esz));
     for (int64_t a = 0; a < n; a += per_piece) {
-      if (g_interrupted) return fail("interrupted; nothing was written to " + o.output.text);
+      if (interrupt.interrupted()) return fail("interrupted; nothing was written to " + o.output.text);
       const int64_t cnt = std::min(per_piece, n - a);
       h3::fill_synthetic_tensor(cfg, s, *seed, a, cnt, buf.data(), fp8_scale_p);
       if (Status st = w.write(buf.data(), static_cast<size_t>(cnt * esz)); !st.ok()) return fail(st.message());

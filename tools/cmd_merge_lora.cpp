@@ -7,7 +7,6 @@
 // tensor its stored bytes. The file's metadata is kept, plus "layerstream.lora" naming
 // the LoRAs, strengths and the merge dtype. Atomic like make-model (temporary file, then
 // rename); ^C leaves the output untouched.
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,6 +19,7 @@
 #include "model/lora.h"
 #include "model/lora_source.h"
 #include "tools/cli_util.h"
+#include "tools/interrupt.h"
 #include "tools/command.h"
 
 #include <layerstream_version.h>
@@ -27,8 +27,6 @@
 namespace ls::tools {
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
 
 struct MergeLoraOptions {
   FlagText model, output, dtype;
@@ -84,18 +82,11 @@ int run_merge_lora(const MergeLoraOptions& o) {
     if (!st.ok()) return usage(st.message());
   }
   if (Status st = w.begin(); !st.ok()) return report_error("layerstream merge-lora", st.error());
-  g_interrupted = 0;
-  auto old_int = std::signal(SIGINT, on_interrupt);
-  auto old_term = std::signal(SIGTERM, on_interrupt);
-  struct RestoreSignals {
-    void (*i)(int);
-    void (*t)(int);
-    ~RestoreSignals() { std::signal(SIGINT, i); std::signal(SIGTERM, t); }
-  } restore{old_int, old_term};
+  const InterruptScope interrupt;  // ^C / SIGTERM: stop cleanly, the output untouched
   uint64_t bytes = 0;
   size_t done = 0;
   for (const SafetensorsEntry& e : file.entries()) {
-    if (g_interrupted) {
+    if (interrupt.interrupted()) {
       std::fprintf(stderr, "layerstream merge-lora: interrupted; nothing was written to %s\n", o.output.text.c_str());
       return kExitRuntime;
     }
