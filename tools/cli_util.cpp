@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "api/session.h"
 #include "io/output_file.h"
 
 namespace ls::tools {
@@ -346,23 +347,6 @@ void add_lora_flags(CLI::App& app, LoraFlags& f) {
                 "auto");
 }
 
-Expected<LoraChoice> lora_from_flags(const LoraFlags& f) {
-  LoraChoice c;
-  for (const std::string& a : f.loras) {
-    LS_ASSIGN_OR_RETURN(lora::LoraFile lf, lora::parse_lora_arg(a));
-    c.files.push_back(std::move(lf));
-  }
-  if (f.dtype.given() && f.dtype.text != "auto") {
-    if (f.dtype.text == "f32") c.dtype = lora::MergeDtype::f32;
-    else if (f.dtype.text == "f16") c.dtype = lora::MergeDtype::f16;
-    else return make_error(ErrorCode::invalid_argument, "--lora-dtype must be auto, f32 or f16, got \"" + f.dtype.text + "\"");
-    c.dtype_given = true;
-  }
-  if (c.dtype_given && c.files.empty())
-    return make_error(ErrorCode::invalid_argument, "--lora-dtype has no effect without --lora");
-  return c;
-}
-
 void add_weight_flags(CLI::App& app, WeightFlags& f) {
   add_text_flag(app, "--format", f.format, "FORMAT",
                 "With --preset: the synthetic weights in ComfyUI's layouts: bf16, int8-convrot (the pruned int8 "
@@ -376,15 +360,30 @@ void add_weight_flags(CLI::App& app, WeightFlags& f) {
                 "preserve");
 }
 
-Status check_weight_flags(const WeightFlags& f, bool model_file) {
-  if (f.format.given() && model_file)
-    return make_error(ErrorCode::invalid_argument,
-                      "--format goes with --preset (synthetic weights); a --model file has its own format (its "
-                      ".comfy_quant tensors say it)");
-  if (f.precision.given() && f.precision.text != "preserve" && f.precision.text != "fp8" &&
-      f.precision.text != "fp8-dynamic")
-    return make_error(ErrorCode::invalid_argument,
-                      "--precision must be preserve, fp8 or fp8-dynamic, got \"" + f.precision.text + "\"");
+Status apply_weight_flags(const LoraFlags& lf, const WeightFlags& wf, bool model_file, api::WeightsSpec& spec) {
+  for (const std::string& a : lf.loras) {
+    LS_ASSIGN_OR_RETURN(lora::LoraFile f, lora::parse_lora_arg(a));
+    spec.loras.push_back(std::move(f));
+  }
+  if (lf.dtype.given() && lf.dtype.text != "auto") {
+    if (lf.dtype.text == "f32") spec.lora_dtype = lora::MergeDtype::f32;
+    else if (lf.dtype.text == "f16") spec.lora_dtype = lora::MergeDtype::f16;
+    else return make_error(ErrorCode::invalid_argument, "--lora-dtype must be auto, f32 or f16, got \"" + lf.dtype.text + "\"");
+    if (spec.loras.empty()) return make_error(ErrorCode::invalid_argument, "--lora-dtype has no effect without --lora");
+  }
+  if (wf.format.given()) {
+    if (model_file)
+      return make_error(ErrorCode::invalid_argument,
+                        "--format goes with --preset (synthetic weights); a --model file has its own format (its "
+                        ".comfy_quant tensors say it)");
+    spec.weights_format = wf.format.text;
+  }
+  if (wf.precision.given()) {
+    if (wf.precision.text != "preserve" && wf.precision.text != "fp8" && wf.precision.text != "fp8-dynamic")
+      return make_error(ErrorCode::invalid_argument,
+                        "--precision must be preserve, fp8 or fp8-dynamic, got \"" + wf.precision.text + "\"");
+    spec.precision = wf.precision.text;
+  }
   return Status();
 }
 

@@ -31,6 +31,10 @@
 #include "model/lora.h"
 #include "core/status.h"
 
+namespace ls::api {
+struct WeightsSpec;
+}
+
 namespace ls::tools {
 
 struct IntRange {
@@ -141,31 +145,25 @@ struct NumericsFlags {
 // Adds --attention and --gemm-f32 to a subcommand (bound to f, which must outlive the parse).
 void add_numerics_flags(CLI::App& app, NumericsFlags& f);
 
-// --lora FILE[:STRENGTH] (repeatable, applied in the order given) and --lora-dtype
-// auto|f32|f16 (the LoRA merge's compute dtype, a numerics setting: auto = ComfyUI's
-// choice for the device, f16 on CUDA and f32 on the CPU), shared by forward and generate.
+// The weights' flags of forward and generate:
+//   --lora FILE[:STRENGTH] (repeatable, applied in the order given) and --lora-dtype
+//   auto|f32|f16 (the LoRA merge's compute dtype, a numerics setting: auto = ComfyUI's
+//   choice for the device, f16 on CUDA and f32 on the CPU);
+//   --format (synthetic weights in ComfyUI's quantised layouts, with --preset) and
+//   --precision preserve|fp8|fp8-dynamic (fp8: lossy conversion at load).
 struct LoraFlags {
   std::vector<std::string> loras;
   FlagText dtype;
 };
 void add_lora_flags(CLI::App& app, LoraFlags& f);
-struct LoraChoice {
-  std::vector<lora::LoraFile> files;
-  bool dtype_given = false;  // false: auto
-  lora::MergeDtype dtype = lora::MergeDtype::f32;
-};
-// invalid_argument (exit 2) for a malformed --lora or --lora-dtype, naming it.
-Expected<LoraChoice> lora_from_flags(const LoraFlags& f);
-
-// --format (synthetic weights in ComfyUI's quantised layouts, with --preset) and
-// --precision preserve|fp8|fp8-dynamic (fp8: lossy conversion at load), shared by forward
-// and generate.
 struct WeightFlags {
   FlagText format, precision;
 };
 void add_weight_flags(CLI::App& app, WeightFlags& f);
-// invalid_argument (exit 2) naming the flag: --format with a model file, an unknown precision.
-Status check_weight_flags(const WeightFlags& f, bool model_file);
+// Puts what the flags give into `spec` (model_file: --model was given). invalid_argument
+// (exit 2) naming the flag: a malformed --lora, an unknown --lora-dtype or --precision,
+// --lora-dtype without --lora, --format with a model file.
+Status apply_weight_flags(const LoraFlags& lf, const WeightFlags& wf, bool model_file, api::WeightsSpec& spec);
 
 struct NumericsChoice {
   Numerics numerics;                  // as asked (not yet resolved: Backend::set_numerics resolves)

@@ -246,15 +246,7 @@ int run_forward(const ForwardOptions& o) {
     weights.weights_seed = static_cast<uint64_t>(*wseed);
     if (o.blocks.given()) weights.blocks = *nb;
   }
-  {
-    auto lc = lora_from_flags(o.lora);
-    if (!lc.ok()) return usage(lc.error().message);
-    weights.loras = lc->files;
-    if (lc->dtype_given) weights.lora_dtype = lc->dtype;
-    if (Status ws = check_weight_flags(o.wflags, o.model.given()); !ws.ok()) return usage(ws.message());
-    if (o.wflags.format.given()) weights.weights_format = o.wflags.format.text;
-    if (o.wflags.precision.given()) weights.precision = o.wflags.precision.text;
-  }
+  if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok()) return usage(ws.message());
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* src = &session.source();
   if (!weights.loras.empty() || weights.precision != "preserve" || session.config().quant.any())

@@ -278,15 +278,7 @@ int run_generate(const GenerateOptions& o) {
     weights.preset = preset_name;
     weights.weights_seed = wseed;
   }
-  {
-    auto lc = lora_from_flags(o.lora);
-    if (!lc.ok()) return fail(lc.error().message);
-    weights.loras = lc->files;
-    if (lc->dtype_given) weights.lora_dtype = lc->dtype;
-    if (Status ws = check_weight_flags(o.wflags, o.model.given()); !ws.ok()) return fail(ws.message());
-    if (o.wflags.format.given()) weights.weights_format = o.wflags.format.text;
-    if (o.wflags.precision.given()) weights.precision = o.wflags.precision.text;
-  }
+  if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok()) return fail(ws.message());
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* source = &session.source();
   const h3::H3Config& cfg = session.config();
