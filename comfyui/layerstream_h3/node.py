@@ -10,7 +10,8 @@ import logging
 
 from . import budget as budget_mod
 from . import checkpoint as ckpt
-from .wrapper import EngineWrapper, Settings, WRAPPER_KEY, log, weight_patch_reason, is_h3_model
+from . import lora_export
+from .wrapper import EngineWrapper, Settings, WRAPPER_KEY, log, weight_patch_reason, is_h3_model, lora_dtype_of
 
 NODE_ID = "LayerStreamH3Engine"
 DISPLAY_NAME = "LayerStream: H3 Engine"
@@ -102,8 +103,10 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
     if not is_h3_model(dm):
         reason = "the input model is {}, not MiniMax H3".format(type(dm).__name__)
     path_text = None
+    fmt = None
+    plan = lora_export.plan_patches(getattr(model, "patches", None))
     if reason is None:
-        reason = weight_patch_reason(model)
+        reason = weight_patch_reason(model, plan)
     if reason is None or path != "comfy-sliced":
         path_text, why = ckpt.checkpoint_path(model)
         if path_text is None:
@@ -158,9 +161,10 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
         return _refuse(model, m, settings, lines, reason)
 
     dynamic = bool(getattr(m, "is_dynamic", lambda: False)())
+    lora_dtype = lora_dtype_of(model)
     wrapper = EngineWrapper(settings, checkpoint=path_text, sliced_runner=runner if path == "auto" else None,
                             sliced_module=sliced if path == "auto" else None, engine_factory=engine_factory,
-                            layerstream_module=ls)
+                            layerstream_module=ls, lora=(lora_export.cache_key(model), plan), lora_dtype=lora_dtype)
     m.add_wrapper_with_key(kind_dm, WRAPPER_KEY, wrapper)
     m.add_callback_with_key(kind_pre_run, WRAPPER_KEY, wrapper.on_pre_run)
     lines.append("device: {}; {}".format(settings.device, settings.memory_text()))
@@ -168,6 +172,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
                                                if settings.kv_tile else "default (the device's)"))
     lines.append("plan: made at the first step (it depends on the clip); the log shows it, then each step's "
                  "device peak and time")
+    lines.append(lora_line(plan, fmt, lora_dtype))
     if dynamic:
         lines.append("weights: dynamic VRAM; ComfyUI only stages the DiT blocks and never loads them, the "
                      "text refiner runs once per run on ComfyUI's copy")
@@ -181,10 +186,22 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
         lines.append("weights: legacy loader; ComfyUI will also load what fits of the DiT onto the GPU (use "
                      "path engine to detach the blocks, or run ComfyUI with dynamic VRAM)")
     lines.append("fallback: {}{} when a call cannot run on the engine (batch > 1, ControlNet, block patches, "
-                 "LoRA, fractional masks, ...); the log says why".format(
+                 "weight patches it cannot merge, ...); the log says why".format(
                      "comfy-sliced, else " if runner is not None else "", fallback))
     lines.append("A/B: bypass this node for stock ComfyUI")
     return _done(m, lines)
+
+
+def lora_line(plan, fmt, lora_dtype):
+    """The status line of the MODEL's LoRAs: 'LoRA: 2 files from the MODEL's patches (...),
+    merged (f32)', or the side path of an int8 / fp8 checkpoint (the engine's report, in the
+    log's weights line after the first call, says what it did)."""
+    if not plan.groups:
+        return "LoRA: none on this MODEL (a LoRA loader after this node is picked up when sampling starts)"
+    how = "merged ({})".format({"auto": "the engine's dtype for the device"}.get(lora_dtype, lora_dtype))
+    if fmt is not None and (fmt.startswith("int8") or fmt.startswith("fp8")):
+        how = "side path (int8/fp8: ComfyUI requantises with stochastic rounding, which no engine reproduces)"
+    return "LoRA: {}, {}".format(plan.describe(), how)
 
 
 def _refuse(model, m, settings, lines, reason):

@@ -10,9 +10,11 @@ weights into VRAM -- except to fall back, and then it says why.
 
 Fallbacks (each logged once per sampling run with the reason, and on the node):
   static (found when the node runs, or at the start of a run by the ON_PRE_RUN callback):
-    not MiniMax H3; no checkpoint path; unsupported checkpoint format; LoRA or other weight
-    patches, weight wrappers, hook patches, object patches on the diffusion model;
-    layerstream not importable; the engine refusing the file or the device.
+    not MiniMax H3; no checkpoint path; unsupported checkpoint format; weight patches the
+    engine cannot merge (the others -- plain LoRA, diff, set -- go to the engine as exported
+    LoRA files, lora_export.py), weight wrappers, hook patches, object patches on the
+    diffusion model; layerstream not importable; the engine refusing the file, the device or
+    the exported LoRAs.
   per call: batch > 1 (raises stock's ValueError instead), a ControlNet (`control`),
     block replacements (transformer_options["patches_replace"]["dit"]), an attention
     override, wrappers registered after this one, and everything mapping.Unsupported names.
@@ -20,11 +22,13 @@ Where it goes: `path` auto -> comfy-sliced (H7's runner) when that supports the 
 else the fallback policy; policy stock -> executor(...); policy error -> RuntimeError.
 """
 
+import inspect
 import logging
 import threading
 import time
 
 from . import budget as budget_mod
+from . import lora_export
 from . import mapping
 
 LOG = logging.getLogger("layerstream_h3")
@@ -42,22 +46,23 @@ class FallbackError(RuntimeError):
 
 # ---- the engine cache: one engine (one copy of the weights on the device) per process ----
 _ENGINE_LOCK = threading.Lock()
-_ENGINE = {"key": None, "engine": None}
+# "hold": what the engine was opened from and must outlive it (the exported LoRA files).
+_ENGINE = {"key": None, "engine": None, "hold": None}
 
 
-def _cached_engine(key, factory):
+def _cached_engine(key, factory, hold=None):
     with _ENGINE_LOCK:
         if _ENGINE["key"] == key and _ENGINE["engine"] is not None:
             return _ENGINE["engine"], False
         old = _ENGINE["engine"]
-        _ENGINE["key"], _ENGINE["engine"] = None, None
+        _ENGINE["key"], _ENGINE["engine"], _ENGINE["hold"] = None, None, None  # releases the old exports
         if old is not None:
             close = getattr(old, "close", None)
             if close is not None:
                 close()  # free the previous engine's device memory before the next one takes its own
             del old
         eng = factory()
-        _ENGINE["key"], _ENGINE["engine"] = key, eng
+        _ENGINE["key"], _ENGINE["engine"], _ENGINE["hold"] = key, eng, hold
         return eng, True
 
 
@@ -77,15 +82,23 @@ def is_h3_model(obj):
         return type(obj).__name__ == "MiniMaxH3Model"
 
 
-def weight_patch_reason(patcher):
-    """Why ComfyUI's weights are not the file's (LoRA and friends), or None.
+def weight_patch_reason(patcher, plan=None):
+    """Why the engine cannot give this MODEL's weights, or None.
 
-    ComfyUI applies LoRA at cast time, for quantised weights with stochastic rounding seeded
-    by the key (model_patcher.patch_weight_to_device); the engine reads the file, so any of
-    these would be silently lost."""
-    n = len(getattr(patcher, "patches", {}) or {})
-    if n:
-        return "LoRA or other weight patches are applied to {} weight(s)".format(n)
+    `patches` (LoRA loaders, model merges) go to the engine as exported LoRA files
+    (lora_export.py) when every patch is one the engine merges by ComfyUI's formula; the
+    reason then names those it cannot. Weight wrappers, hook (scheduled) patches and object
+    patches on the diffusion model have no engine counterpart: ComfyUI would apply them and
+    the engine would silently lose them."""
+    if getattr(patcher, "patches", None):
+        plan = plan if plan is not None else lora_export.plan_patches(patcher.patches)
+        if plan.reason:
+            return plan.reason
+    return other_patch_reason(patcher)
+
+
+def other_patch_reason(patcher):
+    """weight_patch_reason without `patches`."""
     if getattr(patcher, "weight_wrapper_patches", None):
         return "weight wrappers are registered ({} weight(s))".format(len(patcher.weight_wrapper_patches))
     if getattr(patcher, "hook_patches", None):
@@ -129,14 +142,46 @@ class Settings(object):
         return "memory: vram_budget {}".format(budget_mod.format_bytes(self.vram_budget))
 
 
+def lora_dtype_of(patcher):
+    """The engine's lora_dtype for this MODEL: ComfyUI's own LoRA compute dtype for its load
+    device (model_management.lora_compute_dtype: fp16 where ComfyUI runs fp16 kernels, else
+    fp32; it follows ComfyUI's --force-fp32 / --fp16 flags). "auto" (the engine's choice for
+    its device, the same rule) without ComfyUI. ComfyUI uses this dtype when it patches a
+    whole weight (patch_weight_to_device); its cast-time patches (dynamic VRAM, lowvram
+    modules) compute in the weight's cast dtype instead (docs/comfyui.md, LoRAs)."""
+    try:
+        import comfy.model_management as mm
+        dt = mm.lora_compute_dtype(getattr(patcher, "load_device", None))
+    except Exception:  # no ComfyUI, or a device it does not know
+        return "auto"
+    return {"torch.float16": "f16", "torch.float32": "f32"}.get(str(dt), "auto")
+
+
+def supports_output_masks(eng):
+    """Whether this engine's denoise takes output_masks= (Engine.denoise(..., output_masks=False)
+    leaves the velocities unmasked, as _forward does): read from its signature, not its version."""
+    fn = getattr(eng, "denoise", None)
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "output_masks" in params
+
+
 class EngineWrapper(object):
     """The callable registered as ComfyUI's DIFFUSION_MODEL wrapper (see the module doc).
 
-    engine_factory(settings, budget_bytes) -> a layerstream.Engine; the default opens
-    `checkpoint` on settings.device. Tests pass their own (the tiny preset)."""
+    engine_factory(settings, budget_bytes[, loras=, lora_dtype=]) -> a layerstream.Engine;
+    the default opens `checkpoint` on settings.device (LoRA keywords only when the MODEL
+    carries patches). Tests pass their own (the tiny preset).
+
+    lora = (cache key, lora_export.Plan) of the MODEL the node was given, or None; the
+    ON_PRE_RUN callback replaces it with the sampled patcher's."""
 
     def __init__(self, settings, checkpoint=None, static_reason=None, sliced_runner=None, sliced_module=None,
-                 detached=False, engine_factory=None, layerstream_module=None):
+                 detached=False, engine_factory=None, layerstream_module=None, lora=None, lora_dtype="auto"):
         self.settings = settings
         self.checkpoint = checkpoint
         self.static_reason = static_reason
@@ -151,12 +196,28 @@ class EngineWrapper(object):
         self._refused = {}  # engine key -> the engine's message (opening a file is not retried every step)
         self.calls = 0
         self.last = None  # (report dict, seconds) of the last engine call
+        self.lora = lora if lora is not None and lora[1].groups else None
+        self.lora_dtype = lora_dtype
+        self._plans = {} if lora is None else {lora[0]: lora[1]}  # cache key -> Plan
+        self._exports = {}  # cache key -> lora_export.Export (one export per patch set)
+        self.exports_made = 0
+        self._masks_cap = (None, False)  # (id(engine), supports output_masks)
 
     # -- ComfyUI callbacks --------------------------------------------------------------
     def on_pre_run(self, patcher):
         """CallbacksMP.ON_PRE_RUN: the patcher that is about to sample (clones made after this
-        node, e.g. by a LoRA loader, carry this callback too)."""
-        self.run_reason = weight_patch_reason(patcher)
+        node, e.g. by a LoRA loader, carry this callback too). Its patches become the engine's
+        LoRAs (planned once per patch set; exported at the first engine call)."""
+        key = lora_export.cache_key(patcher)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = lora_export.plan_patches(getattr(patcher, "patches", None))
+            if len(self._plans) >= 4:
+                self._plans.clear()
+            self._plans[key] = plan
+        self.run_reason = plan.reason or other_patch_reason(patcher)
+        self.lora = (key, plan) if self.run_reason is None and plan.groups else None
+        self.lora_dtype = lora_dtype_of(patcher)
         self._logged.clear()
 
     # -- the wrapper -----------------------------------------------------------------
@@ -176,7 +237,8 @@ class EngineWrapper(object):
         try:
             req = mapping.build_request(model, info, x, timestep, context, transformer_options,
                                         kwargs.get("minimax_payload"), kwargs.get("denoise_mask"),
-                                        kwargs.get("audio_denoise_mask"))
+                                        kwargs.get("audio_denoise_mask"),
+                                        output_masks_supported=self.masks_supported(eng))
         except mapping.Unsupported as e:
             return self.fall_back(executor, model, str(e), args, kwargs)
         self._write_layout(model, transformer_options, kwargs.get("minimax_payload"), req)
@@ -235,34 +297,64 @@ class EngineWrapper(object):
             self._ls = layerstream
         return self._ls
 
+    def _lora_files(self):
+        """The exported LoRA files of the current patch set: (((path, strength), ...), Export)
+        or ((), None). Exported once per patch set and kept while this wrapper or the cached
+        engine holds it."""
+        if self.lora is None:
+            return (), None
+        key, plan = self.lora
+        exp = self._exports.get(key)
+        if exp is None or not exp.alive:
+            try:
+                exp = lora_export.Export(plan)
+            except lora_export.ExportError as e:
+                raise mapping.Unsupported(str(e))
+            self._exports[key] = exp
+            self.exports_made += 1
+            log("LoRA: {} exported to {} ({}), merged by the engine in this order".format(
+                plan.describe(), exp.directory, budget_mod.format_bytes(exp.nbytes)))
+        return tuple(exp.loras), exp
+
     def engine(self):
         s = self.settings
         budget = s.vram_budget
         if not s.explicit_slices() and budget is None:
             budget = self._auto_budget()
+        loras, export = self._lora_files()
         key = (self.checkpoint, s.device, None if s.explicit_slices() else budget, s.mlp_chunk, s.attn_chunk,
-               s.kv_tile, id(self._factory))
+               s.kv_tile, id(self._factory), loras, self.lora_dtype if loras else None)
         ls = self.layerstream()
+        lora_kw = {"loras": list(loras), "lora_dtype": self.lora_dtype} if loras else {}
 
         def make():
             if self._factory is not None:
-                return self._factory(s, budget)
-            return open_engine(ls, self.checkpoint, s, budget)
+                return self._factory(s, budget, **lora_kw)
+            return open_engine(ls, self.checkpoint, s, budget, **lora_kw)
 
         if key in self._refused:
             raise mapping.Unsupported(self._refused[key])
         try:
-            eng, fresh = _cached_engine(key, make)
+            eng, fresh = _cached_engine(key, make, hold=export)
         except ls.Error as e:
-            self._refused[key] = "the engine refused the checkpoint or device: {}".format(e)
+            self._refused[key] = "the engine refused the checkpoint{}: {}".format(
+                ", the device or the MODEL's LoRA patches" if loras else " or device", e)
             raise mapping.Unsupported(self._refused[key])
         if fresh:
+            # The engine was rebuilt: exports of other patch sets are no longer needed.
+            for k in [k for k, v in self._exports.items() if v is not export]:
+                self._exports.pop(k).remove()
             info = eng.info()
             log("engine {} on {}: {} blocks, hidden {}; {}".format(
                 info.get("version", ls.version()), info.get("device", s.device), info.get("num_layers"),
                 info.get("hidden"), s.memory_text() if budget is None or s.explicit_slices()
                 else "vram_budget " + budget_mod.format_bytes(budget)))
         return eng
+
+    def masks_supported(self, eng):
+        if self._masks_cap[0] != id(eng):
+            self._masks_cap = (id(eng), supports_output_masks(eng))
+        return self._masks_cap[1]
 
     def _auto_budget(self):
         try:
@@ -339,9 +431,13 @@ class EngineWrapper(object):
             transformer_options["minimax_h3_layout"] = layout
 
 
-def open_engine(ls, checkpoint, s, budget):
-    """layerstream.Engine for the node's settings (budget None = explicit knobs)."""
+def open_engine(ls, checkpoint, s, budget, loras=None, lora_dtype="auto"):
+    """layerstream.Engine for the node's settings (budget None = explicit knobs); loras =
+    [(file, strength), ...] merged in that order."""
     kw = {"model": checkpoint, "device": s.device}
+    if loras:
+        kw["loras"] = list(loras)
+        kw["lora_dtype"] = lora_dtype
     if s.kv_tile > 0:
         kw["numerics"] = {"kv_tile": s.kv_tile}
     if s.explicit_slices() or budget is None:

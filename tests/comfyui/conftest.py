@@ -70,19 +70,29 @@ class FakeEngine:
         self.closed = True
 
 
+class FakeEngineMasks(FakeEngine):
+    """An engine whose denoise takes output_masks= (the capability the node detects)."""
+
+    def denoise(self, clip, video, audio, sigma, text=None, refined_text=None, video_out=None, audio_out=None,
+                stream=None, output_masks=True):
+        return FakeEngine.denoise(self, clip, video, audio, sigma, text=text, refined_text=refined_text,
+                                  video_out=video_out, audio_out=audio_out, stream=stream, output_masks=output_masks)
+
+
 class _Obj:
     def __init__(self, *a, **kw):
         self.a, self.kw = a, kw
 
 
-def fake_layerstream():
+def fake_layerstream(engine_class=None):
+    engine_class = engine_class or FakeEngine
     ls = types.ModuleType("layerstream")
     ls.Error = FakeError
     ls.version = lambda: "layerstream fake"
     ls.engines = []
 
     def engine(**kw):
-        e = FakeEngine(**kw)
+        e = engine_class(**kw)
         ls.engines.append(e)
         return e
 
@@ -96,6 +106,11 @@ def fake_layerstream():
 @pytest.fixture
 def fake_ls():
     return fake_layerstream()
+
+
+@pytest.fixture
+def fake_ls_masks():
+    return fake_layerstream(FakeEngineMasks)
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -128,3 +143,18 @@ def bf16_file(tmp_path):
         for n, shape in (("attn.qkv_proj", (6, 4)), ("mlp.fc2", (4, 8))):
             t["blocks.{}.{}.weight".format(i, n)] = ("BF16", shape, bytes(2 * shape[0] * shape[1]))
     return write_safetensors(tmp_path / "h3_bf16.safetensors", t)
+
+
+def tensor_entry(t):
+    """A torch tensor as write_safetensors' (dtype, shape, raw bytes)."""
+    import torch
+    c = t.detach().contiguous()
+    name = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}[c.dtype]
+    if c.dtype == torch.bfloat16:
+        c = c.view(torch.int16)
+    return (name, list(t.shape), c.numpy().tobytes())
+
+
+def write_lora(path, tensors):
+    """A LoRA file from name -> torch tensor."""
+    return write_safetensors(path, {k: tensor_entry(v) for k, v in tensors.items()})

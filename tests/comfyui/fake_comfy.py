@@ -25,12 +25,30 @@ copied), at these revisions:
                                some value is below 1 - 1e-3).
   comfy/sampler_helpers.py     prepare_model_patcher: the patcher's wrappers land in
                                transformer_options["wrappers"].
+  comfy/model_patcher.py @ 08d0e510   add_patches (only keys of the model's state dict; each
+                               patch (strength_patch, value, strength_model, offset, function);
+                               a new patches_uuid per call, which clone copies).
+  comfy/lora.py @ 17358c8f     load_lora (alpha via .item(), the weight adapters in order, then
+                               w_norm/b_norm, diff, diff_b, set_weight) and the MiniMaxH3 part of
+                               model_lora_keys_unet (lora_unet_<flat>, <layer>, diffusion_model.<layer>).
+  comfy/weight_adapter/lora.py @ 6f98b150   LoRAAdapter.load (the up/down name styles in its
+                               order, mid, reshape_weight) and its weights tuple
+                               (up, down, alpha, mid, dora_scale, reshape).
+  comfy/sd.py                  load_lora_for_models (model_lora_keys_unet, load_lora, a clone,
+                               add_patches(loaded, strength_model)): the store's copy (index id
+                               9863468132; the current file also runs lora_convert.convert_lora,
+                               which changes no H3 key).
+  comfy/model_management.py    lora_compute_dtype (fp16 where should_use_fp16, else fp32): on
+                               the double's CPU device fp32.
 """
 
 import copy
+import json
 import math
+import struct
 import sys
 import types
+import uuid
 
 import torch
 
@@ -141,10 +159,16 @@ class MiniMaxH3Model(torch.nn.Module):
 
 
 class BaseModel(torch.nn.Module):
-    def __init__(self, diffusion_model):
+    def __init__(self, diffusion_model, weight_keys=None):
         super().__init__()
         self.diffusion_model = diffusion_model
         self.current_patcher = None
+        # The state-dict keys ComfyUI's model would have ("diffusion_model." + the file's
+        # names); None = any key (the older tests patch made-up keys).
+        self.weight_keys = weight_keys
+
+    def lora_state_keys(self):
+        return self.weight_keys
 
 
 # ---- comfy.model_patcher -------------------------------------------------------------------
@@ -172,6 +196,7 @@ class ModelPatcher:
         self.wrappers, self.callbacks = {}, {}
         self.cached_patcher_init = None
         self.dynamic = dynamic
+        self.patches_uuid = uuid.uuid4()
 
     def is_dynamic(self):
         return self.dynamic
@@ -187,6 +212,7 @@ class ModelPatcher:
         n.wrappers = {k: {k1: w.copy() for k1, w in v.items()} for k, v in self.wrappers.items()}
         n.callbacks = {k: {k1: c.copy() for k1, c in v.items()} for k, v in self.callbacks.items()}
         n.cached_patcher_init = self.cached_patcher_init
+        n.patches_uuid = self.patches_uuid
         return n
 
     def add_wrapper_with_key(self, kind, key, fn):
@@ -211,9 +237,20 @@ class ModelPatcher:
             return self.object_patches_backup[name]
         return _get_attr(self.model, name)
 
-    def add_patches(self, patches):
+    def add_patches(self, patches, strength_patch=1.0, strength_model=1.0):
+        keys = self.model.lora_state_keys()
+        added = []
         for k, v in patches.items():
-            self.patches.setdefault(k, []).append((1.0, v, 1.0, None, None))
+            offset = function = None
+            key = k
+            if not isinstance(k, str):
+                key, offset = k[0], k[1]
+                function = k[2] if len(k) > 2 else None
+            if keys is None or key in keys:
+                added.append(k)
+                self.patches.setdefault(key, []).append((strength_patch, v, strength_model, offset, function))
+        self.patches_uuid = uuid.uuid4()
+        return added
 
     def patch_model(self):
         for k, v in self.object_patches.items():
@@ -237,12 +274,137 @@ def load_diffusion_model(unet_path, model_options=None):
     raise NotImplementedError
 
 
-def make_patcher(path=None, dynamic=True, **model_kw):
+def read_safetensors(path):
+    """comfy.utils.load_torch_file for a .safetensors file: name -> torch tensor (F32, F16,
+    BF16, I64; scalars keep their empty shape)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n).decode("utf-8"))
+        data = f.read()
+    header.pop("__metadata__", None)
+    out = {}
+    for name, e in header.items():
+        a, b = e["data_offsets"]
+        raw = bytearray(data[a:b])
+        dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.int16, "I64": torch.int64}[e["dtype"]]
+        t = torch.frombuffer(raw, dtype=dt) if raw else torch.empty(0, dtype=dt)
+        if e["dtype"] == "BF16":
+            t = t.view(torch.bfloat16)
+        out[name] = t.reshape(e["shape"]).clone()
+    return out
+
+
+def make_patcher(path=None, dynamic=True, state_keys=False, **model_kw):
+    """A MODEL as load_diffusion_model makes it. state_keys=True gives the base model the
+    state-dict keys of the file at `path` (what a LoRA loader patches)."""
     dm = MiniMaxH3Model(**model_kw)
-    p = ModelPatcher(BaseModel(dm), dynamic=dynamic)
+    keys = None
+    if state_keys:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n).decode("utf-8"))
+        keys = {"diffusion_model." + k for k in header if k != "__metadata__"}
+    p = ModelPatcher(BaseModel(dm, weight_keys=keys), dynamic=dynamic)
     if path is not None:
         p.cached_patcher_init = (load_diffusion_model, (str(path), {}))
     return p
+
+
+# ---- comfy.weight_adapter, comfy.lora, comfy.sd: a LoRA loader --------------------------------
+class WeightAdapterBase:
+    name = "base"
+
+
+class LoRAAdapter(WeightAdapterBase):
+    name = "lora"
+
+    def __init__(self, loaded_keys, weights):
+        self.loaded_keys, self.weights = loaded_keys, weights
+
+    @classmethod
+    def load(cls, x, lora, alpha, dora_scale, loaded_keys=None):
+        if loaded_keys is None:
+            loaded_keys = set()
+        styles = ((".lora_up.weight", ".lora_down.weight", ".lora_mid.weight"), ("_lora.up.weight", "_lora.down.weight", None),
+                  (".lora_B.weight", ".lora_A.weight", None), (".lora.up.weight", ".lora.down.weight", None),
+                  (".lora_B", ".lora_A", None), (".lora_linear_layer.up.weight", ".lora_linear_layer.down.weight", None),
+                  (".lora_B.default.weight", ".lora_A.default.weight", None))
+        for up, down, mid in styles:
+            if x + up in lora:
+                m = None
+                if mid is not None and x + mid in lora:
+                    m = lora[x + mid]
+                    loaded_keys.add(x + mid)
+                reshape = None
+                if x + ".reshape_weight" in lora:
+                    reshape = lora[x + ".reshape_weight"].tolist()
+                    loaded_keys.add(x + ".reshape_weight")
+                loaded_keys.update((x + up, x + down))
+                return cls(loaded_keys, (lora[x + up], lora[x + down], alpha, m, dora_scale, reshape))
+        return None
+
+
+class LoHaAdapter(WeightAdapterBase):
+    """Stands in for the adapters the engine does not take (loads hada_w1_a ... as ComfyUI's LoHa)."""
+    name = "loha"
+
+    def __init__(self, loaded_keys, weights):
+        self.loaded_keys, self.weights = loaded_keys, weights
+
+    @classmethod
+    def load(cls, x, lora, alpha, dora_scale, loaded_keys=None):
+        names = [x + s for s in (".hada_w1_a", ".hada_w1_b", ".hada_w2_a", ".hada_w2_b")]
+        if names[0] not in lora:
+            return None
+        return cls(set(names), tuple(lora[n] for n in names) + (alpha, None, None, dora_scale))
+
+
+ADAPTERS = [LoRAAdapter, LoHaAdapter]
+
+
+def load_lora(lora, to_load):
+    patch_dict = {}
+    for x in to_load:
+        alpha = lora[x + ".alpha"].item() if x + ".alpha" in lora else None
+        dora_scale = lora.get(x + ".dora_scale")
+        for cls in ADAPTERS:
+            adapter = cls.load(x, lora, alpha, dora_scale, set())
+            if adapter is not None:
+                patch_dict[to_load[x]] = adapter
+        if x + ".w_norm" in lora:
+            patch_dict[to_load[x]] = ("diff", (lora[x + ".w_norm"],))
+        if x + ".diff" in lora:
+            patch_dict[to_load[x]] = ("diff", (lora[x + ".diff"],))
+        if x + ".diff_b" in lora:
+            patch_dict[to_load[x][:-len(".weight")] + ".bias"] = ("diff", (lora[x + ".diff_b"],))
+        if x + ".set_weight" in lora:
+            patch_dict[to_load[x]] = ("set", (lora[x + ".set_weight"],))
+    return patch_dict
+
+
+def model_lora_keys_unet(base_model):
+    key_map = {}
+    for k in base_model.lora_state_keys():
+        if k.startswith("diffusion_model."):
+            if k.endswith(".weight"):
+                key_map["lora_unet_" + k[len("diffusion_model."):-len(".weight")].replace(".", "_")] = k
+                key_map[k[:-len(".weight")]] = k
+                key_map[k[len("diffusion_model."):-len(".weight")]] = k  # the MiniMaxH3 branch
+            else:
+                key_map[k] = k
+    return key_map
+
+
+def load_lora_for_models(model, clip, lora, strength_model, strength_clip):
+    """comfy.sd.load_lora_for_models with clip None (LoraLoaderModelOnly)."""
+    loaded = load_lora(lora, model_lora_keys_unet(model.model))
+    n = model.clone()
+    n.add_patches(loaded, strength_model)
+    return n, None
+
+
+def lora_compute_dtype(device):
+    return torch.float16 if getattr(device, "type", None) == "cuda" else torch.float32
 
 
 # ---- comfy.model_base MiniMaxH3 + the sampler side -------------------------------------------
@@ -326,10 +488,12 @@ def modules():
     model.MiniMaxH3Model, model.PackedLayout, model.time_shift_sigma = MiniMaxH3Model, PackedLayout, time_shift_sigma
     mp = types.ModuleType("comfy.model_patcher")
     mp.ModelPatcher = ModelPatcher
-    comfy.patcher_extension, comfy.ldm, comfy.model_patcher = pe, ldm, mp
+    mm = types.ModuleType("comfy.model_management")
+    mm.lora_compute_dtype = lora_compute_dtype
+    comfy.patcher_extension, comfy.ldm, comfy.model_patcher, comfy.model_management = pe, ldm, mp, mm
     ldm.minimax, minimax.model = minimax, model
     return {"comfy": comfy, "comfy.patcher_extension": pe, "comfy.ldm": ldm, "comfy.ldm.minimax": minimax,
-            "comfy.ldm.minimax.model": model, "comfy.model_patcher": mp}
+            "comfy.ldm.minimax.model": model, "comfy.model_patcher": mp, "comfy.model_management": mm}
 
 
 def comfy_api_modules():

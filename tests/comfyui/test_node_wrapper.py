@@ -301,23 +301,24 @@ def test_a_wrapper_after_ours_falls_back(comfy, fake_ls, bf16_file, caplog):
     assert seen == [1] and "registered after LayerStream's" in caplog.text
 
 
-def test_lora_on_the_input_model_falls_back_at_the_node(comfy, fake_ls, bf16_file):
+def test_weight_patches_the_engine_cannot_merge_fall_back_at_the_node(comfy, fake_ls, bf16_file):
+    # (LoRA patches the engine merges are test_node_lora.py's; this is a kind it does not know)
     p = comfy.make_patcher(path=bf16_file)
     p.add_patches({"diffusion_model.blocks.0.attn.qkv_proj.weight": ("lora", None)})
     m, text = node_api().apply_node(p, device="cpu", layerstream_module=fake_ls, path="engine")
-    assert "fallback: stock" in text and "LoRA" in text
+    assert "fallback: stock" in text and "LoRA / weight patches the engine cannot apply: 'lora' patches" in text
     assert KIND not in m.wrappers
     with pytest.raises(RuntimeError, match="LoRA"):
         node_api().apply_node(p, device="cpu", layerstream_module=fake_ls, path="engine", fallback="error")
 
 
-def test_lora_added_after_the_node_falls_back_per_run(comfy, fake_ls, bf16_file, caplog):
+def test_weight_patches_added_after_the_node_fall_back_per_run(comfy, fake_ls, bf16_file, caplog):
     _, m, _ = apply(comfy, fake_ls, bf16_file)
-    downstream = m.clone()  # a LoRA loader after our node
+    downstream = m.clone()  # a patch node after ours
     downstream.add_patches({"diffusion_model.blocks.1.mlp.fc1.weight": ("lora", None)})
     out = step_and_log(comfy, downstream, caplog)
     assert_stock(downstream, fake_ls, out)
-    assert "LoRA or other weight patches" in caplog.text
+    assert "LoRA / weight patches the engine cannot apply" in caplog.text
     caplog.clear()
     video, audio, ctx = inputs()
     comfy.run_step(m, video, audio, 0.5, ctx, comfy.make_payload())  # the clean MODEL runs on the engine again
