@@ -282,10 +282,14 @@ def _raw(t):
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: ordered name -> tensor or float; written to `path` + '.tmp', then renamed."""
+    """tensors: name -> tensor or float; written to `path` + '.tmp', then renamed. The data are
+    laid out 4-byte elements first, then 2-byte ones (each group by name), so every tensor
+    starts at a multiple of its element size (the safetensors library orders them the same
+    way; the engine maps tensors in place and refuses misaligned ones)."""
     header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        dtype, shape, raw = _raw(t)
+    raws = sorted(((name,) + _raw(t) for name, t in tensors.items()),
+                  key=lambda r: (-{"F32": 4, "BF16": 2, "F16": 2}[r[1]], r[0]))
+    for name, dtype, shape, raw in raws:
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)

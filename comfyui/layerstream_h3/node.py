@@ -200,7 +200,8 @@ def lora_line(plan, fmt, lora_dtype):
         return "LoRA: none on this MODEL (a LoRA loader after this node is picked up when sampling starts)"
     how = "merged ({})".format({"auto": "the engine's dtype for the device"}.get(lora_dtype, lora_dtype))
     if fmt is not None and (fmt.startswith("int8") or fmt.startswith("fp8")):
-        how = "side path (int8/fp8: ComfyUI requantises with stochastic rounding, which no engine reproduces)"
+        how = ("side path (int8/fp8: ComfyUI requantises with stochastic rounding, which no engine reproduces; "
+               "an engine without the side path refuses the files and the log says so)")
     return "LoRA: {}, {}".format(plan.describe(), how)
 
 

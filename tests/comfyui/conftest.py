@@ -123,6 +123,7 @@ def write_safetensors(path, tensors, metadata=None):
     if metadata:
         header["__metadata__"] = metadata
     h = json.dumps(header).encode("utf-8")
+    h += b" " * (-len(h) % 8)  # 8-byte aligned data, as the safetensors library writes it
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
@@ -156,5 +157,6 @@ def tensor_entry(t):
 
 
 def write_lora(path, tensors):
-    """A LoRA file from name -> torch tensor."""
-    return write_safetensors(path, {k: tensor_entry(v) for k, v in tensors.items()})
+    """A LoRA file from name -> torch tensor (4-byte dtypes first: every tensor aligned)."""
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    return write_safetensors(path, {k: tensor_entry(tensors[k]) for k in order})

@@ -31,8 +31,9 @@ def comfy(monkeypatch):
     wrapper.drop_cached_engine()
 
 
-def tiny_factory(settings, budget):
-    return ls.Engine(preset="tiny", device="cpu", mlp_chunk=settings.mlp_chunk, attn_chunk=settings.attn_chunk)
+def tiny_factory(settings, budget, **lora_kw):
+    return ls.Engine(preset="tiny", device="cpu", mlp_chunk=settings.mlp_chunk, attn_chunk=settings.attn_chunk,
+                     **lora_kw)
 
 
 def inputs(seed=1, hidden=128):
@@ -244,3 +245,146 @@ def test_pdd_heads_read_the_schedule(comfy, tmp_path):
                            audio[0].float().numpy(), np.float32(0.8), refined_text=ctx[0])
         assert torch.equal(out[0][0].float(), torch.from_numpy(v)) and torch.equal(out[1][0].float(), torch.from_numpy(a))
     assert not torch.equal(outs[0][0], outs[1][0])  # the schedule picks other heads
+
+
+# ---- the MODEL's LoRAs --------------------------------------------------------------------------
+def _header(path):
+    import json
+    import struct
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        h = json.loads(f.read(n).decode("utf-8"))
+    h.pop("__metadata__", None)
+    return h
+
+
+def _lora_files(tmp_path, model_path):
+    """Two synthetic LoRAs on the tiny model: A in kohya names with a bf16 alpha, a PEFT pair and
+    a full diff; B in PEFT names (f16, no alpha) on a layer A patches too, a set on the layer A
+    diffs (order-sensitive), and a bias diff when the model has a bias. Deltas are large enough
+    to move the output."""
+    from conftest import write_lora
+    h = _header(model_path)
+
+    def shape(name):
+        return h[name]["shape"]
+
+    def r(*s, seed, scale=0.05, dtype=torch.bfloat16):
+        return (scale * torch.randn(s, generator=torch.Generator().manual_seed(seed))).to(dtype)
+
+    qkv, fc2, fc1 = "blocks.0.attn.qkv_proj", "blocks.1.mlp.fc2", "blocks.0.mlp.fc1"
+    (qo, qi), (fo, fi), (f1o, f1i) = shape(qkv + ".weight"), shape(fc2 + ".weight"), shape(fc1 + ".weight")
+    a = {"lora_unet_" + qkv.replace(".", "_") + ".lora_up.weight": r(qo, 4, seed=1),
+         "lora_unet_" + qkv.replace(".", "_") + ".lora_down.weight": r(4, qi, seed=2),
+         "lora_unet_" + qkv.replace(".", "_") + ".alpha": torch.tensor(2.0, dtype=torch.bfloat16),
+         "diffusion_model." + fc2 + ".lora_B.weight": r(fo, 8, seed=3, dtype=torch.float32),
+         "diffusion_model." + fc2 + ".lora_A.weight": r(8, fi, seed=4, dtype=torch.float32),
+         fc1 + ".diff": r(f1o, f1i, seed=5, scale=0.01)}
+    b = {qkv + ".lora_B.weight": r(qo, 2, seed=6, dtype=torch.float16),
+         qkv + ".lora_A.weight": r(2, qi, seed=7, dtype=torch.float16),
+         # a set after A's diff on fc1: the order of the files decides the weight
+         fc1 + ".set_weight": r(f1o, f1i, seed=9, scale=0.05)}
+    biases = sorted(k for k in h if k.startswith("blocks.") and k.endswith(".bias") and k[:-5] + ".weight" in h)
+    if biases:
+        b[biases[0][:-5] + ".diff_b"] = r(*shape(biases[0]), seed=8, scale=0.02)
+    return write_lora(tmp_path / "lora_a.safetensors", a), write_lora(tmp_path / "lora_b.safetensors", b)
+
+
+def _load(comfy, patcher, *files):
+    for path, strength in files:
+        patcher, _ = comfy.load_lora_for_models(patcher, None, comfy.read_safetensors(path), strength, 0.0)
+    return patcher
+
+
+def _direct_lora(path, loras, video, audio, sigma, ctx, seed=0):
+    eng = ls.Engine(model=path, device="cpu", loras=loras, lora_dtype="f32")
+    v, a = eng.denoise(ls.Clip(5, 64, 64, L, seed=seed, audio_scale=1.0), video[0].float().numpy(),
+                       audio[0].float().numpy(), np.float32(sigma), refined_text=ctx[0])
+    return torch.from_numpy(v), torch.from_numpy(a)
+
+
+def _probe(p):
+    seen = []
+
+    def probe(executor, *a, **k):
+        out = executor(*a, **k)
+        seen.append({"out": [o.clone() for o in out]})
+        return out
+
+    p.add_wrapper_with_key(KIND, "probe", probe)
+    return seen
+
+
+@pytest.mark.parametrize("stack", [[0.8], [0.8, -0.5]])
+def test_the_models_loras_give_a_direct_lora_call_s_bytes(comfy, tmp_path, stack):
+    """A LoRA loader (the double restates comfy/lora.py) before the node: the node's output is
+    byte for byte Engine(model, loras=[(file, strength), ...]) on the same inputs."""
+    path = make_model_file(tmp_path)
+    fa, fb = _lora_files(tmp_path, path)
+    files = list(zip([fa, fb], stack))
+    p = _load(comfy, comfy.make_patcher(path=path, state_keys=True), *files)
+    assert p.patches
+    seen = _probe(p)
+    m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls)
+    assert "LoRA: {} file".format(len(stack)) in text and "merged (f32)" in text
+    video, audio, ctx = inputs(seed=11)
+    sigma = 0.7
+    comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(seed=2))
+    car = carried(comfy, audio, sigma)
+    v, a = _direct_lora(path, files, video, car, sigma, ctx, seed=2)
+    check_equal(seen, v, a)
+    # the LoRAs mattered: without them (or with one strength changed) the answer differs
+    v0, _ = _direct_lora(path, [], video, car, sigma, ctx, seed=2)
+    assert not torch.equal(v0, v)
+    if len(stack) == 2:
+        v1, _ = _direct_lora(path, files[:1], video, car, sigma, ctx, seed=2)
+        assert not torch.equal(v1, v)
+
+
+def test_a_lora_loader_after_the_node_on_the_engine(comfy, tmp_path):
+    path = make_model_file(tmp_path)
+    fa, fb = _lora_files(tmp_path, path)
+    p = comfy.make_patcher(path=path, state_keys=True)
+    seen = _probe(p)
+    m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls)
+    assert "LoRA: none on this MODEL" in text
+    downstream = _load(comfy, m, (fa, 0.6), (fb, 1.25))
+    video, audio, ctx = inputs(seed=12)
+    for sigma in (0.9, 0.4):  # one sampling run of two steps: one export
+        comfy.run_step(downstream, video, audio, sigma, ctx, comfy.make_payload())
+    assert m.wrappers[KIND]["layerstream_h3"][0].exports_made == 1
+    v, a = _direct_lora(path, [(fa, 0.6), (fb, 1.25)], video, carried(comfy, audio, 0.4), 0.4, ctx)
+    seen[:] = seen[1:]
+    check_equal(seen, v, a)
+
+
+# ---- masks the engine leaves out (Engine.denoise(output_masks=False)), when it can ----------------
+def test_fractional_masks_run_on_the_engine_when_it_can_leave_them_out(comfy, bf16_file, caplog):
+    import logging
+    from layerstream_h3 import wrapper
+    m, seen, _ = probed(comfy, bf16_file)
+    m.wrappers[KIND]["layerstream_h3"][0].settings.fallback = "stock"
+    video, audio, ctx = inputs(seed=13)
+    vm = torch.ones((T, HL, WL))
+    vm[:, :2, :] = 0.25
+    am = torch.ones((CA, 2, A))
+    am[:, :, :3] = 0.5
+    dm, adm = comfy.token_grid_masks(vm, am)
+    assert 0 < float(dm.min()) < 1 and 0 < float(adm.min()) < 1
+    sigma = 0.6
+    with caplog.at_level(logging.WARNING, logger="layerstream_h3"):
+        out = comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(seed=4), denoise_mask=dm,
+                             audio_denoise_mask=adm)
+    supported = wrapper.supports_output_masks(ls.Engine(preset="tiny", device="cpu"))
+    print("engine supports output_masks:", supported)
+    if not supported:  # this build: stock, and the reason
+        assert "values between 0 and 1" in caplog.text and m.model.diffusion_model.stock_calls
+        return
+    assert not m.model.diffusion_model.stock_calls and "fallback" not in caplog.text
+    eng = ls.Engine(preset="tiny", device="cpu")
+    clip = ls.Clip(5, 64, 64, L, seed=4, audio_scale=1.0, video_mask=dm[0, 0].numpy(), audio_mask=adm[0, 0].numpy())
+    v, a = eng.denoise(clip, video[0].float().numpy(), carried(comfy, audio, sigma)[0].float().numpy(),
+                       np.float32(sigma), refined_text=ctx[0], output_masks=False)
+    check_equal(seen, torch.from_numpy(v), torch.from_numpy(a))
+    # forward() then applies each mask once
+    assert torch.equal(out[0], seen[0]["out"][0] * dm.to(torch.bfloat16))

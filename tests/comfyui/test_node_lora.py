@@ -317,3 +317,23 @@ def test_no_output_masks_capability_without_the_parameter(fake_ls):
             pass
 
     assert not wrapper.supports_output_masks(Kw())  # **kwargs says nothing about the flag
+
+
+def test_export_files_keep_every_tensor_aligned(tmp_path):
+    """4-byte tensors first: an F32 alpha after an odd-length BF16 tensor would start at an odd
+    offset, which the engine (it maps tensors in place) refuses."""
+    import json
+    import struct
+    from layerstream_h3 import lora_export
+    path = str(tmp_path / "x.safetensors")
+    lora_export.write_safetensors(path, {"a": torch.ones(3, dtype=torch.bfloat16), "b.alpha": 2.5,
+                                         "c": torch.ones(5, dtype=torch.float16), "d": torch.ones(3)})
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        h = json.loads(f.read(n).decode("utf-8"))
+    assert n % 8 == 0
+    sizes = {"F32": 4, "BF16": 2, "F16": 2}
+    for name, e in h.items():
+        assert e["data_offsets"][0] % sizes[e["dtype"]] == 0, (name, e)
+    assert h["b.alpha"] == {"dtype": "F32", "shape": [], "data_offsets": h["b.alpha"]["data_offsets"]}
+    assert not os.path.exists(path + ".tmp")
