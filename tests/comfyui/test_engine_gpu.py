@@ -124,3 +124,40 @@ def test_real_width_model_gives_a_direct_calls_bytes(comfy, tmp_path):
           "(with creation) {:.3f} s".format(L + 2 * A + T * (Hl // 2) * (Wl // 2), second, first, direct_s))
     assert torch.equal(seen[0][0], seen[1][0])
     assert torch.equal(seen[1][0][0], v) and torch.equal(seen[1][1][0], a)
+
+
+def test_the_models_loras_on_cuda(comfy, tmp_path):
+    """The LoRA loader double before the node on a CUDA MODEL: ComfyUI's lora_compute_dtype for a
+    CUDA device is fp16 (the double restates it), so the node opens the engine with lora_dtype
+    f16, and its output is a direct CUDA Engine(loras=..., lora_dtype="f16") call's bytes."""
+    from lora_helpers import load_loras, lora_files
+    path = model_file(tmp_path, "tiny")
+    fa, fb = lora_files(tmp_path, path)
+    C, T, Hl, Wl, Ca, A, L = 24, 2, 4, 4, 32, 8, 6
+    video, audio, ctx = cuda_inputs(C, T, Hl, Wl, Ca, A, L, 128, seed=5)
+    p = fake_comfy.make_patcher(path=path, hidden_size=128, num_layers=2, state_keys=True)
+    p.load_device = torch.device(DEV)
+    p = load_loras(comfy, p, (fa, 0.9), (fb, -0.4))
+    seen = []
+
+    def probe(executor, *a, **k):
+        out = executor(*a, **k)
+        seen.append([o.clone() for o in out])
+        return out
+
+    p.add_wrapper_with_key(KIND, "probe", probe)
+    m, text = node.apply_node(p, device="auto", path="engine", fallback="error", layerstream_module=ls,
+                              mlp_chunk=32, attn_chunk=16)
+    assert "LoRA: 2 files" in text and "merged (f16)" in text
+    comfy.run_step(m, video, audio, 0.6, ctx, comfy.make_payload(audio_scale=1.0, seed=4))
+    torch.cuda.synchronize()
+    eng = ls.Engine(model=path, device=DEV, loras=[(fa, 0.9), (fb, -0.4)], lora_dtype="f16")
+    v = torch.empty(video.shape[1:], dtype=torch.bfloat16, device=DEV)
+    a = torch.empty(audio.shape[1:], dtype=torch.bfloat16, device=DEV)
+    eng.denoise(ls.Clip(5, 64, 64, L, audio_scale=1.0, seed=4), video, audio, np.float32(0.6), refined_text=ctx[0],
+                video_out=v, audio_out=a, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert v.abs().sum() > 0
+    assert torch.equal(seen[0][0][0], v) and torch.equal(seen[0][1][0], a)
+    v0, _, _ = direct_cuda(path, ls.Clip(5, 64, 64, L, audio_scale=1.0, seed=4), video, audio, 0.6, ctx)
+    assert not torch.equal(v0, v)  # the LoRAs mattered
