@@ -165,6 +165,8 @@ def test_an_audio_only_keyframe(comfy, bf16_file, caplog):
     payload = comfy.make_payload(keyframes=[{"resolved_frame_index": 4, "audio_latent": guide}], audio_scale=1.0)
     with caplog.at_level(logging.WARNING, logger="layerstream_h3"):
         out = comfy.run_step(m, video, audio, 0.5, ctx, payload)
+    print("audio-only keyframe:", "fallback (this engine refuses it)" if m.model.diffusion_model.stock_calls
+          else "engine path")
     if m.model.diffusion_model.stock_calls:
         assert "fallback to stock: the engine failed: keyframe 0 has no video latent" in caplog.text
         assert torch.equal(out[0], torch.full_like(out[0], -0.25))

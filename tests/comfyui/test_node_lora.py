@@ -337,3 +337,22 @@ def test_export_files_keep_every_tensor_aligned(tmp_path):
         assert e["data_offsets"][0] % sizes[e["dtype"]] == 0, (name, e)
     assert h["b.alpha"] == {"dtype": "F32", "shape": [], "data_offsets": h["b.alpha"]["data_offsets"]}
     assert not os.path.exists(path + ".tmp")
+
+
+# ---- audio-only keyframes: always sent; the engine decides -------------------------------------
+def test_an_audio_only_keyframe_reaches_the_engine(comfy, fake_ls, bf16_file):
+    """MiniMaxH3AddGuide with audio and no image: a Keyframe with video None, its audio latent
+    and ComfyUI's audio noise draw (seed + 1). Whether the engine takes it is its own answer
+    (test_engine_bytes.py runs both branches on the real engine)."""
+    p = comfy.make_patcher(path=bf16_file)
+    m, _ = node_api().apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=fake_ls)
+    guide = torch.randn((1, CA, 2, 3), generator=torch.Generator().manual_seed(3))
+    payload = comfy.make_payload(keyframes=[{"resolved_frame_index": 4, "audio_latent": guide}], seed=7, aud_aug=0.8)
+    video, audio, ctx = inputs()
+    out = comfy.run_step(m, video, audio, 0.5, ctx, payload)
+    assert torch.equal(out[0], torch.full_like(out[0], -0.125))
+    (kf,) = fake_ls.engines[0].calls[0]["clip"].kw["keyframes"]
+    assert kf.a[0] == 4 and kf.a[1] is None and kf.kw["noise_video"] is None
+    assert torch.equal(torch.from_numpy(kf.kw["audio"]), guide[0])
+    want = torch.randn((2 * 3, CA), generator=torch.Generator("cpu").manual_seed(8), dtype=torch.float32)
+    assert torch.equal(torch.from_numpy(kf.kw["noise_audio"]), want)
