@@ -104,6 +104,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
         reason = "the input model is {}, not MiniMax H3".format(type(dm).__name__)
     path_text = None
     fmt = None
+    quantised = False  # int8 / fp8 block linears: LoRAs take the engine's side path
     plan = lora_export.plan_patches(getattr(model, "patches", None))
     if reason is None:
         reason = weight_patch_reason(model, plan)
@@ -113,7 +114,8 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
             reason = reason or why
         else:
             try:
-                fmt, _ = ckpt.describe_format(path_text)
+                fmt, fmt_info = ckpt.describe_format(path_text)
+                quantised = bool(fmt_info.get("quantised")) or "F8_E4M3" in (fmt_info.get("dtypes") or {})
             except (ckpt.HeaderError, OSError) as e:
                 fmt = "unreadable header ({})".format(e)
             lines.append("checkpoint: {} ({})".format(path_text, fmt))
@@ -172,7 +174,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
                                                if settings.kv_tile else "default (the device's)"))
     lines.append("plan: made at the first step (it depends on the clip); the log shows it, then each step's "
                  "device peak and time")
-    lines.append(lora_line(plan, fmt, lora_dtype))
+    lines.append(lora_line(plan, quantised, lora_dtype))
     if dynamic:
         lines.append("weights: dynamic VRAM; ComfyUI only stages the DiT blocks and never loads them, the "
                      "text refiner runs once per run on ComfyUI's copy")
@@ -192,14 +194,14 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
     return _done(m, lines)
 
 
-def lora_line(plan, fmt, lora_dtype):
+def lora_line(plan, quantised, lora_dtype):
     """The status line of the MODEL's LoRAs: 'LoRA: 2 files from the MODEL's patches (...),
     merged (f32)', or the side path of an int8 / fp8 checkpoint (the engine's report, in the
     log's weights line after the first call, says what it did)."""
     if not plan.groups:
         return "LoRA: none on this MODEL (a LoRA loader after this node is picked up when sampling starts)"
     how = "merged ({})".format({"auto": "the engine's dtype for the device"}.get(lora_dtype, lora_dtype))
-    if fmt is not None and (fmt.startswith("int8") or fmt.startswith("fp8")):
+    if quantised:
         how = ("side path (int8/fp8: ComfyUI requantises with stochastic rounding, which no engine reproduces; "
                "an engine without the side path refuses the files and the log says so)")
     return "LoRA: {}, {}".format(plan.describe(), how)

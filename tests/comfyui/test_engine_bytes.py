@@ -344,3 +344,33 @@ def test_fractional_masks_run_on_the_engine_when_it_can_leave_them_out(comfy, bf
     check_equal(seen, torch.from_numpy(v), torch.from_numpy(a))
     # forward() then applies each mask once
     assert torch.equal(out[0], seen[0]["out"][0] * dm.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("fmt", ["int8-convrot", "fp8"])
+def test_the_models_loras_on_a_quantised_file(comfy, tmp_path, fmt, caplog):
+    """int8 / fp8 checkpoints: the engine applies LoRAs there as a side path (an engine build
+    without it refuses the files). Whichever this engine does, the node does the same: the
+    direct call's bytes, or the fallback with the engine's own message."""
+    import logging
+    path = make_model_file(tmp_path, "--format", fmt)
+    fa, fb = _lora_files(tmp_path, path)
+    files = [(fa, 0.7), (fb, 0.3)]
+    p = _load(comfy, comfy.make_patcher(path=path, state_keys=True), *files)
+    seen = _probe(p)
+    m, text = node.apply_node(p, device="cpu", path="engine", fallback="stock", layerstream_module=ls)
+    assert "LoRA: 2 files" in text and "side path (int8/fp8" in text
+    video, audio, ctx = inputs(seed=14)
+    sigma = 0.5
+    with caplog.at_level(logging.WARNING, logger="layerstream_h3"):
+        comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload())
+    try:
+        v, a = _direct_lora(path, files, video, carried(comfy, audio, sigma), sigma, ctx)
+    except ls.Error as e:
+        print("{} + LoRA: fallback (this engine refuses: {})".format(fmt, e))
+        assert m.model.diffusion_model.stock_calls
+        assert "the engine refused the checkpoint, the device or the MODEL's LoRA patches" in caplog.text
+        assert str(e).split(": ")[-1] in caplog.text
+        return
+    print("{} + LoRA: engine path".format(fmt))
+    assert not m.model.diffusion_model.stock_calls
+    check_equal(seen, v, a)
