@@ -26,6 +26,7 @@ import inspect
 import logging
 import threading
 import time
+import weakref
 
 from . import budget as budget_mod
 from . import lora_export
@@ -46,6 +47,10 @@ class FallbackError(RuntimeError):
 
 # ---- the engine cache: one engine (one copy of the weights on the device) per process ----
 _ENGINE_LOCK = threading.Lock()
+# The LoRA exports by patch set, shared by every node sampling it (weak: the wrappers and the
+# cached engine hold them; an export's directory is removed when the last holder lets go).
+_SHARED_EXPORTS = weakref.WeakValueDictionary()
+
 # "hold": what the engine was opened from and must outlive it (the exported LoRA files).
 _ENGINE = {"key": None, "engine": None, "hold": None}
 
@@ -306,14 +311,17 @@ class EngineWrapper(object):
         key, plan = self.lora
         exp = self._exports.get(key)
         if exp is None or not exp.alive:
+            exp = _SHARED_EXPORTS.get(key)  # another node sampling the same patch set
+        if exp is None or not exp.alive:
             try:
                 exp = lora_export.Export(plan)
             except lora_export.ExportError as e:
                 raise mapping.Unsupported(str(e))
-            self._exports[key] = exp
+            _SHARED_EXPORTS[key] = exp
             self.exports_made += 1
             log("LoRA: {} exported to {} ({}), merged by the engine in this order".format(
                 plan.describe(), exp.directory, budget_mod.format_bytes(exp.nbytes)))
+        self._exports[key] = exp
         return tuple(exp.loras), exp
 
     def engine(self):
@@ -341,9 +349,10 @@ class EngineWrapper(object):
                 ", the device or the MODEL's LoRA patches" if loras else " or device", e)
             raise mapping.Unsupported(self._refused[key])
         if fresh:
-            # The engine was rebuilt: exports of other patch sets are no longer needed.
+            # The engine was rebuilt: this wrapper lets go of the exports of other patch sets;
+            # each one's directory goes when no wrapper and no cached engine hold it.
             for k in [k for k, v in self._exports.items() if v is not export]:
-                self._exports.pop(k).remove()
+                del self._exports[k]
             info = eng.info()
             log("engine {} on {}: {} blocks, hidden {}; {}".format(
                 info.get("version", ls.version()), info.get("device", s.device), info.get("num_layers"),

@@ -356,3 +356,14 @@ def test_an_audio_only_keyframe_reaches_the_engine(comfy, fake_ls, bf16_file):
     assert torch.equal(torch.from_numpy(kf.kw["audio"]), guide[0])
     want = torch.randn((2 * 3, CA), generator=torch.Generator("cpu").manual_seed(8), dtype=torch.float32)
     assert torch.equal(torch.from_numpy(kf.kw["noise_audio"]), want)
+
+
+def test_two_nodes_on_one_patch_set_share_the_export_and_the_engine(comfy, fake_ls, bf16_file, tmp_path):
+    p = loaded(comfy, comfy.make_patcher(path=bf16_file, state_keys=True), (lora_a(tmp_path), 0.9))
+    m1, _ = node_api().apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=fake_ls)
+    m2, _ = node_api().apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=fake_ls)
+    for m in (m1, m2, m1):
+        step(comfy, m)
+    w1, w2 = (m.wrappers[KIND]["layerstream_h3"][0] for m in (m1, m2))
+    assert w1.exports_made + w2.exports_made == 1 and len(fake_ls.engines) == 1
+    assert len(fake_ls.engines[0].calls) == 3
