@@ -367,3 +367,12 @@ def test_two_nodes_on_one_patch_set_share_the_export_and_the_engine(comfy, fake_
     w1, w2 = (m.wrappers[KIND]["layerstream_h3"][0] for m in (m1, m2))
     assert w1.exports_made + w2.exports_made == 1 and len(fake_ls.engines) == 1
     assert len(fake_ls.engines[0].calls) == 3
+
+
+def test_loras_with_the_legacy_loader_detach(comfy, fake_ls, bf16_file, tmp_path):
+    """path engine on the legacy loader detaches the blocks; the patches still reach the engine."""
+    p = loaded(comfy, comfy.make_patcher(path=bf16_file, dynamic=False, state_keys=True), (lora_a(tmp_path), 1.0))
+    m, text = node_api().apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=fake_ls)
+    assert "detached" in text and "LoRA: 1 file" in text
+    step(comfy, m)
+    assert [s for _, s in fake_ls.engines[0].kw["loras"]] == [1.0]
