@@ -108,6 +108,11 @@ def other_patch_reason(patcher):
         return "weight wrappers are registered ({} weight(s))".format(len(patcher.weight_wrapper_patches))
     if getattr(patcher, "hook_patches", None):
         return "hook (scheduled LoRA) patches are registered"
+    injections = {k: v for k, v in (getattr(patcher, "injections", None) or {}).items() if v}
+    if injections:
+        # model_patcher.set_injections: e.g. a bypass-mode LoRA (comfy/weight_adapter/bypass.py
+        # replaces module forwards at inject time), which the engine would silently lose.
+        return "injections replace module forwards ({}; e.g. a bypass LoRA)".format(", ".join(sorted(injections)[:3]))
     ours = {"diffusion_model.blocks"}
     other = [k for k in (getattr(patcher, "object_patches", {}) or {})
              if k.startswith("diffusion_model") and k not in ours]

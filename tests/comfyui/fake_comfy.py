@@ -192,6 +192,7 @@ class ModelPatcher:
         self.load_device = load_device
         self.patches, self.object_patches, self.object_patches_backup = {}, {}, {}
         self.weight_wrapper_patches, self.hook_patches = {}, {}
+        self.injections = {}  # set_injections: name -> [PatcherInjection] (bypass LoRAs)
         self.model_options = {"transformer_options": {}}
         self.wrappers, self.callbacks = {}, {}
         self.cached_patcher_init = None
@@ -208,6 +209,7 @@ class ModelPatcher:
         n.object_patches_backup = self.object_patches_backup  # shared, as ComfyUI's model_override
         n.weight_wrapper_patches = self.weight_wrapper_patches.copy()
         n.hook_patches = copy.copy(self.hook_patches)
+        n.injections = {k: i.copy() for k, i in self.injections.items()}
         n.model_options = copy.deepcopy(self.model_options)
         n.wrappers = {k: {k1: w.copy() for k1, w in v.items()} for k, v in self.wrappers.items()}
         n.callbacks = {k: {k1: c.copy() for k1, c in v.items()} for k, v in self.callbacks.items()}

@@ -376,3 +376,19 @@ def test_loras_with_the_legacy_loader_detach(comfy, fake_ls, bf16_file, tmp_path
     assert "detached" in text and "LoRA: 1 file" in text
     step(comfy, m)
     assert [s for _, s in fake_ls.engines[0].kw["loras"]] == [1.0]
+
+
+def test_a_bypass_lora_falls_back(comfy, fake_ls, bf16_file, caplog):
+    """LoraLoaderBypass-style adapters arrive as patcher injections (they replace module forwards),
+    not as patches: the engine cannot see them, so the node falls back and says why."""
+    p = comfy.make_patcher(path=bf16_file)
+    p.injections["bypass_lora"] = [object()]
+    _, text = node_api().apply_node(p, device="cpu", path="engine", layerstream_module=fake_ls)
+    assert "fallback: stock" in text and "injections replace module forwards (bypass_lora; e.g. a bypass LoRA)" in text
+    m, _ = node_api().apply_node(comfy.make_patcher(path=bf16_file), device="cpu", path="engine",
+                                 layerstream_module=fake_ls)
+    later = m.clone()
+    later.injections["bypass_lora"] = [object()]
+    with caplog.at_level(logging.WARNING, logger="layerstream_h3"):
+        out = step(comfy, later)
+    assert torch.equal(out[0], torch.full_like(out[0], -0.25)) and "bypass LoRA" in caplog.text
