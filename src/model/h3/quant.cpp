@@ -248,9 +248,11 @@ Expected<SyntheticFormat> parse_synthetic_format(const std::string& name) {
   if (n == "bf16") return SyntheticFormat::bf16;
   if (n == "int8-convrot" || n == "int8") return SyntheticFormat::int8_convrot;
   if (n == "int8-convrot-full" || n == "int8-full") return SyntheticFormat::int8_convrot_full;
+  if (n == "int8-convrot-skip-edges" || n == "int8-skip-edges") return SyntheticFormat::int8_convrot_skip_edges;
   if (n == "fp8" || n == "fp8-e4m3" || n == "fp8-scaled") return SyntheticFormat::fp8;
-  return make_error(ErrorCode::invalid_argument,
-                    "unknown weight format '" + name + "' (valid: bf16, int8-convrot, int8-convrot-full, fp8)");
+  return make_error(ErrorCode::invalid_argument, "unknown weight format '" + name +
+                                                     "' (valid: bf16, int8-convrot, int8-convrot-full, "
+                                                     "int8-convrot-skip-edges, fp8)");
 }
 
 const char* synthetic_format_name(SyntheticFormat f) {
@@ -258,12 +260,30 @@ const char* synthetic_format_name(SyntheticFormat f) {
     case SyntheticFormat::bf16: return "bf16";
     case SyntheticFormat::int8_convrot: return "int8-convrot";
     case SyntheticFormat::int8_convrot_full: return "int8-convrot-full";
+    case SyntheticFormat::int8_convrot_skip_edges: return "int8-convrot-skip-edges";
     case SyntheticFormat::fp8: return "fp8";
   }
   return "?";
 }
 
-Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticFormat f) {
+std::vector<int64_t> skip_edges_blocks(int64_t num_layers) {
+  std::vector<int64_t> b;
+  for (int64_t i : {int64_t{0}, int64_t{1}, num_layers - 2, num_layers - 1})
+    if (i >= 0 && i < num_layers && std::find(b.begin(), b.end(), i) == b.end()) b.push_back(i);
+  return b;
+}
+
+Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticFormat f,
+                                             const std::vector<int64_t>& bf16_blocks) {
+  if (f == SyntheticFormat::int8_convrot_skip_edges) {
+    std::vector<int64_t> b = skip_edges_blocks(cfg.num_layers);
+    b.insert(b.end(), bf16_blocks.begin(), bf16_blocks.end());
+    return synthetic_quant_layout(cfg, SyntheticFormat::int8_convrot, b);
+  }
+  for (int64_t b : bf16_blocks)
+    if (b < 0 || b >= cfg.num_layers)
+      return make_error(ErrorCode::invalid_argument, "bf16 block " + std::to_string(b) + " is not a block of this model (0.." +
+                                                         std::to_string(cfg.num_layers - 1) + ")");
   QuantLayout q;
   if (f == SyntheticFormat::bf16) return q;
   const int64_t D = cfg.hidden, I = cfg.inner(), F = cfg.ffn;
@@ -291,6 +311,7 @@ Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticForma
     return Status();
   };
   for (int64_t b = 0; b < cfg.num_layers; ++b) {
+    if (std::find(bf16_blocks.begin(), bf16_blocks.end(), b) != bf16_blocks.end()) continue;  // kept in bf16
     const std::string p = "blocks." + std::to_string(b) + ".";
     const std::pair<std::string, std::pair<int64_t, int64_t>> big[] = {{p + "attn.qkv_proj", {3 * I, D}},
                                                                          {p + "attn.out_proj", {D, I}},
