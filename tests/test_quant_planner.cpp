@@ -89,5 +89,25 @@ TEST(QuantPlanner, SkipEdgesFiftyBlocksCountsEachBlock) {
             wi.nonblock + ws.resident_block_bytes(r->peak.resident_blocks));
   EXPECT_EQ(ws.resident_block_bytes(50), 4 * wb.block + 46 * wi.block);
   std::printf("int8 skip-edges, 24 GiB: %s\n", r->budget->describe().c_str());
-  EXPECT_EQ(r->budget->resident_blocks, 50) << r->budget->describe();
+  // The four bf16 blocks take 1.4 GiB more than int8 ones: at 24 GiB the last few blocks
+  // stream (48 and 49 are bf16, so a slot is a bf16 block's bytes), most stay resident.
+  const int64_t R = r->budget->resident_blocks;
+  EXPECT_GE(R, 40) << r->budget->describe();
+  if (R < 50) {
+    EXPECT_EQ(r->peak.slot_bytes, static_cast<uint64_t>(r->peak.slots) * wb.block);
+    EXPECT_EQ(r->budget->pcie_weight_bytes, ws.streamed_block_bytes(R, 50));
+  }
+  // A budget 1.5 GiB larger keeps them all.
+  PlanRequest q;
+  q.cfg = &se.cfg;
+  q.cond = &cond;
+  q.mode = MemoryMode::total_budget;
+  q.budget_bytes = 24 * GiB + 3 * GiB / 2;
+  q.sigmas = {0.9f};
+  q.device = cuda_device_profile();
+  q.tensors = &se.specs;
+  auto all = plan_memory(q);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  EXPECT_EQ(all->budget->resident_blocks, 50) << all->budget->describe();
+  EXPECT_EQ(all->peak.resident_weight_bytes, wi.nonblock + 4 * wb.block + 46 * wi.block);
 }
