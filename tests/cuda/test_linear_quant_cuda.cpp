@@ -207,7 +207,9 @@ TEST(LinearQuantCuda, UnalignedRowsMatchCpuBitwise) {
     const int64_t M = 29, K = 1024 + 16 * variant;
     const bool dynamic = variant % 3 == 2, unaligned = variant >= 3;
     const float input_scale = variant % 3 == 1 ? 0.25f : 1.0f;
-    HostBuf wide = bf16_input(M, K + 1, 1000 + static_cast<uint32_t>(variant), 4.0f);
+    // [M, K + 8] in a guarded buffer: rows K + 24 elements apart (16-byte multiples), so the
+    // view at column 0 takes the 16-byte-load path and the one at column 1 the scalar one.
+    HostBuf wide = bf16_input(M, K + 8, 1000 + static_cast<uint32_t>(variant), 4.0f);
     DevBuf dwide = cudatest::dev_from(G, wide);
     const TensorView xh = unaligned ? wide.v.cols(1, K + 1) : wide.v.cols(0, K);
     const TensorView xd = unaligned ? dwide.v.cols(1, K + 1) : dwide.v.cols(0, K);
