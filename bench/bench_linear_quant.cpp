@@ -1,4 +1,4 @@
-// The four linears of an H3 block (qkv 5376->16128, out_proj 7168->5376, fc1 5376->28672,
+// The four linears of an H3 block (qkv 5376->21504, out_proj 7168->5376, fc1 5376->28672,
 // fc2 14336->5376) at real width on CUDA, in each weight format, side by side (issue 14):
 //   bf16       Backend::gemm (the pinned cuBLASLt bf16 GEMM; fc2: after the swiglu op, as the
 //              bf16 block runs it; bf16_gemm_only: the GEMM alone)
@@ -7,6 +7,9 @@
 //              alone (cuda::bench_quant_gemm_only: int8 tensor cores, int32 out)
 //   fp8        Backend::linear fp8_e4m3 (static activation scale 1; the whole op; fc2: after
 //              the swiglu op) and the fp8 GEMM alone (fp32 out)
+// Per linear, the stages around the GEMM alone ("stages": the activation quantiser and the
+// epilogue of int8 and fp8, with the bytes each moves as GB/s), so the whole op splits into
+// quantise + GEMM + epilogue.
 // Per linear and format: median ms over --iters after --warmup at M = --M rows (steady clock
 // around synchronize()), and TFLOP/s (bf16, fp8) or TOP/s (int8), 2 M N K operations. The
 // block figure at S = --S tokens is timed, not extrapolated from rates: S is walked in
@@ -121,7 +124,7 @@ int main(int argc, char** argv) {
   for (const Lin& l : ls_) {
     const size_t N = static_cast<size_t>(l.N), K = static_cast<size_t>(l.K), m = static_cast<size_t>(M);
     // weights bf16 + i8 + e4m3, x bf16 [M, 2K], q [M, K], y bf16, acc 4 bytes [M, N]
-    bytes += N * K * 4 + m * K * 4 + m * K * 3 + m * N * 2 + m * N * 4 + N * 8 + (size_t{1} << 16);
+    bytes += N * K * 4 + m * K * 4 + m * K * 3 + m * N * 2 + m * N * 4 + N * 8 + m * 4 + (size_t{1} << 17);
   }
   auto arena = Arena::create(b.memory(), bytes);
   if (!arena.ok()) die(arena.error().message);
@@ -226,6 +229,38 @@ int main(int argc, char** argv) {
       std::printf("%-8s N %5lld K %5lld M %lld %-15s %8.3f ms %7.1f %s   (S = %lld: %8.2f ms)\n", l.name,
                   static_cast<long long>(l.N), static_cast<long long>(l.K), static_cast<long long>(M), fmt_names[f], t,
                   rate, f == 1 || f == 3 ? "TOP/s" : "TFLOP/s", static_cast<long long>(S), at_s);
+    }
+    // The stages around the GEMM alone (the split of the whole op: activation quantiser,
+    // GEMM, epilogue), at M rows: int8 (FHT + absmax + quantise; fc2 with the swiglu input)
+    // and fp8 (static scale); the epilogues from the acc buffer.
+    {
+      TensorView rs = take(DType::f32, {M}, "row scales");
+      TensorView accl = acc;  // [M, ld] with ld = N rounded up to 4 (N is a multiple of 4 here)
+      TensorView qf = q;
+      qf.dtype = DType::f8e4m3;
+      TensorView accf = acc;
+      accf.dtype = DType::f32;
+      const TensorView ym = y.slice_rows(0, M), in = l.swiglu ? act : x;
+      const double ms_q8 = median_ms(b, warmup, iters, [&] { return cuda::bench_quant_activations(b, x, li8, l.swiglu, q, rs); },
+                                     "int8 quantiser");
+      const double ms_e8 = median_ms(b, warmup, iters, [&] { return cuda::bench_quant_epilogue(b, accl, rs, li8, ym); },
+                                     "int8 epilogue");
+      const double ms_qf = median_ms(b, warmup, iters, [&] { return cuda::bench_quant_activations(b, in, lf8, false, qf, rs); },
+                                     "fp8 quantiser");
+      const double ms_ef = median_ms(b, warmup, iters, [&] { return cuda::bench_quant_epilogue(b, accf, rs, lf8, ym); },
+                                     "fp8 epilogue");
+      // bytes each stage moves at these M rows (reads + writes), for the rate against HBM
+      const double xkd = static_cast<double>(xk), mK = static_cast<double>(M) * static_cast<double>(l.K),
+                   mN = static_cast<double>(M) * static_cast<double>(l.N);
+      const double b_q8 = static_cast<double>(M) * xkd * 2 + mK, b_qf = mK * 2 + mK, b_e = mN * 4 + mN * 2;
+      j["stages"] = {{"int8_quantise_ms", ms_q8}, {"int8_quantise_gb_per_s", b_q8 / (ms_q8 * 1e-3) / 1e9},
+                     {"int8_epilogue_ms", ms_e8}, {"int8_epilogue_gb_per_s", b_e / (ms_e8 * 1e-3) / 1e9},
+                     {"fp8_quantise_ms", ms_qf}, {"fp8_quantise_gb_per_s", b_qf / (ms_qf * 1e-3) / 1e9},
+                     {"fp8_epilogue_ms", ms_ef}, {"fp8_epilogue_gb_per_s", b_e / (ms_ef * 1e-3) / 1e9}};
+      std::printf("%-8s stages at M %lld: int8 quantise %.3f ms (%.0f GB/s), epilogue %.3f ms (%.0f GB/s); "
+                  "fp8 quantise %.3f ms (%.0f GB/s), epilogue %.3f ms (%.0f GB/s)\n",
+                  l.name, static_cast<long long>(M), ms_q8, b_q8 / (ms_q8 * 1e-3) / 1e9, ms_e8, b_e / (ms_e8 * 1e-3) / 1e9,
+                  ms_qf, b_qf / (ms_qf * 1e-3) / 1e9, ms_ef, b_e / (ms_ef * 1e-3) / 1e9);
     }
     // the fp8 GEMM alone (fp32 accumulators in the acc buffer)
     {

@@ -1,7 +1,8 @@
 // The plan-invariance property on quantised models (issue 14), shared by
 // tests/test_quant_streaming.cpp (CPU, CI) and tests/cuda/test_quant_streaming_cuda.cpp
 // (the GPU): int8 ConvRot, fp8 e4m3, int8 with the AdaLN linears quantised (the full
-// files), a file whose formats are mixed per layer, and --precision fp8 (static and
+// files), a file whose formats are mixed per layer, one whose blocks differ in layout
+// (bf16 edge blocks as the _skip_edges files, int8 and fp8 blocks), and --precision fp8 (static and
 // dynamic activation scale). Every residency, slicing (slices of one row, a last slice
 // of one row), K/V and residual offload, and every plan of the budget sweep gives the
 // bytes of the all-resident stock run (memcmp): the quantised linears are
@@ -21,7 +22,7 @@
 namespace ls::test::quant {
 
 
-enum class Kind { int8, fp8, int8_full, mixed, fp8_convert, fp8_dynamic };
+enum class Kind { int8, fp8, int8_full, mixed, fp8_convert, fp8_dynamic, mixed_blocks };
 
 inline const char* kind_name(Kind k) {
   switch (k) {
@@ -31,14 +32,13 @@ inline const char* kind_name(Kind k) {
     case Kind::mixed: return "mixed int8/fp8/bf16";
     case Kind::fp8_convert: return "--precision fp8";
     case Kind::fp8_dynamic: return "--precision fp8, dynamic activation scale";
+    case Kind::mixed_blocks: return "blocks of different layouts (skip-edges bf16 / int8 / fp8)";
   }
   return "?";
 }
 
 // Formats decided per layer: in every block qkv_proj and fc2 int8 ConvRot, out_proj fp8
-// e4m3, fc1 bf16. (Every block has the same layout: the weight store's block slots need
-// that today; files whose blocks differ, such as the community _skip_edges builds with
-// bf16 blocks 0, 1, 48, 49, need per-block slot layouts in src/exec/weights.cpp.)
+// e4m3, fc1 bf16 (every block the same layout; mixed_blocks_layout varies it per block).
 inline h3::QuantLayout mixed_layout(const h3::H3Config& cfg) {
   h3::QuantLayout q = *h3::synthetic_quant_layout(cfg, h3::SyntheticFormat::int8_convrot);
   const h3::QuantLayout f8 = *h3::synthetic_quant_layout(cfg, h3::SyntheticFormat::fp8);
@@ -46,6 +46,19 @@ inline h3::QuantLayout mixed_layout(const h3::H3Config& cfg) {
     q.linears[h3::h3_block_key(b, "attn.out_proj")] = f8.linears.at(h3::h3_block_key(b, "attn.out_proj"));
     q.linears.erase(h3::h3_block_key(b, "mlp.fc1"));
   }
+  return q;
+}
+
+// Blocks of different layouts (and so different byte counts: the weight store's slots hold
+// the largest streamed block, each copy moves a block's own bytes): the community
+// int8 "_skip_edges" layout (blocks 0, 1, L-2, L-1 bf16, the rest int8 ConvRot) with block
+// 2, where it is not an edge, fp8 e4m3 instead. With 6 blocks: bf16 bf16 fp8 int8 bf16 bf16.
+inline h3::QuantLayout mixed_blocks_layout(const h3::H3Config& cfg) {
+  h3::QuantLayout q = *h3::synthetic_quant_layout(cfg, h3::SyntheticFormat::int8_convrot_skip_edges);
+  const h3::QuantLayout f8 = *h3::synthetic_quant_layout(cfg, h3::SyntheticFormat::fp8);
+  if (cfg.num_layers >= 5)
+    for (const char* m : {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"})
+      q.linears[h3::h3_block_key(2, m)] = f8.linears.at(h3::h3_block_key(2, m));
   return q;
 }
 
@@ -77,6 +90,7 @@ inline ls::test::StreamingCase quant_case(uint64_t seed, Kind kind, int64_t laye
     case Kind::fp8: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::fp8); break;
     case Kind::int8_full: c.cfg.quant = *h3::synthetic_quant_layout(c.cfg, h3::SyntheticFormat::int8_convrot_full); break;
     case Kind::mixed: c.cfg.quant = mixed_layout(c.cfg); break;
+    case Kind::mixed_blocks: c.cfg.quant = mixed_blocks_layout(c.cfg); break;
     case Kind::fp8_convert:
     case Kind::fp8_dynamic: break;
   }

@@ -272,6 +272,46 @@ TEST_F(QuantFile, MakeModelWritesTheSyntheticSource) {
   EXPECT_NE(bad.out.find("unknown weight format 'int4'"), std::string::npos) << bad.out;
 }
 
+// Blocks of different layouts in one file: --skip-edges (blocks 0, 1, L-2, L-1 bf16) and
+// --bf16-blocks; the file reads back as the synthetic source of that layout, per block.
+TEST_F(QuantFile, MakeModelSkipEdgesAndBf16Blocks) {
+  H3Config cfg = preset("tiny");
+  cfg.num_layers = 6;
+  const std::string se = file("skip_edges.safetensors");
+  auto r = test::run_tool("make-model --preset tiny --blocks 6 --seed 4 -q --format int8-convrot --skip-edges -o " + se);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("bf16 blocks 0,1,4,5"), std::string::npos) << r.out;
+  auto f = open_h3_checkpoint(se);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  for (int64_t b = 0; b < 6; ++b) {
+    const bool edge = b <= 1 || b >= 4;
+    for (const char* m : {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"})
+      EXPECT_EQ((*f)->cfg().quant.find(h3_block_key(b, m)) != nullptr, !edge) << b << " " << m;
+  }
+  H3SyntheticSource syn(cfg, 4, SyntheticFormat::int8_convrot_skip_edges);
+  expect_same_tensors(syn, **f);
+
+  const std::string fb = file("fp8_bf16_blocks.safetensors");
+  r = test::run_tool("make-model --preset tiny --blocks 6 --seed 4 -q --format fp8 --bf16-blocks 0,3 -o " + fb);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto g = open_h3_checkpoint(fb);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  H3Config c2 = cfg;
+  c2.quant = *synthetic_quant_layout(cfg, SyntheticFormat::fp8, {0, 3});
+  EXPECT_EQ(c2.quant.linears.size(), 16u);
+  H3SyntheticSource syn2(c2, 4);
+  expect_same_tensors(syn2, **g);
+
+  // Refusals (usage errors, exit 2, nothing written).
+  for (const char* bad : {"--format bf16 --bf16-blocks 1", "--format fp8 --skip-edges", "--format int8 --bf16-blocks 1,x",
+                          "--format int8 --bf16-blocks 6"}) {
+    auto b = test::run_tool(std::string("make-model --preset tiny --blocks 6 -q ") + bad + " -o " + file("bad.safetensors"));
+    EXPECT_EQ(b.code, 2) << bad << ": " << b.out;
+  }
+  EXPECT_EQ(skip_edges_blocks(50), (std::vector<int64_t>{0, 1, 48, 49}));
+  EXPECT_EQ(skip_edges_blocks(3), (std::vector<int64_t>{0, 1, 2}));
+}
+
 TEST_F(QuantFile, MixedOpsHoldsFp32LinearsAsBf16) {
   H3SyntheticSource plain(preset("tiny"), 5);
   H3SyntheticSource q(preset("tiny"), 5, SyntheticFormat::int8_convrot);

@@ -1,7 +1,8 @@
 // `layerstream make-model`: writes a synthetic H3 checkpoint (deterministic weights from
 // fill_synthetic under a seed) of a preset's dimensions, in bf16 or in ComfyUI's
-// quantised layouts (--format int8-convrot | int8-convrot-full | fp8: the bf16 synthetic
-// weights quantised as the published files were made; model/h3/quant.h).
+// quantised layouts (--format int8-convrot | int8-convrot-full | int8-convrot-skip-edges |
+// fp8: the bf16 synthetic weights quantised as the published files were made;
+// model/h3/quant.h), optionally with some blocks kept in bf16 (--skip-edges, --bf16-blocks).
 //
 // Memory: the file is streamed. Every tensor is generated in pieces of at most 64 MiB
 // into one reused buffer and handed to SafetensorsWriter, so a 66 GB h3 model needs
@@ -9,6 +10,7 @@
 // an error or ^C the temporary file is removed and the output path is untouched.
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -35,6 +37,8 @@ constexpr size_t kPieceBytes = 64ull << 20;
 
 struct MakeModelOptions {
   FlagText preset, blocks, pdd_heads, seed, output, format;  // numbers parsed by tools/cli_util.h (exit 2 on bad values)
+  FlagText bf16_blocks;  // "0,1,48,49": blocks left in bf16 in a quantised format
+  bool skip_edges = false;
   bool adaln_curve = false;
   bool gate_compress = false;
   bool quiet = false;
@@ -75,8 +79,33 @@ int run_make_model(const MakeModelOptions& o) {
     if (!f.ok()) return usage_error(f.error().message);
     format = *f;
   }
+  // Blocks of different layouts: --skip-edges (the community int8 "_skip_edges" builds:
+  // blocks 0, 1, L-2, L-1 in bf16) and / or --bf16-blocks LIST.
+  std::vector<int64_t> bf16_blocks;
+  if (o.bf16_blocks.given()) {
+    const std::string& t = o.bf16_blocks.text;
+    size_t a = 0;
+    while (a <= t.size()) {
+      const size_t b = std::min(t.find(',', a), t.size());
+      const std::string item = t.substr(a, b - a);
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || end != item.c_str() + item.size() || v < 0)
+        return usage_error("--bf16-blocks: '" + t + "' is not a comma-separated list of block indices");
+      bf16_blocks.push_back(static_cast<int64_t>(v));
+      a = b + 1;
+    }
+  }
+  if (o.skip_edges) {
+    if (format == h3::SyntheticFormat::int8_convrot) format = h3::SyntheticFormat::int8_convrot_skip_edges;
+    else if (format != h3::SyntheticFormat::int8_convrot_skip_edges)
+      return usage_error("--skip-edges keeps blocks 0, 1, L-2, L-1 of an int8-convrot model in bf16; use it with "
+                         "--format int8-convrot (for other formats: --bf16-blocks LIST)");
+  }
+  if (!bf16_blocks.empty() && format == h3::SyntheticFormat::bf16)
+    return usage_error("--bf16-blocks needs a quantised --format (int8-convrot, int8-convrot-full or fp8)");
   {
-    auto q = h3::synthetic_quant_layout(cfg, format);
+    auto q = h3::synthetic_quant_layout(cfg, format, bf16_blocks);
     if (!q.ok()) return usage_error(q.error().message);
     cfg.quant = std::move(q).value();
   }
@@ -161,8 +190,17 @@ int run_make_model(const MakeModelOptions& o) {
   std::printf("wrote %s: preset %s, seed %llu, %zu tensors, %llu parameters, %s in %.1f s\n  %s\n", o.output.text.c_str(),
               o.preset.text.c_str(), static_cast<unsigned long long>(*seed), specs.size(), static_cast<unsigned long long>(params),
               format_bytes(total).c_str(), secs, h3::h3_config_summary(cfg).c_str());
-  if (cfg.quant.any())
-    std::printf("  format %s: %zu quantised linears\n", h3::synthetic_format_name(format), cfg.quant.linears.size());
+  if (cfg.quant.any()) {
+    std::printf("  format %s: %zu quantised linears", h3::synthetic_format_name(format), cfg.quant.linears.size());
+    std::vector<int64_t> kept = bf16_blocks;
+    if (format == h3::SyntheticFormat::int8_convrot_skip_edges)
+      for (int64_t b : h3::skip_edges_blocks(cfg.num_layers)) kept.push_back(b);
+    std::sort(kept.begin(), kept.end());
+    kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+    for (size_t i = 0; i < kept.size(); ++i)
+      std::printf("%s%lld", i == 0 ? "; bf16 blocks " : ",", static_cast<long long>(kept[i]));
+    std::printf("\n");
+  }
   return 0;
 }
 
@@ -179,8 +217,13 @@ CommandRun setup_make_model(CLI::App& sub) {
   add_int_flag(sub, "--seed", o->seed, range::seed, "Seed of the synthetic weights", "0");
   add_text_flag(sub, "--format", o->format, "FORMAT",
                 "Weight format: bf16, int8-convrot (ComfyUI's pruned int8 ConvRot layout: the 4 big linears of every "
-                "block), int8-convrot-full (+ the blocks' AdaLN linears at group 64) or fp8 (fp8_scaled e4m3)",
+                "block), int8-convrot-full (+ the blocks' AdaLN linears at group 64), int8-convrot-skip-edges (int8-convrot "
+                "with blocks 0, 1, L-2, L-1 in bf16) or fp8 (fp8_scaled e4m3)",
                 "bf16", false);
+  sub.add_flag("--skip-edges", o->skip_edges,
+               "With --format int8-convrot: keep blocks 0, 1, L-2, L-1 in bf16 (the community _skip_edges builds)");
+  add_text_flag(sub, "--bf16-blocks", o->bf16_blocks, "LIST",
+                "Comma-separated blocks to keep in bf16 in a quantised --format (e.g. 0,1,48,49)", "", false);
   sub.add_flag("-q,--quiet", o->quiet, "No progress on stderr");
   add_text_flag(sub, "-o,--output", o->output, "FILE", "Output .safetensors file (written atomically)", "", true);
   return [o]() { return run_make_model(*o); };

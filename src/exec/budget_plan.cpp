@@ -8,6 +8,11 @@
 //   text       = common(R) + text weights not in slots + refiner activations (L_text rows)
 //   precompute = common(R) + T + AdaLN scratch
 //   peak       = max(steps, text, precompute)
+// Blocks of different layouts (a mixed int8 / bf16 file): R * W is the sum of blocks
+// 0 .. R-1's own bytes and a slot W the largest streamed block's (WeightTally::blocks),
+// exactly what the WeightStore allocates. common(R) may then dip as R grows (a large
+// block 0 leaves the slots); the scan below still finds the largest R that fits, and
+// the smallest budget named is the R = 0 one (which the streamed modes use).
 //
 // common(R) never decreases with R and A(slices) never decreases with any slice, so:
 // the most resident blocks that fit is a scan from R = L down; the largest slice of a
@@ -86,11 +91,31 @@ WeightTally tally_weights(const std::vector<TensorSpec>& tensors) {
     }
   }
   for (const auto& [i, b] : blocks) w.block = std::max(w.block, b);
+  if (!blocks.empty()) {
+    w.blocks.assign(static_cast<size_t>(blocks.rbegin()->first + 1), w.block);
+    for (const auto& [i, b] : blocks) w.blocks[static_cast<size_t>(i)] = b;
+  }
   for (const auto& [i, b] : refiner) w.refiner_block = std::max(w.refiner_block, b);
   w.refiner_blocks = static_cast<int64_t>(refiner.size());
   w.adaln_largest = adaln_final;
   for (const auto& [i, b] : adaln_blocks) w.adaln_largest = std::max(w.adaln_largest, b);
   return w;
+}
+
+uint64_t WeightTally::resident_block_bytes(int64_t R) const {
+  uint64_t b = 0;
+  for (int64_t i = 0; i < R; ++i) b += block_at(i);
+  return b;
+}
+uint64_t WeightTally::slot_block_bytes(int64_t R, int64_t L) const {
+  uint64_t b = 0;
+  for (int64_t i = std::max<int64_t>(R, 0); i < L; ++i) b = std::max(b, block_at(i));
+  return b;
+}
+uint64_t WeightTally::streamed_block_bytes(int64_t R, int64_t L) const {
+  uint64_t b = 0;
+  for (int64_t i = std::max<int64_t>(R, 0); i < L; ++i) b += block_at(i);
+  return b;
 }
 
 namespace {
@@ -166,14 +191,20 @@ struct Context {
   uint64_t tables = 0, scratch = 0, refiner_act = 0;
 
   int64_t slots(int64_t R) const { return R >= L ? 0 : std::min<int64_t>(L - R, o.prefetch ? 2 : 1); }
+  // One slot: the largest streamed block (blocks may differ in layout); 0 when all resident.
+  uint64_t slot_block(int64_t R) const { return w.slot_block_bytes(R, L); }
+  // What BudgetPlan / DevicePeak call block_bytes: one slot, or the largest block when all
+  // are resident (= W of the arithmetic above when every block has the same layout).
+  uint64_t block_bytes(int64_t R) const { return R < L ? slot_block(R) : w.block; }
+  uint64_t resident_weights(int64_t R) const { return w.nonblock + w.resident_block_bytes(R); }
   uint64_t common(int64_t R) const {
-    return w.nonblock + static_cast<uint64_t>(R + slots(R)) * w.block + o.workspace_bytes;
+    return resident_weights(R) + static_cast<uint64_t>(slots(R)) * slot_block(R) + o.workspace_bytes;
   }
   // Text weights beyond the slots: condition_proj and the final norm always; the refiner
   // blocks too unless they stream through existing block slots (same tensors as a
   // block's non-AdaLN part, so they fit one slot each).
   uint64_t text_extra(int64_t R) const {
-    const bool through_slots = slots(R) > 0 && w.refiner_block <= w.block;
+    const bool through_slots = slots(R) > 0 && w.refiner_block <= slot_block(R);
     return w.text + (through_slots ? 0 : static_cast<uint64_t>(w.refiner_blocks) * w.refiner_block) + refiner_act;
   }
   uint64_t steps_peak(int64_t R, uint64_t act) const { return common(R) + tables + act; }
@@ -251,7 +282,7 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
   const uint64_t S = static_cast<uint64_t>(c.z.S), D = static_cast<uint64_t>(c.cfg.hidden),
                  I = static_cast<uint64_t>(c.cfg.inner()), L = static_cast<uint64_t>(c.L);
   Traffic t;
-  t.weights = static_cast<uint64_t>(c.L - ch.R) * c.w.block;
+  t.weights = c.w.streamed_block_bytes(ch.R, c.L);
   if (lv.kv) {
     LS_CHECK(ch.attn > 0);
     const uint64_t kv = 2 * S * I * 2;  // K and V of all rows, bf16
@@ -323,9 +354,9 @@ DevicePeak peak_of(const Context& c, int64_t R, uint64_t act, Level lv) {
   DevicePeak d;
   d.resident_blocks = R;
   d.slots = c.slots(R);
-  d.block_bytes = c.w.block;
-  d.resident_weight_bytes = c.w.nonblock + static_cast<uint64_t>(R) * c.w.block;
-  d.slot_bytes = static_cast<uint64_t>(d.slots) * c.w.block;
+  d.block_bytes = c.block_bytes(R);
+  d.resident_weight_bytes = c.resident_weights(R);
+  d.slot_bytes = static_cast<uint64_t>(d.slots) * c.slot_block(R);
   d.modulation_table_bytes = c.tables;
   d.activation_bytes = act;
   d.workspace_bytes = c.o.workspace_bytes;
@@ -336,7 +367,7 @@ DevicePeak peak_of(const Context& c, int64_t R, uint64_t act, Level lv) {
   d.precompute_peak_bytes = c.precompute_peak(R);
   d.predicted_peak_bytes = std::max({d.steps_peak_bytes, d.text_peak_bytes, d.precompute_peak_bytes});
   const uint64_t S = static_cast<uint64_t>(c.z.S);
-  d.host_pinned_bytes = static_cast<uint64_t>(c.L - R) * c.w.block;  // streamed blocks' pinned copies
+  d.host_pinned_bytes = c.w.streamed_block_bytes(R, c.L);  // streamed blocks' pinned copies
   if (lv.kv) d.host_pinned_bytes += 2 * S * static_cast<uint64_t>(c.cfg.inner()) * 2;  // one block's K, V
   if (lv.res) d.host_pinned_bytes += S * static_cast<uint64_t>(c.cfg.hidden) * 2;       // the residual x
   return d;
@@ -486,10 +517,10 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   LS_CHECK(p.kv_chunk == bp.kv_chunk);
   LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk).total(ch.attn, ch.mlp, ch.fin));
 
-  bp.block_bytes = c.w.block;
+  bp.block_bytes = c.block_bytes(ch.R);
   bp.nonblock_weight_bytes = c.w.nonblock;
-  bp.resident_weight_bytes = c.w.nonblock + static_cast<uint64_t>(ch.R) * c.w.block;
-  bp.slot_bytes = static_cast<uint64_t>(bp.slots) * c.w.block;
+  bp.resident_weight_bytes = c.resident_weights(ch.R);
+  bp.slot_bytes = static_cast<uint64_t>(bp.slots) * c.slot_block(ch.R);
   bp.modulation_table_bytes = c.tables;
   bp.workspace_bytes = o.workspace_bytes;
   bp.text_phase_extra_bytes = c.text_extra(ch.R);

@@ -151,6 +151,17 @@ struct WeightTally {
   int64_t refiner_blocks = 0;
   uint64_t time_embedder = 0;   // role time_embedder: transient during the AdaLN precompute
   uint64_t adaln_largest = 0;   // largest AdaLN linear (role adaln, per block / final), transient
+  // Each DiT block's bytes by block index (blocks may differ: e.g. the community int8
+  // "_skip_edges" files keep blocks 0, 1, 48, 49 in bf16). The WeightStore holds blocks
+  // 0 .. R-1 resident at their own sizes and streams the rest through slots of the largest
+  // streamed block's bytes; these three give the same numbers.
+  std::vector<uint64_t> blocks;
+  uint64_t block_at(int64_t i) const {  // a block absent from the table counts as the largest
+    return i >= 0 && i < static_cast<int64_t>(blocks.size()) ? blocks[static_cast<size_t>(i)] : block;
+  }
+  uint64_t resident_block_bytes(int64_t R) const;            // blocks 0 .. R-1
+  uint64_t slot_block_bytes(int64_t R, int64_t L) const;     // largest of blocks R .. L-1 (0 if none)
+  uint64_t streamed_block_bytes(int64_t R, int64_t L) const; // blocks R .. L-1
 };
 // rope, adaln_table and unused tensors never reach the device (read on the host, or not read).
 WeightTally tally_weights(const std::vector<h3::TensorSpec>& tensors);

@@ -1,5 +1,6 @@
 #include "exec/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/thread_pool.h"
@@ -67,16 +68,14 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
   if (be.device().kind == DeviceKind::cpu && ws->resident_blocks_ == L) return ws;  // host views as they are
   ws->host_resident_ = false;
   // Block layouts by role and block index from the tensor table: every tensor of role
-  // `block` (quantised scales included) goes into the slot, nothing of another role.
+  // `block` (quantised scales included) goes into the slot, nothing of another role. Each
+  // block has its own layout (files mix formats per block: the community int8
+  // "_skip_edges" builds keep blocks 0, 1, 48, 49 in bf16); a slot holds the largest
+  // streamed block, and each copy moves the block's own bytes.
   for (int64_t i = 0; i < L; ++i) {
     ws->block_layouts_.push_back(ws->layout_of(TensorRole::block, i));
-    const auto& l0 = ws->block_layouts_.front();
-    const auto& li = ws->block_layouts_.back();
-    bool same = li.size() == l0.size();
-    for (size_t k = 0; same && k < li.size(); ++k) same = li[k].offset == l0[k].offset && spec_bytes(li[k].spec) == spec_bytes(l0[k].spec);
-    LS_CHECK_MSG(same, "block " + std::to_string(i) + " differs in layout from block 0");
+    ws->block_bytes_.push_back(layout_bytes(ws->block_layouts_.back()));
   }
-  const uint64_t block_bytes = L > 0 ? layout_bytes(ws->block_layouts_.front()) : 0;
   // Resident arena: the step weights (patch projections, head) + blocks 0 .. R-1; never
   // the precompute-only, text, host-only (rope) or unused tensors.
   auto resident = [&](const h3::TensorSpec& s) {
@@ -100,7 +99,12 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
   const int64_t streamed = L - ws->resident_blocks_;
   if (streamed > 0) {
     ws->slots_ = std::min<int64_t>(r.slots, streamed);
-    ws->slot_bytes_ = block_bytes;
+    uint64_t slot_bytes = 0, pinned_bytes = 0;  // the largest streamed block; all streamed blocks
+    for (int64_t i = ws->resident_blocks_; i < L; ++i) {
+      slot_bytes = std::max(slot_bytes, ws->block_bytes_[static_cast<size_t>(i)]);
+      pinned_bytes += ws->block_bytes_[static_cast<size_t>(i)];
+    }
+    ws->slot_bytes_ = slot_bytes;
     // loaded[s]: the transfer queue finished copying a block into slot s; free[s]: the
     // compute queue finished the work that reads slot s.
     for (int64_t s = 0; s < ws->slots_; ++s) {
@@ -108,15 +112,15 @@ Expected<std::unique_ptr<WeightStore>> WeightStore::create(const h3::H3TensorSou
       LS_ASSIGN_OR_RETURN(ws->free_[static_cast<size_t>(s)], be.take_fence());
     }
     LS_ASSIGN_OR_RETURN(ws->slot_arena_,
-                        Arena::create(device_memory, static_cast<size_t>(block_bytes) * static_cast<size_t>(ws->slots_)));
+                        Arena::create(device_memory, static_cast<size_t>(slot_bytes) * static_cast<size_t>(ws->slots_)));
     for (int64_t s = 0; s < ws->slots_; ++s) {
-      LS_ASSIGN_OR_RETURN(void* p, ws->slot_arena_->alloc_bytes(static_cast<size_t>(block_bytes), "block slot"));
+      LS_ASSIGN_OR_RETURN(void* p, ws->slot_arena_->alloc_bytes(static_cast<size_t>(slot_bytes), "block slot"));
       ws->slot_ptr_.push_back(p);
     }
-    LS_ASSIGN_OR_RETURN(ws->pinned_arena_, Arena::create(be.pinned_host_memory(), static_cast<size_t>(block_bytes) *
-                                                                                      static_cast<size_t>(streamed)));
+    LS_ASSIGN_OR_RETURN(ws->pinned_arena_, Arena::create(be.pinned_host_memory(), static_cast<size_t>(pinned_bytes)));
     for (int64_t i = ws->resident_blocks_; i < L; ++i) {
-      LS_ASSIGN_OR_RETURN(void* p, ws->pinned_arena_->alloc_bytes(static_cast<size_t>(block_bytes), "streamed block"));
+      LS_ASSIGN_OR_RETURN(void* p, ws->pinned_arena_->alloc_bytes(
+                                       static_cast<size_t>(ws->block_bytes_[static_cast<size_t>(i)]), "streamed block"));
       ws->host_block_ptr_.push_back(p);
       for (const SlotEntry& e : ws->block_layouts_[static_cast<size_t>(i)]) {
         const std::string& n = e.spec.name;
@@ -181,11 +185,13 @@ void WeightStore::release_source(const std::string& name) const {
 Status WeightStore::queue_load(int64_t block) {
   const int64_t s = slot_of(block);
   LS_TRY(free_[static_cast<size_t>(s)].wait(Queue::transfer));  // the slot's last user is done
-  const auto n = static_cast<int64_t>(slot_bytes_);
+  // The block's own bytes (<= slot_bytes_: a smaller block leaves the slot's tail unused).
+  const uint64_t bytes = block_bytes_[static_cast<size_t>(block)];
+  const auto n = static_cast<int64_t>(bytes);
   const TensorView dst(slot_ptr_[static_cast<size_t>(s)], DType::u8, {n}, be_.device());
   const TensorView src(host_block_ptr_[static_cast<size_t>(block - resident_blocks_)], DType::u8, {n});
   LS_TRY(be_.copy_async(dst, src, Queue::transfer));
-  forward_copy_bytes_ += slot_bytes_;
+  forward_copy_bytes_ += bytes;
   return loaded_[static_cast<size_t>(s)].signal(Queue::transfer);
 }
 

@@ -6,9 +6,10 @@
 //  - Otherwise the weights the steps read live in device arenas:
 //      resident arena : patch projections, final norm, output heads, and the weights of
 //                       blocks 0 .. R-1 (norms, qkv, q/k norm, out_proj, fc1, fc2);
-//      block slots    : when R < L, `slots` buffers of one block's bytes each; blocks
+//      block slots    : when R < L, `slots` buffers of the largest streamed block's bytes
+//                       each (blocks may differ in layout: a mixed int8 / bf16 file); blocks
 //                       R .. L-1 live in pinned host memory (one copy per block, laid out
-//                       exactly like a slot) and are copied into slot (i - R) % slots on
+//                       exactly as it sits in a slot, its own bytes) and are copied into slot (i - R) % slots on
 //                       the backend's transfer queue. With 2 slots block i+1 copies while
 //                       block i computes (prefetch); with 1 slot the copy of block i+1
 //                       waits for block i to finish. Every streamed block crosses the bus
@@ -100,7 +101,7 @@ class WeightStore {
   int64_t slots() const { return slots_; }
   bool streamed(int64_t i) const { return i >= resident_blocks_; }
   uint64_t device_bytes() const;           // resident arena + slots
-  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }  // the largest streamed block's bytes
   uint64_t pinned_host_bytes() const;      // streamed blocks' host copies
   uint64_t forward_copy_bytes() const { return forward_copy_bytes_; }  // since begin_forward
 
@@ -127,7 +128,8 @@ class WeightStore {
   std::unique_ptr<Arena> slot_arena_;    // slots (device)
   std::unique_ptr<Arena> pinned_arena_;  // streamed blocks (pinned host), slot layout each
   std::map<std::string, TensorView> device_;
-  std::vector<std::vector<SlotEntry>> block_layouts_;  // [L], offsets equal to block 0's (checked)
+  std::vector<std::vector<SlotEntry>> block_layouts_;  // [L], each block's own layout
+  std::vector<uint64_t> block_bytes_;                  // [L], layout_bytes of each block
   Backend::Fence loaded_[2], free_[2];  // per slot: copy into it done / its last reader done
   uint64_t slot_bytes_ = 0;
   std::vector<void*> slot_ptr_;

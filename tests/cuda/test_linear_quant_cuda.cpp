@@ -6,6 +6,8 @@
 //  - fp8_e4m3: row invariance on CUDA (memcmp between the whole call and slices of it, one
 //    row included) with static and dynamic activation scales, and the distance to the CPU
 //    (printed; bounded, not bitwise: the tensor cores' sum order is not the CPU's dot16);
+//  - rows that are not 16-byte aligned (the quantisers' scalar-load paths): int8 vs the CPU
+//    bitwise, the fp8 activation codes and scales vs the host quantiser bitwise;
 //  - outputs written inside their views only (guard bytes).
 #include <gtest/gtest.h>
 
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/linear_quant_math.h"
+#include "backend/cuda/linear_quant_bench.cuh"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
@@ -147,6 +151,10 @@ TEST(LinearQuantCuda, Int8MatchesCpuBitwise) {
       // K = 260 (G = 4: 4-byte rows) and N = 33 (accumulator rows padded): IMMA at a small
       // alignment or the dp4a fallback, the same exact sums either way
       {97, 33, 260, 4, false, 1},
+      // every FHT split of the quantiser (linear_quant.cu): G = 16 (strides 1, 4 in registers
+      // only), G = 1024 / 4096 (three / four shared-memory stages), a swiglu input at G = 64
+      {50, 96, 1024, 16, false, 1}, {13, 100, 2048, 1024, true, 2}, {5, 64, 4096, 4096, false, 0},
+      {33, 72, 768, 64, true, 1},
   };
   uint32_t seed = 1;
   for (const Problem& p : cases) {
@@ -163,6 +171,72 @@ TEST(LinearQuantCuda, Int8MatchesCpuBitwise) {
     double ss = 0;
     for (int64_t i = 0; i < g.n(); ++i) ss += std::fabs(g.get(i));
     EXPECT_GT(ss, 0.0) << "all-zero output";
+  }
+}
+
+// Rows that are not 16-byte aligned (row stride K + 17 elements, the view one element in):
+// the quantisers' scalar-load paths, int8 against the CPU bitwise and the fp8 activation
+// codes and scales against the host quantiser (linear_quant_math.h) bitwise.
+TEST(LinearQuantCuda, UnalignedRowsMatchCpuBitwise) {
+  LS_NEED_GPU();
+  const Problem cases[] = {{37, 64, 512, 256, false, 1}, {9, 48, 1024, 16, true, 0}, {21, 40, 260, 4, false, 2}};
+  uint32_t seed = 900;
+  for (const Problem& p : cases) {
+    Arena::Scope scope(*G->arena);
+    Prepared r = prepare(G, p, seed++);
+    const int64_t W = p.swiglu ? 2 * p.K : p.K;
+    HostBuf wide = bf16_input(p.M, W + 1, seed++, 1.0f);
+    DevBuf dwide = cudatest::dev_from(G, wide);
+    r.x = wide;  // the CPU reads the same strided view
+    Prepared rc = r;
+    rc.x.v = r.x.v.cols(1, W + 1);
+    HostBuf want = run_cpu(G, p, rc);
+    DevBuf out = cudatest::dev_buf(G, DType::bf16, {p.M, p.N});
+    LinearOptions o;
+    o.swiglu_input = p.swiglu;
+    const TensorView xd = dwide.v.cols(1, W + 1);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(xd.data) % 8, 0u);  // really unaligned
+    ASSERT_TRUE(G->cuda->linear(xd, r.dw, r.has_bias ? &r.dbias : nullptr, out.v, o).ok());
+    HostBuf got = cudatest::download(G, out.v);
+    EXPECT_EQ(0, std::memcmp(want.v.data, got.v.data, static_cast<size_t>(want.n() * 2)))
+        << "int8 unaligned M " << p.M << " K " << p.K << " G " << p.G;
+  }
+  // fp8 activation codes: static scale 1, static 0.25, dynamic; aligned and unaligned rows.
+  for (int variant = 0; variant < 6; ++variant) {
+    Arena::Scope scope(*G->arena);
+    const int64_t M = 29, K = 1024 + 16 * variant;
+    const bool dynamic = variant % 3 == 2, unaligned = variant >= 3;
+    const float input_scale = variant % 3 == 1 ? 0.25f : 1.0f;
+    // [M, K + 8] in a guarded buffer: rows K + 24 elements apart (16-byte multiples), so the
+    // view at column 0 takes the 16-byte-load path and the one at column 1 the scalar one.
+    HostBuf wide = bf16_input(M, K + 8, 1000 + static_cast<uint32_t>(variant), 4.0f);
+    DevBuf dwide = cudatest::dev_from(G, wide);
+    const TensorView xh = unaligned ? wide.v.cols(1, K + 1) : wide.v.cols(0, K);
+    const TensorView xd = unaligned ? dwide.v.cols(1, K + 1) : dwide.v.cols(0, K);
+    LinearWeight w;
+    w.format = WeightFormat::fp8_e4m3;
+    w.w = TensorView(nullptr, DType::f8e4m3, {8, K}, G->cuda->device());
+    w.input_scale = input_scale;
+    w.dynamic_act = dynamic;
+    auto qd = G->arena->alloc(DType::f8e4m3, {M, K}, "q");
+    auto rd = G->arena->alloc(DType::f32, {M}, "rs");
+    ASSERT_TRUE(qd.ok() && rd.ok());
+    ASSERT_TRUE(cuda::bench_quant_activations(*G->cuda, xd, w, false, *qd, *rd).ok());
+    HostBuf q = cudatest::download(G, *qd), rs = cudatest::download(G, *rd);
+    int64_t bad = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      const auto* row = static_cast<const uint16_t*>(xh.data) + m * xh.stride[0];
+      float s = input_scale;
+      if (dynamic) {
+        float mx = 0.0f;
+        for (int64_t k = 0; k < K; ++k) mx = lq::max_nan_ignoring(mx, lq::abs(lq::bf16_widen(row[k])));
+        s = lq::lq_fp8_dynamic_scale(mx);
+      }
+      bad += std::memcmp(&s, static_cast<const float*>(rs.v.data) + m, 4) != 0;
+      for (int64_t k = 0; k < K; ++k)
+        bad += q.v.ptr<uint8_t>()[m * K + k] != lq::lq_fp8_quant(lq::bf16_widen(row[k]), s);
+    }
+    EXPECT_EQ(bad, 0) << "fp8 quantiser variant " << variant;
   }
 }
 

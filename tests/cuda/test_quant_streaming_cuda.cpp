@@ -1,6 +1,7 @@
 // The plan-invariance property on quantised models (tests/quant_streaming_cases.h) on the
 // GPU: int8 ConvRot, fp8 e4m3 (fp8 tensor cores on SM >= 8.9, the dequantising path below),
-// int8 with quantised AdaLN linears, mixed formats per layer and --precision fp8: every
+// int8 with quantised AdaLN linears, mixed formats per layer, blocks of different layouts
+// (bf16 edge blocks, int8 and fp8 blocks) and --precision fp8: every
 // residency, slicing, offload and budget plan gives the all-resident stock bytes on the same
 // GPU (memcmp). Skips without a GPU.
 #include "quant_streaming_cases.h"
@@ -20,6 +21,7 @@ TEST(CudaQuantStreaming, KnobsMatchResidentStock) {
   check_knobs(10, Kind::mixed, 3, 8, "cuda");
   check_knobs(13, Kind::fp8_convert, 2, 8, "cuda");
   check_knobs(14, Kind::fp8_dynamic, 2, 8, "cuda");
+  check_knobs(31, Kind::mixed_blocks, 6, 8, "cuda");  // bf16 edge blocks, an fp8 and an int8 block
 }
 
 TEST(CudaQuantStreaming, BudgetSweepsMatchAndFit) {
@@ -27,4 +29,5 @@ TEST(CudaQuantStreaming, BudgetSweepsMatchAndFit) {
   check_budgets(21, Kind::int8, 3, 8, "cuda");
   check_budgets(22, Kind::fp8, 3, 8, "cuda");
   check_budgets(23, Kind::mixed, 3, 8, "cuda");
+  check_budgets(34, Kind::mixed_blocks, 6, 8, "cuda");
 }

@@ -65,13 +65,36 @@ size_t align_up(size_t v) { return (v + 255) & ~size_t{255}; }
 int64_t ld_acc(int64_t N) { return (N + 3) / 4 * 4; }
 
 // ---- kernels ------------------------------------------------------------------------------
+// Bytes each stage moves at S = 111,274 rows (the H3 shapes; M·K = activations in, M·N out):
+//                      x in (bf16)   q out   | GEMM: acc out   | epilogue: acc in + y out
+//   qkv   K 5376  N 21504  1.20 GB  0.60 GB  |  9.57 GB (i32)  |  9.57 + 4.79 GB
+//   out   K 7168  N  5376  1.60 GB  0.80 GB  |  2.39 GB        |  2.39 + 1.20 GB
+//   fc1   K 5376  N 28672  1.20 GB  0.60 GB  | 12.76 GB        | 12.76 + 6.38 GB
+//   fc2   K 14336 N  5376  6.38 GB  1.60 GB  |  2.39 GB        |  2.39 + 1.20 GB   (x = swiglu's u [M, 2F])
+// At ~4 TB/s the activation stage is 0.4-2 ms per linear and the epilogue 1-5 ms, against
+// 6-25 ms of int8 GEMM: memory traffic alone would cost the whole int8 linear about 25 %
+// over its GEMM. The session-5 kernels cost 60-170 % (bench_linear_quant, H200): the
+// quantiser was bound by its instruction stream (64-bit index divisions in every FHT
+// butterfly, one bf16 per load, 256 threads for K / 4 quartets), not by its bytes. So:
+//   - the quantiser reads each row once with 16-byte loads, does the FHT's first two
+//     radix-4 stages (strides 1 and 4) in registers on 16 contiguous values per thread,
+//     the remaining stages (16, 64, ...) in shared memory with 32-bit shift/mask indices,
+//     takes the row's absmax in the last stage's pass, and writes 16 int8 per store;
+//   - the fp8 quantiser does 8 values per thread with 16-byte loads;
+//   - the epilogue does 4 outputs per thread (16-byte accumulator loads, 8-byte stores).
+// The arithmetic of every element is unchanged (the same lq:: operations in the same order
+// on the same values: which thread does a butterfly cannot change its result), so the
+// bytes are the session-5 kernels' and the CPU reference's.
+// What remains beyond the GEMM is the int32 accumulator round trip (GEMM out, epilogue in):
+// removing it needs the epilogue in the GEMM's registers (a custom IMMA / wgmma kernel;
+// cuBLASLt's int8 epilogues round acc to fp32 with one alpha, not this epilogue).
 __device__ __forceinline__ float block_max(float m, float* red) {
   for (int o = 16; o > 0; o /= 2) m = lq::max_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) red[warp] = m;
   __syncthreads();
   if (warp == 0) {
-    m = lane < kThreads / 32 ? red[lane] : 0.0f;
+    m = lane < static_cast<int>(blockDim.x / 32) ? red[lane] : 0.0f;
     for (int o = 16; o > 0; o /= 2) m = lq::max_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) red[0] = m;
   }
@@ -79,61 +102,172 @@ __device__ __forceinline__ float block_max(float m, float* red) {
   return red[0];
 }
 
-// x: bf16 rows (ldx elements apart; [K] or [2K] with SWIGLU); q: int8 [rows, K]; sx: f32 [rows].
-// Dynamic shared memory: K floats.
-template <bool SWIGLU>
-__global__ void __launch_bounds__(kThreads) quant_int8_rows(const uint16_t* __restrict__ x, int64_t ldx, int64_t K,
-                                                            int G, int8_t* __restrict__ q, float* __restrict__ sx) {
+// One radix-4 butterfly of the fp32 FHT (core/hadamard.h: output digit d uses h4 row d,
+// left-to-right sign sums, then * 0.5), in place.
+__device__ __forceinline__ void fht_quartet(float& x0, float& x1, float& x2, float& x3) {
+  const float t0 = lq::sub(lq::add(lq::add(x0, x1), x2), x3);
+  const float t1 = lq::add(lq::sub(lq::add(x0, x1), x2), x3);
+  const float t2 = lq::add(lq::add(lq::sub(x0, x1), x2), x3);
+  const float t3 = lq::add(lq::add(lq::add(-x0, x1), x2), x3);
+  x0 = lq::mul(0.5f, t0);
+  x1 = lq::mul(0.5f, t1);
+  x2 = lq::mul(0.5f, t2);
+  x3 = lq::mul(0.5f, t3);
+}
+
+// n bf16 values (n = 4, 8 or 16) at p widened to fp32; VEC: p is aligned to 8 (n = 4) or
+// 16 bytes and read with vector loads.
+template <int N, bool VEC>
+__device__ __forceinline__ void load_bf16(const uint16_t* __restrict__ p, float* a) {
+  if constexpr (VEC && N == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      a[2 * i] = lq::bf16_widen(static_cast<uint16_t>(w[i] & 0xffffu));
+      a[2 * i + 1] = lq::bf16_widen(static_cast<uint16_t>(w[i] >> 16));
+    }
+  } else if constexpr (VEC) {
+#pragma unroll
+    for (int h = 0; h < N / 8; ++h) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[h];
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[8 * h + 2 * i] = lq::bf16_widen(static_cast<uint16_t>(w[i] & 0xffffu));
+        a[8 * h + 2 * i + 1] = lq::bf16_widen(static_cast<uint16_t>(w[i] >> 16));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] = lq::bf16_widen(p[i]);
+  }
+}
+
+// Threads for a row kernel with `items` work items per row: at most kThreads, the fewest
+// rounds, whole warps (block_max shuffles full warps).
+int row_threads(int64_t items) {
+  const int64_t rounds = std::max<int64_t>(1, div_up(items, kThreads));
+  return static_cast<int>(std::max<int64_t>(32, div_up(div_up(items, rounds), 32) * 32));
+}
+
+// x: bf16 rows (ldx elements apart; [K] or, with SWIGLU, gate [K] then up [K]); q: int8
+// [rows, K]; sx: f32 [rows]. One CTA per row, dynamic shared memory K floats. C = the
+// values per thread chunk: 16 when G >= 16 (FHT strides 1 and 4 in registers), else 4
+// (G = 4: stride 1 only). log_g = log2 G. VEC: 16-byte (C = 16) / 8-byte (C = 4) loads.
+template <bool SWIGLU, int C, bool VEC>
+__global__ void __launch_bounds__(kThreads) quant_int8_rows(const uint16_t* __restrict__ x, int64_t ldx, int K,
+                                                            int log_g, int8_t* __restrict__ q, float* __restrict__ sx) {
   extern __shared__ float v[];
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
   const uint16_t* xr = x + r * ldx;
-  for (int64_t k = threadIdx.x; k < K; k += kThreads)
-    v[k] = SWIGLU ? lq::lq_swiglu(lq::bf16_widen(xr[k]), lq::bf16_widen(xr[K + k])) : lq::bf16_widen(xr[k]);
-  __syncthreads();
-  const int64_t quartets = K / 4, per_group = G / 4;
-  for (int s = 1; s < G; s *= 4) {
-    for (int64_t j = threadIdx.x; j < quartets; j += kThreads) {
-      const int64_t g = j / per_group, jj = j % per_group;
-      const int64_t b = g * G + (jj / s) * 4 * s + (jj % s);
-      const float x0 = v[b], x1 = v[b + s], x2 = v[b + 2 * s], x3 = v[b + 3 * s];
-      // the four outputs of the quartet (core/hadamard.h: digit d uses h4 row d)
-      const float t0 = lq::sub(lq::add(lq::add(x0, x1), x2), x3);
-      const float t1 = lq::add(lq::sub(lq::add(x0, x1), x2), x3);
-      const float t2 = lq::add(lq::add(lq::sub(x0, x1), x2), x3);
-      const float t3 = lq::add(lq::add(lq::add(-x0, x1), x2), x3);
-      v[b] = lq::mul(0.5f, t0);
-      v[b + s] = lq::mul(0.5f, t1);
-      v[b + 2 * s] = lq::mul(0.5f, t2);
-      v[b + 3 * s] = lq::mul(0.5f, t3);
-    }
-    __syncthreads();
-  }
+  const int chunks = K / C;
+  const bool smem_stages = (1 << log_g) > C;
   float m = 0.0f;
-  for (int64_t k = threadIdx.x; k < K; k += kThreads) m = lq::max_nan_ignoring(m, lq::abs(v[k]));
+  for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
+    float a[C];
+    load_bf16<C, VEC>(xr + j * C, a);
+    if constexpr (SWIGLU) {
+      float u[C];
+      load_bf16<C, VEC>(xr + K + j * C, u);
+#pragma unroll
+      for (int i = 0; i < C; ++i) a[i] = lq::lq_swiglu(a[i], u[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < C; i += 4) fht_quartet(a[i], a[i + 1], a[i + 2], a[i + 3]);  // stride 1
+    if constexpr (C == 16) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fht_quartet(a[i], a[i + 4], a[i + 8], a[i + 12]);  // stride 4
+    }
+    if (!smem_stages) {
+#pragma unroll
+      for (int i = 0; i < C; ++i) m = lq::max_nan_ignoring(m, lq::abs(a[i]));
+    }
+    float4* vs = reinterpret_cast<float4*>(v + j * C);
+#pragma unroll
+    for (int i = 0; i < C / 4; ++i) vs[i] = make_float4(a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
+  }
+  __syncthreads();
+  if (smem_stages) {
+    // Strides 16, 64, ... < G: quartet j of group g = j >> (log_g - 2) starts at
+    // g G + (jj >> log_s) 4s + (jj & (s - 1)), jj = j & (G/4 - 1) (the CPU's loop order).
+    const int quartets = K / 4, log_pg = log_g - 2;
+    for (int log_s = 4; log_s < log_g; log_s += 2) {
+      const bool last = log_s + 2 == log_g;
+      const int s = 1 << log_s;
+      for (int j = threadIdx.x; j < quartets; j += blockDim.x) {
+        const int g = j >> log_pg, jj = j & ((1 << log_pg) - 1);
+        const int b = (g << log_g) + ((jj >> log_s) << (log_s + 2)) + (jj & (s - 1));
+        float x0 = v[b], x1 = v[b + s], x2 = v[b + 2 * s], x3 = v[b + 3 * s];
+        fht_quartet(x0, x1, x2, x3);
+        v[b] = x0;
+        v[b + s] = x1;
+        v[b + 2 * s] = x2;
+        v[b + 3 * s] = x3;
+        if (last) {  // absmax over the final values (max is exact in any order)
+          m = lq::max_nan_ignoring(m, lq::abs(x0));
+          m = lq::max_nan_ignoring(m, lq::abs(x1));
+          m = lq::max_nan_ignoring(m, lq::abs(x2));
+          m = lq::max_nan_ignoring(m, lq::abs(x3));
+        }
+      }
+      __syncthreads();
+    }
+  }
   m = block_max(m, red);
   const float scale = lq::lq_int8_scale(m);
   const float d = lq::round_bf16(scale);
   int8_t* qr = q + r * K;
-  for (int64_t k = threadIdx.x; k < K; k += kThreads) qr[k] = lq::lq_int8_quant(v[k], d);
+  for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
+    const float4* vs = reinterpret_cast<const float4*>(v + j * C);
+    uint32_t packed[C / 4];
+#pragma unroll
+    for (int i = 0; i < C / 4; ++i) {
+      const float4 f = vs[i];
+      const float e[4] = {f.x, f.y, f.z, f.w};
+      uint32_t w = 0;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        w |= static_cast<uint32_t>(static_cast<uint8_t>(lq::lq_int8_quant(e[t], d))) << (8 * t);
+      packed[i] = w;
+    }
+    if constexpr (C == 16) *reinterpret_cast<uint4*>(qr + j * C) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    else *reinterpret_cast<uint32_t*>(qr + j * C) = packed[0];
+  }
   if (threadIdx.x == 0) sx[r] = scale;
 }
 
 // x: bf16 rows; q: e4m3 [rows, K]; sa: f32 [rows] (the activation scale used per row).
-__global__ void __launch_bounds__(kThreads) quant_fp8_rows(const uint16_t* __restrict__ x, int64_t ldx, int64_t K,
+// 8 values per thread (K a multiple of 16 on this path); VEC: 16-byte loads.
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads) quant_fp8_rows(const uint16_t* __restrict__ x, int64_t ldx, int K,
                                                            float input_scale, bool dynamic, uint8_t* __restrict__ q,
                                                            float* __restrict__ sa) {
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
   const uint16_t* xr = x + r * ldx;
+  const int chunks = K / 8;
   float s = input_scale;
   if (dynamic) {
     float m = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += kThreads) m = lq::max_nan_ignoring(m, lq::abs(lq::bf16_widen(xr[k])));
+    for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
+      float a[8];
+      load_bf16<8, VEC>(xr + j * 8, a);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = lq::max_nan_ignoring(m, lq::abs(a[i]));
+    }
     s = lq::lq_fp8_dynamic_scale(block_max(m, red));
   }
   uint8_t* qr = q + r * K;
-  for (int64_t k = threadIdx.x; k < K; k += kThreads) qr[k] = lq::lq_fp8_quant(lq::bf16_widen(xr[k]), s);
+  for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
+    float a[8];
+    load_bf16<8, VEC>(xr + j * 8, a);  // (dynamic: the second read of the row, from L1 / L2)
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i / 4] |= static_cast<uint32_t>(lq::lq_fp8_quant(a[i], s)) << (8 * (i % 4));
+    *reinterpret_cast<uint2*>(qr + j * 8) = make_uint2(w[0], w[1]);
+  }
   if (threadIdx.x == 0) sa[r] = s;
 }
 
@@ -141,25 +275,51 @@ __device__ __forceinline__ float bias_at(const void* bias, bool bias_f32, int64_
   return bias_f32 ? static_cast<const float*>(bias)[n] : lq::bf16_widen(static_cast<const uint16_t*>(bias)[n]);
 }
 
-// out[r, n] = bf16(epilogue(acc[r, n]) (+ bias[n])); acc: [rows, N] contiguous (int32 | f32).
+// out[r, n] = bf16(epilogue(acc[r, n]) (+ bias[n])); acc: [rows, ldc] (int32 | f32).
 // FP8: s_w = sw[0], y = fl32(acc * fl32(s_a[r] * s_w)). INT8: y = fl32(fl32(acc * sx[r]) * sw[n]).
-template <bool FP8>
+// V outputs per thread: V = 4 (N % 4 == 0, out rows 8-byte aligned: 16-byte accumulator
+// loads, one 8-byte store) or 1.
+template <bool FP8, int V>
 __global__ void __launch_bounds__(kThreads) epilogue_rows(const void* __restrict__ acc, const float* __restrict__ rs,
                                                           const float* __restrict__ sw, bool sw_scalar,
                                                           const void* bias, bool bias_f32, uint16_t* __restrict__ out,
                                                           int64_t ldo, int64_t N, int64_t ldc) {
   const int64_t r = blockIdx.y;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (n >= N) return;
-  float y;
-  if constexpr (FP8) {
-    const float s = lq::mul(rs[r], sw[0]);
-    y = lq::mul(static_cast<const float*>(acc)[r * ldc + n], s);
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
+  if (n0 >= N) return;
+  float a[V];
+  if constexpr (V == 4) {
+    if constexpr (FP8) {
+      const float4 t = *reinterpret_cast<const float4*>(static_cast<const float*>(acc) + r * ldc + n0);
+      a[0] = t.x, a[1] = t.y, a[2] = t.z, a[3] = t.w;
+    } else {
+      const int4 t = *reinterpret_cast<const int4*>(static_cast<const int32_t*>(acc) + r * ldc + n0);
+      const int32_t e[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = lq::lq_i32_to_f32(e[i]);
+    }
   } else {
-    y = lq::lq_int8_epilogue(static_cast<const int32_t*>(acc)[r * ldc + n], rs[r], sw_scalar ? sw[0] : sw[n]);
+    a[0] = FP8 ? static_cast<const float*>(acc)[r * ldc + n0]
+               : lq::lq_i32_to_f32(static_cast<const int32_t*>(acc)[r * ldc + n0]);
   }
-  if (bias) y = lq::add(y, bias_at(bias, bias_f32, n));
-  out[r * ldo + n] = lq::bf16_bits(y);
+  const float sr = rs[r];
+  const float sf = FP8 ? lq::mul(sr, sw[0]) : 0.0f;
+  uint16_t y16[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t n = n0 + i;
+    // lq_int8_epilogue(acc, sx, sw) = fl32(fl32(fl32(acc) * sx) * sw), spelled out on the widened acc
+    float y = FP8 ? lq::mul(a[i], sf) : lq::mul(lq::mul(a[i], sr), sw_scalar ? sw[0] : sw[n]);
+    if (bias) y = lq::add(y, bias_at(bias, bias_f32, n));
+    y16[i] = lq::bf16_bits(y);
+  }
+  if constexpr (V == 4) {
+    *reinterpret_cast<uint2*>(out + r * ldo + n0) =
+        make_uint2(static_cast<uint32_t>(y16[0]) | (static_cast<uint32_t>(y16[1]) << 16),
+                   static_cast<uint32_t>(y16[2]) | (static_cast<uint32_t>(y16[3]) << 16));
+  } else {
+    out[r * ldo + n0] = y16[0];
+  }
 }
 
 // w_bf16[n, k] = bf16(fl32(e4m3(w[n, k])) * s_w), s_w = sw[0] (read on the device).
@@ -385,27 +545,59 @@ Status launch_int8_quant(CudaContext& ctx, const TensorView& x, int64_t rows, in
     return unsupported("linear", "int8_convrot with K = " + std::to_string(K) + " needs " + std::to_string(smem) +
                                      " bytes of shared memory per row; the device has " +
                                      std::to_string(ctx.max_smem_optin));
-  auto kernel = swiglu ? quant_int8_rows<true> : quant_int8_rows<false>;
+  int log_g = 0;
+  while ((int64_t{1} << log_g) < G) ++log_g;
+  const int C = G >= 16 ? 16 : 4;
+  // 16-byte (C = 16) or 8-byte (C = 4) loads: the rows (and the up half at + K) aligned so.
+  const int64_t vec_elems = C == 16 ? 8 : 4;
+  const bool vec = reinterpret_cast<uintptr_t>(x.data) % static_cast<uintptr_t>(vec_elems * 2) == 0 &&
+                   x.stride[0] % vec_elems == 0;
+  using Kernel = void (*)(const uint16_t*, int64_t, int, int, int8_t*, float*);
+  Kernel kernel = nullptr;
+  if (C == 16) {
+    if (swiglu) kernel = vec ? quant_int8_rows<true, 16, true> : quant_int8_rows<true, 16, false>;
+    else kernel = vec ? quant_int8_rows<false, 16, true> : quant_int8_rows<false, 16, false>;
+  } else {
+    if (swiglu) kernel = vec ? quant_int8_rows<true, 4, true> : quant_int8_rows<true, 4, false>;
+    else kernel = vec ? quant_int8_rows<false, 4, true> : quant_int8_rows<false, 4, false>;
+  }
   if (smem > 48 * 1024)
     LS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<static_cast<unsigned>(rows), kThreads, smem, ctx.stream>>>(x.ptr<const uint16_t>(), x.stride[0], K,
-                                                                     static_cast<int>(G), q, sx);
+  kernel<<<static_cast<unsigned>(rows), row_threads(K / C), smem, ctx.stream>>>(
+      x.ptr<const uint16_t>(), x.stride[0], static_cast<int>(K), log_g, q, sx);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+Status launch_fp8_quant(CudaContext& ctx, const TensorView& x, int64_t rows, int64_t K, float input_scale, bool dynamic,
+                        uint8_t* q, float* sa) {
+  LS_CHECK(K % 16 == 0);
+  const bool vec = aligned16(x.data) && x.stride[0] % 8 == 0;
+  auto kernel = vec ? quant_fp8_rows<true> : quant_fp8_rows<false>;
+  kernel<<<static_cast<unsigned>(rows), row_threads(K / 8), 0, ctx.stream>>>(x.ptr<const uint16_t>(), x.stride[0],
+                                                                            static_cast<int>(K), input_scale, dynamic, q, sa);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
 
 Status launch_epilogue(CudaContext& ctx, bool fp8, const void* acc, const float* rs, const TensorView& w_scale,
                        const TensorView* bias, const TensorView& out_rows, int64_t rows, int64_t N) {
-  dim3 grid(static_cast<unsigned>(div_up(N, kThreads)), static_cast<unsigned>(rows));
   const void* b = bias ? bias->data : nullptr;
   const bool bf32 = bias && bias->dtype == DType::f32;
   const bool scalar = w_scale.numel() == 1;
-  if (fp8)
-    epilogue_rows<true><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, w_scale.ptr<const float>(), scalar, b, bf32,
-                                                          out_rows.ptr<uint16_t>(), out_rows.stride[0], N, ld_acc(N));
-  else
-    epilogue_rows<false><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, w_scale.ptr<const float>(), scalar, b, bf32,
-                                                           out_rows.ptr<uint16_t>(), out_rows.stride[0], N, ld_acc(N));
+  // 4 outputs per thread where the rows allow 8-byte stores (acc rows are 16-byte aligned:
+  // ld_acc(N) = N when N % 4 == 0, the region 256-aligned).
+  const bool v4 = N % 4 == 0 && out_rows.stride[0] % 4 == 0 && reinterpret_cast<uintptr_t>(out_rows.data) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(acc) % 16 == 0;
+  const int V = v4 ? 4 : 1;
+  dim3 grid(static_cast<unsigned>(div_up(div_up(N, V), kThreads)), static_cast<unsigned>(rows));
+  auto* o = out_rows.ptr<uint16_t>();
+  const float* sw = w_scale.ptr<const float>();
+  const int64_t ldo = out_rows.stride[0], ldc = ld_acc(N);
+  if (fp8 && v4) epilogue_rows<true, 4><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, sw, scalar, b, bf32, o, ldo, N, ldc);
+  else if (fp8) epilogue_rows<true, 1><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, sw, scalar, b, bf32, o, ldo, N, ldc);
+  else if (v4) epilogue_rows<false, 4><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, sw, scalar, b, bf32, o, ldo, N, ldc);
+  else epilogue_rows<false, 1><<<grid, kThreads, 0, ctx.stream>>>(acc, rs, sw, scalar, b, bf32, o, ldo, N, ldc);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
@@ -474,9 +666,7 @@ Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight&
     const int64_t rows = std::min(Mc, M - m0);
     const TensorView xr = x.slice_rows(m0, m0 + rows);
     if (fp8) {
-      quant_fp8_rows<<<static_cast<unsigned>(rows), kThreads, 0, ctx.stream>>>(
-          xr.ptr<const uint16_t>(), xr.stride[0], K, w.input_scale, w.dynamic_act, q, rs);
-      LS_CUDA_CHECK_LAUNCH();
+      LS_TRY(launch_fp8_quant(ctx, xr, rows, K, w.input_scale, w.dynamic_act, q, rs));
     } else {
       LS_TRY(launch_int8_quant(ctx, xr, rows, K, w.group, opts.swiglu_input, reinterpret_cast<int8_t*>(q), rs));
     }
@@ -486,7 +676,45 @@ Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight&
   return Status();
 }
 
-// ---- benchmark entry (linear_quant_bench.cuh) -------------------------------------------------
+// ---- benchmark entries (linear_quant_bench.cuh) -------------------------------------------------
+namespace {
+Status bench_ctx(Backend& b, CudaContext* ctx) {
+  const int dev = device_index(b);
+  if (dev < 0) return make_error(ErrorCode::unsupported, "bench_quant: not a CUDA backend");
+  ctx->device = dev;
+  ctx->stream = compute_stream(b);
+  int smem = 0;
+  LS_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  ctx->max_smem_optin = static_cast<size_t>(smem);
+  return Status();
+}
+}  // namespace
+
+Status bench_quant_activations(Backend& b, const TensorView& x, const LinearWeight& w, bool swiglu, const TensorView& q,
+                               const TensorView& rs) {
+  CudaContext ctx;
+  LS_TRY(bench_ctx(b, &ctx));
+  const int64_t K = w.w.shape[1], rows = x.shape[0];
+  LS_CHECK_MSG(q.shape[0] == rows && q.shape[1] == K && q.is_contiguous() && rs.numel() >= rows &&
+                   x.shape[1] == (swiglu ? 2 * K : K),
+               "bench_quant_activations: shapes");
+  if (w.format == WeightFormat::fp8_e4m3)
+    return launch_fp8_quant(ctx, x, rows, K, w.input_scale, w.dynamic_act, static_cast<uint8_t*>(q.data),
+                            rs.ptr<float>());
+  return launch_int8_quant(ctx, x, rows, K, w.group, swiglu, static_cast<int8_t*>(q.data), rs.ptr<float>());
+}
+
+Status bench_quant_epilogue(Backend& b, const TensorView& acc, const TensorView& rs, const LinearWeight& w,
+                            const TensorView& out) {
+  CudaContext ctx;
+  LS_TRY(bench_ctx(b, &ctx));
+  const int64_t rows = out.shape[0], N = out.shape[1];
+  LS_CHECK_MSG(acc.shape[0] == rows && acc.shape[1] == ld_acc(N) && acc.is_contiguous() && rs.numel() >= rows,
+               "bench_quant_epilogue: shapes");
+  return launch_epilogue(ctx, w.format == WeightFormat::fp8_e4m3, acc.data, rs.ptr<const float>(), w.scale, nullptr,
+                         out, rows, N);
+}
+
 Status bench_quant_gemm_only(Backend& b, bool fp8, const TensorView& q, const TensorView& w, const TensorView& acc) {
   const int dev = device_index(b);
   if (dev < 0) return make_error(ErrorCode::unsupported, "bench_quant_gemm_only: not a CUDA backend");

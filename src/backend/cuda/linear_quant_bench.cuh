@@ -19,4 +19,16 @@ size_t linear_quant_workspace_bytes();
 // Queued on b's compute stream (b must be a CUDA backend); q and acc contiguous.
 Status bench_quant_gemm_only(Backend& b, bool fp8, const TensorView& q, const TensorView& w, const TensorView& acc);
 
+// The stages around the GEMM alone, as Backend::linear runs them (bench_linear_quant's
+// per-stage split):
+//   activations: q (i8 | e4m3 [M, K], contiguous) and the row scales rs f32 [M] from x
+//                (bf16 [M, K], or u [M, 2K] with swiglu for int8), with w's format, group and
+//                activation scale;
+//   epilogue:    out bf16 [M, N] from acc (i32 | f32 [M, ld], ld = N rounded up to 4,
+//                contiguous), rs and w.scale, no bias.
+Status bench_quant_activations(Backend& b, const TensorView& x, const LinearWeight& w, bool swiglu, const TensorView& q,
+                               const TensorView& rs);
+Status bench_quant_epilogue(Backend& b, const TensorView& acc, const TensorView& rs, const LinearWeight& w,
+                            const TensorView& out);
+
 }  // namespace ls::cuda

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/hadamard.h"
+#include "core/thread_pool.h"
 #include "model/h3/checkpoint.h"
 #include "model/h3/config.h"
 
@@ -248,9 +249,11 @@ Expected<SyntheticFormat> parse_synthetic_format(const std::string& name) {
   if (n == "bf16") return SyntheticFormat::bf16;
   if (n == "int8-convrot" || n == "int8") return SyntheticFormat::int8_convrot;
   if (n == "int8-convrot-full" || n == "int8-full") return SyntheticFormat::int8_convrot_full;
+  if (n == "int8-convrot-skip-edges" || n == "int8-skip-edges") return SyntheticFormat::int8_convrot_skip_edges;
   if (n == "fp8" || n == "fp8-e4m3" || n == "fp8-scaled") return SyntheticFormat::fp8;
-  return make_error(ErrorCode::invalid_argument,
-                    "unknown weight format '" + name + "' (valid: bf16, int8-convrot, int8-convrot-full, fp8)");
+  return make_error(ErrorCode::invalid_argument, "unknown weight format '" + name +
+                                                     "' (valid: bf16, int8-convrot, int8-convrot-full, "
+                                                     "int8-convrot-skip-edges, fp8)");
 }
 
 const char* synthetic_format_name(SyntheticFormat f) {
@@ -258,12 +261,30 @@ const char* synthetic_format_name(SyntheticFormat f) {
     case SyntheticFormat::bf16: return "bf16";
     case SyntheticFormat::int8_convrot: return "int8-convrot";
     case SyntheticFormat::int8_convrot_full: return "int8-convrot-full";
+    case SyntheticFormat::int8_convrot_skip_edges: return "int8-convrot-skip-edges";
     case SyntheticFormat::fp8: return "fp8";
   }
   return "?";
 }
 
-Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticFormat f) {
+std::vector<int64_t> skip_edges_blocks(int64_t num_layers) {
+  std::vector<int64_t> b;
+  for (int64_t i : {int64_t{0}, int64_t{1}, num_layers - 2, num_layers - 1})
+    if (i >= 0 && i < num_layers && std::find(b.begin(), b.end(), i) == b.end()) b.push_back(i);
+  return b;
+}
+
+Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticFormat f,
+                                             const std::vector<int64_t>& bf16_blocks) {
+  if (f == SyntheticFormat::int8_convrot_skip_edges) {
+    std::vector<int64_t> b = skip_edges_blocks(cfg.num_layers);
+    b.insert(b.end(), bf16_blocks.begin(), bf16_blocks.end());
+    return synthetic_quant_layout(cfg, SyntheticFormat::int8_convrot, b);
+  }
+  for (int64_t b : bf16_blocks)
+    if (b < 0 || b >= cfg.num_layers)
+      return make_error(ErrorCode::invalid_argument, "bf16 block " + std::to_string(b) + " is not a block of this model (0.." +
+                                                         std::to_string(cfg.num_layers - 1) + ")");
   QuantLayout q;
   if (f == SyntheticFormat::bf16) return q;
   const int64_t D = cfg.hidden, I = cfg.inner(), F = cfg.ffn;
@@ -291,6 +312,7 @@ Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticForma
     return Status();
   };
   for (int64_t b = 0; b < cfg.num_layers; ++b) {
+    if (std::find(bf16_blocks.begin(), bf16_blocks.end(), b) != bf16_blocks.end()) continue;  // kept in bf16
     const std::string p = "blocks." + std::to_string(b) + ".";
     const std::pair<std::string, std::pair<int64_t, int64_t>> big[] = {{p + "attn.qkv_proj", {3 * I, D}},
                                                                          {p + "attn.out_proj", {D, I}},
@@ -343,17 +365,29 @@ void quantise_int8_convrot_rows(const uint16_t* w, int64_t rows, int64_t K, int6
 
 float fp8_scale_from_amax(float amax) { return amax > 0.0f ? amax / 448.0f : 1.0f; }
 
+// Element-wise, so split over the thread pool (50 H3 blocks are 19 G weights: one core
+// takes minutes); the bytes do not depend on the split.
 void quantise_fp8(const uint16_t* w, int64_t n, float s, uint8_t* q) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = bf16_to_f32(w[i]) / s;
-    q[i] = f32_to_f8e4m3(std::min(448.0f, std::max(-448.0f, x)));  // NaN stays NaN (0x7f)
-  }
+  parallel_for(n, int64_t{1} << 16, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      const float x = bf16_to_f32(w[i]) / s;
+      q[i] = f32_to_f8e4m3(std::min(448.0f, std::max(-448.0f, x)));  // NaN stays NaN (0x7f)
+    }
+  });
 }
 
+// max(a, NaN) keeps a, so NaNs are skipped and the max of the rest is exact in any order:
+// per-range maxima combine to the serial result.
 float bf16_amax(const uint16_t* w, int64_t n) {
-  float a = 0.0f;
-  for (int64_t i = 0; i < n; ++i) a = std::max(a, std::fabs(bf16_to_f32(w[i])));
-  return a;
+  std::mutex mu;
+  float amax = 0.0f;
+  parallel_for(n, int64_t{1} << 16, [&](int64_t a, int64_t b) {
+    float m = 0.0f;
+    for (int64_t i = a; i < b; ++i) m = std::max(m, std::fabs(bf16_to_f32(w[i])));
+    std::lock_guard<std::mutex> lk(mu);
+    amax = std::max(amax, m);
+  });
+  return amax;
 }
 
 // ---- synthetic tensors ----------------------------------------------------------------
@@ -427,14 +461,37 @@ void fill_synthetic_tensor(const H3Config& cfg, const TensorSpec& s, uint64_t se
     // Whole rows: weight elements [begin, begin + count) = rows [begin / K, ...); scales = rows.
     const int64_t r0 = wq ? begin / K : begin, nr = wq ? count / K : count;
     if (wq) LS_CHECK_MSG(begin % K == 0 && count % K == 0, "int8 synthetic weights are made in whole rows");
+    // The scales of rows just quantised for the weight (the synthetic source asks for
+    // <m>.weight, then <m>.weight_scale): kept so the scale request does not rotate and
+    // quantise the whole weight a second time. Same values: the same rows, seed, group.
+    struct ScaleCache {
+      std::mutex mu;
+      std::string key;
+      std::vector<float> scales;
+    };
+    static ScaleCache cache;
+    const std::string key = m + "|" + std::to_string(seed) + "|" + std::to_string(N) + "x" + std::to_string(K) + "|g" +
+                            std::to_string(lq.group) + "|" + std::to_string(r0) + "+" + std::to_string(nr);
+    if (sq) {
+      std::lock_guard<std::mutex> lk(cache.mu);
+      if (cache.key == key) {
+        std::memcpy(out, cache.scales.data(), static_cast<size_t>(nr) * 4);
+        return;
+      }
+    }
     std::vector<uint16_t> w(static_cast<size_t>(nr * K));
     fill_synthetic(ws, seed, r0 * K, nr * K, w.data());
     std::vector<int8_t> qv(static_cast<size_t>(nr * K));
     std::vector<float> sc(static_cast<size_t>(nr));
-    quantise_int8_convrot_rows(w.data(), nr, K, lq.group, qv.data(), sc.data());
+    // Rows are quantised alone (per-row scale): split over the thread pool.
+    parallel_for(nr, std::max<int64_t>(1, (int64_t{1} << 16) / K), [&](int64_t a, int64_t b) {
+      quantise_int8_convrot_rows(w.data() + a * K, b - a, K, lq.group, qv.data() + a * K, sc.data() + a);
+    });
     if (wq) std::memcpy(out, qv.data(), qv.size());
     else std::memcpy(out, sc.data(), sc.size() * 4);
-    (void)N;
+    std::lock_guard<std::mutex> lk(cache.mu);
+    cache.key = key;
+    cache.scales = std::move(sc);
     return;
   }
   const float sw = fp8_weight_scale ? *fp8_weight_scale : synthetic_fp8_weight_scale(ws, seed);

@@ -93,14 +93,22 @@ enum class SyntheticFormat : uint8_t {
   int8_convrot,       // Comfy-Org "pruned" int8: the 4 big linears of every block (200 in h3)
   int8_convrot_full,  // the full int8 files: + blocks.N.adaln_proj.linear at G = 64 (250 in h3)
   fp8,                // Comfy-Org fp8_scaled: the 4 big linears, scalar scales, input_scale on qkv/out/fc1
+  // the community int8 "_skip_edges" builds: int8_convrot except blocks 0, 1, L-2, L-1,
+  // which stay bf16 (blocks of two layouts in one file: the weight store's per-block slots)
+  int8_convrot_skip_edges,
 };
-// "bf16", "int8-convrot", "int8-convrot-full", "fp8" (also "int8_convrot", ...).
+// "bf16", "int8-convrot", "int8-convrot-full", "int8-convrot-skip-edges", "fp8" (also "int8_convrot", ...).
 Expected<SyntheticFormat> parse_synthetic_format(const std::string& name);
 const char* synthetic_format_name(SyntheticFormat f);
 // The layout of a synthetic model of format f (unsupported when a K admits no group, or
 // int8-convrot-full in the curve form). G = 256 where K % 256 == 0 (every linear of the
 // real model), else the largest power of 4 below 256 dividing K (tiny/small presets).
-Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticFormat f);
+// bf16_blocks: blocks left in bf16 whatever f says (make-model --bf16-blocks; invalid_argument
+// for an index outside 0..L-1); int8_convrot_skip_edges adds skip_edges_blocks(L).
+Expected<QuantLayout> synthetic_quant_layout(const H3Config& cfg, SyntheticFormat f,
+                                             const std::vector<int64_t>& bf16_blocks = {});
+// The blocks a "_skip_edges" build keeps in bf16: 0, 1, L-2, L-1 (those that exist, once each).
+std::vector<int64_t> skip_edges_blocks(int64_t num_layers);
 // The fixed static activation scale of the synthetic fp8 files' qkv/out/fc1: 8/448
 // (saturates |x| > 8; not a power of two, so the division is exercised).
 constexpr float kSyntheticFp8InputScale = 8.0f / 448.0f;
