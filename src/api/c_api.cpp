@@ -635,7 +635,11 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   // (audio_scale != 1) the output's carry term reads the audio input, so the audio stays
   // on the device only when its input and its output both are; otherwise it is staged.
   // Everything else in tensor form: contiguous fp32 host copies.
-  auto on_device = [](const ls_tensor* t) { return t && t->size >= sizeof(uint32_t) && t->device_type == LS_DEVICE_CUDA; };
+  auto on_device = [](const ls_tensor* t) {
+    if (!t) return false;
+    auto d = tensor_desc(t, "");  // read through its size (a bad one is refused below)
+    return d.ok() && d->device_type == LS_DEVICE_CUDA;
+  };
   const bool carry = cond->audio_scale != 1.0;
   const bool v_in_dev = on_device(p.video_tensor), a_in_dev = on_device(p.audio_tensor);
   const bool v_out_dev = on_device(p.video_out_tensor), a_out_dev = on_device(p.audio_out_tensor);
