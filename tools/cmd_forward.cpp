@@ -93,10 +93,14 @@ Expected<h3::Keyframe> load_keyframe(const std::string& arg, const h3::H3Config&
   LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(path));
   h3::Keyframe k;
   const SafetensorsEntry* v = file->find("video");
-  if (!v || v->shape.size() != 4)
-    return make_error(ErrorCode::invalid_file, path + ": a keyframe file needs \"video\" f32 [C, T, Hl, Wl]");
-  k.video.T = v->shape[1], k.video.Hl = v->shape[2], k.video.Wl = v->shape[3];
-  LS_ASSIGN_OR_RETURN(k.video.data, read_f32(*file, "video", {cfg.latents_dim, k.video.T, g.Hl, g.Wl}));
+  // No "video" but an "audio": an audio-only keyframe (ComfyUI's AddGuide with audio only).
+  if ((v && v->shape.size() != 4) || (!v && !file->find("audio")))
+    return make_error(ErrorCode::invalid_file,
+                      path + ": a keyframe file needs \"video\" f32 [C, T, Hl, Wl] and/or \"audio\" f32 [C, 2, A]");
+  if (v) {
+    k.video.T = v->shape[1], k.video.Hl = v->shape[2], k.video.Wl = v->shape[3];
+    LS_ASSIGN_OR_RETURN(k.video.data, read_f32(*file, "video", {cfg.latents_dim, k.video.T, g.Hl, g.Wl}));
+  }
   if (const SafetensorsEntry* a = file->find("audio")) {
     if (a->shape.size() != 3) return make_error(ErrorCode::invalid_file, path + ": \"audio\" must be f32 [C, 2, A]");
     k.audio.A = a->shape[2];
@@ -440,7 +444,7 @@ CommandRun setup(CLI::App& sub) {
   add_float_flag(sub, "--sigma", o->sigma, range::sigma, "video sigma of the call", "", true);
   add_int_flag(sub, "--seed", o->seed, range::seed,
                "seed of the inputs (video, audio, text) and of the noise augmentation", "0");
-  sub.add_option("--keyframe", o->keyframes, "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ \"audio\")")
+  sub.add_option("--keyframe", o->keyframes, "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ \"audio\"), or \"audio\" alone")
       ->type_name("FILE[@FRAME]");
   add_text_flag(sub, "--inputs", o->inputs, "FILE",
                 "caller-given inputs instead of the seeded ones: \"video\" f32 [C, T, Hl, Wl], \"audio\" f32 "

@@ -56,7 +56,8 @@
 extern "C" {
 #endif
 
-#define LS_API_VERSION 3 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream */
+#define LS_API_VERSION 4 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream;
+                           * 3: LoRAs; 4: ls_denoise_params.output_masks, audio-only keyframes */
 
 /* ---- status ------------------------------------------------------------------- */
 /* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
@@ -236,8 +237,8 @@ typedef struct ls_condition_noise {
 
 typedef struct ls_keyframe {
   int64_t pixel_frame; /* 0 = first frame, frames - 1 = last */
-  ls_video_latent video;
-  ls_audio_latent audio; /* optional */
+  ls_video_latent video; /* may be empty (data NULL) for an audio-only keyframe */
+  ls_audio_latent audio; /* optional; required without video */
   ls_condition_noise noise;
 } ls_keyframe;
 
@@ -261,8 +262,9 @@ typedef struct ls_reference {
 typedef struct ls_keyframe_tensors {
   uint32_t size;                /* sizeof(ls_keyframe_tensors), set by ls_keyframe_tensors_init */
   int64_t pixel_frame;          /* as ls_keyframe */
-  const ls_tensor* video;       /* [C, T, Hl, Wl] (required) */
-  const ls_tensor* audio;       /* [Ca, 2, A] or NULL */
+  const ls_tensor* video;       /* [C, T, Hl, Wl], or NULL for an audio-only keyframe
+                                 * (ComfyUI's MiniMaxH3AddGuide with audio and no image) */
+  const ls_tensor* audio;       /* [Ca, 2, A] or NULL (required without video) */
   const ls_tensor* noise_video; /* ls_condition_noise.video's values (any shape; read in row-major order) or NULL */
   const ls_tensor* noise_audio; /* ls_condition_noise.audio's values or NULL */
 } ls_keyframe_tensors;
@@ -366,6 +368,11 @@ typedef struct ls_denoise_params {
    * work on it waits for the engine's writes of device outputs (events, no device-wide
    * synchronisation). Ignored when no tensor is on a device. */
   void* stream;
+  /* API version 4: 1 (the default, set by ls_denoise_params_init) multiplies the
+   * velocities by the clip's masks, as ComfyUI's MiniMaxH3Model.forward does; 0 returns
+   * them unmasked, as its _forward does (the masked rows' timesteps still come from the
+   * masks). */
+  int32_t output_masks;
 } ls_denoise_params;
 
 LS_API void ls_denoise_params_init(ls_denoise_params* p);

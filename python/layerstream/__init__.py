@@ -93,9 +93,11 @@ class Keyframe:
     """A keyframe (ls_keyframe): latents pinned at pixel frame `pixel_frame` (0 = first,
     frames - 1 = last). video [C, T, Hl, Wl], audio [Ca, 2, A] (optional), and the
     caller-drawn noise-augmentation rows (None = the engine draws them as torch's CPU
-    generator would): noise_video [T*Hl/2*Wl/2, 4C], noise_audio [2A, Ca]."""
+    generator would): noise_video [T*Hl/2*Wl/2, 4C], noise_audio [2A, Ca]. video=None
+    with an audio latent is an audio-only keyframe (ComfyUI's MiniMaxH3AddGuide with
+    audio and no image): only its audio rows enter the sequence."""
 
-    def __init__(self, pixel_frame, video, audio=None, noise_video=None, noise_audio=None):
+    def __init__(self, pixel_frame, video=None, audio=None, noise_video=None, noise_audio=None):
         self.pixel_frame = int(pixel_frame)
         self.video, self.audio, self.noise_video, self.noise_audio = video, audio, noise_video, noise_audio
 
@@ -288,11 +290,14 @@ class Engine:
         return _json.loads(self._e.plan(_clip(clip)._to_c(), float(sigma)))
 
     def denoise(self, clip, video, audio, sigma, text=None, refined_text=None, video_out=None, audio_out=None,
-                stream=None):
+                stream=None, output_masks=True):
         """One denoiser call (MiniMaxH3Model._forward's work): the velocities (ComfyUI's
         sign) of video [C, T, Hl, Wl] and audio [Ca, 2, A] (a leading 1 allowed) at the
         video sigma `sigma`, from raw text states [L, text_dim] or refined ones bf16
-        [L, hidden]. Returns (video_out, audio_out)."""
+        [L, hidden]. output_masks=False leaves the velocities unmasked, as _forward
+        returns them (the clip's masks still set the per-row timesteps); True multiplies
+        them by the masks, as MiniMaxH3Model.forward does. CUDA tensors (on the engine's
+        device) are read and written in place on the device. Returns (video_out, audio_out)."""
         clip = _clip(clip)
         if video_out is None or audio_out is None:
             # New numpy float32 arrays of the inputs' shapes (a leading 1 kept), or of the
@@ -311,7 +316,8 @@ class Engine:
         for k in clip.keyframes + clip.references:
             arrays += [k.video, k.audio, k.noise_video, k.noise_audio]
         handle = _stream_handle(stream, arrays)
-        self._e.denoise(clip._to_c(), video, audio, float(sigma), text, refined_text, video_out, audio_out, handle)
+        self._e.denoise(clip._to_c(), video, audio, float(sigma), text, refined_text, video_out, audio_out, handle,
+                        bool(output_masks))
         return video_out, audio_out
 
     def refine_text(self, text):

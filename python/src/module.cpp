@@ -350,10 +350,11 @@ class Engine {
 
   // One denoiser call; the outputs are written into video_out / audio_out.
   void denoise(const py::dict& clip, py::handle video, py::handle audio, float sigma, py::handle text,
-               py::handle refined_text, py::handle video_out, py::handle audio_out, uintptr_t stream) {
+               py::handle refined_text, py::handle video_out, py::handle audio_out, uintptr_t stream, bool output_masks) {
     auto c = make_clip(clip, stream);
     ls_denoise_params d;
     ls_denoise_params_init(&d);
+    d.output_masks = output_masks ? 1 : 0;
     d.clip = &c->clip;
     d.sigma = sigma;
     d.stream = reinterpret_cast<void*>(stream);
@@ -490,7 +491,8 @@ PYBIND11_MODULE(_C, m) {
       .def("clip_shape", &Engine::clip_shape, py::arg("clip"))
       .def("plan", &Engine::plan, py::arg("clip"), py::arg("sigma"))
       .def("denoise", &Engine::denoise, py::arg("clip"), py::arg("video"), py::arg("audio"), py::arg("sigma"),
-           py::arg("text"), py::arg("refined_text"), py::arg("video_out"), py::arg("audio_out"), py::arg("stream"))
+           py::arg("text"), py::arg("refined_text"), py::arg("video_out"), py::arg("audio_out"), py::arg("stream"),
+           py::arg("output_masks") = true)
       .def("refine_text", &Engine::refine_text, py::arg("text"), py::arg("hidden"))
       .def("report", &Engine::report)
       .def("output_hash", &Engine::output_hash);

@@ -154,17 +154,21 @@ ls::h3::ConditionNoise noise(const ls_condition_noise& n) {
 }
 
 // ---- ls_tensor: caller memory (host or device, f32 | bf16, strided) -----------------
-// Inputs become the library's contiguous fp32 host copies (bf16 widened exactly, strides
-// gathered in row-major order); outputs are written from fp32 (bf16: round to nearest
-// even, core/dtype.h). The engine packs its inputs on the host, so device memory is
-// staged through host memory with Backend::copy, ordered on the caller's stream:
-// wait_external(stream) before the first device read or write, signal_external(stream)
-// after the last write (TensorIO::finish).
+// The denoiser call's target latents on the engine's device go to the engine as device
+// views (packed there, any strides and f32|bf16), and device outputs are written by the
+// engine on the device (issue 13). Everything else becomes the library's contiguous
+// fp32 host copies (bf16 widened exactly, strides gathered in row-major order): host
+// tensors, and device conditioning tensors (keyframe / reference latents, noise, masks,
+// text), staged through host memory with Backend::copy; host outputs are written from
+// fp32 (bf16: round to nearest even, core/dtype.h). Device work is ordered on the
+// caller's stream: wait_external(stream) before the first device read or write,
+// signal_external(stream) after the last write (TensorIO::finish).
 struct TensorIO {
   ls::Backend* backend = nullptr;
   void* stream = nullptr;  // the caller's cudaStream_t (NULL = legacy default)
   bool waited = false;     // wait_external done (a device tensor was touched)
   bool wrote = false;      // a device output was written
+  uint64_t staged_bytes = 0;  // device bytes copied through host memory (device_bytes)
 
   Status before_device_access() {
     if (waited) return {};
@@ -294,6 +298,7 @@ ls::Device device_of(const ls_tensor& t) {
 // A byte range between host and device memory (Backend::copy, then wait for it).
 Status device_bytes(TensorIO& io, void* dst, ls::Device dst_dev, const void* src, ls::Device src_dev, int64_t bytes) {
   LS_TRY(io.before_device_access());
+  io.staged_bytes += static_cast<uint64_t>(bytes);
   ls::TensorView d(dst, ls::DType::u8, {bytes}, dst_dev);
   ls::TensorView s(const_cast<void*>(src), ls::DType::u8, {bytes}, src_dev);
   LS_TRY(io.backend->copy(d, s));
@@ -410,6 +415,25 @@ Expected<std::vector<float>> fixed_tensor(const ls_tensor* p, const std::vector<
   return gather(t, io, what);
 }
 
+// A latent on the engine's device as the engine's view (leading 1s dropped, the
+// caller's strides and dtype kept): the engine packs it there (no host copy).
+Expected<ls::TensorView> device_view(const ls_tensor* p, const std::vector<int64_t>& want, TensorIO& io,
+                                     const std::string& what) {
+  LS_ASSIGN_OR_RETURN(ls_tensor t, tensor_desc(p, what));
+  LS_TRY(input_shape(t, io.backend->device(), want, what));
+  ls::TensorView v;
+  v.data = t.data;
+  v.dtype = t.dtype == LS_DTYPE_BF16 ? ls::DType::bf16 : ls::DType::f32;
+  v.ndim = static_cast<int>(want.size());
+  const int lead = t.ndim - v.ndim;
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[static_cast<size_t>(i)] = t.shape[lead + i];
+    v.stride[static_cast<size_t>(i)] = t.strides[lead + i];
+  }
+  v.device = device_of(t);
+  return v;
+}
+
 // A versioned struct behind a pointer in an array (ls_keyframe_tensors, ls_reference_tensors).
 template <typename T>
 Expected<T> read_element(const T* given, void (*init)(T*), const std::string& what) {
@@ -436,7 +460,8 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
     const ls_keyframe& k = c.keyframes[i];
     ls::h3::Keyframe kf;
     kf.pixel_frame = k.pixel_frame;
-    if (!k.video.data) return Error{ErrorCode::invalid_argument, "keyframe " + std::to_string(i) + " has no video latent"};
+    if (!k.video.data && !k.audio.data)
+      return Error{ErrorCode::invalid_argument, "keyframe " + std::to_string(i) + " has neither a video nor an audio latent"};
     LS_TRY(video_latent(k.video, cfg.latents_dim, "keyframe", kf.video));
     LS_TRY(audio_latent(k.audio, cfg.audio_latents_dim, "keyframe", kf.audio));
     kf.noise = noise(k.noise);
@@ -462,7 +487,7 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
   for (size_t i = 0; i < c.keyframe_tensor_count; ++i) {
     const std::string what = "keyframe " + std::to_string(i);
     LS_ASSIGN_OR_RETURN(ls_keyframe_tensors k, read_element(c.keyframe_tensors[i], ls_keyframe_tensors_init, what));
-    if (!k.video) return Error{ErrorCode::invalid_argument, what + " has no video latent"};
+    if (!k.video && !k.audio) return Error{ErrorCode::invalid_argument, what + " has neither a video nor an audio latent"};
     ls::h3::Keyframe kf;
     kf.pixel_frame = k.pixel_frame;
     LS_TRY(video_tensor(k.video, cfg.latents_dim, io, what + " video", kf.video));
@@ -596,6 +621,7 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
     if (Status st = one_form(ptr, t, name); !st.ok()) return fail(e, st.error());
   auto cond = conditioning(cfg, p.clip, io);
   if (!cond.ok()) return fail(e, cond.error());
+  cond->output_masks = p.output_masks != 0;
   const ls::h3::ClipGeometry& g = cond->geometry;
   if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, p.sigma, 0.0f};
   if ((!p.video && !p.video_tensor) || (!p.audio && !p.audio_tensor))
@@ -604,23 +630,48 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
     return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: give text (raw states) or refined_text");
   const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
   const std::vector<int64_t> vshape{cfg.latents_dim, g.T, g.Hl, g.Wl}, ashape{cfg.audio_latents_dim, 2, g.A};
-  // Inputs in tensor form: contiguous fp32 host copies.
+  // The target latents. On the engine's device they stay there: the engine packs them
+  // (and writes device outputs) on its stream, after wait_external. With the audio carry
+  // (audio_scale != 1) the output's carry term reads the audio input, so the audio stays
+  // on the device only when its input and its output both are; otherwise it is staged.
+  // Everything else in tensor form: contiguous fp32 host copies.
+  auto on_device = [](const ls_tensor* t) {
+    if (!t) return false;
+    auto d = tensor_desc(t, "");  // read through its size (a bad one is refused below)
+    return d.ok() && d->device_type == LS_DEVICE_CUDA;
+  };
+  const bool carry = cond->audio_scale != 1.0;
+  const bool v_in_dev = on_device(p.video_tensor), a_in_dev = on_device(p.audio_tensor);
+  const bool v_out_dev = on_device(p.video_out_tensor), a_out_dev = on_device(p.audio_out_tensor);
+  const bool audio_in_on_device = a_in_dev && (!carry || a_out_dev);
+  const bool audio_out_on_device = a_out_dev && (!carry || a_in_dev);
+  const uint64_t staged_before = io.staged_bytes;  // the conditioning's staging
   std::vector<float> video_in, audio_in, text_in, refined_in;
   const float* video = p.video;
   const float* audio = p.audio;
   const float* text = p.text;
-  if (p.video_tensor) {
+  ls::TensorView video_dev, audio_dev;  // device views of the target latents
+  if (p.video_tensor && v_in_dev) {
+    auto v = device_view(p.video_tensor, vshape, io, "video_tensor");
+    if (!v.ok()) return fail(e, v.error());
+    video_dev = *v;
+  } else if (p.video_tensor) {
     auto v = fixed_tensor(p.video_tensor, vshape, io, "video_tensor");
     if (!v.ok()) return fail(e, v.error());
     video_in = std::move(*v);
     video = video_in.data();
   }
-  if (p.audio_tensor) {
+  if (p.audio_tensor && audio_in_on_device) {
+    auto a = device_view(p.audio_tensor, ashape, io, "audio_tensor");
+    if (!a.ok()) return fail(e, a.error());
+    audio_dev = *a;
+  } else if (p.audio_tensor) {
     auto a = fixed_tensor(p.audio_tensor, ashape, io, "audio_tensor");
     if (!a.ok()) return fail(e, a.error());
     audio_in = std::move(*a);
     audio = audio_in.data();
   }
+  const uint64_t latents_staged = io.staged_bytes - staged_before;
   ls::exec::RefinedText refined;
   bool have_refined = false;
   if (p.refined_text_tensor) {
@@ -682,21 +733,63 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   } else {
     call.text = ls::TensorView(const_cast<float*>(text), ls::DType::f32, {g.text_tokens, cfg.text_dim});
   }
-  call.video = ls::TensorView(const_cast<float*>(video), ls::DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
-  call.audio = ls::TensorView(const_cast<float*>(audio), ls::DType::f32, {cfg.audio_latents_dim, 2, g.A});
+  call.video = video_dev.empty()
+                   ? ls::TensorView(const_cast<float*>(video), ls::DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})
+                   : video_dev;
+  call.audio = audio_dev.empty()
+                   ? ls::TensorView(const_cast<float*>(audio), ls::DType::f32, {cfg.audio_latents_dim, 2, g.A})
+                   : audio_dev;
+  // Device outputs: written by the engine on its stream (contiguous: check_output).
+  auto out_view = [](const ls_tensor& t, const std::vector<int64_t>& shape) {
+    ls::TensorView v;
+    v.data = t.data;
+    v.dtype = t.dtype == LS_DTYPE_BF16 ? ls::DType::bf16 : ls::DType::f32;
+    v.ndim = static_cast<int>(shape.size());
+    int64_t stride = 1;
+    for (int i = v.ndim - 1; i >= 0; --i) {
+      v.shape[static_cast<size_t>(i)] = shape[static_cast<size_t>(i)];
+      v.stride[static_cast<size_t>(i)] = stride;
+      stride *= shape[static_cast<size_t>(i)];
+    }
+    v.device = device_of(t);
+    return v;
+  };
+  uint64_t readback = 0;
+  if (v_out_dev) {
+    call.outputs.video = out_view(vout, vshape);
+    readback += static_cast<uint64_t>(nv * elem_bytes(vout));
+  }
+  if (audio_out_on_device) {
+    call.outputs.audio = out_view(aout, ashape);
+    readback += static_cast<uint64_t>(na * elem_bytes(aout));
+  }
+  if (!video_dev.empty() || !audio_dev.empty() || !call.outputs.video.empty() || !call.outputs.audio.empty()) {
+    if (Status st = io.before_device_access(); !st.ok()) return fail(e, st.error());
+    // The engine's writes are queued from here on: the caller's stream waits for them
+    // (TensorIO::finish), also when the call fails part way.
+    if (!call.outputs.video.empty() || !call.outputs.audio.empty()) io.wrote = true;
+  }
   call.sigma = p.sigma;
   call.plan = &rp->plan;
   e->have_report = false;
   auto r = s.denoise(call);
   if (!r.ok()) return fail(e, r.error());
-  if (p.video_out_tensor)
+  const uint64_t out_staged_before = io.staged_bytes;
+  if (p.video_out_tensor && call.outputs.video.empty())
     if (Status st = scatter(vout, r->video, io, "video_out_tensor"); !st.ok()) return fail(e, st.error());
-  if (p.audio_out_tensor)
+  if (p.audio_out_tensor && call.outputs.audio.empty())
     if (Status st = scatter(aout, r->audio, io, "audio_out_tensor"); !st.ok()) return fail(e, st.error());
+  const uint64_t outputs_staged = io.staged_bytes - out_staged_before;
   nlohmann::json j = nlohmann::json::parse(r->report.to_json());
   j["call"] = "denoise";
   j["driver_used_bytes"] = s.driver_used_bytes();
-  j["staged_through_host"] = io.waited;  // a device tensor was staged (the engine packs on the host)
+  // Whether a target latent (video / audio, input or output) went through host memory;
+  // the conditioning tensors' staging is counted apart; the device outputs are read back
+  // once for output_hash and the non-finite check (docs/python.md).
+  j["staged_through_host"] = latents_staged + outputs_staged > 0;
+  j["staged_bytes"] = {{"latents", latents_staged + outputs_staged},
+                       {"conditioning", io.staged_bytes - latents_staged - outputs_staged}};
+  j["output_readback_bytes"] = readback;
   return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio,
                  p.video_out_tensor ? nullptr : p.video_out, p.audio_out_tensor ? nullptr : p.audio_out);
 }
@@ -814,6 +907,7 @@ void ls_denoise_params_init(ls_denoise_params* p) {
   if (!p) return;
   std::memset(p, 0, sizeof *p);
   p->size = sizeof *p;
+  p->output_masks = 1;
 }
 
 void ls_generate_params_init(ls_generate_params* p) {

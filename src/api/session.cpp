@@ -174,7 +174,7 @@ Expected<exec::ForwardResult> Session::denoise(const DenoiseCall& call, DenoiseT
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (call.before_forward) call.before_forward();
   LS_ASSIGN_OR_RETURN(exec::ForwardResult r,
-                      engine_->forward(*call.cond, *text, call.video, call.audio, call.sigma, *call.plan));
+                      engine_->forward(*call.cond, *text, call.video, call.audio, call.sigma, *call.plan, call.outputs));
   sample_driver_memory();
   return r;
 }

@@ -96,6 +96,8 @@ struct DenoiseCall {
   const exec::RefinedText* refined = nullptr;  // ... or refined ones (then `text` is ignored)
   TensorView video;                            // fp32 [latents_dim, T, Hl, Wl]
   TensorView audio;                            // fp32 [audio_latents_dim, 2, A]
+  // (video and audio may also be f32|bf16 strided views on the engine's device.)
+  exec::ForwardOutputs outputs;                // optional device outputs (exec/engine.h)
   float sigma = 0;
   // Sigmas whose AdaLN tables are precomputed before the call (empty = {sigma}).
   std::vector<float> precompute_sigmas;

@@ -383,7 +383,61 @@ class Backend {
   //   t: bf16|f16|f32 of 0..4 dims on this backend's device (any strides; an empty
   //   view or a zero-size dimension counts 0). Other dtypes return unsupported.
   virtual Expected<int64_t> count_nonfinite(const TensorView& t) = 0;
+
+  // ---- latent packing (issue 13: the target latents stay on the device) ------------
+  // The target video / audio latents to fp32 patch rows and the head rows back to
+  // latents (h3-model.md §2.2). Pure data movement plus the model's bf16 rounding
+  // points; every element is computed alone, so rows [r0, r0 + n) give the bytes of a
+  // call over all rows. The CPU ops (src/backend/cpu/pack.cpp) are the host path the
+  // engine takes for host latents; the base implementations return unsupported.
+  //
+  // Video patch rows, rounded to bf16 as ComfyUI casts the sampler's state:
+  //   out[r, 4c + 2p + q] = bf16(lat[c, t, 2i + p, 2j + q]) as f32, for patch row
+  //   r0 + r = (t * Hl/2 + i) * Wl/2 + j (Hl, Wl even).
+  //   lat: f32|bf16 [C, T, Hl, Wl], any strides >= 0; out: f32 [n, 4C] (row-strided).
+  virtual Status pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out);
+  // Audio rows (channel-major stereo), the carry applied as ComfyUI's forward does:
+  //   out[r, c] = bf16(bf16(lat[c, ch, j]) * carry) for r0 + r = ch * A + j.
+  //   lat: f32|bf16 [C, 2, A], any strides >= 0; out: f32 [n, C] (row-strided);
+  //   carry: a bf16 value (1 when the audio is not carried).
+  virtual Status pack_audio_rows(const TensorView& lat, float carry, int64_t r0, const TensorView& out);
+  // Head rows -> velocities in ComfyUI's sign, the masks applied (one rounding each):
+  //   v = -bf16(rows[r, 4c + 2p + q]); with a mask: v = bf16(v * mask[r]);
+  //   out[c, t, 2i + p, 2j + q] = v (f32, or bf16: v is a bf16 value, stored exactly),
+  //   for patch row r0 + r as in pack_video_rows.
+  //   rows: f32 [n, 4C] (row-strided); mask: empty or f32 [n] (the pooled value of each
+  //   row); out: f32|bf16 [C, T, Hl, Wl] contiguous (the whole latent).
+  virtual Status unpack_video_rows(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out);
+  // The audio carry of the output (h3-model.md §2.2 step 6), every op a bf16 op:
+  //   a_in = bf16(bf16(src[c, ch, j]) * carry)          (the carried input, as packed)
+  //   v    = bf16(bf16(one_minus_s * a_in) + bf16(coef * v))
+  struct AudioCarryOut {
+    bool apply = false;
+    float carry = 1.0f, one_minus_s = 0.0f, coef = 1.0f;
+    TensorView src;  // the target audio input f32|bf16 [C, 2, A], any strides, on this device
+  };
+  // Audio head rows -> velocities: v = -bf16(rows[r, c]); with a mask v = bf16(v * mask[r]);
+  // then the carry when c.apply; out[c, ch, j] = v for r0 + r = ch * A + j.
+  //   rows: f32 [n, C] (row-strided); mask: empty or f32 [n]; out: f32|bf16 [C, 2, A] contiguous.
+  virtual Status unpack_audio_rows(const TensorView& rows, const TensorView& mask, const AudioCarryOut& c, int64_t r0,
+                                   const TensorView& out);
 };
+
+// The latent packing ops' base implementations (a backend without them cannot take
+// latents on its device; the engine then keeps them on the host).
+inline Status Backend::pack_video_rows(const TensorView&, int64_t, const TensorView&) {
+  return make_error(ErrorCode::unsupported, name() + ": pack_video_rows is not implemented");
+}
+inline Status Backend::pack_audio_rows(const TensorView&, float, int64_t, const TensorView&) {
+  return make_error(ErrorCode::unsupported, name() + ": pack_audio_rows is not implemented");
+}
+inline Status Backend::unpack_video_rows(const TensorView&, const TensorView&, int64_t, const TensorView&) {
+  return make_error(ErrorCode::unsupported, name() + ": unpack_video_rows is not implemented");
+}
+inline Status Backend::unpack_audio_rows(const TensorView&, const TensorView&, const AudioCarryOut&, int64_t,
+                                         const TensorView&) {
+  return make_error(ErrorCode::unsupported, name() + ": unpack_audio_rows is not implemented");
+}
 
 // The CPU backend (always present).
 std::unique_ptr<Backend> make_cpu_backend();

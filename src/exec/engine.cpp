@@ -401,6 +401,40 @@ void Engine::drop_adaln_tables() {
 
 // ---- forward ---------------------------------------------------------------------------------
 
+namespace {
+// Where forward()'s latents may live: host memory or the engine's device; device outputs
+// contiguous f32|bf16 of the clip's shapes; with the audio carry, the audio output on
+// the side of the audio input (the carry term reads the input where the output is made).
+Status check_io_devices(const Backend& be, const h3::H3Config& cfg, const Conditioning& cond, const TensorView& video,
+                        const TensorView& audio, const ForwardOutputs& out) {
+  const Device dev = be.device();
+  for (const auto& [v, what] : {std::pair<const TensorView*, const char*>{&video, "video input"}, {&audio, "audio input"}})
+    if (v->device.kind != DeviceKind::cpu && v->device != dev)
+      return make_error(ErrorCode::invalid_argument,
+                        std::string(what) + " is on " + v->device.str() + " but the engine runs on " + dev.str());
+  const h3::ClipGeometry& g = cond.geometry;
+  auto check_out = [&](const TensorView& o, std::initializer_list<int64_t> dims, const char* what) -> Status {
+    if (o.empty()) return Status();
+    bool ok = o.device == dev && o.is_contiguous() &&
+              (o.dtype == DType::f32 || o.dtype == DType::bf16) && o.ndim == static_cast<int>(dims.size());
+    int i = 0;
+    for (int64_t d : dims) ok = ok && o.shape[static_cast<size_t>(i++)] == d;
+    if (!ok)
+      return make_error(ErrorCode::invalid_argument, std::string(what) + " is " + o.shape_str() + " on " + o.device.str() +
+                                                         ": device outputs are contiguous f32|bf16 latents on " + dev.str());
+    return Status();
+  };
+  LS_TRY(check_out(out.video, {cfg.latents_dim, g.T, g.Hl, g.Wl}, "video output"));
+  LS_TRY(check_out(out.audio, {cfg.audio_latents_dim, 2, g.A}, "audio output"));
+  if (cond.audio_scale != 1.0 && (out.audio.empty() == (audio.device.kind != DeviceKind::cpu)) &&
+      dev.kind != DeviceKind::cpu)
+    return make_error(ErrorCode::invalid_argument,
+                      "with the audio carry (audio_scale != 1) the audio output and the audio input must both be on " +
+                          dev.str() + " or both in host memory");
+  return Status();
+}
+}  // namespace
+
 Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
   Impl& m = *impl_;
   LS_ASSIGN_OR_RETURN(const SequenceSizes sizes, sequence_sizes(m.cfg, cond));
@@ -409,7 +443,8 @@ Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
 }
 
 Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
-                                        const TensorView& audio, float sigma, const Plan& plan) {
+                                        const TensorView& audio, float sigma, const Plan& plan,
+                                        const ForwardOutputs& outputs) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   const h3::H3Config& cfg = m.cfg;
@@ -428,6 +463,8 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   h3::Timesteps ts = h3::layout_timesteps(lay, cond, sigma);
   const float carry = cond.audio_scale != 1.0 ? round_bf16(ts.sig.sigma_a_f32 / ts.sig.sigma_v_f32) : 1.0f;
   LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, lay, cond, video, audio, carry));
+  LS_TRY(check_io_devices(be, cfg, cond, video, audio, outputs));
+  const OutputMapping om = output_mapping(cond, ts, inputs);
   // PDD effective heads (host) before any device work.
   LS_ASSIGN_OR_RETURN(const std::optional<PddHeads> pdd, select_pdd_heads(cfg, *m.weights, cond, ts));
   // ---- modulation tables: the precomputed ones if they cover this call ----
@@ -571,15 +608,18 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
 
   // ---- final layer on the target rows [audio | video] ----
   std::vector<float> vout, aout;  // f32 [target video rows, Pv], [target audio rows, Pa]
-  LS_TRY(run_final(st, fin, plan.final_slice, lay, tab->final_table, *m.weights, pdd, vout, aout));
+  LS_TRY(run_final(st, fin, plan.final_slice, lay, tab->final_table, *m.weights, pdd, om, outputs.video, outputs.audio,
+                   vout, aout));
   sample("final", -1);
   LS_TRY(st.mark("final"));
   const uint64_t measured = call_peak;
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
 
-  // ---- host: unpatchify, bf16, negate, masks, audio carry ----
+  // ---- host outputs: unpatchify, bf16, negate, masks, audio carry (device outputs:
+  // done in run_final, read back for the fingerprint) ----
   ForwardResult res;
-  LS_TRY(finish_outputs(cfg, cond, ts, inputs, vout, aout, m.opts.check_finite, res.video, res.audio));
+  LS_TRY(finish_outputs(be, cfg, cond, om, outputs.video, outputs.audio, vout, aout, m.opts.check_finite, res.video,
+                        res.audio));
 
   RunReport& rep = res.report;
   rep.memory = std::move(samples);

@@ -130,6 +130,17 @@ struct ForwardResult {
   uint64_t hash() const;
 };
 
+// Device outputs of one forward (issue 13): views of the caller's output latents on the
+// engine's device, contiguous f32|bf16, video [latents_dim, T, Hl, Wl] and audio
+// [audio_latents_dim, 2, A]. A stream whose view is set gets its velocities written
+// there on the device (unpacked, negated, masked, carried: phase_final); ForwardResult
+// still holds them as fp32 (read back for the fingerprint and the non-finite check).
+// Empty views: host only. With the audio carry (cond.audio_scale != 1) the audio output
+// and the audio input must be on the same side (both on the device, or both on the host).
+struct ForwardOutputs {
+  TensorView video, audio;
+};
+
 // Named intermediates (style-lessons §7), called synchronously with device views that
 // are valid only during the call (layer = -1 when not per block). Names:
 //   "text.embed" bf16 [L, D] (after condition_proj), "text.refined" bf16 [L, D];
@@ -193,17 +204,21 @@ class Engine {
   Status prepare(const Conditioning& cond, const Plan& plan);
 
   // One denoiser call at video sigma `sigma` (the sampler's fp32 sigma; the timestep is
-  // fl32(sigma * 1000) as ComfyUI passes it). Inputs are host fp32:
-  //   video fp32 [latents_dim, T, Hl, Wl], audio fp32 [audio_latents_dim, 2, A]
+  // fl32(sigma * 1000) as ComfyUI passes it). Inputs:
+  //   video f32|bf16 [latents_dim, T, Hl, Wl], audio f32|bf16 [audio_latents_dim, 2, A],
+  //   any strides, in host memory or on the engine's device (packed there: no host copy)
   // (the sampler's state: rounded to bf16 on entry, as ComfyUI casts to the compute
   // dtype; the audio part is the carried variable when cond.audio_scale != 1).
+  // `outputs`: optional device output views (ForwardOutputs). The bytes are the same
+  // wherever the inputs and outputs live (tested by memcmp).
   // The plan must have been made for (config(), cond), and its kv_tile must be the
   // backend's numerics().kv_tile (a numerics setting, recorded in the report); either
   // mismatch is an invalid_argument error before any work. Its
   // offload knobs (plan.kv_offload, plan.residual_offload) say whether K/V and the
   // residual stay on the device; none of this changes an output bit.
   Expected<ForwardResult> forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
-                                  const TensorView& audio, float sigma, const Plan& plan);
+                                  const TensorView& audio, float sigma, const Plan& plan,
+                                  const ForwardOutputs& outputs = {});
 
  private:
   Engine();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/pack.h"
+
 namespace ls::exec {
 
 Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const h3::PackedLayout& lay,
@@ -31,12 +33,29 @@ Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const
         continue;
       }
       const int64_t w = inputs.width(s), n = hi - lo;
-      staging.resize(static_cast<size_t>(n * w));
-      inputs.rows(s, lo, hi, staging.data());
       // Contiguous [n, w] views at the sub-range's offset inside the slice buffers.
       const TensorView r(static_cast<float*>(rows.data) + (lo - a) * w, DType::f32, {n, w}, rows.device);
       const TensorView e = emb.slice_rows(lo - a, hi - a);
-      LS_TRY(be.copy(r, TensorView(staging.data(), DType::f32, {n, w})));
+      if (s.is_target()) {
+        // The target latents: packed where they live. On the engine's device the backend
+        // packs straight into the slice's rows; host latents are packed by the CPU op
+        // (the same arithmetic, tested by memcmp) and copied.
+        const TensorView& lat = s.is_video() ? inputs.video() : inputs.audio();
+        const int64_t r0 = lo - s.start;
+        if (lat.device == be.device()) {
+          LS_TRY(s.is_video() ? be.pack_video_rows(lat, r0, r) : be.pack_audio_rows(lat, inputs.carry(), r0, r));
+        } else {
+          staging.resize(static_cast<size_t>(n * w));
+          const TensorView h(staging.data(), DType::f32, {n, w});
+          LS_TRY(s.is_video() ? cpu::cpu_op_pack_video_rows(lat, r0, h)
+                              : cpu::cpu_op_pack_audio_rows(lat, inputs.carry(), r0, h));
+          LS_TRY(be.copy(r, h));
+        }
+      } else {
+        staging.resize(static_cast<size_t>(n * w));
+        inputs.rows(s, lo, hi, staging.data());
+        LS_TRY(be.copy(r, TensorView(staging.data(), DType::f32, {n, w})));
+      }
       LS_TRY(be.gemm(r, s.is_video() ? vw : aw, s.is_video() ? &vb : &ab, e));  // fp32 GEMM + bias
       LS_TRY(be.convert(e, out.x_rows(lo, hi)));                                // -> bf16
     }

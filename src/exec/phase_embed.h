@@ -1,7 +1,9 @@
 // Phase embed: the packed input rows into the residual x, per slice of the MLP slice's
-// rows (DESIGN.md §3): text rows are copied from the refined text; video and audio
-// latent rows are staged on the host (patchified, condition rows augmented), projected
-// by the fp32 patch embedding GEMM + bias and rounded once to bf16.
+// rows (DESIGN.md §3): text rows are copied from the refined text; the target latents
+// are packed to patch rows by Backend::pack_video_rows / pack_audio_rows where they live
+// (on the device: no host copy; host latents by the CPU op, then copied); condition rows
+// (patchified and augmented on the host by h3::EmbedInputs) are staged through the host.
+// Every row is projected by the fp32 patch embedding GEMM + bias and rounded once to bf16.
 //
 // Buffers (EmbedSpecs): per slice f32 [n, max(Pv, Pa)] patch rows and f32 [n, D]
 // projection (+ the residual slice with residual offload).

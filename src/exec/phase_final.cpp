@@ -17,6 +17,7 @@ TensorView host_rows(std::vector<float>& v, int64_t cols, int64_t a, int64_t b) 
 
 Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const h3::PackedLayout& lay,
                  const TensorView& final_table, const WeightStore& weights, const std::optional<PddHeads>& pdd,
+                 const OutputMapping& om, const TensorView& video_dev, const TensorView& audio_dev,
                  std::vector<float>& vout, std::vector<float>& aout) {
   Backend& be = st.be;
   Arena& arena = st.arena;
@@ -25,8 +26,8 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
   const h3::Segment& sa = lay.target_audio();
   const h3::Segment& sv = lay.target_video();
   const int64_t Pv = cfg.video_patch_dim(), Pa = cfg.audio_latents_dim;
-  vout.assign(static_cast<size_t>(sv.rows() * Pv), 0.0f);
-  aout.assign(static_cast<size_t>(sa.rows() * Pa), 0.0f);
+  if (video_dev.empty()) vout.assign(static_cast<size_t>(sv.rows() * Pv), 0.0f);
+  if (audio_dev.empty()) aout.assign(static_cast<size_t>(sa.rows() * Pa), 0.0f);
   Arena::Scope phase(arena);
   LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(S - sa.start, slice)));
   TensorView vw = weights.get("final_layer.video_out.weight"), vb = weights.get("final_layer.video_out.bias");
@@ -68,8 +69,23 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
       const TensorView o(static_cast<float*>(out.data) + (lo - a) * pw, DType::f32, {n, ow}, out.device);
       LS_TRY(h3::final_layer_rows(be, r.x_rows(lo, hi), st.final_rows, lo, hi, shift, scale, norm_w, is_v ? vw : aw,
                                   is_v ? vb : ab, h.slice_rows(lo - a, hi - a), mod.slice_rows(lo - a, hi - a), o));
-      std::vector<float>& dst = is_v ? vout : aout;
-      LS_TRY(be.copy(host_rows(dst, ow, lo - s->start, hi - s->start), o));
+      const TensorView& dev = is_v ? video_dev : audio_dev;
+      if (dev.empty()) {
+        std::vector<float>& dst = is_v ? vout : aout;
+        LS_TRY(be.copy(host_rows(dst, ow, lo - s->start, hi - s->start), o));
+        continue;
+      }
+      // On the device: the slice's mask values into the modulated rows' buffer (f32
+      // [n, D], D >= 1 floats per row; the head GEMM above has read it, and work on the
+      // compute queue runs in order), then the rows into the caller's latent.
+      const std::vector<float>& mask = is_v ? om.video_mask : om.audio_mask;
+      TensorView mv;
+      if (!mask.empty()) {
+        mv = TensorView(mod.slice_rows(lo - a, hi - a).data, DType::f32, {n}, mod.device);
+        LS_TRY(be.copy(mv, TensorView(const_cast<float*>(mask.data()) + (lo - s->start), DType::f32, {n})));
+      }
+      LS_TRY(is_v ? be.unpack_video_rows(o, mv, lo - s->start, dev)
+                  : be.unpack_audio_rows(o, mv, om.carry, lo - s->start, dev));
     }
   }
   return be.synchronize();

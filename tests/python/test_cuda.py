@@ -1,5 +1,8 @@
 """CUDA: torch CUDA tensors in and out, ordered on a non-default stream, give the bytes
-of the host-staged path and of `layerstream forward --device cuda`; one call's time
+of host inputs and of `layerstream forward --device cuda`, with the target latents read
+and the velocities written on the device (issue 13: no host staging; the report says
+so); mixed host/device audio with the carry is staged and still exact; output_masks and
+an audio-only keyframe with device tensors; one call's time
 through Python against the CLI (printed; run with -s). Skips without CUDA (a torch with
 CUDA and a layerstream build with the CUDA backend). The lead runs it on the GPU machine:
   PYTHONPATH=build/python LS_TOOL=build/layerstream python3 -m pytest -s tests/python/test_cuda.py
@@ -26,7 +29,7 @@ def cuda_engine():
 
 @pytest.fixture(scope="module")
 def host_result(cuda_engine, clip, inputs):
-    """The CUDA engine on host (numpy) inputs: the host-staged reference."""
+    """The CUDA engine on host (numpy) inputs: the reference."""
     video, audio, text = inputs
     v, a = cuda_engine.denoise(clip, video, audio, SIGMA, text=text)
     assert cuda_engine.report()["staged_through_host"] is False
@@ -75,7 +78,54 @@ def test_cuda_tensors_on_a_side_stream(cuda_engine, clip, inputs, host_result, d
     else:
         assert torch.equal(got_v, ref_v.to(torch.bfloat16)) and torch.equal(got_a[0], ref_a.to(torch.bfloat16))
     assert cuda_engine.output_hash == host_result[2]
+    rep = cuda_engine.report()
+    # The latents stayed on the device; only the (small) text went through the host, and
+    # the outputs were read back once for the fingerprint.
+    assert rep["staged_through_host"] is False and rep["staged_bytes"]["latents"] == 0
+    assert rep["staged_bytes"]["conditioning"] == tt.numel() * tt.element_size()
+    assert rep["output_readback_bytes"] == (vo.numel() + ao.numel()) * vo.element_size()
+
+
+def test_audio_carry_across_sides_is_staged_and_exact(cuda_engine, clip, inputs, host_result):
+    """With the carry (audio_scale 4) a device audio input and a host audio output (or the
+    reverse) stage the audio through the host; the bytes do not change."""
+    video, audio, text = inputs
+    dv, da = torch.from_numpy(video.copy()).cuda(), torch.from_numpy(audio.copy()).cuda()
+    v, a = cuda_engine.denoise(clip, dv, da, SIGMA, text=text, video_out=torch.empty_like(dv),
+                               audio_out=np.empty(audio.shape, np.float32))
+    rep = cuda_engine.report()
+    assert rep["staged_through_host"] is True and rep["staged_bytes"]["latents"] == audio.nbytes
+    assert v.cpu().numpy().tobytes() == host_result[0].tobytes() and a.tobytes() == host_result[1].tobytes()
+    v, a = cuda_engine.denoise(clip, dv, audio, SIGMA, text=text, video_out=torch.empty_like(dv),
+                               audio_out=torch.empty_like(da))
     assert cuda_engine.report()["staged_through_host"] is True
+    assert v.cpu().numpy().tobytes() == host_result[0].tobytes() and a.cpu().numpy().tobytes() == host_result[1].tobytes()
+
+
+def test_output_masks_and_audio_keyframe_on_device(cuda_engine, inputs):
+    """Fractional masks with output_masks=False and an audio-only keyframe, all as CUDA
+    tensors (audio_scale 1: the node's setting, the audio stays on the device): the bytes
+    of the same call with numpy arrays."""
+    video, audio, text = inputs
+    T, Hl, Wl = video.shape[1:]
+    rng = np.random.default_rng(3)
+    vm = rng.uniform(0, 1, size=(T, Hl, Wl)).astype(np.float32)
+    am = np.full((2, audio.shape[2]), 0.5, np.float32)
+    ka = rng.standard_normal((audio.shape[0], 2, 3)).astype(np.float32)
+
+    def clip(arr):
+        return layerstream.Clip(FRAMES, WIDTH, HEIGHT, TOKENS, keyframes=[layerstream.Keyframe(2, audio=arr(ka))],
+                                video_mask=arr(vm), audio_mask=arr(am), audio_scale=1.0)
+    for masks in (True, False):
+        hv, ha = cuda_engine.denoise(clip(lambda x: x), video, audio, SIGMA, text=text, output_masks=masks)
+        hv, ha = hv.copy(), ha.copy()
+        dv, da = torch.from_numpy(video.copy()).cuda(), torch.from_numpy(audio.copy()).cuda()
+        vo, ao = torch.empty_like(dv, dtype=torch.bfloat16), torch.empty_like(da)
+        cuda_engine.denoise(clip(lambda x: torch.from_numpy(x).cuda()), dv, da, SIGMA, text=torch.from_numpy(text).cuda(),
+                            video_out=vo, audio_out=ao, output_masks=masks)
+        assert cuda_engine.report()["staged_through_host"] is False
+        assert torch.equal(vo.cpu(), torch.from_numpy(hv).to(torch.bfloat16))
+        assert ao.cpu().numpy().tobytes() == ha.tobytes()
 
 
 def test_stream_none_is_torch_current_stream(cuda_engine, clip, inputs, host_result):
@@ -145,6 +195,6 @@ def test_time_python_vs_cli(tmp_path):
                         tmp_path / "in.safetensors"])
     cli = time.perf_counter() - t0
     assert h == e.output_hash
-    print("\n[overhead] small preset (2 blocks), cuda:0: Python call %.1f ms (CUDA tensors staged through host); "
+    print("\n[overhead] small preset (2 blocks), cuda:0: Python call %.1f ms (CUDA tensors in place); "
           "CLI process %.1f ms (incl. start-up and weights); report: %s"
           % (py * 1e3, cli * 1e3, {k: v for k, v in rep.items() if "second" in k or "time" in k}))

@@ -159,3 +159,56 @@ def test_refined_text_gives_the_raw_text_bytes(engine, clip, inputs, reference):
     # other refined states give another output (the argument is really used)
     v, _ = engine.denoise(clip, video, audio, SIGMA, refined_text=as_f32[::-1].copy())
     assert v.tobytes() != reference[1].tobytes()
+
+
+def test_output_masks_off_gives_the_unmasked_velocities(engine, inputs):
+    """output_masks=False returns _forward's unmasked velocities: with fractional masks,
+    the masked call's values are bf16(unmasked * m), m the pooled mask of the row; the
+    masks still set the rows' timesteps (unmasked differs from the mask-free call)."""
+    video, audio, text = inputs
+    C, T, Hl, Wl = video.shape
+    A = audio.shape[2]
+    rng = np.random.default_rng(9)
+    vm = np.ceil(rng.uniform(0, 1, size=(T, Hl, Wl)) * 256).astype(np.float32) / 256  # pooled = the 2x2 amax
+    vm[0] = 0.0
+    am = np.full((2, A), 0.375, np.float32)
+    am[:, ::3] = 1.0
+    kw = dict(audio_scale=1.0)  # no carry between the head and the masks (the node's setting)
+    masked_clip = layerstream.Clip(22, 64, 64, 8, video_mask=vm, audio_mask=am, **kw)
+    vmk, amk = engine.denoise(masked_clip, video, audio, SIGMA, text=text)
+    vun, aun = engine.denoise(masked_clip, video, audio, SIGMA, text=text, output_masks=False)
+    assert engine.report()["call"] == "denoise"
+    pooled = vm.reshape(T, Hl // 2, 2, Wl // 2, 2).max(axis=(2, 4))
+    pm = np.repeat(np.repeat(pooled, 2, axis=1), 2, axis=2)[None]
+    assert 0 < np.count_nonzero((pm > 0) & (pm < 1))
+    def bf16(x):  # round to nearest even (finite values)
+        u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+        return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    assert bf16(vun * pm).tobytes() == vmk.tobytes()
+    assert bf16(aun * am[None]).tobytes() == amk.tobytes()
+    assert vun.tobytes() != vmk.tobytes()
+    vplain, _ = engine.denoise(layerstream.Clip(22, 64, 64, 8, **kw), video, audio, SIGMA, text=text)
+    assert vplain.tobytes() != vun.tobytes()  # the per-row timesteps stay
+
+
+def test_audio_only_keyframe_matches_cli(engine, inputs, tmp_path):
+    """A keyframe with an audio latent and no video (ComfyUI's AddGuide with audio only)
+    gives the CLI's bytes for the same file, and differs from no keyframe."""
+    video, audio, text = inputs
+    rng = np.random.default_rng(7)
+    ka = (rng.integers(-128, 128, size=(audio.shape[0], 2, 5)) / 64).astype(np.float32)
+    write_safetensors(tmp_path / "in.safetensors", {"video": video, "audio": audio, "text": text})
+    write_safetensors(tmp_path / "kfa.safetensors", {"audio": ka})
+    h, out = run_forward(clip_args() + ["--inputs", tmp_path / "in.safetensors", "--keyframe",
+                                        "%s@4" % (tmp_path / "kfa.safetensors")], output=tmp_path / "out.safetensors")
+    h_plain, _ = run_forward(clip_args() + ["--inputs", tmp_path / "in.safetensors"])
+    assert h != h_plain
+    clip = layerstream.Clip(22, 64, 64, 8, keyframes=[layerstream.Keyframe(4, audio=ka)])
+    v, a = engine.denoise(clip, video, audio, SIGMA, text=text)
+    assert engine.output_hash == h
+    assert v.tobytes() == out["video"].tobytes() and a.tobytes() == out["audio"].tobytes()
+    shape = engine.clip_shape(layerstream.Clip(22, 64, 64, 8))
+    assert engine.clip_shape(clip)["S"] == shape["S"] + 2 * 5  # only its audio rows
+    with pytest.raises(layerstream.InvalidArgument, match="neither a video nor an audio latent"):
+        engine.denoise(layerstream.Clip(22, 64, 64, 8, keyframes=[layerstream.Keyframe(4)]), video, audio, SIGMA,
+                       text=text)

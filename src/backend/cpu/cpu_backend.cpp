@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/pack.h"
 #include "backend/cpu/linear_quant.h"
 
 namespace ls {
@@ -120,6 +121,19 @@ Status CpuBackend::attention(const TensorView& q, const TensorView& k, const Ten
   return cpu_op_attention(q, k, v, out, p);
 }
 Expected<int64_t> CpuBackend::count_nonfinite(const TensorView& t) { return cpu_op_count_nonfinite(t); }
+Status CpuBackend::pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) {
+  return cpu_op_pack_video_rows(lat, r0, out);
+}
+Status CpuBackend::pack_audio_rows(const TensorView& lat, float carry, int64_t r0, const TensorView& out) {
+  return cpu_op_pack_audio_rows(lat, carry, r0, out);
+}
+Status CpuBackend::unpack_video_rows(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out) {
+  return cpu_op_unpack_video_rows(rows, mask, r0, out);
+}
+Status CpuBackend::unpack_audio_rows(const TensorView& rows, const TensorView& mask, const AudioCarryOut& c, int64_t r0,
+                                     const TensorView& out) {
+  return cpu_op_unpack_audio_rows(rows, mask, c, r0, out);
+}
 Status CpuBackend::linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
                           const LinearOptions& opts) {
   return cpu_op_linear(x, w, bias, out, opts);

@@ -60,6 +60,12 @@ class CpuBackend final : public Backend {
   // workspace: the quantised row tiles are fixed-size stack buffers, workspace_bytes() stays 0).
   Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
                 const LinearOptions& opts) override;
+  // Latent packing: src/backend/cpu/pack.cpp (also the engine's host path).
+  Status pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) override;
+  Status pack_audio_rows(const TensorView& lat, float carry, int64_t r0, const TensorView& out) override;
+  Status unpack_video_rows(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out) override;
+  Status unpack_audio_rows(const TensorView& rows, const TensorView& mask, const AudioCarryOut& c, int64_t r0,
+                           const TensorView& out) override;
 
   // Numerics{} resolved (the constructor cannot fail: the defaults are valid).
   static Numerics resolve_default();

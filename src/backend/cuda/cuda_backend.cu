@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_ext.h"
 #include "backend/cuda/linear_quant_bench.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/pack.cuh"
 #include "core/alloc_fault.h"
 
 namespace ls::cuda {
@@ -380,6 +381,24 @@ class CudaBackend final : public Backend {
   Expected<int64_t> count_nonfinite(const TensorView& t) override {
     DeviceGuard g(ctx_.device);
     return cuda_op_count_nonfinite(ctx_, t);
+  }
+  // Latent packing (pack.cu): the target latents stay on the device (issue 13).
+  Status pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_pack_video_rows(ctx_, lat, r0, out);
+  }
+  Status pack_audio_rows(const TensorView& lat, float carry, int64_t r0, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_pack_audio_rows(ctx_, lat, carry, r0, out);
+  }
+  Status unpack_video_rows(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_unpack_video_rows(ctx_, rows, mask, r0, out);
+  }
+  Status unpack_audio_rows(const TensorView& rows, const TensorView& mask, const AudioCarryOut& c, int64_t r0,
+                           const TensorView& out) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_unpack_audio_rows(ctx_, rows, mask, c, r0, out);
   }
   Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
                 const LinearOptions& opts) override {

@@ -32,7 +32,9 @@ struct AudioLatent {
 
 // A keyframe (first/last frame guide): its rows are placed at
 // t = cursor + 5/3 * pixel_frame (one t unit = 1/40 s; a pixel frame at 24 fps = 5/3 units),
-// on the target's spatial grid. Video rows first, then its audio rows (if any).
+// on the target's spatial grid. Video rows first, then its audio rows (if any). A
+// keyframe may carry audio only (ComfyUI's MiniMaxH3AddGuide with audio and no image:
+// `audio_latent` and no `latent`): then it adds only its audio rows, at the same t.
 //
 // Noise augmentation (vis_aug / aud_aug < 1) blends noise into the condition's *rows*
 // (h3-model.md §2.7): rows = aug * rows + (1 - aug) * n, with n of the rows' shape, in
@@ -50,8 +52,8 @@ struct ConditionNoise {
 
 struct Keyframe {
   int64_t pixel_frame = 0;  // 0 = first frame, frames - 1 = last frame of the target clip
-  VideoLatent video;        // Hl, Wl equal to the target's; usually T = 1 (an image)
-  AudioLatent audio;        // optional
+  VideoLatent video;        // Hl, Wl equal to the target's; usually T = 1 (an image); may be empty with audio
+  AudioLatent audio;        // optional (required when video is empty)
   ConditionNoise noise;     // optional caller-drawn augmentation noise (see above)
 };
 
@@ -80,6 +82,10 @@ struct Conditioning {
   // processed values set the per-row timesteps and multiply the output velocities.
   std::vector<float> video_mask;  // fp32 [T, Hl, Wl] (raw; pooled per 2x2 patch by amax)
   std::vector<float> audio_mask;  // fp32 [2, A] (one value per audio row)
+  // Multiply the output velocities by the masks (ComfyUI's forward does; its _forward,
+  // the call a DIFFUSION_MODEL wrapper replaces, does not). false: unmasked velocities;
+  // the masked rows' timesteps still come from the masks.
+  bool output_masks = true;
   // Condition timesteps: video condition rows use max(t_video, vis_aug), audio condition
   // rows max(t_audio, aud_aug); aug < 1 also blends noise into that stream's condition
   // rows (ConditionNoise above).

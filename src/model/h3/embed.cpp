@@ -78,32 +78,33 @@ Expected<EmbedInputs> EmbedInputs::prepare(const H3Config& cfg, const PackedLayo
                                            const TensorView& video, const TensorView& audio, float carry_bf16) {
   const ClipGeometry& g = cond.geometry;
   auto shape_is = [](const TensorView& v, std::initializer_list<int64_t> dims) {
-    if (v.ndim != static_cast<int>(dims.size())) return false;
+    if (v.empty() || v.ndim != static_cast<int>(dims.size())) return false;
     int i = 0;
     for (int64_t d : dims)
       if (v.shape[static_cast<size_t>(i++)] != d) return false;
-    return v.is_contiguous() && v.dtype == DType::f32 && v.device.kind == DeviceKind::cpu;
+    for (int k = 0; k < v.ndim; ++k)
+      if (v.stride[static_cast<size_t>(k)] < 0) return false;
+    return v.dtype == DType::f32 || v.dtype == DType::bf16;
   };
   if (!shape_is(video, {cfg.latents_dim, g.T, g.Hl, g.Wl}))
-    return make_error(ErrorCode::invalid_argument, "video input is " + video.shape_str() + ", expected contiguous host f32 [" +
+    return make_error(ErrorCode::invalid_argument, "video input is " + video.shape_str() + ", expected f32|bf16 [" +
                                                        std::to_string(cfg.latents_dim) + ", " + std::to_string(g.T) + ", " +
                                                        std::to_string(g.Hl) + ", " + std::to_string(g.Wl) + "]");
   if (!shape_is(audio, {cfg.audio_latents_dim, 2, g.A}))
-    return make_error(ErrorCode::invalid_argument, "audio input is " + audio.shape_str() + ", expected contiguous host f32 [" +
+    return make_error(ErrorCode::invalid_argument, "audio input is " + audio.shape_str() + ", expected f32|bf16 [" +
                                                        std::to_string(cfg.audio_latents_dim) + ", 2, " + std::to_string(g.A) + "]");
   EmbedInputs e;
   e.cfg_ = cfg;
   e.cond_ = &cond;
-  const float* v = video.ptr<float>();
-  e.video_.resize(static_cast<size_t>(video.numel()));
-  for (size_t i = 0; i < e.video_.size(); ++i) e.video_[i] = round_bf16(v[i]);
-  const float* a = audio.ptr<float>();
-  e.audio_.resize(static_cast<size_t>(audio.numel()));
-  for (size_t i = 0; i < e.audio_.size(); ++i) e.audio_[i] = round_bf16(round_bf16(a[i]) * carry_bf16);
+  e.video_ = video;
+  e.audio_ = audio;
+  e.carry_ = carry_bf16;
   // Condition rows: the generator is reseeded identically for every condition (video:
   // seed, audio: seed + 1), so conditions of one shape get the same noise.
   const int64_t C = cfg.latents_dim, Ca = cfg.audio_latents_dim;
   // One condition's rows: video and audio patchified, then each augmented in row order.
+  // A keyframe may carry audio only (ComfyUI's AddGuide with audio and no image): its
+  // video rows are then empty, and so is a reference kind's missing stream.
   auto add = [&](std::vector<std::vector<float>>& vrows, std::vector<std::vector<float>>& arows,
                  const VideoLatent& lat_v, const AudioLatent& lat_a, const ConditionNoise& n,
                  const std::string& what) -> Status {
@@ -125,23 +126,18 @@ Expected<EmbedInputs> EmbedInputs::prepare(const H3Config& cfg, const PackedLayo
 }
 
 void EmbedInputs::rows(const Segment& s, int64_t a, int64_t b, float* out) const {
-  LS_CHECK(s.start <= a && a <= b && b <= s.stop && s.kind != SegmentKind::text);
+  LS_CHECK(s.start <= a && a <= b && b <= s.stop);
   const int64_t w = width(s);
   const auto src = static_cast<size_t>(s.source);
   const std::vector<float>* cond_rows = nullptr;  // condition rows, already in packed order
   switch (s.kind) {
     case SegmentKind::target_video:
-      for (int64_t r = a; r < b; ++r)
-        video_patch_row(video_.data(), cfg_.latents_dim, s.T, s.Hl, s.Wl, r - s.start, out + (r - a) * w);
-      return;
     case SegmentKind::target_audio:
-      for (int64_t r = a; r < b; ++r) audio_row(audio_.data(), cfg_.audio_latents_dim, s.A, r - s.start, out + (r - a) * w);
-      return;
+    case SegmentKind::text: LS_CHECK_MSG(false, "EmbedInputs::rows: condition segments only"); return;
     case SegmentKind::cond_video: cond_rows = &key_video_[src]; break;
     case SegmentKind::cond_audio: cond_rows = &key_audio_[src]; break;
     case SegmentKind::ref_video: cond_rows = &ref_video_[src]; break;
     case SegmentKind::ref_audio: cond_rows = &ref_audio_[src]; break;
-    case SegmentKind::text: return;
   }
   LS_CHECK(static_cast<int64_t>(cond_rows->size()) == s.rows() * w);
   std::copy(cond_rows->begin() + (a - s.start) * w, cond_rows->begin() + (b - s.start) * w, out);

@@ -145,9 +145,13 @@ Expected<PackedLayout> build_layout(const H3Config& cfg, const Conditioning& con
   for (size_t i = 0; i < cond.keyframes.size(); ++i) {
     const Keyframe& k = cond.keyframes[i];
     const std::string what = "keyframe " + std::to_string(i);
-    LS_TRY(check_video(cfg, k.video, what, g.Hl, g.Wl));
+    // Audio-only keyframes (AddGuide with audio and no image) add only their audio rows.
+    if (k.video.empty() && k.audio.empty())
+      return make_error(ErrorCode::invalid_argument, what + " has neither a video nor an audio latent");
+    if (!k.video.empty()) LS_TRY(check_video(cfg, k.video, what, g.Hl, g.Wl));
     if (k.pixel_frame < 0) return make_error(ErrorCode::invalid_argument, what + ": negative pixel frame");
-    add(SegmentKind::cond_video, k.video.T * (g.Hl / 2) * (g.Wl / 2), static_cast<int64_t>(i), k.video.T, g.Hl, g.Wl, 0);
+    if (!k.video.empty())
+      add(SegmentKind::cond_video, k.video.T * (g.Hl / 2) * (g.Wl / 2), static_cast<int64_t>(i), k.video.T, g.Hl, g.Wl, 0);
     if (!k.audio.empty()) {
       LS_TRY(check_audio(cfg, k.audio, what));
       add(SegmentKind::cond_audio, 2 * k.audio.A, static_cast<int64_t>(i), 0, 0, 0, k.audio.A);
