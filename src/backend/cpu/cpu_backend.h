@@ -60,6 +60,9 @@ class CpuBackend final : public Backend {
   // workspace: the quantised row tiles are fixed-size stack buffers, workspace_bytes() stays 0).
   Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
                 const LinearOptions& opts) override;
+  // The LoRA side path of a quantised linear: src/backend/cpu/lora_side.cpp (no workspace).
+  Status lora_side(const TensorView& x, const LoraSide& side, const TensorView& out,
+                   const LinearOptions& opts) override;
 
   // Numerics{} resolved (the constructor cannot fail: the defaults are valid).
   static Numerics resolve_default();
