@@ -1,7 +1,7 @@
 // LoRAs through the CLI (issue 17): `forward --lora` reads exactly the weights of a
 // checkpoint pre-merged by `merge-lora` (same output bytes), every memory knob keeps the
-// bytes with a LoRA, generate takes --lora too, and bad LoRAs and unsupported weight
-// formats are refused with a message.
+// bytes with a LoRA, generate takes --lora too, bad LoRAs and merge-lora on int8 weights are
+// refused with a message, and an int8 model takes a LoRA as the side path.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -127,12 +127,35 @@ TEST_F(CliLora, BadLorasAndFormatsAreRefused) {
   r = test::run_tool("forward --model " + base_ + " --lora-dtype f64 --lora " + lora_ + clip_);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("auto, f32 or f16"), std::string::npos) << r.out;
-  // LoRA on int8 weights: not supported yet (ComfyUI requantises stochastically), said so.
+  // merge-lora cannot merge into int8 weights (ComfyUI requantises stochastically): refused,
+  // pointing at --lora (the side path).
   const std::string q = file("int8.safetensors");
   ASSERT_EQ(test::run_tool("make-model --preset tiny --format int8-convrot -q -o " + q).code, 0);
-  r = test::run_tool("forward --model " + q + " --lora " + lora_ + clip_);
+  r = test::run_tool("merge-lora --model " + q + " --lora " + lora_ + " -q -o " + file("m8.safetensors"));
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("quantised"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("quantised weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--lora instead"), std::string::npos) << r.out;
+}
+
+// LoRAs on int8 weights run as the side path (docs/lora.md): said in the weights line, the
+// output changes, and every memory knob keeps the bytes.
+TEST_F(CliLora, Int8ModelsTakeLorasAsASidePath) {
+  const std::string q = file("int8.safetensors");
+  ASSERT_EQ(test::run_tool("make-model --preset tiny --format int8-convrot -q -o " + q).code, 0);
+  const std::string l = " --lora " + lora_ + ":0.6";
+  const auto plain = test::run_tool("forward --model " + q + clip_);
+  const auto with = test::run_tool("forward --model " + q + l + clip_);
+  ASSERT_EQ(with.code, 0) << with.out;
+  EXPECT_NE(with.out.find("LoRA: side path (int8/fp8)"), std::string::npos) << with.out;
+  const std::string want = test::output_hash(with);
+  ASSERT_EQ(want.size(), 16u) << with.out;
+  EXPECT_NE(want, test::output_hash(plain));
+  for (const std::string knobs : {" --mlp-chunk 7 --attn-chunk 5", " --resident-blocks 0 --slots 1",
+                                  " --attn-chunk 3 --kv-offload --kv-chunk 1024 --residual-offload", " --budget 100K"}) {
+    const auto r = test::run_tool("forward --model " + q + l + clip_ + knobs);
+    ASSERT_EQ(r.code, 0) << knobs << "\n" << r.out;
+    EXPECT_EQ(test::output_hash(r), want) << knobs;
+  }
 }
 
 }  // namespace

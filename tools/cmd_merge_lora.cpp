@@ -62,7 +62,7 @@ int run_merge_lora(const MergeLoraOptions& o) {
   const std::string lora_desc = set->describe();
   const size_t patched = set->targets().size();
   std::unique_ptr<h3::H3TensorSource> inner = std::move(src).value();
-  auto merged = lora::LoraSource::wrap(std::move(inner), std::move(set).value(), dtype);
+  auto merged = lora::LoraSource::wrap(std::move(inner), std::move(set).value(), dtype, /*side_path=*/false);
   if (!merged.ok()) return report_error("layerstream merge-lora", merged.error());
   const lora::LoraSource& ls = **merged;
 

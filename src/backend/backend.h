@@ -66,6 +66,19 @@ Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, i
 enum class WeightFormat : uint8_t { bf16 = 0, int8_convrot = 1, fp8_e4m3 = 2 };
 const char* weight_format_name(WeightFormat f);  // "bf16", "int8_convrot", "fp8_e4m3"
 
+// A LoRA side path of a quantised linear (issue 17; docs/lora.md, docs/numerics.md "LoRA
+// side path"): the LoRA patches of an int8 / fp8 weight, which cannot be merged into it
+// bit-reproducibly (ComfyUI requantises with seeded stochastic rounding), applied to the
+// layer's input instead. Rank R = the patches' ranks summed (patches concatenated along R
+// in the order the LoRAs are given); empty = no side path.
+constexpr int64_t kLoraSideMaxRank = 256;  // the CUDA kernel keeps a row block's [32, R] on chip
+struct LoraSide {
+  TensorView down;  // f32 [K, R]: down_p^T of every patch, concatenated along R
+  TensorView up;    // f32 [N, R]: fl32(s_p * up_p), s_p = strength * alpha / rank (double, then fl32)
+  bool empty() const { return down.empty(); }
+  int64_t rank() const { return down.empty() ? 0 : down.size(1); }
+};
+
 struct LinearWeight {
   WeightFormat format = WeightFormat::bf16;
   TensorView w;              // bf16|f32 [N, K] | i8 [N, K] rotated per group (W * H_G) | f8e4m3 [N, K]
@@ -73,6 +86,7 @@ struct LinearWeight {
   float input_scale = 1.0f;  // fp8_e4m3: the static activation scale s_a (1 = none)
   int64_t group = 0;         // int8_convrot: ConvRot group G (a power of 4 dividing K: 64, 256)
   bool dynamic_act = false;  // fp8_e4m3: per-row amax/448 activation scale (engine option, lossy)
+  LoraSide lora;             // int8_convrot / fp8_e4m3 with LoRAs: the side path (linear_lora applies it)
 
   LinearWeight() = default;
   // A plain weight (what every linear was before quantised formats).
@@ -80,7 +94,7 @@ struct LinearWeight {
   int64_t out_features() const { return w.size(0); }
   int64_t in_features() const { return w.size(1); }
   // Output rows [a, b) (the qkv weight's Q, K or V rows): weight rows and, per-row
-  // int8 scales, scale rows; a per-tensor scale is kept.
+  // int8 scales, scale rows; a per-tensor scale is kept; the LoRA side path's up rows.
   LinearWeight rows(int64_t a, int64_t b) const;
 };
 
@@ -373,6 +387,21 @@ class Backend {
   virtual Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
                         const LinearOptions& opts = {});
 
+  // ---- the LoRA side path of a quantised linear (issue 17; docs/numerics.md) ----------
+  // In place, per row m of out [M, N] (after linear() wrote it), with a_k the layer's input
+  // (bf16 x widened; with opts.swiglu_input the int8 fused input lq_swiglu(g_k, u_k), fp32,
+  // unrounded, exactly what the int8 linear's FHT reads):
+  //   t_r = fp32 sum over k = 0, 1, ..., K-1 (ascending) of fl32(a_k * down[k, r])   (t = 0 first)
+  //   y_n = fp32 sum over r = 0, 1, ..., R-1 (ascending) of fl32(t_r * up[n, r])     (y = 0 first)
+  //   out[m, n] = bf16( fl32(float(out[m, n]) + y_n) )
+  // Every product and sum is one IEEE fp32 operation, no FMA: the order depends only on K
+  // and R, never on M, the slice or the thread split (row-independent, tested by memcmp).
+  //   x: bf16 [M, K] (or [M, 2K] with swiglu_input; row-strided); side: see LoraSide (up may
+  //   be a row slice); out: bf16 [M, N] (row-strided). R in 1..kLoraSideMaxRank.
+  // No scratch: the CPU keeps t on the stack, CUDA in shared memory of a row block.
+  virtual Status lora_side(const TensorView& x, const LoraSide& side, const TensorView& out,
+                           const LinearOptions& opts = {});
+
   // ---- checks --------------------------------------------------------------------
   // The number of elements of t that are NaN, +inf or -inf (a value whose exponent bits
   // are all ones), returned to the host. Reads the bits only: no arithmetic, so the
@@ -438,6 +467,15 @@ inline Status Backend::unpack_audio_rows(const TensorView&, const TensorView&, c
                                          const TensorView&) {
   return make_error(ErrorCode::unsupported, name() + ": unpack_audio_rows is not implemented");
 }
+// The one place a linear of the model runs: be.linear(x, w, bias, out, opts), then, when
+// w carries a LoRA side path, be.lora_side(x, w.lora, out, opts) (src/backend/linear.cpp).
+// Every call site of the model's linears (h3 blocks, AdaLN) goes through it.
+Status linear_lora(Backend& be, const TensorView& x, const LinearWeight& w, const TensorView* bias,
+                   const TensorView& out, const LinearOptions& opts = {});
+// The argument checks every backend's lora_side shares (src/backend/linear.cpp): dtypes and
+// rank limits return a Status (unsupported / invalid_argument), shape mismatches LS_CHECK.
+Status check_lora_side_args(const char* who, const TensorView& x, const LoraSide& side, const TensorView& out,
+                            const LinearOptions& opts);
 
 // The CPU backend (always present).
 std::unique_ptr<Backend> make_cpu_backend();

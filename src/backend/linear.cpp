@@ -24,7 +24,47 @@ LinearWeight LinearWeight::rows(int64_t a, int64_t b) const {
   LinearWeight r = *this;
   r.w = w.slice_rows(a, b);
   if (format == WeightFormat::int8_convrot && !scale.empty() && scale.numel() > 1) r.scale = scale.slice_rows(a, b);
+  if (!lora.empty()) r.lora.up = lora.up.slice_rows(a, b);
   return r;
+}
+
+Status Backend::lora_side(const TensorView& x, const LoraSide& side, const TensorView& out, const LinearOptions& opts) {
+  (void)x, (void)side, (void)out, (void)opts;
+  return make_error(ErrorCode::unsupported, "lora_side: the " + name() + " backend has no LoRA side path");
+}
+
+Status linear_lora(Backend& be, const TensorView& x, const LinearWeight& w, const TensorView* bias,
+                   const TensorView& out, const LinearOptions& opts) {
+  LS_TRY(be.linear(x, w, bias, out, opts));
+  if (w.lora.empty()) return Status();
+  return be.lora_side(x, w.lora, out, opts);
+}
+
+Status check_lora_side_args(const char* who, const TensorView& x, const LoraSide& side, const TensorView& out,
+                            const LinearOptions& opts) {
+  const std::string op = std::string(who) + " lora_side: ";
+  if (x.dtype != DType::bf16 || out.dtype != DType::bf16 || side.down.dtype != DType::f32 ||
+      side.up.dtype != DType::f32)
+    return make_error(ErrorCode::unsupported, op + "unsupported dtypes x=" + dtype_name(x.dtype) + " down=" +
+                                                  dtype_name(side.down.dtype) + " up=" + dtype_name(side.up.dtype) +
+                                                  " out=" + dtype_name(out.dtype) +
+                                                  " (supported: x bf16, down f32, up f32, out bf16)");
+  LS_CHECK_MSG(x.ndim == 2 && out.ndim == 2 && side.down.ndim == 2 && side.up.ndim == 2,
+               op + "wants x [M, K], down [K, R], up [N, R], out [M, N]; got x " + x.shape_str() + ", down " +
+                   side.down.shape_str() + ", up " + side.up.shape_str() + ", out " + out.shape_str());
+  const int64_t K = side.down.size(0), R = side.down.size(1), N = side.up.size(0);
+  LS_CHECK_MSG(x.size(1) == (opts.swiglu_input ? 2 * K : K) && out.size(0) == x.size(0) && out.size(1) == N &&
+                   side.up.size(1) == R,
+               op + "shape mismatch: x " + x.shape_str() + (opts.swiglu_input ? " (swiglu input [M, 2K])" : "") +
+                   ", down " + side.down.shape_str() + ", up " + side.up.shape_str() + ", out " + out.shape_str());
+  LS_CHECK_MSG(x.inner_contiguous() && out.inner_contiguous() && side.down.is_contiguous() &&
+                   side.up.inner_contiguous(),
+               op + "rows must be contiguous (down wholly)");
+  if (R < 1 || R > kLoraSideMaxRank)
+    return make_error(ErrorCode::invalid_argument, op + "the side path's rank " + std::to_string(R) +
+                                                       " (the LoRAs' ranks on this layer summed) must be 1.." +
+                                                       std::to_string(kLoraSideMaxRank));
+  return Status();
 }
 
 Status Backend::linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,

@@ -8,11 +8,25 @@
 // copy), never once per slice or per step. So a run with LoRAs reads exactly the bytes a
 // checkpoint with the LoRAs pre-merged holds (`layerstream merge-lora` writes one), and
 // every memory knob keeps its bytes.
+//
+// Quantised (int8 ConvRot / fp8 e4m3) linears are not merged (ComfyUI requantises the
+// patched weight with seeded stochastic rounding, which cannot be reproduced): their LoRA
+// patches become a side path (backend.h, Backend::lora_side). The source then declares, per
+// such linear <m>, two more tensors with <m>.weight's role, group and block (cfg().lora_side,
+// h3::append_lora_side_specs), so they stream in the block slot with the weight and the
+// planner counts their bytes:
+//   <m>.lora_side_down  f32 [K, R]  down_p^T of every patch p, concatenated along R in order
+//   <m>.lora_side_up    f32 [N, R]  fl32(s_p * up_p), s_p = fl32(strength * alpha / rank)
+// R is the patches' ranks summed, padded with zero columns to the largest such sum over
+// the blocks for that linear (e.g. every blocks.N.attn.qkv_proj): the weight store's block
+// slots need every block laid out alike. A block the LoRAs do not touch gets all-zero
+// factors (its outputs keep their values; a -0 becomes +0). Made once on first get().
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,23 +37,34 @@ namespace ls::lora {
 
 class LoraSource final : public h3::H3TensorSource {
  public:
-  // Fails when a patched tensor is stored in a format the merge does not take (int8 or
-  // fp8 weights: ComfyUI requantises them stochastically; not supported yet).
+  // side_path: patches of int8 / fp8 linears become side paths (the engine); false (the
+  // merge-lora tool, which writes merged weights) refuses them. Refused either way, naming
+  // the layer: a full-rank patch (.diff, .set_weight) on a quantised weight, a LoRA on a
+  // quantised AdaLN linear (the int8-full files' blocks.N.adaln_proj.linear), a side rank
+  // above kLoraSideMaxRank.
   static Expected<std::unique_ptr<LoraSource>> wrap(std::unique_ptr<h3::H3TensorSource> inner, LoraSet loras,
-                                                    MergeDtype dtype);
-  const h3::H3Config& cfg() const override { return inner_->cfg(); }
+                                                    MergeDtype dtype, bool side_path = true);
+  const h3::H3Config& cfg() const override { return cfg_; }
   TensorView get(const std::string& name) const override;
-  bool has(const std::string& name) const override { return inner_->has(name); }
+  bool has(const std::string& name) const override { return side_.count(name) != 0 || inner_->has(name); }
   void release(const std::string& name) const override;
   std::string describe() const override;
 
   const LoraSet& loras() const { return loras_; }
   MergeDtype merge_dtype() const { return dtype_; }
   const h3::H3TensorSource& inner() const { return *inner_; }
+  // Quantised linears with a side path, and the ones merged ("LoRA: merged" / "side path").
+  size_t side_path_layers() const { return cfg_.lora_side.size(); }
+  size_t merged_tensors() const { return merge_.size(); }
 
  private:
-  LoraSource(std::unique_ptr<h3::H3TensorSource> inner, LoraSet loras, MergeDtype dtype);
+  LoraSource(std::unique_ptr<h3::H3TensorSource> inner, LoraSet loras, MergeDtype dtype, h3::H3Config cfg);
+  // Fills the side factor `name` (<m>.lora_side_down | _up) into bytes.
+  void make_side(const std::string& name, std::vector<unsigned char>& bytes) const;
   std::unique_ptr<h3::H3TensorSource> inner_;
+  h3::H3Config cfg_;                         // inner_->cfg() + lora_side
+  std::map<std::string, std::string> side_;  // side tensor name -> its linear <m>
+  std::set<std::string> merge_;              // patched tensors merged (bf16 / f16 / f32)
   LoraSet loras_;
   MergeDtype dtype_;
   mutable std::mutex mu_;

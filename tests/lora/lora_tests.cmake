@@ -10,6 +10,10 @@ if(LS_LORA_PY)
            COMMAND ${LS_LORA_PY} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/test_lora_comfy_formula.py)
   set_tests_properties(LoraPy.MergeEqualsComfyUIFormula PROPERTIES LABELS unit
                        ENVIRONMENT "LS_TOOL=$<TARGET_FILE:layerstream>")
+  # The int8 / fp8 side path's distance to ComfyUI's requantised merge (docs/lora.md).
+  add_test(NAME LoraPy.SidePathDistanceToComfyUI
+           COMMAND ${LS_LORA_PY} -m pytest -q -s -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/test_lora_side_distance.py)
+  set_tests_properties(LoraPy.SidePathDistanceToComfyUI PROPERTIES LABELS unit)
 else()
   message(STATUS "tests/lora not registered: no python3 with torch, numpy and pytest")
 endif()

@@ -66,6 +66,9 @@ class CpuBackend final : public Backend {
   Status unpack_video_rows(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out) override;
   Status unpack_audio_rows(const TensorView& rows, const TensorView& mask, const AudioCarryOut& c, int64_t r0,
                            const TensorView& out) override;
+  // The LoRA side path of a quantised linear: src/backend/cpu/lora_side.cpp (no workspace).
+  Status lora_side(const TensorView& x, const LoraSide& side, const TensorView& out,
+                   const LinearOptions& opts) override;
 
   // Numerics{} resolved (the constructor cannot fail: the defaults are valid).
   static Numerics resolve_default();

@@ -405,6 +405,11 @@ class CudaBackend final : public Backend {
     DeviceGuard g(ctx_.device);
     return cuda_op_linear(ctx_, x, w, bias, out, opts);
   }
+  Status lora_side(const TensorView& x, const LoraSide& side, const TensorView& out,
+                   const LinearOptions& opts) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_lora_side(ctx_, x, side, out, opts);
+  }
   // The caller's stream and ours, ordered by one event each way (no device-wide sync).
   Status wait_external(void* stream) override {
     DeviceGuard g(ctx_.device);

@@ -40,6 +40,9 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
 Status cuda_op_linear(CudaContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView* bias,
                       const TensorView& out, const LinearOptions& opts);
 std::string cuda_linear_fp8_path(const CudaContext& ctx);
+// lora_side.cu: Backend::lora_side (no workspace: a row block's t lives in shared memory).
+Status cuda_op_lora_side(CudaContext& ctx, const TensorView& x, const LoraSide& side, const TensorView& out,
+                         const LinearOptions& opts);
 // nonfinite.cu: uses ctx.nonfinite_counter; synchronises the compute stream.
 Expected<int64_t> cuda_op_count_nonfinite(CudaContext& ctx, const TensorView& t);
 

@@ -42,7 +42,7 @@ Status adaln_input(Backend& be, const H3Config& cfg, const WeightGetter& w, cons
 
 Status adaln_linear(Backend& be, const TensorView& ain, const LinearWeight& weight, const TensorView& bias,
                     const TensorView& out) {
-  return be.linear(ain, weight, &bias, out);
+  return linear_lora(be, ain, weight, &bias, out);  // + a LoRA side path, if any
 }
 
 }  // namespace ls::h3

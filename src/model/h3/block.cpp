@@ -29,6 +29,12 @@ LinearWeight h3_linear_weight(const WeightGetter& w, const H3Config& cfg, const 
     lw.input_scale = q->input_scale;
     lw.dynamic_act = q->dynamic_act;
   }
+  // LoRAs on a quantised linear: the side factors (model/lora_source.h), applied by
+  // linear_lora after the quantised linear (backend.h, Backend::lora_side).
+  if (cfg.lora_side.count(linear) != 0) {
+    lw.lora.down = w(linear + ".lora_side_down");  // f32 [K, R]
+    lw.lora.up = w(linear + ".lora_side_up");      // f32 [N, R]
+  }
   return lw;
 }
 
@@ -66,9 +72,10 @@ BlockWeights refiner_block_weights(const WeightGetter& w, const H3Config& cfg, i
 // then the linear (bf16: exactly the gemm; fp8: the eager swiglu ComfyUI quantises).
 static Status mlp_down(Backend& be, const LinearWeight& fc2, const TensorView& u, const TensorView& act,
                        const TensorView& out) {
-  if (fc2.format == WeightFormat::int8_convrot) return be.linear(u, fc2, nullptr, out, LinearOptions{.swiglu_input = true});
+  if (fc2.format == WeightFormat::int8_convrot)
+    return linear_lora(be, u, fc2, nullptr, out, LinearOptions{.swiglu_input = true});
   LS_TRY(be.swiglu(u, act));
-  return be.linear(act, fc2, nullptr, out);
+  return linear_lora(be, act, fc2, nullptr, out);
 }
 
 BlockTables block_tables(const TensorView& out) {
@@ -92,8 +99,8 @@ Status DitBlock::attn_kv(const BlockRows& r, int64_t a, int64_t b, const TensorV
   LS_CHECK(h.rows() == b - a && k_rows.rows() == b - a && v_rows.rows() == b - a);
   LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
   // K and V projections only: the K and V row ranges of the fused qkv weight.
-  LS_TRY(be_.linear(h, w_.attn.qkv.rows(I, 2 * I), nullptr, as2d(k_rows)));
-  LS_TRY(be_.linear(h, w_.attn.qkv.rows(2 * I, 3 * I), nullptr, as2d(v_rows)));
+  LS_TRY(linear_lora(be_, h, w_.attn.qkv.rows(I, 2 * I), nullptr, as2d(k_rows)));
+  LS_TRY(linear_lora(be_, h, w_.attn.qkv.rows(2 * I, 3 * I), nullptr, as2d(v_rows)));
   // Per-head k RMSNorm + split-half partial RoPE, in place (V is neither normalised nor rotated).
   return be_.qk_norm_rope(k_rows, w_.attn.k_norm, r.rope.slice_rows(a, b), kEps);
 }
@@ -102,13 +109,13 @@ Status DitBlock::attn_q(const BlockRows& r, int64_t a, int64_t b, const TensorVi
   const int64_t I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
   LS_CHECK(h.rows() == b - a && q.rows() == b - a);
   LS_TRY(norm_modulate(r, a, b, w_.norm1, t_.shift_msa, t_.scale_msa, h));
-  LS_TRY(be_.linear(h, w_.attn.qkv.rows(0, I), nullptr, q));  // Q rows of the fused weight
+  LS_TRY(linear_lora(be_, h, w_.attn.qkv.rows(0, I), nullptr, q));  // Q rows of the fused weight
   return be_.qk_norm_rope(q.unflatten_last(H, Dh), w_.attn.q_norm, r.rope.slice_rows(a, b), kEps);
 }
 
 Status DitBlock::attn_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& o, const TensorView& h) const {
   LS_CHECK(h.rows() == b - a && o.rows() == b - a);
-  LS_TRY(be_.linear(o, w_.attn.out_proj, nullptr, h));  // out-projection into h (h is free again)
+  LS_TRY(linear_lora(be_, o, w_.attn.out_proj, nullptr, h));  // out-projection into h (h is free again)
   // x = bf16(x + proj * bf16(gate_msa)), the raw gate (no 1 +, no tanh).
   return be_.gated_add(r.x_rows(a, b), h, t_.gate_msa, r.mod_rows.slice_rows(a, b));
 }
@@ -129,7 +136,7 @@ Status DitBlock::attn_fused(const BlockRows& r, const TensorView& h, const Tenso
                             int64_t kv_tile) const {
   const int64_t S = r.x.rows(), I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
   LS_TRY(norm_modulate(r, 0, S, w_.norm1, t_.shift_msa, t_.scale_msa, h));
-  LS_TRY(be_.linear(h, w_.attn.qkv, nullptr, qkv));  // [S, 3I] = [q | k | v]
+  LS_TRY(linear_lora(be_, h, w_.attn.qkv, nullptr, qkv));  // [S, 3I] = [q | k | v]
   const TensorView q = qkv.cols(0, I).unflatten_last(H, Dh);
   const TensorView k = qkv.cols(I, 2 * I).unflatten_last(H, Dh);
   const TensorView v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
@@ -138,7 +145,7 @@ Status DitBlock::attn_fused(const BlockRows& r, const TensorView& h, const Tenso
   AttentionParams ap;
   ap.kv_tile = kv_tile;
   LS_TRY(be_.attention(q, k, v, o.unflatten_last(H, Dh), ap));
-  LS_TRY(be_.linear(o, w_.attn.out_proj, nullptr, h));
+  LS_TRY(linear_lora(be_, o, w_.attn.out_proj, nullptr, h));
   return be_.gated_add(r.x, h, t_.gate_msa, r.mod_rows);
 }
 
@@ -146,7 +153,7 @@ Status DitBlock::mlp(const BlockRows& r, int64_t a, int64_t b, const TensorView&
                      const TensorView& act) const {
   LS_CHECK(h.rows() == b - a && u.rows() == b - a && act.rows() == b - a);
   LS_TRY(norm_modulate(r, a, b, w_.norm2, t_.shift_mlp, t_.scale_mlp, h));
-  LS_TRY(be_.linear(h, w_.fc1, nullptr, u));  // [n, 2F] = [gate | up]
+  LS_TRY(linear_lora(be_, h, w_.fc1, nullptr, u));  // [n, 2F] = [gate | up]
   LS_TRY(mlp_down(be_, w_.fc2, u, act, h));   // swiglu + fc2
   return be_.gated_add(r.x_rows(a, b), h, t_.gate_mlp, r.mod_rows.slice_rows(a, b));
 }
@@ -157,7 +164,7 @@ Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, co
   const int64_t I = cfg.inner(), H = cfg.heads, Dh = cfg.head_dim;
   // x = Attention(norm1(x)) + x
   LS_TRY(be.rms_norm(x, w.norm1, kEps, h));
-  LS_TRY(be.linear(h, w.attn.qkv, nullptr, qkv));
+  LS_TRY(linear_lora(be, h, w.attn.qkv, nullptr, qkv));
   const TensorView q = qkv.cols(0, I).unflatten_last(H, Dh);
   const TensorView k = qkv.cols(I, 2 * I).unflatten_last(H, Dh);
   const TensorView v = qkv.cols(2 * I, 3 * I).unflatten_last(H, Dh);
@@ -166,11 +173,11 @@ Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, co
   AttentionParams ap;
   ap.kv_tile = kv_tile;
   LS_TRY(be.attention(q, k, v, o.unflatten_last(H, Dh), ap));
-  LS_TRY(be.linear(o, w.attn.out_proj, nullptr, h));
+  LS_TRY(linear_lora(be, o, w.attn.out_proj, nullptr, h));
   LS_TRY(be.add(x, h));  // bf16(x + attn), commutative with ComfyUI's attn + x
   // x = MLP(norm2(x)) + x
   LS_TRY(be.rms_norm(x, w.norm2, kEps, h));
-  LS_TRY(be.linear(h, w.fc1, nullptr, u));
+  LS_TRY(linear_lora(be, h, w.fc1, nullptr, u));
   LS_TRY(mlp_down(be, w.fc2, u, act, h));
   return be.add(x, h);
 }

@@ -241,7 +241,10 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
     add(p + "adaln_proj.linear.weight", ad, {18 * D, t}, G::adaln, b);
     add(p + "adaln_proj.linear.bias", ad, {18 * D}, G::adaln, b);
   }
-  if (!c.quant.any()) return s;
+  if (!c.quant.any()) {
+    append_lora_side_specs(c, s);
+    return s;
+  }
   // Quantised linears (quant.h): the weight in its stored dtype, then its side tensors.
   std::vector<TensorSpec> q;
   q.reserve(s.size() + 3 * c.quant.linears.size());
@@ -263,7 +266,20 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
       q.push_back(TensorSpec{m + ".comfy_quant", lq->comfy_quant_dtype, {static_cast<int64_t>(lq->comfy_quant.size())}, G::other,
                              R::unused, blk});
   }
+  append_lora_side_specs(c, q);
   return q;
+}
+
+void append_lora_side_specs(const H3Config& c, std::vector<TensorSpec>& specs) {
+  for (const auto& [m, rank] : c.lora_side) {
+    const TensorSpec* w = nullptr;
+    for (const TensorSpec& ts : specs)
+      if (ts.name == m + ".weight") w = &ts;
+    LS_CHECK_MSG(w != nullptr && w->shape.size() == 2, "LoRA side path on " + m + ", which has no 2-D weight");
+    const TensorSpec base = *w;  // specs grows below
+    specs.push_back(TensorSpec{m + ".lora_side_down", DType::f32, {base.shape[1], rank}, base.group, base.role, base.block});
+    specs.push_back(TensorSpec{m + ".lora_side_up", DType::f32, {base.shape[0], rank}, base.group, base.role, base.block});
+  }
 }
 
 // ---- detection (§1.2) -----------------------------------------------------------------

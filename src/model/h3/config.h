@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct H3Config {
   // policy for such files (model/h3/quant.h). Empty for a bf16 checkpoint. Not part of
   // the dimensions: h3_config_json leaves it out. h3_tensor_specs adds the side tensors.
   QuantLayout quant;
+  // LoRA side paths (issue 17; model/lora_source.h): quantised linear <m> -> the rank R of
+  // its side factors <m>.lora_side_down f32 [K, R] and <m>.lora_side_up f32 [N, R], which
+  // h3_tensor_specs appends with the weight's role, group and block. Set by lora::LoraSource
+  // only; empty otherwise. Not a dimension: h3_config_json leaves it out.
+  std::map<std::string, int64_t> lora_side;
 
   int64_t inner() const { return heads * head_dim; }          // I
   int64_t video_patch_dim() const { return latents_dim * 4; }  // patch (1,2,2)
@@ -90,6 +96,9 @@ struct TensorSpec {
   int64_t numel() const;
 };
 std::vector<TensorSpec> h3_tensor_specs(const H3Config& cfg);
+// Appends to `specs` the LoRA side tensors of cfg.lora_side (after everything else, in
+// cfg.lora_side's name order); each takes the role, group and block of <m>.weight in specs.
+void append_lora_side_specs(const H3Config& cfg, std::vector<TensorSpec>& specs);
 const char* group_name(TensorSpec::Group g);  // "blocks", "adaln", ...
 
 // What a checkpoint holds (name with prefix, dtype, shape), e.g. from SafetensorsReader.
