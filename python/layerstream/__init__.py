@@ -65,7 +65,7 @@ def parse_size(value, what="size"):
     return n
 
 
-_ATTENTION = {"default": 0, "native": 1, "cudnn": 2}
+_ATTENTION = {"default": 0, "native": 1, "cudnn": 2, "hopper": 3}
 _GEMM_F32 = {"lanes16": 0, "cublaslt": 1}
 _NUMERICS_KEYS = ("attention", "kv_tile", "gemm_f32", "native_variant", "cudnn_q_chunk", "cudnn_form",
                   "cudnn_skip_configs")
