@@ -12,8 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/attention_cudnn.cuh"
+#include "backend/cuda/attention_hopper.cuh"
 #include "cuda_test_util.h"
 
 namespace ls::cudatest {
@@ -102,7 +106,9 @@ void check_case(Gpu* G, const Case& c) {
               static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
   EXPECT_GT(e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
   EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "hopper attention error above 2x the plain bf16 reference's";
-  if (c.Mq > 1) EXPECT_FALSE(same_bytes(host_rows(got, 0, 1), host_rows(got, 1, 2))) << "output rows should differ";
+  if (c.Mq > 1) {
+    EXPECT_FALSE(same_bytes(host_rows(got, 0, 1), host_rows(got, 1, 2))) << "output rows should differ";
+  }
   std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
   if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
   for (auto [a, b] : slices) {
@@ -237,6 +243,31 @@ TEST(HopperAttention, StreamedKeysSameBytes) {
   EXPECT_TRUE(same_bytes(download(G, one.v), host_rows(a, 1500, 1501))) << "one streamed query row";
 }
 
+// The consumer schedules (ping-pong on named barriers, free-running) are a speed knob:
+// the same bytes.
+TEST(HopperAttention, SchedulesSameBytes) {
+  LS_NEED_HOPPER();
+  const int64_t Mq = 1000, Mk = 5000, H = 4;
+  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 240, 2.0f);
+  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 241, 1.0f);
+  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 242, 1.0f);
+  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const int keep = cuda::attention_hopper_schedule();
+  std::vector<HostBuf> outs;
+  for (int schedule : {0, 1}) {
+    cuda::set_attention_hopper_schedule(schedule);
+    DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
+    AttentionParams p;
+    p.kv_tile = 1000;
+    Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
+    ASSERT_TRUE(s.ok()) << s.message();
+    outs.push_back(download(G, o.v));
+  }
+  cuda::set_attention_hopper_schedule(keep);
+  EXPECT_FALSE(same_bytes(host_rows(outs[0], 0, 1), host_rows(outs[0], 1, 2))) << "output rows should differ";
+  EXPECT_TRUE(same_bytes(outs[0], outs[1])) << "ping-pong and free-running schedules differ";
+}
+
 TEST(HopperAttention, OtherHeadDimsAreAStatus) {
   LS_NEED_HOPPER();
   HostBuf q = random_buf(DType::bf16, {4, 2, 64}, 7, 1.0f);
@@ -274,12 +305,16 @@ TEST(HopperAttention, ThroughputH3) {
   std::string json = "{\"S\": " + std::to_string(S) + ", \"H\": 56, \"Dh\": 128, \"causal\": false, \"slice\": " +
                      std::to_string(slice) + ", \"runs\": [";
   bool first = true;
-  std::printf("  %-8s %8s %8s %10s %10s\n", "algo", "kv_tile", "slice", "ms", "TFLOP/s");
-  for (const char* path : {"hopper", "cudnn", "native"}) {
+  std::printf("  %-11s %8s %8s %10s %10s\n", "algo", "kv_tile", "slice", "ms", "TFLOP/s");
+  const int keep_schedule = cuda::attention_hopper_schedule();
+  for (const char* name : {"hopper", "hopper-free", "cudnn", "native"}) {
+    const std::string label = name;
+    const char* path = label == "hopper-free" ? "hopper" : name;
+    cuda::set_attention_hopper_schedule(label == "hopper-free" ? 0 : keep_schedule);
     Numerics n = attention_numerics(path);
     const ScopedNumerics use(*G->cuda, n);
     if (!use.status().ok()) {
-      std::printf("  %-8s unavailable: %s\n", path, use.status().message().c_str());
+      std::printf("  %-11s unavailable: %s\n", name, use.status().message().c_str());
       continue;
     }
     TensorView ws_keep = G->workspace;
@@ -312,17 +347,20 @@ TEST(HopperAttention, ThroughputH3) {
       }
       std::sort(ts.begin(), ts.end());
       const double t = ts[reps / 2];
-      std::printf("  %-8s %8lld %8lld %10.1f %10.1f\n", path, static_cast<long long>(p.kv_tile),
+      std::printf("  %-11s %8lld %8lld %10.1f %10.1f\n", name, static_cast<long long>(p.kv_tile),
                   static_cast<long long>(sl), t * 1e3, flops / t / 1e12);
       char buf[256];
       std::snprintf(buf, sizeof buf, "%s{\"algorithm\": \"%s\", \"kv_tile\": %lld, \"slice\": %lld, \"ms\": %.3f, \"tflops\": %.1f}",
-                    first ? "" : ", ", path, static_cast<long long>(p.kv_tile), static_cast<long long>(sl), t * 1e3,
+                    first ? "" : ", ", name, static_cast<long long>(p.kv_tile), static_cast<long long>(sl), t * 1e3,
                     flops / t / 1e12);
       json += buf;
       first = false;
     }
-    if (ws) ASSERT_TRUE(G->cuda->set_workspace(ws_keep).ok());
+    if (ws) {
+      ASSERT_TRUE(G->cuda->set_workspace(ws_keep).ok());
+    }
   }
+  cuda::set_attention_hopper_schedule(keep_schedule);
   json += "]}\n";
   if (const char* path = std::getenv("LAYERSTREAM_HOPPER_BENCH_JSON")) {
     if (FILE* f = std::fopen(path, "w")) {

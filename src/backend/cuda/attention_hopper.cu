@@ -80,6 +80,9 @@ constexpr int kTileBytes = 2 * kHalfBytes;         // [128 rows][128] bf16
 constexpr int kSmemBytes = kTileBytes * (1 + 2 * kStages) + 1024 /* barriers */ + 1024 /* alignment */;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxDevices = 64;
+// Consumer schedule (speed only, the same bytes: tested): 1 = the two consumer
+// warpgroups ping-pong their GEMM issues on named barriers, 0 = they run free.
+constexpr int kDefaultSchedule = 1;
 
 struct HopperArgs {
   uint16_t* o;       // bf16 [Mq, H, 128]
@@ -180,6 +183,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+// Named barriers 1 and 2 order the two consumer warpgroups' GEMM issues (kPingpong):
+// warpgroup w waits on barrier 1 + w before it issues, then arrives on the other's, so
+// one warpgroup's softmax runs while the other's GEMMs hold the tensor cores
+// (FlashAttention-3's inter-warpgroup ping-pong). Scheduling only: the same arithmetic.
+__device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
+__device__ __forceinline__ void sched_arrive(int cw) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
+}
+
+template <bool kPingpong>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_hopper_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                             const __grid_constant__ CUtensorMap tv, const HopperArgs a) {
@@ -351,13 +364,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) mbar_arrive(bar);
   };
 
+  // Ping-pong: each warpgroup has n + 1 issue points (block 0's Q K^T, n - 1 loop
+  // iterations, the last P V); warpgroup 1 opens the first turn for warpgroup 0 and skips
+  // its last arrival, so every arrival is matched by a wait.
+  const auto turn_begin = [&] {
+    if constexpr (kPingpong) sched_wait(cw);
+  };
+  const auto turn_end = [&](bool last) {
+    if constexpr (kPingpong) {
+      if (!(last && cw == 1)) sched_arrive(cw);
+    }
+  };
+  if constexpr (kPingpong) {
+    if (cw == 1) sched_arrive(1);  // barrier 1: warpgroup 0's first turn
+  }
   mbar_wait(q_full, 0);
   // Block 0: scores, softmax, rescale (acc is 0 or the resumed state).
   int64_t b = 0, e = block_end(0);
   mbar_wait(k_full(0), 0);
+  turn_begin();
   wgmma_fence();
   issue_qk(0);
   wgmma_commit();
+  turn_end(false);
   wgmma_wait<0>();
   fence_regs(s_acc);
   release(k_empty(0));
@@ -373,11 +402,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
     to_bf16_p(p);  // P of block j - 1
     fence_regs(o);
+    turn_begin();
     wgmma_fence();
     issue_qk(s);  // S_j = Q K_j^T
     wgmma_commit();
     issue_pv(sp, p);  // acc += P_{j-1} V_{j-1}, running while block j's softmax runs
     wgmma_commit();
+    turn_end(false);
     wgmma_wait<1>();
     fence_regs(s_acc);
     release(k_empty(s));
@@ -392,9 +423,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
     to_bf16_p(p);
     fence_regs(o);
+    turn_begin();
     wgmma_fence();
     issue_pv(sp, p);
     wgmma_commit();
+    turn_end(true);
     wgmma_wait<0>();
     fence_regs(o);
     release(v_empty(sp));
@@ -429,6 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else   // not sm_90a: the kernel exists (the host code names it) but is never launched
+template <bool kPingpong>
 __global__ void attention_hopper_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                         const __grid_constant__ CUtensorMap, const HopperArgs) {
 #ifdef __CUDA_ARCH__
@@ -495,7 +529,33 @@ bool device_is_sm90(int device) {
   return v == 1;
 }
 
+std::atomic<int> g_schedule{kDefaultSchedule};
+
+template <bool kPingpong>
+Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+              const HopperArgs& a, int H) {
+  // The shared-memory opt-in is a per-device attribute of each instantiation.
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  LS_CHECK(ctx.device >= 0 && ctx.device < kMaxDevices);
+  if (!configured[ctx.device].load(std::memory_order_acquire)) {
+    if (ctx.max_smem_optin < static_cast<size_t>(kSmemBytes))
+      return unsupported("attention hopper", "needs " + std::to_string(kSmemBytes) +
+                                                 " bytes of shared memory per block, the device allows " +
+                                                 std::to_string(ctx.max_smem_optin));
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSmemBytes));
+    configured[ctx.device].store(true, std::memory_order_release);
+  }
+  const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
+  attention_hopper_kernel<kPingpong><<<grid, kThreads, kSmemBytes, ctx.stream>>>(tq, tk, tv, a);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
 }  // namespace
+
+void set_attention_hopper_schedule(int schedule) { g_schedule.store(schedule == 0 ? 0 : 1); }
+int attention_hopper_schedule() { return g_schedule.load(); }
 
 bool attention_hopper_built() { return true; }
 
@@ -550,21 +610,9 @@ Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView&
   LS_TRY(make_map(&tq, q, "q"));
   LS_TRY(make_map(&tk, k, "k"));
   LS_TRY(make_map(&tv, v, "v"));
-  static std::atomic<bool> configured[kMaxDevices] = {};
-  LS_CHECK(ctx.device >= 0 && ctx.device < kMaxDevices);
-  if (!configured[ctx.device].load(std::memory_order_acquire)) {
-    if (ctx.max_smem_optin < static_cast<size_t>(kSmemBytes))
-      return unsupported("attention hopper", "needs " + std::to_string(kSmemBytes) +
-                                                 " bytes of shared memory per block, the device allows " +
-                                                 std::to_string(ctx.max_smem_optin));
-    LS_CUDA_CHECK(
-        cudaFuncSetAttribute(attention_hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    configured[ctx.device].store(true, std::memory_order_release);
-  }
-  const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(q.shape[1]));
-  attention_hopper_kernel<<<grid, kThreads, kSmemBytes, ctx.stream>>>(tq, tk, tv, a);
-  LS_CUDA_CHECK_LAUNCH();
-  return Status();
+  const int H = static_cast<int>(q.shape[1]);
+  return g_schedule.load(std::memory_order_relaxed) == 1 ? launch<true>(ctx, tq, tk, tv, a, H)
+                                                         : launch<false>(ctx, tq, tk, tv, a, H);
 }
 
 }  // namespace ls::cuda

@@ -28,7 +28,14 @@ Status attention_hopper_available(int device);
 // the native kernel's state layout). Other head dims are refused with a Status.
 Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionParams& p);
+// The consumer warpgroups' schedule, for the tests and benchmarks that compare them (a
+// speed knob only: both give the same bytes, tested): 1 (the default) = ping-pong on
+// named barriers, 0 = free-running. Process-wide; read when a call is queued.
+void set_attention_hopper_schedule(int schedule);
+int attention_hopper_schedule();
 #else
+inline void set_attention_hopper_schedule(int) {}
+inline int attention_hopper_schedule() { return 0; }
 inline bool attention_hopper_built() { return false; }
 inline Status attention_hopper_available(int) {
   return make_error(ErrorCode::unsupported,
