@@ -104,7 +104,9 @@ void check_case(Gpu* G, const Case& c) {
   std::printf("  hopper attention Mq=%lld Mk=%lld H=%lld kv_tile=%lld: rel L2 vs fp64 hopper %.3e cpu %.3e\n",
               static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
               static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
-  EXPECT_GT(e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
+  if (c.Mk > 1) {  // one key: out = v exactly, on every path
+    EXPECT_GT(e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
+  }
   EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "hopper attention error above 2x the plain bf16 reference's";
   if (c.Mq > 1) {
     EXPECT_FALSE(same_bytes(host_rows(got, 0, 1), host_rows(got, 1, 2))) << "output rows should differ";
@@ -254,7 +256,7 @@ TEST(HopperAttention, SchedulesSameBytes) {
   DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
   const int keep = cuda::attention_hopper_schedule();
   std::vector<HostBuf> outs;
-  for (int schedule : {0, 1}) {
+  for (int schedule : {1, 0, 2, 3, 4, 5}) {
     cuda::set_attention_hopper_schedule(schedule);
     DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
     AttentionParams p;
@@ -265,7 +267,7 @@ TEST(HopperAttention, SchedulesSameBytes) {
   }
   cuda::set_attention_hopper_schedule(keep);
   EXPECT_FALSE(same_bytes(host_rows(outs[0], 0, 1), host_rows(outs[0], 1, 2))) << "output rows should differ";
-  EXPECT_TRUE(same_bytes(outs[0], outs[1])) << "ping-pong and free-running schedules differ";
+  for (size_t i = 1; i < outs.size(); ++i) EXPECT_TRUE(same_bytes(outs[0], outs[i])) << "schedule #" << i << " differs";
 }
 
 TEST(HopperAttention, OtherHeadDimsAreAStatus) {
@@ -306,11 +308,27 @@ TEST(HopperAttention, ThroughputH3) {
                      std::to_string(slice) + ", \"runs\": [";
   bool first = true;
   std::printf("  %-11s %8s %8s %10s %10s\n", "algo", "kv_tile", "slice", "ms", "TFLOP/s");
+  // LAYERSTREAM_HOPPER_BENCH_SCHEDULES=1,0,...: the hopper schedules to time
+  // (attention_hopper.cu; the default schedule alone when unset).
   const int keep_schedule = cuda::attention_hopper_schedule();
-  for (const char* name : {"hopper", "hopper-free", "cudnn", "native"}) {
-    const std::string label = name;
-    const char* path = label == "hopper-free" ? "hopper" : name;
-    cuda::set_attention_hopper_schedule(label == "hopper-free" ? 0 : keep_schedule);
+  std::vector<std::string> names;
+  if (const char* list = std::getenv("LAYERSTREAM_HOPPER_BENCH_SCHEDULES")) {
+    std::string l = list;
+    for (size_t at = 0; at <= l.size();) {
+      const size_t comma = std::min(l.find(',', at), l.size());
+      names.push_back("hopper-s" + l.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else {
+    names.push_back("hopper");
+  }
+  names.push_back("cudnn");
+  names.push_back("native");
+  for (const std::string& label : names) {
+    const char* name = label.c_str();
+    const bool hopper = label.rfind("hopper", 0) == 0;
+    const char* path = hopper ? "hopper" : name;
+    cuda::set_attention_hopper_schedule(label.rfind("hopper-s", 0) == 0 ? std::atoi(name + 8) : keep_schedule);
     Numerics n = attention_numerics(path);
     const ScopedNumerics use(*G->cuda, n);
     if (!use.status().ok()) {

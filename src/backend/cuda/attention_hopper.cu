@@ -73,11 +73,10 @@ namespace {
 constexpr int kD = 128;       // head dim
 constexpr int kBr = 128;      // queries per CTA (2 consumer warpgroups x 64)
 constexpr int kBc = 128;      // keys per block
-constexpr int kStages = 2;    // K and V ring depth
 constexpr int kThreads = 384; // producer + 2 consumer warpgroups
 constexpr int kHalfBytes = 128 * 128;              // one [128 rows][64] bf16 half
 constexpr int kTileBytes = 2 * kHalfBytes;         // [128 rows][128] bf16
-constexpr int kSmemBytes = kTileBytes * (1 + 2 * kStages) + 1024 /* barriers */ + 1024 /* alignment */;
+constexpr int smem_bytes(int stages) { return kTileBytes * (1 + 2 * stages) + 256 /* barriers */ + 1024 /* alignment */; }
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxDevices = 64;
 // Consumer schedule (speed only, the same bytes: tested): 1 = the two consumer
@@ -175,6 +174,22 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t d
 // d += A B, m64n128k16, A (bf16 P) from registers in the mma.sync A-fragment layout of
 // each warp's 16 rows, B from shared memory MN-major (V: keys x head dim, head dim
 // contiguous; imm-trans-b = 1), 128-byte swizzle.
+// d (+)= A B, m64n128k16, A (bf16 Q) from registers in the mma.sync A-fragment layout,
+// B from shared memory K-major (imm-trans-b = 0), 128-byte swizzle.
+__device__ __forceinline__ void wgmma_rs_k(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -192,7 +207,17 @@ __device__ __forceinline__ void sched_arrive(int cw) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
 }
 
-template <bool kPingpong>
+// Kernel configurations (speed only: every non-diagnostic one gives the same bytes, tested).
+//   pingpong  consumer warpgroups take turns issuing their GEMMs (named barriers)
+//   stages    K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB)
+//   q_regs    Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
+//   diag      timing diagnostics, WRONG results: 1 = no K/V reloads after the first
+//             ring (compute alone), 2 = no softmax (P = bf16(S): GEMMs and loads alone)
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+__device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
+                                                uint32_t bars, int q0, int h);
+
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_hopper_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                             const __grid_constant__ CUtensorMap tv, const HopperArgs a) {
@@ -244,6 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = j % kStages;
         const uint32_t round = static_cast<uint32_t>(j / kStages);
         const int row = static_cast<int>(b);
+        if (kDiag == 1 && round > 0) continue;  // diagnostic: compute alone
         if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
         mbar_expect_tx(k_full(s), kTileBytes);
         tma_load(sK + s * kTileBytes, &tk, 0, h, row, k_full(s));
@@ -254,11 +280,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load(sV + s * kTileBytes + kHalfBytes, &tv, 64, h, row, v_full(s));
       }
     }
-    return;
+  } else {  // ---- consumers: warpgroup cw owns the CTA's query rows [64 cw, 64 cw + 64) ----
+    // (the two roles are the two branches of one if/else, which setmaxnreg needs)
+    hopper_consumer<kPingpong, kStages, kQRegs, kDiag>(a, wg, sQ, sK, sV, bars, q0, h);
   }
+}
 
-  // ---- consumers: warpgroup cw owns the CTA's query rows [64 cw, 64 cw + 64) ----
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+__device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
+                                                uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const uint32_t q_full = bars;  // the kernel's barrier layout
+  const auto k_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + s); };
+  const auto v_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + kStages + s); };
+  const auto k_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 2 * kStages + s); };
+  const auto v_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 3 * kStages + s); };
+  const auto block_end = [&](int64_t b) {
+    const int64_t tile_end = (b / a.kv_tile + 1) * a.kv_tile;
+    int64_t e = b + kBc;
+    if (e > tile_end) e = tile_end;
+    if (e > a.Mk) e = a.Mk;
+    return e;
+  };
   const int cw = wg - 1;
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -290,12 +333,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const uint32_t q_rows = sQ + static_cast<uint32_t>(cw) * 64u * 128u;  // this warpgroup's 64 rows, half 0
+  uint32_t qf[kQRegs ? 8 : 1][4];  // kQRegs: Q's A fragments per k-step (loaded after Q arrives)
   const auto issue_qk = [&](int s) {  // s_acc = Q K^T over head dims in k-steps 0..7
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t off = static_cast<uint32_t>((kk / 4) * kHalfBytes + (kk % 4) * 32);
-      wgmma_ss(s_acc, smem_desc(q_rows + off, 16, 1024),
-               smem_desc(sK + static_cast<uint32_t>(s * kTileBytes) + off, 16, 1024), kk > 0 ? 1 : 0);
+      if constexpr (kQRegs)
+        wgmma_rs_k(s_acc, qf[kk], smem_desc(sK + static_cast<uint32_t>(s * kTileBytes) + off, 16, 1024), kk > 0 ? 1 : 0);
+      else
+        wgmma_ss(s_acc, smem_desc(q_rows + off, 16, 1024),
+                 smem_desc(sK + static_cast<uint32_t>(s * kTileBytes) + off, 16, 1024), kk > 0 ? 1 : 0);
     }
   };
   const auto issue_pv = [&](int s, const uint32_t (&p)[8][4]) {  // o += P V over keys in k-steps 0..7
@@ -305,6 +352,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // Block softmax on s_acc (nk valid keys): p in place, l updated, alpha returned.
   const auto softmax = [&](int nk, float (&alpha)[2]) {
+    if constexpr (kDiag == 2) {  // diagnostic: no softmax
+      alpha[0] = alpha[1] = 1.0f;
+      return;
+    }
     if (nk < kBc) {  // a short block (end of a kv_tile or of the keys): mask the rest
 #pragma unroll
       for (int j = 0; j < 16; ++j)
@@ -379,6 +430,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (cw == 1) sched_arrive(1);  // barrier 1: warpgroup 0's first turn
   }
   mbar_wait(q_full, 0);
+  if constexpr (kQRegs) {
+    // ldmatrix.x4 of the 128-byte-swizzled Q: lane l addresses row 16 warp + l % 8 +
+    // 8 ((l / 8) % 2), 16-byte chunk 2 (kk % 4) + l / 16 of half kk / 4, the chunk index
+    // xor-ed with row % 8 (= l % 8) as TMA wrote it: the mma.sync A fragment.
+    const int r = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int chunk = 2 * (kk % 4) + lane / 16;
+      ldmatrix_x4(qf[kk], q_rows + static_cast<uint32_t>((kk / 4) * kHalfBytes + r * 128 + ((chunk ^ (lane % 8)) * 16)));
+    }
+  }
   // Block 0: scores, softmax, rescale (acc is 0 or the resumed state).
   int64_t b = 0, e = block_end(0);
   mbar_wait(k_full(0), 0);
@@ -398,8 +460,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (b = e; b < a.Mk; b = e, ++j) {
     e = block_end(b);
     const int s = j % kStages, sp = (j - 1) % kStages;
-    mbar_wait(k_full(s), static_cast<uint32_t>(j / kStages) & 1u);
-    mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
+    if (kDiag != 1 || j < kStages) mbar_wait(k_full(s), static_cast<uint32_t>(j / kStages) & 1u);
+    if (kDiag != 1 || j - 1 < kStages) mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
     to_bf16_p(p);  // P of block j - 1
     fence_regs(o);
     turn_begin();
@@ -420,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   {  // the last block's P V
     const int sp = (j - 1) % kStages;
-    mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
+    if (kDiag != 1 || j - 1 < kStages) mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
     to_bf16_p(p);
     fence_regs(o);
     turn_begin();
@@ -462,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else   // not sm_90a: the kernel exists (the host code names it) but is never launched
-template <bool kPingpong>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
 __global__ void attention_hopper_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                         const __grid_constant__ CUtensorMap, const HopperArgs) {
 #ifdef __CUDA_ARCH__
@@ -531,30 +593,32 @@ bool device_is_sm90(int device) {
 
 std::atomic<int> g_schedule{kDefaultSchedule};
 
-template <bool kPingpong>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
 Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
               const HopperArgs& a, int H) {
   // The shared-memory opt-in is a per-device attribute of each instantiation.
   static std::atomic<bool> configured[kMaxDevices] = {};
   LS_CHECK(ctx.device >= 0 && ctx.device < kMaxDevices);
   if (!configured[ctx.device].load(std::memory_order_acquire)) {
+    constexpr int kSmemBytes = smem_bytes(kStages);
     if (ctx.max_smem_optin < static_cast<size_t>(kSmemBytes))
       return unsupported("attention hopper", "needs " + std::to_string(kSmemBytes) +
                                                  " bytes of shared memory per block, the device allows " +
                                                  std::to_string(ctx.max_smem_optin));
-    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kSmemBytes));
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     configured[ctx.device].store(true, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_hopper_kernel<kPingpong><<<grid, kThreads, kSmemBytes, ctx.stream>>>(tq, tk, tv, a);
+  attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag>
+      <<<grid, kThreads, smem_bytes(kStages), ctx.stream>>>(tq, tk, tv, a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
 
 }  // namespace
 
-void set_attention_hopper_schedule(int schedule) { g_schedule.store(schedule == 0 ? 0 : 1); }
+void set_attention_hopper_schedule(int schedule) { g_schedule.store(schedule); }
 int attention_hopper_schedule() { return g_schedule.load(); }
 
 bool attention_hopper_built() { return true; }
@@ -611,8 +675,18 @@ Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView&
   LS_TRY(make_map(&tk, k, "k"));
   LS_TRY(make_map(&tv, v, "v"));
   const int H = static_cast<int>(q.shape[1]);
-  return g_schedule.load(std::memory_order_relaxed) == 1 ? launch<true>(ctx, tq, tk, tv, a, H)
-                                                         : launch<false>(ctx, tq, tk, tv, a, H);
+  switch (g_schedule.load(std::memory_order_relaxed)) {
+    case 0: return launch<false, 2, false, 0>(ctx, tq, tk, tv, a, H);
+    case 2: return launch<true, 3, false, 0>(ctx, tq, tk, tv, a, H);
+    case 3: return launch<true, 2, true, 0>(ctx, tq, tk, tv, a, H);
+    case 4: return launch<true, 3, true, 0>(ctx, tq, tk, tv, a, H);
+    case 5: return launch<false, 3, true, 0>(ctx, tq, tk, tv, a, H);
+    case 10: return launch<true, 2, false, 1>(ctx, tq, tk, tv, a, H);
+    case 11: return launch<true, 2, false, 2>(ctx, tq, tk, tv, a, H);
+    case 12: return launch<true, 3, true, 1>(ctx, tq, tk, tv, a, H);
+    case 13: return launch<true, 3, true, 2>(ctx, tq, tk, tv, a, H);
+    default: return launch<true, 2, false, 0>(ctx, tq, tk, tv, a, H);
+  }
 }
 
 }  // namespace ls::cuda
