@@ -156,6 +156,13 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
   return d;
 }
 
+// 2^x by the MUFU instruction alone, subnormal results flushed to zero.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -211,13 +218,14 @@ __device__ __forceinline__ void sched_arrive(int cw) {
 //   pingpong  consumer warpgroups take turns issuing their GEMMs (named barriers)
 //   stages    K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB)
 //   q_regs    Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
+//   ftz       2^x as ex2.approx.ftz alone (subnormal p flushed: other bits than exp2f)
 //   diag      timing diagnostics, WRONG results: 1 = no K/V reloads after the first
 //             ring (compute alone), 2 = no softmax (P = bf16(S): GEMMs and loads alone)
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
 __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 uint32_t bars, int q0, int h);
 
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_hopper_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                             const __grid_constant__ CUtensorMap tv, const HopperArgs a) {
@@ -282,11 +290,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {  // ---- consumers: warpgroup cw owns the CTA's query rows [64 cw, 64 cw + 64) ----
     // (the two roles are the two branches of one if/else, which setmaxnreg needs)
-    hopper_consumer<kPingpong, kStages, kQRegs, kDiag>(a, wg, sQ, sK, sV, bars, q0, h);
+    hopper_consumer<kPingpong, kStages, kQRegs, kDiag, kFtz>(a, wg, sQ, sK, sV, bars, q0, h);
   }
 }
 
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
 __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -384,7 +392,8 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
+        const float p = kFtz ? ex2_ftz(fmaf(s_acc[4 * j + i], c, m_use[i / 2]))
+                             : exp2f(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
         s_acc[4 * j + i] = p;
         psum[i / 2] += p;
       }
@@ -524,7 +533,7 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
   }
 }
 #else   // not sm_90a: the kernel exists (the host code names it) but is never launched
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
 __global__ void attention_hopper_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                         const __grid_constant__ CUtensorMap, const HopperArgs) {
 #ifdef __CUDA_ARCH__
@@ -593,7 +602,7 @@ bool device_is_sm90(int device) {
 
 std::atomic<int> g_schedule{kDefaultSchedule};
 
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
 Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
               const HopperArgs& a, int H) {
   // The shared-memory opt-in is a per-device attribute of each instantiation.
@@ -605,12 +614,12 @@ Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, co
       return unsupported("attention hopper", "needs " + std::to_string(kSmemBytes) +
                                                  " bytes of shared memory per block, the device allows " +
                                                  std::to_string(ctx.max_smem_optin));
-    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag>,
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFtz>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     configured[ctx.device].store(true, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag>
+  attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFtz>
       <<<grid, kThreads, smem_bytes(kStages), ctx.stream>>>(tq, tk, tv, a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
@@ -676,16 +685,18 @@ Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView&
   LS_TRY(make_map(&tv, v, "v"));
   const int H = static_cast<int>(q.shape[1]);
   switch (g_schedule.load(std::memory_order_relaxed)) {
-    case 0: return launch<false, 2, false, 0>(ctx, tq, tk, tv, a, H);
-    case 2: return launch<true, 3, false, 0>(ctx, tq, tk, tv, a, H);
-    case 3: return launch<true, 2, true, 0>(ctx, tq, tk, tv, a, H);
-    case 4: return launch<true, 3, true, 0>(ctx, tq, tk, tv, a, H);
-    case 5: return launch<false, 3, true, 0>(ctx, tq, tk, tv, a, H);
-    case 10: return launch<true, 2, false, 1>(ctx, tq, tk, tv, a, H);
-    case 11: return launch<true, 2, false, 2>(ctx, tq, tk, tv, a, H);
-    case 12: return launch<true, 3, true, 1>(ctx, tq, tk, tv, a, H);
-    case 13: return launch<true, 3, true, 2>(ctx, tq, tk, tv, a, H);
-    default: return launch<true, 2, false, 0>(ctx, tq, tk, tv, a, H);
+    case 0: return launch<false, 2, false, 0, false>(ctx, tq, tk, tv, a, H);
+    case 2: return launch<true, 3, false, 0, false>(ctx, tq, tk, tv, a, H);
+    case 3: return launch<true, 2, true, 0, false>(ctx, tq, tk, tv, a, H);
+    case 4: return launch<true, 3, true, 0, false>(ctx, tq, tk, tv, a, H);
+    case 5: return launch<false, 3, true, 0, false>(ctx, tq, tk, tv, a, H);
+    case 6: return launch<true, 2, false, 0, true>(ctx, tq, tk, tv, a, H);
+    case 7: return launch<true, 3, false, 0, true>(ctx, tq, tk, tv, a, H);
+    case 10: return launch<true, 2, false, 1, false>(ctx, tq, tk, tv, a, H);
+    case 11: return launch<true, 2, false, 2, false>(ctx, tq, tk, tv, a, H);
+    case 12: return launch<true, 3, true, 1, false>(ctx, tq, tk, tv, a, H);
+    case 13: return launch<true, 3, true, 2, false>(ctx, tq, tk, tv, a, H);
+    default: return launch<true, 2, false, 0, false>(ctx, tq, tk, tv, a, H);
   }
 }
 
