@@ -218,14 +218,16 @@ __device__ __forceinline__ void sched_arrive(int cw) {
 //   pingpong  consumer warpgroups take turns issuing their GEMMs (named barriers)
 //   stages    K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB)
 //   q_regs    Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
-//   ftz       2^x as ex2.approx.ftz alone (subnormal p flushed: other bits than exp2f)
+//   fast      the kernel's arithmetic (the default, file comment): 2^x by ex2.approx.ftz,
+//             row sums in 4 partial sums, acc's rescale skipped where alpha = 1;
+//             false: exp2f and one running sum per row (other bits; the first form)
 //   diag      timing diagnostics, WRONG results: 1 = no K/V reloads after the first
 //             ring (compute alone), 2 = no softmax (P = bf16(S): GEMMs and loads alone)
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
 __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 uint32_t bars, int q0, int h);
 
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_hopper_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                             const __grid_constant__ CUtensorMap tv, const HopperArgs a) {
@@ -290,11 +292,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {  // ---- consumers: warpgroup cw owns the CTA's query rows [64 cw, 64 cw + 64) ----
     // (the two roles are the two branches of one if/else, which setmaxnreg needs)
-    hopper_consumer<kPingpong, kStages, kQRegs, kDiag, kFtz>(a, wg, sQ, sK, sV, bars, q0, h);
+    hopper_consumer<kPingpong, kStages, kQRegs, kDiag, kFast>(a, wg, sQ, sK, sV, bars, q0, h);
   }
 }
 
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
 __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -372,10 +374,26 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
           if (8 * j + 2 * t + (i & 1) >= nk) s_acc[4 * j + i] = -INFINITY;
     }
     float mx[2] = {-INFINITY, -INFINITY};
+    if constexpr (kFast) {  // 4 partial maxima per row (max is exact: any order gives the same)
+      float m4[2][4];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(s_acc[4 * j], s_acc[4 * j + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+      for (int q = 0; q < 4; ++q) {
+        m4[0][q] = fmaxf(s_acc[4 * q], s_acc[4 * q + 1]);
+        m4[1][q] = fmaxf(s_acc[4 * q + 2], s_acc[4 * q + 3]);
+      }
+#pragma unroll
+      for (int j = 4; j < 16; ++j) {
+        m4[0][j % 4] = fmaxf(m4[0][j % 4], fmaxf(s_acc[4 * j], s_acc[4 * j + 1]));
+        m4[1][j % 4] = fmaxf(m4[1][j % 4], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s_acc[4 * j], s_acc[4 * j + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+      }
     }
     float m_use[2];
 #pragma unroll
@@ -383,19 +401,34 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m_r[r], mx[r] * c);
-      alpha[r] = m_r[r] == -INFINITY ? 0.0f : exp2f(m_r[r] - m_new);
+      alpha[r] = m_r[r] == -INFINITY ? 0.0f : kFast ? ex2_ftz(m_r[r] - m_new) : exp2f(m_r[r] - m_new);
       m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
       m_r[r] = m_new;
     }
     float psum[2] = {0.0f, 0.0f};
+    if constexpr (kFast) {
+      // p = 2^(fma(d, c, -m)) by ex2.approx.ftz; per row, the thread's 32 p summed as
+      // pairs (keys 8j + 2t, 8j + 2t + 1) into 4 partial sums by j % 4, in j order, then
+      // (s0 + s1) + (s2 + s3): a fixed order, short dependency chains.
+      float s4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < 16; ++j) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float p = kFtz ? ex2_ftz(fmaf(s_acc[4 * j + i], c, m_use[i / 2]))
-                             : exp2f(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
-        s_acc[4 * j + i] = p;
-        psum[i / 2] += p;
+        for (int i = 0; i < 4; ++i) s_acc[4 * j + i] = ex2_ftz(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
+        s4[0][j % 4] += s_acc[4 * j] + s_acc[4 * j + 1];
+        s4[1][j % 4] += s_acc[4 * j + 2] + s_acc[4 * j + 3];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) psum[r] = (s4[r][0] + s4[r][1]) + (s4[r][2] + s4[r][3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float p = exp2f(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
+          s_acc[4 * j + i] = p;
+          psum[i / 2] += p;
+        }
       }
     }
 #pragma unroll
@@ -411,6 +444,11 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
     }
   };
   const auto rescale = [&](const float (&alpha)[2]) {
+    // alpha = 1 exactly (the running max did not move) leaves acc's bits as they are, so
+    // a warp where no row's max moved skips the 64 multiplications (kFast).
+    if constexpr (kFast) {
+      if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+    }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       o[4 * j] *= alpha[0];
@@ -533,7 +571,7 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
   }
 }
 #else   // not sm_90a: the kernel exists (the host code names it) but is never launched
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
 __global__ void attention_hopper_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                         const __grid_constant__ CUtensorMap, const HopperArgs) {
 #ifdef __CUDA_ARCH__
@@ -602,7 +640,7 @@ bool device_is_sm90(int device) {
 
 std::atomic<int> g_schedule{kDefaultSchedule};
 
-template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFtz>
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
 Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
               const HopperArgs& a, int H) {
   // The shared-memory opt-in is a per-device attribute of each instantiation.
@@ -614,12 +652,12 @@ Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, co
       return unsupported("attention hopper", "needs " + std::to_string(kSmemBytes) +
                                                  " bytes of shared memory per block, the device allows " +
                                                  std::to_string(ctx.max_smem_optin));
-    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFtz>,
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFast>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     configured[ctx.device].store(true, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFtz>
+  attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFast>
       <<<grid, kThreads, smem_bytes(kStages), ctx.stream>>>(tq, tk, tv, a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
@@ -685,18 +723,15 @@ Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView&
   LS_TRY(make_map(&tv, v, "v"));
   const int H = static_cast<int>(q.shape[1]);
   switch (g_schedule.load(std::memory_order_relaxed)) {
-    case 0: return launch<false, 2, false, 0, false>(ctx, tq, tk, tv, a, H);
-    case 2: return launch<true, 3, false, 0, false>(ctx, tq, tk, tv, a, H);
-    case 3: return launch<true, 2, true, 0, false>(ctx, tq, tk, tv, a, H);
-    case 4: return launch<true, 3, true, 0, false>(ctx, tq, tk, tv, a, H);
-    case 5: return launch<false, 3, true, 0, false>(ctx, tq, tk, tv, a, H);
-    case 6: return launch<true, 2, false, 0, true>(ctx, tq, tk, tv, a, H);
-    case 7: return launch<true, 3, false, 0, true>(ctx, tq, tk, tv, a, H);
-    case 10: return launch<true, 2, false, 1, false>(ctx, tq, tk, tv, a, H);
-    case 11: return launch<true, 2, false, 2, false>(ctx, tq, tk, tv, a, H);
-    case 12: return launch<true, 3, true, 1, false>(ctx, tq, tk, tv, a, H);
-    case 13: return launch<true, 3, true, 2, false>(ctx, tq, tk, tv, a, H);
-    default: return launch<true, 2, false, 0, false>(ctx, tq, tk, tv, a, H);
+    case 0: return launch<false, 2, false, 0, true>(ctx, tq, tk, tv, a, H);
+    case 2: return launch<true, 3, false, 0, true>(ctx, tq, tk, tv, a, H);
+    case 3: return launch<true, 2, true, 0, true>(ctx, tq, tk, tv, a, H);
+    case 4: return launch<true, 3, true, 0, true>(ctx, tq, tk, tv, a, H);
+    case 5: return launch<false, 3, true, 0, true>(ctx, tq, tk, tv, a, H);
+    case 6: return launch<true, 2, false, 0, false>(ctx, tq, tk, tv, a, H);
+    case 10: return launch<true, 2, false, 1, true>(ctx, tq, tk, tv, a, H);
+    case 11: return launch<true, 2, false, 2, true>(ctx, tq, tk, tv, a, H);
+    default: return launch<true, 2, false, 0, true>(ctx, tq, tk, tv, a, H);
   }
 }
 
