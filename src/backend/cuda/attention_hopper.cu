@@ -3,10 +3,10 @@
 //
 // Work split: one CTA = 128 queries x 1 head, three warpgroups of 128 threads:
 //   warpgroup 0  producer: one thread issues every TMA load (cp.async.bulk.tensor) of
-//                the Q tile and of the K and V blocks into a 2-stage shared-memory ring,
-//                each stage on its own "full" and "empty" mbarriers (K and V apart, so a
-//                K buffer is refilled as soon as its scores are read, before P V ends).
-//                It gives its registers away (setmaxnreg.dec 24).
+//                the Q tile and of the K and V blocks into a 2- or 3-stage shared-memory
+//                ring, each stage on its own "full" and "empty" mbarriers (K and V apart,
+//                so a K buffer is refilled as soon as its scores are read, before P V
+//                ends). It gives its registers away (setmaxnreg.dec 24).
 //   warpgroups 1, 2  consumers: 64 queries each (one wgmma M of 64), setmaxnreg.inc 240.
 // Keys are walked in order in blocks of at most kBc = 128 keys that never straddle a
 // kv_tile boundary (block = [b, min(b + 128, end of b's kv_tile, Mk))), exactly as the
@@ -15,30 +15,35 @@
 //   d_j   = dot(q, k_j)                    wgmma m64n128k16, bf16 in, fp32 accumulate,
 //                                          k-steps of 16 head dims in order 0..7
 //   m_new = max(m, max_j d_j * c)          (max over the thread's 32 keys, then the quad
-//                                           by xor-shuffle 1, 2)
+//                                           by xor-shuffle 1, 2; exact in any order)
 //   alpha = 2^(m - m_new)  (0 when m = -inf)
-//   p_j   = 2^(fma(d_j, c, -m_new))        (ex2.approx)
-//   l     = l * alpha + sum_j p_j          (per thread over its 32 keys of the block, in
-//                                           order; the 4 lanes of a quad added only at
-//                                           the end by xor-shuffle 1, 2)
+//   p_j   = 2^(fma(d_j, c, -m_new))        (ex2.approx.ftz: a subnormal p is 0)
+//   l     = l * alpha + psum               psum: the thread's 32 p of the row as pairs
+//                                          (keys 8j + 2t, + 1) into 4 partial sums by
+//                                          j % 4 in j order, then (s0 + s1) + (s2 + s3);
+//                                          the 4 lanes of a quad are added only at the
+//                                          end, by xor-shuffle 1, 2
 //   acc   = acc * alpha + bf16(p) V        (wgmma, A = bf16(P) from registers, k-steps of
-//                                           16 keys in order)
+//                                           16 keys in order; the multiply is skipped
+//                                           in a warp where every alpha is exactly 1,
+//                                           which leaves the same bits)
 //   out   = bf16(acc / l)
-// This is the native kernel's rule with blocks of 128 keys instead of 64, so the bits
-// differ from it (a different algorithm) but are a function of (kv_tile, Mk) only: for
-// any kv_tile that is a multiple of 128 the blocks are [128 i, 128 i + 128) and the bits
-// are the same for all of them.
+// This is the native kernel's rule with blocks of 128 keys instead of 64 and the fixed
+// partial-sum order above, so the bits differ from it (a different algorithm) but are a
+// function of (kv_tile, Mk) only: for any kv_tile that is a multiple of 128 the blocks
+// are [128 i, 128 i + 128) and the bits are the same for all of them (tested).
 // Query-slice invariance: a query's arithmetic reads its own row of Q and the same key
 // blocks in the same order whatever Mq is or which other queries share its CTA (rows of
 // the last CTA past Mq are zero-filled by TMA and never stored).
 //
-// Softmax overlapped with the GEMMs (FlashAttention-3's intra-warpgroup pipelining): in
-// iteration j a consumer issues S_j = Q K_j^T and then acc += P_{j-1} V_{j-1} as two
-// wgmma groups, waits for the first, runs block j's softmax on S_j while the second runs
-// on the tensor cores, then waits for it and rescales acc by block j's alpha. The order
-// of operations on acc is the one above: acc_j = alpha_j (acc_{j-1} + P_{j-1} V_{j-1}),
-// and the last block's P V is added after the loop. The two consumer warpgroups are not
-// ping-ponged explicitly; the warp schedulers interleave them.
+// Softmax overlapped with the GEMMs (FlashAttention-3's two schemes): in iteration j a
+// consumer issues S_j = Q K_j^T and then acc += P_{j-1} V_{j-1} as two wgmma groups,
+// waits for the first, runs block j's softmax on S_j while the second runs on the
+// tensor cores, then waits for it and rescales acc by block j's alpha (intra-warpgroup).
+// The order of operations on acc is the one above: acc_j = alpha_j (acc_{j-1} +
+// P_{j-1} V_{j-1}), and the last block's P V is added after the loop. Across the two
+// consumer warpgroups, named barriers make them take turns issuing (ping-pong), so one
+// warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
 //
 // Streamed keys (AttentionParams::state): every non-final chunk holds whole kv_tiles, so
 // its blocks are those of the one-call walk. The state saved after a chunk is
@@ -51,9 +56,20 @@
 //
 // Shared memory (dynamic, 1024-aligned; every tile in the 128-byte-swizzled layout TMA
 // writes and wgmma reads, as two column halves of 64 head dims = 128 bytes per row):
-//   Q      bf16 [2 halves][128 rows][64]     32 KiB
-//   K, V   bf16 [2 stages][2 halves][128][64] 64 KiB each
-//   mbarriers                                 9 x 8 bytes
+//   Q      bf16 [2 halves][128 rows][64]          32 KiB
+//   K, V   bf16 [stages][2 halves][128][64]       32 KiB per stage each
+//   mbarriers                                     (1 + 4 stages) x 8 bytes
+// The default configuration (kDefaultSchedule) has 3 stages (226 KiB) and Q in
+// registers for Q K^T.
+//
+// Speed (H200, S = 111274, 56 x 128, non-causal, 16384-query slices, one run each,
+// bench/results/issue15/): the default 595 TFLOP/s; cuDNN 556, PyTorch SDPA 555, the
+// native kernel 306. What limits it, from the diagnostic configurations: with no softmax
+// (P = bf16(S)) the GEMMs and loads reach 751; with no K/V reloads (compute alone,
+// softmax included) 650; exp2f instead of ex2.approx.ftz cost 7 %. ptxas compiles the
+// whole kernel, the consumers too, under the launch cap of 168 registers (12 warps: 3 per
+// SM quadrant), whatever setmaxnreg grants at run time, so blocks of 176 or 192 keys
+// (FlashAttention-3's 176) spill; a 288-thread form without setmaxnreg has the same cap.
 #include "backend/cuda/attention_hopper.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the runtime)
@@ -79,9 +95,10 @@ constexpr int kTileBytes = 2 * kHalfBytes;         // [128 rows][128] bf16
 constexpr int smem_bytes(int stages) { return kTileBytes * (1 + 2 * stages) + 256 /* barriers */ + 1024 /* alignment */; }
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxDevices = 64;
-// Consumer schedule (speed only, the same bytes: tested): 1 = the two consumer
-// warpgroups ping-pong their GEMM issues on named barriers, 0 = they run free.
-constexpr int kDefaultSchedule = 1;
+// The kernel configuration a call launches (the table in attention_hopper(); schedules
+// 0-5 are speed only and give the same bytes, tested): 4 = ping-pong, 3 stages, Q in
+// registers, the fastest measured (595 TFLOP/s against 578 for 1, bench/results/issue15/run3).
+constexpr int kDefaultSchedule = 4;
 
 struct HopperArgs {
   uint16_t* o;       // bf16 [Mq, H, 128]
@@ -217,6 +234,9 @@ __device__ __forceinline__ void sched_arrive(int cw) {
 // Kernel configurations (speed only: every non-diagnostic one gives the same bytes, tested).
 //   pingpong  consumer warpgroups take turns issuing their GEMMs (named barriers)
 //   stages    K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB)
+//   (schedules: 1 ping-pong, 2 stages; 0 free-running; 2 = 1 with 3 stages; 3 = 1 with Q in
+//   registers; 4 (the default) = 3 stages and Q in registers; 5 = 4 free-running; 6 = 1
+//   without kFast (other bits); 10, 11 the diagnostics)
 //   q_regs    Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
 //   fast      the kernel's arithmetic (the default, file comment): 2^x by ex2.approx.ftz,
 //             row sums in 4 partial sums, acc's rescale skipped where alpha = 1;

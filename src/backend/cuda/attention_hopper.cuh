@@ -28,9 +28,12 @@ Status attention_hopper_available(int device);
 // the native kernel's state layout). Other head dims are refused with a Status.
 Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionParams& p);
-// The consumer warpgroups' schedule, for the tests and benchmarks that compare them (a
-// speed knob only: both give the same bytes, tested): 1 (the default) = ping-pong on
-// named barriers, 0 = free-running. Process-wide; read when a call is queued.
+// The kernel configuration ("schedule") calls launch, for the tests and benchmarks that
+// compare them (attention_hopper.cu lists them): 0-5 are speed knobs only and give the
+// same bytes (tested); 6 is the first form's arithmetic (other bits); 10 and 11 are timing
+// diagnostics with WRONG results (no K/V reloads; no softmax). Default 4. Process-wide;
+// read when a call is queued. Never part of Numerics: nothing but a test or a benchmark
+// sets it.
 void set_attention_hopper_schedule(int schedule);
 int attention_hopper_schedule();
 #else
