@@ -10,7 +10,8 @@
 #   [SCHEDULES=1,0,..] bench/attention_hopper_device.sh OUT [full|quick|diag]
 #   full: all of it plus the real-width plan-invariance test on attention hopper;
 #   quick: no plan-invariance test; diag: the tests and the side-by-side table only.
-#   SCHEDULES: the hopper kernel schedules the table times (attention_hopper.cu; default 1).
+#   SCHEDULES: the hopper kernel schedules the table times (attention_hopper.cu; unset: the
+#   default configuration alone, labelled "hopper").
 set -uo pipefail
 OUT=${1:?OUT folder}
 MODE=${2:-full}
@@ -25,8 +26,8 @@ cmake --build $B -j16 --target $T >/tmp/build.log 2>&1 || { grep -B2 -A8 -m5 "er
 tb() { find $B -name "$1" -type f -perm -u+x | head -1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 timeout 100 "$(tb test_attention_hopper)" --gtest_filter='-*Throughput*' 2>&1 | grep -v "^\[ *RUN\|^\[ *OK"
-LAYERSTREAM_HOPPER_BENCH_SCHEDULES=${SCHEDULES:-1} LAYERSTREAM_HOPPER_BENCH_JSON="$OUT/attention_side_by_side.json" \
-  timeout 200 "$(tb test_attention_hopper)" --gtest_filter='*Throughput*' 2>&1 | grep -E "^ +[a-z]|FAIL"
+[ -n "${SCHEDULES:-}" ] && export LAYERSTREAM_HOPPER_BENCH_SCHEDULES=$SCHEDULES
+LAYERSTREAM_HOPPER_BENCH_JSON="$OUT/attention_side_by_side.json" timeout 200 "$(tb test_attention_hopper)" --gtest_filter='*Throughput*' 2>&1 | grep -E "^ +[a-z]|FAIL"
 [ "$MODE" = diag ] && exit 0
 for a in hopper cudnn native; do
   LAYERSTREAM_ATTENTION=$a timeout 120 "$(tb bench_cuda_block)" --attention-only --S 111274 --iters 3 --warmup 1 \

@@ -173,6 +173,7 @@ TEST(Numerics, CpuRefusesWhatItCannotHonour) {
     bad.push_back({what, n, says});
   };
   add("cudnn", [](Numerics& n) { n.attention = AttentionAlgorithm::cudnn; }, "no cuDNN attention");
+  add("hopper", [](Numerics& n) { n.attention = AttentionAlgorithm::hopper; }, "no Hopper attention kernel");
   add("cublaslt", [](Numerics& n) { n.gemm_f32 = GemmF32Order::cublaslt; }, "no cuBLASLt");
   add("variant", [](Numerics& n) { n.native_variant = "8x1"; }, "native_variant '8x1'");
   add("q chunk", [](Numerics& n) { n.cudnn_q_chunk = 1024; }, "cudnn_q_chunk");

@@ -223,7 +223,7 @@ class Engine:
     """An H3 denoiser's weights on one device (ls_engine). Memory choice: vram_budget
     (one device budget, int bytes or "12G"), or activation_budget (activations only), or
     the explicit knobs; none of them changes an output bit. numerics (dict: attention=
-    "default"|"native"|"cudnn", kv_tile=, gemm_f32="lanes16"|"cublaslt", and the CUDA
+    "default"|"native"|"cudnn"|"hopper", kv_tile=, gemm_f32="lanes16"|"cublaslt", and the CUDA
     developer knobs) may."""
 
     def __init__(self, model=None, preset=None, weights_seed=0, blocks=0, device="cpu", vram_budget=None,
