@@ -73,7 +73,8 @@ TEST(Numerics, ValidatorNamesTheFieldAndTheAcceptedValues) {
 }
 
 TEST(Numerics, NamesRoundTrip) {
-  for (AttentionAlgorithm a : {AttentionAlgorithm::backend_default, AttentionAlgorithm::native, AttentionAlgorithm::cudnn}) {
+  for (AttentionAlgorithm a : {AttentionAlgorithm::backend_default, AttentionAlgorithm::native, AttentionAlgorithm::cudnn,
+                                AttentionAlgorithm::hopper}) {
     auto p = parse_attention(to_string(a));
     ASSERT_TRUE(p.ok()) << to_string(a);
     EXPECT_EQ(*p, a);
@@ -84,7 +85,7 @@ TEST(Numerics, NamesRoundTrip) {
     EXPECT_EQ(*p, g);
   }
   EXPECT_FALSE(parse_attention("flash").ok());
-  EXPECT_TRUE(has(parse_attention("flash").error().message, "auto, native or cudnn"));
+  EXPECT_TRUE(has(parse_attention("flash").error().message, "auto, native, cudnn or hopper"));
   EXPECT_FALSE(parse_gemm_f32("tf32").ok());
 
   auto every = parse_gemm_candidate("3");
@@ -172,6 +173,7 @@ TEST(Numerics, CpuRefusesWhatItCannotHonour) {
     bad.push_back({what, n, says});
   };
   add("cudnn", [](Numerics& n) { n.attention = AttentionAlgorithm::cudnn; }, "no cuDNN attention");
+  add("hopper", [](Numerics& n) { n.attention = AttentionAlgorithm::hopper; }, "no Hopper attention kernel");
   add("cublaslt", [](Numerics& n) { n.gemm_f32 = GemmF32Order::cublaslt; }, "no cuBLASLt");
   add("variant", [](Numerics& n) { n.native_variant = "8x1"; }, "native_variant '8x1'");
   add("q chunk", [](Numerics& n) { n.cudnn_q_chunk = 1024; }, "cudnn_q_chunk");

@@ -106,13 +106,14 @@ Expected<T> read_params(const T* given, void (*init)(T*), const char* name) {
 // honour and resolves the defaults.
 Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
   if (c.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
-  if (c.attention < LS_ATTENTION_DEFAULT || c.attention > LS_ATTENTION_CUDNN)
+  if (c.attention < LS_ATTENTION_DEFAULT || c.attention > LS_ATTENTION_HOPPER)
     return Error{ErrorCode::invalid_argument, "numerics.attention is not an ls_attention"};
   if (c.gemm_f32 < LS_GEMM_F32_LANES16 || c.gemm_f32 > LS_GEMM_F32_CUBLASLT)
     return Error{ErrorCode::invalid_argument, "numerics.gemm_f32 is not an ls_gemm_f32_order"};
   ls::Numerics n;
   n.attention = c.attention == LS_ATTENTION_NATIVE  ? ls::AttentionAlgorithm::native
                 : c.attention == LS_ATTENTION_CUDNN ? ls::AttentionAlgorithm::cudnn
+                : c.attention == LS_ATTENTION_HOPPER ? ls::AttentionAlgorithm::hopper
                                                     : ls::AttentionAlgorithm::backend_default;
   n.kv_tile = c.kv_tile;
   n.gemm_f32 = c.gemm_f32 == LS_GEMM_F32_CUBLASLT ? ls::GemmF32Order::cublaslt : ls::GemmF32Order::lanes16;

@@ -38,6 +38,7 @@ const char* to_string(AttentionAlgorithm a) {
     case AttentionAlgorithm::backend_default: return "auto";
     case AttentionAlgorithm::native: return "native";
     case AttentionAlgorithm::cudnn: return "cudnn";
+    case AttentionAlgorithm::hopper: return "hopper";
   }
   return "?";
 }
@@ -54,7 +55,8 @@ Expected<AttentionAlgorithm> parse_attention(const std::string& s) {
   if (s == "auto" || s == "default" || s.empty()) return AttentionAlgorithm::backend_default;
   if (s == "native") return AttentionAlgorithm::native;
   if (s == "cudnn") return AttentionAlgorithm::cudnn;
-  return bad("attention '" + s + "': expected auto, native or cudnn");
+  if (s == "hopper") return AttentionAlgorithm::hopper;
+  return bad("attention '" + s + "': expected auto, native, cudnn or hopper");
 }
 
 Expected<GemmF32Order> parse_gemm_f32(const std::string& s) {
@@ -102,8 +104,9 @@ std::string format_gemm_candidate(const std::map<int64_t, int>& m) {
 
 Status validate(const Numerics& n) {
   const int a = static_cast<int>(n.attention), g = static_cast<int>(n.gemm_f32);
-  if (a < 0 || a > static_cast<int>(AttentionAlgorithm::cudnn))
-    return bad("attention algorithm " + std::to_string(a) + " is not one of auto (0), native (1), cudnn (2)");
+  if (a < 0 || a > static_cast<int>(AttentionAlgorithm::hopper))
+    return bad("attention algorithm " + std::to_string(a) +
+               " is not one of auto (0), native (1), cudnn (2), hopper (3)");
   if (g < 0 || g > static_cast<int>(GemmF32Order::cublaslt))
     return bad("fp32 GEMM order " + std::to_string(g) + " is not one of lanes16 (0), cublaslt (1)");
   if (n.kv_tile < 0)

@@ -38,6 +38,7 @@ enum class AttentionAlgorithm {
   backend_default,  // resolved by the backend: cudnn where built (CUDA), else native
   native,           // the built-in flash kernel (CUDA) / the reference (CPU)
   cudnn,            // cuDNN's fused SDPA, one call per key tile, tiles merged in fp32 (CUDA + cuDNN)
+  hopper,           // the sm_90a kernel (TMA, wgmma, warp-specialised), head dim 128 (CUDA on Hopper)
 };
 
 enum class GemmF32Order {
@@ -72,11 +73,11 @@ struct Diagnostics {
 constexpr int64_t kDefaultCudnnQChunk = 2048;
 constexpr const char* kDefaultNativeVariant = "4x2";
 
-const char* to_string(AttentionAlgorithm a);  // "auto", "native", "cudnn"
+const char* to_string(AttentionAlgorithm a);  // "auto", "native", "cudnn", "hopper"
 const char* to_string(GemmF32Order g);        // "lanes16", "cublaslt"
 
 // Names as the CLI and the C API spell them. invalid_argument with the accepted names.
-Expected<AttentionAlgorithm> parse_attention(const std::string& s);  // "auto" | "native" | "cudnn"
+Expected<AttentionAlgorithm> parse_attention(const std::string& s);  // "auto" | "native" | "cudnn" | "hopper"
 Expected<GemmF32Order> parse_gemm_f32(const std::string& s);         // "lanes16" | "cublaslt"
 // "i" (every K) or "K:i,K:i" (GEMMs with that K; "*:i" every other K); "" = none.
 Expected<std::map<int64_t, int>> parse_gemm_candidate(const std::string& s);
@@ -99,7 +100,7 @@ std::string describe(const Numerics& n);
 // struct in ONE place. The library never reads the environment: `lookup` is the caller's
 // (the C library lookup, in tools/ and bench/ only); it returns null for an unset variable, and an empty
 // value counts as unset. Each variable used is appended to `used` as "NAME=value":
-//   LAYERSTREAM_ATTENTION      auto|native|cudnn          -> attention
+//   LAYERSTREAM_ATTENTION      auto|native|cudnn|hopper   -> attention
 //   LAYERSTREAM_GEMM_F32       lanes16|cublaslt           -> gemm_f32
 //   LAYERSTREAM_ATTN_VARIANT   4x2|4x1|8x1                -> native_variant
 //   LAYERSTREAM_CUDNN_QCHUNK   multiple of 64 in [64, 65536] -> cudnn_q_chunk

@@ -165,3 +165,12 @@ TEST(CudaRealWidth, InputModesSlicesAndOffloadMatchStock) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   check_modes();
 }
+
+// The Hopper kernel (numerics attention hopper, never the default): skips where the
+// build or the device cannot run it (set_numerics says why).
+TEST(CudaRealWidth, SlicesAndBudgetPlansMatchStockHopper) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto be = cuda_with("hopper");
+  if (!be.ok()) GTEST_SKIP() << be.error().message;
+  check_path("hopper");
+}

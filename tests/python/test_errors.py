@@ -103,6 +103,8 @@ def test_required_and_dtypes(engine, clip, inputs):
 def test_numerics_refused():
     raises(layerstream.Unsupported, "unsupported", "no cuDNN attention", layerstream.Engine, preset="tiny",
            numerics={"attention": "cudnn"})
+    raises(layerstream.Unsupported, "unsupported", "no Hopper attention kernel", layerstream.Engine, preset="tiny",
+           numerics={"attention": "hopper"})
     raises(layerstream.InvalidArgument, "invalid_argument", "kv_tile", layerstream.Engine, preset="tiny",
            numerics={"kv_tile": -1})
     raises(layerstream.InvalidArgument, "invalid_argument", "not one of", layerstream.Engine, preset="tiny",

@@ -61,6 +61,9 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
   if (n.attention == AttentionAlgorithm::cudnn)
     return refuse("has no cuDNN attention (it runs the reference, attention native); use --device cuda or "
                   "attention auto|native");
+  if (n.attention == AttentionAlgorithm::hopper)
+    return refuse("has no Hopper attention kernel (it runs the reference, attention native); use --device cuda on "
+                  "an sm_90 GPU or attention auto|native");
   if (n.gemm_f32 == GemmF32Order::cublaslt)
     return refuse("has no cuBLASLt: its fp32 GEMMs are the lanes16 reference order; use gemm_f32 lanes16");
   const Numerics defaults;

@@ -46,6 +46,7 @@
 #include <string>
 
 #include "backend/cuda/attention_cudnn.cuh"  // cuDNN path hook (see cuda_op_attention)
+#include "backend/cuda/attention_hopper.cuh"  // Hopper kernel hook (numerics attention hopper)
 #include "backend/cuda/ops.cuh"
 
 namespace ls::cuda {
@@ -447,6 +448,9 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
   // (docs/cuda.md), so streamed keys (K/V offload) give the bytes of that path's one
   // call, and the selection never changes between the chunks of one query slice. ----
   if (attention_cudnn_selected(ctx)) return attention_cudnn(ctx, q, k, v, out, p);
+  // ---- hook: the Hopper kernel (attention_hopper.cu), selected only by numerics attention
+  // hopper; calls with a state go there too (its state layout is this kernel's). ----
+  if (ctx.numerics.attention == AttentionAlgorithm::hopper) return attention_hopper(ctx, q, k, v, out, p);
   if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported("attention", "needs bf16 q, k, v, out");
   const int64_t Dh = q.shape[2];

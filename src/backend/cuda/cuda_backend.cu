@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/cuda/attention_cudnn.cuh"
+#include "backend/cuda/attention_hopper.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ext.h"
@@ -285,6 +286,12 @@ class CudaBackend final : public Backend {
                           "native_variant '" + r.native_variant +
                               "' is a setting of the native attention kernel, but the attention is cudnn; "
                               "select attention native or leave native_variant empty");
+    } else if (r.attention == AttentionAlgorithm::hopper) {
+      if (!r.native_variant.empty() || r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() ||
+          r.cudnn_skip_configs != 0)
+        return make_error(ErrorCode::invalid_argument,
+                          "native_variant and the cudnn_* knobs are settings of the native and cudnn attention "
+                          "paths, but the attention is hopper (" + describe(r) + "); leave them at their defaults");
     } else {
       if (r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() || r.cudnn_skip_configs != 0)
         return make_error(ErrorCode::invalid_argument,
@@ -293,11 +300,16 @@ class CudaBackend final : public Backend {
                               "); select attention cudnn or leave them at their defaults");
       if (r.native_variant.empty()) r.native_variant = kDefaultNativeVariant;
     }
-    if (r.kv_tile == 0) r.kv_tile = r.attention == AttentionAlgorithm::cudnn ? 8192 : 1024;
+    // attention hopper (never the default): its blocks of 128 keys give the same bits for
+    // every kv_tile that is a multiple of 128 (attention_hopper.cu), so its default is
+    // cuDNN's 8192 (whole-tile K/V offload chunks as large as cuDNN's).
+    if (r.kv_tile == 0)
+      r.kv_tile = r.attention == AttentionAlgorithm::cudnn || r.attention == AttentionAlgorithm::hopper ? 8192 : 1024;
     return r;
   }
   Status set_numerics(const Numerics& n, const Diagnostics& d) override {
     LS_ASSIGN_OR_RETURN(Numerics r, resolve(n));
+    if (r.attention == AttentionAlgorithm::hopper) LS_TRY(attention_hopper_available(ctx_.device));
     if (ctx_.workspace != nullptr && ctx_.workspace_bytes < workspace_bytes_for(r))
       return make_error(ErrorCode::invalid_argument,
                         "cuda set_numerics: " + describe(r) + " needs " + std::to_string(workspace_bytes_for(r)) +

@@ -1,0 +1,758 @@
+// The Hopper attention kernel (numerics attention = hopper): FlashAttention-3 style on
+// sm_90a, inside the kv_tile contract of backend.h / DESIGN.md §1.2. Head dim 128 only.
+//
+// Work split: one CTA = 128 queries x 1 head, three warpgroups of 128 threads:
+//   warpgroup 0  producer: one thread issues every TMA load (cp.async.bulk.tensor) of
+//                the Q tile and of the K and V blocks into a 2- or 3-stage shared-memory
+//                ring, each stage on its own "full" and "empty" mbarriers (K and V apart,
+//                so a K buffer is refilled as soon as its scores are read, before P V
+//                ends). It gives its registers away (setmaxnreg.dec 24).
+//   warpgroups 1, 2  consumers: 64 queries each (one wgmma M of 64), setmaxnreg.inc 240.
+// Keys are walked in order in blocks of at most kBc = 128 keys that never straddle a
+// kv_tile boundary (block = [b, min(b + 128, end of b's kv_tile, Mk))), exactly as the
+// native kernel (attention.cu) does with 64. Per (query, head) the fp32 state and its
+// arithmetic per block (c = scale * log2 e > 0):
+//   d_j   = dot(q, k_j)                    wgmma m64n128k16, bf16 in, fp32 accumulate,
+//                                          k-steps of 16 head dims in order 0..7
+//   m_new = max(m, max_j d_j * c)          (max over the thread's 32 keys, then the quad
+//                                           by xor-shuffle 1, 2; exact in any order)
+//   alpha = 2^(m - m_new)  (0 when m = -inf)
+//   p_j   = 2^(fma(d_j, c, -m_new))        (ex2.approx.ftz: a subnormal p is 0)
+//   l     = l * alpha + psum               psum: the thread's 32 p of the row as pairs
+//                                          (keys 8j + 2t, + 1) into 4 partial sums by
+//                                          j % 4 in j order, then (s0 + s1) + (s2 + s3);
+//                                          the 4 lanes of a quad are added only at the
+//                                          end, by xor-shuffle 1, 2
+//   acc   = acc * alpha + bf16(p) V        (wgmma, A = bf16(P) from registers, k-steps of
+//                                           16 keys in order; the multiply is skipped
+//                                           in a warp where every alpha is exactly 1,
+//                                           which leaves the same bits)
+//   out   = bf16(acc / l)
+// This is the native kernel's rule with blocks of 128 keys instead of 64 and the fixed
+// partial-sum order above, so the bits differ from it (a different algorithm) but are a
+// function of (kv_tile, Mk) only: for any kv_tile that is a multiple of 128 the blocks
+// are [128 i, 128 i + 128) and the bits are the same for all of them (tested).
+// Query-slice invariance: a query's arithmetic reads its own row of Q and the same key
+// blocks in the same order whatever Mq is or which other queries share its CTA (rows of
+// the last CTA past Mq are zero-filled by TMA and never stored).
+//
+// Softmax overlapped with the GEMMs (FlashAttention-3's two schemes): in iteration j a
+// consumer issues S_j = Q K_j^T and then acc += P_{j-1} V_{j-1} as two wgmma groups,
+// waits for the first, runs block j's softmax on S_j while the second runs on the
+// tensor cores, then waits for it and rescales acc by block j's alpha (intra-warpgroup).
+// The order of operations on acc is the one above: acc_j = alpha_j (acc_{j-1} +
+// P_{j-1} V_{j-1}), and the last block's P V is added after the loop. Across the two
+// consumer warpgroups, named barriers make them take turns issuing (ping-pong), so one
+// warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
+//
+// Streamed keys (AttentionParams::state): every non-final chunk holds whole kv_tiles, so
+// its blocks are those of the one-call walk. The state saved after a chunk is
+// (acc including the chunk's last P V, m, the per-lane partial l), in the native
+// kernel's layout (attention.cu), f32 [Mq, H, Dh + 8] at row (i * H + h):
+//   [0, 128)   acc[d]; quad lane t of a warp holds d = 8j + 2t, 8j + 2t + 1
+//   [128]      m (log2 domain)     [129 + t]  lane t's partial l     [133, 136) unused
+// Resuming loads it instead of (-inf, 0, 0); the next block's alpha then multiplies
+// exactly the value the one call multiplies, so chunks give the bytes of one call.
+//
+// Shared memory (dynamic, 1024-aligned; every tile in the 128-byte-swizzled layout TMA
+// writes and wgmma reads, as two column halves of 64 head dims = 128 bytes per row):
+//   Q      bf16 [2 halves][128 rows][64]          32 KiB
+//   K, V   bf16 [stages][2 halves][128][64]       32 KiB per stage each
+//   mbarriers                                     (1 + 4 stages) x 8 bytes
+// The default configuration (kDefaultSchedule) has 3 stages (226 KiB) and Q in
+// registers for Q K^T.
+//
+// Speed (H200, S = 111274, 56 x 128, non-causal, 16384-query slices, one run each,
+// bench/results/issue15/): the default 595 TFLOP/s; cuDNN 556, PyTorch SDPA 555, the
+// native kernel 306. What limits it, from the diagnostic configurations: with no softmax
+// (P = bf16(S)) the GEMMs and loads reach 751; with no K/V reloads (compute alone,
+// softmax included) 650; exp2f instead of ex2.approx.ftz cost 7 %. ptxas compiles the
+// whole kernel, the consumers too, under the launch cap of 168 registers (12 warps: 3 per
+// SM quadrant), whatever setmaxnreg grants at run time, so blocks of 176 or 192 keys
+// (FlashAttention-3's 176) spill; a 288-thread form without setmaxnreg has the same cap.
+#include "backend/cuda/attention_hopper.cuh"
+
+#include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the runtime)
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ls::cuda {
+namespace {
+
+constexpr int kD = 128;       // head dim
+constexpr int kBr = 128;      // queries per CTA (2 consumer warpgroups x 64)
+constexpr int kBc = 128;      // keys per block
+constexpr int kThreads = 384; // producer + 2 consumer warpgroups
+constexpr int kHalfBytes = 128 * 128;              // one [128 rows][64] bf16 half
+constexpr int kTileBytes = 2 * kHalfBytes;         // [128 rows][128] bf16
+constexpr int smem_bytes(int stages) { return kTileBytes * (1 + 2 * stages) + 256 /* barriers */ + 1024 /* alignment */; }
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxDevices = 64;
+// The kernel configuration a call launches (the table in attention_hopper(); schedules
+// 0-5 are speed only and give the same bytes, tested): 4 = ping-pong, 3 stages, Q in
+// registers, the fastest measured (595 TFLOP/s against 578 for 1, bench/results/issue15/run3).
+constexpr int kDefaultSchedule = 4;
+
+struct HopperArgs {
+  uint16_t* o;       // bf16 [Mq, H, 128]
+  int64_t so, ho;    // o's row and head strides (elements)
+  int64_t Mq, Mk, kv_tile;
+  float scale_log2;  // softmax scale * log2(e)
+  float* state;      // f32 [Mq, H, 128 + kAttentionStateExtra], contiguous, or null
+  bool state_in;     // start from `state` instead of (-inf, 0, 0)
+  bool finalize;     // write o; else save the running state to `state`
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LS_HOPPER_DEVICE 1
+#endif
+
+#ifdef LS_HOPPER_DEVICE
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One TMA box {64 head dims, 1 head, 128 rows} at (d0, h, row0) into smem, completing
+// on bar (rows outside the tensor are zero-filled and still count as bytes).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int d0, int h, int row0, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(row0), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses to the accumulators across a wgmma boundary.
+__device__ __forceinline__ void fence_regs(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
+// leading and stride byte offsets (all >> 4), 128-byte swizzle (mode 1 in bits 62-63).
+// K-major tiles (Q, K): 8-row groups 1024 bytes apart (SBO); the leading offset is unused
+// because a k-step of 16 elements (32 bytes) lies inside one 128-byte swizzled row.
+// MN-major V (keys x head dims): 8-key groups 1024 bytes apart (SBO), the two 64-wide
+// halves of the head dim kHalfBytes apart (LBO).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+// 2^x by the MUFU instruction alone, subnormal results flushed to zero.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// d (+)= A B, m64n128k16, A and B from shared memory (both K-major, 128-byte swizzle).
+// scale_d = 0: d = A B (the first k-step of a tile); 1: d += A B.
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// d += A B, m64n128k16, A (bf16 P) from registers in the mma.sync A-fragment layout of
+// each warp's 16 rows, B from shared memory MN-major (V: keys x head dim, head dim
+// contiguous; imm-trans-b = 1), 128-byte swizzle.
+// d (+)= A B, m64n128k16, A (bf16 Q) from registers in the mma.sync A-fragment layout,
+// B from shared memory K-major (imm-trans-b = 0), 128-byte swizzle.
+__device__ __forceinline__ void wgmma_rs_k(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// Named barriers 1 and 2 order the two consumer warpgroups' GEMM issues (kPingpong):
+// warpgroup w waits on barrier 1 + w before it issues, then arrives on the other's, so
+// one warpgroup's softmax runs while the other's GEMMs hold the tensor cores
+// (FlashAttention-3's inter-warpgroup ping-pong). Scheduling only: the same arithmetic.
+__device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
+__device__ __forceinline__ void sched_arrive(int cw) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
+}
+
+// Kernel configurations (speed only: every non-diagnostic one gives the same bytes, tested).
+//   pingpong  consumer warpgroups take turns issuing their GEMMs (named barriers)
+//   stages    K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB)
+//   (schedules: 1 ping-pong, 2 stages; 0 free-running; 2 = 1 with 3 stages; 3 = 1 with Q in
+//   registers; 4 (the default) = 3 stages and Q in registers; 5 = 4 free-running; 6 = 1
+//   without kFast (other bits); 10, 11 the diagnostics)
+//   q_regs    Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
+//   fast      the kernel's arithmetic (the default, file comment): 2^x by ex2.approx.ftz,
+//             row sums in 4 partial sums, acc's rescale skipped where alpha = 1;
+//             false: exp2f and one running sum per row (other bits; the first form)
+//   diag      timing diagnostics, WRONG results: 1 = no K/V reloads after the first
+//             ring (compute alone), 2 = no softmax (P = bf16(S): GEMMs and loads alone)
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
+__device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
+                                                uint32_t bars, int q0, int h);
+
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_hopper_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                            const __grid_constant__ CUtensorMap tv, const HopperArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base;                           // [2][128][64] bf16
+  const uint32_t sK = sQ + kTileBytes;                // [kStages][2][128][64]
+  const uint32_t sV = sK + kStages * kTileBytes;      // [kStages][2][128][64]
+  const uint32_t bars = sV + kStages * kTileBytes;
+  // mbarriers: Q full; per stage K full, V full (the producer's expect_tx + TMA bytes),
+  // K empty, V empty (one arrival per consumer warp after its wgmma read the buffer).
+  const uint32_t q_full = bars;
+  const auto k_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + s); };
+  const auto v_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + kStages + s); };
+  const auto k_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 2 * kStages + s); };
+  const auto v_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 3 * kStages + s); };
+  const int h = static_cast<int>(blockIdx.y);
+  const int q0 = static_cast<int>(blockIdx.x) * kBr;
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 8);
+      mbar_init(v_empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+  // The key walk (the same sequence in the producer and the consumers).
+  const auto block_end = [&](int64_t b) {
+    const int64_t tile_end = (b / a.kv_tile + 1) * a.kv_tile;
+    int64_t e = b + kBc;
+    if (e > tile_end) e = tile_end;
+    if (e > a.Mk) e = a.Mk;
+    return e;
+  };
+
+  if (wg == 0) {  // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(q_full, kTileBytes);
+      tma_load(sQ, &tq, 0, h, q0, q_full);
+      tma_load(sQ + kHalfBytes, &tq, 64, h, q0, q_full);
+      int j = 0;
+      for (int64_t b = 0; b < a.Mk; b = block_end(b), ++j) {
+        const int s = j % kStages;
+        const uint32_t round = static_cast<uint32_t>(j / kStages);
+        const int row = static_cast<int>(b);
+        if (kDiag == 1 && round > 0) continue;  // diagnostic: compute alone
+        if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
+        mbar_expect_tx(k_full(s), kTileBytes);
+        tma_load(sK + s * kTileBytes, &tk, 0, h, row, k_full(s));
+        tma_load(sK + s * kTileBytes + kHalfBytes, &tk, 64, h, row, k_full(s));
+        if (round > 0) mbar_wait(v_empty(s), (round - 1) & 1u);
+        mbar_expect_tx(v_full(s), kTileBytes);
+        tma_load(sV + s * kTileBytes, &tv, 0, h, row, v_full(s));
+        tma_load(sV + s * kTileBytes + kHalfBytes, &tv, 64, h, row, v_full(s));
+      }
+    }
+  } else {  // ---- consumers: warpgroup cw owns the CTA's query rows [64 cw, 64 cw + 64) ----
+    // (the two roles are the two branches of one if/else, which setmaxnreg needs)
+    hopper_consumer<kPingpong, kStages, kQRegs, kDiag, kFast>(a, wg, sQ, sK, sV, bars, q0, h);
+  }
+}
+
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
+__device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
+                                                uint32_t bars, int q0, int h) {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const uint32_t q_full = bars;  // the kernel's barrier layout
+  const auto k_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + s); };
+  const auto v_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + kStages + s); };
+  const auto k_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 2 * kStages + s); };
+  const auto v_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 3 * kStages + s); };
+  const auto block_end = [&](int64_t b) {
+    const int64_t tile_end = (b / a.kv_tile + 1) * a.kv_tile;
+    int64_t e = b + kBc;
+    if (e > tile_end) e = tile_end;
+    if (e > a.Mk) e = a.Mk;
+    return e;
+  };
+  const int cw = wg - 1;
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row_base = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + g;  // rows row_base, row_base + 8
+  const int H = static_cast<int>(gridDim.y);
+  const float c = a.scale_log2;
+
+  float o[64];  // acc: n8 block j, element i: row g + 8 (i / 2), head dim 8j + 2t + (i & 1)
+  float s_acc[64];  // scores of the current block, same layout over 128 keys
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};  // rows g, g + 8; m in the log2 domain
+  if (a.state && a.state_in) {  // resume a previous chunk's state (layout in the file comment)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = row_base + 8 * r;
+      if (row >= a.Mq) continue;
+      const float* st = a.state + (row * H + h) * (kD + kAttentionStateExtra);
+      m_r[r] = st[kD];
+      l_r[r] = st[kD + 1 + t];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 x = *reinterpret_cast<const float2*>(st + 8 * j + 2 * t);
+        o[4 * j + 2 * r] = x.x;
+        o[4 * j + 2 * r + 1] = x.y;
+      }
+    }
+  }
+
+  const uint32_t q_rows = sQ + static_cast<uint32_t>(cw) * 64u * 128u;  // this warpgroup's 64 rows, half 0
+  uint32_t qf[kQRegs ? 8 : 1][4];  // kQRegs: Q's A fragments per k-step (loaded after Q arrives)
+  const auto issue_qk = [&](int s) {  // s_acc = Q K^T over head dims in k-steps 0..7
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t off = static_cast<uint32_t>((kk / 4) * kHalfBytes + (kk % 4) * 32);
+      if constexpr (kQRegs)
+        wgmma_rs_k(s_acc, qf[kk], smem_desc(sK + static_cast<uint32_t>(s * kTileBytes) + off, 16, 1024), kk > 0 ? 1 : 0);
+      else
+        wgmma_ss(s_acc, smem_desc(q_rows + off, 16, 1024),
+                 smem_desc(sK + static_cast<uint32_t>(s * kTileBytes) + off, 16, 1024), kk > 0 ? 1 : 0);
+    }
+  };
+  const auto issue_pv = [&](int s, const uint32_t (&p)[8][4]) {  // o += P V over keys in k-steps 0..7
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_rs(o, p[kk], smem_desc(sV + static_cast<uint32_t>(s * kTileBytes + kk * 16 * 128), kHalfBytes, 1024));
+  };
+  // Block softmax on s_acc (nk valid keys): p in place, l updated, alpha returned.
+  const auto softmax = [&](int nk, float (&alpha)[2]) {
+    if constexpr (kDiag == 2) {  // diagnostic: no softmax
+      alpha[0] = alpha[1] = 1.0f;
+      return;
+    }
+    if (nk < kBc) {  // a short block (end of a kv_tile or of the keys): mask the rest
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (8 * j + 2 * t + (i & 1) >= nk) s_acc[4 * j + i] = -INFINITY;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    if constexpr (kFast) {  // 4 partial maxima per row (max is exact: any order gives the same)
+      float m4[2][4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        m4[0][q] = fmaxf(s_acc[4 * q], s_acc[4 * q + 1]);
+        m4[1][q] = fmaxf(s_acc[4 * q + 2], s_acc[4 * q + 3]);
+      }
+#pragma unroll
+      for (int j = 4; j < 16; ++j) {
+        m4[0][j % 4] = fmaxf(m4[0][j % 4], fmaxf(s_acc[4 * j], s_acc[4 * j + 1]));
+        m4[1][j % 4] = fmaxf(m4[1][j % 4], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s_acc[4 * j], s_acc[4 * j + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+      }
+    }
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m_r[r], mx[r] * c);
+      alpha[r] = m_r[r] == -INFINITY ? 0.0f : kFast ? ex2_ftz(m_r[r] - m_new) : exp2f(m_r[r] - m_new);
+      m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
+      m_r[r] = m_new;
+    }
+    float psum[2] = {0.0f, 0.0f};
+    if constexpr (kFast) {
+      // p = 2^(fma(d, c, -m)) by ex2.approx.ftz; per row, the thread's 32 p summed as
+      // pairs (keys 8j + 2t, 8j + 2t + 1) into 4 partial sums by j % 4, in j order, then
+      // (s0 + s1) + (s2 + s3): a fixed order, short dependency chains.
+      float s4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_acc[4 * j + i] = ex2_ftz(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
+        s4[0][j % 4] += s_acc[4 * j] + s_acc[4 * j + 1];
+        s4[1][j % 4] += s_acc[4 * j + 2] + s_acc[4 * j + 3];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) psum[r] = (s4[r][0] + s4[r][1]) + (s4[r][2] + s4[r][3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float p = exp2f(fmaf(s_acc[4 * j + i], c, m_use[i / 2]));
+          s_acc[4 * j + i] = p;
+          psum[i / 2] += p;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + psum[r];
+  };
+  const auto to_bf16_p = [&](uint32_t (&p)[8][4]) {  // the A fragments of P (mma.sync A layout)
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      p[kk][0] = pack_bf16x2(s_acc[8 * kk + 0], s_acc[8 * kk + 1]);
+      p[kk][1] = pack_bf16x2(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
+      p[kk][2] = pack_bf16x2(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
+      p[kk][3] = pack_bf16x2(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+    }
+  };
+  const auto rescale = [&](const float (&alpha)[2]) {
+    // alpha = 1 exactly (the running max did not move) leaves acc's bits as they are, so
+    // a warp where no row's max moved skips the 64 multiplications (kFast).
+    if constexpr (kFast) {
+      if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  };
+  const auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
+
+  // Ping-pong: each warpgroup has n + 1 issue points (block 0's Q K^T, n - 1 loop
+  // iterations, the last P V); warpgroup 1 opens the first turn for warpgroup 0 and skips
+  // its last arrival, so every arrival is matched by a wait.
+  const auto turn_begin = [&] {
+    if constexpr (kPingpong) sched_wait(cw);
+  };
+  const auto turn_end = [&](bool last) {
+    if constexpr (kPingpong) {
+      if (!(last && cw == 1)) sched_arrive(cw);
+    }
+  };
+  if constexpr (kPingpong) {
+    if (cw == 1) sched_arrive(1);  // barrier 1: warpgroup 0's first turn
+  }
+  mbar_wait(q_full, 0);
+  if constexpr (kQRegs) {
+    // ldmatrix.x4 of the 128-byte-swizzled Q: lane l addresses row 16 warp + l % 8 +
+    // 8 ((l / 8) % 2), 16-byte chunk 2 (kk % 4) + l / 16 of half kk / 4, the chunk index
+    // xor-ed with row % 8 (= l % 8) as TMA wrote it: the mma.sync A fragment.
+    const int r = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int chunk = 2 * (kk % 4) + lane / 16;
+      ldmatrix_x4(qf[kk], q_rows + static_cast<uint32_t>((kk / 4) * kHalfBytes + r * 128 + ((chunk ^ (lane % 8)) * 16)));
+    }
+  }
+  // Block 0: scores, softmax, rescale (acc is 0 or the resumed state).
+  int64_t b = 0, e = block_end(0);
+  mbar_wait(k_full(0), 0);
+  turn_begin();
+  wgmma_fence();
+  issue_qk(0);
+  wgmma_commit();
+  turn_end(false);
+  wgmma_wait<0>();
+  fence_regs(s_acc);
+  release(k_empty(0));
+  float alpha[2];
+  softmax(static_cast<int>(e - b), alpha);
+  rescale(alpha);
+  uint32_t p[8][4];
+  int j = 1;
+  for (b = e; b < a.Mk; b = e, ++j) {
+    e = block_end(b);
+    const int s = j % kStages, sp = (j - 1) % kStages;
+    if (kDiag != 1 || j < kStages) mbar_wait(k_full(s), static_cast<uint32_t>(j / kStages) & 1u);
+    if (kDiag != 1 || j - 1 < kStages) mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
+    to_bf16_p(p);  // P of block j - 1
+    fence_regs(o);
+    turn_begin();
+    wgmma_fence();
+    issue_qk(s);  // S_j = Q K_j^T
+    wgmma_commit();
+    issue_pv(sp, p);  // acc += P_{j-1} V_{j-1}, running while block j's softmax runs
+    wgmma_commit();
+    turn_end(false);
+    wgmma_wait<1>();
+    fence_regs(s_acc);
+    release(k_empty(s));
+    softmax(static_cast<int>(e - b), alpha);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(v_empty(sp));
+    rescale(alpha);
+  }
+  {  // the last block's P V
+    const int sp = (j - 1) % kStages;
+    if (kDiag != 1 || j - 1 < kStages) mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
+    to_bf16_p(p);
+    fence_regs(o);
+    turn_begin();
+    wgmma_fence();
+    issue_pv(sp, p);
+    wgmma_commit();
+    turn_end(true);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(v_empty(sp));
+  }
+
+  if (a.state && !a.finalize) {  // a non-final chunk: save the state, leave o untouched
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = row_base + 8 * r;
+      if (row >= a.Mq) continue;
+      float* st = a.state + (row * H + h) * (kD + kAttentionStateExtra);
+      if (t == 0) st[kD] = m_r[r];
+      st[kD + 1 + t] = l_r[r];
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj)
+        *reinterpret_cast<float2*>(st + 8 * jj + 2 * t) = make_float2(o[4 * jj + 2 * r], o[4 * jj + 2 * r + 1]);
+    }
+    return;
+  }
+  // l over the quad, then out = bf16(acc / l).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_r[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int64_t row = row_base + 8 * r;
+    if (row >= a.Mq) continue;
+    uint16_t* orow = a.o + row * a.so + h * a.ho;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj)
+      *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * t) = pack_bf16x2(o[4 * jj + 2 * r] / l, o[4 * jj + 2 * r + 1] / l);
+  }
+}
+#else   // not sm_90a: the kernel exists (the host code names it) but is never launched
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
+__global__ void attention_hopper_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                                        const __grid_constant__ CUtensorMap, const HopperArgs) {
+#ifdef __CUDA_ARCH__
+  __trap();
+#endif
+}
+#endif  // LS_HOPPER_DEVICE
+
+// ---- host ---------------------------------------------------------------------------
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver through the runtime (no link to libcuda).
+Expected<EncodeTiled> encoder() {
+  static std::once_flag once;
+  static EncodeTiled fn = nullptr;
+  static std::string why;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
+      why = std::string("the driver has no cuTensorMapEncodeTiled (") + cudaGetErrorString(e) + ")";
+    else
+      fn = reinterpret_cast<EncodeTiled>(f);
+  });
+  if (fn == nullptr) return make_error(ErrorCode::unsupported, "attention hopper: " + why);
+  return fn;
+}
+
+// The TMA map of a bf16 [rows, H, 128] view (row and head strides in elements, multiples
+// of 8): boxes of {64 head dims, 1 head, 128 rows}, 128-byte swizzle, zeros outside.
+Status make_map(CUtensorMap* map, const TensorView& x, const char* name) {
+  LS_ASSIGN_OR_RETURN(EncodeTiled enc, encoder());
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD), static_cast<cuuint64_t>(x.shape[1]),
+                              static_cast<cuuint64_t>(x.shape[0])};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(x.stride[1]) * 2, static_cast<cuuint64_t>(x.stride[0]) * 2};
+  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(x.data), dims, strides, box, estr,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return make_error(ErrorCode::unsupported, std::string("attention hopper: the driver refuses a TMA map of ") + name +
+                                                  " " + x.shape_str() + " (CUresult " + std::to_string(r) + ")");
+  return Status();
+}
+
+// Compute capability 9.0 (this file's code is sm_90a only), per device, cached.
+bool device_is_sm90(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= kMaxDevices) return false;
+  int v = cache[device].load(std::memory_order_acquire);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      return false;
+    v = major == 9 && minor == 0 ? 1 : 2;
+    cache[device].store(v, std::memory_order_release);
+  }
+  return v == 1;
+}
+
+std::atomic<int> g_schedule{kDefaultSchedule};
+
+template <bool kPingpong, int kStages, bool kQRegs, int kDiag, bool kFast>
+Status launch(CudaContext& ctx, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+              const HopperArgs& a, int H) {
+  // The shared-memory opt-in is a per-device attribute of each instantiation.
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  LS_CHECK(ctx.device >= 0 && ctx.device < kMaxDevices);
+  if (!configured[ctx.device].load(std::memory_order_acquire)) {
+    constexpr int kSmemBytes = smem_bytes(kStages);
+    if (ctx.max_smem_optin < static_cast<size_t>(kSmemBytes))
+      return unsupported("attention hopper", "needs " + std::to_string(kSmemBytes) +
+                                                 " bytes of shared memory per block, the device allows " +
+                                                 std::to_string(ctx.max_smem_optin));
+    LS_CUDA_CHECK(cudaFuncSetAttribute(attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFast>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured[ctx.device].store(true, std::memory_order_release);
+  }
+  const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
+  attention_hopper_kernel<kPingpong, kStages, kQRegs, kDiag, kFast>
+      <<<grid, kThreads, smem_bytes(kStages), ctx.stream>>>(tq, tk, tv, a);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+}  // namespace
+
+void set_attention_hopper_schedule(int schedule) { g_schedule.store(schedule); }
+int attention_hopper_schedule() { return g_schedule.load(); }
+
+bool attention_hopper_built() { return true; }
+
+Status attention_hopper_available(int device) {
+  if (!device_is_sm90(device)) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    return make_error(ErrorCode::unsupported, "attention hopper: needs a Hopper GPU (sm_90); cuda:" +
+                                                  std::to_string(device) + " is sm_" + std::to_string(major) +
+                                                  std::to_string(minor) + "; use attention auto, native or cudnn");
+  }
+  return Status();
+}
+
+Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionParams& p) {
+  if (q.dtype != DType::bf16 || k.dtype != DType::bf16 || v.dtype != DType::bf16 || out.dtype != DType::bf16)
+    return unsupported("attention hopper", "needs bf16 q, k, v, out");
+  const int64_t Dh = q.shape[2];
+  if (Dh != kD)
+    return unsupported("attention hopper", "head_dim " + std::to_string(Dh) +
+                                               " (the hopper kernel supports 128 only; use attention native or cudnn)");
+  bool aligned = true;
+  for (const TensorView* x : {&q, &k, &v, &out})
+    aligned = aligned && aligned16(x->data) && x->stride[0] % 8 == 0 && x->stride[1] % 8 == 0;
+  if (!aligned)
+    return unsupported("attention hopper", "q, k, v, out need 16-byte aligned rows and heads (strides multiple of 8)");
+  LS_TRY(attention_hopper_available(ctx.device));
+  if (q.shape[0] == 0) return Status();
+  if (k.shape[0] == 0) return unsupported("attention hopper", "no keys");
+  if (q.shape[1] > 65535) return unsupported("attention hopper", "more than 65535 heads");
+  if (q.shape[0] > (int64_t{1} << 30) || k.shape[0] > (int64_t{1} << 30))
+    return unsupported("attention hopper", "more than 2^30 queries or keys");
+  HopperArgs a{};
+  a.o = out.ptr<uint16_t>();
+  a.so = out.stride[0];
+  a.ho = out.stride[1];
+  a.Mq = q.shape[0];
+  a.Mk = k.shape[0];
+  a.kv_tile = p.kv_tile;
+  a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
+  a.state_in = p.state_in;
+  a.finalize = p.finalize;
+  if (a.state && (reinterpret_cast<uintptr_t>(a.state) & 7u) != 0)
+    return unsupported("attention hopper", "the state needs 8-byte aligned memory (an arena piece is)");
+  // PyTorch's default scale: fl32(1 / sqrt(Dh)) computed in double (as the CPU reference).
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  if (!(scale > 0.0f)) return unsupported("attention hopper", "softmax scale must be positive");
+  a.scale_log2 = scale * kLog2e;
+  CUtensorMap tq{}, tk{}, tv{};
+  LS_TRY(make_map(&tq, q, "q"));
+  LS_TRY(make_map(&tk, k, "k"));
+  LS_TRY(make_map(&tv, v, "v"));
+  const int H = static_cast<int>(q.shape[1]);
+  switch (g_schedule.load(std::memory_order_relaxed)) {
+    case 0: return launch<false, 2, false, 0, true>(ctx, tq, tk, tv, a, H);
+    case 2: return launch<true, 3, false, 0, true>(ctx, tq, tk, tv, a, H);
+    case 3: return launch<true, 2, true, 0, true>(ctx, tq, tk, tv, a, H);
+    case 4: return launch<true, 3, true, 0, true>(ctx, tq, tk, tv, a, H);
+    case 5: return launch<false, 3, true, 0, true>(ctx, tq, tk, tv, a, H);
+    case 6: return launch<true, 2, false, 0, false>(ctx, tq, tk, tv, a, H);
+    case 10: return launch<true, 2, false, 1, true>(ctx, tq, tk, tv, a, H);
+    case 11: return launch<true, 2, false, 2, true>(ctx, tq, tk, tv, a, H);
+    default: return launch<true, 2, false, 0, true>(ctx, tq, tk, tv, a, H);
+  }
+}
+
+}  // namespace ls::cuda

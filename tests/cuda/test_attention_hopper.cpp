@@ -1,0 +1,395 @@
+// The Hopper attention kernel (src/backend/cuda/attention_hopper.cu, numerics attention
+// hopper): error vs an fp64 reference within 2x the CPU reference's (DESIGN.md §4) at
+// awkward sizes, query slices (1 row, 97 rows, a last slice of 1 row, 4096-row slices at
+// H3 width) give the bytes of the whole call (memcmp), streamed keys (p.state) give the
+// bytes of one call, every kv_tile that is a multiple of 128 gives the same bytes, other
+// head dims are a clear Status, and a TFLOP/s table (hopper, cudnn, native side by side)
+// at S = 111274, 56 x 128. Skips without a GPU, or where the build or the device has no
+// Hopper kernel (set_numerics says why).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention_cudnn.cuh"
+#include "backend/cuda/attention_hopper.cuh"
+#include "cuda_test_util.h"
+
+namespace ls::cudatest {
+namespace {
+
+// Selects attention hopper for the scope (with the default kv_tile unless given).
+#define LS_NEED_HOPPER()                                                              \
+  LS_NEED_GPU();                                                                      \
+  const ScopedNumerics hopper_(*G->cuda, attention_numerics("hopper"));               \
+  if (!hopper_.status().ok()) GTEST_SKIP() << hopper_.status().message()
+
+// fp64 reference: softmax(scale q k^T) v, no roundings. q, k, v contiguous [rows, H, Dh].
+HostBuf attention_f64(const HostBuf& q, const HostBuf& k, const HostBuf& v, int64_t H, int64_t Dh) {
+  const int64_t Mq = q.v.shape[0], Mk = k.v.shape[0];
+  HostBuf out(DType::f64, {Mq, H, Dh});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  std::vector<double> s(static_cast<size_t>(Mk)), qd(static_cast<size_t>(Dh)), o(static_cast<size_t>(Dh));
+  std::vector<double> kd(static_cast<size_t>(k.n())), vd(static_cast<size_t>(v.n()));
+  for (int64_t i = 0; i < k.n(); ++i) kd[static_cast<size_t>(i)] = k.get(i), vd[static_cast<size_t>(i)] = v.get(i);
+  for (int64_t i = 0; i < Mq; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = 0; e < Dh; ++e) qd[static_cast<size_t>(e)] = q.get((i * H + h) * Dh + e);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < Mk; ++j) {
+        double d = 0;
+        for (int64_t e = 0; e < Dh; ++e) d += qd[static_cast<size_t>(e)] * kd[static_cast<size_t>((j * H + h) * Dh + e)];
+        s[static_cast<size_t>(j)] = d * scale;
+        mx = std::max(mx, d * scale);
+      }
+      double l = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j = 0; j < Mk; ++j) {
+        const double p = std::exp(s[static_cast<size_t>(j)] - mx);
+        l += p;
+        for (int64_t e = 0; e < Dh; ++e) o[static_cast<size_t>(e)] += p * vd[static_cast<size_t>((j * H + h) * Dh + e)];
+      }
+      for (int64_t e = 0; e < Dh; ++e) out.v.ptr<double>()[(i * H + h) * Dh + e] = o[static_cast<size_t>(e)] / l;
+    }
+  return out;
+}
+double rel_l2(const HostBuf& got, const HostBuf& ref64) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < got.n(); ++i) {
+    const double r = ref64.v.ptr<const double>()[i], g = got.get(i);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return std::sqrt(num / den);
+}
+
+struct Case {
+  int64_t Mq, Mk, H, kv_tile;
+  float qscale;
+};
+constexpr int64_t kDh = 128;
+
+// Parity vs the CPU reference and fp64, with K and V as strided column slices of one
+// fused buffer (as in the block), guard bytes around the output, and query slices of
+// 1 row, the last row and a middle range (memcmp against the whole call).
+void check_case(Gpu* G, const Case& c) {
+  SCOPED_TRACE("hopper attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
+               std::to_string(c.H) + " kv_tile=" + std::to_string(c.kv_tile));
+  const int64_t W = c.H * kDh;
+  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, kDh}, 190, c.qscale);
+  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 191, 1.0f);
+  HostBuf k(DType::bf16, {c.Mk, c.H, kDh}), v(DType::bf16, {c.Mk, c.H, kDh});
+  for (int64_t j = 0; j < c.Mk; ++j) {
+    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
+    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
+  }
+  AttentionParams p;
+  p.kv_tile = c.kv_tile;
+  HostBuf ref(DType::bf16, {c.Mq, c.H, kDh});
+  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
+  HostBuf ref64 = attention_f64(q, k, v, c.H, kDh);
+  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, kDh});
+  TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, kDh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, kDh);
+  Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  HostBuf got = download(G, dout.v);
+  expect_guards(G, dout, "hopper attention");
+  expect_close(got, ref, 1 << 20, 1e30, "hopper attention (NaN/inf only)");
+  const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
+  std::printf("  hopper attention Mq=%lld Mk=%lld H=%lld kv_tile=%lld: rel L2 vs fp64 hopper %.3e cpu %.3e\n",
+              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
+              static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
+  if (c.Mk > 1) {  // one key: out = v exactly, on every path
+    EXPECT_GT(e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
+  }
+  EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "hopper attention error above 2x the plain bf16 reference's";
+  if (c.Mq > 1) {
+    EXPECT_FALSE(same_bytes(host_rows(got, 0, 1), host_rows(got, 1, 2))) << "output rows should differ";
+  }
+  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
+  if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
+  for (auto [a, b] : slices) {
+    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, kDh});
+    ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
+    expect_guards(G, o2, "hopper attention (slice)");
+    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "query rows " << a << ".." << b;
+  }
+}
+
+TEST(HopperAttention, Parity) {
+  LS_NEED_HOPPER();
+  const Case cases[] = {
+      {97, 1025, 2, 1024, 1.0f},   // two tiles, the second of 1 key; one CTA of 97 rows
+      {1, 1, 2, 1024, 1.0f},       // one query, one key
+      {1025, 300, 3, 8192, 3.0f},  // 9 CTAs, the last of 1 row; a short last block
+      {97, 1025, 2, 100, 3.0f},    // kv_tile 100: blocks of 100 keys, never straddling a tile
+      {200, 2000, 2, 1000, 2.0f},  // kv_tile 1000: blocks of 128 and a short one per tile
+      {130, 4096, 1, 8192, 8.0f},  // peaked softmax (large scores): the running max moves
+  };
+  for (const Case& c : cases) check_case(G, c);
+}
+
+// The blocks are [128 i, 128 i + 128) for every kv_tile that is a multiple of 128, so
+// those kv_tiles give the same bytes; 100 gives other blocks (and other bytes).
+TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
+  LS_NEED_HOPPER();
+  const int64_t Mq = 300, Mk = 3000, H = 2;
+  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 230, 3.0f);
+  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 231, 1.0f);
+  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 232, 1.0f);
+  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  std::vector<HostBuf> outs;
+  for (int64_t kv_tile : {128, 1024, 8192, 100}) {
+    DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
+    AttentionParams p;
+    p.kv_tile = kv_tile;
+    Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
+    ASSERT_TRUE(s.ok()) << s.message();
+    outs.push_back(download(G, o.v));
+  }
+  EXPECT_TRUE(same_bytes(outs[0], outs[1])) << "kv_tile 128 vs 1024";
+  EXPECT_TRUE(same_bytes(outs[0], outs[2])) << "kv_tile 128 vs 8192";
+  EXPECT_FALSE(same_bytes(outs[0], outs[3])) << "kv_tile 100 walks other blocks and should round differently";
+}
+
+// H3 width (56 heads x 128) in a fused qkv buffer: slices of 4096, 97 and 1 rows give
+// the bytes of the whole call (compared on the device).
+TEST(HopperAttention, QuerySliceInvarianceH3) {
+  LS_NEED_HOPPER();
+  const int64_t S = 12289, H = 56, I = H * kDh;
+  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 195, 1.0f);
+  DevBuf d = dev_from(G, qkv);
+  TensorView q = d.v.cols(0, I).unflatten_last(H, kDh), k = d.v.cols(I, 2 * I).unflatten_last(H, kDh),
+             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, kDh);
+  auto full = G->arena->alloc(DType::bf16, {S, H, kDh}, "full");
+  auto part = G->arena->alloc(DType::bf16, {S, H, kDh}, "part");
+  ASSERT_TRUE(full.ok() && part.ok());
+  AttentionParams p;
+  p.kv_tile = G->cuda->default_kv_tile();
+  Status s = G->cuda->attention(q, k, v, *full, p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto count_diff = [&](const TensorView& x, const TensorView& y) {
+    HostBuf zero(DType::f64, {1});
+    LS_CHECK(G->cuda->copy(G->counter, zero.v).ok());
+    LS_CHECK(cuda::count_unequal(*G->cuda, x.flatten_last2(), y.flatten_last2(), G->counter).ok());
+    return *download(G, G->counter).v.ptr<uint64_t>();
+  };
+  EXPECT_NE(count_diff(full->slice_rows(0, 1), full->slice_rows(1, 2)), 0u) << "output rows should differ";
+  for (int64_t a = 0; a < S; a += 4096) {
+    const int64_t b = std::min(S, a + 4096);
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
+  }
+  EXPECT_EQ(count_diff(*full, *part), 0u) << "4096-row slices";
+  for (auto [a, b] : std::vector<std::pair<int64_t, int64_t>>{{5000, 5097}, {S - 97, S}, {S - 1, S}, {0, 1}, {777, 778}}) {
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
+    EXPECT_EQ(count_diff(full->slice_rows(a, b), part->slice_rows(a, b)), 0u) << "rows " << a << ".." << b;
+  }
+  // The hopper kernel is its own algorithm: its bytes differ from the native kernel's.
+  {
+    const ScopedNumerics native(*G->cuda, attention_numerics("native"));
+    ASSERT_TRUE(native.status().ok());
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(0, 97), k, v, part->slice_rows(0, 97), p).ok());
+  }
+  EXPECT_NE(count_diff(full->slice_rows(0, 97), part->slice_rows(0, 97)), 0u)
+      << "hopper gave the native kernel's bytes: is the hopper path reached at all?";
+}
+
+// Streamed keys (AttentionParams::state): the keys fed in chunks of whole tiles, the fp32
+// state carried in p.state, give the bytes of one call over all keys, also for a query
+// slice of one row.
+TEST(HopperAttention, StreamedKeysSameBytes) {
+  LS_NEED_HOPPER();
+  const int64_t Mq = 2100, Mk = 2900, H = 3, kv_tile = 256;
+  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 220, 2.0f);
+  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 221, 1.0f);
+  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 222, 1.0f);
+  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  DevBuf whole = dev_buf(G, DType::bf16, {Mq, H, kDh}), parts = dev_buf(G, DType::bf16, {Mq, H, kDh});
+  AttentionParams p;
+  p.kv_tile = kv_tile;
+  Status s = G->cuda->attention(dq.v, dk.v, dv.v, whole.v, p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto state = G->arena->alloc(DType::f32, {Mq, H, kDh + kAttentionStateExtra}, "attention state");
+  ASSERT_TRUE(state.ok());
+  // Chunks of 3, 1 and the remaining tiles (the last one short).
+  const int64_t bounds[] = {0, 3 * kv_tile, 4 * kv_tile, Mk};
+  for (int c = 0; c < 3; ++c) {
+    AttentionParams pc = p;
+    pc.state = *state;
+    pc.state_in = c > 0;
+    pc.finalize = c == 2;
+    s = G->cuda->attention(dq.v, dk.v.slice_rows(bounds[c], bounds[c + 1]), dv.v.slice_rows(bounds[c], bounds[c + 1]),
+                           parts.v, pc);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  HostBuf a = download(G, whole.v), b = download(G, parts.v);
+  EXPECT_FALSE(same_bytes(host_rows(a, 0, 1), host_rows(a, 1, 2))) << "output rows should differ";
+  expect_guards(G, parts, "hopper attention (streamed keys)");
+  EXPECT_TRUE(same_bytes(a, b)) << "streamed keys differ from one call";
+  // One query row, streamed.
+  DevBuf one = dev_buf(G, DType::bf16, {1, H, kDh});
+  for (int c = 0; c < 3; ++c) {
+    AttentionParams pc = p;
+    pc.state = state->slice_rows(0, 1);
+    pc.state_in = c > 0;
+    pc.finalize = c == 2;
+    s = G->cuda->attention(dq.v.slice_rows(1500, 1501), dk.v.slice_rows(bounds[c], bounds[c + 1]),
+                           dv.v.slice_rows(bounds[c], bounds[c + 1]), one.v, pc);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  EXPECT_TRUE(same_bytes(download(G, one.v), host_rows(a, 1500, 1501))) << "one streamed query row";
+}
+
+// The consumer schedules (ping-pong on named barriers, free-running) are a speed knob:
+// the same bytes.
+TEST(HopperAttention, SchedulesSameBytes) {
+  LS_NEED_HOPPER();
+  const int64_t Mq = 1000, Mk = 5000, H = 4;
+  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 240, 2.0f);
+  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 241, 1.0f);
+  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 242, 1.0f);
+  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const int keep = cuda::attention_hopper_schedule();
+  std::vector<HostBuf> outs;
+  for (int schedule : {1, 0, 2, 3, 4, 5}) {
+    cuda::set_attention_hopper_schedule(schedule);
+    DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
+    AttentionParams p;
+    p.kv_tile = 1000;
+    Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
+    ASSERT_TRUE(s.ok()) << s.message();
+    outs.push_back(download(G, o.v));
+  }
+  cuda::set_attention_hopper_schedule(keep);
+  EXPECT_FALSE(same_bytes(host_rows(outs[0], 0, 1), host_rows(outs[0], 1, 2))) << "output rows should differ";
+  for (size_t i = 1; i < outs.size(); ++i) EXPECT_TRUE(same_bytes(outs[0], outs[i])) << "schedule #" << i << " differs";
+}
+
+TEST(HopperAttention, OtherHeadDimsAreAStatus) {
+  LS_NEED_HOPPER();
+  HostBuf q = random_buf(DType::bf16, {4, 2, 64}, 7, 1.0f);
+  DevBuf dq = dev_from(G, q), dout = dev_buf(G, DType::bf16, {4, 2, 64});
+  const Status s = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, ErrorCode::unsupported);
+  EXPECT_NE(s.message().find("head_dim 64"), std::string::npos) << s.message();
+}
+
+// Throughput at H3 size, the three algorithms side by side at each one's default kv_tile
+// (cuDNN with the workspace it needs), non-causal, one call over all S queries and in
+// the query slices the planner uses (LAYERSTREAM_HOPPER_BENCH_SLICE rows, default 16384).
+// Prints a table; LAYERSTREAM_HOPPER_BENCH_JSON=path also writes it as JSON.
+TEST(HopperAttention, ThroughputH3) {
+  LS_NEED_HOPPER();
+  const int64_t H = 56, I = H * kDh;
+  const int64_t S = std::getenv("LAYERSTREAM_HOPPER_BENCH_S") ? std::atoll(std::getenv("LAYERSTREAM_HOPPER_BENCH_S")) : 111274;
+  const int64_t slice =
+      std::getenv("LAYERSTREAM_HOPPER_BENCH_SLICE") ? std::atoll(std::getenv("LAYERSTREAM_HOPPER_BENCH_SLICE")) : 16384;
+  auto qkv = G->arena->alloc(DType::bf16, {S, 3 * I}, "qkv");
+  auto out = G->arena->alloc(DType::bf16, {S, H, kDh}, "out");
+  ASSERT_TRUE(qkv.ok() && out.ok()) << "arena too small for S = " << S;
+  const int64_t seed_rows = 2048;
+  HostBuf seed = random_buf(DType::bf16, {seed_rows, 3 * I}, 300, 1.0f);
+  ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(0, seed_rows), seed.v).ok());
+  for (int64_t have = seed_rows; have < S;) {
+    const int64_t n = std::min(have, S - have);
+    ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(have, have + n), qkv->slice_rows(0, n)).ok());
+    have += n;
+  }
+  TensorView q = qkv->cols(0, I).unflatten_last(H, kDh), k = qkv->cols(I, 2 * I).unflatten_last(H, kDh),
+             v = qkv->cols(2 * I, 3 * I).unflatten_last(H, kDh);
+  const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(H * kDh);
+  std::string json = "{\"S\": " + std::to_string(S) + ", \"H\": 56, \"Dh\": 128, \"causal\": false, \"slice\": " +
+                     std::to_string(slice) + ", \"runs\": [";
+  bool first = true;
+  std::printf("  %-11s %8s %8s %10s %10s\n", "algo", "kv_tile", "slice", "ms", "TFLOP/s");
+  // LAYERSTREAM_HOPPER_BENCH_SCHEDULES=1,0,...: the hopper schedules to time
+  // (attention_hopper.cu; the default schedule alone when unset).
+  const int keep_schedule = cuda::attention_hopper_schedule();
+  std::vector<std::string> names;
+  if (const char* list = std::getenv("LAYERSTREAM_HOPPER_BENCH_SCHEDULES")) {
+    std::string l = list;
+    for (size_t at = 0; at <= l.size();) {
+      const size_t comma = std::min(l.find(',', at), l.size());
+      names.push_back("hopper-s" + l.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else {
+    names.push_back("hopper");
+  }
+  names.push_back("cudnn");
+  names.push_back("native");
+  for (const std::string& label : names) {
+    const char* name = label.c_str();
+    const bool hopper = label.rfind("hopper", 0) == 0;
+    const char* path = hopper ? "hopper" : name;
+    cuda::set_attention_hopper_schedule(label.rfind("hopper-s", 0) == 0 ? std::atoi(name + 8) : keep_schedule);
+    Numerics n = attention_numerics(path);
+    const ScopedNumerics use(*G->cuda, n);
+    if (!use.status().ok()) {
+      std::printf("  %-11s unavailable: %s\n", name, use.status().message().c_str());
+      continue;
+    }
+    TensorView ws_keep = G->workspace;
+    std::optional<TensorView> ws;
+    if (std::string(path) == "cudnn") {
+      const auto bytes = static_cast<int64_t>(std::max(G->cuda->workspace_bytes(), cuda::attention_cudnn_workspace_bytes(H, kDh)));
+      auto w = G->arena->alloc(DType::u8, {bytes}, "cudnn attention workspace");
+      ASSERT_TRUE(w.ok());
+      ws = *w;
+      ASSERT_TRUE(G->cuda->set_workspace(*ws).ok());
+    }
+    AttentionParams p;
+    p.kv_tile = G->cuda->default_kv_tile();
+    // A hopper schedule other than the default: the sliced run only (fewer device seconds).
+    const bool variant = label.rfind("hopper-s", 0) == 0 && std::atoi(name + 8) != keep_schedule;
+    for (int64_t sl : {S, slice}) {
+      if (variant && sl == S && S != slice) continue;
+      auto run = [&] {
+        for (int64_t a = 0; a < S; a += sl) {
+          const int64_t b = std::min(S, a + sl);
+          LS_CHECK(G->cuda->attention(q.slice_rows(a, b), k, v, out->slice_rows(a, b), p).ok());
+        }
+      };
+      run();  // warm-up (cuDNN plan build)
+      ASSERT_TRUE(G->cuda->synchronize().ok());
+      const int reps = 3;
+      std::vector<double> ts;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run();
+        ASSERT_TRUE(G->cuda->synchronize().ok());
+        ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(ts.begin(), ts.end());
+      const double t = ts[reps / 2];
+      std::printf("  %-11s %8lld %8lld %10.1f %10.1f\n", name, static_cast<long long>(p.kv_tile),
+                  static_cast<long long>(sl), t * 1e3, flops / t / 1e12);
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s{\"algorithm\": \"%s\", \"kv_tile\": %lld, \"slice\": %lld, \"ms\": %.3f, \"tflops\": %.1f}",
+                    first ? "" : ", ", name, static_cast<long long>(p.kv_tile), static_cast<long long>(sl), t * 1e3,
+                    flops / t / 1e12);
+      json += buf;
+      first = false;
+    }
+    if (ws) {
+      ASSERT_TRUE(G->cuda->set_workspace(ws_keep).ok());
+    }
+  }
+  cuda::set_attention_hopper_schedule(keep_schedule);
+  json += "]}\n";
+  if (const char* path = std::getenv("LAYERSTREAM_HOPPER_BENCH_JSON")) {
+    if (FILE* f = std::fopen(path, "w")) {
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ls::cudatest
