@@ -71,13 +71,15 @@ exec::ForwardResult run(exec::Engine& e, const h3::H3Config& cfg, const h3::Cond
   return std::move(*r);
 }
 
-void check_case(uint64_t seed, int plans_per_n) {
+void check_case(uint64_t seed, int plans_per_n, bool all_modes = false) {
   std::mt19937_64 rng(seed);
-  const h3::H3Config cfg = ulysses_cfg(rng);
+  h3::H3Config cfg = ulysses_cfg(rng);
+  if (all_modes) cfg.pdd_heads = 4;
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(cfg));
   ASSERT_TRUE(h3::check_h3_config(cfg).ok()) << h3::check_h3_config(cfg).message();
   const h3::H3SyntheticSource src(cfg, seed);
   h3::Conditioning cond = test::random_cond(rng, cfg, /*extras=*/true);
+  if (all_modes) test::add_all_modes(rng, cfg, cond);
   test::Inputs in = test::random_inputs(rng, cfg, cond);
   const float sigmas[] = {1.0f, 0.95f, 0.8f, 0.5f, 0.1f};
   const float sigma = sigmas[std::uniform_int_distribution<int>(0, 4)(rng)];
@@ -163,7 +165,8 @@ void check_case(uint64_t seed, int plans_per_n) {
 
 TEST(Ulysses, RanksGiveOneRanksBytes) {
   for (uint64_t seed = 1; seed <= 40; ++seed) check_case(seed, 6);
-  EXPECT_GE(g_compared, 40 * 2 * 6);  // every case compared (2 or 3 rank counts x 6 plans)
+  for (uint64_t seed = 41; seed <= 46; ++seed) check_case(seed, 6, /*all_modes=*/true);
+  EXPECT_GE(g_compared, 46 * 2 * 6);  // every case compared (2 or 3 rank counts x 6 plans)
   std::printf("%d N-rank forwards compared\n", g_compared);
 }
 
