@@ -174,13 +174,17 @@ void Session::apply(const RunPlan& rp, sample::GenerateRequest& req) {
 }
 
 Expected<sample::GeneratePlans> Session::plan_generation(const sample::GenerateRequest& req) const {
-  return sample::plan_generation(config(), req);
+  sample::GenerateRequest r = req;
+  r.knobs.ranks = ranks();  // every plan of the session is one rank's
+  return sample::plan_generation(config(), r);
 }
 
 Expected<sample::GenerateResult> Session::generate(const sample::GenerateRequest& req,
                                                    const sample::GenerateHooks& hooks) {
   LS_CHECK(engine_ != nullptr);
-  return sample::generate(*engine_, req, hooks);
+  sample::GenerateRequest r = req;
+  r.knobs.ranks = ranks();  // every plan of the session is one rank's
+  return sample::generate(*engine_, r, hooks);
 }
 
 Expected<uint64_t> Session::minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
