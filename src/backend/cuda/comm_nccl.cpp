@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -24,11 +26,18 @@ struct Group {
   std::vector<ncclComm_t> comms;
   std::mutex mu;
   int aborted_by = -1;
+  // Per rank: held while that rank queues a collective, so abort() does not pull the
+  // communicator from under a call being queued (it waits a moment, then aborts anyway:
+  // ncclCommAbort is also what ends a call that hangs, e.g. waiting for the failed rank).
+  std::unique_ptr<std::timed_mutex[]> queuing;
   ~Group() {
-    for (ncclComm_t c : comms) {
-      if (aborted_by >= 0) continue;  // ncclCommAbort already freed them
-      ncclCommDestroy(c);
-    }
+    if (aborted_by >= 0 || comms.empty()) return;  // ncclCommAbort already freed them
+    // One thread holds every communicator of the group: finalize them together (a group
+    // call), then destroy (finalizing one at a time could wait for the others).
+    ncclGroupStart();
+    for (ncclComm_t c : comms) ncclCommFinalize(c);
+    ncclGroupEnd();
+    for (ncclComm_t c : comms) ncclCommDestroy(c);
   }
 };
 
@@ -60,6 +69,8 @@ class Nccl final : public Communicator {
 
   Status all_gather(const TensorView& send, const TensorView& recv) override {
     LS_TRY(check(send, recv, false));
+    std::lock_guard<std::timed_mutex> q(g_->queuing[static_cast<size_t>(rank_)]);
+    LS_TRY(check_live());  // again under the lock: abort() may have run since check()
     CurrentDevice d(be_.device().index);
     const ncclResult_t r = ncclAllGather(send.data, recv.data, bytes_of(send), ncclUint8, comm(), compute_stream(be_));
     if (r != ncclSuccess) return nccl_error(r, "all_gather (" + name() + ")");
@@ -68,6 +79,8 @@ class Nccl final : public Communicator {
 
   Status all_to_all(const TensorView& send, const TensorView& recv) override {
     LS_TRY(check(send, recv, true));
+    std::lock_guard<std::timed_mutex> q(g_->queuing[static_cast<size_t>(rank_)]);
+    LS_TRY(check_live());  // again under the lock: abort() may have run since check()
     CurrentDevice d(be_.device().index);
     const size_t n = static_cast<size_t>(size()), part = bytes_of(send) / n;
     cudaStream_t stream = compute_stream(be_);
@@ -89,17 +102,23 @@ class Nccl final : public Communicator {
     if (g_->aborted_by >= 0) return;
     g_->aborted_by = rank_;
     // Every rank's kernels may wait for this one: abort the whole group's communicators.
-    for (ncclComm_t c : g_->comms) ncclCommAbort(c);
+    for (size_t r = 0; r < g_->comms.size(); ++r) {
+      const bool locked = g_->queuing[r].try_lock_for(std::chrono::seconds(2));
+      ncclCommAbort(g_->comms[r]);
+      if (locked) g_->queuing[r].unlock();
+    }
   }
 
  private:
   ncclComm_t comm() const { return g_->comms[static_cast<size_t>(rank_)]; }
+  Status check_live() const {
+    std::lock_guard<std::mutex> lock(g_->mu);
+    if (g_->aborted_by >= 0)
+      return make_error(ErrorCode::device, name() + ": rank " + std::to_string(g_->aborted_by) + " aborted the group");
+    return Status();
+  }
   Status check(const TensorView& send, const TensorView& recv, bool to_all) const {
-    {
-      std::lock_guard<std::mutex> lock(g_->mu);
-      if (g_->aborted_by >= 0)
-        return make_error(ErrorCode::device, name() + ": rank " + std::to_string(g_->aborted_by) + " aborted the group");
-    }
+    LS_TRY(check_live());
     const uint64_t sb = bytes_of(send), rb = bytes_of(recv), n = static_cast<uint64_t>(size());
     if (!send.is_contiguous() || !recv.is_contiguous() || send.device != be_.device() || recv.device != be_.device())
       return make_error(ErrorCode::invalid_argument, name() + ": views must be contiguous on " + be_.device().str());
@@ -125,6 +144,7 @@ Expected<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const std::
     devices.push_back(b->device().index);
   }
   g->comms.resize(backends.size());
+  g->queuing = std::make_unique<std::timed_mutex[]>(backends.size());
   const ncclResult_t r = ncclCommInitAll(g->comms.data(), static_cast<int>(devices.size()), devices.data());
   if (r != ncclSuccess) {
     g->comms.clear();
