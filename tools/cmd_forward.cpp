@@ -263,9 +263,6 @@ int run_forward(const ForwardOptions& o) {
   if (!weights.loras.empty() || weights.precision != "preserve" || session.config().quant.any())
     std::printf("[LayerStream] weights: %s\n", src->describe().c_str());  // LoRAs, formats, "lossy"
   const h3::H3Config& cfg = session.config();
-  // Sequence parallel splits the heads evenly: a rank count that does not divide them is
-  // refused from the flags, before any work (the message names the counts that do).
-  if (Status s = exec::check_ranks(cfg, session.ranks()); !s.ok()) return usage(s.message());
   if (o.slots.given() && *rb >= cfg.num_layers)
     return usage("--slots has no effect: --resident-blocks " + std::to_string(*rb) + " keeps all " +
                  std::to_string(cfg.num_layers) + " blocks resident, so nothing streams");

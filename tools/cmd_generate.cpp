@@ -293,9 +293,6 @@ int run_generate(const GenerateOptions& o) {
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
   const h3::H3TensorSource* source = &session.source();
   const h3::H3Config& cfg = session.config();
-  // Sequence parallel splits the heads evenly: a rank count that does not divide them is
-  // refused from the flags, before any work (the message names the counts that do).
-  if (Status s = exec::check_ranks(cfg, session.ranks()); !s.ok()) return fail(s.message());
 
   // ---- text states ----
   std::unique_ptr<SafetensorsReader> text_file;

@@ -104,6 +104,9 @@ Status Session::load_weights(const WeightsSpec& spec) {
     src = std::move(wrapped);
   }
   if (spec.precision != "preserve") src = h3::fp8_convert_source(std::move(src), spec.precision == "fp8-dynamic");
+  // Sequence parallel splits the heads evenly: a device list whose length does not
+  // divide them is refused here, before any work (the message names the counts that do).
+  LS_TRY(exec::check_ranks(src->cfg(), ranks()));
   source_ = std::move(src);
   return {};
 }

@@ -139,7 +139,8 @@ class Session {
   bool device_is_cpu() const { return backend_->device().kind == DeviceKind::cpu; }
 
   // Step 2: the weights (a file is opened and checked; a preset's weights are made
-  // lazily by the synthetic source).
+  // lazily by the synthetic source). With several devices (open_backends) their count
+  // must divide the model's heads (invalid_argument otherwise).
   Status load_weights(const WeightsSpec& spec);
   bool has_weights() const { return source_ != nullptr; }
   const h3::H3TensorSource& source() const { return *source_; }
