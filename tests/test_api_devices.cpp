@@ -13,14 +13,14 @@
 
 namespace {
 
-struct Run {
+struct Outcome {
   std::vector<float> video, audio;
   uint64_t hash = 0;
   std::string report;
 };
 
 // The tiny preset (2 heads) on `devices` (NULL = the CPU alone).
-Run run(const char* devices, ls_status* create_status = nullptr) {
+Outcome run(const char* devices, ls_status* create_status = nullptr) {
   ls_engine_params p;
   ls_engine_params_init(&p);
   p.preset = "tiny";
@@ -29,7 +29,7 @@ Run run(const char* devices, ls_status* create_status = nullptr) {
   ls_engine* e = nullptr;
   const ls_status s = ls_engine_create(&p, &e);
   if (create_status) *create_status = s;
-  Run r;
+  Outcome r;
   if (s != LS_OK) return r;
   ls_clip clip;
   ls_clip_init(&clip);
@@ -58,9 +58,9 @@ Run run(const char* devices, ls_status* create_status = nullptr) {
 }  // namespace
 
 TEST(ApiDevices, CpuRanksGiveOneDevicesBytes) {
-  const Run one = run(nullptr);
+  const Outcome one = run(nullptr);
   ASSERT_NE(one.hash, 0u);
-  const Run two = run("cpu*2");
+  const Outcome two = run("cpu*2");
   EXPECT_EQ(one.hash, two.hash);
   ASSERT_EQ(one.video.size(), two.video.size());
   EXPECT_EQ(0, std::memcmp(one.video.data(), two.video.data(), one.video.size() * sizeof(float)));

@@ -16,6 +16,7 @@
 #include "backend/comm.h"
 #include "exactness_util.h"
 #include "exec/plan.h"
+#include "exec/planner.h"
 
 using namespace ls;
 
@@ -189,6 +190,33 @@ TEST(Ulysses, OneRankPlanIsUnchanged) {
   EXPECT_EQ(exec::find_buffer(b->persistent, "residual x")->rows, exec::rank_rows(b->sizes.S, 7));
   EXPECT_NE(exec::find_buffer(b->phase("attn").buffers, "K all"), nullptr);
   EXPECT_LT(b->predicted_peak_bytes, a->predicted_peak_bytes);
+}
+
+// The total-budget planner plans one rank: at its own minimum for 7 ranks it finds a
+// plan (no offload across ranks) that fits.
+TEST(Ulysses, TotalBudgetIsPerRank) {
+  std::mt19937_64 rng(17);
+  h3::H3Config cfg = ulysses_cfg(rng);
+  cfg.heads = 14;
+  h3::Conditioning cond = test::random_cond(rng, cfg, false);
+  cond.geometry.T = 3, cond.geometry.Hl = 6, cond.geometry.Wl = 6;  // S of a few dozen rows
+  exec::PlanRequest q;
+  q.cfg = &cfg;
+  q.cond = &cond;
+  q.sigmas = {0.8f};
+  q.mode = exec::MemoryMode::total_budget;
+  q.device = exec::cuda_device_profile(false, false);
+  q.device.workspace_bytes = 0;
+  q.knobs.ranks = 7;
+  auto seven = exec::minimum_budget(q);
+  ASSERT_TRUE(seven.ok()) << seven.error().message;
+  q.budget_bytes = *seven;
+  auto r = exec::plan_memory(q);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->plan.ranks, 7);
+  EXPECT_EQ(r->knobs.ranks, 7);
+  EXPECT_FALSE(r->plan.kv_offload || r->plan.residual_offload);
+  EXPECT_LE(r->peak.predicted_peak_bytes, *seven);
 }
 
 TEST(Ulysses, Refusals) {

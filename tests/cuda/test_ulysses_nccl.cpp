@@ -42,12 +42,12 @@ h3::Conditioning clip() {
   return c;
 }
 
-struct Run {
+struct Outcome {
   std::vector<float> video, audio;
   int64_t ranks = 0;
 };
 
-Run run(const h3::H3TensorSource& src, int n, const Numerics& nm, const exec::PlanKnobs& knobs_in,
+Outcome run(const h3::H3TensorSource& src, int n, const Numerics& nm, const exec::PlanKnobs& knobs_in,
         const exec::Residency& res = {}) {
   const h3::H3Config& cfg = src.cfg();
   std::vector<std::unique_ptr<Backend>> be;
@@ -80,7 +80,7 @@ Run run(const h3::H3TensorSource& src, int n, const Numerics& nm, const exec::Pl
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
   if (!r.ok()) return {};
   std::printf("%d GPU(s): %s\n", n, r->report.status_line().c_str());
-  return Run{r->video, r->audio, r->report.ranks};
+  return Outcome{r->video, r->audio, r->report.ranks};
 }
 
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
@@ -110,12 +110,12 @@ TEST(UlyssesNccl, GpusGiveOneGpusBytes) {
   Numerics nm;
   if (std::string(att) == "native") nm.attention = AttentionAlgorithm::native;
   SCOPED_TRACE(std::string("attention ") + att);
-  const Run ref = run(src, 1, nm, {});
+  const Outcome ref = run(src, 1, nm, {});
   ASSERT_FALSE(ref.video.empty());
   for (int n : {2, 4, 8}) {
     if (n > gpus) break;
     SCOPED_TRACE(std::to_string(n) + " GPUs");
-    const Run stock = run(src, n, nm, {});
+    const Outcome stock = run(src, n, nm, {});
     EXPECT_EQ(stock.ranks, n);
     EXPECT_TRUE(same(ref.video, stock.video)) << "video differs";
     EXPECT_TRUE(same(ref.audio, stock.audio)) << "audio differs";
@@ -126,7 +126,7 @@ TEST(UlyssesNccl, GpusGiveOneGpusBytes) {
     exec::Residency streamed;
     streamed.resident_blocks = 1;
     streamed.slots = 2;
-    const Run s = run(src, n, nm, sliced, streamed);
+    const Outcome s = run(src, n, nm, sliced, streamed);
     EXPECT_TRUE(same(ref.video, s.video)) << "video differs (sliced, streamed)";
     EXPECT_TRUE(same(ref.audio, s.audio)) << "audio differs (sliced, streamed)";
   }
