@@ -251,7 +251,11 @@ class Engine:
         # devices: sequence parallel (docs/multi-gpu.md), "cuda:0,cuda:1" / ["cuda:0", "cuda:1"] / "cpu*4";
         # the output bytes equal one device's.
         if devices is not None:
-            params["devices"] = devices if isinstance(devices, str) else ",".join(str(d) for d in devices)
+            if not isinstance(devices, str):
+                devices = [str(d) for d in devices]
+                # ["cpu"] * N: N in-process CPU ranks ("cpu*N"; the CPU cannot be listed twice)
+                devices = "cpu*%d" % len(devices) if devices and all(d == "cpu" for d in devices) else ",".join(devices)
+            params["devices"] = devices
         if vram_budget is not None:
             params["memory_mode"] = 2
             params["vram_budget"] = parse_size(vram_budget, "vram_budget")
