@@ -1,5 +1,7 @@
 // The engine: the public C++ API the sampler and the CLI drive. One Engine holds a
-// model's weights on one backend and runs H3 denoiser calls under a Plan.
+// model's weights on one backend and runs H3 denoiser calls under a Plan; with
+// EngineOptions::peer_backends it runs every call sequence parallel over several
+// backends (one rank each, one thread per rank; docs/multi-gpu.md), with one rank's bytes.
 //
 //   auto src = h3::open_h3_checkpoint(path);                 // or H3SyntheticSource
 //   auto backend = make_backend("cpu");
