@@ -388,4 +388,10 @@ Status apply_weight_flags(const LoraFlags& lf, const WeightFlags& wf, bool model
   return Status();
 }
 
+Expected<std::vector<std::string>> parse_devices(std::string_view flag, std::string_view text) {
+  auto d = api::parse_devices(std::string(text));
+  if (!d.ok()) return Error{ErrorCode::invalid_argument, std::string(flag) + " " + d.error().message};
+  return d;
+}
+
 }  // namespace ls::tools

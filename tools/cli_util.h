@@ -178,6 +178,14 @@ struct NumericsChoice {
 Expected<NumericsChoice> numerics_from_flags_and_env(std::string_view command, const NumericsFlags& f,
                                                      int64_t kv_tile = 0, bool quiet = false);
 
+// --devices LIST of forward and generate (sequence parallel, docs/multi-gpu.md): CUDA
+// devices "cuda:0,cuda:1,..." ("cuda" = "cuda:0"), or "cpu*N" for N in-process CPU ranks
+// (1..64; a plain "cpu" is one rank). Returns one backend name per rank, rank 0 first.
+// invalid_argument naming `flag` and the text: an empty or unknown entry, a device given
+// twice, CPU and CUDA mixed, a bad N. (Whether the count divides the model's heads is
+// the planner's check, once the model is known: exec::check_ranks.)
+Expected<std::vector<std::string>> parse_devices(std::string_view flag, std::string_view text);
+
 // Checks every output path given with io::check_output_path before any work starts (an
 // empty path, `-o ''`, is refused), and that no two of them are the same file.
 Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path);

@@ -65,6 +65,7 @@ struct ForwardOptions {
   FlagText mask, inputs;
   FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget;
   FlagText device, threads;
+  FlagText devices;  // --devices: sequence-parallel ranks (docs/multi-gpu.md)
   FlagText output, json, memory_plot;
   bool random_weights = false, allow_nonfinite = false, quiet = false;
   FlagText vram_budget, resident_blocks, slots, kv_chunk;
@@ -231,7 +232,17 @@ int run_forward(const ForwardOptions& o) {
   // the backend; printed, and stored in the report and the output file.
   auto nc = numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? *kv : 0);
   if (!nc.ok()) return fail(nc.error());
-  auto opened = api::Session::open_backend(device, nc->numerics, nc->diagnostics);
+  // --devices: one backend per sequence-parallel rank (docs/multi-gpu.md).
+  std::vector<std::string> rank_devices;
+  if (o.devices.given()) {
+    if (o.device.given()) return usage("--device and --devices are exclusive: --devices lists every rank's device");
+    auto d = parse_devices("--devices", o.devices.text);
+    if (!d.ok()) return usage(d.error().message);
+    rank_devices = std::move(*d);
+  } else {
+    rank_devices = {o.device.given() ? o.device.text : "cpu"};
+  }
+  auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
   if (opened.ok())
     std::printf("[LayerStream] numerics: %s\n", describe((*opened)->backend().numerics()).c_str());
   if (!opened.ok()) return fail(opened.error());
@@ -484,6 +495,10 @@ CommandRun setup(CLI::App& sub) {
   add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
                 "draw the device memory over the run by phase and block (SVG)");
   add_text_flag(sub, "--device", o->device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
+  add_text_flag(sub, "--devices", o->devices, "LIST",
+                "sequence parallel over several devices (one rank each, output bytes equal one device's): "
+                "cuda:0,cuda:1,... or cpu*N (N in-process CPU ranks); the count must divide the model's heads; "
+                "budgets are per device");
   add_int_flag(sub, "--threads", o->threads, range::threads, "CPU threads (0 = all cores)", "0");
   sub.add_flag("-q,--quiet", o->quiet, "no progress display");
   add_text_flag(sub, "-o,--output", o->output, "FILE",

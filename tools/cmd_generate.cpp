@@ -55,6 +55,7 @@ struct GenerateOptions {
   std::vector<std::string> keyframes, refs;
   FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget, vram_budget;
   FlagText device, threads;
+  FlagText devices;  // --devices: sequence-parallel ranks (docs/multi-gpu.md)
   FlagText json, output, memory_plot;
   bool quiet = false, allow_nonfinite = false;
 };
@@ -259,7 +260,17 @@ int run_generate(const GenerateOptions& o) {
   // the backend; printed, and stored in the report and the output file.
   auto nc = numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? *kv : 0);
   if (!nc.ok()) return fail(nc.error());
-  auto opened = api::Session::open_backend(o.device.given() ? o.device.text : "cpu", nc->numerics, nc->diagnostics);
+  // --devices: one backend per sequence-parallel rank (docs/multi-gpu.md).
+  std::vector<std::string> rank_devices;
+  if (o.devices.given()) {
+    if (o.device.given()) return fail("--device and --devices are exclusive: --devices lists every rank's device");
+    auto d = parse_devices("--devices", o.devices.text);
+    if (!d.ok()) return fail(d.error());
+    rank_devices = std::move(*d);
+  } else {
+    rank_devices = {o.device.given() ? o.device.text : "cpu"};
+  }
+  auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
   if (opened.ok())
     std::printf("[LayerStream] numerics: %s\n", describe((*opened)->backend().numerics()).c_str());
   if (!opened.ok()) return fail(opened.error());
@@ -630,6 +641,10 @@ CommandRun setup_generate(CLI::App& sub) {
                 "keeps what fits resident, streams the rest of the blocks, offloads K/V and the residual only when "
                 "nothing else fits; refused before any work when too small, naming the minimum (--model/--preset)");
   add_text_flag(sub, "--device", o->device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
+  add_text_flag(sub, "--devices", o->devices, "LIST",
+                "sequence parallel over several devices (one rank each, output bytes equal one device's): "
+                "cuda:0,cuda:1,... or cpu*N (N in-process CPU ranks); the count must divide the model's heads; "
+                "budgets are per device");
   add_int_flag(sub, "--threads", o->threads, range::threads, "CPU threads (0 = all cores)", "0");
   sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
                "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "

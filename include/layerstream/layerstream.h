@@ -187,6 +187,11 @@ typedef struct ls_engine_params {
   /* The merge's compute dtype (numerics: changes bits): LS_LORA_DTYPE_AUTO (default) =
    * ComfyUI's for the device (f16 on CUDA, f32 on the CPU). */
   int32_t lora_dtype;
+  /* Sequence parallel over several devices (docs/multi-gpu.md): NULL (default) = `device`
+   * alone; else "cuda:0,cuda:1,..." or "cpu*N" (N in-process CPU ranks), one rank per
+   * device, rank 0 first (`device` is then not read). The output bytes equal one
+   * device's; budgets are per device; the count must divide the model's heads. */
+  const char* devices;
 } ls_engine_params;
 
 #define LS_LORA_DTYPE_AUTO 0

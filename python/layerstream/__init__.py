@@ -231,7 +231,7 @@ class Engine:
     def __init__(self, model=None, preset=None, weights_seed=0, blocks=0, device="cpu", vram_budget=None,
                  activation_budget=None, mlp_chunk=0, attn_chunk=0, final_chunk=0, kv_offload=False, kv_chunk=0,
                  residual_offload=False, resident_blocks=-1, slots=2, prefetch=True, numerics=None, threads=0,
-                 check_finite=True, loras=(), lora_dtype="auto"):
+                 check_finite=True, loras=(), lora_dtype="auto", devices=None):
         if model is not None and preset is not None:
             raise InvalidArgument("Engine: give model (a checkpoint path) or preset, not both")
         if vram_budget is not None and activation_budget is not None:
@@ -250,6 +250,14 @@ class Engine:
         if lora_dtype not in dtypes:
             raise InvalidArgument(f"Engine: lora_dtype must be auto, f32 or f16, got {lora_dtype!r}")
         params["lora_dtype"] = dtypes[lora_dtype]
+        # devices: sequence parallel (docs/multi-gpu.md), "cuda:0,cuda:1" / ["cuda:0", "cuda:1"] / "cpu*4";
+        # the output bytes equal one device's.
+        if devices is not None:
+            if not isinstance(devices, str):
+                devices = [str(d) for d in devices]
+                # ["cpu"] * N: N in-process CPU ranks ("cpu*N"; the CPU cannot be listed twice)
+                devices = "cpu*%d" % len(devices) if devices and all(d == "cpu" for d in devices) else ",".join(devices)
+            params["devices"] = devices
         if vram_budget is not None:
             params["memory_mode"] = 2
             params["vram_budget"] = parse_size(vram_budget, "vram_budget")

@@ -286,6 +286,9 @@ class Engine {
     ep.loras = lora_ptrs.empty() ? nullptr : lora_ptrs.data();
     ep.lora_count = lora_ptrs.size();
     ep.lora_dtype = get<int32_t>(p, "lora_dtype", LS_LORA_DTYPE_AUTO);
+    // devices: sequence parallel over several devices (docs/multi-gpu.md), "" = device alone.
+    const std::string devices = get<std::string>(p, "devices", "");
+    ep.devices = devices.empty() ? nullptr : devices.c_str();
     ls_numerics n;
     ls_numerics_init(&n);
     const std::string native_variant = get<std::string>(p, "native_variant", "");

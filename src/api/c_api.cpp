@@ -950,7 +950,14 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
       return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params: give model_path (a checkpoint) or preset");
     if (p.threads >= 0) ls::set_num_threads(p.threads);
 
-    auto session = ls::api::Session::open_backend(p.device ? p.device : "cpu", *numerics);
+    // devices (sequence parallel, docs/multi-gpu.md): one backend per rank, else `device`.
+    std::vector<std::string> rank_devices{p.device ? p.device : "cpu"};
+    if (p.devices) {
+      auto d = ls::api::parse_devices(p.devices);
+      if (!d.ok()) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.devices " + d.error().message);
+      rank_devices = std::move(*d);
+    }
+    auto session = ls::api::Session::open_backends(rank_devices, *numerics);
     if (!session.ok()) return fail(nullptr, session.error());
     if ((*session)->device_is_cpu() && p.memory_mode == LS_MEMORY_VRAM_BUDGET)
       return fail(nullptr, LS_INVALID_ARGUMENT,

@@ -15,14 +15,67 @@ Expected<std::unique_ptr<Session>> Session::open_backend(const std::string& devi
   return std::unique_ptr<Session>(new Session(std::shared_ptr<Backend>(std::move(be))));
 }
 
+Expected<std::unique_ptr<Session>> Session::open_backends(const std::vector<std::string>& devices,
+                                                          const Numerics& numerics, const Diagnostics& diagnostics) {
+  if (devices.empty()) return make_error(ErrorCode::invalid_argument, "no device given");
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, open_backend(devices[0], numerics, diagnostics));
+  for (size_t i = 1; i < devices.size(); ++i) {
+    LS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(devices[i], numerics, diagnostics));
+    s->peers_.push_back(std::shared_ptr<Backend>(std::move(be)));
+  }
+  return s;
+}
+
+Expected<std::vector<std::string>> parse_devices(const std::string& given) {
+  auto bad = [&](const std::string& why) {
+    return Error{ErrorCode::invalid_argument,
+                 "'" + given + "': " + why +
+                     " (expected CUDA devices cuda:0,cuda:1,... or cpu*N for N in-process CPU ranks)"};
+  };
+  if (given.empty()) return bad("no device");
+  if (given.rfind("cpu*", 0) == 0) {
+    const std::string ns = given.substr(4);
+    const bool digits = !ns.empty() && ns.size() <= 2 && ns.find_first_not_of("0123456789") == std::string::npos;
+    const int n = digits ? std::stoi(ns) : 0;
+    if (n < 1 || n > 64) return bad("N must be an integer in 1..64");
+    return std::vector<std::string>(static_cast<size_t>(n), "cpu");
+  }
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = given.find(',', at);
+    const std::string d = given.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    std::string name;
+    if (d == "cpu") {
+      name = "cpu";
+    } else if (d == "cuda") {
+      name = "cuda:0";
+    } else if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+               d.find_first_not_of("0123456789", 5) == std::string::npos) {
+      name = "cuda:" + std::to_string(std::stoi(d.substr(5)));
+    } else {
+      return bad(d.empty() ? "an empty entry" : "unknown device '" + d + "'");
+    }
+    for (const auto& e : out) {
+      if (e == name) return bad(name == "cpu" ? "cpu is given twice (use cpu*N for N CPU ranks)" : name + " is given twice");
+      if ((e == "cpu") != (name == "cpu")) return bad("CPU and CUDA devices cannot be mixed");
+    }
+    out.push_back(name);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::unique_ptr<Session> Session::with_backend(std::shared_ptr<Backend> backend) {
   LS_CHECK(backend != nullptr);
   return std::unique_ptr<Session>(new Session(std::move(backend)));
 }
 
 Session::~Session() {
-  engine_.reset();  // the engine holds views into the source and the backend
+  engine_.reset();  // the engine holds views into the source and the backends
   source_.reset();
+  peers_.clear();
 }
 
 Status Session::load_weights(const WeightsSpec& spec) {
@@ -51,6 +104,9 @@ Status Session::load_weights(const WeightsSpec& spec) {
     src = std::move(wrapped);
   }
   if (spec.precision != "preserve") src = h3::fp8_convert_source(std::move(src), spec.precision == "fp8-dynamic");
+  // Sequence parallel splits the heads evenly: a device list whose length does not
+  // divide them is refused here, before any work (the message names the counts that do).
+  LS_TRY(exec::check_ranks(src->cfg(), ranks()));
   source_ = std::move(src);
   return {};
 }
@@ -80,6 +136,7 @@ exec::PlanRequest Session::plan_request(const h3::Conditioning& cond, const std:
   }
   q.prefetch = memory.prefetch;
   q.device = device_profile();  // kv_tile 0 -> default_kv_tile() (resolve_kv_tile)
+  q.knobs.ranks = ranks();      // every plan is one rank's
   return q;
 }
 
@@ -96,6 +153,7 @@ Expected<RunPlan> Session::plan_sampling(const sample::GenerateRequest& req, con
     rp.mode = memory.mode;
     rp.knobs = memory.knobs;
     rp.knobs.kv_tile = resolve_kv_tile(memory.knobs.kv_tile);
+    rp.knobs.ranks = ranks();
     rp.residency = memory.residency;
     rp.budget_bytes = memory.mode == MemoryMode::activation_budget ? memory.activation_budget : 0;
     return rp;
@@ -119,13 +177,17 @@ void Session::apply(const RunPlan& rp, sample::GenerateRequest& req) {
 }
 
 Expected<sample::GeneratePlans> Session::plan_generation(const sample::GenerateRequest& req) const {
-  return sample::plan_generation(config(), req);
+  sample::GenerateRequest r = req;
+  r.knobs.ranks = ranks();  // every plan of the session is one rank's
+  return sample::plan_generation(config(), r);
 }
 
 Expected<sample::GenerateResult> Session::generate(const sample::GenerateRequest& req,
                                                    const sample::GenerateHooks& hooks) {
   LS_CHECK(engine_ != nullptr);
-  return sample::generate(*engine_, req, hooks);
+  sample::GenerateRequest r = req;
+  r.knobs.ranks = ranks();  // every plan of the session is one rank's
+  return sample::generate(*engine_, r, hooks);
 }
 
 Expected<uint64_t> Session::minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
@@ -147,6 +209,8 @@ Status Session::create_engine(const RunPlan& rp, exec::EngineOptions options) {
   min_free_ = free0_;
   options.residency.resident_blocks = rp.residency.resident_blocks;
   options.residency.slots = rp.residency.slots;
+  options.peer_backends.clear();
+  for (const auto& p : peers_) options.peer_backends.push_back(p.get());
   LS_ASSIGN_OR_RETURN(engine_, exec::Engine::create(*source_, *backend_, options));
   sample_driver_memory();
   return {};

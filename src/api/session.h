@@ -109,6 +109,12 @@ struct DenoiseTimes {
   double refine_precompute_prepare_seconds = 0;  // refine + precompute + prepare
 };
 
+// A device list for Session::open_backends (docs/multi-gpu.md): "cuda:0,cuda:1,..."
+// ("cuda" = "cuda:0") or "cpu*N" (N in-process CPU ranks, 1..64; "cpu" = one rank); one
+// backend name per rank. invalid_argument naming the text: an empty or unknown entry, a
+// device given twice, CPU and CUDA mixed, a bad N.
+Expected<std::vector<std::string>> parse_devices(const std::string& text);
+
 class Session {
  public:
   // Step 1: the backend ("cpu", "cuda", "cuda:N"), or one shared with another session
@@ -118,6 +124,14 @@ class Session {
   static Expected<std::unique_ptr<Session>> open_backend(const std::string& device, const Numerics& numerics = {},
                                                          const Diagnostics& diagnostics = {});
   static std::unique_ptr<Session> with_backend(std::shared_ptr<Backend> backend);
+  // Sequence parallel (docs/multi-gpu.md): one backend per rank, devices[0] is rank 0
+  // (backend()); one entry is open_backend. Every plan of the session is then one rank's
+  // (PlanKnobs::ranks = ranks(); budgets are per rank) and the engine runs every rank.
+  // Errors: make_backend's for a device, the engine's (Engine::create) for the group.
+  static Expected<std::unique_ptr<Session>> open_backends(const std::vector<std::string>& devices,
+                                                          const Numerics& numerics = {},
+                                                          const Diagnostics& diagnostics = {});
+  int64_t ranks() const { return 1 + static_cast<int64_t>(peers_.size()); }
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -127,7 +141,8 @@ class Session {
   bool device_is_cpu() const { return backend_->device().kind == DeviceKind::cpu; }
 
   // Step 2: the weights (a file is opened and checked; a preset's weights are made
-  // lazily by the synthetic source).
+  // lazily by the synthetic source). With several devices (open_backends) their count
+  // must divide the model's heads (invalid_argument otherwise).
   Status load_weights(const WeightsSpec& spec);
   bool has_weights() const { return source_ != nullptr; }
   const h3::H3TensorSource& source() const { return *source_; }
@@ -189,6 +204,7 @@ class Session {
  private:
   explicit Session(std::shared_ptr<Backend> backend) : backend_(std::move(backend)) {}
   std::shared_ptr<Backend> backend_;
+  std::vector<std::shared_ptr<Backend>> peers_;  // ranks 1 .. N-1 (open_backends)
   std::unique_ptr<h3::H3TensorSource> source_;
   std::unique_ptr<exec::Engine> engine_;
   bool have_info_ = false;

@@ -14,7 +14,9 @@
 // backend (host memory for the loopback group).
 //
 // Implementations: the in-process loopback group below (ranks are threads of one process
-// over CPU memory; what CI tests N ranks with), and NCCL on CUDA (not built yet).
+// over CPU memory; what CI tests N ranks with), and NCCL on CUDA (src/backend/cuda/
+// comm_nccl.*, built with LAYERSTREAM_NCCL: one communicator per GPU of one process,
+// the collectives queued on each backend's compute stream, ordered with its ops).
 #pragma once
 
 #include <memory>
@@ -38,6 +40,11 @@ class Communicator {
   // send is size() equal parts, part p for rank p; recv gets size() parts, part p from rank
   // p (send and recv of equal bytes, a multiple of size()).
   virtual Status all_to_all(const TensorView& send, const TensorView& recv) = 0;
+  // Ends the group: every collective of any rank that is waiting, or called later,
+  // returns an error saying which rank aborted. A rank whose own work failed calls it so
+  // that its peers do not wait forever in their next collective. The group cannot be
+  // used again (make a new one).
+  virtual void abort() = 0;
 };
 
 // A group of n in-process ranks: element r is rank r's communicator; each is used by one
@@ -45,5 +52,12 @@ class Communicator {
 // stops calling blocks; a rank that passes mismatched sizes gets invalid_argument (and so
 // do its peers in that call, naming the rank).
 std::vector<std::unique_ptr<Communicator>> make_loopback_group(int n);
+
+class Backend;
+// The group for ranks on these backends (rank r on backends[r], all distinct): the
+// loopback group when every backend is the CPU; NCCL when every one is a CUDA device of
+// this process (a build with LAYERSTREAM_NCCL). Errors: a mix of device kinds, a
+// backend listed twice, CUDA ranks in a build without NCCL (unsupported), NCCL's own.
+Expected<std::vector<std::unique_ptr<Communicator>>> make_communicator_group(const std::vector<Backend*>& backends);
 
 }  // namespace ls

@@ -22,12 +22,13 @@ struct Group {
   int posted = 0, copied = 0;
   uint64_t generation = 0;  // completed calls
   std::string error;        // set by the last poster when the views do not fit
+  int aborted_by = -1;      // Communicator::abort: the rank that ended the group
 
   // Blocks until all n ranks reached this barrier point (counter `c`).
   void wait_all(std::unique_lock<std::mutex>& lock, int& c, uint64_t gen) {
     ++c;
     if (c == n) cv.notify_all();
-    cv.wait(lock, [&] { return c == n || generation != gen; });
+    cv.wait(lock, [&] { return c == n || generation != gen || aborted_by >= 0; });
   }
 };
 
@@ -43,12 +44,24 @@ class Loopback final : public Communicator {
   }
   Status all_gather(const TensorView& send, const TensorView& recv) override { return run(send, recv, false); }
   Status all_to_all(const TensorView& send, const TensorView& recv) override { return run(send, recv, true); }
+  void abort() override {
+    std::lock_guard<std::mutex> lock(g_->mu);
+    if (g_->aborted_by < 0) g_->aborted_by = rank_;
+    g_->cv.notify_all();
+  }
 
  private:
   Status run(const TensorView& send, const TensorView& recv, bool to_all) {
     Group& g = *g_;
     const size_t n = static_cast<size_t>(g.n);
     std::unique_lock<std::mutex> lock(g.mu);
+    // An aborted group: no rank copies any more (a rank only aborts outside a call, so
+    // no peer can be reading its views).
+    auto aborted = [&]() {
+      return make_error(ErrorCode::device, std::string(to_all ? "all_to_all" : "all_gather") + " (" + name() +
+                                               "): rank " + std::to_string(g.aborted_by) + " aborted the group");
+    };
+    if (g.aborted_by >= 0) return aborted();
     const uint64_t gen = g.generation;
     g.send[static_cast<size_t>(rank_)] = &send;
     g.recv[static_cast<size_t>(rank_)] = &recv;
@@ -70,6 +83,7 @@ class Loopback final : public Communicator {
       }
     }
     g.wait_all(lock, g.posted, gen);
+    if (g.aborted_by >= 0 && g.posted < g.n && g.generation == gen) return aborted();
     const std::string error = g.error;
     if (error.empty()) {
       // Copy outside the lock: each rank writes only its own receive view.

@@ -157,8 +157,9 @@ struct ActivationModel {
   Placement where;
   uint64_t base = 0;
 
-  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk)
-      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0} {
+  // ranks > 1: one sequence-parallel rank's buffers (plan.h PlanKnobs::ranks; no offload).
+  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk, int64_t ranks = 1)
+      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0, ranks, ranks > 1 ? rank_rows(sz.S, ranks) : 0} {
     base = sum_bytes(persistent_buffers(cfg, z, where));
   }
   bool stock_attention_allowed() const { return !where.kv_offload && !where.residual_offload; }
@@ -228,7 +229,7 @@ struct Choice {
 
 // The choice of one mode at `budget`, or false when even its floor does not fit.
 bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
-  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk);
+  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks);
   const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
   const uint64_t act_min = act.total(fa, fm, ff);
   int64_t R = -1;
@@ -253,6 +254,7 @@ bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
 
 std::vector<Level> levels(const BudgetOptions& o) {
   std::vector<Level> v{{false, false}};
+  if (o.ranks > 1) return v;  // offload is not supported across sequence-parallel ranks yet
   if (o.allow_kv_offload) v.push_back({true, false});
   if (o.allow_residual_offload) v.push_back({o.allow_kv_offload, true});
   return v;
@@ -342,7 +344,7 @@ Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond
 uint64_t minimum(const Context& c) {
   uint64_t best = std::numeric_limits<uint64_t>::max();
   for (const Level& l : levels(c.o)) {
-    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk);
+    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk, c.o.ranks);
     best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
   }
   return best;
@@ -511,11 +513,12 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   k.kv_offload = lv.kv;
   k.residual_offload = lv.res;
   k.kv_chunk_rows = lv.kv ? c.kv_chunk : 0;
+  k.ranks = o.ranks;
   LS_ASSIGN_OR_RETURN(bp.activations, make_plan(cfg, cond, k));
   const Plan& p = bp.activations;
   bp.activation_bytes = p.predicted_peak_bytes;
   LS_CHECK(p.kv_chunk == bp.kv_chunk);
-  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk).total(ch.attn, ch.mlp, ch.fin));
+  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk, c.o.ranks).total(ch.attn, ch.mlp, ch.fin));
 
   bp.block_bytes = c.block_bytes(ch.R);
   bp.nonblock_weight_bytes = c.w.nonblock;

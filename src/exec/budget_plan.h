@@ -126,6 +126,9 @@ struct BudgetOptions {
   bool allow_residual_offload = true;
   bool prefetch = true;  // streamed blocks: 2 slots, next block copied while one computes; else 1 slot
   DeviceFacts device;
+  // Sequence-parallel ranks (docs/multi-gpu.md): the budget is PER RANK (each rank holds
+  // every weight, its tables and 1/ranks of the activations); no offload with ranks > 1.
+  int64_t ranks = 1;
 };
 
 // BudgetOptions with a profile's workspace, default kv_tile and throughput (everything

@@ -73,9 +73,14 @@ PlanPhase AttnSpecs::phase() const {
   add(p.buffers, v_chunk[1]);
   add(p.buffers, k);
   add(p.buffers, v);
+  add(p.buffers, k_all);
+  add(p.buffers, v_all);
   p.buffers.push_back(h);
   add(p.buffers, qkv);
   add(p.buffers, q);
+  add(p.buffers, send);
+  add(p.buffers, q_all);
+  add(p.buffers, out_all);
   p.buffers.push_back(out);
   add(p.buffers, state);
   return p;
@@ -101,9 +106,18 @@ PlanPhase FinalSpecs::phase() const {
   return p;
 }
 
+namespace {
+
+// Sequence parallel: no slice holds more than one rank's rows.
+int64_t cap(int64_t n, const Placement& where) { return where.ranks > 1 ? std::min(n, where.rank_rows) : n; }
+
+}  // namespace
+
 PersistentSpecs persistent_specs(const h3::H3Config& cfg, const SequenceSizes& z, const Placement& where) {
   PersistentSpecs s;
-  if (!where.residual_offload) s.x = PlannedBuffer{"residual x", DType::bf16, z.S, cfg.hidden};
+  // Sequence parallel: the residual holds this rank's R rows; the RoPE and row-index
+  // tables stay whole (small, indexed by sequence row).
+  if (!where.residual_offload) s.x = PlannedBuffer{"residual x", DType::bf16, where.ranks > 1 ? where.rank_rows : z.S, cfg.hidden};
   s.rope = {"rope table", DType::bf16, z.S, 2 * cfg.rope_pairs()};
   s.mod_rows = {"modulation rows", DType::i32, z.S, 1};
   s.final_rows = {"final rows", DType::i32, z.S, 1};
@@ -111,6 +125,7 @@ PersistentSpecs persistent_specs(const h3::H3Config& cfg, const SequenceSizes& z
 }
 
 EmbedSpecs embed_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  n = cap(n, where);
   EmbedSpecs s;
   s.residual_slice = residual_slice(cfg, where, n);
   s.patch_rows = {"patch rows", DType::f32, n, patch_width(cfg)};
@@ -121,6 +136,23 @@ EmbedSpecs embed_specs(const h3::H3Config& cfg, int64_t n, const Placement& wher
 AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
   const int64_t D = cfg.hidden, I = cfg.inner();
   AttnSpecs s;
+  if (where.ranks > 1) {
+    // Ulysses (docs/multi-gpu.md): stock attention is one slice of this rank's rows.
+    LS_CHECK_MSG(!where.kv_offload && !where.residual_offload, "offload with sequence parallel ranks");
+    LS_CHECK_MSG(cfg.heads % where.ranks == 0, "ranks must divide the heads");
+    const int64_t N = where.ranks, R = where.rank_rows, Il = I / N;
+    const int64_t n = attn_slice == 0 ? R : std::min(attn_slice, R);
+    s.kind = AttentionKind::ulysses;
+    s.k_all = PlannedBuffer{"K all", DType::bf16, N * R, Il};
+    s.v_all = PlannedBuffer{"V all", DType::bf16, N * R, Il};
+    s.h = {"h", DType::bf16, n, D};
+    s.q = PlannedBuffer{"Q", DType::bf16, n, I};
+    s.send = PlannedBuffer{"send", DType::bf16, n, I};
+    s.q_all = PlannedBuffer{"Q all", DType::bf16, N * n, Il};
+    s.out_all = PlannedBuffer{"attention out all", DType::bf16, N * n, Il};
+    s.out = {"attention out", DType::bf16, n, I};
+    return s;
+  }
   if (attn_slice == 0) {
     LS_CHECK_MSG(!where.kv_offload && !where.residual_offload, "K/V and residual offload need two-pass attention");
     s.kind = AttentionKind::stock;
@@ -156,6 +188,7 @@ AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice
 }
 
 MlpSpecs mlp_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
+  n = cap(n, where);
   MlpSpecs s;
   s.residual_slice = residual_slice(cfg, where, n);
   s.h = {"h", DType::bf16, n, cfg.hidden};
@@ -166,6 +199,7 @@ MlpSpecs mlp_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
 
 FinalSpecs final_specs(const h3::H3Config& cfg, int64_t n, const Placement& where) {
   const int64_t D = cfg.hidden, Pv = cfg.video_patch_dim();
+  n = cap(n, where);
   FinalSpecs s;
   s.residual_slice = residual_slice(cfg, where, n);
   if (cfg.pdd_heads > 1) {

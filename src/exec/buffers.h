@@ -52,7 +52,14 @@ struct EmbedSpecs {
 //   resident_kv  : K, V [S, I] for all rows, then per slice h, Q, out
 //   offloaded_kv : K, V chunks [kv_chunk, I] x 2 each (one attended, one in flight),
 //                  then per slice h, Q, out and the fp32 attention state
-enum class AttentionKind { stock, resident_kv, offloaded_kv };
+//   ulysses      : sequence parallel (ranks > 1, docs/multi-gpu.md): "K all", "V all"
+//                  [ranks * R, I / ranks] (every row's K and V of this rank's heads,
+//                  kept for pass 2), then per slice of n of this rank's rows: h, Q
+//                  [n, I], "send" [n, I] (Q packed per destination rank), "Q all"
+//                  [ranks * n, I / ranks] (every rank's slice, this rank's heads),
+//                  "attention out all" (the same), "attention out" [n, I]. Pass 1 uses
+//                  the first five per-slice buffers' bytes (h, K, V, send, receive).
+enum class AttentionKind { stock, resident_kv, offloaded_kv, ulysses };
 struct AttnSpecs {
   AttentionKind kind = AttentionKind::stock;
   std::optional<PlannedBuffer> residual_slice;       // bf16 [n, D], residual offload only
@@ -63,6 +70,8 @@ struct AttnSpecs {
   std::optional<PlannedBuffer> q;                    // two-pass: "Q" bf16 [n, I]
   PlannedBuffer out;                                 // "attention out" bf16 [n, I]
   std::optional<PlannedBuffer> state;                // offloaded_kv: f32 [n, H * (Dh + kAttentionStateExtra)]
+  // ulysses only (see above).
+  std::optional<PlannedBuffer> k_all, v_all, send, q_all, out_all;
   PlanPhase phase() const;
 };
 

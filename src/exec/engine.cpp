@@ -20,7 +20,9 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <thread>
 
+#include "backend/comm.h"
 #include "core/arena.h"
 #include "core/hash.h"
 #include "exec/buffers.h"
@@ -96,6 +98,18 @@ struct AdalnTables {
   uint64_t bytes() const { return arena ? arena->used() : 0; }
 };
 
+// What one rank's forward hands the caller: its final-layer rows (zero outside this
+// rank's target rows) and the host state finish_outputs needs.
+struct RankOut {
+  std::vector<float> vout, aout;  // f32 [target video rows, Pv], [target audio rows, Pa]
+  int64_t row0 = 0, row1 = 0;     // this rank's sequence rows
+  int64_t sa_start = 0, sa_stop = 0, sv_start = 0, sv_stop = 0;  // target audio / video segments
+  std::optional<h3::Timesteps> ts;
+  std::optional<h3::EmbedInputs> inputs;
+  std::optional<OutputMapping> om;  // masks and carry for finish_outputs
+  RunReport report;
+};
+
 struct Engine::Impl {
   const h3::H3TensorSource* src = nullptr;
   Backend* be = nullptr;
@@ -109,6 +123,21 @@ struct Engine::Impl {
   std::unique_ptr<Arena> activations;  // the forward's arena, kept while the plan's peak is unchanged
   std::unique_ptr<Arena> pinned_kv;    // K/V offload: host K, V [S, I] (pinned), kept between calls
   std::unique_ptr<Arena> pinned_x;     // residual offload: host x [S, D] (pinned), kept between calls
+  // Sequence parallel (EngineOptions::peer_backends, docs/multi-gpu.md): this rank, the
+  // rank count, its communicator (null with one rank). Rank 0's Impl also owns the
+  // peers' Impls and the group's communicators.
+  int64_t rank = 0, ranks = 1;
+  Communicator* comm = nullptr;
+  // With several ranks the source is read by every rank's thread: nothing releases a
+  // source tensor (a release would free memory another rank may be reading).
+  bool keep_sources = false;
+  std::vector<std::unique_ptr<Impl>> peers;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  // (Re)makes the communicator group of rank 0 and the peers (after an abort).
+  Status reset_comms();
+  // The forward of this rank, up to the final layer's rows (Engine::forward finishes).
+  Status forward_rank(const Conditioning& cond, const RefinedText& text, const TensorView& video, const TensorView& audio,
+                      float sigma, const Plan& plan, const ForwardOutputs& outputs, RankOut& out);
 
   void eval(const std::string& name, int64_t layer, const TensorView& t) const {
     if (opts.eval) opts.eval(name, layer, t);
@@ -128,7 +157,21 @@ struct Engine::Impl {
   Expected<const AdalnTables*> tables_for(h3::Timesteps& ts);
 };
 
+Status Engine::Impl::reset_comms() {
+  std::vector<Backend*> all{be};
+  for (const auto& p : peers) all.push_back(p->be);
+  comms.clear();
+  LS_ASSIGN_OR_RETURN(comms, make_communicator_group(all));
+  comm = comms[0].get();
+  for (size_t r = 1; r < comms.size(); ++r) peers[r - 1]->comm = comms[r].get();
+  return Status();
+}
+
 Status Engine::Impl::check_plan(const SequenceSizes& sizes, const Plan& plan) const {
+  if (plan.ranks != ranks)
+    return make_error(ErrorCode::invalid_argument,
+                      "the plan is for " + std::to_string(plan.ranks) + " sequence-parallel rank(s) but the engine runs " +
+                          std::to_string(ranks) + ": make the plan with PlanKnobs::ranks = " + std::to_string(ranks));
   LS_ASSIGN_OR_RETURN(Plan expect, make_plan(cfg, sizes, plan.knobs));
   if (expect.sizes != plan.sizes || expect.predicted_peak_bytes != plan.predicted_peak_bytes ||
       expect.attn_slice != plan.attn_slice || expect.mlp_slice != plan.mlp_slice || expect.final_slice != plan.final_slice)
@@ -267,7 +310,7 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
     LS_TRY(h3::adaln_linear(*be, ain, lw, b, out));
     eval("adaln.block", i, tab.blocks[static_cast<size_t>(i)]);
     LS_TRY(be->synchronize());  // the host copy may go (read once per run)
-    weights->release_source(h3::h3_block_key(i, "adaln_proj.linear.weight"));
+    if (!keep_sources) weights->release_source(h3::h3_block_key(i, "adaln_proj.linear.weight"));
   }
   {
     Arena::Scope ws(*sa);
@@ -286,11 +329,10 @@ Engine::~Engine() = default;
 const h3::H3Config& Engine::config() const { return impl_->cfg; }
 Backend& Engine::backend() const { return *impl_->be; }
 
-Expected<std::unique_ptr<Engine>> Engine::create(const h3::H3TensorSource& weights, Backend& backend,
-                                                 const EngineOptions& options) {
-  LS_TRY(h3::check_h3_config(weights.cfg()));
-  std::unique_ptr<Engine> e(new Engine());
-  Impl& m = *e->impl_;
+int64_t Engine::ranks() const { return impl_->ranks; }
+
+// One rank's state: weights through a WeightStore, the backend workspace.
+Status Engine::init_rank(Impl& m, const h3::H3TensorSource& weights, Backend& backend, const EngineOptions& options) {
   m.src = &weights;
   m.be = &backend;
   m.cfg = weights.cfg();
@@ -303,6 +345,49 @@ Expected<std::unique_ptr<Engine>> Engine::create(const h3::H3TensorSource& weigh
     LS_ASSIGN_OR_RETURN(void* p, m.workspace_arena->alloc_bytes(ws, "backend workspace"));
     LS_TRY(backend.set_workspace(TensorView(p, DType::u8, {static_cast<int64_t>(ws)}, backend.device())));
   }
+  return Status();
+}
+
+Expected<std::unique_ptr<Engine>> Engine::create(const h3::H3TensorSource& weights, Backend& backend,
+                                                 const EngineOptions& options) {
+  LS_TRY(h3::check_h3_config(weights.cfg()));
+  std::unique_ptr<Engine> e(new Engine());
+  Impl& m = *e->impl_;
+  const int64_t N = 1 + static_cast<int64_t>(options.peer_backends.size());
+  if (N == 1) {
+    LS_TRY(init_rank(m, weights, backend, options));
+    return e;
+  }
+  // Sequence parallel: every rank is an Impl of its own over its backend.
+  if (options.eval)
+    return make_error(ErrorCode::unsupported,
+                      "named intermediates (eval) are not available with " + std::to_string(N) +
+                          " sequence-parallel ranks (each rank holds part of the residual): run on one device");
+  LS_TRY(check_ranks(weights.cfg(), N));
+  const std::string numerics = describe(backend.numerics());
+  for (const Backend* p : options.peer_backends) {
+    LS_CHECK(p != nullptr);
+    if (describe(p->numerics()) != numerics)
+      return make_error(ErrorCode::invalid_argument, "rank backends differ in numerics (" + backend.name() + ": " + numerics +
+                                                         "; " + p->name() + ": " + describe(p->numerics()) +
+                                                         "): every rank must compute with the same settings");
+  }
+  EngineOptions o = options;
+  o.peer_backends.clear();
+  o.residency.release_source = false;  // every rank reads the source
+  LS_TRY(init_rank(m, weights, backend, o));
+  m.ranks = N;
+  m.keep_sources = true;
+  o.progress = nullptr;  // rank 0 reports progress
+  for (int64_t r = 1; r < N; ++r) {
+    auto p = std::make_unique<Impl>();
+    LS_TRY(init_rank(*p, weights, *options.peer_backends[static_cast<size_t>(r - 1)], o));
+    p->rank = r;
+    p->ranks = N;
+    p->keep_sources = true;
+    m.peers.push_back(std::move(p));
+  }
+  LS_TRY(m.reset_comms());
   return e;
 }
 
@@ -384,19 +469,29 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
 // ---- AdaLN precompute ------------------------------------------------------------------------
 
 Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond) {
-  Impl& m = *impl_;
-  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(m.cfg, cond, /*with_positions=*/false));
+  Impl& m0 = *impl_;
+  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(m0.cfg, cond, /*with_positions=*/false));
   const std::vector<double> all = h3::schedule_timesteps(lay, cond, sigmas);
-  m.precomputed = AdalnTables{};
-  if (all.empty()) return Status();
-  LS_ASSIGN_OR_RETURN(m.precomputed, m.compute_tables(all));
-  m.precomputed.precomputed = true;
+  // Every rank holds the tables on its own device (one rank after the other: cheap next
+  // to the steps, and no two ranks read the source at once here).
+  std::vector<Impl*> ranks{&m0};
+  for (const auto& p : m0.peers) ranks.push_back(p.get());
+  for (Impl* m : ranks) {
+    m->precomputed = AdalnTables{};
+    if (all.empty()) continue;
+    LS_ASSIGN_OR_RETURN(m->precomputed, m->compute_tables(all));
+    m->precomputed.precomputed = true;
+  }
   return Status();
 }
 
 void Engine::drop_adaln_tables() {
   impl_->precomputed = AdalnTables{};
   impl_->call_tables = AdalnTables{};
+  for (const auto& p : impl_->peers) {
+    p->precomputed = AdalnTables{};
+    p->call_tables = AdalnTables{};
+  }
 }
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -439,7 +534,9 @@ Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
   Impl& m = *impl_;
   LS_ASSIGN_OR_RETURN(const SequenceSizes sizes, sequence_sizes(m.cfg, cond));
   LS_TRY(m.check_plan(sizes, plan));
-  return m.ensure_arenas(plan);
+  LS_TRY(m.ensure_arenas(plan));
+  for (const auto& p : m.peers) LS_TRY(p->ensure_arenas(plan));
+  return Status();
 }
 
 Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
@@ -447,8 +544,92 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
                                         const ForwardOutputs& outputs) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
-  const h3::H3Config& cfg = m.cfg;
-  Backend& be = *m.be;
+  ForwardResult res;
+  if (m.peers.empty()) {
+    RankOut out;
+    LS_TRY(m.forward_rank(cond, text, video, audio, sigma, plan, outputs, out));
+    // ---- host outputs: unpatchify, bf16, negate, masks, audio carry (device outputs:
+    // done in run_final, read back for the fingerprint) ----
+    LS_TRY(finish_outputs(*m.be, m.cfg, cond, *out.om, outputs.video, outputs.audio, out.vout, out.aout,
+                          m.opts.check_finite, res.video, res.audio));
+    res.report = std::move(out.report);
+    res.report.wall_seconds = seconds_since(t0);
+    return res;
+  }
+  // Sequence parallel: one thread per rank (rank 0 on this one). A rank that fails
+  // aborts the group so that no peer waits forever in a collective; the error returned
+  // is the first failing rank's own (not a peer's "aborted").
+  // The ranks' devices differ, so latents and outputs stay in host memory here.
+  if (!outputs.video.empty() || !outputs.audio.empty() || video.device.kind != DeviceKind::cpu ||
+      audio.device.kind != DeviceKind::cpu)
+    return make_error(ErrorCode::unsupported,
+                      "with several devices the latents and outputs must be in host memory (device tensors are "
+                      "supported on one device)");
+  std::vector<Impl*> impls{&m};
+  for (const auto& p : m.peers) impls.push_back(p.get());
+  const size_t N = impls.size();
+  std::vector<RankOut> outs(N);
+  std::vector<Status> status(N);
+  std::mutex first_mu;
+  int first = -1;
+  auto run = [&](size_t r) {
+    Status s = impls[r]->forward_rank(cond, text, video, audio, sigma, plan, ForwardOutputs{}, outs[r]);
+    if (!s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(first_mu);
+        if (first < 0) first = static_cast<int>(r);
+      }
+      impls[r]->comm->abort();
+    }
+    status[r] = std::move(s);
+  };
+  {
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < N; ++r) threads.emplace_back(run, r);
+    run(0);
+    for (auto& t : threads) t.join();
+  }
+  if (first >= 0) {
+    const Error err = status[static_cast<size_t>(first)].error();
+    LS_TRY(m.reset_comms());  // the aborted group cannot be used again
+    return err;
+  }
+  // Gather on the host (the ranks are threads of this process): each rank's target
+  // rows into rank 0's buffers, then the host output phase once.
+  RankOut& o = outs[0];
+  const int64_t Pv = m.cfg.video_patch_dim(), Pa = m.cfg.audio_latents_dim;
+  for (size_t r = 1; r < N; ++r) {
+    const RankOut& x = outs[r];
+    auto take = [&](std::vector<float>& dst, const std::vector<float>& src, int64_t start, int64_t stop, int64_t w) {
+      const int64_t lo = std::max(start, x.row0), hi = std::min(stop, x.row1);
+      if (lo < hi)
+        std::copy(src.begin() + (lo - start) * w, src.begin() + (hi - start) * w, dst.begin() + (lo - start) * w);
+    };
+    take(o.vout, x.vout, x.sv_start, x.sv_stop, Pv);
+    take(o.aout, x.aout, x.sa_start, x.sa_stop, Pa);
+  }
+  LS_TRY(finish_outputs(*m.be, m.cfg, cond, *o.om, TensorView{}, TensorView{}, o.vout, o.aout, m.opts.check_finite,
+                        res.video, res.audio));
+  res.report = std::move(o.report);
+  RunReport& rep = res.report;
+  rep.ranks = static_cast<int64_t>(N);
+  for (size_t r = 0; r < N; ++r) {
+    const RunReport& x = r == 0 ? rep : outs[r].report;
+    rep.rank_measured_peak_bytes.push_back(x.measured_peak_bytes);
+    rep.rank_device_peak_bytes.push_back(x.device_peak_bytes);
+  }
+  rep.measured_peak_bytes = *std::max_element(rep.rank_measured_peak_bytes.begin(), rep.rank_measured_peak_bytes.end());
+  rep.device_peak_bytes = *std::max_element(rep.rank_device_peak_bytes.begin(), rep.rank_device_peak_bytes.end());
+  rep.wall_seconds = seconds_since(t0);
+  return res;
+}
+
+Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& text, const TensorView& video,
+                                  const TensorView& audio, float sigma, const Plan& plan,
+                                  const ForwardOutputs& outputs, RankOut& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *this;
+  Backend& bk = *m.be;
   const int64_t D = cfg.hidden, P = cfg.rope_pairs();
   if (!(sigma > 0.0f) || !std::isfinite(sigma))
     return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
@@ -463,7 +644,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   h3::Timesteps ts = h3::layout_timesteps(lay, cond, sigma);
   const float carry = cond.audio_scale != 1.0 ? round_bf16(ts.sig.sigma_a_f32 / ts.sig.sigma_v_f32) : 1.0f;
   LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, lay, cond, video, audio, carry));
-  LS_TRY(check_io_devices(be, cfg, cond, video, audio, outputs));
+  LS_TRY(check_io_devices(bk, cfg, cond, video, audio, outputs));
   const OutputMapping om = output_mapping(cond, ts, inputs);
   // PDD effective heads (host) before any device work.
   LS_ASSIGN_OR_RETURN(const std::optional<PddHeads> pdd, select_pdd_heads(cfg, *m.weights, cond, ts));
@@ -491,11 +672,17 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   const int64_t S = lay.S;
   const bool kv_off = plan.kv_offload, res_off = plan.residual_offload;
   LS_CHECK_MSG(!(kv_off || res_off) || plan.two_pass_attention(), "offload needs two-pass attention");
-  ForwardState st(be, cfg, *arena, res_off, m.opts.check_finite);
+  ForwardState st(bk, cfg, *arena, res_off, m.opts.check_finite);
   st.S = S;
+  // This rank's rows (docs/multi-gpu.md): R = ceil(S / ranks) each, the last ranks
+  // shorter; all of [0, S) with one rank.
+  st.R = rank_rows(S, m.ranks);
+  st.row0 = std::min(S, m.rank * st.R);
+  st.row1 = std::min(S, st.row0 + st.R);
+  st.comm = m.ranks > 1 ? m.comm : nullptr;
   // The residual: on the device, or (residual offload) in pinned host memory.
   if (!res_off) {
-    LS_ASSIGN_OR_RETURN(st.x, alloc_rows(*arena, *pers.x, S));
+    LS_ASSIGN_OR_RETURN(st.x, alloc_rows(*arena, *pers.x, st.R));
   } else {
     m.pinned_x->rewind(Arena::Mark{0});
     LS_ASSIGN_OR_RETURN(st.x, m.pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
@@ -510,15 +697,15 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     std::vector<uint16_t> rt(static_cast<size_t>(S * P * 2));
     const TensorView inv = m.weights->host("rope.inv_freq");
     h3::rope_table_rows(lay.positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
-    LS_TRY(be.copy(st.rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
-    LS_TRY(be.copy(st.mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
-    LS_TRY(be.copy(st.final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
-    LS_TRY(be.synchronize());  // the host tables above are freed at scope exit
+    LS_TRY(bk.copy(st.rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
+    LS_TRY(bk.copy(st.mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
+    LS_TRY(bk.copy(st.final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
+    LS_TRY(bk.synchronize());  // the host tables above are freed at scope exit
   }
   // Named intermediates see the residual as a whole (host memory with residual offload).
   auto eval_x = [&](const char* name, int64_t layer) -> Status {
     if (!m.opts.eval) return Status();
-    if (res_off) LS_TRY(be.synchronize());
+    if (res_off) LS_TRY(bk.synchronize());
     m.eval(name, layer, st.x);
     return Status();
   };
@@ -530,7 +717,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   auto prof_t = std::chrono::steady_clock::now();
   if (m.opts.profile)
     st.mark = [&](const char* phase) -> Status {
-      LS_TRY(be.synchronize());
+      LS_TRY(bk.synchronize());
       const auto now = std::chrono::steady_clock::now();
       prof[phase] += std::chrono::duration<double>(now - prof_t).count();
       prof_t = now;
@@ -576,12 +763,12 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   // K/V offload: host K, V [S, I] (pinned, reused block after block) and its fences.
   std::optional<KvOffload> kv;
   if (kv_off) {
-    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(be, *m.pinned_kv, S, cfg.inner(), plan.kv_chunk));
+    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(bk, *m.pinned_kv, S, cfg.inner(), plan.kv_chunk));
     kv.emplace(std::move(k));
   }
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, m.weights->acquire_block(i));
-    const h3::DitBlock blk(be, cfg, h3::dit_block_weights(wg, cfg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
+    const h3::DitBlock blk(bk, cfg, h3::dit_block_weights(wg, cfg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
     st.phase_name = "attention";
     st.phase_block = i;
     LS_TRY(run_attention(st, attn, blk, plan.attn_slice, plan.kv_tile, kv ? &*kv : nullptr));
@@ -599,7 +786,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     if (m.opts.progress) {
       // The callback reports finished work: wait for the block's queued work first (one
       // synchronisation per block, next to a block's milliseconds to seconds of work).
-      LS_TRY(be.synchronize());
+      LS_TRY(bk.synchronize());
       m.opts.progress(i + 1, cfg.num_layers);
     }
   }
@@ -615,13 +802,15 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   const uint64_t measured = call_peak;
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
 
-  // ---- host outputs: unpatchify, bf16, negate, masks, audio carry (device outputs:
-  // done in run_final, read back for the fingerprint) ----
-  ForwardResult res;
-  LS_TRY(finish_outputs(be, cfg, cond, om, outputs.video, outputs.audio, vout, aout, m.opts.check_finite, res.video,
-                        res.audio));
+  out.row0 = st.row0;
+  out.row1 = st.row1;
+  out.sa_start = lay.target_audio().start;
+  out.sa_stop = lay.target_audio().stop;
+  out.sv_start = lay.target_video().start;
+  out.sv_stop = lay.target_video().stop;
+  out.om.emplace(om);
 
-  RunReport& rep = res.report;
+  RunReport& rep = out.report;
   rep.memory = std::move(samples);
   rep.two_pass_attention = plan.two_pass_attention();
   rep.sliced_mlp = plan.sliced_mlp();
@@ -638,8 +827,8 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   rep.stock_peak_bytes = plan.stock_peak_bytes;
   rep.adaln_table_bytes = tab->bytes();
   rep.adaln_precomputed = tab->precomputed;
-  rep.backend = be.name();
-  rep.numerics = describe(be.numerics());
+  rep.backend = bk.name();
+  rep.numerics = describe(bk.numerics());
   rep.phase_seconds = prof;
   rep.resident_blocks = m.weights->resident_blocks();
   rep.streamed_blocks = cfg.num_layers - m.weights->resident_blocks();
@@ -656,7 +845,11 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   rep.pinned_host_bytes = m.weights->pinned_host_bytes() + (m.pinned_kv ? m.pinned_kv->capacity() : 0) +
                           (m.pinned_x ? m.pinned_x->capacity() : 0);
   rep.wall_seconds = seconds_since(t0);
-  return res;
+  out.vout = std::move(vout);
+  out.aout = std::move(aout);
+  out.ts = std::move(ts);
+  out.inputs.emplace(std::move(inputs));
+  return Status();
 }
 
 }  // namespace ls::exec

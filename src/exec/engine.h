@@ -1,5 +1,7 @@
 // The engine: the public C++ API the sampler and the CLI drive. One Engine holds a
-// model's weights on one backend and runs H3 denoiser calls under a Plan.
+// model's weights on one backend and runs H3 denoiser calls under a Plan; with
+// EngineOptions::peer_backends it runs every call sequence parallel over several
+// backends (one rank each, one thread per rank; docs/multi-gpu.md), with one rank's bytes.
 //
 //   auto src = h3::open_h3_checkpoint(path);                 // or H3SyntheticSource
 //   auto backend = make_backend("cpu");
@@ -110,6 +112,13 @@ struct RunReport {
   uint64_t device_peak_bytes = 0;     // the most LayerStream held on the device since create()
   uint64_t pinned_host_bytes = 0;     // pinned host memory (streamed weights, K/V, residual)
   std::map<std::string, double> phase_seconds;  // EngineOptions::profile only: seconds per phase, summed over blocks
+  // Sequence parallel (docs/multi-gpu.md): the ranks, and per rank its activation
+  // arena's measured peak and the most it held on its device. With ranks > 1,
+  // measured_peak_bytes and device_peak_bytes are the largest over the ranks; the
+  // other figures (weights, traffic, memory samples) are rank 0's.
+  int64_t ranks = 1;
+  std::vector<uint64_t> rank_measured_peak_bytes;
+  std::vector<uint64_t> rank_device_peak_bytes;
   std::vector<MemorySample> memory;   // EngineOptions::record_memory only: one sample per phase and block
 
   // One line like ComfyUI's memory-patch nodes:
@@ -169,6 +178,14 @@ struct EngineOptions {
   std::function<void(int64_t done, int64_t total)> progress;
   // Record RunReport::memory (device memory per phase and block, for --memory-plot).
   bool record_memory = false;
+  // Sequence parallel over N = 1 + peer_backends.size() ranks (Ulysses, docs/multi-gpu.md):
+  // create()'s backend is rank 0, these are ranks 1 .. N-1 (distinct, the same kind of
+  // device, the same numerics; they must outlive the engine). Each rank holds its own
+  // copy of the weights (this residency on every rank), its own AdaLN tables and
+  // activation arena (plans are per rank: PlanKnobs::ranks = N), and the engine runs
+  // one thread per rank in forward(). The output bytes equal one rank's. N must divide
+  // the heads; `eval` is not available with N > 1; `progress` is called by rank 0.
+  std::vector<Backend*> peer_backends;
 };
 
 class Engine {
@@ -220,9 +237,13 @@ class Engine {
                                   const TensorView& audio, float sigma, const Plan& plan,
                                   const ForwardOutputs& outputs = {});
 
+  // Sequence-parallel ranks (1 + EngineOptions::peer_backends.size()).
+  int64_t ranks() const;
+
  private:
   Engine();
   struct Impl;
+  static Status init_rank(Impl& m, const h3::H3TensorSource& weights, Backend& backend, const EngineOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -9,7 +9,7 @@ std::string ForwardState::where() const {
 }
 
 Expected<h3::BlockRows> ForwardState::residual_in(const TensorView& rs, int64_t a, int64_t b) {
-  if (!residual_offload) return h3::BlockRows{x, rope, mod_rows, 0};
+  if (!residual_offload) return h3::BlockRows{x, rope, mod_rows, row0};
   const TensorView d = rs.slice_rows(0, b - a);
   LS_TRY(be.copy_async(d, x.slice_rows(a, b), Queue::compute));
   residual_bytes += static_cast<uint64_t>(d.nbytes());

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "core/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -30,7 +31,11 @@ struct ForwardState {
   const bool residual_offload;  // x is pinned host memory, phases hold one slice each
   const bool check_finite_on;   // EngineOptions::check_finite
   int64_t S = 0;                // packed rows
-  TensorView x;                 // bf16 [S, D]: device, or pinned host with residual offload
+  // This rank's rows [row0, row1) of the sequence (all of [0, S) with one rank) and R,
+  // the rows every rank's residual holds (docs/multi-gpu.md; R = S with one rank).
+  int64_t row0 = 0, row1 = 0, R = 0;
+  Communicator* comm = nullptr;  // sequence parallel (ranks > 1), else null
+  TensorView x;                 // bf16 [R, D] rows row0.. : device, or pinned host with residual offload
   TensorView rope;              // bf16 [S, P, 2] (device)
   TensorView mod_rows;          // i32 [S] (device)
   TensorView final_rows;        // i32 [S] (device)

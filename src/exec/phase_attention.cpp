@@ -1,6 +1,7 @@
 #include "exec/phase_attention.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace ls::exec {
 
@@ -142,6 +143,106 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   return Status();
 }
 
+// Sequence parallel (Ulysses, docs/multi-gpu.md). This rank holds residual rows
+// [row0, row1) in x [R, D] (local row i = sequence row row0 + i; the rows past row1 are
+// padding on the last ranks) and attends with heads [rank * Hl, (rank + 1) * Hl).
+// Every rank walks the same local slices [a, b) of [0, R), so all of them call the same
+// collectives with the same sizes; padding rows are computed by nobody, only moved.
+//   pass 1, per slice: K, V of the slice's rows; pack each per destination rank (part p
+//     = heads of rank p), all-to-all, and place part p (rank p's rows a..b) at rows
+//     p * R + a.. of K all / V all: row g of K all is sequence row g (rank p's local row
+//     i is row p * R + i), so rows [0, S) are every key of this rank's heads, in order.
+//   pass 2, per slice: Q of the slice's rows, packed and all-to-all'd the same way into
+//     Q all [N, n, Hl, Dh] (rank p's rows a..b); attention of those queries against all
+//     S keys; the all-to-all back (part p of "attention out all" is rank p's rows) and
+//     unpack into [n, H, Dh]; out-projection and gated add on this rank's rows.
+// Exact: every (query, head) attends over the same S keys in the same kv_tile tiles as
+// on one rank, and every other op is row-wise; the collectives only move bytes.
+Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
+                         int64_t kv_tile) {
+  Backend& be = st.be;
+  Arena& arena = st.arena;
+  Communicator& comm = *st.comm;
+  const int64_t S = st.S, R = st.R, N = comm.size(), Dh = st.cfg.head_dim, I = st.cfg.inner();
+  const int64_t Hl = st.cfg.heads / N, Il = I / N;
+  const int64_t n_max = slice == 0 ? R : std::min(slice, R);
+  // Real rows of rank p (the last ranks may hold fewer, or none).
+  auto valid_rows = [&](int64_t p) { return std::max<int64_t>(0, std::min(S, (p + 1) * R) - p * R); };
+  const int64_t mine = st.row1 - st.row0;
+  LS_ASSIGN_OR_RETURN(TensorView k_all, alloc_rows(arena, *sp.k_all, N * R));  // bf16 [N R, Il]
+  LS_ASSIGN_OR_RETURN(TensorView v_all, alloc_rows(arena, *sp.v_all, N * R));
+  st.phase_kv = static_cast<uint64_t>(k_all.nbytes() + v_all.nbytes());
+  // [m, I] -> send [N][m][Il]: part p = columns (heads) of rank p.
+  auto pack = [&](const TensorView& src, const TensorView& send, int64_t m) -> Status {
+    for (int64_t p = 0; p < N; ++p)
+      LS_TRY(be.copy(send.slice_rows(p * m, (p + 1) * m), src.cols(p * Il, (p + 1) * Il)));
+    return Status();
+  };
+  // Pass 1 (per slice: h, K, V, send, receive; the pass-2 buffers' specs, no more bytes).
+  for (int64_t a = 0; a < R; a += n_max) {
+    const int64_t b = std::min(R, a + n_max), m = b - a, v = std::clamp<int64_t>(mine - a, 0, m);
+    Arena::Scope slice_scope(arena);
+    LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, m));
+    LS_ASSIGN_OR_RETURN(TensorView kl, alloc_rows(arena, *sp.q, m));  // bf16 [m, I]
+    LS_ASSIGN_OR_RETURN(TensorView vl, alloc_rows(arena, sp.out, m));  // bf16 [m, I]
+    LS_ASSIGN_OR_RETURN(TensorView send2, alloc_rows(arena, *sp.send, m));
+    LS_ASSIGN_OR_RETURN(TensorView recv2, alloc_rows(arena, *sp.q_all, N * m));
+    const TensorView send(send2.data, DType::bf16, {N * m, Il}, send2.device), recv = recv2;  // [N][m][Il]
+    if (v > 0) {
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(TensorView(), st.row0 + a, st.row0 + a + v));
+      LS_TRY(blk.attn_kv(r, st.row0 + a, st.row0 + a + v, kl.slice_rows(0, v).unflatten_last(st.cfg.heads, Dh),
+                         vl.slice_rows(0, v).unflatten_last(st.cfg.heads, Dh), h.slice_rows(0, v)));
+    }
+    for (int t = 0; t < 2; ++t) {
+      LS_TRY(pack(t == 0 ? kl : vl, send, m));
+      LS_TRY(comm.all_to_all(send, recv));
+      const TensorView& dst = t == 0 ? k_all : v_all;
+      for (int64_t p = 0; p < N; ++p)
+        LS_TRY(be.copy(dst.slice_rows(p * R + a, p * R + b), recv.slice_rows(p * m, (p + 1) * m)));
+    }
+  }
+  LS_TRY(st.mark("attention pass 1"));
+  const TensorView keys = k_all.slice_rows(0, S).unflatten_last(Hl, Dh), vals = v_all.slice_rows(0, S).unflatten_last(Hl, Dh);
+  // Pass 2.
+  for (int64_t a = 0; a < R; a += n_max) {
+    const int64_t b = std::min(R, a + n_max), m = b - a, v = std::clamp<int64_t>(mine - a, 0, m);
+    Arena::Scope slice_scope(arena);
+    LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, m));
+    LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, m));  // bf16 [m, I]
+    LS_ASSIGN_OR_RETURN(TensorView send2, alloc_rows(arena, *sp.send, m));
+    LS_ASSIGN_OR_RETURN(TensorView q_all, alloc_rows(arena, *sp.q_all, N * m));      // bf16 [N m, Il]
+    LS_ASSIGN_OR_RETURN(TensorView o_all, alloc_rows(arena, *sp.out_all, N * m));    // bf16 [N m, Il]
+    LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, m));                 // bf16 [m, I]
+    const TensorView send(send2.data, DType::bf16, {N * m, Il}, send2.device);
+    std::optional<h3::BlockRows> r;
+    if (v > 0) {
+      LS_ASSIGN_OR_RETURN(r, st.residual_in(TensorView(), st.row0 + a, st.row0 + a + v));
+      LS_TRY(blk.attn_q(*r, st.row0 + a, st.row0 + a + v, h.slice_rows(0, v), q.slice_rows(0, v)));
+    }
+    LS_TRY(pack(q, send, m));
+    LS_TRY(comm.all_to_all(send, q_all));
+    // The real queries of Q all are a prefix: full parts, at most one partial part,
+    // then empty ones (only the last ranks are short).
+    int64_t nq = 0;
+    for (int64_t p = 0; p < N; ++p) {
+      const int64_t vp = std::clamp<int64_t>(valid_rows(p) - a, 0, m);
+      LS_CHECK_MSG(vp == 0 || nq == p * m, "sequence-parallel queries are not a prefix");
+      nq += vp;
+    }
+    AttentionParams ap;
+    ap.kv_tile = kv_tile;
+    LS_TRY(be.attention(q_all.slice_rows(0, nq).unflatten_last(Hl, Dh), keys, vals,
+                        o_all.slice_rows(0, nq).unflatten_last(Hl, Dh), ap));
+    LS_TRY(comm.all_to_all(o_all, send));  // part p of o_all: rank p's rows; back: part p = heads of rank p
+    for (int64_t p = 0; p < N; ++p) LS_TRY(be.copy(o.cols(p * Il, (p + 1) * Il), send.slice_rows(p * m, (p + 1) * m)));
+    if (v > 0) {
+      LS_TRY(blk.attn_out(*r, st.row0 + a, st.row0 + a + v, o.slice_rows(0, v), h.slice_rows(0, v)));
+      LS_TRY(st.residual_out(*r, st.row0 + a, st.row0 + a + v));
+    }
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status run_attention(ForwardState& st, const AttnSpecs& specs, const h3::DitBlock& blk, int64_t slice, int64_t kv_tile,
@@ -157,6 +258,9 @@ Status run_attention(ForwardState& st, const AttnSpecs& specs, const h3::DitBloc
     case AttentionKind::offloaded_kv:
       LS_CHECK_MSG(kv != nullptr, "K/V offload without its host buffers and fences");
       return attention_offloaded_kv(st, specs, blk, slice, kv_tile, *kv);
+    case AttentionKind::ulysses:
+      LS_CHECK_MSG(st.comm != nullptr && !st.residual_offload, "sequence-parallel attention without its communicator");
+      return attention_ulysses(st, specs, blk, slice, kv_tile);
   }
   return Status();
 }

@@ -11,20 +11,21 @@ Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const
                  const h3::EmbedInputs& inputs, const TensorView& text, const WeightStore& weights) {
   Backend& be = st.be;
   Arena& arena = st.arena;
-  const int64_t S = st.S;
+  // This rank's rows (all S with one rank).
+  const int64_t r0 = st.row0, r1 = st.row1;
   Arena::Scope phase(arena);
-  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(S, slice)));
+  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(r1 - r0, slice)));
   const TensorView vw = weights.get("video_patch_proj.weight"), vb = weights.get("video_patch_proj.bias");
   const TensorView aw = weights.get("audio_patch_proj.weight"), ab = weights.get("audio_patch_proj.bias");
   std::vector<float> staging;
-  for (int64_t a = 0; a < S; a += slice) {
-    const int64_t b = std::min(S, a + slice);
+  for (int64_t a = r0; a < r1; a += slice) {
+    const int64_t b = std::min(r1, a + slice);
     Arena::Scope slice_scope(arena);
     LS_ASSIGN_OR_RETURN(TensorView rows, alloc_rows(arena, specs.patch_rows, b - a));      // f32 [n, max(Pv, Pa)]
     LS_ASSIGN_OR_RETURN(TensorView emb, alloc_rows(arena, specs.patch_embedding, b - a));  // f32 [n, D]
     // The rows [a, b) of the residual being written: x itself or the slice buffer.
     const h3::BlockRows out = st.residual_offload ? h3::BlockRows{rs.slice_rows(0, b - a), st.rope, st.mod_rows, a}
-                                                  : h3::BlockRows{st.x, st.rope, st.mod_rows, 0};
+                                                  : h3::BlockRows{st.x, st.rope, st.mod_rows, r0};
     for (const h3::Segment& s : lay.segments) {
       const int64_t lo = std::max(a, s.start), hi = std::min(b, s.stop);
       if (lo >= hi) continue;
@@ -41,14 +42,16 @@ Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const
         // packs straight into the slice's rows; host latents are packed by the CPU op
         // (the same arithmetic, tested by memcmp) and copied.
         const TensorView& lat = s.is_video() ? inputs.video() : inputs.audio();
-        const int64_t r0 = lo - s.start;
-        if (lat.device == be.device()) {
-          LS_TRY(s.is_video() ? be.pack_video_rows(lat, r0, r) : be.pack_audio_rows(lat, inputs.carry(), r0, r));
+        const int64_t seg_row = lo - s.start;  // the segment's row
+        // (Host latents always take the CPU op, whatever the backend: a backend need not
+        // implement the pack ops for host memory.)
+        if (lat.device.kind != DeviceKind::cpu && lat.device == be.device()) {
+          LS_TRY(s.is_video() ? be.pack_video_rows(lat, seg_row, r) : be.pack_audio_rows(lat, inputs.carry(), seg_row, r));
         } else {
           staging.resize(static_cast<size_t>(n * w));
           const TensorView h(staging.data(), DType::f32, {n, w});
-          LS_TRY(s.is_video() ? cpu::cpu_op_pack_video_rows(lat, r0, h)
-                              : cpu::cpu_op_pack_audio_rows(lat, inputs.carry(), r0, h));
+          LS_TRY(s.is_video() ? cpu::cpu_op_pack_video_rows(lat, seg_row, h)
+                              : cpu::cpu_op_pack_audio_rows(lat, inputs.carry(), seg_row, h));
           LS_TRY(be.copy(r, h));
         }
       } else {

@@ -29,6 +29,8 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
   if (video_dev.empty()) vout.assign(static_cast<size_t>(sv.rows() * Pv), 0.0f);
   if (audio_dev.empty()) aout.assign(static_cast<size_t>(sa.rows() * Pa), 0.0f);
   Arena::Scope phase(arena);
+  // This rank's target rows [f0, f1) (all of [sa.start, S) with one rank).
+  const int64_t f0 = std::max(sa.start, st.row0), f1 = st.row1;
   LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(S - sa.start, slice)));
   TensorView vw = weights.get("final_layer.video_out.weight"), vb = weights.get("final_layer.video_out.bias");
   TensorView aw = weights.get("final_layer.audio_out.weight"), ab = weights.get("final_layer.audio_out.bias");
@@ -47,8 +49,8 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
   const TensorView shift = final_table.cols(0, D), scale = final_table.cols(D, 2 * D);
   const TensorView norm_w = weights.get("final_layer.norm.weight");
   const int64_t pw = specs.head_out.cols;
-  for (int64_t a = sa.start; a < S; a += slice) {
-    const int64_t b = std::min(S, a + slice);
+  for (int64_t a = f0; a < f1; a += slice) {
+    const int64_t b = std::min(f1, a + slice);
     Arena::Scope slice_scope(arena);
     LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, specs.h, b - a));            // bf16 [n, D]
     LS_ASSIGN_OR_RETURN(TensorView mod, alloc_rows(arena, specs.modulated, b - a));  // f32 [n, D]

@@ -140,6 +140,7 @@ Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& 
   p.kv_offload = r.where.kv_offload;
   p.residual_offload = r.where.residual_offload;
   p.kv_chunk = r.where.kv_chunk;
+  p.ranks = r.where.ranks;
   const Placement& w = r.where;
   p.persistent = persistent_buffers(cfg, z, w);
   p.phases = {embed_phase(cfg, r.mlp, w), attention_phase(cfg, z.S, r.attn, w), mlp_phase(cfg, r.mlp, w),
@@ -150,9 +151,24 @@ Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& 
   return p;
 }
 
-uint64_t stock_peak(const h3::H3Config& cfg, const SequenceSizes& z) {
+// Sequence parallel: one rank's placement (no offload), its slices capped at its rows.
+Placement rank_placement(const SequenceSizes& z, int64_t ranks) {
+  Placement w;
+  w.ranks = ranks;
+  w.rank_rows = ranks > 1 ? rank_rows(z.S, ranks) : 0;
+  return w;
+}
+
+// The stock plan: one slice of all rows (of one rank's rows with ranks > 1).
+Resolved stock_resolved(const SequenceSizes& z, int64_t ranks) {
+  const int64_t R = rank_rows(z.S, ranks);
+  return Resolved{0, R, std::min(z.target_rows, R), rank_placement(z, ranks)};
+}
+
+uint64_t stock_peak(const h3::H3Config& cfg, const SequenceSizes& z, int64_t ranks = 1) {
   PlanKnobs k;
-  return assemble(cfg, z, k, Resolved{0, z.S, z.target_rows, {}}).predicted_peak_bytes;
+  k.ranks = ranks;
+  return assemble(cfg, z, k, stock_resolved(z, ranks)).predicted_peak_bytes;
 }
 
 Status check_knobs(const PlanKnobs& k) {
@@ -166,8 +182,33 @@ Status check_knobs(const PlanKnobs& k) {
                                  "holds K, V and the residual of all rows on the device)"));
   if (k.kv_chunk_rows < 0)
     return Status(make_error(ErrorCode::invalid_argument, "kv_chunk_rows must be >= 0 (0 = the default)"));
+  if (k.ranks < 1) return Status(make_error(ErrorCode::invalid_argument, "ranks must be >= 1"));
+  if (k.ranks > 1 && (k.kv_offload || k.residual_offload))
+    return Status(make_error(ErrorCode::invalid_argument,
+                             std::string(k.kv_offload ? "K/V" : "residual") + " offload is not supported yet with " +
+                                 std::to_string(k.ranks) +
+                                 " sequence-parallel ranks (each rank already holds 1/ranks of K, V and the "
+                                 "residual): drop the offload or run on one device (docs/multi-gpu.md)"));
   return Status();
 }
+
+}  // namespace
+
+Status check_ranks(const h3::H3Config& cfg, int64_t ranks) {
+  if (ranks >= 1 && cfg.heads % ranks == 0) return Status();
+  std::string divisors;
+  std::vector<int64_t> d;
+  for (int64_t n = 1; n <= cfg.heads; ++n)
+    if (cfg.heads % n == 0) d.push_back(n);
+  for (size_t i = 0; i < d.size(); ++i)
+    divisors += (i == 0 ? "" : i + 1 == d.size() ? " or " : ", ") + std::to_string(d[i]);
+  return Status(make_error(ErrorCode::invalid_argument,
+                           std::to_string(ranks) + " ranks do not divide the model's " + std::to_string(cfg.heads) +
+                               " attention heads (sequence parallel splits the heads evenly): use " + divisors +
+                               " devices"));
+}
+
+namespace {
 
 }  // namespace
 
@@ -179,14 +220,20 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, 
 
 Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& knobs) {
   LS_TRY(check_knobs(knobs));
+  LS_TRY(check_ranks(cfg, knobs.ranks));
+  // One rank holds R rows (R = S with one rank): no slice is larger.
+  const int64_t R = rank_rows(z.S, knobs.ranks), T = std::min(z.target_rows, R);
   Resolved r;
-  r.attn = knobs.attn_chunk_tokens == 0 ? 0 : std::min(knobs.attn_chunk_tokens, z.S);
-  r.mlp = knobs.mlp_chunk_tokens == 0 ? z.S : std::min(knobs.mlp_chunk_tokens, z.S);
-  r.fin = knobs.final_chunk_tokens == 0 ? z.target_rows : std::min(knobs.final_chunk_tokens, z.target_rows);
+  r.attn = knobs.attn_chunk_tokens == 0 ? 0 : std::min(knobs.attn_chunk_tokens, R);
+  r.mlp = knobs.mlp_chunk_tokens == 0 ? R : std::min(knobs.mlp_chunk_tokens, R);
+  r.fin = knobs.final_chunk_tokens == 0 ? T : std::min(knobs.final_chunk_tokens, T);
   LS_ASSIGN_OR_RETURN(const int64_t chunk, resolve_kv_chunk(knobs.kv_chunk_rows, knobs.kv_tile, z.S));
-  r.where = {knobs.kv_offload, knobs.residual_offload, knobs.kv_offload ? chunk : 0};
+  r.where = rank_placement(z, knobs.ranks);
+  r.where.kv_offload = knobs.kv_offload;
+  r.where.residual_offload = knobs.residual_offload;
+  r.where.kv_chunk = knobs.kv_offload ? chunk : 0;
   Plan p = assemble(cfg, z, knobs, r);
-  p.stock_peak_bytes = stock_peak(cfg, z);
+  p.stock_peak_bytes = stock_peak(cfg, z, knobs.ranks);
   return p;
 }
 
@@ -205,45 +252,53 @@ static int64_t largest_fitting(int64_t hi, uint64_t budget, F f) {
 
 // The smallest activation budget: the persistent buffers plus the largest phase at
 // one-row slices (stock attention instead when that is smaller).
-static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z) {
-  const uint64_t base = sum_bytes(persistent_buffers(cfg, z));
-  const uint64_t attn = base + std::min(attention_phase(cfg, z.S, 0).bytes(), attention_phase(cfg, z.S, 1).bytes());
-  const uint64_t mlp = base + std::max(embed_phase(cfg, 1).bytes(), mlp_phase(cfg, 1).bytes());
-  const uint64_t fin = base + final_phase(cfg, 1).bytes();
+static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z, int64_t ranks) {
+  const Placement w = rank_placement(z, ranks);
+  const uint64_t base = sum_bytes(persistent_buffers(cfg, z, w));
+  const uint64_t attn = base + std::min(attention_phase(cfg, z.S, 0, w).bytes(), attention_phase(cfg, z.S, 1, w).bytes());
+  const uint64_t mlp = base + std::max(embed_phase(cfg, 1, w).bytes(), mlp_phase(cfg, 1, w).bytes());
+  const uint64_t fin = base + final_phase(cfg, 1, w).bytes();
   return std::max({attn, mlp, fin});
 }
 
-Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond) {
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks) {
+  LS_TRY(check_ranks(cfg, ranks));
   LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
-  return min_budget(cfg, z);
+  return min_budget(cfg, z, ranks);
 }
 
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
-                               int64_t kv_tile) {
+                               int64_t kv_tile, int64_t ranks) {
   PlanKnobs k;
   k.kv_tile = kv_tile;
+  k.ranks = ranks;
   LS_TRY(check_knobs(k));
+  LS_TRY(check_ranks(cfg, ranks));
   LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
-  const uint64_t stock = stock_peak(cfg, z);
+  const uint64_t stock = stock_peak(cfg, z, ranks);
   if (stock <= budget) {
-    Plan p = assemble(cfg, z, k, Resolved{0, z.S, z.target_rows, {}});
+    Plan p = assemble(cfg, z, k, stock_resolved(z, ranks));
     p.stock_peak_bytes = stock;
     return p;
   }
   // The peak is persistent + max over phases, so each phase's slice is chosen alone:
-  // the largest slice whose phase fits next to the persistent buffers.
-  const uint64_t base = sum_bytes(persistent_buffers(cfg, z));
-  auto attn = [&](int64_t n) { return base + attention_phase(cfg, z.S, n).bytes(); };
-  auto mlp = [&](int64_t n) { return base + std::max(embed_phase(cfg, n).bytes(), mlp_phase(cfg, n).bytes()); };
-  auto fin = [&](int64_t n) { return base + final_phase(cfg, n).bytes(); };
+  // the largest slice whose phase fits next to the persistent buffers (slices of at
+  // most one rank's rows).
+  const Placement w = rank_placement(z, ranks);
+  const int64_t R = rank_rows(z.S, ranks), T = std::min(z.target_rows, R);
+  const uint64_t base = sum_bytes(persistent_buffers(cfg, z, w));
+  auto attn = [&](int64_t n) { return base + attention_phase(cfg, z.S, n, w).bytes(); };
+  auto mlp = [&](int64_t n) { return base + std::max(embed_phase(cfg, n, w).bytes(), mlp_phase(cfg, n, w).bytes()); };
+  auto fin = [&](int64_t n) { return base + final_phase(cfg, n, w).bytes(); };
   Resolved r;
-  const uint64_t attn_stock = base + attention_phase(cfg, z.S, 0).bytes();
+  r.where = w;
+  const uint64_t attn_stock = base + attention_phase(cfg, z.S, 0, w).bytes();
   const bool attn_stock_fits = attn_stock <= budget;
-  const int64_t na = attn_stock_fits ? 0 : largest_fitting(z.S, budget, attn);
-  const int64_t nm = largest_fitting(z.S, budget, mlp);
-  const int64_t nf = largest_fitting(z.target_rows, budget, fin);
+  const int64_t na = attn_stock_fits ? 0 : largest_fitting(R, budget, attn);
+  const int64_t nm = largest_fitting(R, budget, mlp);
+  const int64_t nf = largest_fitting(T, budget, fin);
   if ((!attn_stock_fits && na == 0) || nm == 0 || nf == 0) {
-    const uint64_t need = min_budget(cfg, z);
+    const uint64_t need = min_budget(cfg, z, ranks);
     LS_CHECK(need == std::max({std::min(attn_stock, attn(1)), mlp(1), fin(1)}) && need > budget);
     return make_error(ErrorCode::out_of_budget,
                       "an activation budget of " + format_bytes(budget) + " (" + std::to_string(budget) +

@@ -32,6 +32,7 @@
 //   p->predicted_peak_bytes, p->stock_peak_bytes, p->describe()
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,7 +61,16 @@ struct PlanKnobs {
   // Rows of one K/V chunk on the device (K/V offload only). 0 = the default,
   // min(S, kv_tile * ceil(4096 / kv_tile)); else a multiple of kv_tile, or >= S (then S).
   int64_t kv_chunk_rows = 0;
+  // Sequence-parallel ranks (Ulysses, docs/multi-gpu.md): the plan is ONE rank's, each
+  // rank holding rank_rows(S, ranks) rows of the residual and H / ranks heads of
+  // attention. Must divide cfg.heads; K/V and residual offload need ranks == 1 (not
+  // supported yet across ranks). 1 = one device, the plan as before.
+  int64_t ranks = 1;
 };
+
+// Rows of the packed sequence one of `ranks` ranks holds: ceil(S / ranks) (the last
+// ranks hold fewer real rows, the rest is padding that only travels in the all-to-all).
+inline int64_t rank_rows(int64_t S, int64_t ranks) { return ranks <= 1 ? S : (S + ranks - 1) / ranks; }
 
 // Default K/V chunk: about 4096 keys, rounded up to whole kv_tile tiles.
 constexpr int64_t kDefaultKvChunkKeys = 4096;
@@ -75,6 +85,10 @@ struct Placement {
   bool kv_offload = false;
   bool residual_offload = false;
   int64_t kv_chunk = 0;  // rows per K/V chunk buffer; > 0 with kv_offload
+  // Sequence parallel (ranks > 1): every slice is at most rank_rows rows, and the
+  // attention phase holds the all-to-all buffers of H / ranks heads (buffers.h).
+  int64_t ranks = 1;
+  int64_t rank_rows = 0;  // rank_rows(S, ranks) when ranks > 1
 };
 
 // One buffer the executor allocates: dtype [rows, cols].
@@ -112,16 +126,21 @@ struct Plan {
   bool kv_offload = false;
   bool residual_offload = false;
   int64_t kv_chunk = 0;     // rows per K/V chunk on the device; 0 without K/V offload
+  int64_t ranks = 1;        // sequence-parallel ranks; the lists are one rank's
   std::vector<PlannedBuffer> persistent;
   std::vector<PlanPhase> phases;
   uint64_t predicted_peak_bytes = 0;  // activation arena capacity for this plan
   uint64_t stock_peak_bytes = 0;      // the same arithmetic for the stock plan
 
   bool two_pass_attention() const { return attn_slice > 0; }
-  bool sliced_mlp() const { return mlp_slice < sizes.S; }
-  bool sliced_head() const { return final_slice < sizes.target_rows; }
+  // Rows of one rank (S with one rank).
+  int64_t rows_per_rank() const { return rank_rows(sizes.S, ranks); }
+  bool sliced_mlp() const { return mlp_slice < rows_per_rank(); }
+  bool sliced_head() const { return final_slice < std::min(sizes.target_rows, rows_per_rank()); }
   bool stock() const { return !two_pass_attention() && !sliced_mlp() && !sliced_head(); }
-  Placement placement() const { return {kv_offload, residual_offload, kv_chunk}; }
+  Placement placement() const {
+    return {kv_offload, residual_offload, kv_chunk, ranks, ranks > 1 ? rows_per_rank() : 0};
+  }
   // The phase named "embed", "attn", "mlp" or "final" (LS_CHECK that it exists).
   const PlanPhase& phase(const std::string& name) const;
   // "two-pass attention (4096-row slices), sliced MLP (4096), stock head; K/V offloaded
@@ -143,12 +162,16 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& sizes, co
 // out_of_budget BEFORE any work, naming the smallest budget that would work (all
 // slices of one row), when even that does not fit. Never offloads (the total-budget
 // planner, budget_plan.h, decides offload).
+// ranks > 1: the budget is PER RANK (each rank's activation arena).
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget_bytes,
-                               int64_t kv_tile = 1024);
+                               int64_t kv_tile = 1024, int64_t ranks = 1);
 // The smallest budget plan_for_budget accepts for (cfg, cond): the one its out_of_budget
 // message names (persistent buffers + the largest phase at one-row slices, stock
 // attention where that is smaller). Errors: an invalid geometry.
-Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond);
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks = 1);
+// invalid_argument unless `ranks` (>= 1) divides cfg.heads; the message names the rank
+// counts that do ("56 heads: 1, 2, 4, 7, 8, 14, 28 or 56 ranks").
+Status check_ranks(const h3::H3Config& cfg, int64_t ranks);
 
 // ---- the buffer lists (shared by the planner and the executor) ---------------------
 // Each phase's buffers in allocation order, for slices of `n` rows (the largest slice

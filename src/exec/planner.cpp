@@ -23,6 +23,7 @@ BudgetOptions budget_options(const PlanRequest& q, int64_t kv_tile, int64_t modu
   o.allow_kv_offload = q.allow_kv_offload;
   o.allow_residual_offload = q.allow_residual_offload;
   o.prefetch = prefetch;
+  o.ranks = q.knobs.ranks;
   return o;
 }
 
@@ -102,9 +103,9 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
       break;
     }
     case MemoryMode::activation_budget: {
-      LS_ASSIGN_OR_RETURN(r.plan, plan_for_budget(cfg, planned, q.budget_bytes, r.knobs.kv_tile));
+      LS_ASSIGN_OR_RETURN(r.plan, plan_for_budget(cfg, planned, q.budget_bytes, r.knobs.kv_tile, q.knobs.ranks));
       r.budget_bytes = q.budget_bytes;
-      LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes, min_activation_budget(cfg, planned));
+      LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes, min_activation_budget(cfg, planned, q.knobs.ranks));
       break;
     }
     case MemoryMode::knobs: {
@@ -140,7 +141,7 @@ Expected<uint64_t> minimum_budget(const PlanRequest& q) {
       LS_ASSIGN_OR_RETURN(const int64_t rows, modulation_rows_for(cfg, *q.cond, q.sigmas));
       return min_total_budget(cfg, planned, budget_options(q, resolve_kv_tile(q), rows, q.prefetch, q.knobs.kv_chunk_rows));
     }
-    case MemoryMode::activation_budget: return min_activation_budget(cfg, planned);
+    case MemoryMode::activation_budget: return min_activation_budget(cfg, planned, q.knobs.ranks);
     case MemoryMode::knobs: break;
   }
   return uint64_t{0};

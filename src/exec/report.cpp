@@ -39,6 +39,15 @@ std::string RunReport::status_line() const {
   const uint64_t pcie = pcie_weight_bytes + pcie_kv_bytes + pcie_residual_bytes;
   if (pcie > 0) os << "; PCIe " << format_bytes(pcie);
   if (device_peak_bytes > 0) os << "; device peak " << format_bytes(device_peak_bytes);
+  if (ranks > 1) {
+    // Sequence parallel: the peaks above are the largest rank's; each rank's here.
+    os << "; " << ranks << " ranks (sequence parallel), per-rank activation peak";
+    for (size_t r = 0; r < rank_measured_peak_bytes.size(); ++r) os << (r ? " / " : " ") << format_bytes(rank_measured_peak_bytes[r]);
+    if (device_peak_bytes > 0) {
+      os << ", device peak";
+      for (size_t r = 0; r < rank_device_peak_bytes.size(); ++r) os << (r ? " / " : " ") << format_bytes(rank_device_peak_bytes[r]);
+    }
+  }
   char t[32];
   std::snprintf(t, sizeof t, "; %.3f s", wall_seconds);
   os << t << " on " << backend;
@@ -82,6 +91,11 @@ std::string RunReport::to_json() const {
   nlohmann::ordered_json phases = nlohmann::ordered_json::object();  // {} when not profiled
   for (const auto& [k, v] : phase_seconds) phases[k] = v;
   j["phase_seconds"] = std::move(phases);
+  if (ranks > 1) {  // sequence parallel only (one-device reports keep their keys)
+    j["ranks"] = ranks;
+    j["rank_measured_peak_bytes"] = rank_measured_peak_bytes;
+    j["rank_device_peak_bytes"] = rank_device_peak_bytes;
+  }
   return j.dump();
 }
 
