@@ -57,7 +57,8 @@ extern "C" {
 #endif
 
 #define LS_API_VERSION 4 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream;
-                           * 3: LoRAs; 4: ls_denoise_params.output_masks, audio-only keyframes */
+                           * 3: LoRAs; 4: ls_denoise_params.output_masks, audio-only keyframes,
+                           * ls_engine_params.devices, LS_ATTENTION_HOPPER */
 
 /* ---- status ------------------------------------------------------------------- */
 /* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
@@ -187,6 +188,7 @@ typedef struct ls_engine_params {
   /* The merge's compute dtype (numerics: changes bits): LS_LORA_DTYPE_AUTO (default) =
    * ComfyUI's for the device (f16 on CUDA, f32 on the CPU). */
   int32_t lora_dtype;
+  /* ---- LS_API_VERSION 4 ---- */
   /* Sequence parallel over several devices (docs/multi-gpu.md): NULL (default) = `device`
    * alone; else "cuda:0,cuda:1,..." or "cpu*N" (N in-process CPU ranks), one rank per
    * device, rank 0 first (`device` is then not read). The output bytes equal one
