@@ -226,7 +226,9 @@ int main(int argc, char** argv) {
       row.create_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       auto t = (*e)->refine_text(tv);
       Status ps = t.ok() ? (*e)->precompute_adaln({sigma}, cond) : t.status();
-      auto plan = exec::make_plan(src->cfg(), cond, exec::PlanKnobs{});
+      exec::PlanKnobs knobs;
+      knobs.kv_tile = B.default_kv_tile();  // the backend's tile (cuDNN: 8192; CPU: 1024)
+      auto plan = exec::make_plan(src->cfg(), cond, knobs);
       if (!ps.ok() || !plan.ok()) {
         std::fprintf(stderr, "bench_lora: %s\n", !ps.ok() ? ps.message().c_str() : plan.error().message.c_str());
         return 1;
