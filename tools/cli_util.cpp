@@ -351,7 +351,8 @@ void add_lora_flags(CLI::App& app, LoraFlags& f) {
 void add_weight_flags(CLI::App& app, WeightFlags& f) {
   add_text_flag(app, "--format", f.format, "FORMAT",
                 "With --preset: the synthetic weights in ComfyUI's layouts: bf16, int8-convrot (the pruned int8 "
-                "ConvRot files), int8-convrot-full (+ the AdaLN linears at group 64) or fp8 (fp8_scaled e4m3); a "
+                "ConvRot files), int8-convrot-full (+ the AdaLN linears at group 64), int8-convrot-skip-edges "
+                "(int8-convrot with blocks 0, 1, L-2, L-1 in bf16) or fp8 (fp8_scaled e4m3); a "
                 "--model file has its own",
                 "bf16");
   add_text_flag(app, "--precision", f.precision, "MODE",
