@@ -126,7 +126,10 @@ TEST(Api, NumericsReachTheBackend) {
   n.attention = LS_ATTENTION_HOPPER;  // likewise the Hopper kernel (CUDA on sm_90 only)
   EXPECT_EQ(ls_engine_create(&p, &e), LS_UNSUPPORTED);
   EXPECT_NE(std::string(ls_last_error()).find("Hopper"), std::string::npos) << ls_last_error();
-  n.attention = static_cast<ls_attention>(4);  // not an ls_attention
+  {
+    const int32_t bad = 4;  // not an ls_attention (stored as an int: the enum's own range is 0..3)
+    std::memcpy(static_cast<void*>(&n.attention), &bad, sizeof bad);
+  }
   EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);
   ls_numerics_init(&n);
   n.cudnn_q_chunk = 100;  // not a multiple of 64: ls::validate names the field

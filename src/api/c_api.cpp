@@ -106,15 +106,20 @@ Expected<T> read_params(const T* given, void (*init)(T*), const char* name) {
 // honour and resolves the defaults.
 Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
   if (c.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
-  if (c.attention < LS_ATTENTION_DEFAULT || c.attention > LS_ATTENTION_HOPPER)
+  // Read as an int: a caller's out-of-range value loaded as the enum type is undefined
+  // behaviour (the enum's range is that of its enumerators' bits, 0..3).
+  int32_t attention = 0;
+  static_assert(sizeof(c.attention) == sizeof(attention));
+  std::memcpy(&attention, &c.attention, sizeof attention);
+  if (attention < LS_ATTENTION_DEFAULT || attention > LS_ATTENTION_HOPPER)
     return Error{ErrorCode::invalid_argument, "numerics.attention is not an ls_attention"};
   if (c.gemm_f32 < LS_GEMM_F32_LANES16 || c.gemm_f32 > LS_GEMM_F32_CUBLASLT)
     return Error{ErrorCode::invalid_argument, "numerics.gemm_f32 is not an ls_gemm_f32_order"};
   ls::Numerics n;
-  n.attention = c.attention == LS_ATTENTION_NATIVE  ? ls::AttentionAlgorithm::native
-                : c.attention == LS_ATTENTION_CUDNN ? ls::AttentionAlgorithm::cudnn
-                : c.attention == LS_ATTENTION_HOPPER ? ls::AttentionAlgorithm::hopper
-                                                    : ls::AttentionAlgorithm::backend_default;
+  n.attention = attention == LS_ATTENTION_NATIVE   ? ls::AttentionAlgorithm::native
+                : attention == LS_ATTENTION_CUDNN  ? ls::AttentionAlgorithm::cudnn
+                : attention == LS_ATTENTION_HOPPER ? ls::AttentionAlgorithm::hopper
+                                                   : ls::AttentionAlgorithm::backend_default;
   n.kv_tile = c.kv_tile;
   n.gemm_f32 = c.gemm_f32 == LS_GEMM_F32_CUBLASLT ? ls::GemmF32Order::cublaslt : ls::GemmF32Order::lanes16;
   n.native_variant = c.native_variant ? c.native_variant : "";
