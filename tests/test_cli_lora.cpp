@@ -126,7 +126,7 @@ TEST_F(CliLora, BadLorasAndFormatsAreRefused) {
   EXPECT_NE(r.code, 0);
   r = test::run_tool("forward --model " + base_ + " --lora-dtype f64 --lora " + lora_ + clip_);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("auto, f32 or f16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto, f32, f16 or bf16"), std::string::npos) << r.out;
   // merge-lora cannot merge into int8 weights (ComfyUI requantises stochastically): refused,
   // pointing at --lora (the side path).
   const std::string q = file("int8.safetensors");

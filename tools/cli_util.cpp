@@ -342,9 +342,9 @@ void add_lora_flags(CLI::App& app, LoraFlags& f) {
                  "A LoRA to merge into the weights (ComfyUI's key formats and formula), optionally with a strength: "
                  "FILE or FILE:STRENGTH; repeatable, applied in the order given")
       ->type_name("FILE[:STRENGTH]");
-  add_text_flag(app, "--lora-dtype", f.dtype, "auto|f32|f16",
+  add_text_flag(app, "--lora-dtype", f.dtype, "auto|f32|f16|bf16",
                 "Compute dtype of the LoRA merge (numerics: changes bits): auto = ComfyUI's for the device (f16 on "
-                "CUDA, f32 on the CPU)",
+                "CUDA, f32 on the CPU); bf16 = ComfyUI's cast-time merge (dynamic VRAM / lowvram, docs/lora.md)",
                 "auto");
 }
 
@@ -368,9 +368,11 @@ Status apply_weight_flags(const LoraFlags& lf, const WeightFlags& wf, bool model
     spec.loras.push_back(std::move(f));
   }
   if (lf.dtype.given() && lf.dtype.text != "auto") {
-    if (lf.dtype.text == "f32") spec.lora_dtype = lora::MergeDtype::f32;
-    else if (lf.dtype.text == "f16") spec.lora_dtype = lora::MergeDtype::f16;
-    else return make_error(ErrorCode::invalid_argument, "--lora-dtype must be auto, f32 or f16, got \"" + lf.dtype.text + "\"");
+    lora::MergeDtype dt{};
+    if (!lora::parse_merge_dtype(lf.dtype.text, &dt))
+      return make_error(ErrorCode::invalid_argument,
+                        "--lora-dtype must be auto, f32, f16 or bf16, got \"" + lf.dtype.text + "\"");
+    spec.lora_dtype = dt;
     if (spec.loras.empty()) return make_error(ErrorCode::invalid_argument, "--lora-dtype has no effect without --lora");
   }
   if (wf.format.given()) {

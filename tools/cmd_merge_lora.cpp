@@ -43,8 +43,8 @@ int run_merge_lora(const MergeLoraOptions& o) {
   if (o.loras.empty()) return usage("give at least one --lora FILE[:STRENGTH]");
   lora::MergeDtype dtype = lora::MergeDtype::f32;
   if (o.dtype.given()) {
-    if (o.dtype.text == "f16") dtype = lora::MergeDtype::f16;
-    else if (o.dtype.text != "f32") return usage("--lora-dtype must be f32 or f16, got \"" + o.dtype.text + "\"");
+    if (!lora::parse_merge_dtype(o.dtype.text, &dtype))
+      return usage("--lora-dtype must be f32, f16 or bf16, got \"" + o.dtype.text + "\"");
   }
   std::vector<lora::LoraFile> files;
   for (const std::string& a : o.loras) {
@@ -119,9 +119,9 @@ CommandRun setup_merge_lora(CLI::App& sub) {
                  "given, as ComfyUI chains LoRA loaders)")
       ->type_name("FILE[:STRENGTH]")
       ->required();
-  add_text_flag(sub, "--lora-dtype", o->dtype, "f32|f16",
+  add_text_flag(sub, "--lora-dtype", o->dtype, "f32|f16|bf16",
                 "LoRA compute dtype (changes bits): f32 = ComfyUI on the CPU, f16 = ComfyUI on NVIDIA GPUs that run "
-                "fp16 (its lora_compute_dtype)",
+                "fp16 (its lora_compute_dtype), bf16 = ComfyUI's cast-time merge (dynamic VRAM / lowvram)",
                 "f32", false);
   sub.add_flag("-q,--quiet", o->quiet, "No progress on stderr");
   add_text_flag(sub, "-o,--output", o->output, "FILE", "Output .safetensors file (written atomically)", "", true);

@@ -199,6 +199,7 @@ typedef struct ls_engine_params {
 #define LS_LORA_DTYPE_AUTO 0
 #define LS_LORA_DTYPE_F32 1
 #define LS_LORA_DTYPE_F16 2
+#define LS_LORA_DTYPE_BF16 3 /* API 4: ComfyUI's cast-time merge (dynamic VRAM / lowvram), docs/lora.md */
 
 LS_API void ls_engine_params_init(ls_engine_params* p);
 

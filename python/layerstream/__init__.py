@@ -246,9 +246,9 @@ class Engine:
         }
         # LoRAs: "FILE", "FILE:STRENGTH" or (FILE, STRENGTH), merged by ComfyUI's formula in this order.
         params["loras"] = [f"{l[0]}:{float(l[1])!r}" if isinstance(l, (tuple, list)) else str(l) for l in loras]
-        dtypes = {"auto": 0, "f32": 1, "f16": 2}
+        dtypes = {"auto": 0, "f32": 1, "f16": 2, "bf16": 3}
         if lora_dtype not in dtypes:
-            raise InvalidArgument(f"Engine: lora_dtype must be auto, f32 or f16, got {lora_dtype!r}")
+            raise InvalidArgument(f"Engine: lora_dtype must be auto, f32, f16 or bf16, got {lora_dtype!r}")
         params["lora_dtype"] = dtypes[lora_dtype]
         # devices: sequence parallel (docs/multi-gpu.md), "cuda:0,cuda:1" / ["cuda:0", "cuda:1"] / "cpu*4";
         # the output bytes equal one device's.

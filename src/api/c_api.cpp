@@ -987,8 +987,9 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
     }
     if (p.lora_dtype == LS_LORA_DTYPE_F32) ws.lora_dtype = ls::lora::MergeDtype::f32;
     else if (p.lora_dtype == LS_LORA_DTYPE_F16) ws.lora_dtype = ls::lora::MergeDtype::f16;
+    else if (p.lora_dtype == LS_LORA_DTYPE_BF16) ws.lora_dtype = ls::lora::MergeDtype::bf16;
     else if (p.lora_dtype != LS_LORA_DTYPE_AUTO)
-      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.lora_dtype must be LS_LORA_DTYPE_AUTO, _F32 or _F16");
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.lora_dtype must be LS_LORA_DTYPE_AUTO, _F32, _F16 or _BF16");
     if (Status s = (*session)->load_weights(ws); !s.ok()) return fail(nullptr, s.error());
     e->session = std::move(*session);
 

@@ -14,7 +14,17 @@
 
 namespace ls::lora {
 
-const char* merge_dtype_name(MergeDtype d) { return d == MergeDtype::f16 ? "f16" : "f32"; }
+const char* merge_dtype_name(MergeDtype d) {
+  return d == MergeDtype::f16 ? "f16" : d == MergeDtype::bf16 ? "bf16" : "f32";
+}
+
+bool parse_merge_dtype(const std::string& s, MergeDtype* out) {
+  if (s == "f32") *out = MergeDtype::f32;
+  else if (s == "f16") *out = MergeDtype::f16;
+  else if (s == "bf16") *out = MergeDtype::bf16;
+  else return false;
+  return true;
+}
 
 Expected<LoraFile> parse_lora_arg(const std::string& arg) {
   LoraFile f;
@@ -321,9 +331,12 @@ Status LoraSet::merge(const std::string& tensor, int64_t row0, const TensorView&
   const int64_t rows = w.size(0);
   const int64_t cols = w.ndim == 2 ? w.size(1) : 1;
   const auto& ps = patches(tensor);
-  const bool f16 = dt == MergeDtype::f16;
-  // T(x): a value rounded to the compute dtype.
-  auto T = [f16](float x) { return f16 ? f16_to_f32(f32_to_f16(x)) : x; };
+  // T(x): a value rounded to the compute dtype. cast_factors: the bf16 (cast-time) path
+  // rounds the LoRA factors to T before the rank product and the product once after it.
+  const bool cast_factors = dt == MergeDtype::bf16;
+  auto T = [dt](float x) {
+    return dt == MergeDtype::f16 ? f16_to_f32(f32_to_f16(x)) : dt == MergeDtype::bf16 ? round_bf16(x) : x;
+  };
   parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<float> acc(static_cast<size_t>(cols)), d(static_cast<size_t>(cols));
     for (int64_t r = r0; r < r1; ++r) {
@@ -344,10 +357,16 @@ Status LoraSet::merge(const std::string& tensor, int64_t row0, const TensorView&
           std::fill(d.begin(), d.end(), 0.0f);
           const float* up = p.up.data() + row * p.rank;
           for (int64_t k = 0; k < p.rank; ++k) {
-            const float a = up[k];
+            const float a = cast_factors ? T(up[k]) : up[k];
             const float* dk = p.down.data() + k * p.in;
-            for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * dk[c];
+            if (cast_factors) {
+              for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * T(dk[c]);
+            } else {
+              for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * dk[c];
+            }
           }
+          if (cast_factors)
+            for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = T(d[static_cast<size_t>(c)]);
           const float s = static_cast<float>(p.strength * p.alpha_over_rank);
           for (int64_t c = 0; c < cols; ++c) {
             const float v = T(s * d[static_cast<size_t>(c)]);

@@ -28,6 +28,13 @@
 //     set:  w_T = T(value)
 //   out = stored dtype(w_T)                             (round to nearest even; for bf16 from
 //                                                        fp16 this is a second rounding)
+// MergeDtype::bf16 is ComfyUI's other path, the one its dynamic VRAM (the NVIDIA default)
+// and lowvram modules take: model_patcher.LowVramPatch patches at cast time with
+// intermediate_dtype = the cast weight's dtype (bf16 for H3), and LoRAAdapter casts the
+// factors to it before its torch.mm, whose bf16 result is rounded once (cuBLAS: fp32
+// accumulation, one rounding; modelled here with the k-ascending fp32 sum):
+//     lora: d = T(sum_k T(up[o][k]) * T(down[k][i]));  w_T = T(fl32(w_T + T(fl32(s * d))))
+//     diff / set as above with T = bf16.
 // Every step is elementwise after the rank-r product, so a merge of any row range of a
 // weight gives the bytes of the whole merge (the weight stream merges block by block).
 #pragma once
@@ -43,8 +50,10 @@
 
 namespace ls::lora {
 
-enum class MergeDtype : uint8_t { f32 = 0, f16 = 1 };
-const char* merge_dtype_name(MergeDtype d);  // "f32", "f16"
+enum class MergeDtype : uint8_t { f32 = 0, f16 = 1, bf16 = 2 };
+const char* merge_dtype_name(MergeDtype d);  // "f32", "f16", "bf16"
+// "f32" | "f16" | "bf16" -> the dtype; false for anything else.
+bool parse_merge_dtype(const std::string& s, MergeDtype* out);
 
 struct LoraFile {
   std::string path;

@@ -57,6 +57,23 @@ def comfy_merge(w, patches, T):
     return temp.to(w.dtype)
 
 
+def comfy_merge_cast_time(w, patches):
+    """ComfyUI's cast-time merge (model_patcher.LowVramPatch: dynamic VRAM, lowvram modules):
+    calculate_weight with intermediate_dtype = the cast weight's dtype (bf16), the factors
+    cast to it before torch.mm, whose bf16 result cuBLAS rounds once from an fp32 sum
+    (restated here as an fp32 mm then one rounding, since the CPU's bf16 mm need not)."""
+    temp = w.to(torch.bfloat16, copy=True)
+    for up, down, alpha, strength in patches:
+        a = alpha / down.shape[0] if alpha is not None else 1.0
+        diff = torch.mm(up.to(torch.bfloat16).float(), down.to(torch.bfloat16).float()).to(torch.bfloat16)
+        # bf16 tensor * Python scalar and bf16 += bf16 as CUDA torch runs them (opmath fp32,
+        # the scalar as fl32, one rounding each), spelled out in fp32: torch 1.13's CPU
+        # kernels round the scalar to bf16 first.
+        v = (torch.tensor(strength * a, dtype=torch.float32) * diff.float()).to(torch.bfloat16)
+        temp = (temp.float() + v.float()).to(torch.bfloat16)
+    return temp
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
@@ -69,7 +86,7 @@ LAYERS = ["blocks.0.attn.qkv_proj", "blocks.1.mlp.fc2", "blocks.1.attn.out_proj"
 
 
 @pytest.mark.parametrize("rank", [4, 32])
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_merge_equals_comfyui_formula(base, rank, dtype):
     d, base_path = base
     g = torch.Generator().manual_seed(rank)
@@ -100,7 +117,10 @@ def test_merge_equals_comfyui_formula(base, rank, dtype):
     for layer in LAYERS:
         w, _ = read_tensor(base_path, layer + ".weight")
         got, meta = read_tensor(out, layer + ".weight")
-        want = comfy_merge(w, patches[layer], T)
+        want = comfy_merge_cast_time(w, patches[layer]) if dtype == "bf16" else comfy_merge(w, patches[layer], T)
+        if dtype == "bf16":  # the cast-time path is a different merge: most values move
+            f32 = comfy_merge(w, patches[layer], torch.float32)
+            assert (want.view(torch.int16) != f32.view(torch.int16)).float().mean() > 0.01
         assert (got.view(torch.int16) != w.view(torch.int16)).float().mean() > 0.5, "the LoRA changed nothing"
         differ += int((got.view(torch.int16) != want.view(torch.int16)).sum())
         total += w.numel()
@@ -142,4 +162,4 @@ def test_refusals_name_the_problem(base):
     assert not os.path.exists(str(d / "x.safetensors"))
     r = subprocess.run([TOOL, "merge-lora", "--model", base_path, "--lora", lp, "--lora-dtype", "f64",
                         "-o", str(d / "x.safetensors")], capture_output=True, text=True)
-    assert r.returncode == 2 and "f32 or f16" in r.stderr
+    assert r.returncode == 2 and "f32, f16 or bf16" in r.stderr
