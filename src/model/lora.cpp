@@ -337,12 +337,22 @@ Status LoraSet::merge(const std::string& tensor, int64_t row0, const TensorView&
   auto T = [dt](float x) {
     return dt == MergeDtype::f16 ? f16_to_f32(f32_to_f16(x)) : dt == MergeDtype::bf16 ? round_bf16(x) : x;
   };
+  // The factors the rank product reads: the stored values, or (cast_factors) their T
+  // roundings, made once per call rather than once per output row.
+  std::vector<std::vector<float>> up_t(ps.size()), down_t(ps.size());
+  if (cast_factors)
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].kind != Patch::Kind::lora) continue;
+      for (float x : ps[i].up) up_t[i].push_back(T(x));
+      for (float x : ps[i].down) down_t[i].push_back(T(x));
+    }
   parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<float> acc(static_cast<size_t>(cols)), d(static_cast<size_t>(cols));
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t row = row0 + r;  // row of the whole tensor (1-D: element index)
       for (int64_t c = 0; c < cols; ++c) acc[static_cast<size_t>(c)] = T(load_as_f32(w.data, w.dtype, r * cols + c));
-      for (const Patch& p : ps) {
+      for (size_t pi = 0; pi < ps.size(); ++pi) {
+        const Patch& p = ps[pi];
         if (p.kind == Patch::Kind::set) {
           for (int64_t c = 0; c < cols; ++c) acc[static_cast<size_t>(c)] = T(p.full[static_cast<size_t>(row * cols + c)]);
         } else if (p.kind == Patch::Kind::diff) {
@@ -355,15 +365,12 @@ Status LoraSet::merge(const std::string& tensor, int64_t row0, const TensorView&
           LS_CHECK(p.in == cols && row < p.out);
           // d = up[row, :] @ down: k ascending, one fp32 multiply and one fp32 add per step.
           std::fill(d.begin(), d.end(), 0.0f);
-          const float* up = p.up.data() + row * p.rank;
+          const float* up = (cast_factors ? up_t[pi] : p.up).data() + row * p.rank;
+          const float* down = (cast_factors ? down_t[pi] : p.down).data();
           for (int64_t k = 0; k < p.rank; ++k) {
-            const float a = cast_factors ? T(up[k]) : up[k];
-            const float* dk = p.down.data() + k * p.in;
-            if (cast_factors) {
-              for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * T(dk[c]);
-            } else {
-              for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * dk[c];
-            }
+            const float a = up[k];
+            const float* dk = down + k * p.in;
+            for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = d[static_cast<size_t>(c)] + a * dk[c];
           }
           if (cast_factors)
             for (int64_t c = 0; c < cols; ++c) d[static_cast<size_t>(c)] = T(d[static_cast<size_t>(c)]);
