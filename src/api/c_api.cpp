@@ -104,16 +104,23 @@ Expected<T> read_params(const T* given, void (*init)(T*), const char* name) {
 // ls_numerics (the C mirror) -> ls::Numerics; ls::validate names a bad field. The backend
 // (Backend::set_numerics, through Session::open_backend) then refuses what it cannot
 // honour and resolves the defaults.
+// A caller's C enum field as an int: an out-of-range value loaded as the enum type is
+// undefined behaviour (the enum's range is that of its enumerators' bits), so the bytes
+// are read as the int the C ABI stores.
+template <class E>
+int32_t enum_field(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t));
+  int32_t v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
   if (c.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
-  // Read as an int: a caller's out-of-range value loaded as the enum type is undefined
-  // behaviour (the enum's range is that of its enumerators' bits, 0..3).
-  int32_t attention = 0;
-  static_assert(sizeof(c.attention) == sizeof(attention));
-  std::memcpy(&attention, &c.attention, sizeof attention);
+  const int32_t attention = enum_field(c.attention), gemm_f32 = enum_field(c.gemm_f32);
   if (attention < LS_ATTENTION_DEFAULT || attention > LS_ATTENTION_HOPPER)
     return Error{ErrorCode::invalid_argument, "numerics.attention is not an ls_attention"};
-  if (c.gemm_f32 < LS_GEMM_F32_LANES16 || c.gemm_f32 > LS_GEMM_F32_CUBLASLT)
+  if (gemm_f32 < LS_GEMM_F32_LANES16 || gemm_f32 > LS_GEMM_F32_CUBLASLT)
     return Error{ErrorCode::invalid_argument, "numerics.gemm_f32 is not an ls_gemm_f32_order"};
   ls::Numerics n;
   n.attention = attention == LS_ATTENTION_NATIVE   ? ls::AttentionAlgorithm::native
@@ -121,7 +128,7 @@ Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
                 : attention == LS_ATTENTION_HOPPER ? ls::AttentionAlgorithm::hopper
                                                    : ls::AttentionAlgorithm::backend_default;
   n.kv_tile = c.kv_tile;
-  n.gemm_f32 = c.gemm_f32 == LS_GEMM_F32_CUBLASLT ? ls::GemmF32Order::cublaslt : ls::GemmF32Order::lanes16;
+  n.gemm_f32 = gemm_f32 == LS_GEMM_F32_CUBLASLT ? ls::GemmF32Order::cublaslt : ls::GemmF32Order::lanes16;
   n.native_variant = c.native_variant ? c.native_variant : "";
   n.cudnn_q_chunk = c.cudnn_q_chunk;
   n.cudnn_form = c.cudnn_form ? c.cudnn_form : "";
@@ -227,7 +234,7 @@ bool contiguous(const ls_tensor& t) {
 
 // The descriptor's own consistency and its device against the engine's.
 Status check_tensor(const ls_tensor& t, const ls::Device& engine, const std::string& what) {
-  if (t.dtype != LS_DTYPE_F32 && t.dtype != LS_DTYPE_BF16)
+  if (enum_field(t.dtype) != LS_DTYPE_F32 && enum_field(t.dtype) != LS_DTYPE_BF16)
     return Error{ErrorCode::invalid_argument, what + ".dtype is not an ls_dtype (f32 or bf16)"};
   if (t.ndim < 1 || t.ndim > LS_TENSOR_MAX_DIMS)
     return Error{ErrorCode::invalid_argument, what + ".ndim is " + std::to_string(t.ndim) + "; 1 to " +
@@ -237,8 +244,8 @@ Status check_tensor(const ls_tensor& t, const ls::Device& engine, const std::str
     if (t.strides[i] < 0) return Error{ErrorCode::invalid_argument, what + " has a negative stride (give a copy)"};
   }
   if (!t.data && numel_of(t) > 0) return Error{ErrorCode::invalid_argument, what + ".data is NULL"};
-  if (t.device_type == LS_DEVICE_CPU) return {};
-  if (t.device_type != LS_DEVICE_CUDA)
+  if (enum_field(t.device_type) == LS_DEVICE_CPU) return {};
+  if (enum_field(t.device_type) != LS_DEVICE_CUDA)
     return Error{ErrorCode::invalid_argument, what + ".device_type is not an ls_device_type (cpu or cuda)"};
   const std::string dev = "cuda:" + std::to_string(t.device_index);
   if (engine.kind != ls::DeviceKind::cuda || engine.index != t.device_index)
@@ -478,7 +485,7 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
   for (size_t i = 0; i < c.reference_count; ++i) {
     const ls_reference& r = c.references[i];
     ls::h3::Reference ref;
-    if (r.kind < LS_REFERENCE_IMAGE || r.kind > LS_REFERENCE_VIDEO_AUDIO)
+    if (enum_field(r.kind) < LS_REFERENCE_IMAGE || enum_field(r.kind) > LS_REFERENCE_VIDEO_AUDIO)
       return Error{ErrorCode::invalid_argument, "reference " + std::to_string(i) + ": unknown kind"};
     ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
     LS_TRY(video_latent(r.video, cfg.latents_dim, "reference", ref.video));
@@ -509,7 +516,7 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
   for (size_t i = 0; i < c.reference_tensor_count; ++i) {
     const std::string what = "reference " + std::to_string(i);
     LS_ASSIGN_OR_RETURN(ls_reference_tensors r, read_element(c.reference_tensors[i], ls_reference_tensors_init, what));
-    if (r.kind < LS_REFERENCE_IMAGE || r.kind > LS_REFERENCE_VIDEO_AUDIO)
+    if (enum_field(r.kind) < LS_REFERENCE_IMAGE || enum_field(r.kind) > LS_REFERENCE_VIDEO_AUDIO)
       return Error{ErrorCode::invalid_argument, what + ": unknown kind"};
     ls::h3::Reference ref;
     ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
@@ -944,7 +951,7 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
     e->cudnn_form = numerics->cudnn_form;
     e->numerics.native_variant = nullptr;  // not kept: the strings above are
     e->numerics.cudnn_form = nullptr;
-    if (p.memory_mode < LS_MEMORY_KNOBS || p.memory_mode > LS_MEMORY_VRAM_BUDGET)
+    if (enum_field(p.memory_mode) < LS_MEMORY_KNOBS || enum_field(p.memory_mode) > LS_MEMORY_VRAM_BUDGET)
       return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.memory_mode is not an ls_memory_mode");
     if (p.memory_mode == LS_MEMORY_VRAM_BUDGET && p.vram_budget == 0)
       return fail(nullptr, LS_INVALID_ARGUMENT, "LS_MEMORY_VRAM_BUDGET needs vram_budget > 0 (bytes)");
