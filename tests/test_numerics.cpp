@@ -153,6 +153,13 @@ TEST(Numerics, CpuResolvesTheDefaults) {
   auto b = make_backend("cpu", Numerics{}, Diagnostics{});
   ASSERT_TRUE(b.ok()) << b.error().message;
   EXPECT_EQ((*b)->numerics(), r);
+
+  // The model's head dim never moves the CPU's attention (native, the reference, for
+  // every head dim; CUDA may resolve auto per head dim: tests/cuda/test_attention_default_cuda.cpp).
+  for (const int64_t hd : {16, 64, 128, 256}) {
+    ASSERT_TRUE((*b)->set_model_head_dim(hd).ok());
+    EXPECT_EQ((*b)->numerics(), r) << "head dim " << hd;
+  }
 }
 
 TEST(Numerics, CpuRefusesWhatItCannotHonour) {

@@ -292,9 +292,10 @@ int report_error(std::string_view command, const Error& e) {
 
 void add_numerics_flags(CLI::App& app, NumericsFlags& f) {
   add_text_flag(app, "--attention", f.attention, "auto|native|cudnn|hopper",
-                "attention algorithm (numerics: changes output bits): auto = the backend's default (CUDA: cudnn "
-                "where built, else native; CPU: native, the reference); hopper = the sm_90a kernel (CUDA on "
-                "Hopper, head dim 128)",
+                "attention algorithm (numerics: changes output bits): auto = the backend's default for the model "
+                "(CUDA: hopper for head dim 128 on an sm_90 GPU, else cudnn where built, else native; CPU: "
+                "native, the reference); hopper = the sm_90a kernel (CUDA on Hopper, head dim 128); the run's "
+                "numerics line names the one that ran",
                 "auto");
   add_text_flag(app, "--gemm-f32", f.gemm_f32, "lanes16|cublaslt",
                 "fp32 GEMM order (numerics: changes output bits): lanes16 = the CPU reference's order (CUDA gives "

@@ -335,7 +335,8 @@ Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vra
     return Error{ErrorCode::invalid_argument, "--device must be cpu, cuda or cuda:N (got '" + device + "')"};
   if (device != "cuda") LS_TRY(parse_int("--device cuda:N", device.substr(5), IntRange{0, 1023}).status());
   // The CUDA backend's resolution in a build with cuDNN (cuda_backend.cu resolve):
-  // attention auto -> cudnn.
+  // attention auto -> cudnn, or hopper for a head dim of 128 on sm_90; both have the
+  // same default kv_tile (8192) and workspace (workspace_bytes_for), so the plan is one.
   const bool native = numerics.attention == AttentionAlgorithm::native;
   const int64_t q_chunk = numerics.cudnn_q_chunk;
   exec::DeviceProfile d = exec::cuda_device_profile(/*cudnn_built=*/true, !native, q_chunk);

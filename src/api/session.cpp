@@ -107,6 +107,11 @@ Status Session::load_weights(const WeightsSpec& spec) {
   // Sequence parallel splits the heads evenly: a device list whose length does not
   // divide them is refused here, before any work (the message names the counts that do).
   LS_TRY(exec::check_ranks(src->cfg(), ranks()));
+  // attention auto may resolve per head dim (CUDA: hopper at 128 on sm_90): every rank's
+  // backend learns the model before any plan reads its numerics (kv_tile) or an engine
+  // takes its workspace (workspace_bytes() follows the numerics).
+  LS_TRY(backend_->set_model_head_dim(src->cfg().head_dim));
+  for (const auto& p : peers_) LS_TRY(p->set_model_head_dim(src->cfg().head_dim));
   source_ = std::move(src);
   return {};
 }

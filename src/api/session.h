@@ -142,7 +142,11 @@ class Session {
 
   // Step 2: the weights (a file is opened and checked; a preset's weights are made
   // lazily by the synthetic source). With several devices (open_backends) their count
-  // must divide the model's heads (invalid_argument otherwise).
+  // must divide the model's heads (invalid_argument otherwise). Tells the backends the
+  // model's head dim (Backend::set_model_head_dim): attention auto may then resolve to an
+  // algorithm for that head dim (CUDA: hopper at 128 on sm_90), which numerics() and every
+  // report record. A backend shared with another session (with_backend) takes the last
+  // loaded model's: share one only between models of one head dim.
   Status load_weights(const WeightsSpec& spec);
   bool has_weights() const { return source_ != nullptr; }
   const h3::H3TensorSource& source() const { return *source_; }

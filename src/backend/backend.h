@@ -262,6 +262,18 @@ class Backend {
   // CUDA kernel runs. What every report and output file records (describe / to_json).
   virtual Numerics numerics() const = 0;
   virtual Diagnostics diagnostics() const = 0;
+  // The model this backend will run, by its attention head dim (Session::load_weights
+  // calls it after opening the weights; 0 = not known, the state set_numerics leaves).
+  // Where the numerics last given asked for attention auto (backend_default), the backend
+  // may resolve auto to an algorithm that serves only some head dims; numerics() then
+  // records that algorithm. CUDA: auto -> hopper at head dim 128 on an sm_90 device in a
+  // build with the Hopper kernel and the cudnn/native knobs at their defaults, else as
+  // set_numerics resolved it. An explicit algorithm is never changed. Call it before
+  // set_workspace (it re-resolves like set_numerics, with the same refusals).
+  virtual Status set_model_head_dim(int64_t head_dim) {
+    (void)head_dim;
+    return Status();
+  }
 
   // The kv_tile (AttentionParams::kv_tile, a numerics setting: DESIGN.md §1.2) of the
   // resolved numerics: the Numerics::kv_tile given, or (0) the default of the resolved

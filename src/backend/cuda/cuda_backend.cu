@@ -261,8 +261,11 @@ class CudaBackend final : public Backend {
   }
 
   // ---- numerics ------------------------------------------------------------------
-  // Resolution (numerics.h): attention auto -> cudnn where the build has cuDNN, else
-  // native; kv_tile 0 -> the algorithm's default. cuDNN's fused kernel is called once per
+  // Resolution (numerics.h): attention auto -> hopper for a model of head dim 128 on an
+  // sm_90 device in a build with the Hopper kernel (set_model_head_dim; the fastest that
+  // passes the parity and invariance tests there: 589-595 TFLOP/s at S = 111274 against
+  // cuDNN's 550-556 on the H200, bench/results/issue15/), else cudnn where the build has
+  // cuDNN, else native; kv_tile 0 -> the algorithm's default. cuDNN's fused kernel is called once per
   // key tile and the tiles are merged, so small tiles cost speed: at S = 111274, H3
   // width, on the H200, kv_tile 1024 ran at 438 TFLOP/s, 8192 at 552-555, 16384 at
   // 559-567, one tile of all keys at 531 (and the K/V offload chunks, whole tiles, grow
@@ -270,11 +273,23 @@ class CudaBackend final : public Backend {
   // 64-key blocks whatever kv_tile is, so it keeps the CPU's 1024. native_variant "" ->
   // "4x2" under native attention. The knobs of the path not taken must stay at their
   // defaults (they would be recorded without acting).
-  static Expected<Numerics> resolve(const Numerics& n) {
+  // Head dim of the one model shape the hopper kernel serves (attention_hopper.cu kD).
+  static constexpr int64_t kHopperHeadDim = 128;
+  // auto takes hopper only where nothing given belongs to another path (a cudnn_* knob or
+  // native_variant set with auto keeps that path) and the kernel can run here.
+  static bool auto_takes_hopper(const Numerics& n, int64_t head_dim, int device) {
+    const Numerics defaults;
+    return head_dim == kHopperHeadDim && n.native_variant.empty() && n.cudnn_q_chunk == defaults.cudnn_q_chunk &&
+           n.cudnn_form.empty() && n.cudnn_skip_configs == 0 && attention_hopper_built() &&
+           attention_hopper_available(device).ok();
+  }
+  static Expected<Numerics> resolve(const Numerics& n, int64_t head_dim = 0, int device = 0) {
     LS_TRY(validate(n));
     Numerics r = n;
     if (r.attention == AttentionAlgorithm::backend_default)
-      r.attention = attention_cudnn_built() ? AttentionAlgorithm::cudnn : AttentionAlgorithm::native;
+      r.attention = auto_takes_hopper(n, head_dim, device) ? AttentionAlgorithm::hopper
+                    : attention_cudnn_built()              ? AttentionAlgorithm::cudnn
+                                                           : AttentionAlgorithm::native;
     if (r.attention == AttentionAlgorithm::cudnn && !attention_cudnn_built())
       return make_error(ErrorCode::unsupported,
                         "attention cudnn: this layerstream was built without cuDNN (no libcudnn found at configure "
@@ -300,15 +315,22 @@ class CudaBackend final : public Backend {
                               "); select attention cudnn or leave them at their defaults");
       if (r.native_variant.empty()) r.native_variant = kDefaultNativeVariant;
     }
-    // attention hopper (never the default): its blocks of 128 keys give the same bits for
+    // attention hopper (auto's choice only with a head dim of 128): its blocks of 128 keys give the same bits for
     // every kv_tile that is a multiple of 128 (attention_hopper.cu), so its default is
     // cuDNN's 8192 (whole-tile K/V offload chunks as large as cuDNN's).
     if (r.kv_tile == 0)
       r.kv_tile = r.attention == AttentionAlgorithm::cudnn || r.attention == AttentionAlgorithm::hopper ? 8192 : 1024;
     return r;
   }
-  Status set_numerics(const Numerics& n, const Diagnostics& d) override {
-    LS_ASSIGN_OR_RETURN(Numerics r, resolve(n));
+  Status set_numerics(const Numerics& n, const Diagnostics& d) override { return apply_numerics(n, d, head_dim_); }
+  Status set_model_head_dim(int64_t head_dim) override {
+    if (head_dim < 0) return make_error(ErrorCode::invalid_argument, "set_model_head_dim: negative head dim");
+    return apply_numerics(requested_, ctx_.diagnostics, head_dim);
+  }
+  // set_numerics and set_model_head_dim: resolve n for head_dim, check, then keep n as
+  // given (auto stays auto, to be resolved again for another model) and the result.
+  Status apply_numerics(const Numerics& n, const Diagnostics& d, int64_t head_dim) {
+    LS_ASSIGN_OR_RETURN(Numerics r, resolve(n, head_dim, ctx_.device));
     if (r.attention == AttentionAlgorithm::hopper) LS_TRY(attention_hopper_available(ctx_.device));
     if (ctx_.workspace != nullptr && ctx_.workspace_bytes < workspace_bytes_for(r))
       return make_error(ErrorCode::invalid_argument,
@@ -321,6 +343,8 @@ class CudaBackend final : public Backend {
     if (r.gemm_candidate != ctx_.numerics.gemm_candidate) gemm_cache_clear(ctx_.gemm_cache);
     ctx_.numerics = r;
     ctx_.diagnostics = d;
+    requested_ = n;
+    head_dim_ = head_dim;
     return Status();
   }
   Numerics numerics() const override { return ctx_.numerics; }
@@ -483,6 +507,8 @@ class CudaBackend final : public Backend {
   CudaMemoryResource mem_;
   CudaPinnedHostResource pinned_;
   cudaStream_t transfer_stream_ = nullptr;  // Queue::transfer (non-blocking)
+  Numerics requested_;    // the numerics as last given (attention auto kept: set_model_head_dim)
+  int64_t head_dim_ = 0;  // the model's head dim (set_model_head_dim; 0 = not known)
   std::array<cudaEvent_t, kFences> fences_{};
   cudaEvent_t interop_event_ = nullptr;  // wait_external / signal_external (recorded, then waited on at once)
   std::string prop_name_;
