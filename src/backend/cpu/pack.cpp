@@ -24,6 +24,10 @@ inline void store(const TensorView& v, int64_t i, float x) {
 }
 bool f32_or_bf16(const TensorView& v) { return v.dtype == DType::f32 || v.dtype == DType::bf16; }
 
+}  // namespace
+
+// ---- argument checks (pack.h): shared with the CUDA kernels -------------------------
+namespace {
 Status check_rows(const char* op, const TensorView& rows, int64_t width, int64_t r0, int64_t total) {
   if (rows.dtype != DType::f32) return unsupported_dtypes(op, rows.shape_str(), "f32 rows");
   LS_CHECK_MSG(rows.ndim == 2 && rows.size(1) == width && rows.inner_contiguous(),
@@ -38,15 +42,47 @@ Status check_mask(const char* op, const TensorView& mask, int64_t n) {
   LS_CHECK_MSG(mask.ndim == 1 && mask.size(0) == n && mask.is_contiguous(), std::string(op) + ": mask " + mask.shape_str());
   return Status();
 }
-
 }  // namespace
+
+Status check_pack_video_args(const TensorView& lat, int64_t r0, const TensorView& out) {
+  if (!f32_or_bf16(lat)) return unsupported_dtypes("pack_video_rows", lat.shape_str(), "f32|bf16 latent");
+  LS_CHECK_MSG(lat.ndim == 4 && lat.size(2) % 2 == 0 && lat.size(3) % 2 == 0, "pack_video_rows: latent " + lat.shape_str());
+  return check_rows("pack_video_rows", out, 4 * lat.size(0), r0, lat.size(1) * (lat.size(2) / 2) * (lat.size(3) / 2));
+}
+
+Status check_pack_audio_args(const TensorView& lat, int64_t r0, const TensorView& out) {
+  if (!f32_or_bf16(lat)) return unsupported_dtypes("pack_audio_rows", lat.shape_str(), "f32|bf16 latent");
+  LS_CHECK_MSG(lat.ndim == 3 && lat.size(1) == 2, "pack_audio_rows: latent " + lat.shape_str());
+  return check_rows("pack_audio_rows", out, lat.size(0), r0, 2 * lat.size(2));
+}
+
+Status check_unpack_video_args(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out) {
+  if (!f32_or_bf16(out)) return unsupported_dtypes("unpack_video_rows", out.shape_str(), "f32|bf16 output");
+  LS_CHECK_MSG(out.ndim == 4 && out.is_contiguous() && out.size(2) % 2 == 0 && out.size(3) % 2 == 0,
+               "unpack_video_rows: output " + out.shape_str());
+  LS_TRY(check_rows("unpack_video_rows", rows, 4 * out.size(0), r0, out.size(1) * (out.size(2) / 2) * (out.size(3) / 2)));
+  return check_mask("unpack_video_rows", mask, rows.rows());
+}
+
+Status check_unpack_audio_args(const TensorView& rows, const TensorView& mask, const Backend::AudioCarryOut& ca,
+                               int64_t r0, const TensorView& out) {
+  if (!f32_or_bf16(out)) return unsupported_dtypes("unpack_audio_rows", out.shape_str(), "f32|bf16 output");
+  LS_CHECK_MSG(out.ndim == 3 && out.size(1) == 2 && out.is_contiguous(), "unpack_audio_rows: output " + out.shape_str());
+  const int64_t C = out.size(0), A = out.size(2);
+  LS_TRY(check_rows("unpack_audio_rows", rows, C, r0, 2 * A));
+  LS_TRY(check_mask("unpack_audio_rows", mask, rows.rows()));
+  if (ca.apply) {
+    if (!f32_or_bf16(ca.src)) return unsupported_dtypes("unpack_audio_rows", ca.src.shape_str(), "f32|bf16 carry source");
+    LS_CHECK_MSG(ca.src.ndim == 3 && ca.src.size(0) == C && ca.src.size(1) == 2 && ca.src.size(2) == A,
+                 "unpack_audio_rows: carry source " + ca.src.shape_str());
+  }
+  return Status();
+}
 
 Status cpu_op_pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) {
   LS_TRY(require_host("pack_video_rows", {&lat, &out}));
-  if (!f32_or_bf16(lat)) return unsupported_dtypes("pack_video_rows", lat.shape_str(), "f32|bf16 latent");
-  LS_CHECK_MSG(lat.ndim == 4 && lat.size(2) % 2 == 0 && lat.size(3) % 2 == 0, "pack_video_rows: latent " + lat.shape_str());
-  const int64_t C = lat.size(0), T = lat.size(1), hp = lat.size(2) / 2, wp = lat.size(3) / 2;
-  LS_TRY(check_rows("pack_video_rows", out, 4 * C, r0, T * hp * wp));
+  LS_TRY(check_pack_video_args(lat, r0, out));
+  const int64_t C = lat.size(0), hp = lat.size(2) / 2, wp = lat.size(3) / 2;
   float* o = out.ptr<float>();
   for (int64_t r = 0; r < out.rows(); ++r) {
     const int64_t pr = r0 + r, t = pr / (hp * wp), i = (pr / wp) % hp, j = pr % wp;
@@ -63,10 +99,8 @@ Status cpu_op_pack_video_rows(const TensorView& lat, int64_t r0, const TensorVie
 
 Status cpu_op_pack_audio_rows(const TensorView& lat, float carry, int64_t r0, const TensorView& out) {
   LS_TRY(require_host("pack_audio_rows", {&lat, &out}));
-  if (!f32_or_bf16(lat)) return unsupported_dtypes("pack_audio_rows", lat.shape_str(), "f32|bf16 latent");
-  LS_CHECK_MSG(lat.ndim == 3 && lat.size(1) == 2, "pack_audio_rows: latent " + lat.shape_str());
+  LS_TRY(check_pack_audio_args(lat, r0, out));
   const int64_t C = lat.size(0), A = lat.size(2);
-  LS_TRY(check_rows("pack_audio_rows", out, C, r0, 2 * A));
   float* o = out.ptr<float>();
   for (int64_t r = 0; r < out.rows(); ++r) {
     const int64_t ch = (r0 + r) / A, j = (r0 + r) % A;
@@ -79,12 +113,8 @@ Status cpu_op_pack_audio_rows(const TensorView& lat, float carry, int64_t r0, co
 
 Status cpu_op_unpack_video_rows(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out) {
   LS_TRY(require_host("unpack_video_rows", {&rows, &mask, &out}));
-  if (!f32_or_bf16(out)) return unsupported_dtypes("unpack_video_rows", out.shape_str(), "f32|bf16 output");
-  LS_CHECK_MSG(out.ndim == 4 && out.is_contiguous() && out.size(2) % 2 == 0 && out.size(3) % 2 == 0,
-               "unpack_video_rows: output " + out.shape_str());
+  LS_TRY(check_unpack_video_args(rows, mask, r0, out));
   const int64_t C = out.size(0), T = out.size(1), Hl = out.size(2), Wl = out.size(3), hp = Hl / 2, wp = Wl / 2;
-  LS_TRY(check_rows("unpack_video_rows", rows, 4 * C, r0, T * hp * wp));
-  LS_TRY(check_mask("unpack_video_rows", mask, rows.rows()));
   const float* in = rows.ptr<float>();
   for (int64_t r = 0; r < rows.rows(); ++r) {
     const int64_t pr = r0 + r, t = pr / (hp * wp), i = (pr / wp) % hp, j = pr % wp;
@@ -103,16 +133,8 @@ Status cpu_op_unpack_video_rows(const TensorView& rows, const TensorView& mask, 
 Status cpu_op_unpack_audio_rows(const TensorView& rows, const TensorView& mask, const Backend::AudioCarryOut& ca,
                                 int64_t r0, const TensorView& out) {
   LS_TRY(require_host("unpack_audio_rows", {&rows, &mask, &out, &ca.src}));
-  if (!f32_or_bf16(out)) return unsupported_dtypes("unpack_audio_rows", out.shape_str(), "f32|bf16 output");
-  LS_CHECK_MSG(out.ndim == 3 && out.size(1) == 2 && out.is_contiguous(), "unpack_audio_rows: output " + out.shape_str());
+  LS_TRY(check_unpack_audio_args(rows, mask, ca, r0, out));
   const int64_t C = out.size(0), A = out.size(2);
-  LS_TRY(check_rows("unpack_audio_rows", rows, C, r0, 2 * A));
-  LS_TRY(check_mask("unpack_audio_rows", mask, rows.rows()));
-  if (ca.apply) {
-    if (!f32_or_bf16(ca.src)) return unsupported_dtypes("unpack_audio_rows", ca.src.shape_str(), "f32|bf16 carry source");
-    LS_CHECK_MSG(ca.src.ndim == 3 && ca.src.size(0) == C && ca.src.size(1) == 2 && ca.src.size(2) == A,
-                 "unpack_audio_rows: carry source " + ca.src.shape_str());
-  }
   const float* in = rows.ptr<float>();
   for (int64_t r = 0; r < rows.rows(); ++r) {
     const int64_t ch = (r0 + r) / A, j = (r0 + r) % A;

@@ -15,4 +15,14 @@ Status cpu_op_unpack_video_rows(const TensorView& rows, const TensorView& mask, 
 Status cpu_op_unpack_audio_rows(const TensorView& rows, const TensorView& mask, const Backend::AudioCarryOut& c,
                                 int64_t r0, const TensorView& out);
 
+// The four ops' argument checks (dtypes, shapes, the row range in the latent's rows),
+// shared by the CPU ops above and the CUDA kernels (src/backend/cuda/pack.cu), so both
+// refuse the same calls with the same messages. Where the views live is each backend's
+// own check (require_host / require_device), made first.
+Status check_pack_video_args(const TensorView& lat, int64_t r0, const TensorView& out);
+Status check_pack_audio_args(const TensorView& lat, int64_t r0, const TensorView& out);
+Status check_unpack_video_args(const TensorView& rows, const TensorView& mask, int64_t r0, const TensorView& out);
+Status check_unpack_audio_args(const TensorView& rows, const TensorView& mask, const Backend::AudioCarryOut& ca,
+                               int64_t r0, const TensorView& out);
+
 }  // namespace ls::cpu

@@ -8,6 +8,7 @@
 // GEMMs this is noise (a few MB per call), so there is no vectorisation.
 #include <string>
 
+#include "backend/cpu/pack.h"  // the argument checks, shared with the CPU reference
 #include "backend/cuda/pack.cuh"
 
 namespace ls::cuda {
@@ -92,27 +93,11 @@ __global__ void unpack_audio_kernel(const float* rows, int64_t rows_rs, const fl
   store(out, out_f32, (c * 2 + ch) * A + j, v);
 }
 
-bool f32_or_bf16(const TensorView& v) { return v.dtype == DType::f32 || v.dtype == DType::bf16; }
-
 Status require_device(const CudaContext& ctx, const char* op, std::initializer_list<const TensorView*> views) {
   for (const TensorView* v : views)
     if (v && !v->empty() && (v->device.kind != DeviceKind::cuda || v->device.index != ctx.device))
       return make_error(ErrorCode::unsupported, std::string("cuda ") + op + ": a view lives on " + v->device.str() +
                                                     ", not on cuda:" + std::to_string(ctx.device));
-  return Status();
-}
-Status check_rows(const char* op, const TensorView& rows, int64_t width, int64_t r0, int64_t total) {
-  if (rows.dtype != DType::f32) return unsupported(op, "rows " + rows.shape_str() + " (f32 rows only)");
-  LS_CHECK_MSG(rows.ndim == 2 && rows.size(1) == width && rows.inner_contiguous(),
-               std::string(op) + ": rows " + rows.shape_str() + ", width " + std::to_string(width));
-  LS_CHECK_MSG(r0 >= 0 && r0 + rows.rows() <= total, std::string(op) + ": rows [" + std::to_string(r0) + ", " +
-                                                         std::to_string(r0 + rows.rows()) + ") of " + std::to_string(total));
-  return Status();
-}
-Status check_mask(const char* op, const TensorView& mask, int64_t n) {
-  if (mask.empty()) return Status();
-  if (mask.dtype != DType::f32) return unsupported(op, "mask " + mask.shape_str() + " (f32 only)");
-  LS_CHECK_MSG(mask.ndim == 1 && mask.size(0) == n && mask.is_contiguous(), std::string(op) + ": mask " + mask.shape_str());
   return Status();
 }
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(div_up(n, kThreads)); }
@@ -121,10 +106,8 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(div_up(n, kThreads
 
 Status cuda_op_pack_video_rows(CudaContext& ctx, const TensorView& lat, int64_t r0, const TensorView& out) {
   LS_TRY(require_device(ctx, "pack_video_rows", {&lat, &out}));
-  if (!f32_or_bf16(lat)) return unsupported("pack_video_rows", "latent " + lat.shape_str() + " (f32|bf16 only)");
-  LS_CHECK_MSG(lat.ndim == 4 && lat.size(2) % 2 == 0 && lat.size(3) % 2 == 0, "pack_video_rows: latent " + lat.shape_str());
-  const int64_t C = lat.size(0), T = lat.size(1), hp = lat.size(2) / 2, wp = lat.size(3) / 2;
-  LS_TRY(check_rows("pack_video_rows", out, 4 * C, r0, T * hp * wp));
+  LS_TRY(cpu::check_pack_video_args(lat, r0, out));
+  const int64_t C = lat.size(0), hp = lat.size(2) / 2, wp = lat.size(3) / 2;
   const int64_t total = out.rows() * 4 * C;
   if (total == 0) return Status();
   pack_video_kernel<<<blocks_for(total), kThreads, 0, ctx.stream>>>(src_of(lat), C, hp, wp, r0, out.rows(),
@@ -135,10 +118,8 @@ Status cuda_op_pack_video_rows(CudaContext& ctx, const TensorView& lat, int64_t 
 
 Status cuda_op_pack_audio_rows(CudaContext& ctx, const TensorView& lat, float carry, int64_t r0, const TensorView& out) {
   LS_TRY(require_device(ctx, "pack_audio_rows", {&lat, &out}));
-  if (!f32_or_bf16(lat)) return unsupported("pack_audio_rows", "latent " + lat.shape_str() + " (f32|bf16 only)");
-  LS_CHECK_MSG(lat.ndim == 3 && lat.size(1) == 2, "pack_audio_rows: latent " + lat.shape_str());
+  LS_TRY(cpu::check_pack_audio_args(lat, r0, out));
   const int64_t C = lat.size(0), A = lat.size(2);
-  LS_TRY(check_rows("pack_audio_rows", out, C, r0, 2 * A));
   const int64_t total = out.rows() * C;
   if (total == 0) return Status();
   pack_audio_kernel<<<blocks_for(total), kThreads, 0, ctx.stream>>>(src_of(lat), C, A, carry, r0, out.rows(),
@@ -150,12 +131,8 @@ Status cuda_op_pack_audio_rows(CudaContext& ctx, const TensorView& lat, float ca
 Status cuda_op_unpack_video_rows(CudaContext& ctx, const TensorView& rows, const TensorView& mask, int64_t r0,
                                  const TensorView& out) {
   LS_TRY(require_device(ctx, "unpack_video_rows", {&rows, &mask, &out}));
-  if (!f32_or_bf16(out)) return unsupported("unpack_video_rows", "output " + out.shape_str() + " (f32|bf16 only)");
-  LS_CHECK_MSG(out.ndim == 4 && out.is_contiguous() && out.size(2) % 2 == 0 && out.size(3) % 2 == 0,
-               "unpack_video_rows: output " + out.shape_str());
+  LS_TRY(cpu::check_unpack_video_args(rows, mask, r0, out));
   const int64_t C = out.size(0), T = out.size(1), Hl = out.size(2), Wl = out.size(3);
-  LS_TRY(check_rows("unpack_video_rows", rows, 4 * C, r0, T * (Hl / 2) * (Wl / 2)));
-  LS_TRY(check_mask("unpack_video_rows", mask, rows.rows()));
   const int64_t total = rows.rows() * 4 * C;
   if (total == 0) return Status();
   unpack_video_kernel<<<blocks_for(total), kThreads, 0, ctx.stream>>>(
@@ -168,18 +145,9 @@ Status cuda_op_unpack_video_rows(CudaContext& ctx, const TensorView& rows, const
 Status cuda_op_unpack_audio_rows(CudaContext& ctx, const TensorView& rows, const TensorView& mask,
                                  const Backend::AudioCarryOut& ca, int64_t r0, const TensorView& out) {
   LS_TRY(require_device(ctx, "unpack_audio_rows", {&rows, &mask, &out, ca.apply ? &ca.src : nullptr}));
-  if (!f32_or_bf16(out)) return unsupported("unpack_audio_rows", "output " + out.shape_str() + " (f32|bf16 only)");
-  LS_CHECK_MSG(out.ndim == 3 && out.size(1) == 2 && out.is_contiguous(), "unpack_audio_rows: output " + out.shape_str());
+  LS_TRY(cpu::check_unpack_audio_args(rows, mask, ca, r0, out));
   const int64_t C = out.size(0), A = out.size(2);
-  LS_TRY(check_rows("unpack_audio_rows", rows, C, r0, 2 * A));
-  LS_TRY(check_mask("unpack_audio_rows", mask, rows.rows()));
-  Src src{nullptr, true, 0, 0, 0, 0};
-  if (ca.apply) {
-    if (!f32_or_bf16(ca.src)) return unsupported("unpack_audio_rows", "carry source " + ca.src.shape_str());
-    LS_CHECK_MSG(ca.src.ndim == 3 && ca.src.size(0) == C && ca.src.size(1) == 2 && ca.src.size(2) == A,
-                 "unpack_audio_rows: carry source " + ca.src.shape_str());
-    src = src_of(ca.src);
-  }
+  const Src src = ca.apply ? src_of(ca.src) : Src{nullptr, true, 0, 0, 0, 0};
   const int64_t total = rows.rows() * C;
   if (total == 0) return Status();
   unpack_audio_kernel<<<blocks_for(total), kThreads, 0, ctx.stream>>>(
