@@ -350,3 +350,37 @@ TEST(CliInfoCheck, EveryFloatDtypeAndLargeTensors) {
   EXPECT_EQ(by["big"]["first_index"], 9000);
   std::filesystem::remove(path);
 }
+
+// info --devices: the CPU (and every CUDA GPU the build and driver can open) with the
+// numerics attention auto resolves to; JSON with --json; other flags refused.
+TEST(CliInfoDevices, ListsTheCpuWithItsNumerics) {
+  const auto text = ls::test::run_tool("info --devices");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("devices of this build"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("numerics: attention native, kv_tile 1024, fp32 GEMM lanes16"), std::string::npos) << text.out;
+
+  const auto js = ls::test::run_tool("info --devices --json", "", /*merge_stderr=*/false);
+  ASSERT_EQ(js.code, 0) << js.out;
+  const auto j = nlohmann::json::parse(js.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << js.out;
+  ASSERT_TRUE(j["devices"].is_array() && !j["devices"].empty()) << js.out;
+  const auto& cpu = j["devices"][0];
+  EXPECT_EQ(cpu["device"], "cpu");
+  EXPECT_EQ(cpu["numerics_head_dim_128"]["attention"], "native");
+  EXPECT_EQ(cpu["numerics_other_head_dims"]["attention"], "native");
+  // Every CUDA entry names its device and either its numerics or why it is unusable.
+  for (size_t i = 1; i < j["devices"].size(); ++i) {
+    const auto& d = j["devices"][i];
+    EXPECT_EQ(d["device"].get<std::string>().rfind("cuda:", 0), 0u) << d.dump();
+    EXPECT_TRUE(d.contains("error") || d.contains("numerics_head_dim_128")) << d.dump();
+  }
+
+  // A setting the CPU cannot honour is listed as its reason, not a failure of the listing.
+  const auto cudnn = ls::test::run_tool("info --devices --attention cudnn");
+  ASSERT_EQ(cudnn.code, 0) << cudnn.out;
+  EXPECT_NE(cudnn.out.find("unusable: cpu: the cpu backend has no cuDNN attention"), std::string::npos) << cudnn.out;
+
+  const auto mixed = ls::test::run_tool("info --devices --preset h3");
+  EXPECT_EQ(mixed.code, 2) << mixed.out;
+  EXPECT_NE(mixed.out.find("--devices lists the devices and takes no other flag"), std::string::npos) << mixed.out;
+}

@@ -76,6 +76,23 @@ TEST(AttentionDefaultCuda, AutoPicksHopperForHeadDim128OnSm90) {
   EXPECT_FALSE((*be2)->set_model_head_dim(-1).ok());
 }
 
+// info --devices names what auto runs on each GPU: hopper for head dim 128 on sm_90.
+TEST(AttentionDefaultCuda, InfoDevicesNamesTheResolution) {
+  if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device (or no CUDA backend in the binary)";
+  const auto r = test::run_tool("info --devices --json", "", /*merge_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_GE(j["devices"].size(), 2u) << r.out;
+  const auto& d = j["devices"][1];
+  EXPECT_EQ(d["device"], "cuda:0");
+  ASSERT_TRUE(d.contains("memory")) << d.dump();
+  EXPECT_GT(d["memory"]["total_bytes"].get<uint64_t>(), 0u);
+  const std::string other = cuda::attention_cudnn_built() ? "cudnn" : "native";
+  EXPECT_EQ(d["numerics_head_dim_128"]["attention"], hopper_here() ? "hopper" : other) << d.dump();
+  EXPECT_EQ(d["numerics_other_head_dims"]["attention"], other) << d.dump();
+}
+
 std::map<std::string, std::string> recorded_cli() {
   std::map<std::string, std::string> m;
   std::ifstream f(std::string(LS_TEST_DATA_DIR) + "/fingerprints.json");
