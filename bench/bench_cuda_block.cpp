@@ -361,6 +361,9 @@ int main(int argc, char** argv) {
   auto be = make_backend(device, numerics, diagnostics);
   if (!be.ok()) die(be.error().message);
   Backend& b = **be;
+  // The engine's default for this model: attention auto resolves per head dim (CUDA:
+  // hopper at 128 on sm_90), as Session::load_weights does for a loaded model.
+  ok(b.set_model_head_dim(Dh), "set_model_head_dim");
   if (kv_tile == 0) kv_tile = b.default_kv_tile();
   std::fprintf(stderr, "bench_cuda_block: numerics %s\n", describe(b.numerics()).c_str());
   const int64_t maxS = *std::max_element(Ss.begin(), Ss.end());
