@@ -136,7 +136,7 @@ def test_grouping_keeps_each_keys_order_when_strengths_repeat():
     ("offset", "offset patches"),
     ("function", "patches with a function"),
     ("dora", "DoRA (dora_scale)"),
-    ("reshape", "enlarging LoRAs (reshape_weight"),
+    ("reshape", "enlarging LoRAs (reshape_weight)"),
     ("f64", "stored as float64"),
     ("outside", "patches outside the diffusion model"),
 ])
