@@ -122,7 +122,8 @@ TEST(CudaLoraSide, AdalnLinearWithSidePathMatchesCpu) {
     ASSERT_TRUE(h3::adaln_linear(*G->cpu, x.v, weight(w.v, sc.v, TensorView(), TensorView()), bias.v, plain.v).ok());
     ASSERT_FALSE(same_bytes(ref, plain)) << "the side path changed nothing";
     auto upload = [&](const HostBuf& h, const char* what) {
-      auto d = G->arena->alloc(h.v.dtype, std::vector<int64_t>(h.v.shape.begin(), h.v.shape.begin() + h.v.ndim), what);
+      auto d = h.v.ndim == 1 ? G->arena->alloc(h.v.dtype, {h.v.shape[0]}, what)
+                             : G->arena->alloc(h.v.dtype, {h.v.shape[0], h.v.shape[1]}, what);
       EXPECT_TRUE(d.ok());
       EXPECT_TRUE(G->cuda->copy(*d, h.v).ok());
       return *d;
