@@ -225,7 +225,9 @@ inline void check_lora_knobs(LoraSetup& su, uint64_t seed, int variants) {
 
 // Every plan_total_budget plan from the minimum to all-resident: the same bytes, and what
 // the engine held within the plan (the side tensors are counted: they are block tensors).
-inline void check_lora_budgets(LoraSetup& su, int budgets) {
+// min_steps: how many different budget steps the sweep must reach (a model whose weights
+// are mostly AdaLN tensors, which the precompute holds one at a time, may reach only one).
+inline void check_lora_budgets(LoraSetup& su, int budgets, size_t min_steps = 2) {
   ls::test::StreamingCase& c = su.c;
   const exec::BudgetOptions bo = ls::test::budget_options(c, *su.be);
   const std::optional<ls::test::BudgetSpan> span = ls::test::budget_span(c, bo);
@@ -246,7 +248,7 @@ inline void check_lora_budgets(LoraSetup& su, int budgets) {
     EXPECT_LE(bp->predicted_peak_bytes, budget);
     steps.insert(bp->step);
   }
-  EXPECT_GE(steps.size(), 2u);
+  EXPECT_GE(steps.size(), min_steps);
 }
 
 }  // namespace ls::test::lora_side

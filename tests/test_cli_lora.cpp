@@ -137,6 +137,81 @@ TEST_F(CliLora, BadLorasAndFormatsAreRefused) {
   EXPECT_NE(r.out.find("--lora instead"), std::string::npos) << r.out;
 }
 
+// A PDD LoRA (ComfyUI PR #15908: the bank as .set_weight / .set_bias of both heads, plus a
+// backbone LoRA): `forward --lora` equals `forward` on the checkpoint merge-lora writes, whose
+// heads are the bank (ComfyUI's detection reads n from their rows); memory knobs keep it.
+TEST_F(CliLora, PddBankLoraEqualsTheBankedCheckpoint) {
+  const h3::H3Config cfg = *h3::h3_preset("tiny");
+  const int64_t n = 4, pv = cfg.video_patch_dim(), pa = cfg.audio_latents_dim, D = cfg.hidden;
+  const std::string pdd = file("pdd.safetensors");
+  {
+    SafetensorsWriter w(pdd);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    struct Piece {
+      std::string name;
+      std::vector<int64_t> shape;
+    };
+    const std::vector<Piece> pieces = {{"diffusion_model.final_layer.video_out.set_weight", {n * pv, D}},
+                                       {"diffusion_model.final_layer.video_out.set_bias", {n * pv}},
+                                       {"diffusion_model.final_layer.audio_out.set_weight", {n * pa, D}},
+                                       {"diffusion_model.final_layer.audio_out.set_bias", {n * pa}}};
+    for (const auto& p : pieces) ASSERT_TRUE(w.declare(p.name, DType::f32, p.shape).ok());
+    ASSERT_TRUE(w.begin().ok());
+    for (const auto& p : pieces) {
+      int64_t c = 1;
+      for (int64_t d : p.shape) c *= d;
+      std::vector<float> v(static_cast<size_t>(c));
+      for (auto& x : v) x = nd(rng);
+      ASSERT_TRUE(w.write_tensor(p.name, v.data(), v.size() * 4).ok());
+    }
+    ASSERT_TRUE(w.commit().ok());
+  }
+  const std::string l = " --lora " + lora_ + ":0.6 --lora " + pdd;
+  const std::string merged = file("pdd_merged.safetensors");
+  auto m = test::run_tool("merge-lora --model " + base_ + l + " -q -o " + merged);
+  ASSERT_EQ(m.code, 0) << m.out;
+  {
+    auto r = SafetensorsReader::open(merged);
+    ASSERT_TRUE(r.ok());
+    const SafetensorsEntry* v = (*r)->find("final_layer.video_out.weight");
+    const SafetensorsEntry* ab = (*r)->find("final_layer.audio_out.bias");
+    ASSERT_TRUE(v != nullptr && ab != nullptr);
+    EXPECT_EQ(v->shape, (std::vector<int64_t>{n * pv, D}));
+    EXPECT_EQ(ab->shape, (std::vector<int64_t>{n * pa}));
+  }
+  const auto with = test::run_tool("forward --model " + base_ + l + clip_);
+  const auto pre = test::run_tool("forward --model " + merged + clip_);
+  const auto plain = test::run_tool("forward --model " + base_ + " --lora " + lora_ + ":0.6" + clip_);
+  ASSERT_EQ(with.code, 0) << with.out;
+  ASSERT_EQ(pre.code, 0) << pre.out;
+  EXPECT_NE(with.out.find("PDD head bank of 4 heads"), std::string::npos) << with.out;
+  const std::string want = test::output_hash(with);
+  ASSERT_EQ(want.size(), 16u) << with.out;
+  EXPECT_EQ(want, test::output_hash(pre));
+  EXPECT_NE(want, test::output_hash(plain));  // the bank changes the output
+  for (const std::string knobs : {" --mlp-chunk 7 --attn-chunk 5", " --resident-blocks 0 --slots 1", " --budget 100K"}) {
+    const auto r = test::run_tool("forward --model " + base_ + l + clip_ + knobs);
+    ASSERT_EQ(r.code, 0) << knobs << "\n" << r.out;
+    EXPECT_EQ(test::output_hash(r), want) << knobs;
+  }
+  // A bank on one head only is refused with ComfyUI's reason.
+  const std::string half = file("half.safetensors");
+  {
+    SafetensorsWriter w(half);
+    ASSERT_TRUE(w.declare("final_layer.video_out.set_weight", DType::f32, {n * pv, D}).ok());
+    ASSERT_TRUE(w.declare("final_layer.video_out.set_bias", DType::f32, {n * pv}).ok());
+    ASSERT_TRUE(w.begin().ok());
+    std::vector<float> z(static_cast<size_t>(n * pv * D), 0.01f);
+    ASSERT_TRUE(w.write_tensor("final_layer.video_out.set_weight", z.data(), z.size() * 4).ok());
+    ASSERT_TRUE(w.write_tensor("final_layer.video_out.set_bias", z.data(), static_cast<size_t>(n * pv) * 4).ok());
+    ASSERT_TRUE(w.commit().ok());
+  }
+  const auto r = test::run_tool("forward --model " + base_ + " --lora " + half + clip_);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("ComfyUI banks both heads with one n"), std::string::npos) << r.out;
+}
+
 // LoRAs on int8 weights run as the side path (docs/lora.md): said in the weights line, the
 // output changes, and every memory knob keeps the bytes.
 TEST_F(CliLora, Int8ModelsTakeLorasAsASidePath) {

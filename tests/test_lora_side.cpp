@@ -385,19 +385,74 @@ TEST_F(LoraSideModel, MalformedCasesAreRefusedByName) {
     EXPECT_NE(s.error().message.find("full-rank patch of blocks.0.attn.out_proj.weight"), std::string::npos)
         << s.error().message;
   }
-  // A LoRA on a quantised AdaLN linear (the int8-full files).
+  // A full-rank patch on a quantised AdaLN linear (the int8-full files) is refused like one
+  // on a block linear; rank above the limit on one AdaLN linear too.
   {
     test::StreamingCase f = test::quant::quant_case(9, Kind::int8_full, 2, false);
-    LoraSpec ad;
-    ad.blocks = {0};
-    ad.linears = {"adaln_proj.linear"};
-    write_lora(file("adaln"), f.cfg, ad, 3);
+    const std::vector<h3::TensorSpec> specs = h3::h3_tensor_specs(f.cfg);
+    const h3::TensorSpec* w = nullptr;
+    for (const auto& t : specs)
+      if (t.name == "blocks.1.adaln_proj.linear.weight") w = &t;
+    ASSERT_NE(w, nullptr);
+    SafetensorsWriter wr(file("adiff"));
+    ASSERT_TRUE(wr.declare("blocks.1.adaln_proj.linear.diff", DType::f32, w->shape).ok());
+    ASSERT_TRUE(wr.begin().ok());
+    std::vector<float> z(static_cast<size_t>(w->numel()), 0.01f);
+    ASSERT_TRUE(wr.write_tensor("blocks.1.adaln_proj.linear.diff", z.data(), z.size() * 4).ok());
+    ASSERT_TRUE(wr.commit().ok());
     auto inner = std::make_unique<h3::H3SyntheticSource>(f.cfg, 9);
-    auto set = lora::LoraSet::open({{file("adaln"), 1.0}}, inner->specs());
+    auto set = lora::LoraSet::open({{file("adiff"), 1.0}}, inner->specs());
     ASSERT_TRUE(set.ok()) << set.error().message;
     auto s = lora::LoraSource::wrap(std::move(inner), std::move(*set), lora::MergeDtype::f32);
     ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.error().message.find("blocks.0.adaln_proj.linear.weight, a quantised adaln linear"), std::string::npos)
+    EXPECT_NE(s.error().message.find("full-rank patch of blocks.1.adaln_proj.linear.weight"), std::string::npos)
         << s.error().message;
+    LoraSpec abig;
+    abig.blocks = {0};
+    abig.linears = {"adaln_proj.linear"};
+    abig.rank_lo = abig.rank_hi = 200;
+    write_lora(file("abig1"), f.cfg, abig, 1);
+    write_lora(file("abig2"), f.cfg, abig, 2);
+    auto inner2 = std::make_unique<h3::H3SyntheticSource>(f.cfg, 9);
+    auto set2 = lora::LoraSet::open({{file("abig1"), 1.0}, {file("abig2"), 1.0}}, inner2->specs());
+    ASSERT_TRUE(set2.ok());
+    auto s2 = lora::LoraSource::wrap(std::move(inner2), std::move(*set2), lora::MergeDtype::f32);
+    ASSERT_FALSE(s2.ok());
+    EXPECT_NE(s2.error().message.find("blocks.0.adaln_proj.linear (quantised) add up to rank 400"), std::string::npos)
+        << s2.error().message;
   }
+}
+
+// LoRAs on the int8-full files' quantised AdaLN linears (blocks.N.adaln_proj.linear): the
+// side path runs where the AdaLN tables are computed. Side factors only for the patched
+// blocks, with the AdaLN role (the precompute's transient copies, counted by the planner);
+// the tables equal the scalar reference; every plan and budget keeps the bytes.
+TEST_F(LoraSideModel, AdalnSidePathOnInt8FullFiles) {
+  LoraSpec spec;
+  spec.blocks = {1};
+  spec.linears = {"adaln_proj.linear"};
+  LoraSetup su = lora_setup(51, Kind::int8_full, 2, "cpu", file("adaln"), spec);  // differs from no LoRA
+  ASSERT_TRUE(su.ok);
+  const h3::H3Config& cfg = su.src->cfg();
+  ASSERT_EQ(cfg.lora_side.size(), 1u);
+  ASSERT_EQ(cfg.lora_side.count("blocks.1.adaln_proj.linear"), 1u);
+  const h3::TensorSpec* d = su.src->spec("blocks.1.adaln_proj.linear.lora_side_down");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->role, h3::TensorRole::adaln);
+  EXPECT_EQ(d->block, 1);
+  EXPECT_EQ(su.src->spec("blocks.0.adaln_proj.linear.lora_side_down"), nullptr);
+  check_lora_knobs(su, 51, 6);
+  check_lora_budgets(su, 6, 1);
+  // The engine's side path on the AdaLN against the scalar reference.
+  ScalarSideBackend scalar;
+  ASSERT_TRUE(test::use_kv_tile(scalar, su.c.kv_tile).ok());
+  const test::StreamingRun got = test::quant::run_on(*su.src, su.c, scalar, exec::Residency{}, su.stock);
+  test::expect_same(su.ref, got, "scalar side path");
+  EXPECT_GE(scalar.calls, 1) << "the AdaLN linear took no side path";
+  // With the blocks' linears patched too (the AdaLN and block side paths together).
+  LoraSpec both;
+  both.linears = {"adaln_proj.linear", "attn.qkv_proj", "mlp.fc2"};
+  LoraSetup sb = lora_setup(52, Kind::int8_full, 2, "cpu", file("both"), both);
+  ASSERT_TRUE(sb.ok);
+  check_lora_knobs(sb, 52, 4);
 }

@@ -24,12 +24,16 @@ given, one strength per file. This module writes the patches back out as such fi
              ComfyUI's cast_to_device to fp32 does); alpha as an F32 scalar (ComfyUI reads it
              with .item(); it is used only when it is an fp32 value, else the patch is refused).
   skipped    a diff with strength 0 (ComfyUI skips it too: `if strength != 0.0`).
+  PDD banks  ComfyUI PR #15908 loads a PDD LoRA's head bank as ("set", (bank,)) on the heads'
+             weights and biases, of the bank's shape ([n*96, D], [n*96], [n*32, D], [n*32]);
+             they are exported like any set (the bias as "<...>.bias.set_weight") and the
+             engine enlarges its heads from them (docs/lora.md, "PDD LoRAs").
 
 Refused, with a reason that names them (the wrapper then falls back): strength_model != 1
 (ComfyUI scales the weight before the patch: model merges), offset or function patches,
 keys outside the diffusion model, adapters other than plain LoRA (LoHa, LoKr, GLoRA, OFT,
-BOFT), DoRA, LoCon mid weights, enlarging patches (reshape_weight / pad_weight, used by PDD
-LoRAs), nested (list) patches, "model_as_lora", tensors of other dtypes, and a LoRA pair on
+BOFT), DoRA, LoCon mid weights, enlarging adapters and diffs (reshape_weight / pad_weight; no
+H3 LoRA uses them), nested (list) patches, "model_as_lora", tensors of other dtypes, and a LoRA pair on
 a bias. What the engine refuses beyond that (a key that is no layer of its model, shapes
 that do not make the layer) it says when it opens the files; that message is the fallback's
 reason.
@@ -188,7 +192,7 @@ def _entry(key, patch, plan):
             plan.refuse("DoRA (dora_scale)", key)
             return None
         if reshape is not None:
-            plan.refuse("enlarging LoRAs (reshape_weight, e.g. PDD banks)", key)
+            plan.refuse("enlarging LoRAs (reshape_weight)", key)
             return None
         if not key.endswith(".weight"):
             plan.refuse("a LoRA pair on a bias", key)

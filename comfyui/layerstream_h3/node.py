@@ -200,7 +200,8 @@ def lora_line(plan, quantised, lora_dtype):
     log's weights line after the first call, says what it did)."""
     if not plan.groups:
         return "LoRA: none on this MODEL (a LoRA loader after this node is picked up when sampling starts)"
-    how = "merged ({})".format({"auto": "the engine's dtype for the device"}.get(lora_dtype, lora_dtype))
+    how = "merged ({})".format({"auto": "the engine's dtype for the device",
+                                "bf16": "bf16: ComfyUI's cast-time path under dynamic VRAM"}.get(lora_dtype, lora_dtype))
     if quantised:
         how = ("side path (int8/fp8: ComfyUI requantises with stochastic rounding, which no engine reproduces; "
                "an engine without the side path refuses the files and the log says so)")

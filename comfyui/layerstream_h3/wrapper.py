@@ -153,18 +153,54 @@ class Settings(object):
 
 
 def lora_dtype_of(patcher):
-    """The engine's lora_dtype for this MODEL: ComfyUI's own LoRA compute dtype for its load
-    device (model_management.lora_compute_dtype: fp16 where ComfyUI runs fp16 kernels, else
-    fp32; it follows ComfyUI's --force-fp32 / --fp16 flags). "auto" (the engine's choice for
-    its device, the same rule) without ComfyUI. ComfyUI uses this dtype when it patches a
-    whole weight (patch_weight_to_device); its cast-time patches (dynamic VRAM, lowvram
-    modules) compute in the weight's cast dtype instead (docs/comfyui.md, LoRAs)."""
+    """The engine's lora_dtype for this MODEL: the dtype ComfyUI merges its LoRAs in, for the
+    path its patcher takes (docs/comfyui.md, LoRAs; model_patcher.py at 08d0e510):
+
+    - the whole-weight path (patch_weight_to_device: the legacy ModelPatcher loading the
+      model, every load on the CPU): model_management.lora_compute_dtype of the load device,
+      fp16 where ComfyUI runs fp16 kernels, else fp32 (it follows --force-fp32 / --fp16):
+      "f16" / "f32";
+    - the cast-time path (LowVramPatch, calculate_weight with intermediate_dtype = the cast
+      weight's dtype, bf16 for H3's bf16 weights): every patched module over 16 KiB of a
+      dynamic-VRAM patcher (ModelPatcherDynamic.load; ComfyUI's NVIDIA default; a CPU load
+      device reroutes to the legacy patcher), and every module of a legacy patcher in
+      --novram (VRAMState.NO_VRAM: nothing fits, every module is lowvram): "bf16", the
+      engine's cast-time mode, which also merges fp32 weights in fp32 (their cast dtype) and
+      a PDD bank, which ComfyUI force-loads through the whole-weight path, in f16. That mode
+      is exact only when the whole-weight dtype is fp16 and the model computes in bf16; with
+      an fp32 LoRA dtype (--force-fp32: the model runs fp32, every cast is fp32) "f32" is.
+
+    A legacy patcher that loads the model partially (--lowvram, or too little free VRAM)
+    patches its lowvram modules at cast time and the rest whole; which modules those are
+    depends on the free memory at load, so that case gets the whole-weight dtype. "auto"
+    (the engine's choice for its device, the same rule) without ComfyUI."""
     try:
         import comfy.model_management as mm
-        dt = mm.lora_compute_dtype(getattr(patcher, "load_device", None))
+        device = getattr(patcher, "load_device", None)
+        whole = {"torch.float16": "f16", "torch.float32": "f32"}.get(str(mm.lora_compute_dtype(device)), "auto")
     except Exception:  # no ComfyUI, or a device it does not know
         return "auto"
-    return {"torch.float16": "f16", "torch.float32": "f32"}.get(str(dt), "auto")
+    if whole != "f16":
+        return whole
+    on_cpu = getattr(device, "type", None) == "cpu"
+    try:
+        dynamic = bool(patcher.is_dynamic()) and not on_cpu
+    except Exception:
+        dynamic = False
+    states = getattr(mm, "VRAMState", None)
+    novram = states is not None and getattr(mm, "vram_state", None) == getattr(states, "NO_VRAM", object())
+    if not (dynamic or (novram and not on_cpu)):
+        return whole
+    # The cast dtype of H3's bf16 weights is the model's compute dtype.
+    compute = getattr(getattr(patcher, "model", None), "manual_cast_dtype", None)
+    if compute is None:
+        try:
+            compute = patcher.model_dtype()
+        except Exception:
+            compute = None
+    if compute is not None and str(compute) != "torch.bfloat16":
+        return whole
+    return "bf16"
 
 
 def supports_output_masks(eng):

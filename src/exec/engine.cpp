@@ -265,10 +265,19 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
                           "time_embedder.proj_out.bias"})
       scratch += weights->transient_bytes(n);
   }
+  // The largest block AdaLN linear copied at once: weight + bias, and for the int8-full
+  // files' quantised ones the scale and any LoRA side factors (lora_source.h), which the
+  // budget planner counts the same way (tally_weights: every adaln tensor of the block).
+  auto adaln_linear_bytes = [&](int64_t i) {
+    const std::string m = h3::h3_block_key(i, "adaln_proj.linear");
+    uint64_t b = weights->transient_bytes(m + ".weight") + weights->transient_bytes(m + ".bias");
+    if (cfg.quant.find(m)) b += weights->transient_bytes(m + ".weight_scale");
+    if (cfg.lora_side.count(m))
+      b += weights->transient_bytes(m + ".lora_side_down") + weights->transient_bytes(m + ".lora_side_up");
+    return b;
+  };
   uint64_t max_w = 0;
-  for (int64_t i = 0; i < cfg.num_layers; ++i)
-    max_w = std::max(max_w, weights->transient_bytes(h3::h3_block_key(i, "adaln_proj.linear.weight")) +
-                                weights->transient_bytes(h3::h3_block_key(i, "adaln_proj.linear.bias")));
+  for (int64_t i = 0; i < cfg.num_layers; ++i) max_w = std::max(max_w, adaln_linear_bytes(i));
   max_w = std::max(max_w, weights->transient_bytes("final_layer.adaln_proj.linear.weight") +
                               weights->transient_bytes("final_layer.adaln_proj.linear.bias"));
   scratch += max_w;
@@ -303,14 +312,34 @@ Expected<AdalnTables> Engine::Impl::compute_tables(const std::vector<double>& t_
     // The full int8 files quantise the blocks' AdaLN linears (group 64, with a bias).
     LinearWeight lw(w);
     const std::string m = h3::h3_block_key(i, "adaln_proj.linear");
+    const bool side = cfg.lora_side.count(m) != 0;
     if (cfg.quant.find(m)) {
       LS_ASSIGN_OR_RETURN(TensorView sc, weights->transient(m + ".weight_scale", *sa));
-      lw = h3::h3_linear_weight([&](const std::string& n) { return n.ends_with(".weight") ? w : sc; }, cfg, m);
+      // A LoRA on the quantised AdaLN linear: its side factors, applied by adaln_linear
+      // (linear_lora) on the AdaLN input rows, as the blocks' linears apply theirs.
+      TensorView sd, su;
+      if (side) {
+        LS_ASSIGN_OR_RETURN(sd, weights->transient(m + ".lora_side_down", *sa));
+        LS_ASSIGN_OR_RETURN(su, weights->transient(m + ".lora_side_up", *sa));
+      }
+      lw = h3::h3_linear_weight(
+          [&](const std::string& n) {
+            if (n.ends_with(".lora_side_down")) return sd;
+            if (n.ends_with(".lora_side_up")) return su;
+            return n.ends_with(".weight") ? w : sc;
+          },
+          cfg, m);
     }
     LS_TRY(h3::adaln_linear(*be, ain, lw, b, out));
     eval("adaln.block", i, tab.blocks[static_cast<size_t>(i)]);
     LS_TRY(be->synchronize());  // the host copy may go (read once per run)
-    if (!keep_sources) weights->release_source(h3::h3_block_key(i, "adaln_proj.linear.weight"));
+    if (!keep_sources) {
+      weights->release_source(m + ".weight");
+      if (side) {
+        weights->release_source(m + ".lora_side_down");
+        weights->release_source(m + ".lora_side_up");
+      }
+    }
   }
   {
     Arena::Scope ws(*sa);

@@ -63,7 +63,7 @@ constexpr PairStyle kPairs[] = {
     {".lora_B.default.weight", ".lora_A.default.weight"},
 };
 // Other suffixes this loader understands (read or refused with a reason).
-constexpr const char* kOther[] = {".alpha", ".diff", ".diff_b", ".set_weight", ".w_norm", ".b_norm",
+constexpr const char* kOther[] = {".alpha", ".diff", ".diff_b", ".set_weight", ".set_bias", ".w_norm", ".b_norm",
                                   ".dora_scale", ".lora_mid.weight", ".reshape_weight"};
 // Adapters of ComfyUI's weight_adapter list (and LyCORIS) not applied here: a marker
 // suffix -> the adapter's name.
@@ -118,7 +118,21 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
+// Whether a set patch of shape `patch` may replace `target` (ComfyUI PR #15908: a set may
+// change a weight's shape). The engine runs a resized tensor only as a PDD head bank: the
+// final heads' weights ([n * out, D], same columns) and biases ([n * out]); LoraSource
+// checks that the banks fit each other.
+bool set_may_resize(const h3::TensorSpec& target, const std::vector<int64_t>& patch) {
+  return is_pdd_head_tensor(target.name) && patch.size() == target.shape.size() && !patch.empty() && patch[0] > 0 &&
+         (patch.size() == 1 || (patch.size() == 2 && patch[1] == target.shape[1]));
+}
+
 }  // namespace
+
+bool is_pdd_head_tensor(const std::string& name) {
+  return name == "final_layer.video_out.weight" || name == "final_layer.video_out.bias" ||
+         name == "final_layer.audio_out.weight" || name == "final_layer.audio_out.bias";
+}
 
 Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::vector<h3::TensorSpec>& model) {
   // The key map: every alias ComfyUI gives a model tensor.
@@ -207,10 +221,16 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
         kind = Patch::Kind::diff;
       }
       if (full != nullptr) {
-        if (full->shape != target.shape)
-          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + full->name + " is " + shape_str(full->shape) +
-                                                         ", the layer " + target.name + " is " + shape_str(target.shape));
+        if (full->shape != target.shape && !(kind == Patch::Kind::set && set_may_resize(target, full->shape)))
+          return make_error(ErrorCode::invalid_file,
+                            "LoRA " + f.path + ": " + full->name + " is " + shape_str(full->shape) + ", the layer " +
+                                target.name + " is " + shape_str(target.shape) +
+                                (kind == Patch::Kind::set
+                                     ? " (a .set_weight may enlarge only final_layer.video_out / audio_out into a PDD "
+                                       "head bank, keeping the columns)"
+                                     : ""));
         p.kind = kind;
+        p.shape = full->shape;
         LS_ASSIGN_OR_RETURN(p.full, widen(*reader, *full, f.path));
       } else {
         const PairStyle* style = nullptr;
@@ -220,8 +240,8 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
             break;
           }
         if (style == nullptr) {
-          // Only a bias diff, an alpha, or a lone down half.
-          bool bias_only = has(".diff_b") || has(".b_norm");
+          // Only a bias patch, an alpha, or a lone down half.
+          bool bias_only = has(".diff_b") || has(".b_norm") || has(".set_bias");
           if (!bias_only) {
             std::string what = parts.begin()->first;
             return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + what +
@@ -261,9 +281,13 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
         LS_TRY(claim(target.name, base));
         set.patches_[target.name].push_back(std::move(p));
       }
-      // The bias diff patches <module>.bias (ComfyUI: to_load[x] minus ".weight", + ".bias").
-      const char* bias_suffix = has(".diff_b") ? ".diff_b" : has(".b_norm") ? ".b_norm" : nullptr;
+      // The bias patch of <module>.bias (ComfyUI: to_load[x] minus ".weight", + ".bias"):
+      // load_lora registers b_norm, then diff_b, then set_bias (PR #15908) under that key, so
+      // the last one present wins.
+      const char* bias_suffix = has(".set_bias") ? ".set_bias" : has(".diff_b") ? ".diff_b" : has(".b_norm") ? ".b_norm"
+                                                                                                             : nullptr;
       if (bias_suffix != nullptr) {
+        const bool set_bias = std::string(bias_suffix) == ".set_bias";
         if (!ends_with(target.name, ".weight"))
           return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " names no layer weight");
         const std::string bias_name = target.name.substr(0, target.name.size() - 7) + ".bias";
@@ -272,11 +296,14 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
           return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " patches " + bias_name +
                                                          ", which the model does not have");
         const SafetensorsEntry& e = *parts.at(bias_suffix);
-        if (e.shape != b->second->shape)
-          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + e.name + " is " + shape_str(e.shape) +
-                                                         ", the bias " + bias_name + " is " + shape_str(b->second->shape));
+        if (e.shape != b->second->shape && !(set_bias && set_may_resize(*b->second, e.shape)))
+          return make_error(ErrorCode::invalid_file,
+                            "LoRA " + f.path + ": " + e.name + " is " + shape_str(e.shape) + ", the bias " + bias_name +
+                                " is " + shape_str(b->second->shape) +
+                                (set_bias ? " (a .set_bias may enlarge only the final heads' biases into a PDD bank)" : ""));
         Patch bp;
-        bp.kind = Patch::Kind::diff;
+        bp.kind = set_bias ? Patch::Kind::set : Patch::Kind::diff;
+        bp.shape = e.shape;
         bp.file = f.path;
         bp.key = base + bias_suffix;
         bp.strength = f.strength;

@@ -10,7 +10,9 @@
 //   diffusers), _lora.up.weight/_lora.down.weight, .lora.up.weight/.lora.down.weight,
 //   .lora_B/.lora_A, .lora_linear_layer.up.weight/.down.weight, .lora_B.default.weight/
 //   .lora_A.default.weight; optional ".alpha" (scalar); or a full ".diff" (+ ".diff_b" for
-//   the bias) or ".set_weight". Adapters this engine does not apply yet are refused by name
+//   the bias) or ".set_weight" (+ ".set_bias" for the bias, which wins over ".diff_b"; a
+//   set of the final heads may enlarge them into a PDD head bank, see lora_source.h).
+//   Adapters this engine does not apply yet are refused by name
 //   (DoRA ".dora_scale", LoCon ".lora_mid", LoHa, LoKr, GLoRA, OFT, BOFT, ".reshape_weight"
 //   layer enlargement, ".w_norm"/".b_norm"); a key that maps onto no layer is refused.
 //
@@ -73,9 +75,15 @@ struct Patch {
   std::vector<float> up, down;
   int64_t out = 0, rank = 0, in = 0;
   double alpha_over_rank = 1.0;
-  // diff / set: the full tensor's stored values widened exactly (shape = the target's).
+  // diff / set: the full tensor's stored values widened exactly, and its shape: the
+  // target's, except for a set that enlarges a final head into a PDD bank (is_pdd_head_tensor).
   std::vector<float> full;
+  std::vector<int64_t> shape;
 };
+
+// final_layer.{video,audio}_out.{weight,bias}: the tensors a set patch may enlarge (a PDD
+// head bank; ComfyUI PR #15908 lets .set_weight change a weight's shape and adds .set_bias).
+bool is_pdd_head_tensor(const std::string& name);
 
 class LoraSet {
  public:

@@ -29,7 +29,9 @@ copied), at these revisions:
                                patch (strength_patch, value, strength_model, offset, function);
                                a new patches_uuid per call, which clone copies).
   comfy/lora.py @ 17358c8f     load_lora (alpha via .item(), the weight adapters in order, then
-                               w_norm/b_norm, diff, diff_b, set_weight) and the MiniMaxH3 part of
+                               w_norm/b_norm, diff, diff_b, set_weight, and set_bias as PR #15908
+                               "MiniMax-H3: Support PDD LoRA" adds it: ("set", (t,)) on the
+                               layer's bias key, a set that may change the shape) and the MiniMaxH3 part of
                                model_lora_keys_unet (lora_unet_<flat>, <layer>, diffusion_model.<layer>).
   comfy/weight_adapter/lora.py @ 6f98b150   LoRAAdapter.load (the up/down name styles in its
                                order, mid, reshape_weight) and its weights tuple
@@ -39,7 +41,8 @@ copied), at these revisions:
                                9863468132; the current file also runs lora_convert.convert_lora,
                                which changes no H3 key).
   comfy/model_management.py    lora_compute_dtype (fp16 where should_use_fp16, else fp32): on
-                               the double's CPU device fp32.
+                               the double's CPU device fp32, on a CUDA device fp16. vram_state /
+                               VRAMState are left out (NORMAL_VRAM), unless a test sets them.
 """
 
 import copy
@@ -381,6 +384,8 @@ def load_lora(lora, to_load):
             patch_dict[to_load[x][:-len(".weight")] + ".bias"] = ("diff", (lora[x + ".diff_b"],))
         if x + ".set_weight" in lora:
             patch_dict[to_load[x]] = ("set", (lora[x + ".set_weight"],))
+        if x + ".set_bias" in lora:  # PR #15908 (MiniMax-H3 PDD LoRAs); the set may resize
+            patch_dict[to_load[x][:-len(".weight")] + ".bias"] = ("set", (lora[x + ".set_bias"],))
     return patch_dict
 
 

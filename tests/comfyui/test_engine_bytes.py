@@ -300,6 +300,43 @@ def test_the_models_loras_give_a_direct_lora_call_s_bytes(comfy, tmp_path, stack
         assert not torch.equal(v1, v)
 
 
+def test_a_pdd_bank_lora_gives_a_direct_lora_call_s_bytes(comfy, tmp_path):
+    """A PDD LoRA (ComfyUI PR #15908's layout: the 4-head bank as .set_weight / .set_bias of both
+    heads, plus a backbone pair) through the loader double and the node: the export holds the
+    sets in the bank's shapes, the engine enlarges its heads from them, and the node's output is
+    Engine(model, loras=[the file]) with the same schedule, byte for byte."""
+    from conftest import write_lora
+    from lora_helpers import header
+    path = make_model_file(tmp_path)
+    h = header(path)
+    n, D = 4, h["final_layer.video_out.weight"]["shape"][1]
+    g = torch.Generator().manual_seed(3)
+    bank = {}
+    for head in ("video_out", "audio_out"):
+        rows = h["final_layer.{}.weight".format(head)]["shape"][0]
+        bank["diffusion_model.final_layer.{}.set_weight".format(head)] = 0.02 * torch.randn((n * rows, D), generator=g)
+        bank["diffusion_model.final_layer.{}.set_bias".format(head)] = 0.02 * torch.randn((n * rows,), generator=g)
+    qo, qi = h["blocks.0.attn.qkv_proj.weight"]["shape"]
+    bank["diffusion_model.blocks.0.attn.qkv_proj.lora_B.weight"] = (0.05 * torch.randn((qo, 4), generator=g)).to(torch.bfloat16)
+    bank["diffusion_model.blocks.0.attn.qkv_proj.lora_A.weight"] = (0.05 * torch.randn((4, qi), generator=g)).to(torch.bfloat16)
+    f = write_lora(tmp_path / "pdd.safetensors", bank)
+    p = _load(comfy, comfy.make_patcher(path=path, state_keys=True), (f, 1.0))
+    assert p.patches["diffusion_model.final_layer.audio_out.bias"][0][1][0] == "set"
+    seen = _probe(p)
+    m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls)
+    assert "LoRA: 1 file" in text
+    video, audio, ctx = inputs(seed=14)
+    sigma, sched = 0.8, [1.0, 0.8, 0.45, 0.0]
+    comfy.run_step(m, video, audio, sigma, ctx, comfy.make_payload(seed=2), sample_sigmas=sched)
+    car = carried(comfy, audio, sigma)
+    eng = ls.Engine(model=path, device="cpu", loras=[(f, 1.0)], lora_dtype="f32")
+    v, a = eng.denoise(ls.Clip(5, 64, 64, L, seed=2, audio_scale=1.0, sample_sigmas=sched), video[0].float().numpy(),
+                       car[0].float().numpy(), np.float32(sigma), refined_text=ctx[0])
+    check_equal(seen, torch.from_numpy(v), torch.from_numpy(a))
+    v0, _ = _direct_lora(path, [], video, car, sigma, ctx, seed=2)
+    assert not torch.equal(v0, torch.from_numpy(v))  # the bank mattered
+
+
 def test_a_lora_loader_after_the_node_on_the_engine(comfy, tmp_path):
     path = make_model_file(tmp_path)
     fa, fb = _lora_files(tmp_path, path)

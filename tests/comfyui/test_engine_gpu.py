@@ -127,9 +127,11 @@ def test_real_width_model_gives_a_direct_calls_bytes(comfy, tmp_path):
 
 
 def test_the_models_loras_on_cuda(comfy, tmp_path):
-    """The LoRA loader double before the node on a CUDA MODEL: ComfyUI's lora_compute_dtype for a
-    CUDA device is fp16 (the double restates it), so the node opens the engine with lora_dtype
-    f16, and its output is a direct CUDA Engine(loras=..., lora_dtype="f16") call's bytes."""
+    """The LoRA loader double before the node on a CUDA MODEL of a dynamic-VRAM patcher (the
+    double's default, ComfyUI's NVIDIA default): ComfyUI patches such a model at cast time in the
+    weights' dtype (LowVramPatch, bf16), so the node opens the engine with lora_dtype "bf16", and
+    its output is a direct CUDA Engine(loras=..., lora_dtype="bf16") call's bytes. A legacy
+    patcher on the same device merges whole weights in fp16 (lora_compute_dtype): "f16"."""
     from lora_helpers import load_loras, lora_files
     path = model_file(tmp_path, "tiny")
     fa, fb = lora_files(tmp_path, path)
@@ -148,10 +150,14 @@ def test_the_models_loras_on_cuda(comfy, tmp_path):
     p.add_wrapper_with_key(KIND, "probe", probe)
     m, text = node.apply_node(p, device="auto", path="engine", fallback="error", layerstream_module=ls,
                               mlp_chunk=32, attn_chunk=16)
-    assert "LoRA: 2 files" in text and "merged (f16)" in text
+    assert "LoRA: 2 files" in text and "merged (bf16: ComfyUI's cast-time path" in text
+    legacy = p.clone()
+    legacy.dynamic = False
+    from layerstream_h3.wrapper import lora_dtype_of
+    assert lora_dtype_of(legacy) == "f16"
     comfy.run_step(m, video, audio, 0.6, ctx, comfy.make_payload(audio_scale=1.0, seed=4))
     torch.cuda.synchronize()
-    eng = ls.Engine(model=path, device=DEV, loras=[(fa, 0.9), (fb, -0.4)], lora_dtype="f16")
+    eng = ls.Engine(model=path, device=DEV, loras=[(fa, 0.9), (fb, -0.4)], lora_dtype="bf16")
     v = torch.empty(video.shape[1:], dtype=torch.bfloat16, device=DEV)
     a = torch.empty(audio.shape[1:], dtype=torch.bfloat16, device=DEV)
     eng.denoise(ls.Clip(5, 64, 64, L, audio_scale=1.0, seed=4), video, audio, np.float32(0.6), refined_text=ctx[0],

@@ -136,7 +136,7 @@ def test_grouping_keeps_each_keys_order_when_strengths_repeat():
     ("offset", "offset patches"),
     ("function", "patches with a function"),
     ("dora", "DoRA (dora_scale)"),
-    ("reshape", "enlarging LoRAs (reshape_weight"),
+    ("reshape", "enlarging LoRAs (reshape_weight)"),
     ("f64", "stored as float64"),
     ("outside", "patches outside the diffusion model"),
 ])
@@ -392,3 +392,86 @@ def test_a_bypass_lora_falls_back(comfy, fake_ls, bf16_file, caplog):
     with caplog.at_level(logging.WARNING, logger="layerstream_h3"):
         out = step(comfy, later)
     assert torch.equal(out[0], torch.full_like(out[0], -0.25)) and "bypass LoRA" in caplog.text
+
+
+# ---- PDD bank LoRAs (ComfyUI PR #15908: set_weight / set_bias that enlarge both heads) -------
+def test_a_pdd_bank_lora_is_exported_with_its_bank(comfy, fake_ls, tmp_path):
+    """A PDD LoRA (Kijai's converted layout: the bank as diffusion_model.final_layer.*.set_weight
+    / .set_bias, plus a backbone pair) through the loader double: ComfyUI's patches are sets of
+    the bank's shape on the heads' weights and biases; the export writes them as .set_weight of
+    the layer (the bias under its own name), bit for bit, and the engine gets one file."""
+    from conftest import write_safetensors
+    t = {"blocks.0.attn.qkv_proj.weight": ("BF16", [6, 4], bytes(48))}
+    for head, rows in (("video_out", 8), ("audio_out", 2)):
+        t["final_layer.{}.weight".format(head)] = ("F32", [rows, 4], bytes(16 * rows))
+        t["final_layer.{}.bias".format(head)] = ("F32", [rows], bytes(4 * rows))
+    model = write_safetensors(tmp_path / "heads.safetensors", t)
+    n = 3
+    bank = {}
+    for i, (head, rows) in enumerate((("video_out", 8), ("audio_out", 2))):
+        bank["diffusion_model.final_layer.{}.set_weight".format(head)] = rand(n * rows, 4, seed=10 + i, dtype=torch.float32)
+        bank["diffusion_model.final_layer.{}.set_bias".format(head)] = rand(n * rows, seed=20 + i, dtype=torch.float32)
+    bank["diffusion_model." + QKV + ".lora_B.weight"] = rand(6, 2, seed=30)
+    bank["diffusion_model." + QKV + ".lora_A.weight"] = rand(2, 4, seed=31)
+    f = write_lora(tmp_path / "pdd.safetensors", bank)
+    p = loaded(comfy, comfy.make_patcher(path=model, state_keys=True), (f, 1.0))
+    assert p.patches["diffusion_model.final_layer.video_out.bias"][0][1][0] == "set"
+    assert tuple(p.patches["diffusion_model.final_layer.audio_out.weight"][0][1][1][0].shape) == (n * 2, 4)
+    m, text = node_api().apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=fake_ls)
+    assert "LoRA: 1 file from the MODEL's patches (5 weight(s), 5 patch(es))" in text
+    step(comfy, m)
+    (eng,) = engines_with_loras(fake_ls)
+    ((path, strength),) = eng.kw["loras"]
+    got = comfy.read_safetensors(path)
+    for head in ("video_out", "audio_out"):
+        w = got["diffusion_model.final_layer.{}.set_weight".format(head)]
+        b = got["diffusion_model.final_layer.{}.bias.set_weight".format(head)]
+        assert torch.equal(w, bank["diffusion_model.final_layer.{}.set_weight".format(head)])
+        assert torch.equal(b, bank["diffusion_model.final_layer.{}.set_bias".format(head)])
+
+
+# ---- the LoRA dtype: the path ComfyUI's patcher takes ------------------------------------------
+def test_the_lora_dtype_follows_comfyuis_patch_path(comfy, bf16_file, monkeypatch):
+    """ComfyUI merges at cast time (LowVramPatch, in the cast weight's dtype: bf16) for a dynamic
+    patcher on a GPU and for every module under --novram; otherwise whole weights in its LoRA
+    compute dtype (fp16 on a CUDA device, fp32 on the CPU). A CPU load device never gets the
+    dynamic patcher (ModelPatcherDynamic reroutes it), and a model computing in another dtype
+    than bf16, or an fp32 LoRA dtype, keeps the whole-weight dtype."""
+    import sys
+    from layerstream_h3.wrapper import lora_dtype_of
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+
+    def patcher(device, dynamic):
+        p = comfy.make_patcher(path=bf16_file, dynamic=dynamic)
+        p.load_device = device
+        return p
+
+    assert lora_dtype_of(patcher(cuda, True)) == "bf16"
+    assert lora_dtype_of(patcher(cuda, False)) == "f16"
+    assert lora_dtype_of(patcher(cpu, True)) == "f32"
+    assert lora_dtype_of(patcher(cpu, False)) == "f32"
+    fp16_model = patcher(cuda, True)
+    fp16_model.model.manual_cast_dtype = torch.float16
+    assert lora_dtype_of(fp16_model) == "f16"
+    mm = sys.modules["comfy.model_management"]
+    monkeypatch.setattr(mm, "lora_compute_dtype", lambda d: torch.float32, raising=False)
+    assert lora_dtype_of(patcher(cuda, True)) == "f32"  # --force-fp32: every cast is fp32 too
+    monkeypatch.setattr(mm, "lora_compute_dtype", lambda d: torch.float16)
+
+    class VRAMState:
+        NORMAL_VRAM, LOW_VRAM, NO_VRAM = 2, 1, 0
+    monkeypatch.setattr(mm, "VRAMState", VRAMState, raising=False)
+    monkeypatch.setattr(mm, "vram_state", VRAMState.NO_VRAM, raising=False)
+    assert lora_dtype_of(patcher(cuda, False)) == "bf16"  # --novram: every module is lowvram
+    monkeypatch.setattr(mm, "vram_state", VRAMState.LOW_VRAM)
+    assert lora_dtype_of(patcher(cuda, False)) == "f16"  # partial loads: not known in advance
+    monkeypatch.delattr(mm, "lora_compute_dtype")
+    assert lora_dtype_of(patcher(cuda, True)) == "auto"
+
+
+def test_a_dynamic_cuda_model_opens_the_engine_in_the_cast_time_dtype(comfy, fake_ls, bf16_file, tmp_path):
+    a = lora_a(tmp_path)
+    p = loaded(comfy, comfy.make_patcher(path=bf16_file, state_keys=True), (a, 0.8))
+    p.load_device = torch.device("cuda", 0)
+    _, text = node_api().apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=fake_ls)
+    assert "merged (bf16: ComfyUI's cast-time path under dynamic VRAM)" in text

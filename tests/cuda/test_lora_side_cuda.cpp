@@ -9,6 +9,7 @@
 
 #include "cuda_test_util.h"
 #include "lora_side_cases.h"
+#include "model/h3/adaln.h"
 
 using namespace ls;
 using namespace ls::cudatest;
@@ -89,6 +90,55 @@ TEST(CudaLoraSide, RefusesRankAboveTheLimit) {
   EXPECT_EQ(st.error().code, ErrorCode::invalid_argument);
 }
 
+// The AdaLN linear of the int8-full files with a LoRA (h3::adaln_linear = linear_lora: the
+// int8 ConvRot linear with its fp32 bias, then the side path) at H3's widths: M timestep rows,
+// K = time_embed_dim 2688, N = 18 D = 96768, rank 64 and 256. CUDA gives the CPU's bytes.
+TEST(CudaLoraSide, AdalnLinearWithSidePathMatchesCpu) {
+  LS_NEED_GPU();
+  const int64_t K = 2688, N = 18 * 5376, G64 = 64;
+  for (const auto& [M, R] : std::vector<std::pair<int64_t, int64_t>>{{3, 64}, {17, kLoraSideMaxRank}}) {
+    SCOPED_TRACE("M " + std::to_string(M) + " R " + std::to_string(R));
+    Arena::Scope scope(*G->arena);
+    const HostBuf x = random_buf(DType::bf16, {M, K}, 11, 1.0f);
+    HostBuf w(DType::i8, {N, K});
+    std::mt19937 rng(12);
+    std::uniform_int_distribution<int> q(-127, 127);
+    for (int64_t i = 0; i < N * K; ++i) reinterpret_cast<int8_t*>(w.bytes.data())[i] = static_cast<int8_t>(q(rng));
+    const HostBuf sc = random_buf(DType::f32, {N}, 13, 1e-4f, 2e-4f);
+    const HostBuf bias = random_buf(DType::bf16, {N}, 14, 0.1f);
+    const HostBuf down = random_buf(DType::f32, {K, R}, 15, 0.02f);
+    const HostBuf up = random_buf(DType::f32, {N, R}, 16, 0.02f);
+    auto weight = [&](const TensorView& wv, const TensorView& sv, const TensorView& dv, const TensorView& uv) {
+      LinearWeight lw(wv);
+      lw.format = WeightFormat::int8_convrot;
+      lw.scale = sv;
+      lw.group = G64;
+      lw.lora.down = dv;
+      lw.lora.up = uv;
+      return lw;
+    };
+    HostBuf ref(DType::bf16, {M, N}), plain(DType::bf16, {M, N});
+    ASSERT_TRUE(h3::adaln_linear(*G->cpu, x.v, weight(w.v, sc.v, down.v, up.v), bias.v, ref.v).ok());
+    ASSERT_TRUE(h3::adaln_linear(*G->cpu, x.v, weight(w.v, sc.v, TensorView(), TensorView()), bias.v, plain.v).ok());
+    ASSERT_FALSE(same_bytes(ref, plain)) << "the side path changed nothing";
+    auto upload = [&](const HostBuf& h, const char* what) {
+      auto d = h.v.ndim == 1 ? G->arena->alloc(h.v.dtype, {h.v.shape[0]}, what)
+                             : G->arena->alloc(h.v.dtype, {h.v.shape[0], h.v.shape[1]}, what);
+      EXPECT_TRUE(d.ok());
+      EXPECT_TRUE(G->cuda->copy(*d, h.v).ok());
+      return *d;
+    };
+    const TensorView dx = upload(x, "x"), dw = upload(w, "w"), dsc = upload(sc, "scale"), db = upload(bias, "bias"),
+                     dd = upload(down, "down"), du = upload(up, "up");
+    auto dout = G->arena->alloc(DType::bf16, {M, N}, "out");
+    ASSERT_TRUE(dout.ok());
+    ASSERT_TRUE(h3::adaln_linear(*G->cuda, dx, weight(dw, dsc, dd, du), db, *dout).ok());
+    ASSERT_TRUE(G->cuda->synchronize().ok());
+    const HostBuf got = download(G, *dout);
+    EXPECT_TRUE(same_bytes(got, ref)) << "CUDA AdaLN linear + side path differs from the CPU";
+  }
+}
+
 namespace {
 class CudaLoraSideModel : public ::testing::Test {
  protected:
@@ -123,5 +173,14 @@ TEST_F(CudaLoraSideModel, KnobsAndBudgetsMatchResidentStock) {
     ASSERT_TRUE(su.ok);
     check_lora_knobs(su, 10, 8);
     check_lora_budgets(su, 6);
+  }
+  {
+    // The int8-full files' quantised AdaLN linears with a LoRA (and the blocks' linears).
+    LoraSpec spec;
+    spec.linears = {"adaln_proj.linear", "attn.qkv_proj"};
+    LoraSetup su = lora_setup(12, Kind::int8_full, 2, "cuda", path("a12"), spec);
+    ASSERT_TRUE(su.ok);
+    check_lora_knobs(su, 12, 6);
+    check_lora_budgets(su, 4, 1);
   }
 }
