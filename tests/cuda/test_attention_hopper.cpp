@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <iterator>
 #include <vector>
 
 #include "backend/cuda/attention_cudnn.cuh"
@@ -55,6 +56,9 @@ class ScopedSchedule {
 // third and half of the exponentials by the FMA-pipe polynomial. The default is tested
 // by every other test.
 constexpr int kOwnBitsSchedules[] = {6, 7, 16, 17, 18};
+// Clusters of 2 CTAs sharing K and V (TMA multicast): the default's bits, checked here
+// for odd CTA counts (a padding CTA past Mq), slices and streamed keys as well.
+constexpr int kClusterSchedules[] = {20, 23};
 
 // Parity vs the CPU reference and fp64, with K and V as strided column slices of one
 // fused buffer (as in the block), guard bytes around the output, and query slices of
@@ -126,7 +130,9 @@ TEST(HopperAttention, ParityOtherConfigurations) {
       {200, 2000, 2, 1000, 2.0f},  // short blocks at each kv_tile's end
       {130, 4096, 1, 8192, 8.0f},  // peaked softmax: the running max moves
   };
-  for (int schedule : kOwnBitsSchedules) {
+  std::vector<int> schedules(std::begin(kOwnBitsSchedules), std::end(kOwnBitsSchedules));
+  schedules.insert(schedules.end(), std::begin(kClusterSchedules), std::end(kClusterSchedules));
+  for (int schedule : schedules) {
     SCOPED_TRACE("schedule " + std::to_string(schedule));
     std::printf("  schedule %d\n", schedule);
     const ScopedSchedule use(schedule);
@@ -263,7 +269,9 @@ void check_streamed_keys(Gpu* G) {
 TEST(HopperAttention, StreamedKeysSameBytes) {
   LS_NEED_HOPPER();
   check_streamed_keys(G);  // the default configuration
-  for (int schedule : kOwnBitsSchedules) {
+  std::vector<int> schedules(std::begin(kOwnBitsSchedules), std::end(kOwnBitsSchedules));
+  schedules.insert(schedules.end(), std::begin(kClusterSchedules), std::end(kClusterSchedules));
+  for (int schedule : schedules) {
     SCOPED_TRACE("schedule " + std::to_string(schedule));
     const ScopedSchedule use(schedule);
     check_streamed_keys(G);
@@ -272,7 +280,8 @@ TEST(HopperAttention, StreamedKeysSameBytes) {
 
 // The speed-only knobs (ping-pong on named barriers or free-running, softmax under or
 // after the GEMMs, 2 or 3 stages, Q from registers or shared memory) give the same bytes
-// within each family of equal arithmetic: {0-5, 13} (128-key blocks, MUFU exponentials),
+// (alone or in clusters of 2 CTAs sharing K and V)
+// within each family of equal arithmetic: {0-5, 13, 20-23} (128-key blocks, MUFU exponentials),
 // {7, 8} (176-key blocks), {16, 19} (a quarter of the exponentials by the polynomial).
 TEST(HopperAttention, SchedulesSameBytes) {
   LS_NEED_HOPPER();
@@ -290,7 +299,7 @@ TEST(HopperAttention, SchedulesSameBytes) {
     EXPECT_TRUE(s.ok()) << s.message();
     return download(G, o.v);
   };
-  const std::vector<std::vector<int>> families = {{1, 0, 2, 3, 4, 5, 13}, {7, 8}, {16, 19}};
+  const std::vector<std::vector<int>> families = {{1, 0, 2, 3, 4, 5, 13, 20, 21, 22, 23}, {7, 8}, {16, 19}};
   std::vector<HostBuf> firsts;
   for (const std::vector<int>& family : families) {
     const HostBuf first = run(family[0]);

@@ -145,6 +145,31 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(row0), "r"(bar)
       : "memory");
 }
+// The same box into the same shared-memory offset of every CTA of the cluster in mask,
+// completing on the barrier at the same offset in each.
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int d0, int h, int row0,
+                                                   uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(row0), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// One arrival on the barrier at shared offset bar of cluster CTA `rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// Every thread of both CTAs (not warp-aligned: the producer warp's lanes arrive apart).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -266,6 +291,29 @@ __device__ __forceinline__ void wgmma_qk_rs(float (&d)[N / 2], const uint32_t (&
   wgmma_rs_n128(d, a, db, scale_d);
 }
 
+// The key walk, the same sequence in the producer and the consumers: blocks [b, e) of
+// at most kN keys, in order, e = min(b + kN, end of b's kv_tile, Mk). In 32-bit integers
+// (Mk <= 2^30, checked by the host) and with no division: the kv_tile's end moves on by
+// kv_tile when a block reaches it (kv_tile clamped to Mk first, which gives the same
+// blocks; the end clamped to Mk, so it never overflows).
+template <int kN>
+struct KeyWalk {
+  int kv, mk, b, e, tile_end;
+  __device__ KeyWalk(int64_t kv_tile, int64_t Mk)
+      : kv(static_cast<int>(kv_tile < Mk ? kv_tile : Mk)), mk(static_cast<int>(Mk)), b(0), e(0), tile_end(kv) {
+    e = end();
+  }
+  __device__ int end() const { return min(min(b + kN, tile_end), mk); }
+  // The next block; false past the last key.
+  __device__ bool next() {
+    b = e;
+    if (b >= mk) return false;
+    if (b == tile_end) tile_end = tile_end > mk - kv ? mk : tile_end + kv;
+    e = end();
+    return true;
+  }
+};
+
 // Named barriers 1 and 2 order the two consumer warpgroups' GEMM issues (kPingpong):
 // warpgroup w waits on barrier 1 + w before it issues, then arrives on the other's, so
 // one warpgroup's softmax runs while the other's GEMMs hold the tensor cores
@@ -312,74 +360,82 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int h = static_cast<int>(blockIdx.y);
   const int q0 = static_cast<int>(blockIdx.x) * kBr;
   const int wg = static_cast<int>(threadIdx.x) / 128;
+  // kMode & 4: a cluster of 2 CTAs (adjacent query tiles of one head) shares each K and
+  // V block: CTA rank r loads head-dim half r of it into both (TMA multicast), which
+  // halves the L2-to-SM traffic; a stage is refilled once the consumers of both CTAs
+  // released it (the empty barriers count the 8 consumer warps of each).
+  constexpr int kCluster = (kMode & 4) ? 2 : 1;
+  static_assert(kCluster == 1 || kDiag != 1, "the no-reload diagnostic runs without a cluster");
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);
-      mbar_init(v_empty(s), 8);
+      mbar_init(k_empty(s), 8 * kCluster);
+      mbar_init(v_empty(s), 8 * kCluster);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  __syncthreads();
-  // The key walk (the same sequence in the producer and the consumers).
-  const auto block_end = [&](int64_t b) {
-    const int64_t tile_end = (b / a.kv_tile + 1) * a.kv_tile;
-    int64_t e = b + kN;
-    if (e > tile_end) e = tile_end;
-    if (e > a.Mk) e = a.Mk;
-    return e;
-  };
+  if constexpr (kCluster > 1)
+    cluster_sync();  // the partner's barriers exist before its loads or arrivals reach them
+  else
+    __syncthreads();
 
+  const uint32_t rank = kCluster > 1 ? cluster_rank() : 0u;
   if (wg == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x == 0) {
       mbar_expect_tx(q_full, kQTileBytes);
       tma_load(sQ, &tq, 0, h, q0, q_full);
       tma_load(sQ + kQHalfBytes, &tq, 64, h, q0, q_full);
-      int j = 0;
-      for (int64_t b = 0; b < a.Mk; b = block_end(b), ++j) {
+      KeyWalk<kN> w(a.kv_tile, a.Mk);
+      for (int j = 0; j == 0 || w.next(); ++j) {
         const int s = j % kStages;
         const uint32_t round = static_cast<uint32_t>(j / kStages);
-        const int row = static_cast<int>(b);
+        const int row = w.b;
         if (kDiag == 1 && round > 0) continue;  // diagnostic: compute alone
         if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
-        mbar_expect_tx(k_full(s), kKVTile);
-        tma_load(sK + s * kKVTile, &tk, 0, h, row, k_full(s));
-        tma_load(sK + s * kKVTile + kKVHalf, &tk, 64, h, row, k_full(s));
+        mbar_expect_tx(k_full(s), kKVTile);  // both halves, the partner's included
+        if constexpr (kCluster > 1) {
+          tma_load_multicast(sK + s * kKVTile + rank * kKVHalf, &tk, 64 * static_cast<int>(rank), h, row, k_full(s), 3);
+        } else {
+          tma_load(sK + s * kKVTile, &tk, 0, h, row, k_full(s));
+          tma_load(sK + s * kKVTile + kKVHalf, &tk, 64, h, row, k_full(s));
+        }
         if (round > 0) mbar_wait(v_empty(s), (round - 1) & 1u);
         mbar_expect_tx(v_full(s), kKVTile);
-        tma_load(sV + s * kKVTile, &tv, 0, h, row, v_full(s));
-        tma_load(sV + s * kKVTile + kKVHalf, &tv, 64, h, row, v_full(s));
+        if constexpr (kCluster > 1) {
+          tma_load_multicast(sV + s * kKVTile + rank * kKVHalf, &tv, 64 * static_cast<int>(rank), h, row, v_full(s), 3);
+        } else {
+          tma_load(sV + s * kKVTile, &tv, 0, h, row, v_full(s));
+          tma_load(sV + s * kKVTile + kKVHalf, &tv, 64, h, row, v_full(s));
+        }
       }
     }
   } else {  // ---- consumers: warpgroup cw owns the CTA's query rows [64 cw, 64 cw + 64) ----
     // (the two roles are the two branches of one if/else, which setmaxnreg needs)
     hopper_consumer<kN, kMode, kStages, kQRegs, kDiag, kExp>(a, wg, sQ, sK, sV, bars, q0, h);
   }
+  // Neither CTA leaves while the other may still multicast into it or arrive on its
+  // barriers.
+  if constexpr (kCluster > 1) cluster_sync();
 }
 
 template <int kN, int kMode, int kStages, bool kQRegs, int kDiag, int kExp>
 __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  constexpr bool kPingpong = kMode == 1 || kMode == 2;
-  constexpr bool kSerial = kMode >= 2;  // softmax after both GEMMs of the iteration
+  constexpr bool kPingpong = (kMode & 3) == 1 || (kMode & 3) == 2;
+  constexpr bool kSerial = (kMode & 3) >= 2;  // softmax after both GEMMs of the iteration
+  constexpr int kCluster = (kMode & 4) ? 2 : 1;
+  const uint32_t peer = kCluster > 1 ? cluster_rank() ^ 1u : 0u;
   constexpr bool kFast = kExp != 0;     // 0: the first form's exp2f and one running sum
   const uint32_t q_full = bars;  // the kernel's barrier layout
   const auto k_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + s); };
   const auto v_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + kStages + s); };
   const auto k_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 2 * kStages + s); };
   const auto v_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + 3 * kStages + s); };
-  const auto block_end = [&](int64_t b) {
-    const int64_t tile_end = (b / a.kv_tile + 1) * a.kv_tile;
-    int64_t e = b + kN;
-    if (e > tile_end) e = tile_end;
-    if (e > a.Mk) e = a.Mk;
-    return e;
-  };
   const int cw = wg - 1;
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -538,9 +594,12 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
       o[4 * j + 3] *= alpha[1];
     }
   };
-  const auto release = [&](uint32_t bar) {
+  const auto release = [&](uint32_t bar) {  // this warp is done with a K or V buffer
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
+    if (lane == 0) {
+      mbar_arrive(bar);
+      if constexpr (kCluster > 1) mbar_arrive_cluster(bar, peer);  // the partner's producer refills ours too
+    }
   };
 
   // Ping-pong: each warpgroup has n + 1 issue points (block 0's Q K^T, n - 1 loop
@@ -570,7 +629,7 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
     }
   }
   // Block 0: scores, softmax, rescale (acc is 0 or the resumed state).
-  int64_t b = 0, e = block_end(0);
+  KeyWalk<kN> w(a.kv_tile, a.Mk);
   mbar_wait(k_full(0), 0);
   turn_begin();
   wgmma_fence();
@@ -581,12 +640,11 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
   fence_regs(s_acc);
   release(k_empty(0));
   float alpha[2];
-  softmax(static_cast<int>(e - b), alpha);
+  softmax(w.e - w.b, alpha);
   rescale(alpha);
   uint32_t p[kKS][4];
   int j = 1;
-  for (b = e; b < a.Mk; b = e, ++j) {
-    e = block_end(b);
+  for (; w.next(); ++j) {
     const int s = j % kStages, sp = (j - 1) % kStages;
     if (kDiag != 1 || j < kStages) mbar_wait(k_full(s), static_cast<uint32_t>(j / kStages) & 1u);
     if (kDiag != 1 || j - 1 < kStages) mbar_wait(v_full(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
@@ -605,12 +663,12 @@ __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uin
       fence_regs(o);
       release(k_empty(s));
       release(v_empty(sp));
-      softmax(static_cast<int>(e - b), alpha);
+      softmax(w.e - w.b, alpha);
     } else {
       wgmma_wait<1>();
       fence_regs(s_acc);
       release(k_empty(s));
-      softmax(static_cast<int>(e - b), alpha);
+      softmax(w.e - w.b, alpha);
       wgmma_wait<0>();
       fence_regs(o);
       release(v_empty(sp));
@@ -751,10 +809,29 @@ Status launch(CudaContext& ctx, const TensorView& q, const TensorView& k, const 
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     configured[ctx.device].store(true, std::memory_order_release);
   }
-  const dim3 grid(static_cast<unsigned>(div_up(a.Mq, kBr)), static_cast<unsigned>(H));
-  attention_hopper_kernel<kN, kMode, kStages, kQRegs, kDiag, kExp>
-      <<<grid, kThreads, smem_bytes(kN, kStages), ctx.stream>>>(tq, tk, tv, a);
-  LS_CUDA_CHECK_LAUNCH();
+  constexpr int kCluster = (kMode & 4) ? 2 : 1;
+  // A cluster's CTAs share K and V: the grid is a whole number of clusters (a last CTA
+  // past Mq reads zero-filled queries and stores nothing).
+  const dim3 grid(static_cast<unsigned>(div_up(div_up(a.Mq, kBr), kCluster) * kCluster), static_cast<unsigned>(H));
+  if constexpr (kCluster == 1) {
+    attention_hopper_kernel<kN, kMode, kStages, kQRegs, kDiag, kExp>
+        <<<grid, kThreads, smem_bytes(kN, kStages), ctx.stream>>>(tq, tk, tv, a);
+    LS_CUDA_CHECK_LAUNCH();
+  } else {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem_bytes(kN, kStages);
+    cfg.stream = ctx.stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kCluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    LS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_hopper_kernel<kN, kMode, kStages, kQRegs, kDiag, kExp>, tq, tk, tv, a));
+  }
   return Status();
 }
 
@@ -817,6 +894,10 @@ Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView&
     case 17: return launch<128, 1, 3, true, 0, 3>(ctx, q, k, v, a);
     case 18: return launch<128, 1, 3, true, 0, 2>(ctx, q, k, v, a);
     case 19: return launch<128, 0, 3, true, 0, 4>(ctx, q, k, v, a);
+    case 20: return launch<128, 5, 3, true, 0, 1>(ctx, q, k, v, a);
+    case 21: return launch<128, 5, 2, true, 0, 1>(ctx, q, k, v, a);
+    case 22: return launch<128, 4, 3, true, 0, 1>(ctx, q, k, v, a);
+    case 23: return launch<128, 5, 2, false, 0, 1>(ctx, q, k, v, a);
     default:
       return unsupported("attention hopper", "no kernel configuration " + std::to_string(g_schedule.load()) +
                                                  " (attention_hopper.cu lists them)");
