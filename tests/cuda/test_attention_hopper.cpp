@@ -1,11 +1,14 @@
 // The Hopper attention kernel (src/backend/cuda/attention_hopper.cu, numerics attention
-// hopper): error vs an fp64 reference within 2x the CPU reference's (DESIGN.md §4) at
-// awkward sizes, query slices (1 row, 97 rows, a last slice of 1 row, 4096-row slices at
-// H3 width) give the bytes of the whole call (memcmp), streamed keys (p.state) give the
-// bytes of one call, every kv_tile that is a multiple of 128 gives the same bytes, other
-// head dims are a clear Status, and a TFLOP/s table (hopper, cudnn, native side by side)
-// at S = 111274, 56 x 128. Skips without a GPU, or where the build or the device has no
-// Hopper kernel (set_numerics says why).
+// hopper): error vs an fp64 reference (attention_test_util.h) within 2x the CPU
+// reference's (DESIGN.md §4) at awkward sizes, query slices (1 row, 97 rows, a last
+// slice of 1 row, 4096-row slices at H3 width) give the bytes of the whole call
+// (memcmp), streamed keys (p.state) give the bytes of one call, every kv_tile that is a
+// multiple of the key block (128; 176 for configurations 7, 8) gives the same bytes, the
+// same checks for the kernel configurations with arithmetic of their own and for the
+// cluster configurations, the speed-only configurations give equal bytes, other head
+// dims and unknown configurations are a clear Status, and a TFLOP/s table (hopper, cudnn,
+// native side by side) at S = 111274, 56 x 128. Skips without a GPU, or where the build
+// or the device has no Hopper kernel (set_numerics says why).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

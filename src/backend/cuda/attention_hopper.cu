@@ -8,10 +8,11 @@
 //                so a K buffer is refilled as soon as its scores are read, before P V
 //                ends). It gives its registers away (setmaxnreg.dec 24).
 //   warpgroups 1, 2  consumers: 64 queries each (one wgmma M of 64), setmaxnreg.inc 240.
-// Keys are walked in order in blocks of at most kBc = 128 keys that never straddle a
-// kv_tile boundary (block = [b, min(b + 128, end of b's kv_tile, Mk))), exactly as the
-// native kernel (attention.cu) does with 64. Per (query, head) the fp32 state and its
-// arithmetic per block (c = scale * log2 e > 0):
+// Keys are walked in order in blocks of at most kN keys (128 in the default and every
+// configuration but 7 and 8, which use 176) that never straddle a kv_tile boundary
+// (block = [b, min(b + kN, end of b's kv_tile, Mk))), exactly as the native kernel
+// (attention.cu) does with 64 (KeyWalk). Per (query, head) the fp32 state and its
+// arithmetic per block (c = scale * log2 e > 0), as written for kN = 128:
 //   d_j   = dot(q, k_j)                    wgmma m64n128k16, bf16 in, fp32 accumulate,
 //                                          k-steps of 16 head dims in order 0..7
 //   m_new = max(m, max_j d_j * c)          (max over the thread's 32 keys, then the quad
@@ -31,7 +32,11 @@
 // This is the native kernel's rule with blocks of 128 keys instead of 64 and the fixed
 // partial-sum order above, so the bits differ from it (a different algorithm) but are a
 // function of (kv_tile, Mk) only: for any kv_tile that is a multiple of 128 the blocks
-// are [128 i, 128 i + 128) and the bits are the same for all of them (tested).
+// are [128 i, 128 i + 128) and the bits are the same for all of them (tested). Every
+// kv_tile >= 1 is accepted: one that is not a multiple of kN ends each tile with a short
+// block (masked to -inf past its end, so p = 0 there), which walks other blocks and so
+// gives other bits (kv_tile 100, tested). With kN = 176 the rule is "multiples of 176"
+// and the default 8192 is not one (46 blocks of 176 and one of 96 per tile).
 // Query-slice invariance: a query's arithmetic reads its own row of Q and the same key
 // blocks in the same order whatever Mq is or which other queries share its CTA (rows of
 // the last CTA past Mq are zero-filled by TMA and never stored).
@@ -57,19 +62,38 @@
 // Shared memory (dynamic, 1024-aligned; every tile in the 128-byte-swizzled layout TMA
 // writes and wgmma reads, as two column halves of 64 head dims = 128 bytes per row):
 //   Q      bf16 [2 halves][128 rows][64]          32 KiB
-//   K, V   bf16 [stages][2 halves][128][64]       32 KiB per stage each
+//   K, V   bf16 [stages][2 halves][kN][64]        32 KiB per stage each (44 at kN = 176)
 //   mbarriers                                     (1 + 4 stages) x 8 bytes
 // The default configuration (kDefaultSchedule) has 3 stages (226 KiB) and Q in
 // registers for Q K^T.
 //
-// Speed (H200, S = 111274, 56 x 128, non-causal, 16384-query slices, one run each,
-// bench/results/issue15/): the default 595 TFLOP/s; cuDNN 556, PyTorch SDPA 555, the
-// native kernel 306. What limits it, from the diagnostic configurations: with no softmax
-// (P = bf16(S)) the GEMMs and loads reach 751; with no K/V reloads (compute alone,
-// softmax included) 650; exp2f instead of ex2.approx.ftz cost 7 %. ptxas compiles the
-// whole kernel, the consumers too, under the launch cap of 168 registers (12 warps: 3 per
-// SM quadrant), whatever setmaxnreg grants at run time, so blocks of 176 or 192 keys
-// (FlashAttention-3's 176) spill; a 288-thread form without setmaxnreg has the same cap.
+// Speed (H200, S = 111274, 56 x 128, non-causal, bench/results/issue15/ run7, the final
+// code): the default 605 TFLOP/s in one call over all queries and 615 in 16384-query
+// slices (603 in bench_cuda_block); cuDNN 552-553, PyTorch SDPA 557, the native kernel
+// 304-307. Below the 650 target. What limits it (runs 2-7, the configurations below):
+//  - the softmax: with no softmax (P = bf16(S)) the GEMMs and loads reach 751-758. The
+//    softmax is bound by instruction issue, not by the MUFU unit: computing a quarter,
+//    a third or half of the exponentials on the FMA pipe (exp2_poly, configurations
+//    16-18; ~10 instructions in place of one MUFU op) made it slower, 557 / 536 / 496
+//    against 605 in the same run (run5). Per element the softmax already issues the
+//    minimum of this rule: one FFMA, one MUFU.EX2, one FMNMX, one FADD, half an F2FP.
+//  - the loads: with no K/V reloads after the first ring, 650 (run3). Not the L2-to-SM
+//    bandwidth: clusters of 2 CTAs sharing each K/V block by TMA multicast (half the
+//    traffic, configurations 20-23) ran at 553-560 against 619 for the default in the
+//    same run (run6): coupling two CTAs' progress through the shared stages costs more
+//    than the traffic saved.
+//  - 176-key blocks (FlashAttention-3's choice at head dim 128) need more registers than
+//    setmaxnreg's 240: ptxas reports "wgmma serialized due to insufficient register
+//    resources" and spills 1.7 KB per thread (289 TFLOP/s, configurations 7, 8). ptxas
+//    does honour setmaxnreg per branch here (measured: the default without it spills
+//    264 bytes under the 168-register launch cap, with it none), so the fix is fewer
+//    live registers, not a launch form: even under a 255 cap with no setmaxnreg the
+//    176-key consumer uses 255 and spills 48 bytes (the 128-key one uses 242-250 when
+//    allowed). Softmax after both GEMMs (configuration 8, fewer values live under the
+//    GEMMs) and descriptors as one base plus immediates did not bring it under 240.
+// The next steps would be the row sum on the tensor cores (P V with N = 136 and a column
+// of ones in V: one FADD per element less, and l = sum bf16(p), the numerator's own
+// weights) and a consumer with fewer live registers so that 176-key blocks fit.
 #include "backend/cuda/attention_hopper.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the runtime)
@@ -100,9 +124,10 @@ constexpr int smem_bytes(int kN, int stages) {
   return kQTileBytes + 2 * stages * tile_bytes(kN) + 256 /* barriers */ + 1024 /* alignment */;
 }
 constexpr int kMaxDevices = 64;
-// The kernel configuration a call launches (the table in attention_hopper(); schedules
-// 0-5 are speed only and give the same bytes, tested): 4 = ping-pong, 3 stages, Q in
-// registers, the fastest measured (595 TFLOP/s against 578 for 1, bench/results/issue15/run3).
+// The kernel configuration a call launches (the table above hopper_consumer; 0-5, 13 and
+// 20-23 are speed only and give the same bytes, tested): 4 = ping-pong, 3 stages, Q in
+// registers (595 TFLOP/s against 578 for 1 in run3; 619 against 624 for 1 in run6, within
+// the ~2 % the same code moves between runs).
 constexpr int kDefaultSchedule = 4;
 
 // The kernel's arguments: the native kernel's common fields (attention_args.cuh); Q, K and
@@ -323,18 +348,29 @@ __device__ __forceinline__ void sched_arrive(int cw) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
 }
 
-// Kernel configurations (speed only: every non-diagnostic one gives the same bytes, tested).
-//   pingpong  consumer warpgroups take turns issuing their GEMMs (named barriers)
-//   stages    K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB)
-//   (schedules: 1 ping-pong, 2 stages; 0 free-running; 2 = 1 with 3 stages; 3 = 1 with Q in
-//   registers; 4 (the default) = 3 stages and Q in registers; 5 = 4 free-running; 6 = 1
-//   without kFast (other bits); 10, 11 the diagnostics)
-//   q_regs    Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
-//   fast      the kernel's arithmetic (the default, file comment): 2^x by ex2.approx.ftz,
-//             row sums in 4 partial sums, acc's rescale skipped where alpha = 1;
-//             false: exp2f and one running sum per row (other bits; the first form)
-//   diag      timing diagnostics, WRONG results: 1 = no K/V reloads after the first
-//             ring (compute alone), 2 = no softmax (P = bf16(S): GEMMs and loads alone)
+// Kernel configurations (attention_hopper() maps the schedule numbers onto them):
+//   kN      keys per block: 128, or 176 (spills: see the file comment)
+//   kMode   bits 0-1: 0 free-running consumers, 1 ping-pong (the two consumer warpgroups
+//           take turns issuing their GEMMs, named barriers), 2 ping-pong with the softmax
+//           after both GEMMs of an iteration (no intra-warpgroup overlap), 3 free-running
+//           with the softmax after both GEMMs; bit 2 (4): clusters of 2 CTAs sharing K
+//           and V by TMA multicast
+//   stages  K/V ring depth (2: 162 KiB of shared memory, 3: 226 KiB; 208 KiB at kN 176)
+//   q_regs  Q K^T with A = Q from registers (ldmatrix once) instead of shared memory
+//   diag    timing diagnostics, WRONG results: 1 = no K/V reloads after the first ring
+//           (compute alone), 2 = no softmax (P = bf16(S): GEMMs and loads alone)
+//   exp     the exponentials: 1 the kernel's arithmetic (file comment: ex2.approx.ftz,
+//           row sums in 4 partial sums, acc's rescale skipped where alpha = 1); 0 the
+//           first form (exp2f, one running sum per row); n >= 2: as 1, but every n-th
+//           n8 column block of the scores by exp2_poly (other bits)
+// Schedules and their families of equal bytes (tested): {0-5, 13, 20-23} (the default
+// 4's arithmetic: 0 free, 1 ping-pong 2 stages, 2 = 1 with 3 stages, 3 = 1 with Q in
+// registers, 4 = 3 stages and Q in registers, 5 = 4 free-running, 13 = 4 with the
+// softmax after both GEMMs, 20 = 5 in clusters of 2, 21 = 20 with 2 stages, 22 = 4 in
+// clusters of 2, 23 = 21 with Q from shared memory); {7, 8} (176-key blocks: ping-pong,
+// and with the softmax after both GEMMs); {16, 19} (a quarter of the exponentials by the
+// polynomial: ping-pong, free-running); 6 (the first form), 17 (a third), 18 (half) each
+// alone; 10, 11 the 128-key diagnostics.
 template <int kN, int kMode, int kStages, bool kQRegs, int kDiag, int kExp>
 __device__ __forceinline__ void hopper_consumer(const HopperArgs& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 uint32_t bars, int q0, int h);
