@@ -213,7 +213,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // K-major tiles (Q, K): 8-row groups 1024 bytes apart (SBO); the leading offset is unused
 // because a k-step of 16 elements (32 bytes) lies inside one 128-byte swizzled row.
 // MN-major V (keys x head dims): 8-key groups 1024 bytes apart (SBO), the two 64-wide
-// halves of the head dim kHalfBytes apart (LBO).
+// halves of the head dim half_bytes(kN) apart (LBO).
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   uint64_t d = 0;
   d |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
