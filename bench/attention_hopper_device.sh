@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15 on the GPU machine: builds the attention targets, runs the Hopper kernel's
-# tests (parity, slicing and streamed-key memcmp) and the attention benchmark at
+# tests (parity, slicing and streamed-key memcmp) and the cuDNN path's (they share the
+# parity harness, tests/cuda/attention_test_util.h), and the attention benchmark at
 # S = 111274, 56 x 128, non-causal: the side-by-side table of test_attention_hopper
 # (hopper, cudnn, native at each one's default kv_tile; one call over all queries and
 # 16384-query slices), bench_cuda_block --attention-only for each algorithm, and
@@ -19,13 +20,14 @@ B=build-gpu
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAYERSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DLAYERSTREAM_PYTHON=OFF -DLAYERSTREAM_BENCH=ON -DLAYERSTREAM_EXTRA_INCLUDE="$PWD/../.deps/include" \
   -DLAYERSTREAM_GTEST_SOURCE="$PWD/../.deps/googletest" >/tmp/cmake.log 2>&1 || { tail -30 /tmp/cmake.log; exit 1; }
-T="test_attention_hopper"
+T="test_attention_hopper test_attention_cudnn"
 [ "$MODE" != diag ] && T="$T bench_cuda_block"
 [ "$MODE" = full ] && T="$T test_real_width_invariance"
 cmake --build $B -j16 --target $T >/tmp/build.log 2>&1 || { grep -B2 -A8 -m5 "error" /tmp/build.log; exit 1; }
 tb() { find $B -name "$1" -type f -perm -u+x | head -1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-timeout 100 "$(tb test_attention_hopper)" --gtest_filter='-*Throughput*' 2>&1 | grep -v "^\[ *RUN\|^\[ *OK"
+timeout 150 "$(tb test_attention_hopper)" --gtest_filter='-*Throughput*' 2>&1 | grep -v "^\[ *RUN\|^\[ *OK"
+timeout 100 "$(tb test_attention_cudnn)" --gtest_filter='-*Throughput*' 2>&1 | grep -E "PASSED|FAILED|Failure|tests ran"
 [ -n "${SCHEDULES:-}" ] && export LAYERSTREAM_HOPPER_BENCH_SCHEDULES=$SCHEDULES
 LAYERSTREAM_HOPPER_BENCH_JSON="$OUT/attention_side_by_side.json" timeout 200 "$(tb test_attention_hopper)" --gtest_filter='*Throughput*' 2>&1 | grep -E "^ +[a-z]|FAIL"
 [ "$MODE" = diag ] && exit 0

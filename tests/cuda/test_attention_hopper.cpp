@@ -1,11 +1,14 @@
 // The Hopper attention kernel (src/backend/cuda/attention_hopper.cu, numerics attention
-// hopper): error vs an fp64 reference within 2x the CPU reference's (DESIGN.md §4) at
-// awkward sizes, query slices (1 row, 97 rows, a last slice of 1 row, 4096-row slices at
-// H3 width) give the bytes of the whole call (memcmp), streamed keys (p.state) give the
-// bytes of one call, every kv_tile that is a multiple of 128 gives the same bytes, other
-// head dims are a clear Status, and a TFLOP/s table (hopper, cudnn, native side by side)
-// at S = 111274, 56 x 128. Skips without a GPU, or where the build or the device has no
-// Hopper kernel (set_numerics says why).
+// hopper): error vs an fp64 reference (attention_test_util.h) within 2x the CPU
+// reference's (DESIGN.md §4) at awkward sizes, query slices (1 row, 97 rows, a last
+// slice of 1 row, 4096-row slices at H3 width) give the bytes of the whole call
+// (memcmp), streamed keys (p.state) give the bytes of one call, every kv_tile that is a
+// multiple of the key block (128; 176 for configurations 7, 8) gives the same bytes, the
+// same checks for the kernel configurations with arithmetic of their own and for the
+// cluster configurations, the speed-only configurations give equal bytes, other head
+// dims and unknown configurations are a clear Status, and a TFLOP/s table (hopper, cudnn,
+// native side by side) at S = 111274, 56 x 128. Skips without a GPU, or where the build
+// or the device has no Hopper kernel (set_numerics says why).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,10 +17,12 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <iterator>
 #include <vector>
 
 #include "backend/cuda/attention_cudnn.cuh"
 #include "backend/cuda/attention_hopper.cuh"
+#include "attention_test_util.h"
 #include "cuda_test_util.h"
 
 namespace ls::cudatest {
@@ -29,50 +34,34 @@ namespace {
   const ScopedNumerics hopper_(*G->cuda, attention_numerics("hopper"));               \
   if (!hopper_.status().ok()) GTEST_SKIP() << hopper_.status().message()
 
-// fp64 reference: softmax(scale q k^T) v, no roundings. q, k, v contiguous [rows, H, Dh].
-HostBuf attention_f64(const HostBuf& q, const HostBuf& k, const HostBuf& v, int64_t H, int64_t Dh) {
-  const int64_t Mq = q.v.shape[0], Mk = k.v.shape[0];
-  HostBuf out(DType::f64, {Mq, H, Dh});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
-  std::vector<double> s(static_cast<size_t>(Mk)), qd(static_cast<size_t>(Dh)), o(static_cast<size_t>(Dh));
-  std::vector<double> kd(static_cast<size_t>(k.n())), vd(static_cast<size_t>(v.n()));
-  for (int64_t i = 0; i < k.n(); ++i) kd[static_cast<size_t>(i)] = k.get(i), vd[static_cast<size_t>(i)] = v.get(i);
-  for (int64_t i = 0; i < Mq; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t e = 0; e < Dh; ++e) qd[static_cast<size_t>(e)] = q.get((i * H + h) * Dh + e);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < Mk; ++j) {
-        double d = 0;
-        for (int64_t e = 0; e < Dh; ++e) d += qd[static_cast<size_t>(e)] * kd[static_cast<size_t>((j * H + h) * Dh + e)];
-        s[static_cast<size_t>(j)] = d * scale;
-        mx = std::max(mx, d * scale);
-      }
-      double l = 0;
-      std::fill(o.begin(), o.end(), 0.0);
-      for (int64_t j = 0; j < Mk; ++j) {
-        const double p = std::exp(s[static_cast<size_t>(j)] - mx);
-        l += p;
-        for (int64_t e = 0; e < Dh; ++e) o[static_cast<size_t>(e)] += p * vd[static_cast<size_t>((j * H + h) * Dh + e)];
-      }
-      for (int64_t e = 0; e < Dh; ++e) out.v.ptr<double>()[(i * H + h) * Dh + e] = o[static_cast<size_t>(e)] / l;
-    }
-  return out;
-}
-double rel_l2(const HostBuf& got, const HostBuf& ref64) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < got.n(); ++i) {
-    const double r = ref64.v.ptr<const double>()[i], g = got.get(i);
-    num += (g - r) * (g - r);
-    den += r * r;
-  }
-  return std::sqrt(num / den);
-}
-
 struct Case {
   int64_t Mq, Mk, H, kv_tile;
   float qscale;
 };
 constexpr int64_t kDh = 128;
+
+// Launches kernel configuration `schedule` for the scope (attention_hopper.cu lists them).
+class ScopedSchedule {
+ public:
+  explicit ScopedSchedule(int schedule) : keep_(cuda::attention_hopper_schedule()) {
+    cuda::set_attention_hopper_schedule(schedule);
+  }
+  ~ScopedSchedule() { cuda::set_attention_hopper_schedule(keep_); }
+  ScopedSchedule(const ScopedSchedule&) = delete;
+  ScopedSchedule& operator=(const ScopedSchedule&) = delete;
+
+ private:
+  int keep_;
+};
+
+// The configurations with arithmetic of their own (each a fixed function of the inputs,
+// kv_tile and Mk): 6 the first form (exp2f), 7 blocks of 176 keys, 16-18 a quarter, a
+// third and half of the exponentials by the FMA-pipe polynomial. The default is tested
+// by every other test.
+constexpr int kOwnBitsSchedules[] = {6, 7, 16, 17, 18};
+// Clusters of 2 CTAs sharing K and V (TMA multicast): the default's bits, checked here
+// for odd CTA counts (a padding CTA past Mq), slices and streamed keys as well.
+constexpr int kClusterSchedules[] = {20, 23};
 
 // Parity vs the CPU reference and fp64, with K and V as strided column slices of one
 // fused buffer (as in the block), guard bytes around the output, and query slices of
@@ -134,6 +123,26 @@ TEST(HopperAttention, Parity) {
   for (const Case& c : cases) check_case(G, c);
 }
 
+// The same parity and query-slice checks for the configurations whose bits differ from
+// the default's.
+TEST(HopperAttention, ParityOtherConfigurations) {
+  LS_NEED_HOPPER();
+  const Case cases[] = {
+      {97, 1025, 2, 1024, 1.0f},   // two tiles, the second of 1 key
+      {1025, 300, 3, 8192, 3.0f},  // 9 CTAs, the last of 1 row; a short last block
+      {200, 2000, 2, 1000, 2.0f},  // short blocks at each kv_tile's end
+      {130, 4096, 1, 8192, 8.0f},  // peaked softmax: the running max moves
+  };
+  std::vector<int> schedules(std::begin(kOwnBitsSchedules), std::end(kOwnBitsSchedules));
+  schedules.insert(schedules.end(), std::begin(kClusterSchedules), std::end(kClusterSchedules));
+  for (int schedule : schedules) {
+    SCOPED_TRACE("schedule " + std::to_string(schedule));
+    std::printf("  schedule %d\n", schedule);
+    const ScopedSchedule use(schedule);
+    for (const Case& c : cases) check_case(G, c);
+  }
+}
+
 // The blocks are [128 i, 128 i + 128) for every kv_tile that is a multiple of 128, so
 // those kv_tiles give the same bytes; 100 gives other blocks (and other bytes).
 TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
@@ -155,6 +164,22 @@ TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
   EXPECT_TRUE(same_bytes(outs[0], outs[1])) << "kv_tile 128 vs 1024";
   EXPECT_TRUE(same_bytes(outs[0], outs[2])) << "kv_tile 128 vs 8192";
   EXPECT_FALSE(same_bytes(outs[0], outs[3])) << "kv_tile 100 walks other blocks and should round differently";
+  // Blocks of 176 keys (configuration 7): multiples of 176 agree; 1000 (5 blocks of 176
+  // and one of 120 per tile) walks other blocks.
+  const ScopedSchedule use(7);
+  std::vector<HostBuf> outs176;
+  for (int64_t kv_tile : {176, 1760, 8800, 1000}) {
+    DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
+    AttentionParams p;
+    p.kv_tile = kv_tile;
+    Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
+    ASSERT_TRUE(s.ok()) << s.message();
+    outs176.push_back(download(G, o.v));
+  }
+  EXPECT_TRUE(same_bytes(outs176[0], outs176[1])) << "176-key blocks: kv_tile 176 vs 1760";
+  EXPECT_TRUE(same_bytes(outs176[0], outs176[2])) << "176-key blocks: kv_tile 176 vs 8800";
+  EXPECT_FALSE(same_bytes(outs176[0], outs176[3])) << "176-key blocks: kv_tile 1000 walks other blocks";
+  EXPECT_FALSE(same_bytes(outs176[0], outs[0])) << "176-key blocks should round differently from 128-key blocks";
 }
 
 // H3 width (56 heads x 128) in a fused qkv buffer: slices of 4096, 97 and 1 rows give
@@ -202,8 +227,7 @@ TEST(HopperAttention, QuerySliceInvarianceH3) {
 // Streamed keys (AttentionParams::state): the keys fed in chunks of whole tiles, the fp32
 // state carried in p.state, give the bytes of one call over all keys, also for a query
 // slice of one row.
-TEST(HopperAttention, StreamedKeysSameBytes) {
-  LS_NEED_HOPPER();
+void check_streamed_keys(Gpu* G) {
   const int64_t Mq = 2100, Mk = 2900, H = 3, kv_tile = 256;
   HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 220, 2.0f);
   HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 221, 1.0f);
@@ -245,8 +269,23 @@ TEST(HopperAttention, StreamedKeysSameBytes) {
   EXPECT_TRUE(same_bytes(download(G, one.v), host_rows(a, 1500, 1501))) << "one streamed query row";
 }
 
-// The consumer schedules (ping-pong on named barriers, free-running) are a speed knob:
-// the same bytes.
+TEST(HopperAttention, StreamedKeysSameBytes) {
+  LS_NEED_HOPPER();
+  check_streamed_keys(G);  // the default configuration
+  std::vector<int> schedules(std::begin(kOwnBitsSchedules), std::end(kOwnBitsSchedules));
+  schedules.insert(schedules.end(), std::begin(kClusterSchedules), std::end(kClusterSchedules));
+  for (int schedule : schedules) {
+    SCOPED_TRACE("schedule " + std::to_string(schedule));
+    const ScopedSchedule use(schedule);
+    check_streamed_keys(G);
+  }
+}
+
+// The speed-only knobs (ping-pong on named barriers or free-running, softmax under or
+// after the GEMMs, 2 or 3 stages, Q from registers or shared memory) give the same bytes
+// (alone or in clusters of 2 CTAs sharing K and V)
+// within each family of equal arithmetic: {0-5, 13, 20-23} (128-key blocks, MUFU exponentials),
+// {7, 8} (176-key blocks), {16, 19} (a quarter of the exponentials by the polynomial).
 TEST(HopperAttention, SchedulesSameBytes) {
   LS_NEED_HOPPER();
   const int64_t Mq = 1000, Mk = 5000, H = 4;
@@ -254,20 +293,37 @@ TEST(HopperAttention, SchedulesSameBytes) {
   HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 241, 1.0f);
   HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 242, 1.0f);
   DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
-  const int keep = cuda::attention_hopper_schedule();
-  std::vector<HostBuf> outs;
-  for (int schedule : {1, 0, 2, 3, 4, 5}) {
-    cuda::set_attention_hopper_schedule(schedule);
+  const auto run = [&](int schedule) {
+    const ScopedSchedule use(schedule);
     DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
     AttentionParams p;
     p.kv_tile = 1000;
     Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
-    ASSERT_TRUE(s.ok()) << s.message();
-    outs.push_back(download(G, o.v));
+    EXPECT_TRUE(s.ok()) << s.message();
+    return download(G, o.v);
+  };
+  const std::vector<std::vector<int>> families = {{1, 0, 2, 3, 4, 5, 13, 20, 21, 22, 23}, {7, 8}, {16, 19}};
+  std::vector<HostBuf> firsts;
+  for (const std::vector<int>& family : families) {
+    const HostBuf first = run(family[0]);
+    EXPECT_FALSE(same_bytes(host_rows(first, 0, 1), host_rows(first, 1, 2))) << "output rows should differ";
+    for (size_t i = 1; i < family.size(); ++i)
+      EXPECT_TRUE(same_bytes(first, run(family[i]))) << "schedule " << family[i] << " differs from " << family[0];
+    firsts.push_back(first);
   }
-  cuda::set_attention_hopper_schedule(keep);
-  EXPECT_FALSE(same_bytes(host_rows(outs[0], 0, 1), host_rows(outs[0], 1, 2))) << "output rows should differ";
-  for (size_t i = 1; i < outs.size(); ++i) EXPECT_TRUE(same_bytes(outs[0], outs[i])) << "schedule #" << i << " differs";
+  for (size_t i = 1; i < firsts.size(); ++i)
+    EXPECT_FALSE(same_bytes(firsts[0], firsts[i])) << "family " << i << " should have arithmetic of its own";
+}
+
+// An unknown configuration number is a Status, not a silent fallback.
+TEST(HopperAttention, UnknownScheduleIsAStatus) {
+  LS_NEED_HOPPER();
+  HostBuf q = random_buf(DType::bf16, {4, 2, kDh}, 9, 1.0f);
+  DevBuf dq = dev_from(G, q), dout = dev_buf(G, DType::bf16, {4, 2, kDh});
+  const ScopedSchedule use(99);
+  const Status s = G->cuda->attention(dq.v, dq.v, dq.v, dout.v, AttentionParams{});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("configuration 99"), std::string::npos) << s.message();
 }
 
 TEST(HopperAttention, OtherHeadDimsAreAStatus) {

@@ -45,6 +45,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/attention_args.cuh"
 #include "backend/cuda/attention_cudnn.cuh"  // cuDNN path hook (see cuda_op_attention)
 #include "backend/cuda/attention_hopper.cuh"  // Hopper kernel hook (numerics attention hopper)
 #include "backend/cuda/ops.cuh"
@@ -57,7 +58,6 @@ constexpr int kBc = 64;  // keys per inner block
 // (bench/results/h200_final_*), bitwise equal to 4x1 (CudaOps.AttentionVariantsAgree).
 constexpr const char* kDefaultVariant = "4x2";
 constexpr int kMaxDevices = 64;
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -125,17 +125,13 @@ __device__ __forceinline__ void load_tile(uint16_t* sm, const uint16_t* base, in
   }
 }
 
-struct AttnArgs {
+// The common fields (o, Mq, Mk, kv_tile, scale, state: attention_args.cuh; the state is
+// read by the kState kernels only) and this kernel's inputs.
+struct AttnArgs : AttnCommonArgs {
   const uint16_t* q;  // bf16 [Mq, H, D]
   const uint16_t* k;  // bf16 [Mk, H, D]
   const uint16_t* v;  // bf16 [Mk, H, D]
-  uint16_t* o;        // bf16 [Mq, H, D]
-  int64_t sq, hq, sk, hk, sv, hv, so, ho;  // row and head strides (elements)
-  int64_t Mq, Mk, kv_tile;
-  float scale_log2;  // softmax scale * log2(e)
-  float* state;      // f32 [Mq, H, D + kAttentionStateExtra], contiguous (kState kernels only)
-  bool state_in;     // start from `state` instead of (-inf, 0, 0)
-  bool finalize;     // write o; else save the running state to `state`
+  int64_t sq, hq, sk, hk, sv, hv;  // row and head strides (elements)
 };
 
 // MT m-tiles of 16 queries per warp. MT = 1 keeps Q in registers; MT = 2 reads Q
@@ -468,27 +464,13 @@ Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView
   a.q = q.ptr<const uint16_t>();
   a.k = k.ptr<const uint16_t>();
   a.v = v.ptr<const uint16_t>();
-  a.o = out.ptr<uint16_t>();
   a.sq = q.stride[0];
   a.hq = q.stride[1];
   a.sk = k.stride[0];
   a.hk = k.stride[1];
   a.sv = v.stride[0];
   a.hv = v.stride[1];
-  a.so = out.stride[0];
-  a.ho = out.stride[1];
-  a.Mq = q.shape[0];
-  a.Mk = k.shape[0];
-  a.kv_tile = p.kv_tile;
-  a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
-  a.state_in = p.state_in;
-  a.finalize = p.finalize;
-  if (a.state && (reinterpret_cast<uintptr_t>(a.state) & 7u) != 0)
-    return unsupported("attention", "the state needs 8-byte aligned memory (an arena piece is)");
-  // PyTorch's default scale: fl32(1 / sqrt(Dh)) computed in double (as the CPU reference).
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
-  if (!(scale > 0.0f)) return unsupported("attention", "softmax scale must be positive");
-  a.scale_log2 = scale * kLog2e;
+  LS_TRY(fill_attention_args("attention", q, k, out, p, a));
   const int H = static_cast<int>(q.shape[1]);
   switch (Dh) {
     case 32: return launch_variant<32>(ctx, a, H);

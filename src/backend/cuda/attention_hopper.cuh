@@ -29,11 +29,13 @@ Status attention_hopper_available(int device);
 Status attention_hopper(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionParams& p);
 // The kernel configuration ("schedule") calls launch, for the tests and benchmarks that
-// compare them (attention_hopper.cu lists them): 0-5 are speed knobs only and give the
-// same bytes (tested); 6 is the first form's arithmetic (other bits); 10 and 11 are timing
-// diagnostics with WRONG results (no K/V reloads; no softmax). Default 4. Process-wide;
-// read when a call is queued. Never part of Numerics: nothing but a test or a benchmark
-// sets it.
+// compare them (attention_hopper.cu lists them): 0-5, 13 and 20-23 are speed knobs only
+// and give the default's bytes (tested); 6 (the first form), 7 and 8 (176-key blocks),
+// 16-19 (part of the exponentials by an FMA-pipe polynomial) have arithmetic of their
+// own (other bits, each a fixed function of the inputs; tested like the default); 10 and
+// 11 are timing diagnostics with WRONG results (no K/V reloads; no softmax). Default 4;
+// another number makes the call return unsupported. Process-wide; read when a call is
+// queued. Never part of Numerics: nothing but a test or a benchmark sets it.
 void set_attention_hopper_schedule(int schedule);
 int attention_hopper_schedule();
 #else
