@@ -10,7 +10,9 @@
 // numerics settings"):
 //   CPU:  attention native (the reference), kv_tile 1024, fp32 GEMM lanes16; the CUDA
 //         kernel knobs must stay at their defaults (refused otherwise).
-//   CUDA: attention cudnn where the build has cuDNN (kv_tile 8192), else native
+//   CUDA: attention hopper for a model of head dim 128 on an sm_90 device in a build with
+//         the Hopper kernel (Backend::set_model_head_dim, called by Session::load_weights;
+//         kv_tile 8192), else cudnn where the build has cuDNN (kv_tile 8192), else native
 //         (kv_tile 1024; native_variant "4x2"); fp32 GEMMs lanes16 (the CPU reference's
 //         order, so the CPU's bytes); bf16 GEMMs the heuristic's first admissible
 //         cuBLASLt algorithm per shape; cuDNN: 2048 queries per call, graph form auto.

@@ -263,8 +263,8 @@ class CudaBackend final : public Backend {
   // ---- numerics ------------------------------------------------------------------
   // Resolution (numerics.h): attention auto -> hopper for a model of head dim 128 on an
   // sm_90 device in a build with the Hopper kernel (set_model_head_dim; the fastest that
-  // passes the parity and invariance tests there: 589-595 TFLOP/s at S = 111274 against
-  // cuDNN's 550-556 on the H200, bench/results/issue15/), else cudnn where the build has
+  // passes the parity and invariance tests there: 603-615 TFLOP/s at S = 111274 against
+  // cuDNN's 552-553 on the H200, bench/results/issue15/), else cudnn where the build has
   // cuDNN, else native; kv_tile 0 -> the algorithm's default. cuDNN's fused kernel is called once per
   // key tile and the tiles are merged, so small tiles cost speed: at S = 111274, H3
   // width, on the H200, kv_tile 1024 ran at 438 TFLOP/s, 8192 at 552-555, 16384 at
