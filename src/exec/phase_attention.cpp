@@ -186,11 +186,11 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
     LS_TRY(blk.attn_out(r, a, b, o.slice_rows(0, n), h.slice_rows(0, n)));
     LS_TRY(walk2.out(r, a, b));
   }
-  LS_TRY(walk2.finish());
-  // Pass 1's copies out are done before the phase's bytes go back to the arena (with one
-  // query slice no pass-2 load follows them on the transfer queue for compute to wait on).
-  for (int j = 0; j < 2; ++j) LS_TRY(kv.saved[j].wait(Queue::compute));
-  return Status();
+  // With one query slice no pass-2 load follows pass 1's last copies out, and nothing
+  // waits for them: they only READ the chunk buffers, so the next phase may take the
+  // bytes at once. What they then write to host K/V is rewritten (in queue order) by the
+  // next block's pass 1 before any load reads it.
+  return walk2.finish();
 }
 
 // Sequence parallel (Ulysses, docs/multi-gpu.md). This rank holds residual rows
@@ -297,9 +297,10 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
 Status run_attention(ForwardState& st, const AttnSpecs& specs, const h3::DitBlock& blk, int64_t slice, int64_t kv_tile,
                      KvOffload* kv) {
   // The phase's buffers are rewound at scope exit and the next phase may reuse the
-  // bytes at once: queued work is ordered on the compute queue, and every transfer into
-  // or out of these buffers was waited for by compute above. On a backend with queues
-  // the transfer queue is idle here except for weight copies.
+  // bytes at once: queued work is ordered on the compute queue, and every transfer INTO
+  // these buffers, and every copy out of a residual slice, was waited for by compute
+  // above (ResidualWalk::finish). Only K/V copies out of the chunk buffers may still
+  // run (one query slice: attention_offloaded_kv says why that is safe).
   Arena::Scope phase(st.arena);
   switch (specs.kind) {
     case AttentionKind::stock: return attention_stock(st, specs, blk, kv_tile);
