@@ -4,6 +4,7 @@
 // within its budget, the named minimum works and one byte less fails, tiny configs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -347,6 +348,9 @@ TEST(BudgetPlan, TinyConfigs) {
     o.workspace_bytes = rng() % 5000;
     o.device.pcie_gb_per_s = 1 + static_cast<double>(rng() % 100);
     o.device.attention_tflops = 0.001 + static_cast<double>(rng() % 100) / 100.0;  // hiding slices of ~1..100 rows
+    // The exposed-transfer model's other rates, so its terms cross over on these sizes.
+    o.device.d2h_gb_per_s = 1 + static_cast<double>(rng() % 100);
+    o.device.gemm_tflops = 0.001 + static_cast<double>(rng() % 100) / 100.0;
     o.prefetch = (rng() & 1) != 0;
     o.kv_chunk_rows = o.kv_tile * static_cast<int64_t>(rng() % 3);  // 0 = default (S on these sizes)
     auto min = min_total_budget(cfg, cond, o);
@@ -422,6 +426,31 @@ TEST(BudgetPlan, PcieArithmetic) {
   EXPECT_EQ(res->step, "residual offload");
   EXPECT_EQ(res->pcie_kv_bytes, 0u);
   EXPECT_EQ(res->host_pinned_bytes, x);
+}
+
+// The exposed-transfer model by hand (budget_plan.cpp exposed_seconds) for the 4 GiB
+// K/V-only plan: pass 1's copies out (and the block's weights) against the K/V GEMMs
+// and the first query slice's attention; pass 2's reload per further slice against that
+// slice's attention and Q / out GEMMs. At the measured rates both hide (0 s); on a
+// 16 GB/s bus both show, by exactly these terms.
+TEST(BudgetPlan, ExposedTransferByHand) {
+  h3::H3Config cfg;
+  const double S = 111274, I = 7168, D = 5376, L = 50;
+  BudgetOptions o;
+  o.allow_residual_offload = false;
+  auto fast = plan_total_budget(cfg, clip_15s_1mp(), 4 * GiB, o);
+  ASSERT_TRUE(fast.ok() && fast->kv_offload);
+  EXPECT_EQ(fast->exposed_transfer_seconds, 0.0);
+  o.device.pcie_gb_per_s = o.device.d2h_gb_per_s = 16;
+  auto slow = plan_total_budget(cfg, clip_15s_1mp(), 4 * GiB, o);
+  ASSERT_TRUE(slow.ok() && slow->kv_offload && !slow->residual_offload);
+  const double a = static_cast<double>(slow->activations.attn_slice), s = std::ceil(S / a);
+  const double B = 16e9, Ta = 550e12, Tg = 700e12, kv = 4 * S * I, W = 770725376.0;
+  const double pass1 = std::max(0.0, kv / B + W / B - 4 * S * D * I / Tg - 4 * a * S * I / Ta);
+  const double pass2 = (s - 1) * std::max(0.0, kv / B - a * (4 * S * I / Ta + 4 * D * I / Tg));
+  EXPECT_GT(pass1, 0.0);
+  EXPECT_GT(pass2, 0.0);
+  EXPECT_NEAR(slow->exposed_transfer_seconds, L * (pass1 + pass2), 1e-9 * L * (pass1 + pass2));
 }
 
 // Among the offload levels that fit, the plan exposes the least transfer time
@@ -520,6 +549,12 @@ TEST(BudgetPlan, OptionErrors) {
   o = {};
   o.device.pcie_gb_per_s = 0;
   EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
+  o = {};
+  o.device.d2h_gb_per_s = 0;
+  EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
+  o = {};
+  o.device.gemm_tflops = -2;
+  EXPECT_FALSE(min_total_budget(cfg, cond, o).ok());
   auto zero = plan_total_budget(cfg, cond, 0, BudgetOptions{});
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.error().code, ErrorCode::out_of_budget);
