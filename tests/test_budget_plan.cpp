@@ -242,8 +242,11 @@ TEST(BudgetPlan, H3DecisionTable) {
 TEST(BudgetPlan, MonotonicInTheBudget) {
   h3::H3Config cfg;
   const auto cond = clip_15s_1mp();
-  for (bool prefetch : {true, false}) {
-    BudgetOptions o;
+  // Prefetch on and off; then the CUDA dry-run profile (cuDNN: kv_tile 8192, attention
+  // slices quantised to whole 2048-query chunks where that keeps their count).
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool prefetch = variant != 1;
+    BudgetOptions o = variant == 2 ? budget_options_for(cuda_device_profile()) : BudgetOptions{};
     o.prefetch = prefetch;
     auto min = min_total_budget(cfg, cond, o);
     ASSERT_TRUE(min.ok());
@@ -263,6 +266,14 @@ TEST(BudgetPlan, MonotonicInTheBudget) {
       EXPECT_LE(p->kv_offload, last_kv) << "budget " << b;
       EXPECT_LE(any, last_any) << "budget " << b;
       EXPECT_LE(p->exposed_transfer_seconds, last_exposed) << "budget " << b;
+      const int64_t q = o.attention_row_quantum, n = p->activations.attn_slice, S = p->sizes.S;
+      if (q > 1 && n >= q && n < S) {
+        // A whole number of query chunks, unless that would go below the mode's floor
+        // or (K/V offloaded) take another slice.
+        const int64_t slices = (S + n - 1) / n, whole = ((S + slices - 1) / slices + q - 1) / q * q;
+        EXPECT_TRUE(n % q == 0 || (p->kv_offload ? whole > n : n / q * q < p->slice_floor))
+            << "budget " << b << ": slice " << n;
+      }
       if (p->residual_offload && !last_res) ++residual_flips;
       residual_plans += p->residual_offload;
       kv_only_plans += p->kv_offload && !p->residual_offload;
@@ -279,8 +290,10 @@ TEST(BudgetPlan, MonotonicInTheBudget) {
     EXPECT_EQ(last_streamed, 0);  // the sweep reached all-resident
     EXPECT_GT(residual_plans, 0);
     EXPECT_GT(kv_only_plans, 0);
-    std::printf("prefetch %d: %d budgets, %d K/V + residual, %d K/V only, residual offload re-entered %d times\n",
-                prefetch, steps, residual_plans, kv_only_plans, residual_flips);
+    std::printf("variant %d (prefetch %d, attention row quantum %lld): %d budgets, %d K/V + residual, %d K/V only, "
+                "residual offload re-entered %d times\n",
+                variant, prefetch, static_cast<long long>(o.attention_row_quantum), steps, residual_plans, kv_only_plans,
+                residual_flips);
   }
 }
 
@@ -351,6 +364,7 @@ TEST(BudgetPlan, TinyConfigs) {
     // The exposed-transfer model's other rates, so its terms cross over on these sizes.
     o.device.d2h_gb_per_s = 1 + static_cast<double>(rng() % 100);
     o.device.gemm_tflops = 0.001 + static_cast<double>(rng() % 100) / 100.0;
+    o.attention_row_quantum = 1 + static_cast<int64_t>(rng() % 24);
     o.prefetch = (rng() & 1) != 0;
     o.kv_chunk_rows = o.kv_tile * static_cast<int64_t>(rng() % 3);  // 0 = default (S on these sizes)
     auto min = min_total_budget(cfg, cond, o);
@@ -548,6 +562,9 @@ TEST(BudgetPlan, OptionErrors) {
   EXPECT_FALSE(min_total_budget(cfg, cond, o).ok());
   o = {};
   o.device.pcie_gb_per_s = 0;
+  EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
+  o = {};
+  o.attention_row_quantum = 0;
   EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
   o = {};
   o.device.d2h_gb_per_s = 0;

@@ -229,11 +229,35 @@ struct Choice {
   int64_t R = 0, attn = 0, mlp = 0, fin = 0;
 };
 
+// The attention slice for n fitting rows (BudgetOptions::attention_row_quantum q), never
+// below the mode's floor:
+//   K/V on the device: floor(n / q) q, whole query chunks (more slices cost nothing but a
+//     re-read of K and V from device memory);
+//   K/V offloaded: with s = ceil(S / n) slices, the smallest multiple of q holding
+//     ceil(S / s) rows, when it fits (<= n): the same slice count, so the same K/V
+//     traffic (another slice would reload all of K and V once more);
+//   else n. Both are non-decreasing in n (for the second, a slice count s that drops
+//   makes ceil(S / s) exceed the old n), so the plan's slices, and its exposed transfer
+//   time, stay monotone in the budget.
+int64_t quantised_attention_slice(int64_t n, int64_t S, int64_t floor, int64_t q, bool kv_offload) {
+  if (q <= 1 || n < q || n >= S) return n;
+  if (!kv_offload) {
+    const int64_t m = n / q * q;
+    return m >= floor ? m : n;
+  }
+  const int64_t s = (S + n - 1) / n, rows = (S + s - 1) / s;
+  const int64_t m = (rows + q - 1) / q * q;
+  return m <= n && m >= floor ? m : n;
+}
+
 // The choice of one mode at `budget`, or false when even its floor does not fit.
 bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
   const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks);
   const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
-  const uint64_t act_min = act.total(fa, fm, ff);
+  // The floor's activations; stock attention counts when allowed (at n = S two-pass
+  // attention holds the same bytes in more buffers, so alignment can make it larger).
+  const uint64_t attn_min = act.stock_attention_allowed() ? std::min(act.attn(0), act.attn(fa)) : act.attn(fa);
+  const uint64_t act_min = act.base + std::max({attn_min, act.mlp(fm), act.fin(ff)});
   int64_t R = -1;
   for (int64_t r = m.keep_resident ? c.L : 0; r >= 0; --r)
     if (c.peak(r, act_min) <= budget) {
@@ -247,7 +271,9 @@ bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
   Choice ch;
   ch.R = R;
   if (act.stock_attention_allowed() && act.attn(0) <= cap) ch.attn = 0;
-  else ch.attn = largest_fitting(fa, c.z.S, cap, [&](int64_t n) { return act.attn(n); });
+  else
+    ch.attn = quantised_attention_slice(largest_fitting(fa, c.z.S, cap, [&](int64_t n) { return act.attn(n); }), c.z.S,
+                                        fa, c.o.attention_row_quantum, m.lv.kv);
   ch.mlp = largest_fitting(fm, c.z.S, cap, [&](int64_t n) { return act.mlp(n); });
   ch.fin = largest_fitting(ff, c.z.target_rows, cap, [&](int64_t n) { return act.fin(n); });
   *out = ch;
@@ -354,6 +380,8 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
 // of a run without sigmas (knobs / activation modes, device_peak()) may count none.
 Status check_options(const BudgetOptions& o, bool tables_required = true) {
   if (o.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
+  if (o.attention_row_quantum < 1)
+    return Status(make_error(ErrorCode::invalid_argument, "attention_row_quantum must be >= 1"));
   if (o.kv_chunk_rows < 0)
     return Status(make_error(ErrorCode::invalid_argument, "kv_chunk_rows must be >= 0 (0 = the default)"));
   if (o.modulation_rows < (tables_required ? 1 : 0))
@@ -442,6 +470,7 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
   const uint64_t cudnn = cudnn_attention_workspace_bytes(64, 128, q_chunk);
   d.workspace_bytes = cudnn_built ? std::max(kGemm, cudnn) : kGemm;
   d.default_kv_tile = cudnn_built && cudnn_selected ? 8192 : 1024;
+  d.attention_row_quantum = cudnn_built && cudnn_selected ? q_chunk : 1;
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
   if (cudnn_built)
@@ -456,6 +485,8 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
      << d.throughput.gemm_tflops
      << " TFLOP/s GEMM (measured on the H200, PCIe Gen5; they pick the K/V-hiding slice "
      << kv_hiding_slice(d.throughput) << " and the offload level, never a bit)";
+  if (d.attention_row_quantum > 1)
+    tile << "; attention slices in whole " << d.attention_row_quantum << "-query chunks where that keeps their count";
   d.assumed = {ws.str(), tile.str(), tp.str()};
   return d;
 }
@@ -465,6 +496,7 @@ BudgetOptions budget_options_for(const DeviceProfile& d) {
   o.kv_tile = d.default_kv_tile;
   o.workspace_bytes = d.workspace_bytes;
   o.device = d.throughput;
+  o.attention_row_quantum = d.attention_row_quantum;
   return o;
 }
 

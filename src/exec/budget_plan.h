@@ -94,6 +94,10 @@ struct DeviceProfile {
   std::string name;                  // "cuda", "cpu"
   uint64_t workspace_bytes = 0;      // Backend::workspace_bytes()
   int64_t default_kv_tile = 1024;    // Backend::default_kv_tile() (numerics: --kv-tile overrides)
+  // Queries the attention computes in whole blocks of (cuDNN: Numerics::cudnn_q_chunk,
+  // a slice's last chunk zero-padded to it; 1 for the other algorithms): the planner
+  // sizes two-pass attention slices in whole blocks where that keeps their count.
+  int64_t attention_row_quantum = 1;
   DeviceFacts throughput;
   std::vector<std::string> assumed;  // e.g. "workspace 290.5 MiB: cuBLASLt 64 MiB, cuDNN attention ..."
 };
@@ -135,6 +139,14 @@ struct BudgetOptions {
   // Sequence-parallel ranks (docs/multi-gpu.md): the budget is PER RANK (each rank holds
   // every weight, its tables and 1/ranks of the activations); no offload with ranks > 1.
   int64_t ranks = 1;
+  // DeviceProfile::attention_row_quantum q. cuDNN pads each attention call's last
+  // 2048-query chunk, so a 10,778-row slice computes 12,288 rows and a 10,240-row one
+  // 10,240: two-pass attention slices are sized in whole chunks. K/V on the device: the
+  // largest multiple of q that fits. K/V offloaded: for the s = ceil(S / n) slices the
+  // n fitting rows give, the smallest multiple of q holding ceil(S / s) rows, when it
+  // fits (the same slice count, so no extra reload of K and V). Never below the mode's
+  // slice floor; monotone in the budget.
+  int64_t attention_row_quantum = 1;
 };
 
 // BudgetOptions with a profile's workspace, default kv_tile and throughput (everything
