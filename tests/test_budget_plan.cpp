@@ -626,5 +626,6 @@ TEST(BudgetPlan, CudaProfileMatchesTheBackend) {
         cuda_device_profile(cudnn_built, cudnn_built && c.attention != AttentionAlgorithm::native, c.q_chunk);
     EXPECT_EQ(live.workspace_bytes, doc.workspace_bytes) << to_string(c.attention) << " q_chunk " << c.q_chunk;
     EXPECT_EQ(live.default_kv_tile, doc.default_kv_tile) << to_string(c.attention);
+    EXPECT_EQ(live.attention_row_quantum, doc.attention_row_quantum) << to_string(c.attention) << " q_chunk " << c.q_chunk;
   }
 }
