@@ -19,6 +19,7 @@
 #include "deferred_transfer_backend.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
+#include "exec/planner.h"
 
 namespace ls::test {
 
@@ -252,11 +253,13 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
 }
 
 // The total-budget options for a case on a backend: the case's kv_tile, the backend's
-// workspace, the call's modulation rows.
+// workspace and attention row quantum (cuDNN's query chunk: slices in whole chunks), the
+// call's modulation rows.
 inline exec::BudgetOptions budget_options(const StreamingCase& c, const Backend& be) {
   exec::BudgetOptions bo;
   bo.kv_tile = c.kv_tile;
   bo.workspace_bytes = be.workspace_bytes();
+  bo.attention_row_quantum = exec::device_profile(be).attention_row_quantum;
   auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
   EXPECT_TRUE(rows.ok()) << rows.error().message;
   if (rows.ok()) bo.modulation_rows = *rows;
