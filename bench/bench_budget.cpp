@@ -6,10 +6,12 @@
 // precompute_adaln -> prepare -> forward).
 //
 // Per budget: the planner's choice and predicted peak; the forward's wall time (its
-// own clock, the call ends with a device synchronize); LayerStream's device peak (every
+// own clock, the call ends with a device synchronize) and its ratio to the unlimited run
+// (when "unlimited" comes first), the seconds it added against the planner's predicted
+// exposed transfer time (BudgetPlan::exposed_transfer_seconds); LayerStream's device peak (every
 // arena, counted) and the driver's view (cudaMemGetInfo: the most free memory the
 // device lost since before the engine existed, sampled after each phase); PCIe bytes
-// (streamed weights, K/V, residual); the output's FNV-1a 64 hash and whether it equals
+// (streamed weights, K/V, residual, each, and the plan's prediction); the output's FNV-1a 64 hash and whether it equals
 // the reference (the first budget of the list, or --reference-hash from another run).
 // Budgets below the minimum are recorded as refused, with the planner's message.
 //
@@ -267,29 +269,45 @@ int main(int argc, char** argv) {
     if (b == "unlimited") unlimited_seconds = r.wall_seconds;
     const bool same = h == reference;
     const uint64_t pcie = r.pcie_weight_bytes + r.pcie_kv_bytes + r.pcie_residual_bytes;
-    std::printf("[%s] %s\n[%s] forward %.3f s; LayerStream device peak %s (predicted %s); driver %s; PCIe %.2f GB; "
-                "hash %s %s\n",
-                b.c_str(), r.status_line().c_str(), b.c_str(), r.wall_seconds, format_bytes(r.device_peak_bytes).c_str(),
-                format_bytes(bp->predicted_peak_bytes).c_str(), format_bytes(o->driver_used).c_str(), pcie / 1e9,
+    // Against the unlimited run (when it ran first): the ratio and the seconds this plan
+    // added, next to what the planner predicted its offload copies would not hide.
+    const double ratio = unlimited_seconds > 0 ? r.wall_seconds / unlimited_seconds : 0.0;
+    const double extra = unlimited_seconds > 0 ? r.wall_seconds - unlimited_seconds : 0.0;
+    std::printf("[%s] %s\n[%s] forward %.3f s (x%.3f unlimited); LayerStream device peak %s (predicted %s); driver %s; "
+                "PCIe %.2f GB (weights %.2f, K/V %.2f, residual %.2f; predicted %.2f); exposed transfer predicted "
+                "%.3f s, measured extra %.3f s; hash %s %s\n",
+                b.c_str(), r.status_line().c_str(), b.c_str(), r.wall_seconds, ratio,
+                format_bytes(r.device_peak_bytes).c_str(), format_bytes(bp->predicted_peak_bytes).c_str(),
+                format_bytes(o->driver_used).c_str(), pcie / 1e9, r.pcie_weight_bytes / 1e9, r.pcie_kv_bytes / 1e9,
+                r.pcie_residual_bytes / 1e9, bp->pcie_bytes_per_forward() / 1e9, bp->exposed_transfer_seconds, extra,
                 h.c_str(), same ? "(identical)" : "(DIFFERS)");
     for (const auto& [phase, sec] : r.phase_seconds) std::printf("[%s]   %-18s %8.3f s\n", b.c_str(), phase.c_str(), sec);
     std::fflush(stdout);
     js << ", \"step\": \"" << esc(bp->step) << "\", \"plan\": \"" << esc(bp->describe())
        << "\", \"predicted_peak_bytes\": " << bp->predicted_peak_bytes
        << ", \"predicted_host_pinned_bytes\": " << rp->peak.host_pinned_bytes << ", \"predicted_pcie_bytes\": "
-       << bp->pcie_bytes_per_forward() << ", \"forward_seconds\": " << r.wall_seconds
+       << bp->pcie_bytes_per_forward() << ", \"predicted_exposed_transfer_seconds\": " << bp->exposed_transfer_seconds
+       << ", \"attn_slice\": " << bp->activations.attn_slice << ", \"mlp_slice\": " << bp->activations.mlp_slice
+       << ", \"kv_chunk\": " << bp->kv_chunk << ", \"forward_seconds\": " << r.wall_seconds
+       << ", \"x_unlimited\": " << ratio << ", \"extra_seconds_vs_unlimited\": " << extra
        << ", \"engine_create_seconds\": " << o->engine_seconds << ", \"refine_precompute_prepare_seconds\": " << o->precompute_seconds
        << ", \"device_peak_bytes\": " << r.device_peak_bytes << ", \"driver_used_bytes\": " << o->driver_used
-       << ", \"pcie_bytes\": " << pcie << ", \"output_hash\": \"" << h << "\", \"identical_to_reference\": "
+       << ", \"pcie_bytes\": " << pcie << ", \"pcie_weight_bytes\": " << r.pcie_weight_bytes
+       << ", \"pcie_kv_bytes\": " << r.pcie_kv_bytes << ", \"pcie_residual_bytes\": " << r.pcie_residual_bytes
+       << ", \"output_hash\": \"" << h << "\", \"identical_to_reference\": "
        << (same ? "true" : "false") << ", \"report\": " << r.to_json() << "}";
     char line[512];
-    std::snprintf(line, sizeof line, "%s | %s | %.2f s | %s | %s | %.1f GB | %s", b.c_str(), bp->step.c_str(),
-                  r.wall_seconds, format_bytes(r.device_peak_bytes).c_str(), format_bytes(o->driver_used).c_str(),
-                  pcie / 1e9, same ? "identical" : "DIFFERS");
+    std::snprintf(line, sizeof line, "%s | %s | %lld / %lld | %.2f s | %s | %.3f s | %.3f s | %s | %s | %.1f GB | %s %s", b.c_str(),
+                  bp->step.c_str(), static_cast<long long>(bp->activations.attn_slice),
+                  static_cast<long long>(bp->activations.mlp_slice), r.wall_seconds,
+                  ratio > 0 ? (std::to_string(ratio).substr(0, 5)).c_str() : "-", bp->exposed_transfer_seconds, extra,
+                  format_bytes(r.device_peak_bytes).c_str(), format_bytes(o->driver_used).c_str(), pcie / 1e9, h.c_str(),
+                  same ? "identical" : "DIFFERS");
     table.push_back(line);
   }
   write_json(true);
-  std::printf("\nbudget | step | forward | LayerStream peak | driver | PCIe | vs reference\n");
+  std::printf("\nbudget | step | attn / MLP slice | forward | x unlimited | exposed predicted | extra measured | "
+              "LayerStream peak | driver | PCIe | hash\n");
   for (const auto& l : table) std::printf("%s\n", l.c_str());
   return 0;
 }

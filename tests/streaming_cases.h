@@ -16,8 +16,10 @@
 #include <set>
 #include <string>
 
+#include "deferred_transfer_backend.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
+#include "exec/planner.h"
 
 namespace ls::test {
 
@@ -108,16 +110,33 @@ struct StreamingSetup {
   bool ok = false;
 };
 
+// device: a make_backend name, or "cpu-deferred": the CPU backend with a transfer queue
+// that runs its copies only when a fence wait needs them (deferred_transfer_backend.h),
+// so a missing wait changes bytes.
+inline Expected<std::unique_ptr<Backend>> make_streaming_backend(const std::string& device) {
+  if (device == "cpu-deferred") return std::unique_ptr<Backend>(new DeferredTransferBackend(make_cpu_backend()));
+  return make_backend(device);
+}
+inline bool is_gpu(const std::string& device) { return device.rfind("cuda", 0) == 0; }
+
+// A deferring backend actually held copies back (the check is not vacuous).
+inline void expect_deferred(const Backend& be) {
+  if (const auto* d = dynamic_cast<const DeferredTransferBackend*>(&be)) {
+    EXPECT_GT(d->deferred_copies, 0);
+    EXPECT_GT(d->most_pending, 1);
+  }
+}
+
 inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, int64_t layers, bool wide,
                                       bool all_modes = false) {
   StreamingSetup s;
-  auto be = make_backend(device);
+  auto be = make_streaming_backend(device);
   if (!be.ok()) {
     ADD_FAILURE() << be.error().message;
     return s;
   }
   s.be = std::move(*be);
-  s.c = make_streaming_case(seed, layers, wide, device != "cpu", all_modes);
+  s.c = make_streaming_case(seed, layers, wide, is_gpu(device), all_modes);
   // The case's kv_tile is the backend's (a plan's kv_tile must be).
   if (const Status t = use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
     ADD_FAILURE() << t.error().message;
@@ -172,9 +191,26 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
       k.kv_offload = true;
       k.residual_offload = true;
     }
+    const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
     if (k.kv_offload) {
-      const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
       k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : c.kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
+    }
+    // Always covered too, the overlaps (pass 1 attends the first query slice against each
+    // chunk behind its copy out; pass 2 reloads for the other slices; the residual's two
+    // slice buffers on the transfer queue):
+    //   v = 2: one K/V chunk (all rows) and one query slice (no pass-2 reload), residual on device
+    //   v = 3: chunks of one tile (several chunks), one query slice, residual offloaded
+    //   v = 4: chunks of one tile, 1-row query slices (every slice reloads), residual on device
+    //   v = 5: one chunk, several query slices, residual offloaded, 1-row MLP and head slices
+    //   v = 6: residual offload alone (K, V on the device), slices of a third of the rows
+    if (v >= 2 && v <= 6) {
+      k.kv_offload = v != 6;
+      k.residual_offload = v == 3 || v == 5 || v == 6;
+      const bool one_chunk = v == 2 || v == 5;
+      k.kv_chunk_rows = !k.kv_offload ? 0 : one_chunk ? S : std::min(S, c.kv_tile);
+      k.attn_chunk_tokens = v == 2 || v == 3 ? S : v == 4 ? 1 : std::max<int64_t>(1, S / 3);
+      k.mlp_chunk_tokens = v == 5 ? 1 : std::max<int64_t>(1, S / 3);
+      k.final_chunk_tokens = v == 5 ? 1 : 0;
     }
     auto p = exec::make_plan(c.cfg, c.cond, k);
     ASSERT_TRUE(p.ok()) << p.error().message;
@@ -205,15 +241,25 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
     } else {
       EXPECT_EQ(rep.pcie_residual_bytes, 0u) << what;
     }
+    // K/V traffic: pass 1 out once per block, pass 2 back in for every query slice but
+    // the first (attended during pass 1).
+    if (k.kv_offload) {
+      const uint64_t kv = 2ull * static_cast<uint64_t>(S * c.cfg.inner()) * 2;
+      const uint64_t slices = static_cast<uint64_t>((S + p->attn_slice - 1) / p->attn_slice);
+      EXPECT_EQ(rep.pcie_kv_bytes, static_cast<uint64_t>(L) * slices * kv) << what;
+    }
   }
+  expect_deferred(*be);
 }
 
 // The total-budget options for a case on a backend: the case's kv_tile, the backend's
-// workspace, the call's modulation rows.
+// workspace and attention row quantum (cuDNN's query chunk: slices in whole chunks), the
+// call's modulation rows.
 inline exec::BudgetOptions budget_options(const StreamingCase& c, const Backend& be) {
   exec::BudgetOptions bo;
   bo.kv_tile = c.kv_tile;
   bo.workspace_bytes = be.workspace_bytes();
+  bo.attention_row_quantum = exec::device_profile(be).attention_row_quantum;
   auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
   EXPECT_TRUE(rows.ok()) << rows.error().message;
   if (rows.ok()) bo.modulation_rows = *rows;
@@ -277,6 +323,7 @@ inline void check_streaming_budgets(uint64_t seed, const std::string& device, in
   }
   // Not vacuous: the sweep reached more than one kind of plan.
   EXPECT_GE(steps.size(), 2u);
+  expect_deferred(*be);
 }
 
 }  // namespace ls::test

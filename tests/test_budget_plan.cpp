@@ -4,6 +4,7 @@
 // within its budget, the named minimum works and one byte less fails, tiny configs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -83,7 +84,7 @@ void expect_consistent(const h3::H3Config& cfg, const h3::Conditioning& cond, co
   const PlanPhase& attn = a.phase("attn");
   EXPECT_EQ(find(attn.buffers, "K chunk 0") != nullptr, p.kv_offload);
   EXPECT_EQ(find(attn.buffers, "attention state") != nullptr, p.kv_offload);
-  EXPECT_EQ(find(a.phase("mlp").buffers, "residual slice") != nullptr, p.residual_offload);
+  EXPECT_EQ(find(a.phase("mlp").buffers, "residual slice 1") != nullptr, p.residual_offload);
   if (p.kv_offload || p.residual_offload) {
     EXPECT_TRUE(a.two_pass_attention());
     EXPECT_EQ(p.resident_blocks, 0);
@@ -97,13 +98,17 @@ void expect_consistent(const h3::H3Config& cfg, const h3::Conditioning& cond, co
 
 }  // namespace
 
-// The K/V-hiding slice: c >= T / B. 600 TFLOP/s over 50 GB/s -> 12,000 queries; at that
-// c, streaming K and V of all S keys takes as long as the slice's attention.
+// The K/V-hiding slice: c >= T / B. The measured H200 defaults, 550 TFLOP/s over
+// 55 GB/s -> 10,000 queries; 600 over 50 -> 12,000; at that c, streaming K and V of all
+// S keys takes as long as the slice's attention.
 TEST(BudgetPlan, KvHidingSliceArithmetic) {
   DeviceFacts f;
+  EXPECT_EQ(kv_hiding_slice(f), 10000);
+  f.pcie_gb_per_s = 50;
+  f.attention_tflops = 600;
   EXPECT_EQ(kv_hiding_slice(f), 12000);
   const double S = 93000, I = 7168;
-  const double copy_s = 2 * S * I * 2 / (f.pcie_gb_per_s * 1e9);            // 2.67 GB -> 53 ms
+  const double copy_s = 2 * S * I * 2 / (f.pcie_gb_per_s * 1e9);            // 2.67 GB -> 53 ms at 50 GB/s
   const double attn_s = 4.0 * 12000 * S * I / (f.attention_tflops * 1e12);  // 12k queries
   EXPECT_NEAR(copy_s, attn_s, 1e-9);
   EXPECT_NEAR(2 * S * I * 2, 2.67e9, 0.01e9);                              // the 2.67 GB
@@ -138,19 +143,22 @@ TEST(BudgetPlan, H3WeightAndTableBytes) {
 TEST(BudgetPlan, H3DecisionTable) {
   h3::H3Config cfg;
   const auto cond = clip_15s_1mp();
-  BudgetOptions o;  // kv_tile 1024, 64 MiB workspace, 25 modulation rows, 50 GB/s, 600 TFLOP/s
+  // kv_tile 1024, 64 MiB workspace, 25 modulation rows, the measured H200 rates (55 GB/s
+  // both ways, 550 TFLOP/s attention, 700 TFLOP/s GEMM: K/V-hiding slice 10,000).
+  BudgetOptions o;
   const uint64_t budgets[] = {kUnlimited, 24 * GiB, 12 * GiB, 8 * GiB, 6 * GiB, 4 * GiB, 3 * GiB, 5 * GiB / 2};
-  std::printf("S = 111274, h3 preset, kv_tile 1024, workspace 64 MiB, 25 modulation rows, K/V-hiding slice 12000\n");
+  std::printf("S = 111274, h3 preset, kv_tile 1024, workspace 64 MiB, 25 modulation rows, K/V-hiding slice %lld\n",
+              static_cast<long long>(kv_hiding_slice(o.device)));
   std::printf("| budget GiB | step | resident / streamed blocks | slots | K/V | residual | attn / MLP / head slice |"
-              " weights | slots | tables | activations | peak GiB | PCIe GB / forward |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              " weights | slots | tables | activations | peak GiB | PCIe GB / forward | exposed s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<BudgetPlan> plans;
   for (uint64_t b : budgets) {
     auto p = plan_total_budget(cfg, cond, b, o);
     ASSERT_TRUE(p.ok()) << gib(b) << ": " << p.error().message;
     EXPECT_EQ(p->sizes.S, 111274);
     expect_consistent(cfg, cond, *p, b);
-    std::printf("| %s | %s | %lld / %lld | %lld | %s | %s | %lld / %lld / %lld | %s | %s | %s | %s | %s | %.1f |\n",
+    std::printf("| %s | %s | %lld / %lld | %lld | %s | %s | %lld / %lld / %lld | %s | %s | %s | %s | %s | %.1f | %.2f |\n",
                 b == kUnlimited ? "unlimited" : gib(b).c_str(), p->step.c_str(),
                 static_cast<long long>(p->resident_blocks), static_cast<long long>(p->streamed_blocks()),
                 static_cast<long long>(p->slots), p->kv_offload ? "offloaded" : "device",
@@ -158,7 +166,7 @@ TEST(BudgetPlan, H3DecisionTable) {
                 static_cast<long long>(p->activations.mlp_slice), static_cast<long long>(p->activations.final_slice),
                 gib(p->resident_weight_bytes).c_str(), gib(p->slot_bytes).c_str(), gib(p->modulation_table_bytes).c_str(),
                 gib(p->activation_bytes).c_str(), gib(p->predicted_peak_bytes).c_str(),
-                static_cast<double>(p->pcie_bytes_per_forward()) / 1e9);
+                static_cast<double>(p->pcie_bytes_per_forward()) / 1e9, p->exposed_transfer_seconds);
     plans.push_back(std::move(*p));
   }
   for (const auto& p : plans) std::printf("%s\n", p.describe().c_str());
@@ -179,7 +187,7 @@ TEST(BudgetPlan, H3DecisionTable) {
     EXPECT_TRUE(plans[i].streamed());
     EXPECT_GT(plans[i].resident_blocks, 0);
     EXPECT_FALSE(plans[i].kv_offload || plans[i].residual_offload);
-    EXPECT_GE(plans[i].activations.attn_slice, 12000);
+    EXPECT_GE(plans[i].activations.attn_slice, plans[i].kv_hiding_slice);
     EXPECT_EQ(plans[i].slots, 2);
   }
   EXPECT_GT(plans[1].resident_blocks, plans[2].resident_blocks);
@@ -187,7 +195,7 @@ TEST(BudgetPlan, H3DecisionTable) {
   EXPECT_EQ(plans[4].step, "weights streamed, small slices");
   EXPECT_EQ(plans[4].resident_blocks, 0);
   EXPECT_FALSE(plans[4].kv_offload);
-  EXPECT_LT(plans[4].activations.attn_slice, 12000);
+  EXPECT_LT(plans[4].activations.attn_slice, plans[4].kv_hiding_slice);
   // 4 GiB: nothing fits without offload; K/V offload alone fits with slices above the
   // hiding size (its pass-2 traffic streams behind attention), which exposes less
   // transfer time than adding residual offload (whose copies are never hidden).
@@ -203,8 +211,12 @@ TEST(BudgetPlan, H3DecisionTable) {
   for (int i : {5, 6, 7}) {
     EXPECT_EQ(plans[i].resident_blocks, 0);
     EXPECT_EQ(plans[i].kv_chunk, 4096);
-    EXPECT_GT(plans[i].exposed_transfer_seconds, 0.0);
   }
+  // The residual's embedding copies out and head rows in always show; at 4 GiB the
+  // K/V copies hide (pass 1's behind the first query slice's attention, pass 2's behind
+  // each slice's attention at slices above the hiding size).
+  EXPECT_GE(plans[5].exposed_transfer_seconds, 0.0);
+  for (int i : {6, 7}) EXPECT_GT(plans[i].exposed_transfer_seconds, 0.0);
   BudgetOptions kv_only = o;
   kv_only.allow_residual_offload = false;
   auto four_kv = plan_total_budget(cfg, cond, 4 * GiB, kv_only);
@@ -230,8 +242,11 @@ TEST(BudgetPlan, H3DecisionTable) {
 TEST(BudgetPlan, MonotonicInTheBudget) {
   h3::H3Config cfg;
   const auto cond = clip_15s_1mp();
-  for (bool prefetch : {true, false}) {
-    BudgetOptions o;
+  // Prefetch on and off; then the CUDA dry-run profile (cuDNN: kv_tile 8192, attention
+  // slices quantised to whole 2048-query chunks where that keeps their count).
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool prefetch = variant != 1;
+    BudgetOptions o = variant == 2 ? budget_options_for(cuda_device_profile()) : BudgetOptions{};
     o.prefetch = prefetch;
     auto min = min_total_budget(cfg, cond, o);
     ASSERT_TRUE(min.ok());
@@ -251,6 +266,14 @@ TEST(BudgetPlan, MonotonicInTheBudget) {
       EXPECT_LE(p->kv_offload, last_kv) << "budget " << b;
       EXPECT_LE(any, last_any) << "budget " << b;
       EXPECT_LE(p->exposed_transfer_seconds, last_exposed) << "budget " << b;
+      const int64_t q = o.attention_row_quantum, n = p->activations.attn_slice, S = p->sizes.S;
+      if (q > 1 && n >= q && n < S) {
+        // A whole number of query chunks, unless that would go below the mode's floor
+        // or (K/V offloaded) take another slice.
+        const int64_t slices = (S + n - 1) / n, whole = ((S + slices - 1) / slices + q - 1) / q * q;
+        EXPECT_TRUE(n % q == 0 || (p->kv_offload ? whole > n : n / q * q < p->slice_floor))
+            << "budget " << b << ": slice " << n;
+      }
       if (p->residual_offload && !last_res) ++residual_flips;
       residual_plans += p->residual_offload;
       kv_only_plans += p->kv_offload && !p->residual_offload;
@@ -267,8 +290,10 @@ TEST(BudgetPlan, MonotonicInTheBudget) {
     EXPECT_EQ(last_streamed, 0);  // the sweep reached all-resident
     EXPECT_GT(residual_plans, 0);
     EXPECT_GT(kv_only_plans, 0);
-    std::printf("prefetch %d: %d budgets, %d K/V + residual, %d K/V only, residual offload re-entered %d times\n",
-                prefetch, steps, residual_plans, kv_only_plans, residual_flips);
+    std::printf("variant %d (prefetch %d, attention row quantum %lld): %d budgets, %d K/V + residual, %d K/V only, "
+                "residual offload re-entered %d times\n",
+                variant, prefetch, static_cast<long long>(o.attention_row_quantum), steps, residual_plans, kv_only_plans,
+                residual_flips);
   }
 }
 
@@ -336,6 +361,10 @@ TEST(BudgetPlan, TinyConfigs) {
     o.workspace_bytes = rng() % 5000;
     o.device.pcie_gb_per_s = 1 + static_cast<double>(rng() % 100);
     o.device.attention_tflops = 0.001 + static_cast<double>(rng() % 100) / 100.0;  // hiding slices of ~1..100 rows
+    // The exposed-transfer model's other rates, so its terms cross over on these sizes.
+    o.device.d2h_gb_per_s = 1 + static_cast<double>(rng() % 100);
+    o.device.gemm_tflops = 0.001 + static_cast<double>(rng() % 100) / 100.0;
+    o.attention_row_quantum = 1 + static_cast<int64_t>(rng() % 24);
     o.prefetch = (rng() & 1) != 0;
     o.kv_chunk_rows = o.kv_tile * static_cast<int64_t>(rng() % 3);  // 0 = default (S on these sizes)
     auto min = min_total_budget(cfg, cond, o);
@@ -374,9 +403,10 @@ TEST(BudgetPlan, TinyConfigs) {
 }
 
 // Offload traffic: pass 1 sends K and V of all rows out once per block; pass 2 brings
-// them back once per query slice; the residual crosses once per phase that reads it and
-// once more per phase that writes it (embed out; per block pass 1 in, pass 2 in + out,
-// MLP in + out; the final layer's target rows in).
+// them back once per query slice but the first (attended in pass 1); the residual
+// crosses once per phase that reads it and once more per phase that writes it (embed
+// out; per block pass 1 in, pass 2 in + out, MLP in + out; the final layer's target rows
+// in), and with K/V offload pass 1 reads the first query slice's rows once more.
 TEST(BudgetPlan, PcieArithmetic) {
   h3::H3Config cfg;
   const uint64_t S = 111274, I = 7168, D = 5376, kv = 2 * S * I * 2, x = S * D * 2;
@@ -387,7 +417,7 @@ TEST(BudgetPlan, PcieArithmetic) {
   ASSERT_TRUE(p->kv_offload);
   EXPECT_EQ(p->kv_chunk, 4096);
   const uint64_t slices = (S + p->activations.attn_slice - 1) / p->activations.attn_slice;
-  EXPECT_EQ(p->pcie_kv_bytes, 50 * (kv + slices * kv));
+  EXPECT_EQ(p->pcie_kv_bytes, 50 * (kv + (slices - 1) * kv));
   EXPECT_EQ(p->host_pinned_bytes, kv);
   EXPECT_EQ(p->pcie_weight_bytes, 50ull * 770725376ull);
   EXPECT_EQ(p->pcie_residual_bytes, 0u);
@@ -396,7 +426,8 @@ TEST(BudgetPlan, PcieArithmetic) {
   auto r = plan_total_budget(cfg, clip_15s_1mp(), 5 * GiB / 2, BudgetOptions{});
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_TRUE(r->kv_offload && r->residual_offload);
-  EXPECT_EQ(r->pcie_residual_bytes, x * (1 + 5 * 50) + 110774ull * D * 2);
+  EXPECT_EQ(r->pcie_residual_bytes,
+            x * (1 + 5 * 50) + 110774ull * D * 2 + 50ull * static_cast<uint64_t>(r->activations.attn_slice) * D * 2);
   EXPECT_EQ(r->host_pinned_bytes, kv + x);
   // Residual alone (K/V offload not allowed): needs K and V of all rows on the device.
   BudgetOptions ro;
@@ -409,6 +440,31 @@ TEST(BudgetPlan, PcieArithmetic) {
   EXPECT_EQ(res->step, "residual offload");
   EXPECT_EQ(res->pcie_kv_bytes, 0u);
   EXPECT_EQ(res->host_pinned_bytes, x);
+}
+
+// The exposed-transfer model by hand (budget_plan.cpp exposed_seconds) for the 4 GiB
+// K/V-only plan: pass 1's copies out (and the block's weights) against the K/V GEMMs
+// and the first query slice's attention; pass 2's reload per further slice against that
+// slice's attention and Q / out GEMMs. At the measured rates both hide (0 s); on a
+// 16 GB/s bus both show, by exactly these terms.
+TEST(BudgetPlan, ExposedTransferByHand) {
+  h3::H3Config cfg;
+  const double S = 111274, I = 7168, D = 5376, L = 50;
+  BudgetOptions o;
+  o.allow_residual_offload = false;
+  auto fast = plan_total_budget(cfg, clip_15s_1mp(), 4 * GiB, o);
+  ASSERT_TRUE(fast.ok() && fast->kv_offload);
+  EXPECT_EQ(fast->exposed_transfer_seconds, 0.0);
+  o.device.pcie_gb_per_s = o.device.d2h_gb_per_s = 16;
+  auto slow = plan_total_budget(cfg, clip_15s_1mp(), 4 * GiB, o);
+  ASSERT_TRUE(slow.ok() && slow->kv_offload && !slow->residual_offload);
+  const double a = static_cast<double>(slow->activations.attn_slice), s = std::ceil(S / a);
+  const double B = 16e9, Ta = 550e12, Tg = 700e12, kv = 4 * S * I, W = 770725376.0;
+  const double pass1 = std::max(0.0, kv / B + W / B - 4 * S * D * I / Tg - 4 * a * S * I / Ta);
+  const double pass2 = (s - 1) * std::max(0.0, kv / B - a * (4 * S * I / Ta + 4 * D * I / Tg));
+  EXPECT_GT(pass1, 0.0);
+  EXPECT_GT(pass2, 0.0);
+  EXPECT_NEAR(slow->exposed_transfer_seconds, L * (pass1 + pass2), 1e-9 * L * (pass1 + pass2));
 }
 
 // Among the offload levels that fit, the plan exposes the least transfer time
@@ -507,6 +563,15 @@ TEST(BudgetPlan, OptionErrors) {
   o = {};
   o.device.pcie_gb_per_s = 0;
   EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
+  o = {};
+  o.attention_row_quantum = 0;
+  EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
+  o = {};
+  o.device.d2h_gb_per_s = 0;
+  EXPECT_FALSE(plan_total_budget(cfg, cond, GiB, o).ok());
+  o = {};
+  o.device.gemm_tflops = -2;
+  EXPECT_FALSE(min_total_budget(cfg, cond, o).ok());
   auto zero = plan_total_budget(cfg, cond, 0, BudgetOptions{});
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.error().code, ErrorCode::out_of_budget);
@@ -561,5 +626,6 @@ TEST(BudgetPlan, CudaProfileMatchesTheBackend) {
         cuda_device_profile(cudnn_built, cudnn_built && c.attention != AttentionAlgorithm::native, c.q_chunk);
     EXPECT_EQ(live.workspace_bytes, doc.workspace_bytes) << to_string(c.attention) << " q_chunk " << c.q_chunk;
     EXPECT_EQ(live.default_kv_tile, doc.default_kv_tile) << to_string(c.attention);
+    EXPECT_EQ(live.attention_row_quantum, doc.attention_row_quantum) << to_string(c.attention) << " q_chunk " << c.q_chunk;
   }
 }

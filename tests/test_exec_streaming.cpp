@@ -11,7 +11,21 @@ TEST(ExecStreaming, KnobsMatchResidentStock) {
   for (uint64_t seed = 1; seed <= 8; ++seed) test::check_streaming_knobs(seed, "cpu", 3, false, 12);
 }
 
-TEST(ExecStreaming, WideConfigKnobs) { test::check_streaming_knobs(101, "cpu", 2, true, 6); }
+TEST(ExecStreaming, WideConfigKnobs) { test::check_streaming_knobs(101, "cpu", 2, true, 8); }
+
+// The same cases with a transfer queue that lags (deferred_transfer_backend.h): its
+// copies run only when a fence wait needs them, so a missing wait (a slice reading rows
+// before they land, a K/V chunk attended before its load, a buffer overwritten while a
+// copy out still has to read it) changes bytes and fails the memcmp.
+TEST(ExecStreaming, DeferredTransferQueueKnobs) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) test::check_streaming_knobs(seed, "cpu-deferred", 3, false, 12);
+  test::check_streaming_knobs(101, "cpu-deferred", 2, true, 8);
+}
+
+TEST(ExecStreaming, DeferredTransferQueueBudgets) {
+  for (uint64_t seed = 11; seed <= 13; ++seed) test::check_streaming_budgets(seed, "cpu-deferred", 3, false, 12);
+  test::check_streaming_knobs(31, "cpu-deferred", 2, false, 10, /*all_modes=*/true);
+}
 
 TEST(ExecStreaming, BudgetSweepMatchesAndFits) {
   for (uint64_t seed = 11; seed <= 14; ++seed) test::check_streaming_budgets(seed, "cpu", 3, false, 12);

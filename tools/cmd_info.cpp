@@ -520,7 +520,7 @@ void print_dry_run(const json& d) {
                 p["kv_offload"].get<bool>()
                     ? ("offloaded (chunks of " + std::to_string(p["kv_chunk"].get<int64_t>()) + " keys)").c_str()
                     : "on device",
-                p["residual_offload"].get<bool>() ? "offloaded (one slice per phase)" : "on device");
+                p["residual_offload"].get<bool>() ? "offloaded (two slices per phase, copies overlapped)" : "on device");
     const int64_t a = p["attn_slice"].get<int64_t>();
     std::printf("slices      attention %s, MLP %lld rows, head %lld rows; kv_tile %lld\n",
                 a == 0 ? "stock (all rows)" : (std::to_string(a) + " rows (two-pass)").c_str(),

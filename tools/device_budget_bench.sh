@@ -60,10 +60,14 @@ res = {"command": "tools/device_budget_bench.sh (kind nvidia-h200-x2)", "referen
        "min_total_budget_bytes_s38k": m["min_total_budget_bytes"] if m else None,
        "s111k": runs, "s38k": m_runs}
 json.dump(res, open(os.path.join(out, "budget_bench.json"), "w"), indent=1)
-print("S | budget | step | forward s | x unlimited | LayerStream peak GiB | driver GiB | PCIe GB | identical")
+print("S | budget | step | attn slice | forward s | x unlimited | exposed predicted s | extra measured s | LayerStream peak GiB | driver GiB | PCIe GB (K/V, residual) | hash identical")
 for r in runs + m_runs:
     if "forward_seconds" not in r:
         print(r["S"], "|", r["budget"], "|", "refused" if "refused" in r else "FAILED: " + r.get("failed", "?")[:120]); continue
-    print(f'{r["S"]} | {r["budget"]} | {r["step"]} | {r["forward_seconds"]:.2f} | {r.get("x_unlimited", 0):.3f} | '
-          f'{r["device_peak_bytes"]/2**30:.3f} | {r["driver_used_bytes"]/2**30:.3f} | {r["pcie_bytes"]/1e9:.1f} | {r["identical_to_reference"]}')
+    unl_s = a["unlimited_forward_seconds"] if (a and r["S"] == a["S"]) else (m["unlimited_forward_seconds"] if m else 0)
+    extra = r["forward_seconds"] - unl_s if unl_s else float("nan")
+    print(f'{r["S"]} | {r["budget"]} | {r["step"]} | {r.get("attn_slice", "?")} | {r["forward_seconds"]:.2f} | '
+          f'{r.get("x_unlimited", 0):.3f} | {r.get("predicted_exposed_transfer_seconds", float("nan")):.2f} | {extra:.2f} | '
+          f'{r["device_peak_bytes"]/2**30:.3f} | {r["driver_used_bytes"]/2**30:.3f} | {r["pcie_bytes"]/1e9:.1f} '
+          f'({r.get("pcie_kv_bytes", 0)/1e9:.1f}, {r.get("pcie_residual_bytes", 0)/1e9:.1f}) | {r["output_hash"]} {r["identical_to_reference"]}')
 PY

@@ -23,9 +23,11 @@
 // PCIe bytes per forward (both directions; weights W per streamed block, kv = 2 S I 2
 // bytes of K and V, x = S D 2 bytes of residual, c = attention slice, L blocks):
 //   weights  = (L - R) W
-//   K/V      = L (kv + ceil(S / c) kv)           pass 1 out once, pass 2 in once per slice
+//   K/V      = L (kv + (ceil(S / c) - 1) kv)     pass 1 out once, pass 2 in once per slice
+//                                                but the first (attended during pass 1)
 //   residual = x (1 + 5 L) + target_rows D 2     embed out; per block pass 1 in, pass 2 in
-//                                                and out, MLP in and out; final layer in
+//              [+ L min(S, c) D 2 with K/V]      and out, MLP in and out; final layer in
+//                                                [pass 1 also reads the first slice's rows]
 #include "exec/budget_plan.h"
 
 #include <algorithm>
@@ -227,11 +229,35 @@ struct Choice {
   int64_t R = 0, attn = 0, mlp = 0, fin = 0;
 };
 
+// The attention slice for n fitting rows (BudgetOptions::attention_row_quantum q), never
+// below the mode's floor:
+//   K/V on the device: floor(n / q) q, whole query chunks (more slices cost nothing but a
+//     re-read of K and V from device memory);
+//   K/V offloaded: with s = ceil(S / n) slices, the smallest multiple of q holding
+//     ceil(S / s) rows, when it fits (<= n): the same slice count, so the same K/V
+//     traffic (another slice would reload all of K and V once more);
+//   else n. Both are non-decreasing in n (for the second, a slice count s that drops
+//   makes ceil(S / s) exceed the old n), so the plan's slices, and its exposed transfer
+//   time, stay monotone in the budget.
+int64_t quantised_attention_slice(int64_t n, int64_t S, int64_t floor, int64_t q, bool kv_offload) {
+  if (q <= 1 || n < q || n >= S) return n;
+  if (!kv_offload) {
+    const int64_t m = n / q * q;
+    return m >= floor ? m : n;
+  }
+  const int64_t s = (S + n - 1) / n, rows = (S + s - 1) / s;
+  const int64_t m = (rows + q - 1) / q * q;
+  return m <= n && m >= floor ? m : n;
+}
+
 // The choice of one mode at `budget`, or false when even its floor does not fit.
 bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
   const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks);
   const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
-  const uint64_t act_min = act.total(fa, fm, ff);
+  // The floor's activations; stock attention counts when allowed (at n = S two-pass
+  // attention holds the same bytes in more buffers, so alignment can make it larger).
+  const uint64_t attn_min = act.stock_attention_allowed() ? std::min(act.attn(0), act.attn(fa)) : act.attn(fa);
+  const uint64_t act_min = act.base + std::max({attn_min, act.mlp(fm), act.fin(ff)});
   int64_t R = -1;
   for (int64_t r = m.keep_resident ? c.L : 0; r >= 0; --r)
     if (c.peak(r, act_min) <= budget) {
@@ -245,7 +271,9 @@ bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
   Choice ch;
   ch.R = R;
   if (act.stock_attention_allowed() && act.attn(0) <= cap) ch.attn = 0;
-  else ch.attn = largest_fitting(fa, c.z.S, cap, [&](int64_t n) { return act.attn(n); });
+  else
+    ch.attn = quantised_attention_slice(largest_fitting(fa, c.z.S, cap, [&](int64_t n) { return act.attn(n); }), c.z.S,
+                                        fa, c.o.attention_row_quantum, m.lv.kv);
   ch.mlp = largest_fitting(fm, c.z.S, cap, [&](int64_t n) { return act.mlp(n); });
   ch.fin = largest_fitting(ff, c.z.target_rows, cap, [&](int64_t n) { return act.fin(n); });
   *out = ch;
@@ -289,27 +317,62 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
     LS_CHECK(ch.attn > 0);
     const uint64_t kv = 2 * S * I * 2;  // K and V of all rows, bf16
     const uint64_t slices = (S + static_cast<uint64_t>(ch.attn) - 1) / static_cast<uint64_t>(ch.attn);
-    t.kv = L * (kv + slices * kv);
+    // Pass 1 out once; pass 2 back in for every query slice but the first (attended in pass 1).
+    t.kv = L * (kv + (slices - 1) * kv);
   }
-  if (lv.res) t.residual = S * D * 2 * (1 + 5 * L) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
+  if (lv.res) {
+    t.residual = S * D * 2 * (1 + 5 * L) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
+    // With K/V offload pass 1 also reads the first query slice's rows for its Q.
+    if (lv.kv) t.residual += L * std::min(S, static_cast<uint64_t>(ch.attn)) * D * 2;
+  }
   return t;
 }
 
-// Seconds of transfer per forward the compute cannot hide, by the device facts:
-// residual copies run on the compute queue (never hidden); K/V copies out in pass 1
-// are counted whole (pass 1's GEMMs are short next to them); K/V copies in during
-// pass 2 overlap the attention and are exposed only beyond its time.
+// Seconds of transfer per forward the compute cannot hide, by the device facts (B_h2d,
+// B_d2h bytes/s; T_att, T_gemm FLOP/s). Every offload copy runs on the ONE transfer
+// queue (in call order, beside the weight streaming), so per block and phase the copies
+// hide behind that phase's compute, and what is left shows (a = attention slice rows,
+// s = ceil(S / a), kv = 4SI bytes of K and V, x = 2SD bytes of residual, W = a streamed
+// block's weights, which cross during the block's first phase):
+//   attention pass 1 (K/V offload): max(0, kv / B_d2h + W / B_h2d [+ x / B_h2d]
+//                                   - 4SDI / T_gemm (K, V) - 4aSI / T_att (the first
+//                                   query slice's attention, run behind the copies))
+//   attention pass 2 (K/V offload): (s - 1) x max(0, kv / B_h2d - a k), per reloaded
+//                                   slice, k = 4SI / T_att + 4DI / T_gemm [- 4D / B_h2d]
+//                                   (its attention and Q / out GEMMs [minus its residual
+//                                   copies]), k clamped at >= 0
+//   residual only, pass 1 / pass 2 : max(0, W / B_h2d + x / B_h2d - 4SDI / T_gemm),
+//                                   max(0, 2x / B_h2d - 4S^2 I / T_att - 4SDI / T_gemm)
+//   MLP (residual offload)        : max(0, 2x / B_h2d - 6SDF / T_gemm)
+//   embedding out, head rows in   : whole (the embedding synchronises per slice)
+// Not modelled: each phase's first slice in and last slice out (the double buffer's
+// fill and drain, one slice each, ~2.5 ms at H3 size); counting them would make the
+// exposure grow with the slices. Every term is non-increasing in the slices (and the
+// rest constant), so the exposure of a level never grows with the budget.
 double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
   const Traffic t = traffic(c, lv, ch);
-  const double B = c.o.device.pcie_gb_per_s * 1e9, T = c.o.device.attention_tflops * 1e12;
-  const double S = static_cast<double>(c.z.S), I = static_cast<double>(c.cfg.inner()), L = static_cast<double>(c.L);
-  double e = static_cast<double>(t.residual) / B;
+  const DeviceFacts& f = c.o.device;
+  const double Bh = f.pcie_gb_per_s * 1e9, Bd = f.d2h_gb_per_s * 1e9, Ta = f.attention_tflops * 1e12,
+               Tg = f.gemm_tflops * 1e12;
+  const double S = static_cast<double>(c.z.S), I = static_cast<double>(c.cfg.inner()),
+               D = static_cast<double>(c.cfg.hidden), F = static_cast<double>(c.cfg.ffn), L = static_cast<double>(c.L);
+  const double kv = 4.0 * S * I, x = 2.0 * S * D, W = static_cast<double>(t.weights) / L;
+  const double kv_gemms = 4.0 * S * D * I / Tg;  // K and V (or Q and out) of all rows
+  double per_block = 0;
   if (lv.kv) {
-    const double out = L * 2.0 * S * I * 2.0;            // pass 1: K and V of all rows, once
-    const double in = static_cast<double>(t.kv) - out;   // pass 2: once per query slice
-    const double attention = 4.0 * S * S * I * L / T;    // QK^T and PV of every block
-    e += out / B + std::max(0.0, in / B - attention);
+    const double a = std::min(S, static_cast<double>(ch.attn));
+    const double slices = std::ceil(S / a);
+    const double out = kv / Bd + W / Bh + (lv.res ? x / Bh : 0.0);
+    per_block += std::max(0.0, out - kv_gemms - 4.0 * a * S * I / Ta);
+    const double k = std::max(0.0, 4.0 * S * I / Ta + 4.0 * D * I / Tg - (lv.res ? 4.0 * D / Bh : 0.0));
+    per_block += (slices - 1.0) * std::max(0.0, kv / Bh - a * k);
+  } else if (lv.res) {
+    per_block += std::max(0.0, W / Bh + x / Bh - kv_gemms);
+    per_block += std::max(0.0, 2.0 * x / Bh - 4.0 * S * S * I / Ta - kv_gemms);
   }
+  if (lv.res) per_block += std::max(0.0, 2.0 * x / Bh - 6.0 * S * D * F / Tg);
+  double e = L * per_block;
+  if (lv.res) e += (x + static_cast<double>(c.z.target_rows) * D * 2.0) / Bh;
   return e;
 }
 
@@ -317,13 +380,17 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
 // of a run without sigmas (knobs / activation modes, device_peak()) may count none.
 Status check_options(const BudgetOptions& o, bool tables_required = true) {
   if (o.kv_tile < 1) return Status(make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1"));
+  if (o.attention_row_quantum < 1)
+    return Status(make_error(ErrorCode::invalid_argument, "attention_row_quantum must be >= 1"));
   if (o.kv_chunk_rows < 0)
     return Status(make_error(ErrorCode::invalid_argument, "kv_chunk_rows must be >= 0 (0 = the default)"));
   if (o.modulation_rows < (tables_required ? 1 : 0))
     return Status(make_error(ErrorCode::invalid_argument,
                              "modulation_rows (distinct timesteps of the run's AdaLN tables) must be >= 1"));
-  if (!(o.device.pcie_gb_per_s > 0) || !(o.device.attention_tflops > 0))
-    return Status(make_error(ErrorCode::invalid_argument, "device facts (PCIe GB/s, attention TFLOP/s) must be > 0"));
+  if (!(o.device.pcie_gb_per_s > 0) || !(o.device.d2h_gb_per_s > 0) || !(o.device.attention_tflops > 0) ||
+      !(o.device.gemm_tflops > 0))
+    return Status(make_error(ErrorCode::invalid_argument,
+                             "device facts (PCIe GB/s both ways, attention and GEMM TFLOP/s) must be > 0"));
   return Status();
 }
 
@@ -403,6 +470,7 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
   const uint64_t cudnn = cudnn_attention_workspace_bytes(64, 128, q_chunk);
   d.workspace_bytes = cudnn_built ? std::max(kGemm, cudnn) : kGemm;
   d.default_kv_tile = cudnn_built && cudnn_selected ? 8192 : 1024;
+  d.attention_row_quantum = cudnn_built && cudnn_selected ? q_chunk : 1;
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
   if (cudnn_built)
@@ -412,9 +480,13 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
     ws << "a build without cuDNN, the cuBLASLt GEMM's 64 MiB + the quantised linears' 164 MiB";
   tile << "kv_tile " << d.default_kv_tile << ": the backend's default "
        << (cudnn_built && cudnn_selected ? "with cuDNN attention" : "with the native attention kernel");
-  tp << "throughput " << d.throughput.pcie_gb_per_s << " GB/s host-to-device, " << d.throughput.attention_tflops
-     << " TFLOP/s attention (H200, PCIe Gen5; picks only the K/V-hiding slice "
-     << kv_hiding_slice(d.throughput) << ")";
+  tp << "throughput " << d.throughput.pcie_gb_per_s << " GB/s host-to-device, " << d.throughput.d2h_gb_per_s
+     << " GB/s device-to-host, " << d.throughput.attention_tflops << " TFLOP/s attention, "
+     << d.throughput.gemm_tflops
+     << " TFLOP/s GEMM (measured on the H200, PCIe Gen5; they pick the K/V-hiding slice "
+     << kv_hiding_slice(d.throughput) << " and the offload level, never a bit)";
+  if (d.attention_row_quantum > 1)
+    tile << "; attention slices in whole " << d.attention_row_quantum << "-query chunks where that keeps their count";
   d.assumed = {ws.str(), tile.str(), tp.str()};
   return d;
 }
@@ -424,6 +496,7 @@ BudgetOptions budget_options_for(const DeviceProfile& d) {
   o.kv_tile = d.default_kv_tile;
   o.workspace_bytes = d.workspace_bytes;
   o.device = d.throughput;
+  o.attention_row_quantum = d.attention_row_quantum;
   return o;
 }
 
@@ -567,7 +640,7 @@ std::string BudgetPlan::describe() const {
        << (prefetch ? " (prefetch)" : " (no prefetch)");
   }
   os << "; K/V " << (kv_offload ? "offloaded (chunks of " + std::to_string(kv_chunk) + " keys)" : std::string("on device"))
-     << ", residual " << (residual_offload ? "offloaded (one slice per phase)" : "on device") << "; ";
+     << ", residual " << (residual_offload ? "offloaded (two slices per phase, copies overlapped)" : "on device") << "; ";
   if (p.two_pass_attention()) os << "attention slices " << p.attn_slice;
   else os << "stock attention";
   os << ", MLP slices " << p.mlp_slice << ", head slices " << p.final_slice << ", kv_tile " << p.kv_tile;

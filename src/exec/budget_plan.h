@@ -72,11 +72,17 @@
 namespace ls::exec {
 
 // Device throughput figures, used ONLY to pick the query-slice size that hides K/V
-// streaming behind attention (kv_hiding_slice). They never change a plan's bytes
-// beyond that choice, and never an output bit.
+// streaming behind attention (kv_hiding_slice) and to compare the offload levels by the
+// transfer time they expose (exposed_transfer_seconds). They never change a plan's
+// bytes beyond those choices, and never an output bit. Defaults: measured on the H200
+// (PCIe Gen5 x16, pinned memory on the transfer queue: bench_stream_ops 55.4 / 55.3 GB/s;
+// cuDNN attention over S = 111,274 in one call 550 TFLOP/s, bench_cuda_block; the
+// block's pinned cuBLASLt linears at 32k rows 714-805 TFLOP/s, 700 taken for slices).
 struct DeviceFacts {
-  double pcie_gb_per_s = 50.0;       // host -> device copy bandwidth, 1e9 B/s (PCIe Gen5 x16 ~ 50)
-  double attention_tflops = 600.0;   // dense bf16 attention throughput, 1e12 FLOP/s (H200 ~ 600)
+  double pcie_gb_per_s = 55.0;       // host -> device copy bandwidth, 1e9 B/s
+  double d2h_gb_per_s = 55.0;        // device -> host copy bandwidth, 1e9 B/s
+  double attention_tflops = 550.0;   // dense bf16 attention throughput, 1e12 FLOP/s
+  double gemm_tflops = 700.0;        // bf16 GEMM throughput of the block's linears, 1e12 FLOP/s
 };
 
 // What the planner needs to know about a device, as plain numbers: the Backend's
@@ -88,6 +94,10 @@ struct DeviceProfile {
   std::string name;                  // "cuda", "cpu"
   uint64_t workspace_bytes = 0;      // Backend::workspace_bytes()
   int64_t default_kv_tile = 1024;    // Backend::default_kv_tile() (numerics: --kv-tile overrides)
+  // Queries the attention computes in whole blocks of (cuDNN: Numerics::cudnn_q_chunk,
+  // a slice's last chunk zero-padded to it; 1 for the other algorithms): the planner
+  // sizes two-pass attention slices in whole blocks where that keeps their count.
+  int64_t attention_row_quantum = 1;
   DeviceFacts throughput;
   std::vector<std::string> assumed;  // e.g. "workspace 290.5 MiB: cuBLASLt 64 MiB, cuDNN attention ..."
 };
@@ -129,6 +139,14 @@ struct BudgetOptions {
   // Sequence-parallel ranks (docs/multi-gpu.md): the budget is PER RANK (each rank holds
   // every weight, its tables and 1/ranks of the activations); no offload with ranks > 1.
   int64_t ranks = 1;
+  // DeviceProfile::attention_row_quantum q. cuDNN pads each attention call's last
+  // 2048-query chunk, so a 10,778-row slice computes 12,288 rows and a 10,240-row one
+  // 10,240: two-pass attention slices are sized in whole chunks. K/V on the device: the
+  // largest multiple of q that fits. K/V offloaded: for the s = ceil(S / n) slices the
+  // n fitting rows give, the smallest multiple of q holding ceil(S / s) rows, when it
+  // fits (the same slice count, so no extra reload of K and V). Never below the mode's
+  // slice floor; monotone in the budget.
+  int64_t attention_row_quantum = 1;
 };
 
 // BudgetOptions with a profile's workspace, default kv_tile and throughput (everything
@@ -139,7 +157,7 @@ BudgetOptions budget_options_for(const DeviceProfile& device);
 // bytes 2 * S * I * 2 (K and V, bf16) cross the bus in 4SI / B seconds; c queries
 // against S keys take 4 * c * S * I FLOP (QK^T and PV, 2 FLOP per multiply-add) in
 // 4cSI / T seconds. Hidden iff c >= T / B: independent of S and of the model width.
-// 600 TFLOP/s over 50 GB/s -> 12,000 queries. (Issue 5's example: 2.67 GB of K/V at
+// 550 TFLOP/s over 55 GB/s -> 10,000 queries (600 over 50 -> 12,000). (Issue 5's example: 2.67 GB of K/V at
 // S = 93k crosses in ~48 ms; 16k queries take 4 * 16k * 93k * 7168 = 42.7 TFLOP =
 // 71 ms at 600 TFLOP/s, hidden with margin; the break-even there is 10.8k.)
 int64_t kv_hiding_slice(const DeviceFacts& facts);
@@ -219,9 +237,12 @@ struct BudgetPlan {
   uint64_t pcie_residual_bytes = 0;
   uint64_t pcie_bytes_per_forward() const { return pcie_weight_bytes + pcie_kv_bytes + pcie_residual_bytes; }
   // Seconds of offload transfer per forward the compute cannot hide, by the device
-  // facts (residual copies whole; K/V out in pass 1 whole; K/V in during pass 2 beyond
-  // the attention's time). The offload level with the least of this wins; it never
-  // grows with the budget (tested). 0 without offload (weight streaming is hidden).
+  // facts: per block and phase, the transfer queue's copies beyond that phase's compute
+  // (budget_plan.cpp exposed_seconds has the terms: pass 1's K/V copies out behind the
+  // K/V GEMMs and the first query slice's attention, pass 2's reloads behind each
+  // slice's attention, the residual's double-buffered copies behind each phase). The
+  // offload level with the least of this wins; it never grows with the budget (tested).
+  // 0 without offload (weight streaming is hidden).
   double exposed_transfer_seconds = 0;
   uint64_t host_pinned_bytes = 0;  // K, V of one block [S, I] each and/or the residual [S, D]
 

@@ -4,6 +4,7 @@
 #include "exec/buffers.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "backend/backend.h"  // kAttentionStateExtra
 
@@ -18,16 +19,21 @@ namespace {
 
 int64_t patch_width(const h3::H3Config& cfg) { return std::max(cfg.video_patch_dim(), cfg.audio_latents_dim); }
 
-// With residual offload a phase starts with its one residual slice bf16 [n, D]: the rows
-// it reads (and writes back) are copied in on the compute queue before use and out
-// after, so one buffer suffices (no overlap with compute).
-std::optional<PlannedBuffer> residual_slice(const h3::H3Config& cfg, const Placement& where, int64_t n) {
+// With residual offload a phase starts with its two residual slices bf16 [n, D]: slice
+// i's rows are copied in on the transfer queue while slice i - 1 computes and copied
+// back while slice i + 1 computes, so the copies overlap the compute (double buffer).
+std::optional<ResidualSliceSpecs> residual_slice(const h3::H3Config& cfg, const Placement& where, int64_t n) {
   if (!where.residual_offload) return std::nullopt;
-  return PlannedBuffer{"residual slice", DType::bf16, n, cfg.hidden};
+  ResidualSliceSpecs r;
+  for (int j = 0; j < 2; ++j) r.buf[j] = PlannedBuffer{"residual slice " + std::to_string(j), DType::bf16, n, cfg.hidden};
+  return r;
 }
 
 void add(std::vector<PlannedBuffer>& v, const std::optional<PlannedBuffer>& b) {
   if (b) v.push_back(*b);
+}
+void add(std::vector<PlannedBuffer>& v, const std::optional<ResidualSliceSpecs>& r) {
+  if (r) v.insert(v.end(), std::begin(r->buf), std::end(r->buf));
 }
 
 bool same_specs(const std::vector<PlannedBuffer>& a, const std::vector<PlannedBuffer>& b) {

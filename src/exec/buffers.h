@@ -30,6 +30,14 @@ namespace ls::exec {
 // Allocates `spec` with `rows` rows (<= the planned rows; LS_CHECK) from the arena.
 Expected<TensorView> alloc_rows(Arena& arena, const PlannedBuffer& spec, int64_t rows);
 
+// Residual offload: a phase's two residual slice buffers, "residual slice 0" and
+// "residual slice 1", bf16 [n, D] each. The rows of slice i go into buffer i % 2 on the
+// transfer queue while slice i - 1 computes in the other, and go back to the host from
+// it on the transfer queue while slice i + 1 computes (ForwardState::ResidualWalk).
+struct ResidualSliceSpecs {
+  PlannedBuffer buf[2];
+};
+
 // Whole forward: allocated once, before the embedding.
 struct PersistentSpecs {
   std::optional<PlannedBuffer> x;  // "residual x" bf16 [S, D]; absent with residual offload
@@ -41,7 +49,7 @@ struct PersistentSpecs {
 
 // Embed: per slice of n rows (the MLP slice).
 struct EmbedSpecs {
-  std::optional<PlannedBuffer> residual_slice;  // bf16 [n, D], residual offload only
+  std::optional<ResidualSliceSpecs> residual_slice;  // 2 x bf16 [n, D], residual offload only
   PlannedBuffer patch_rows;                     // "patch rows" f32 [n, max(Pv, Pa)]
   PlannedBuffer patch_embedding;                // "patch embedding" f32 [n, D]
   PlanPhase phase() const;
@@ -62,7 +70,7 @@ struct EmbedSpecs {
 enum class AttentionKind { stock, resident_kv, offloaded_kv, ulysses };
 struct AttnSpecs {
   AttentionKind kind = AttentionKind::stock;
-  std::optional<PlannedBuffer> residual_slice;       // bf16 [n, D], residual offload only
+  std::optional<ResidualSliceSpecs> residual_slice;  // 2 x bf16 [n, D], residual offload only
   std::optional<PlannedBuffer> k, v;                 // resident_kv: "K", "V" bf16 [S, I]
   std::optional<PlannedBuffer> k_chunk[2], v_chunk[2];  // offloaded_kv: bf16 [kv_chunk, I]
   PlannedBuffer h;                                   // bf16 [n, D] (stock: n = S)
@@ -77,7 +85,7 @@ struct AttnSpecs {
 
 // MLP: per slice of n rows.
 struct MlpSpecs {
-  std::optional<PlannedBuffer> residual_slice;  // bf16 [n, D], residual offload only
+  std::optional<ResidualSliceSpecs> residual_slice;  // 2 x bf16 [n, D], residual offload only
   PlannedBuffer h;                              // bf16 [n, D]
   PlannedBuffer fc1_out;                        // "fc1 out" bf16 [n, 2F]
   PlannedBuffer swiglu_out;                     // "swiglu out" bf16 [n, F]
@@ -86,7 +94,7 @@ struct MlpSpecs {
 
 // Final layer: [PDD effective head] + per slice of n target rows.
 struct FinalSpecs {
-  std::optional<PlannedBuffer> residual_slice;  // bf16 [n, D], residual offload only
+  std::optional<ResidualSliceSpecs> residual_slice;  // 2 x bf16 [n, D], residual offload only
   std::optional<PlannedBuffer> pdd_head;        // "PDD video head" f32 [Pv, D] (pdd_heads > 1)
   std::optional<PlannedBuffer> pdd_bias;        // "PDD video bias" f32 [Pv, 1] (pdd_heads > 1)
   PlannedBuffer h;                              // bf16 [n, D]

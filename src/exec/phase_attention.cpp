@@ -34,42 +34,62 @@ Status attention_stock(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock
 Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
                              int64_t kv_tile) {
   Arena& arena = st.arena;
-  const int64_t S = st.S, H = st.cfg.heads, Dh = st.cfg.head_dim;
-  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(sp.residual_slice, slice));
+  const int64_t S = st.S, H = st.cfg.heads, Dh = st.cfg.head_dim, n0 = std::min(S, slice);
+  LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
   LS_ASSIGN_OR_RETURN(TensorView k2, alloc_rows(arena, *sp.k, S));  // bf16 [S, I]
   LS_ASSIGN_OR_RETURN(TensorView v2, alloc_rows(arena, *sp.v, S));  // bf16 [S, I]
   st.phase_kv = static_cast<uint64_t>(k2.nbytes() + v2.nbytes());
   const TensorView k_all = k2.unflatten_last(H, Dh), v_all = v2.unflatten_last(H, Dh);  // bf16 [S, H, Dh]
+  // The per-slice buffers once, at the largest slice (a shorter last slice uses a prefix).
+  LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, n0));    // bf16 [n, D]
+  LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, n0));   // bf16 [n, I]
+  LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, n0));  // bf16 [n, I]
   // Pass 1: K and V of every row before any residual row changes.
-  for (int64_t a = 0; a < S; a += slice) {
-    const int64_t b = std::min(S, a + slice);
-    Arena::Scope slice_scope(arena);
-    LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, b - a));
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(rs, a, b));
-    LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h));
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
+                                                              /*writes=*/false));
+  for (const auto& [a, b] : row_slices(0, S, slice)) {
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(a, b));
+    LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h.slice_rows(0, b - a)));
+    LS_TRY(walk1.out(r, a, b));
   }
+  LS_TRY(walk1.finish());
   LS_TRY(st.mark("attention pass 1"));
   // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
-  for (int64_t a = 0; a < S; a += slice) {
-    const int64_t b = std::min(S, a + slice);
-    Arena::Scope slice_scope(arena);
-    LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, b - a));
-    LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, b - a));
-    LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, b - a));
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(rs, a, b));
-    LS_TRY(blk.attn_q_out(r, a, b, k_all, v_all, h, q, o, kv_tile));
-    LS_TRY(st.residual_out(r, a, b));
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
+                                                              /*writes=*/true));
+  for (const auto& [a, b] : row_slices(0, S, slice)) {
+    const int64_t n = b - a;
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
+    LS_TRY(blk.attn_q_out(r, a, b, k_all, v_all, h.slice_rows(0, n), q.slice_rows(0, n), o.slice_rows(0, n), kv_tile));
+    LS_TRY(walk2.out(r, a, b));
   }
-  return Status();
+  return walk2.finish();
 }
 
+// K/V offload. Pass 1 computes chunk c of K and V into device buffer j = c % 2 and
+// copies it out on the transfer queue; while that copy runs, the compute queue attends
+// the FIRST query slice [0, n0) against the chunk still in its buffer (its Q computed
+// first, its fp32 state carried from chunk to chunk in ascending order, exactly the
+// calls pass 2 would make for it), so pass 1's copies hide behind that attention instead
+// of behind the short K/V GEMMs alone. Pass 2 then out-projects slice 0 and streams the
+// chunks back for slices 1.. only. A query's bits do not depend on where its key tiles
+// come from (backend.h's chunked-attention contract), so every row equals the
+// one-call result. Fences per chunk buffer j (KvOffload):
+//   pass 1  compute waits saved[j] (chunk c - 2's copy out) before writing the buffer,
+//           signals computed[j]; transfer waits computed[j], copies out, signals saved[j];
+//           compute attends slice 0 on the buffer, signals used[j]
+//   pass 2  transfer waits used[j] before loading a chunk into j, signals loaded[j];
+//           compute waits loaded[j], attends, signals used[j]
+// The first query slice's h, Q, out and state buffers are the ones pass 2 uses for
+// every slice, so pass 1 holds no buffer pass 2 does not (the plan's attention phase).
 Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
                               int64_t kv_tile, KvOffload& kv) {
   Backend& be = st.be;
   Arena& arena = st.arena;
   const int64_t S = st.S, H = st.cfg.heads, Dh = st.cfg.head_dim, I = st.cfg.inner();
   const int64_t chunk = kv.chunk, n_chunks = (S + chunk - 1) / chunk;
-  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(sp.residual_slice, slice));
+  const int64_t n0 = std::min(S, slice);  // the first query slice is rows [0, n0)
+  LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
   // Two device chunk buffers per tensor of `chunk` rows (a multiple of kv_tile, so
   // chunks hold whole key tiles). Allocated K0, V0, K1, V1 (the plan lists K0, K1, V0,
   // V1: equal sizes, so the same bytes in all).
@@ -79,18 +99,44 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
     LS_ASSIGN_OR_RETURN(vc[j], alloc_rows(arena, *sp.v_chunk[j], chunk));
     st.phase_kv += static_cast<uint64_t>(kc[j].nbytes() + vc[j].nbytes());
   }
-  // Pass 1: chunk c into buffer c % 2, then out to the host on the transfer queue.
+  // The per-slice buffers once, at the largest slice (a shorter slice uses a prefix).
+  LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, n0));              // bf16 [n, D]
+  LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, n0));             // bf16 [n, I]
+  LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, n0));            // bf16 [n, I]
+  LS_ASSIGN_OR_RETURN(TensorView state, alloc_rows(arena, *sp.state, n0));     // f32 [n, H (Dh + 8)]
+  // Queries [a, b) (in q) against chunk c (in buffer j), the state carried in from chunk
+  // c - 1 and finalised into o on the last chunk.
+  auto attend = [&](int64_t a, int64_t b, int64_t c, int j) -> Status {
+    const int64_t n = b - a, k0 = c * chunk, k1 = std::min(S, k0 + chunk);
+    AttentionParams ap;
+    ap.kv_tile = kv_tile;
+    ap.state = TensorView(state.data, DType::f32, {n, H, Dh + kAttentionStateExtra}, state.device);
+    ap.state_in = c > 0;
+    ap.finalize = c == n_chunks - 1;
+    return be.attention(q.slice_rows(0, n).unflatten_last(H, Dh), kc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh),
+                        vc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh), o.slice_rows(0, n).unflatten_last(H, Dh),
+                        ap);
+  };
+  // Pass 1's residual rows: the first query slice (its Q), then each chunk's rows in
+  // sub-slices of at most `slice` rows (the GEMMs are row-invariant).
+  RowRanges pass1{{0, n0}};
+  for (int64_t c = 0; c < n_chunks; ++c)
+    for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) pass1.push_back(ab);
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, pass1, /*reads=*/true, /*writes=*/false));
+  {
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(0, n0));
+    LS_TRY(blk.attn_q(r, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
+    LS_TRY(walk1.out(r, 0, n0));
+  }
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t k0 = c * chunk, k1 = std::min(S, k0 + chunk);
     const int j = static_cast<int>(c % 2);
     LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out is done
-    for (int64_t a = k0; a < k1; a += slice) {
-      const int64_t b = std::min(k1, a + slice);
-      Arena::Scope slice_scope(arena);
-      LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, b - a));
-      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(rs, a, b));
+    for (const auto& [a, b] : row_slices(k0, k1, slice)) {
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(a, b));
       LS_TRY(blk.attn_kv(r, a, b, kc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh),
-                         vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh), h));
+                         vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh), h.slice_rows(0, b - a)));
+      LS_TRY(walk1.out(r, a, b));
     }
     LS_TRY(kv.computed[j].signal(Queue::compute));
     LS_TRY(kv.computed[j].wait(Queue::transfer));
@@ -98,15 +144,27 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
     LS_TRY(be.copy_async(kv.v_host.slice_rows(k0, k1), vc[j].slice_rows(0, k1 - k0), Queue::transfer));
     LS_TRY(kv.saved[j].signal(Queue::transfer));
     st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+    // The first query slice against chunk c, behind the copy out (both only read the buffer).
+    LS_TRY(attend(0, n0, c, j));
+    LS_TRY(kv.used[j].signal(Queue::compute));
   }
+  LS_TRY(walk1.finish());
   LS_TRY(st.mark("attention pass 1"));
-  // Pass 2: for every slice, every chunk in order; load g streams chunk g % n_chunks
-  // into buffer g % 2 two steps ahead of its use.
-  const int64_t n_slices = (S + slice - 1) / slice, total = n_slices * n_chunks;
+  // Pass 2: slice 0's out-projection and gated add (its attention is done), then for
+  // every further slice every chunk in order; load g streams chunk g % n_chunks into
+  // buffer g % 2 two steps ahead of its use.
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
+                                                              /*writes=*/true));
+  {
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(0, n0));
+    LS_TRY(blk.attn_out(r, 0, n0, o, h));
+    LS_TRY(walk2.out(r, 0, n0));
+  }
+  const int64_t n_slices = (S + slice - 1) / slice, total = (n_slices - 1) * n_chunks;
   auto load = [&](int64_t g) -> Status {
     const int64_t c = g % n_chunks, k0 = c * chunk, k1 = std::min(S, k0 + chunk);
     const int j = static_cast<int>(g % 2);
-    LS_TRY(kv.used[j].wait(Queue::transfer));  // attention on chunk g - 2 is done
+    LS_TRY(kv.used[j].wait(Queue::transfer));  // attention on the buffer's previous chunk is done
     LS_TRY(be.copy_async(kc[j].slice_rows(0, k1 - k0), kv.k_host.slice_rows(k0, k1), Queue::transfer));
     LS_TRY(be.copy_async(vc[j].slice_rows(0, k1 - k0), kv.v_host.slice_rows(k0, k1), Queue::transfer));
     st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
@@ -114,33 +172,25 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   };
   for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
   int64_t g = 0;
-  for (int64_t a = 0; a < S; a += slice) {
-    const int64_t b = std::min(S, a + slice);
-    Arena::Scope slice_scope(arena);
-    LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, b - a));
-    LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, b - a));
-    LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, b - a));
-    LS_ASSIGN_OR_RETURN(TensorView state, alloc_rows(arena, *sp.state, b - a));
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(rs, a, b));
-    LS_TRY(blk.attn_q(r, a, b, h, q));
-    AttentionParams ap;
-    ap.kv_tile = kv_tile;
-    ap.state = TensorView(state.data, DType::f32, {b - a, H, Dh + kAttentionStateExtra}, state.device);
+  for (const auto& [a, b] : row_slices(n0, S, slice)) {
+    const int64_t n = b - a;
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
+    LS_TRY(blk.attn_q(r, a, b, h.slice_rows(0, n), q.slice_rows(0, n)));
     for (int64_t c = 0; c < n_chunks; ++c, ++g) {
-      const int64_t k0 = c * chunk, k1 = std::min(S, k0 + chunk);
       const int j = static_cast<int>(g % 2);
       LS_TRY(kv.loaded[j].wait(Queue::compute));
-      ap.state_in = c > 0;
-      ap.finalize = c == n_chunks - 1;
-      LS_TRY(be.attention(q.unflatten_last(H, Dh), kc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh),
-                          vc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh), o.unflatten_last(H, Dh), ap));
+      LS_TRY(attend(a, b, c, j));
       LS_TRY(kv.used[j].signal(Queue::compute));
       if (g + 2 < total) LS_TRY(load(g + 2));
     }
-    LS_TRY(blk.attn_out(r, a, b, o, h));
-    LS_TRY(st.residual_out(r, a, b));
+    LS_TRY(blk.attn_out(r, a, b, o.slice_rows(0, n), h.slice_rows(0, n)));
+    LS_TRY(walk2.out(r, a, b));
   }
-  return Status();
+  // With one query slice no pass-2 load follows pass 1's last copies out, and nothing
+  // waits for them: they only READ the chunk buffers, so the next phase may take the
+  // bytes at once. What they then write to host K/V is rewritten (in queue order) by the
+  // next block's pass 1 before any load reads it.
+  return walk2.finish();
 }
 
 // Sequence parallel (Ulysses, docs/multi-gpu.md). This rank holds residual rows
@@ -189,7 +239,7 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
     LS_ASSIGN_OR_RETURN(TensorView recv2, alloc_rows(arena, *sp.q_all, N * m));
     const TensorView send(send2.data, DType::bf16, {N * m, Il}, send2.device), recv = recv2;  // [N][m][Il]
     if (v > 0) {
-      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(TensorView(), st.row0 + a, st.row0 + a + v));
+      const h3::BlockRows r = st.device_rows();
       LS_TRY(blk.attn_kv(r, st.row0 + a, st.row0 + a + v, kl.slice_rows(0, v).unflatten_last(st.cfg.heads, Dh),
                          vl.slice_rows(0, v).unflatten_last(st.cfg.heads, Dh), h.slice_rows(0, v)));
     }
@@ -216,7 +266,7 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
     const TensorView send(send2.data, DType::bf16, {N * m, Il}, send2.device);
     std::optional<h3::BlockRows> r;
     if (v > 0) {
-      LS_ASSIGN_OR_RETURN(r, st.residual_in(TensorView(), st.row0 + a, st.row0 + a + v));
+      r = st.device_rows();
       LS_TRY(blk.attn_q(*r, st.row0 + a, st.row0 + a + v, h.slice_rows(0, v), q.slice_rows(0, v)));
     }
     LS_TRY(pack(q, send, m));
@@ -237,7 +287,6 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
     for (int64_t p = 0; p < N; ++p) LS_TRY(be.copy(o.cols(p * Il, (p + 1) * Il), send.slice_rows(p * m, (p + 1) * m)));
     if (v > 0) {
       LS_TRY(blk.attn_out(*r, st.row0 + a, st.row0 + a + v, o.slice_rows(0, v), h.slice_rows(0, v)));
-      LS_TRY(st.residual_out(*r, st.row0 + a, st.row0 + a + v));
     }
   }
   return Status();
@@ -248,9 +297,10 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
 Status run_attention(ForwardState& st, const AttnSpecs& specs, const h3::DitBlock& blk, int64_t slice, int64_t kv_tile,
                      KvOffload* kv) {
   // The phase's buffers are rewound at scope exit and the next phase may reuse the
-  // bytes at once: queued work is ordered on the compute queue, and every transfer into
-  // or out of these buffers was waited for by compute above. On a backend with queues
-  // the transfer queue is idle here except for weight copies.
+  // bytes at once: queued work is ordered on the compute queue, and every transfer INTO
+  // these buffers, and every copy out of a residual slice, was waited for by compute
+  // above (ResidualWalk::finish). Only K/V copies out of the chunk buffers may still
+  // run (one query slice: attention_offloaded_kv says why that is safe).
   Arena::Scope phase(st.arena);
   switch (specs.kind) {
     case AttentionKind::stock: return attention_stock(st, specs, blk, kv_tile);

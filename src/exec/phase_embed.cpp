@@ -14,7 +14,10 @@ Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const
   // This rank's rows (all S with one rank).
   const int64_t r0 = st.row0, r1 = st.row1;
   Arena::Scope phase(arena);
-  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(r1 - r0, slice)));
+  // Residual offload: each slice is written into a slice buffer and copied back to the
+  // host on the transfer queue while the next slice computes (ResidualWalk, writes only).
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk, ResidualWalk::begin(st, specs.residual_slice, std::min(r1 - r0, slice),
+                                                             row_slices(r0, r1, slice), /*reads=*/false, /*writes=*/true));
   const TensorView vw = weights.get("video_patch_proj.weight"), vb = weights.get("video_patch_proj.bias");
   const TensorView aw = weights.get("audio_patch_proj.weight"), ab = weights.get("audio_patch_proj.bias");
   std::vector<float> staging;
@@ -23,9 +26,8 @@ Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const
     Arena::Scope slice_scope(arena);
     LS_ASSIGN_OR_RETURN(TensorView rows, alloc_rows(arena, specs.patch_rows, b - a));      // f32 [n, max(Pv, Pa)]
     LS_ASSIGN_OR_RETURN(TensorView emb, alloc_rows(arena, specs.patch_embedding, b - a));  // f32 [n, D]
-    // The rows [a, b) of the residual being written: x itself or the slice buffer.
-    const h3::BlockRows out = st.residual_offload ? h3::BlockRows{rs.slice_rows(0, b - a), st.rope, st.mod_rows, a}
-                                                  : h3::BlockRows{st.x, st.rope, st.mod_rows, r0};
+    // The rows [a, b) of the residual being written: x itself or a slice buffer.
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows out, walk.in(a, b));
     for (const h3::Segment& s : lay.segments) {
       const int64_t lo = std::max(a, s.start), hi = std::min(b, s.stop);
       if (lo >= hi) continue;
@@ -62,10 +64,10 @@ Status run_embed(ForwardState& st, const EmbedSpecs& specs, int64_t slice, const
       LS_TRY(be.gemm(r, s.is_video() ? vw : aw, s.is_video() ? &vb : &ab, e));  // fp32 GEMM + bias
       LS_TRY(be.convert(e, out.x_rows(lo, hi)));                                // -> bf16
     }
-    LS_TRY(st.residual_out(out, a, b));
+    LS_TRY(walk.out(out, a, b));
     LS_TRY(be.synchronize());  // the staging buffer is reused by the next slice
   }
-  return Status();
+  return walk.finish();
 }
 
 }  // namespace ls::exec

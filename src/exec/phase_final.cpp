@@ -31,7 +31,9 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
   Arena::Scope phase(arena);
   // This rank's target rows [f0, f1) (all of [sa.start, S) with one rank).
   const int64_t f0 = std::max(sa.start, st.row0), f1 = st.row1;
-  LS_ASSIGN_OR_RETURN(TensorView rs, st.residual_slice(specs.residual_slice, std::min(S - sa.start, slice)));
+  // Residual offload: slice i + 1's target rows come in while slice i computes (reads only).
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk, ResidualWalk::begin(st, specs.residual_slice, std::min(S - sa.start, slice),
+                                                             row_slices(f0, f1, slice), /*reads=*/true, /*writes=*/false));
   TensorView vw = weights.get("final_layer.video_out.weight"), vb = weights.get("final_layer.video_out.bias");
   TensorView aw = weights.get("final_layer.audio_out.weight"), ab = weights.get("final_layer.audio_out.bias");
   TensorView pdd_w, pdd_b;
@@ -55,7 +57,7 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
     LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, specs.h, b - a));            // bf16 [n, D]
     LS_ASSIGN_OR_RETURN(TensorView mod, alloc_rows(arena, specs.modulated, b - a));  // f32 [n, D]
     LS_ASSIGN_OR_RETURN(TensorView out, alloc_rows(arena, specs.head_out, b - a));   // f32 [n, max(Pv, Pa)]
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, st.residual_in(rs, a, b));
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
     for (const h3::Segment* s : {&sa, &sv}) {
       const int64_t lo = std::max(a, s->start), hi = std::min(b, s->stop);
       if (lo >= hi) continue;
@@ -89,7 +91,9 @@ Status run_final(ForwardState& st, const FinalSpecs& specs, int64_t slice, const
       LS_TRY(is_v ? be.unpack_video_rows(o, mv, lo - s->start, dev)
                   : be.unpack_audio_rows(o, mv, om.carry, lo - s->start, dev));
     }
+    LS_TRY(walk.out(r, a, b));
   }
+  LS_TRY(walk.finish());
   return be.synchronize();
 }
 

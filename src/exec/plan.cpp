@@ -14,7 +14,7 @@
 // Offload replaces, on the device:
 //   K/V offload      : 2 * bf16 [S, I] -> 4 * bf16 [kv_chunk, I] (K and V chunks, two each)
 //                      + f32 [n, H * (Dh + 8)] (the chunked attention's running state)
-//   residual offload : bf16 [S, D] (x) -> bf16 [n, D] at the head of every phase
+//   residual offload : bf16 [S, D] (x) -> 2 * bf16 [n, D] at the head of every phase
 //
 // At H3 size (D 5376, I 7168, F 14336) and S = 111,274 this reproduces DESIGN.md §2:
 // stock attention 1.11 + 4.46 + 1.49 GiB, MLP S * 43008 * 2 B = 8.9 GiB; two-pass K + V
@@ -340,7 +340,7 @@ std::string Plan::describe() const {
     else os << "stock head";
   }
   if (kv_offload) os << "; K/V offloaded (chunks of " << kv_chunk << " keys)";
-  if (residual_offload) os << "; residual offloaded (one slice on the device per phase)";
+  if (residual_offload) os << "; residual offloaded (two slices on the device per phase, copies overlapped)";
   os << "; kv_tile " << kv_tile << "; activation peak " << format_bytes(predicted_peak_bytes) << " predicted (stock "
      << format_bytes(stock_peak_bytes) << ")";
   return os.str();

@@ -16,8 +16,9 @@
 //               streaming), then per slice h, Q, attention out, fp32 attention state
 //     mlp     : per slice: h, fc1 out (2F), swiglu out (F)
 //     final   : [PDD effective heads] + per slice: h, fp32 modulated rows, fp32 head out
-//   residual offload: every phase starts with ONE "residual slice" bf16 [n, D] (n = that
-//   phase's slice rows), copied in/out on the compute queue around its use.
+//   residual offload: every phase starts with TWO "residual slice 0/1" bf16 [n, D] (n =
+//   that phase's slice rows): slice i's rows are copied in on the transfer queue while
+//   slice i - 1 computes, and back out while slice i + 1 computes.
 //
 // predicted peak = sum(persistent) + max over phases(sum(phase buffers at the largest
 // slice)), every buffer rounded up with Arena::aligned_bytes. Every list is made from a
@@ -55,7 +56,8 @@ struct PlanKnobs {
   // them back in chunks of kv_chunk rows (two buffers per tensor: one attended, one in
   // flight), carrying the fp32 attention state across chunks. Needs two-pass attention.
   bool kv_offload = false;
-  // Residual offload: x [S, D] lives in pinned host memory; each phase holds one slice.
+  // Residual offload: x [S, D] lives in pinned host memory; each phase holds two slices
+  // (one computing, one in flight).
   // Needs two-pass attention (stock attention reads all S rows of x at once).
   bool residual_offload = false;
   // Rows of one K/V chunk on the device (K/V offload only). 0 = the default,
@@ -180,7 +182,7 @@ Status check_ranks(const h3::H3Config& cfg, int64_t ranks);
 // Names are fixed (reports and tests read them; the executor uses exec/buffers.h):
 //   persistent: "residual x" bf16 [S, D] (not with residual offload), "rope table"
 //               bf16 [S, 2P], "modulation rows" i32 [S, 1], "final rows" i32 [S, 1]
-//   every phase with residual offload: "residual slice" bf16 [n, D] first
+//   every phase with residual offload: "residual slice 0", "residual slice 1" bf16 [n, D] first
 std::vector<PlannedBuffer> persistent_buffers(const h3::H3Config& cfg, const SequenceSizes& sizes,
                                               const Placement& where = {});
 // "patch rows" f32 [n, max(Pv, Pa)], "patch embedding" f32 [n, D].

@@ -1,9 +1,12 @@
 // The streaming cases of tests/streaming_cases.h on the GPU, where the transfer queue
 // really overlaps the compute queue: weight slots with and without prefetch, K/V
 // offload chunks double-buffered on the transfer queue with the attention state
-// carried across chunks, residual offload, and every budget plan from the minimum up
-// give the bytes of the all-resident stock run on the same GPU (memcmp), and the
-// device bytes the engine held stay within the plan. Skips without a GPU.
+// carried across chunks (pass 1 attending the first query slice against each chunk
+// while it is copied out), residual offload with its two slice buffers on the transfer
+// queue, and every budget plan from the minimum up give the bytes of the all-resident
+// stock run on the same GPU (memcmp), and the device bytes the engine held stay within
+// the plan. Here a transfer copy can also run too EARLY (a missing compute -> transfer
+// wait), the race the CPU's deferred transfer queue cannot show. Skips without a GPU.
 #include "streaming_cases.h"
 
 using namespace ls;
