@@ -67,9 +67,12 @@ DeviceProfile device_profile(const Backend& backend) {
   d.name = backend.name();
   d.workspace_bytes = backend.workspace_bytes();
   d.default_kv_tile = backend.default_kv_tile();
-  // cuDNN attention computes queries in whole chunks (the last one of a call padded).
+  // cuDNN attention computes queries in whole chunks (the last one of a call padded);
+  // the hopper kernel in CTAs of 128 queries per head (attention_hopper.cu kBr).
   const Numerics n = backend.numerics();
-  d.attention_row_quantum = n.attention == AttentionAlgorithm::cudnn ? n.cudnn_q_chunk : 1;
+  d.attention_row_quantum = n.attention == AttentionAlgorithm::cudnn    ? n.cudnn_q_chunk
+                            : n.attention == AttentionAlgorithm::hopper ? 128
+                                                                        : 1;
   d.assumed = {"throughput " + std::to_string(d.throughput.pcie_gb_per_s) + " GB/s host-to-device, " +
                std::to_string(d.throughput.d2h_gb_per_s) + " GB/s device-to-host, " +
                std::to_string(d.throughput.attention_tflops) + " TFLOP/s attention, " +
