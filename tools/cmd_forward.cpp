@@ -243,8 +243,6 @@ int run_forward(const ForwardOptions& o) {
     rank_devices = {o.device.given() ? o.device.text : "cpu"};
   }
   auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
-  if (opened.ok())
-    std::printf("[LayerStream] numerics: %s\n", describe((*opened)->backend().numerics()).c_str());
   if (!opened.ok()) return fail(opened.error());
   api::Session& session = **opened;
   if (session.device_is_cpu() && o.vram_budget.given())
@@ -263,6 +261,9 @@ int run_forward(const ForwardOptions& o) {
   }
   if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok()) return usage(ws.message());
   if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
+  // After the weights: attention auto resolves per model (Session::load_weights), so this
+  // line names the algorithm that runs.
+  std::printf("[LayerStream] numerics: %s\n", describe(session.backend().numerics()).c_str());
   const h3::H3TensorSource* src = &session.source();
   if (!weights.loras.empty() || weights.precision != "preserve" || session.config().quant.any())
     std::printf("[LayerStream] weights: %s\n", src->describe().c_str());  // LoRAs, formats, "lossy"
