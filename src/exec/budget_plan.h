@@ -95,7 +95,8 @@ struct DeviceProfile {
   uint64_t workspace_bytes = 0;      // Backend::workspace_bytes()
   int64_t default_kv_tile = 1024;    // Backend::default_kv_tile() (numerics: --kv-tile overrides)
   // Queries the attention computes in whole blocks of (cuDNN: Numerics::cudnn_q_chunk,
-  // a slice's last chunk zero-padded to it; 1 for the other algorithms): the planner
+  // a slice's last chunk zero-padded to it; hopper: 128, its CTA's queries; 1 for the
+  // others): the planner
   // sizes two-pass attention slices in whole blocks where that keeps their count.
   int64_t attention_row_quantum = 1;
   DeviceFacts throughput;

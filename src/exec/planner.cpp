@@ -73,6 +73,13 @@ DeviceProfile device_profile(const Backend& backend) {
   d.attention_row_quantum = n.attention == AttentionAlgorithm::cudnn    ? n.cudnn_q_chunk
                             : n.attention == AttentionAlgorithm::hopper ? 128
                                                                         : 1;
+  // The attention rate the exposed-transfer model hides copies behind follows the CUDA
+  // algorithm (H200, S = 111,274, bench/results/issue15/run7): hopper 605, cuDNN 550
+  // (DeviceFacts' default), native 305 TFLOP/s. Plans only: never a bit.
+  if (backend.device().kind == DeviceKind::cuda)
+    d.throughput.attention_tflops = n.attention == AttentionAlgorithm::hopper   ? 605.0
+                                    : n.attention == AttentionAlgorithm::native ? 305.0
+                                                                                : d.throughput.attention_tflops;
   d.assumed = {"throughput " + std::to_string(d.throughput.pcie_gb_per_s) + " GB/s host-to-device, " +
                std::to_string(d.throughput.d2h_gb_per_s) + " GB/s device-to-host, " +
                std::to_string(d.throughput.attention_tflops) + " TFLOP/s attention, " +
