@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "file_test_util.h"
+#include "forwarding_backend.h"
 #include "lora_side_cases.h"
 
 using namespace ls;
@@ -257,53 +258,11 @@ TEST_F(LoraSideModel, EveryLinearsSidePathReachesTheOutput) {
 namespace {
 // The CPU backend with the side path replaced by the scalar reference (every other op
 // forwarded): the engine's result must not change by a bit.
-class ScalarSideBackend final : public Backend {
+class ScalarSideBackend final : public test::ForwardingBackend {
  public:
-  ScalarSideBackend() : in_(make_cpu_backend()) {}
+  ScalarSideBackend() : ForwardingBackend(make_cpu_backend()) {}
   int calls = 0;
-  Device device() const override { return in_->device(); }
   std::string name() const override { return "scalar-side(" + in_->name() + ")"; }
-  MemoryResource& memory() override { return in_->memory(); }
-  Status copy(const TensorView& d, const TensorView& s) override { return in_->copy(d, s); }
-  Status synchronize() override { return in_->synchronize(); }
-  MemoryResource& pinned_host_memory() override { return in_->pinned_host_memory(); }
-  Status copy_async(const TensorView& d, const TensorView& s, Queue q) override { return in_->copy_async(d, s, q); }
-  Status signal(Queue, int) override { return Status(); }  // the CPU runs everything at once
-  Status wait(Queue, int) override { return Status(); }
-  Status host_wait(int) override { return Status(); }
-  Status set_numerics(const Numerics& n, const Diagnostics& d) override { return in_->set_numerics(n, d); }
-  Numerics numerics() const override { return in_->numerics(); }
-  Diagnostics diagnostics() const override { return in_->diagnostics(); }
-  Status gemm(const TensorView& x, const TensorView& w, const TensorView* b, const TensorView& o) override {
-    return in_->gemm(x, w, b, o);
-  }
-  Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& o) override {
-    return in_->rms_norm(x, w, eps, o);
-  }
-  Status modulate(const TensorView& i, const TensorView& sh, const TensorView& sc, const TensorView& r,
-                  const TensorView& o) override {
-    return in_->modulate(i, sh, sc, r, o);
-  }
-  Status gated_add(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& r) override {
-    return in_->gated_add(x, y, g, r);
-  }
-  Status add(const TensorView& x, const TensorView& y) override { return in_->add(x, y); }
-  Status qk_norm_rope(const TensorView& x, const TensorView& w, const TensorView& rope, float eps) override {
-    return in_->qk_norm_rope(x, w, rope, eps);
-  }
-  Status swiglu(const TensorView& u, const TensorView& o) override { return in_->swiglu(u, o); }
-  Status silu(const TensorView& x) override { return in_->silu(x); }
-  Status time_embedding(const TensorView& t, const TensorView& o) override { return in_->time_embedding(t, o); }
-  Status convert(const TensorView& s, const TensorView& d) override { return in_->convert(s, d); }
-  Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                   const AttentionParams& p) override {
-    return in_->attention(q, k, v, o, p);
-  }
-  Expected<int64_t> count_nonfinite(const TensorView& t) override { return in_->count_nonfinite(t); }
-  Status linear(const TensorView& x, const LinearWeight& w, const TensorView* b, const TensorView& o,
-                const LinearOptions& opts) override {
-    return in_->linear(x, w, b, o, opts);
-  }
   Status lora_side(const TensorView& x, const ls::LoraSide& s, const TensorView& o, const LinearOptions& opts) override {
     ++calls;
     LS_TRY(check_lora_side_args("scalar", x, s, o, opts));
@@ -312,9 +271,6 @@ class ScalarSideBackend final : public Backend {
                         K, R, s.up.ptr<const float>(), s.up.stride[0], N, o.ptr<uint16_t>(), o.stride[0]);
     return Status();
   }
-
- private:
-  std::unique_ptr<Backend> in_;
 };
 }  // namespace
 

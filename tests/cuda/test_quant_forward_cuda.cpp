@@ -24,6 +24,7 @@
 #include <random>
 #include <set>
 
+#include "forwarding_backend.h"
 #include "quant_streaming_cases.h"
 
 using namespace ls;
@@ -31,60 +32,11 @@ using namespace ls;
 namespace {
 
 // Every op to `inner` (a CUDA backend); int8 linears also re-run on the CPU and compared.
-class CheckingBackend final : public Backend {
+class CheckingBackend final : public ls::test::ForwardingBackend {
  public:
-  explicit CheckingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)), cpu_(make_cpu_backend()) {}
+  explicit CheckingBackend(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)), cpu_(make_cpu_backend()) {}
   int64_t int8_calls = 0, int8_mismatches = 0, int8_rows = 0;
   std::set<std::pair<int64_t, bool>> shapes;  // (K, swiglu) seen
-
-  Device device() const override { return in_->device(); }
-  std::string name() const override { return in_->name(); }
-  MemoryResource& memory() override { return in_->memory(); }
-  Status copy(const TensorView& d, const TensorView& s) override { return in_->copy(d, s); }
-  Status synchronize() override { return in_->synchronize(); }
-  MemoryResource& pinned_host_memory() override { return in_->pinned_host_memory(); }
-  Status copy_async(const TensorView& d, const TensorView& s, Queue q) override { return in_->copy_async(d, s, q); }
-  Status signal(Queue q, int f) override { return in_->signal(q, f); }
-  Status wait(Queue q, int f) override { return in_->wait(q, f); }
-  Status host_wait(int f) override { return in_->host_wait(f); }
-  Status device_memory_info(uint64_t* a, uint64_t* b) override { return in_->device_memory_info(a, b); }
-  Status wait_external(void* s) override { return in_->wait_external(s); }
-  Status signal_external(void* s) override { return in_->signal_external(s); }
-  size_t workspace_bytes() const override { return in_->workspace_bytes(); }
-  Status set_workspace(const TensorView& ws) override { return in_->set_workspace(ws); }
-  Status set_numerics(const Numerics& n, const Diagnostics& d) override { return in_->set_numerics(n, d); }
-  Numerics numerics() const override { return in_->numerics(); }
-  Diagnostics diagnostics() const override { return in_->diagnostics(); }
-  Status gemm(const TensorView& x, const TensorView& w, const TensorView* b, const TensorView& o) override {
-    return in_->gemm(x, w, b, o);
-  }
-  Status rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& o) override {
-    return in_->rms_norm(x, w, eps, o);
-  }
-  Status modulate(const TensorView& i, const TensorView& sh, const TensorView& sc, const TensorView& r,
-                  const TensorView& o) override {
-    return in_->modulate(i, sh, sc, r, o);
-  }
-  Status rms_norm_modulate(const TensorView& x, const TensorView& w, float eps, const TensorView& sh,
-                           const TensorView& sc, const TensorView& r, const TensorView& o) override {
-    return in_->rms_norm_modulate(x, w, eps, sh, sc, r, o);
-  }
-  Status gated_add(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& r) override {
-    return in_->gated_add(x, y, g, r);
-  }
-  Status add(const TensorView& x, const TensorView& y) override { return in_->add(x, y); }
-  Status qk_norm_rope(const TensorView& x, const TensorView& w, const TensorView& rope, float eps) override {
-    return in_->qk_norm_rope(x, w, rope, eps);
-  }
-  Status swiglu(const TensorView& u, const TensorView& o) override { return in_->swiglu(u, o); }
-  Status silu(const TensorView& x) override { return in_->silu(x); }
-  Status time_embedding(const TensorView& t, const TensorView& o) override { return in_->time_embedding(t, o); }
-  Status convert(const TensorView& s, const TensorView& d) override { return in_->convert(s, d); }
-  Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                   const AttentionParams& p) override {
-    return in_->attention(q, k, v, o, p);
-  }
-  Expected<int64_t> count_nonfinite(const TensorView& t) override { return in_->count_nonfinite(t); }
 
   Status linear(const TensorView& x, const LinearWeight& w, const TensorView* bias, const TensorView& out,
                 const LinearOptions& opts) override {
@@ -123,7 +75,6 @@ class CheckingBackend final : public Backend {
     LS_CHECK(in_->synchronize().ok());
     return h;
   }
-  std::unique_ptr<Backend> in_;
   std::unique_ptr<Backend> cpu_;
 };
 
