@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/alloc_fault.h"
+#include "attention_test_util.h"
 #include "cuda_test_util.h"
 
 // The native kernel's parity and streaming tests (cuDNN: test_attention_cudnn).
@@ -445,42 +446,8 @@ TEST(CudaOps, GemmPinnedSliceInvariance) {
 }
 
 // ---- attention ----------------------------------------------------------------------
-// fp64 reference: softmax(scale q k^T) v, no roundings.
-HostBuf attention_f64(const HostBuf& q, const HostBuf& k, const HostBuf& v, int64_t H, int64_t Dh) {
-  const int64_t Mq = q.v.shape[0], Mk = k.v.shape[0];
-  HostBuf out(DType::f64, {Mq, H, Dh});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
-  std::vector<double> s(static_cast<size_t>(Mk));
-  for (int64_t i = 0; i < Mq; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < Mk; ++j) {
-        double d = 0;
-        for (int64_t e = 0; e < Dh; ++e)
-          d += static_cast<double>(q.get((i * H + h) * Dh + e)) * k.get((j * H + h) * Dh + e);
-        s[static_cast<size_t>(j)] = d * scale;
-        mx = std::max(mx, d * scale);
-      }
-      double l = 0;
-      for (int64_t j = 0; j < Mk; ++j) l += (s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx));
-      for (int64_t e = 0; e < Dh; ++e) {
-        double o = 0;
-        for (int64_t j = 0; j < Mk; ++j) o += s[static_cast<size_t>(j)] * v.get((j * H + h) * Dh + e);
-        out.v.ptr<double>()[(i * H + h) * Dh + e] = o / l;
-      }
-    }
-  return out;
-}
-
-double rel_l2(const HostBuf& got, const HostBuf& ref64) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < got.n(); ++i) {
-    const double r = ref64.v.ptr<const double>()[i], g = got.get(i);
-    num += (g - r) * (g - r);
-    den += r * r;
-  }
-  return std::sqrt(num / den);
-}
+// fp64 reference attention_f64 and rel_l2: attention_test_util.h (shared with the cuDNN and
+// hopper tests).
 
 TEST(CudaOps, AttentionParity) {
   LS_NEED_GPU();
