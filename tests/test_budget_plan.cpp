@@ -596,6 +596,18 @@ TEST(BudgetPlan, CudaProfileArithmetic) {
   const DeviceProfile plain = cuda_device_profile(false, false);
   EXPECT_EQ(plain.workspace_bytes, (64ull << 20) + (164ull << 20));  // cuBLASLt GEMM + quantised linears (linear_quant.cu)
   EXPECT_EQ(plain.default_kv_tile, 1024);
+  // Per algorithm: cuDNN's query chunks and rate, hopper's 128-query CTAs and rate, native.
+  EXPECT_EQ(d.attention_row_quantum, 2048);
+  EXPECT_EQ(d.throughput.attention_tflops, 550.0);
+  const DeviceProfile hopper = cuda_device_profile(true, true, 2048, /*hopper=*/true);
+  EXPECT_EQ(hopper.workspace_bytes, 304611328u);
+  EXPECT_EQ(hopper.default_kv_tile, 8192);
+  EXPECT_EQ(hopper.attention_row_quantum, 128);
+  EXPECT_EQ(hopper.throughput.attention_tflops, 605.0);
+  EXPECT_EQ(native.attention_row_quantum, 1);
+  EXPECT_EQ(native.throughput.attention_tflops, 305.0);
+  // A faster attention hides less transfer per row: the K/V-hiding slice grows with it.
+  EXPECT_GT(kv_hiding_slice(hopper.throughput), kv_hiding_slice(d.throughput));
   const BudgetOptions o = budget_options_for(d);
   EXPECT_EQ(o.workspace_bytes, d.workspace_bytes);
   EXPECT_EQ(o.kv_tile, 8192);

@@ -337,18 +337,22 @@ Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vra
     return Error{ErrorCode::invalid_argument, "--device must be cpu, cuda or cuda:N (got '" + device + "')"};
   if (device != "cuda") LS_TRY(parse_int("--device cuda:N", device.substr(5), IntRange{0, 1023}).status());
   // The CUDA backend's resolution in a build with cuDNN (cuda_backend.cu resolve):
-  // attention auto -> cudnn, or hopper for a head dim of 128 on sm_90; both have the
-  // same default kv_tile (8192) and workspace (workspace_bytes_for), so the plan is one.
+  // attention auto -> cudnn without a device (on an sm_90 GPU a head-dim-128 model runs
+  // hopper: --attention hopper plans for that). cudnn and hopper have the same default
+  // kv_tile (8192) and workspace (workspace_bytes_for); hopper's slices come in whole
+  // 128-query CTAs and its attention rate is 605 TFLOP/s (exec::device_profile).
   const bool native = numerics.attention == AttentionAlgorithm::native;
+  const bool hopper = numerics.attention == AttentionAlgorithm::hopper;
   const int64_t q_chunk = numerics.cudnn_q_chunk;
-  exec::DeviceProfile d = exec::cuda_device_profile(/*cudnn_built=*/true, !native, q_chunk);
+  exec::DeviceProfile d = exec::cuda_device_profile(/*cudnn_built=*/true, !native, q_chunk, hopper);
   d.name = device;
   const bool have_cuda = std::string(LS_BACKENDS).find("cuda") != std::string::npos;
   d.assumed.insert(d.assumed.begin(),
                    std::string(have_cuda ? "no device opened" : "this build has no CUDA backend (backends: " LS_BACKENDS ")") +
                        ": the CUDA backend's documented figures in a build with cuDNN" +
-                       (native ? " and attention native" : "") +
-                       " (without cuDNN: 64 MiB workspace, kv_tile 1024)");
+                       (native ? " and attention native" : hopper ? " and attention hopper" : "") +
+                       " (without cuDNN: 64 MiB workspace, kv_tile 1024" +
+                       (native || hopper ? ")" : "; auto runs hopper for head dim 128 on sm_90: --attention hopper plans that)"));
   return d;
 }
 

@@ -459,7 +459,7 @@ uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_
   return tile_bf16 * (1 + kTilesPerMerge) + tile_lse * (kTilesPerMerge + 1) + acc + kCudnnReserve;
 }
 
-DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t q_chunk) {
+DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t q_chunk, bool hopper) {
   // cuda_backend.cu workspace_bytes_for: the GEMM's part (gemm.cu: cuBLASLt workspace +
   // fp32 staging, 64 MiB) followed by the quantised linears' region (linear_quant.cu: their
   // cuBLASLt workspace 4 MiB + 160 MiB of row-chunk scratch); cuDNN's attention scratch,
@@ -469,8 +469,13 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
   d.name = "cuda";
   const uint64_t cudnn = cudnn_attention_workspace_bytes(64, 128, q_chunk);
   d.workspace_bytes = cudnn_built ? std::max(kGemm, cudnn) : kGemm;
-  d.default_kv_tile = cudnn_built && cudnn_selected ? 8192 : 1024;
-  d.attention_row_quantum = cudnn_built && cudnn_selected ? q_chunk : 1;
+  const bool cudnn_runs = cudnn_built && cudnn_selected && !hopper;
+  d.default_kv_tile = cudnn_runs || hopper ? 8192 : 1024;
+  d.attention_row_quantum = cudnn_runs ? q_chunk : hopper ? 128 : 1;
+  // The algorithm's attention rate, as exec::device_profile takes it from a live backend
+  // (H200, S = 111,274): hopper 605, cuDNN 550 (DeviceFacts' default), native 305.
+  if (hopper) d.throughput.attention_tflops = 605.0;
+  else if (!cudnn_runs) d.throughput.attention_tflops = 305.0;
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
   if (cudnn_built)
@@ -479,14 +484,15 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
   else
     ws << "a build without cuDNN, the cuBLASLt GEMM's 64 MiB + the quantised linears' 164 MiB";
   tile << "kv_tile " << d.default_kv_tile << ": the backend's default "
-       << (cudnn_built && cudnn_selected ? "with cuDNN attention" : "with the native attention kernel");
+       << (hopper ? "with the hopper attention kernel" : cudnn_runs ? "with cuDNN attention" : "with the native attention kernel");
   tp << "throughput " << d.throughput.pcie_gb_per_s << " GB/s host-to-device, " << d.throughput.d2h_gb_per_s
      << " GB/s device-to-host, " << d.throughput.attention_tflops << " TFLOP/s attention, "
      << d.throughput.gemm_tflops
      << " TFLOP/s GEMM (measured on the H200, PCIe Gen5; they pick the K/V-hiding slice "
      << kv_hiding_slice(d.throughput) << " and the offload level, never a bit)";
   if (d.attention_row_quantum > 1)
-    tile << "; attention slices in whole " << d.attention_row_quantum << "-query chunks where that keeps their count";
+    tile << "; attention slices in whole " << d.attention_row_quantum << "-query " << (hopper ? "CTAs" : "chunks")
+         << " where that keeps their count";
   d.assumed = {ws.str(), tile.str(), tp.str()};
   return d;
 }

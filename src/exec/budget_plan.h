@@ -119,8 +119,10 @@ uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_
 // throughput figures DeviceFacts' defaults (H200, PCIe Gen5). q_chunk:
 // LAYERSTREAM_CUDNN_QCHUNK (2048 unless set). Every figure is listed in `assumed`.
 // tests/test_budget_plan.cpp (CudaProfileMatchesTheBackend, GPU machine) compares it with
-// a real CUDA backend.
-DeviceProfile cuda_device_profile(bool cudnn_built = true, bool cudnn_selected = true, int64_t q_chunk = 2048);
+// a real CUDA backend. hopper: attention hopper (kv_tile 8192, slices in whole 128-query
+// CTAs, 605 TFLOP/s attention) instead of cuDNN's (cudnn_selected is then ignored).
+DeviceProfile cuda_device_profile(bool cudnn_built = true, bool cudnn_selected = true, int64_t q_chunk = 2048,
+                                  bool hopper = false);
 
 struct BudgetOptions {
   // The tensors the device would hold, with their dtypes (H3TensorSource::specs());
