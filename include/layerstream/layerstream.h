@@ -120,7 +120,8 @@ LS_API void ls_tensor_host(ls_tensor* t, void* data, ls_dtype dtype, int32_t ndi
 
 /* ---- numerics: every setting that may change output bits ----------------------- */
 typedef enum ls_attention {
-  LS_ATTENTION_DEFAULT = 0, /* the backend's: cuDNN where built (CUDA), else native */
+  LS_ATTENTION_DEFAULT = 0, /* the backend's for the model: CUDA hopper at head dim 128 on sm_90,
+                               else cuDNN where built, else native (CPU: native) */
   LS_ATTENTION_NATIVE = 1,  /* the built-in kernel (CUDA) / the reference (CPU) */
   LS_ATTENTION_CUDNN = 2,   /* cuDNN's fused SDPA per key tile (CUDA + cuDNN) */
   LS_ATTENTION_HOPPER = 3   /* the sm_90a kernel, head dim 128 (CUDA on Hopper; never the default) */
