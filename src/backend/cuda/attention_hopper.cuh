@@ -2,8 +2,8 @@
 // a producer warpgroup and two consumer warpgroups) on sm_90a, inside the kv_tile
 // contract (backend.h, DESIGN.md §1.2), head dim 128 only.
 //
-// Selected by the backend's numerics (CudaContext::numerics.attention == hopper; never
-// the default). The file is compiled for sm_90a only, and only when 90 is among the
+// Selected by the backend's numerics (CudaContext::numerics.attention == hopper: given, or
+// auto's choice for a model of head dim 128 on sm_90, cuda_backend.cu resolve). The file is compiled for sm_90a only, and only when 90 is among the
 // build's CUDA architectures (CMake defines LAYERSTREAM_HOPPER_ATTENTION then); in other
 // builds the functions below say "unavailable" with a message that names the way out.
 // Plain C++ header (no CUDA headers).
