@@ -166,7 +166,7 @@ TEST(CudaRealWidth, InputModesSlicesAndOffloadMatchStock) {
   check_modes();
 }
 
-// The Hopper kernel (numerics attention hopper, never the default): skips where the
+// The Hopper kernel (numerics attention hopper; auto's choice at head dim 128 on sm_90): skips where the
 // build or the device cannot run it (set_numerics says why).
 TEST(CudaRealWidth, SlicesAndBudgetPlansMatchStockHopper) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
