@@ -12,8 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/session.h"
 #include "backend/backend.h"
 #include "backend/numerics.h"
+#include "forwarding_backend.h"
+#include "model/h3/config.h"
 
 namespace ls {
 namespace {
@@ -279,6 +282,32 @@ TEST(Numerics, SourceTreeReadsNoEnvironment) {
   std::ostringstream all;
   for (const std::string& h : hits) all << h << "\n";
   EXPECT_TRUE(hits.empty()) << "src/ reads the environment:\n" << all.str();
+}
+
+// Session::load_weights tells the backend the model's head dim (Backend::set_model_head_dim),
+// where CUDA resolves attention auto per model; a recording backend sees it once per load.
+class HeadDimRecorder final : public ls::test::ForwardingBackend {
+ public:
+  HeadDimRecorder() : ForwardingBackend(make_cpu_backend()) {}
+  std::vector<int64_t> seen;
+  Status set_model_head_dim(int64_t hd) override {
+    seen.push_back(hd);
+    return in_->set_model_head_dim(hd);
+  }
+};
+
+TEST(Numerics, SessionTellsTheBackendTheModelsHeadDim) {
+  auto rec = std::make_shared<HeadDimRecorder>();
+  auto session = api::Session::with_backend(rec);
+  for (const char* preset : {"tiny", "small"}) {
+    api::WeightsSpec w;
+    w.preset = preset;
+    ASSERT_TRUE(session->load_weights(w).ok()) << preset;
+  }
+  auto tiny = h3::h3_preset("tiny"), small = h3::h3_preset("small");
+  ASSERT_TRUE(tiny.ok() && small.ok());
+  EXPECT_EQ(rec->seen, (std::vector<int64_t>{tiny->head_dim, small->head_dim}));
+  EXPECT_EQ(rec->numerics().attention, AttentionAlgorithm::native);  // the CPU's, whatever the head dim
 }
 
 }  // namespace
