@@ -459,6 +459,14 @@ uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_
   return tile_bf16 * (1 + kTilesPerMerge) + tile_lse * (kTilesPerMerge + 1) + acc + kCudnnReserve;
 }
 
+AttentionFigures cuda_attention_figures(AttentionAlgorithm resolved, int64_t q_chunk) {
+  switch (resolved) {
+    case AttentionAlgorithm::cudnn: return {q_chunk, DeviceFacts{}.attention_tflops};
+    case AttentionAlgorithm::hopper: return {128, 605.0};  // attention_hopper.cu kBr
+    default: return {1, 305.0};                             // native (auto never reaches here resolved)
+  }
+}
+
 DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t q_chunk, bool hopper) {
   // cuda_backend.cu workspace_bytes_for: the GEMM's part (gemm.cu: cuBLASLt workspace +
   // fp32 staging, 64 MiB) followed by the quantised linears' region (linear_quant.cu: their
@@ -471,11 +479,10 @@ DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t
   d.workspace_bytes = cudnn_built ? std::max(kGemm, cudnn) : kGemm;
   const bool cudnn_runs = cudnn_built && cudnn_selected && !hopper;
   d.default_kv_tile = cudnn_runs || hopper ? 8192 : 1024;
-  d.attention_row_quantum = cudnn_runs ? q_chunk : hopper ? 128 : 1;
-  // The algorithm's attention rate, as exec::device_profile takes it from a live backend
-  // (H200, S = 111,274): hopper 605, cuDNN 550 (DeviceFacts' default), native 305.
-  if (hopper) d.throughput.attention_tflops = 605.0;
-  else if (!cudnn_runs) d.throughput.attention_tflops = 305.0;
+  const AttentionFigures f = cuda_attention_figures(
+      hopper ? AttentionAlgorithm::hopper : cudnn_runs ? AttentionAlgorithm::cudnn : AttentionAlgorithm::native, q_chunk);
+  d.attention_row_quantum = f.row_quantum;
+  d.throughput.attention_tflops = f.tflops;
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
   if (cudnn_built)

@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/numerics.h"
 #include "core/status.h"
 #include "exec/plan.h"
 #include "model/h3/conditioning.h"
@@ -84,6 +85,18 @@ struct DeviceFacts {
   double attention_tflops = 550.0;   // dense bf16 attention throughput, 1e12 FLOP/s
   double gemm_tflops = 700.0;        // bf16 GEMM throughput of the block's linears, 1e12 FLOP/s
 };
+
+// How a resolved CUDA attention algorithm is planned, in one place for a live backend's
+// profile (exec::device_profile) and the dry run's (cuda_device_profile): the queries it
+// computes in whole blocks (cuDNN: q_chunk per call, the last chunk zero-padded; hopper:
+// its CTA's 128; native: 1) and its attention rate on the H200 at S = 111,274
+// (bench/results/issue15/run7: hopper 605, cuDNN 550, native 305 TFLOP/s). Plans only,
+// never a bit.
+struct AttentionFigures {
+  int64_t row_quantum = 1;
+  double tflops = 550.0;
+};
+AttentionFigures cuda_attention_figures(AttentionAlgorithm resolved, int64_t q_chunk);
 
 // What the planner needs to know about a device, as plain numbers: the Backend's
 // workspace_bytes() and default_kv_tile(), and the throughput figures. A dry run

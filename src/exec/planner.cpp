@@ -67,19 +67,14 @@ DeviceProfile device_profile(const Backend& backend) {
   d.name = backend.name();
   d.workspace_bytes = backend.workspace_bytes();
   d.default_kv_tile = backend.default_kv_tile();
-  // cuDNN attention computes queries in whole chunks (the last one of a call padded);
-  // the hopper kernel in CTAs of 128 queries per head (attention_hopper.cu kBr).
+  // The algorithm's query blocks and, on CUDA, its attention rate (cuda_attention_figures);
+  // the CPU keeps DeviceFacts' rate (it offloads nothing) and a quantum of 1.
   const Numerics n = backend.numerics();
-  d.attention_row_quantum = n.attention == AttentionAlgorithm::cudnn    ? n.cudnn_q_chunk
-                            : n.attention == AttentionAlgorithm::hopper ? 128
-                                                                        : 1;
-  // The attention rate the exposed-transfer model hides copies behind follows the CUDA
-  // algorithm (H200, S = 111,274, bench/results/issue15/run7): hopper 605, cuDNN 550
-  // (DeviceFacts' default), native 305 TFLOP/s. Plans only: never a bit.
-  if (backend.device().kind == DeviceKind::cuda)
-    d.throughput.attention_tflops = n.attention == AttentionAlgorithm::hopper   ? 605.0
-                                    : n.attention == AttentionAlgorithm::native ? 305.0
-                                                                                : d.throughput.attention_tflops;
+  if (backend.device().kind == DeviceKind::cuda) {
+    const AttentionFigures f = cuda_attention_figures(n.attention, n.cudnn_q_chunk);
+    d.attention_row_quantum = f.row_quantum;
+    d.throughput.attention_tflops = f.tflops;
+  }
   d.assumed = {"throughput " + std::to_string(d.throughput.pcie_gb_per_s) + " GB/s host-to-device, " +
                std::to_string(d.throughput.d2h_gb_per_s) + " GB/s device-to-host, " +
                std::to_string(d.throughput.attention_tflops) + " TFLOP/s attention, " +
