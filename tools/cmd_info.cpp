@@ -644,23 +644,26 @@ int run_devices(const InfoOptions& o) {
   return 0;
 }
 
+// Any flag that describes a model, a clip or a dry run (not FILE, --json, the numerics,
+// --check, --devices): what --check and --devices refuse.
+bool model_or_plan_flags(const InfoOptions& o) {
+  return !o.preset.empty() || o.blocks.given() || o.adaln_curve || o.frames.given() || o.width.given() ||
+         o.height.given() || o.text_tokens.given() || o.slice_tokens.given() || o.list_tensors ||
+         o.vram_budget.given() || o.budget.given() || o.kv_tile.given() || o.sigma.given() || o.steps.given() ||
+         o.device_opt->count() > 0 || o.no_prefetch;
+}
+
 int run_info(const InfoOptions& o) {
   const bool clip_asked = o.frames.given() || o.width.given() || o.height.given();
   const bool planning = o.vram_budget.given() || o.budget.given();
   if (o.devices) {
-    const bool others = !o.file.empty() || !o.preset.empty() || o.blocks.given() || o.adaln_curve || clip_asked ||
-                        o.text_tokens.given() || o.slice_tokens.given() || o.list_tensors || planning ||
-                        o.kv_tile.given() || o.sigma.given() || o.steps.given() || o.device_opt->count() > 0 ||
-                        o.no_prefetch || o.check;
+    const bool others = !o.file.empty() || model_or_plan_flags(o) || o.check;
     if (others) return usage_error("--devices lists the devices and takes no other flag but --json, --attention and --gemm-f32");
     return run_devices(o);
   }
   if (o.check) {
     // Only the file and --json mean anything to the scan.
-    const bool others = !o.preset.empty() || o.blocks.given() || o.adaln_curve || clip_asked || o.text_tokens.given() ||
-                        o.slice_tokens.given() || o.list_tensors || planning || o.kv_tile.given() ||
-                        o.sigma.given() || o.steps.given() || o.device_opt->count() > 0 || o.no_prefetch ||
-                        o.numerics.attention.given() || o.numerics.gemm_f32.given();
+    const bool others = model_or_plan_flags(o) || o.numerics.attention.given() || o.numerics.gemm_f32.given();
     if (o.file.empty()) return usage_error("--check needs a FILE (any safetensors file: a checkpoint, an output)");
     if (others) return usage_error("--check scans FILE for non-finite values and takes no other flag but --json");
     return run_check(o);
