@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,6 +18,7 @@
 #include "backend/cuda/attention_cudnn.cuh"
 #include "backend/cuda/attention_hopper.cuh"
 #include "cli_test_util.h"
+#include "fingerprint_cases.h"  // recorded(section)
 
 namespace ls {
 namespace {
@@ -93,15 +93,6 @@ TEST(AttentionDefaultCuda, InfoDevicesNamesTheResolution) {
   EXPECT_EQ(d["numerics_other_head_dims"]["attention"], other) << d.dump();
 }
 
-std::map<std::string, std::string> recorded_cli() {
-  std::map<std::string, std::string> m;
-  std::ifstream f(std::string(LS_TEST_DATA_DIR) + "/fingerprints.json");
-  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded() || !j.contains("cuda cli")) return m;
-  for (const auto& [k, v] : j["cuda cli"].items()) m[k] = v.is_string() ? v.get<std::string>() : std::string();
-  return m;
-}
-
 TEST(AttentionDefaultCuda, CliDefaultAtH3WidthMatchesRecorded) {
   if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device (or no CUDA backend in the binary)";
   const std::string run =
@@ -124,7 +115,7 @@ TEST(AttentionDefaultCuda, CliDefaultAtH3WidthMatchesRecorded) {
   } else if (cuda::attention_cudnn_built()) {
     EXPECT_EQ(got["auto"], got["cudnn"]);
   }
-  const auto want = recorded_cli();
+  const auto want = test::fingerprint::recorded("cuda cli");
   std::printf("observed (the \"cuda cli\" section of tests/data/fingerprints.json):\n");
   for (const auto& [k, v] : got) std::printf("    \"h3 2 blocks 39x512x384 L64 sigma 0.9 %s\": \"%s\",\n", k.c_str(), v.c_str());
   for (const auto& [k, v] : got) {
