@@ -188,30 +188,10 @@ inline void check_knobs(uint64_t seed, Kind kind, int64_t layers, int variants, 
                h3::h3_config_summary(c.cfg) + ", kv_tile " + std::to_string(c.kv_tile));
   const int64_t S = su.stock.sizes.S, L = c.cfg.num_layers, tr = su.stock.sizes.target_rows;
   std::mt19937_64 rng(seed * 31 + 7);
-  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   for (int v = 0; v < variants; ++v) {
-    exec::Residency res;
-    res.resident_blocks = pick(0, 2) == 0 ? -1 : pick(0, L);
-    res.slots = pick(1, 2);
-    exec::PlanKnobs k;
-    k.kv_tile = c.kv_tile;
-    k.attn_chunk_tokens = pick(1, S);
-    k.mlp_chunk_tokens = pick(0, 1) ? pick(1, S) : 0;
-    k.final_chunk_tokens = pick(0, 1) ? pick(1, tr) : 0;
-    k.kv_offload = pick(0, 2) != 0;
-    k.residual_offload = pick(0, 1) != 0;
-    if (v < 2) {  // slices of one row; slices of S - 1 rows (a last slice of one row); both offloads
-      k.attn_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
-      k.mlp_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
-      k.final_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, tr - 1);
-      k.kv_offload = true;
-      k.residual_offload = true;
-      res.resident_blocks = v == 0 ? 0 : -1;
-    }
-    if (k.kv_offload) {
-      const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
-      k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : c.kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
-    }
+    const ls::test::KnobDraw d = ls::test::draw_knobs(rng, v, S, L, tr, c.kv_tile, /*pin_edge_residency=*/true);
+    const exec::Residency& res = d.res;
+    const exec::PlanKnobs& k = d.k;
     auto p = exec::make_plan(c.cfg, c.cond, k);
     ASSERT_TRUE(p.ok()) << p.error().message;
     const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +

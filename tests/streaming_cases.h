@@ -157,6 +157,43 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
 }
 
 // Manual knobs: residency x offload x slices.
+// One random memory configuration of a knob sweep (the one draw every sweep makes, here
+// and in quant_streaming_cases.h / lora_side_cases.h): residency, slices, offloads, K/V
+// chunks of whole tiles. Variants 0 and 1 are always covered: one-row slices (0) and
+// slices of S - 1 rows, so a last slice of one row (1), with both offloads on;
+// pin_edge_residency also streams every block in 0 and keeps every block resident in 1.
+struct KnobDraw {
+  exec::Residency res;
+  exec::PlanKnobs k;
+};
+inline KnobDraw draw_knobs(std::mt19937_64& rng, int v, int64_t S, int64_t L, int64_t tr, int64_t kv_tile,
+                           bool pin_edge_residency) {
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  KnobDraw d;
+  d.res.resident_blocks = pick(0, 2) == 0 ? -1 : pick(0, L);
+  d.res.slots = pick(1, 2);
+  exec::PlanKnobs& k = d.k;
+  k.kv_tile = kv_tile;
+  k.attn_chunk_tokens = pick(1, S);
+  k.mlp_chunk_tokens = pick(0, 1) ? pick(1, S) : 0;
+  k.final_chunk_tokens = pick(0, 1) ? pick(1, tr) : 0;
+  k.kv_offload = pick(0, 2) != 0;
+  k.residual_offload = pick(0, 1) != 0;
+  if (v < 2) {
+    k.attn_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
+    k.mlp_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
+    k.final_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, tr - 1);
+    k.kv_offload = true;
+    k.residual_offload = true;
+    if (pin_edge_residency) d.res.resident_blocks = v == 0 ? 0 : -1;
+  }
+  if (k.kv_offload) {
+    const int64_t tiles = (S + kv_tile - 1) / kv_tile;
+    k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
+  }
+  return d;
+}
+
 inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants,
                                   bool all_modes = false) {
   StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes);
@@ -169,32 +206,10 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
                std::to_string(c.kv_tile));
   const int64_t S = stock->sizes.S, L = c.cfg.num_layers;
   std::mt19937_64 rng(seed * 31 + 7);
-  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   for (int v = 0; v < variants; ++v) {
-    exec::Residency res;
-    res.resident_blocks = pick(0, 2) == 0 ? -1 : pick(0, L);
-    res.slots = pick(1, 2);
-    exec::PlanKnobs k;
-    k.kv_tile = c.kv_tile;
-    k.attn_chunk_tokens = pick(1, S);
-    k.mlp_chunk_tokens = pick(0, 1) ? pick(1, S) : 0;
-    k.final_chunk_tokens = pick(0, 1) ? pick(1, stock->sizes.target_rows) : 0;
-    k.kv_offload = pick(0, 2) != 0;
-    k.residual_offload = pick(0, 1) != 0;
-    if (v < 2) {
-      // Always covered: one-row slices, and slices of S - 1 rows (a last slice of one
-      // row), with both offloads on.
-      const int64_t tr = stock->sizes.target_rows;
-      k.attn_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
-      k.mlp_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, S - 1);
-      k.final_chunk_tokens = v == 0 ? 1 : std::max<int64_t>(1, tr - 1);
-      k.kv_offload = true;
-      k.residual_offload = true;
-    }
-    const int64_t tiles = (S + c.kv_tile - 1) / c.kv_tile;
-    if (k.kv_offload) {
-      k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : c.kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
-    }
+    KnobDraw d = draw_knobs(rng, v, S, L, stock->sizes.target_rows, c.kv_tile, /*pin_edge_residency=*/false);
+    exec::Residency& res = d.res;
+    exec::PlanKnobs& k = d.k;
     // Always covered too, the overlaps (pass 1 attends the first query slice against each
     // chunk behind its copy out; pass 2 reloads for the other slices; the residual's two
     // slice buffers on the transfer queue):
