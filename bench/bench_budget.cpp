@@ -48,21 +48,6 @@ using namespace ls;
   std::exit(2);
 }
 
-std::string hex(uint64_t h) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016" PRIx64, h);
-  return b;
-}
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
-
 struct Args {
   std::string preset = "h3", device = "cuda", json, reference_hash;
   bool profile = false;
@@ -71,14 +56,6 @@ struct Args {
   float sigma = 0.9f;
   std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');)
-    if (!t.empty()) v.push_back(t);
-  return v;
-}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -110,7 +87,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--text-tokens") a.text_tokens = std::stoll(v);
       else if (k == "--sigma") a.sigma = std::stof(v);
       else if (k == "--kv-tile") a.kv_tile = std::stoll(v);
-      else if (k == "--budgets") a.budgets = split(v);
+      else if (k == "--budgets") a.budgets = bench::split_commas(v);
       else if (k == "--reference-hash") a.reference_hash = v;
       else if (k == "--device") a.device = v;
       else if (k == "--json") a.json = v;
@@ -225,7 +202,7 @@ int main(int argc, char** argv) {
   std::ostringstream js;
   js << "{\"bench\": \"bench_budget\", \"preset\": \"" << a.preset << "\", \"blocks\": " << cfg->num_layers
      << ", \"S\": " << sizes->S << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
-     << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << esc(session.backend().name())
+     << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << bench::json_escape(session.backend().name())
      << "\", \"kv_tile\": " << kv_tile << ", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
   std::vector<std::string> table;
   // The JSON is rewritten after every budget, so a run cut short keeps what it measured.
@@ -249,7 +226,7 @@ int main(int argc, char** argv) {
     auto rp = session.plan(clip.cond, {a.sigma}, memory);
     if (!rp.ok()) {
       std::printf("[%s] refused: %s\n", b.c_str(), rp.error().message.c_str());
-      js << ", \"refused\": \"" << esc(rp.error().message) << "\"}";
+      js << ", \"refused\": \"" << bench::json_escape(rp.error().message) << "\"}";
       table.push_back(b + " | refused before any work |");
       continue;
     }
@@ -259,12 +236,12 @@ int main(int argc, char** argv) {
     auto o = run_once(session, clip, a.sigma, *rp, a.profile);
     if (!o.ok()) {
       std::printf("[%s] FAILED: %s\n", b.c_str(), o.error().message.c_str());
-      js << ", \"failed\": \"" << esc(o.error().message) << "\"}";
+      js << ", \"failed\": \"" << bench::json_escape(o.error().message) << "\"}";
       table.push_back(b + " | FAILED |");
       continue;
     }
     const exec::RunReport& r = o->r.report;
-    const std::string h = hex(o->r.hash());
+    const std::string h = bench::hex16(o->r.hash());
     if (reference.empty()) reference = h;
     if (b == "unlimited") unlimited_seconds = r.wall_seconds;
     const bool same = h == reference;
@@ -283,7 +260,7 @@ int main(int argc, char** argv) {
                 h.c_str(), same ? "(identical)" : "(DIFFERS)");
     for (const auto& [phase, sec] : r.phase_seconds) std::printf("[%s]   %-18s %8.3f s\n", b.c_str(), phase.c_str(), sec);
     std::fflush(stdout);
-    js << ", \"step\": \"" << esc(bp->step) << "\", \"plan\": \"" << esc(bp->describe())
+    js << ", \"step\": \"" << bench::json_escape(bp->step) << "\", \"plan\": \"" << bench::json_escape(bp->describe())
        << "\", \"predicted_peak_bytes\": " << bp->predicted_peak_bytes
        << ", \"predicted_host_pinned_bytes\": " << rp->peak.host_pinned_bytes << ", \"predicted_pcie_bytes\": "
        << bp->pcie_bytes_per_forward() << ", \"predicted_exposed_transfer_seconds\": " << bp->exposed_transfer_seconds

@@ -39,29 +39,6 @@ using namespace ls;
   std::exit(2);
 }
 
-std::string hex(uint64_t h) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016" PRIx64, h);
-  return b;
-}
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');)
-    if (!t.empty()) v.push_back(t);
-  return v;
-}
-
 struct Args {
   std::string preset = "h3", json;
   int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500, repeat = 2;
@@ -100,8 +77,8 @@ Args parse(int argc, char** argv) {
       else if (k == "--repeat") a.repeat = std::max<int64_t>(1, std::stoll(v));
       else if (k == "--gpus") {
         a.gpus.clear();
-        for (const auto& g : split(v)) a.gpus.push_back(std::stoi(g));
-      } else if (k == "--budgets") a.budgets = split(v);
+        for (const auto& g : bench::split_commas(v)) a.gpus.push_back(std::stoi(g));
+      } else if (k == "--budgets") a.budgets = bench::split_commas(v);
       else if (k == "--json") a.json = v;
       else die("unknown option " + k + " (see --help)");
     } catch (const std::exception&) {
@@ -152,7 +129,7 @@ int main(int argc, char** argv) {
   std::map<std::string, Result> one_gpu;  // budget -> the 1-GPU run (the reference)
   std::ostringstream js;
   js << "{\"bench\": \"bench_multi_gpu\", \"preset\": \"" << a.preset << "\", \"blocks\": " << cfg->num_layers
-     << ", \"S\": " << sizes->S << ", \"sigma\": " << a.sigma << ", \"device\": \"" << esc(be[0]->name())
+     << ", \"S\": " << sizes->S << ", \"sigma\": " << a.sigma << ", \"device\": \"" << bench::json_escape(be[0]->name())
      << "\", \"runs\": [";
   bool first_run = true;
   std::vector<std::string> table;
@@ -177,7 +154,7 @@ int main(int argc, char** argv) {
       auto rp = exec::plan_memory(q);
       if (!rp.ok()) {
         std::printf("[%s] refused: %s\n", tag.c_str(), rp.error().message.c_str());
-        js << ", \"refused\": \"" << esc(rp.error().message) << "\"}";
+        js << ", \"refused\": \"" << bench::json_escape(rp.error().message) << "\"}";
         continue;
       }
       exec::EngineOptions eo;
@@ -187,7 +164,7 @@ int main(int argc, char** argv) {
       for (int i = 1; i < n; ++i) eo.peer_backends.push_back(be[static_cast<size_t>(i)].get());
       auto fail = [&](const std::string& what, const Error& e) {
         std::printf("[%s] FAILED (%s): %s\n", tag.c_str(), what.c_str(), e.message.c_str());
-        js << ", \"failed\": \"" << esc(what + ": " + e.message) << "\"}";
+        js << ", \"failed\": \"" << bench::json_escape(what + ": " + e.message) << "\"}";
       };
       auto engine = exec::Engine::create(src, *be[0], eo);
       if (!engine.ok()) { fail("create", engine.error()); continue; }
@@ -202,7 +179,7 @@ int main(int argc, char** argv) {
       }
       if (!r.ok()) { fail("forward", r.error()); continue; }
       const exec::RunReport& rep = r->report;
-      const Result res{rep.wall_seconds, hex(r->hash())};
+      const Result res{rep.wall_seconds, bench::hex16(r->hash())};
       if (n == 1) one_gpu[b] = res;
       const auto ref = one_gpu.find(b);
       const double speedup = ref != one_gpu.end() && res.seconds > 0 ? ref->second.seconds / res.seconds : 0;
@@ -211,7 +188,7 @@ int main(int argc, char** argv) {
                   rep.status_line().c_str(), tag.c_str(), res.seconds, speedup, 100.0 * speedup / n, res.hash.c_str(),
                   ref == one_gpu.end() ? "(no 1-GPU reference)" : same ? "(identical to 1 GPU)" : "(DIFFERS from 1 GPU)");
       std::fflush(stdout);
-      js << ", \"plan\": \"" << esc(rp->plan.describe()) << "\", \"resident_blocks\": " << rp->residency.resident_blocks
+      js << ", \"plan\": \"" << bench::json_escape(rp->plan.describe()) << "\", \"resident_blocks\": " << rp->residency.resident_blocks
          << ", \"forward_seconds\": " << res.seconds << ", \"speedup_vs_1gpu\": " << speedup
          << ", \"output_hash\": \"" << res.hash << "\", \"identical_to_1gpu\": " << (same ? "true" : "false")
          << ", \"report\": " << rep.to_json() << "}";
