@@ -44,9 +44,9 @@ def inputs(seed=1, hidden=128):
     return video, audio, ctx
 
 
-def probed(comfy, path, pdd_heads=1, **kw):
-    """A MODEL with a probe wrapper registered BEFORE the node's (it sees what ours returns)."""
-    p = comfy.make_patcher(path=path, pdd_heads=pdd_heads)
+def _probe(p):
+    """A probe wrapper registered BEFORE the node's (it sees what ours returns): each call's
+    input x and output clones."""
     seen = []
 
     def probe(executor, *a, **k):
@@ -55,6 +55,13 @@ def probed(comfy, path, pdd_heads=1, **kw):
         return out
 
     p.add_wrapper_with_key(KIND, "probe", probe)
+    return seen
+
+
+def probed(comfy, path, pdd_heads=1, **kw):
+    """A MODEL with a probe wrapper (_probe) and the node."""
+    p = comfy.make_patcher(path=path, pdd_heads=pdd_heads)
+    seen = _probe(p)
     kw.setdefault("engine_factory", tiny_factory)
     m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls, **kw)
     return m, seen, text
@@ -216,14 +223,7 @@ def test_the_models_own_file(comfy, tmp_path, fmt):
     """The real route: the engine opens the file the MODEL was loaded from."""
     path = make_model_file(tmp_path, "--format", fmt)
     p = comfy.make_patcher(path=path)
-    seen = []
-
-    def probe(executor, *a, **k):
-        out = executor(*a, **k)
-        seen.append({"out": [o.clone() for o in out]})
-        return out
-
-    p.add_wrapper_with_key(KIND, "probe", probe)
+    seen = _probe(p)
     m, text = node.apply_node(p, device="cpu", path="engine", fallback="error", layerstream_module=ls)
     assert "checkpoint: " + path in text
     video, audio, ctx = inputs(seed=6)
@@ -260,18 +260,6 @@ def _direct_lora(path, loras, video, audio, sigma, ctx, seed=0):
     v, a = eng.denoise(ls.Clip(5, 64, 64, L, seed=seed, audio_scale=1.0), video[0].float().numpy(),
                        audio[0].float().numpy(), np.float32(sigma), refined_text=ctx[0])
     return torch.from_numpy(v), torch.from_numpy(a)
-
-
-def _probe(p):
-    seen = []
-
-    def probe(executor, *a, **k):
-        out = executor(*a, **k)
-        seen.append({"out": [o.clone() for o in out]})
-        return out
-
-    p.add_wrapper_with_key(KIND, "probe", probe)
-    return seen
 
 
 @pytest.mark.parametrize("stack", [[0.8], [0.8, -0.5]])

@@ -49,9 +49,8 @@ def model_file(tmp_path, preset, *extra):
     return path
 
 
-def probed(comfy, path, hidden, layers, **kw):
-    p = comfy.make_patcher(path=path, hidden_size=hidden, num_layers=layers)
-    p.load_device = torch.device(DEV)
+def add_probe(p):
+    """Records every call's outputs (clones) through a wrapper ahead of the node's."""
     seen = []
 
     def probe(executor, *a, **k):
@@ -60,6 +59,13 @@ def probed(comfy, path, hidden, layers, **kw):
         return out
 
     p.add_wrapper_with_key(KIND, "probe", probe)
+    return seen
+
+
+def probed(comfy, path, hidden, layers, **kw):
+    p = comfy.make_patcher(path=path, hidden_size=hidden, num_layers=layers)
+    p.load_device = torch.device(DEV)
+    seen = add_probe(p)
     m, text = node.apply_node(p, device="auto", path="engine", fallback="error", layerstream_module=ls, **kw)
     return m, seen, text
 
@@ -140,14 +146,7 @@ def test_the_models_loras_on_cuda(comfy, tmp_path):
     p = fake_comfy.make_patcher(path=path, hidden_size=128, num_layers=2, state_keys=True)
     p.load_device = torch.device(DEV)
     p = load_loras(comfy, p, (fa, 0.9), (fb, -0.4))
-    seen = []
-
-    def probe(executor, *a, **k):
-        out = executor(*a, **k)
-        seen.append([o.clone() for o in out])
-        return out
-
-    p.add_wrapper_with_key(KIND, "probe", probe)
+    seen = add_probe(p)
     m, text = node.apply_node(p, device="auto", path="engine", fallback="error", layerstream_module=ls,
                               mlp_chunk=32, attn_chunk=16)
     assert "LoRA: 2 files" in text and "merged (bf16: ComfyUI's cast-time path" in text
