@@ -11,43 +11,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api_test_util.h"
 #include "layerstream/layerstream.h"
 #include "layerstream/layerstream.hpp"
 
 namespace {
 
-struct Inputs {
-  ls_clip clip;
-  ls_clip_shape shape;
-  std::vector<float> video, audio, text;
-};
-
-// Integer-formula inputs in steps of 1/64 (bf16-exact, never all zero).
-void fill(std::vector<float>& x, uint32_t salt) {
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(((i * 37 + salt * 11) % 97)) / 64.0f - 0.75f;
-}
-
-Inputs make_inputs(ls_engine* e) {
-  Inputs in;
-  ls_clip_init(&in.clip);
-  in.clip.frames = 22, in.clip.width = 64, in.clip.height = 64, in.clip.text_tokens = 8;
-  ls_clip_shape_init(&in.shape);
-  EXPECT_EQ(ls_engine_clip_shape(e, &in.clip, &in.shape), LS_OK) << ls_engine_last_error(e);
-  in.video.resize(in.shape.video_count), in.audio.resize(in.shape.audio_count), in.text.resize(in.shape.text_count);
-  fill(in.video, 1), fill(in.audio, 2), fill(in.text, 3);
-  return in;
-}
-
-layerstream::EnginePtr tiny(void (*tweak)(ls_engine_params&) = nullptr) {
-  ls_engine_params p;
-  ls_engine_params_init(&p);
-  p.preset = "tiny";
-  if (tweak) tweak(p);
-  ls_status s = LS_OK;
-  auto e = layerstream::make_engine(p, &s);
-  EXPECT_EQ(s, LS_OK) << ls_last_error();
-  return e;
-}
+using ls_api_test::fill;
+using ls_api_test::Inputs;
+using ls_api_test::make_inputs;
+using ls_api_test::tiny;
 
 struct Out {
   std::vector<float> video, audio;

@@ -12,14 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api_test_util.h"
 #include "layerstream/layerstream.h"
 #include "layerstream/layerstream.hpp"
 
 namespace {
-
-void fill(std::vector<float>& x, uint32_t salt) {
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(((i * 37 + salt * 11) % 97)) / 64.0f - 0.75f;
-}
 
 float round_bf16(float f) {  // round to nearest even (finite values)
   uint32_t u;
@@ -30,32 +27,10 @@ float round_bf16(float f) {  // round to nearest even (finite values)
   return r;
 }
 
-struct Call {
-  ls_clip clip;
-  ls_clip_shape shape;
-  std::vector<float> video, audio, text;
-};
-
-Call make_call(ls_engine* e) {
-  Call c;
-  ls_clip_init(&c.clip);
-  c.clip.frames = 22, c.clip.width = 64, c.clip.height = 64, c.clip.text_tokens = 8;
-  ls_clip_shape_init(&c.shape);
-  EXPECT_EQ(ls_engine_clip_shape(e, &c.clip, &c.shape), LS_OK) << ls_engine_last_error(e);
-  c.video.resize(c.shape.video_count), c.audio.resize(c.shape.audio_count), c.text.resize(c.shape.text_count);
-  fill(c.video, 1), fill(c.audio, 2), fill(c.text, 3);
-  return c;
-}
-
-layerstream::EnginePtr tiny() {
-  ls_engine_params p;
-  ls_engine_params_init(&p);
-  p.preset = "tiny";
-  ls_status s = LS_OK;
-  auto e = layerstream::make_engine(p, &s);
-  EXPECT_EQ(s, LS_OK) << ls_last_error();
-  return e;
-}
+using Call = ls_api_test::Inputs;  // one denoiser call's clip and inputs
+using ls_api_test::fill;
+using ls_api_test::tiny;
+using ls_api_test::make_inputs;
 
 struct Out {
   std::vector<float> video, audio;
@@ -90,7 +65,7 @@ TEST(ApiPack, OutputMasksDefaultsOnAndOffIsUnmasked) {
   ls_denoise_params_init(&d);
   EXPECT_EQ(d.output_masks, 1);
   auto e = tiny();
-  Call c = make_call(e.get());
+  Call c = make_inputs(e.get());
   c.clip.audio_scale = 1.0;  // no carry between the head and the masks
   const int64_t A = c.shape.A;
   std::vector<float> am(static_cast<size_t>(2 * A));
@@ -127,7 +102,7 @@ TEST(ApiPack, OutputMasksDefaultsOnAndOffIsUnmasked) {
 
 TEST(ApiPack, AudioOnlyKeyframesInBothForms) {
   auto e = tiny();
-  Call c = make_call(e.get());
+  Call c = make_inputs(e.get());
   ls_model_info info;
   ls_model_info_init(&info);
   ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
