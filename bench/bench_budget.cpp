@@ -24,6 +24,7 @@
 // Usage:
 //   bench_budget [--preset h3] [--blocks N] [--frames 362 --width 1024 --height 1024
 //                --text-tokens 500] [--sigma 0.9] [--kv-tile N] [--budgets unlimited,24G,12G,8G,6G,4G,3G]
+//                (a budget SIZE:keep-prefetch: two block slots where the planner would take one)
 //                [--reference-hash HEX] [--device cuda] [--json out.json]
 #include <algorithm>
 #include <chrono>
@@ -69,7 +70,8 @@ Args parse(int argc, char** argv) {
           "  --frames/--width/--height/--text-tokens  clip (default 362 1024 1024 500: S = 111,274)\n"
           "  --sigma X           the call's sigma (default 0.9)\n"
           "  --kv-tile N         keys per attention tile (default: the device's; 8192 with CUDA + cuDNN)\n"
-          "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G)\n"
+          "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G);\n"
+          "                      SIZE:keep-prefetch keeps two block slots where the planner would take one\n"
           "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
           "  --device D          cuda | cuda:N | cpu (default cuda)\n"
           "  --json FILE         write the results\n"
@@ -216,12 +218,18 @@ int main(int argc, char** argv) {
   for (size_t bi = 0; bi < a.budgets.size(); ++bi) {
     if (bi > 0) write_json(false);
     const std::string& b = a.budgets[bi];
-    const uint64_t bytes = b == "unlimited" ? (1ull << 50) : [&] {
-      auto v = exec::parse_byte_size(b);
+    // "3G:keep-prefetch": two block slots even where the planner would take one
+    // (BudgetOptions::adaptive_slots off), for the side-by-side comparison.
+    const size_t colon = b.find(':');
+    const std::string size = b.substr(0, colon), suffix = colon == std::string::npos ? "" : b.substr(colon + 1);
+    if (!suffix.empty() && suffix != "keep-prefetch") die("unknown budget suffix ':" + suffix + "' (only :keep-prefetch)");
+    memory.adaptive_slots = suffix.empty();
+    const uint64_t bytes = size == "unlimited" ? (1ull << 50) : [&] {
+      auto v = exec::parse_byte_size(size);
       if (!v.ok()) die(v.error().message);
       return *v;
     }();
-    js << (bi ? ", " : "") << "{\"budget\": \"" << b << "\", \"budget_bytes\": " << (b == "unlimited" ? 0 : bytes);
+    js << (bi ? ", " : "") << "{\"budget\": \"" << b << "\", \"budget_bytes\": " << (size == "unlimited" ? 0 : bytes);
     memory.total_budget = bytes;
     auto rp = session.plan(clip.cond, {a.sigma}, memory);
     if (!rp.ok()) {

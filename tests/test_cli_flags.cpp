@@ -149,6 +149,7 @@ TEST(CliFlags, FlagsWithoutEffectAreRefused) {
   // On the CPU backend --vram-budget raised host memory instead of meaning anything.
   expect_usage_error(kForward + " --vram-budget 2G", "use --budget");
   expect_usage_error(kGenerate + " --vram-budget 2G", "use --budget");
+  expect_usage_error(kForward + " --keep-prefetch", "--keep-prefetch goes with --vram-budget");
   // The same flags in the combinations where they act are taken.
   EXPECT_EQ(run_tool(kForward + " --attn-chunk 8 --kv-offload --kv-chunk 2048").code, 0);
   EXPECT_EQ(run_tool(kForward + " --resident-blocks 1 --slots 1").code, 0);

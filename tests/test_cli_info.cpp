@@ -135,7 +135,7 @@ TEST(CliInfoDryRun, BelowTheMinimumIsRefusedNamingIt) {
   EXPECT_EQ(test::named_minimum_budget(r.err), static_cast<long long>(minimum)) << r.err;
   EXPECT_NE(r.out.find("plan        refused"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("minimum     " + format_bytes(minimum)), std::string::npos) << r.out;
-  RunResult j = run_info(kClip + " --vram-budget 2G --json");
+  RunResult j = run_info(kClip + " --vram-budget 1G --json");
   EXPECT_EQ(j.rc, 2);
   const auto d = nlohmann::json::parse(j.out)["dry_run"];
   EXPECT_TRUE(d["plan"].is_null());
@@ -200,6 +200,27 @@ TEST(CliInfoDryRun, ActivationBudget) {
   EXPECT_NE(t.out.find("activations only"), std::string::npos) << t.out;
 }
 
+// At 3 GiB (hopper's figures: kv_tile 8192, 605 TFLOP/s) the planner takes one block
+// slot and says why; --keep-prefetch keeps two, with smaller slices and more K/V traffic.
+TEST(CliInfoDryRun, OneSlotChosenAndKeepPrefetch) {
+  const std::string a = kClip + " --sigma 0.9 --vram-budget 3G --attention hopper";
+  RunResult one = run_info(a), two = run_info(a + " --keep-prefetch");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_NE(one.out.find("through 1 slot of 735.0 MiB (no prefetch: the planner gave the second slot's bytes"),
+            std::string::npos)
+      << one.out;
+  EXPECT_NE(one.out.find("attention 16000 rows"), std::string::npos) << one.out;
+  EXPECT_NE(two.out.find("through 2 slots of 735.0 MiB (prefetch)"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("attention 9344 rows"), std::string::npos) << two.out;
+  RunResult j = run_info(a + " --json");
+  ASSERT_EQ(j.rc, 0) << j.err;
+  const auto p = nlohmann::json::parse(j.out)["dry_run"]["plan"];
+  EXPECT_EQ(p["slots"].get<int64_t>(), 1);
+  EXPECT_FALSE(p["prefetch"].get<bool>());
+  EXPECT_TRUE(p["one_slot_chosen"].get<bool>());
+}
+
 TEST(CliInfoDryRun, Refusals) {
   // The CPU has no device memory to budget: pointed at --budget.
   RunResult cpu = run_info(kClip + " --vram-budget 8G --device cpu");
@@ -212,6 +233,8 @@ TEST(CliInfoDryRun, Refusals) {
       {kClip + " --device cuda", "--device has no effect"},
       {kClip + " --budget 4G --steps 4", "--steps goes with --vram-budget"},
       {kClip + " --budget 4G --no-prefetch", "--no-prefetch goes with --vram-budget"},
+      {kClip + " --budget 4G --keep-prefetch", "--keep-prefetch goes with --vram-budget"},
+      {kClip + " --vram-budget 3G --keep-prefetch --no-prefetch", "not both"},
       {kClip + " --vram-budget 4G --steps 4 --sigma 0.5", "not both"},
       {kClip + " --vram-budget 4G --budget 1G", "not both"},
       {"--preset h3 --vram-budget 4G", "needs a clip"},

@@ -69,7 +69,7 @@ struct ForwardOptions {
   FlagText output, json, memory_plot;
   bool random_weights = false, allow_nonfinite = false, quiet = false;
   FlagText vram_budget, resident_blocks, slots, kv_chunk;
-  bool no_prefetch = false, kv_offload = false, residual_offload = false;
+  bool no_prefetch = false, keep_prefetch = false, kv_offload = false, residual_offload = false;
 };
 
 // fp32 tensor `name` of `file` with the expected shape; empty name -> not required.
@@ -173,6 +173,8 @@ int run_forward(const ForwardOptions& o) {
                  "--slots, --kv-offload, --kv-chunk, --residual-offload)");
   if (o.no_prefetch && !o.vram_budget.given())
     return usage("--no-prefetch goes with --vram-budget (with --resident-blocks, use --slots 1)");
+  if (o.keep_prefetch && !o.vram_budget.given()) return usage("--keep-prefetch goes with --vram-budget");
+  if (o.keep_prefetch && o.no_prefetch) return usage("give --no-prefetch (one slot) or --keep-prefetch (two), not both");
   if (o.slots.given() && !o.resident_blocks.given())
     return usage("--slots has no effect without --resident-blocks N (the manual residency mode): with every block "
                  "resident nothing streams through slots");
@@ -309,6 +311,7 @@ int run_forward(const ForwardOptions& o) {
   memory.activation_budget = *budget;
   memory.total_budget = *vram_budget;
   memory.prefetch = !o.no_prefetch;
+  memory.adaptive_slots = !o.keep_prefetch;
   auto run_plan = session.plan(cond, {*sigma}, memory);
   if (!run_plan.ok()) return fail(run_plan.error());
   nlohmann::json vram_budget_json;  // null unless --vram-budget
@@ -479,6 +482,9 @@ CommandRun setup(CLI::App& sub) {
                 "TOTAL device budget (CUDA): weights, AdaLN tables, activations, workspace; the planner streams "
                 "blocks and offloads K/V and the residual as needed");
   sub.add_flag("--no-prefetch", o->no_prefetch, "with --vram-budget: one block slot (copy, then compute) instead of two");
+  sub.add_flag("--keep-prefetch", o->keep_prefetch,
+               "with --vram-budget: two block slots even when offloading, where the planner would give the second "
+               "slot's bytes to larger slices (one slot) because that exposes less transfer");
   add_int_flag(sub, "--resident-blocks", o->resident_blocks, range::resident_blocks,
                "manual residency: blocks kept on the device (the rest stream)", "all");
   add_int_flag(sub, "--slots", o->slots, range::slots,

@@ -74,7 +74,7 @@ struct InfoOptions {
   FlagText vram_budget, budget, kv_tile, sigma, steps;
   std::string device;
   CLI::Option* device_opt = nullptr;
-  bool no_prefetch = false;
+  bool no_prefetch = false, keep_prefetch = false;
   NumericsFlags numerics;  // --attention, --gemm-f32 (and the developer variables)
   // Non-finite scan.
   bool check = false;
@@ -369,6 +369,7 @@ json vram_plan_json(const exec::BudgetPlan& bp) {
           {"streamed_blocks", bp.streamed_blocks()},
           {"slots", bp.slots},
           {"prefetch", bp.prefetch},
+          {"one_slot_chosen", bp.one_slot_chosen},
           {"kv_offload", bp.kv_offload},
           {"residual_offload", bp.residual_offload},
           {"kv_chunk", bp.kv_chunk},
@@ -454,6 +455,7 @@ Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const st
   q.knobs.kv_tile = kv_tile;
   q.budget_bytes = budget;
   q.prefetch = !o.no_prefetch;
+  q.adaptive_slots = !o.keep_prefetch;
   q.device = dev;
   if (vram) {
     // The AdaLN tables hold one row set per distinct timestep of the run.
@@ -519,7 +521,11 @@ void print_dry_run(const json& d) {
       std::printf("residency   %lld/%lld blocks resident, %lld streamed through %lld slot%s of %s (%s)\n",
                   static_cast<long long>(R), static_cast<long long>(L), static_cast<long long>(L - R),
                   static_cast<long long>(p["slots"].get<int64_t>()), p["slots"].get<int64_t>() == 1 ? "" : "s",
-                  B(p["bytes"]["block"]).c_str(), p["prefetch"].get<bool>() ? "prefetch" : "no prefetch");
+                  B(p["bytes"]["block"]).c_str(),
+                  p["prefetch"].get<bool>()          ? "prefetch"
+                  : p["one_slot_chosen"].get<bool>() ? "no prefetch: the planner gave the second slot's bytes to larger "
+                                                       "slices, which expose less transfer; --keep-prefetch keeps two"
+                                                     : "no prefetch");
     std::printf("offloads    K/V %s; residual %s\n",
                 p["kv_offload"].get<bool>()
                     ? ("offloaded (chunks of " + std::to_string(p["kv_chunk"].get<int64_t>()) + " keys)").c_str()
@@ -650,7 +656,7 @@ bool model_or_plan_flags(const InfoOptions& o) {
   return !o.preset.empty() || o.blocks.given() || o.adaln_curve || o.frames.given() || o.width.given() ||
          o.height.given() || o.text_tokens.given() || o.slice_tokens.given() || o.list_tensors ||
          o.vram_budget.given() || o.budget.given() || o.kv_tile.given() || o.sigma.given() || o.steps.given() ||
-         o.device_opt->count() > 0 || o.no_prefetch;
+         o.device_opt->count() > 0 || o.no_prefetch || o.keep_prefetch;
 }
 
 int run_info(const InfoOptions& o) {
@@ -680,8 +686,12 @@ int run_info(const InfoOptions& o) {
   if (!planning && (o.device_opt->count() > 0 || o.kv_tile.given()))
     return usage_error(std::string(o.kv_tile.given() ? "--kv-tile" : "--device") +
                        " has no effect without --vram-budget B or --budget B (a dry run)");
-  if (!o.vram_budget.given() && (o.no_prefetch || o.sigma.given() || o.steps.given()))
-    return usage_error(std::string(o.no_prefetch ? "--no-prefetch" : o.sigma.given() ? "--sigma" : "--steps") +
+  if (o.no_prefetch && o.keep_prefetch) return usage_error("give --no-prefetch (one slot) or --keep-prefetch (two), not both");
+  if (!o.vram_budget.given() && (o.no_prefetch || o.keep_prefetch || o.sigma.given() || o.steps.given()))
+    return usage_error(std::string(o.no_prefetch     ? "--no-prefetch"
+                                   : o.keep_prefetch ? "--keep-prefetch"
+                                   : o.sigma.given() ? "--sigma"
+                                                     : "--steps") +
                        " goes with --vram-budget (the AdaLN tables and block slots are part of the total budget)");
   if (o.sigma.given() && o.steps.given())
     return usage_error("give --sigma (one denoiser call, as forward) or --steps (a generate run), not both");
@@ -955,6 +965,9 @@ CommandRun setup_info(CLI::App& sub) {
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile, "Dry run: keys per attention tile (numerics)",
                "the device's: 1024 on the CPU, 8192 with CUDA + cuDNN");
   sub.add_flag("--no-prefetch", o->no_prefetch, "With --vram-budget: one block slot instead of two");
+  sub.add_flag("--keep-prefetch", o->keep_prefetch,
+               "With --vram-budget: two block slots even when offloading, where the planner would give the second "
+               "slot's bytes to larger slices (one slot) because that exposes less transfer");
   add_numerics_flags(sub, o->numerics);
   add_float_flag(sub, "--sigma", o->sigma, range::sigma,
                  "With --vram-budget: plan one denoiser call at this sigma (as forward)", "1");

@@ -140,6 +140,7 @@ exec::PlanRequest Session::plan_request(const h3::Conditioning& cond, const std:
     q.budget_bytes = memory.mode == MemoryMode::activation_budget ? memory.activation_budget : 0;
   }
   q.prefetch = memory.prefetch;
+  q.adaptive_slots = memory.adaptive_slots;
   q.device = device_profile();  // kv_tile 0 -> default_kv_tile() (resolve_kv_tile)
   q.knobs.ranks = ranks();      // every plan is one rank's
   return q;

@@ -80,6 +80,7 @@ struct MemorySpec {
   uint64_t activation_budget = 0;   // activation_budget mode
   uint64_t total_budget = 0;        // total_budget mode
   bool prefetch = true;             // total_budget mode: 2 block slots (else 1)
+  bool adaptive_slots = true;       // total_budget mode, prefetch: 1 slot where offloading exposes less (exec::BudgetOptions)
 };
 
 // What the planning chain chose for one run: exec::plan_memory's result (plan: the

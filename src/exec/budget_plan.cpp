@@ -345,6 +345,7 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
 //                                   max(0, 2x / B_h2d - 4S^2 I / T_att - 4SDI / T_gemm)
 //   MLP (residual offload)        : max(0, 2x / B_h2d - 6SDF / T_gemm)
 //   embedding out, head rows in   : whole (the embedding synchronises per slice)
+//   weights with ONE slot          : (L - R) W / B_h2d whole (any level, none included)
 // Not modelled: each phase's first slice in and last slice out (the double buffer's
 // fill and drain, one slice each, ~2.5 ms at H3 size); counting them would make the
 // exposure grow with the slices. Every term is non-increasing in the slices (and the
@@ -373,6 +374,9 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
   if (lv.res) per_block += std::max(0.0, 2.0 * x / Bh - 6.0 * S * D * F / Tg);
   double e = L * per_block;
   if (lv.res) e += (x + static_cast<double>(c.z.target_rows) * D * 2.0) / Bh;
+  // One slot: block i+1's copy starts once block i's work has released the slot, so every
+  // streamed block's weights cross while nothing computes.
+  if (c.slots(ch.R) == 1) e += static_cast<double>(t.weights) / Bh;
   return e;
 }
 
@@ -408,9 +412,10 @@ Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond
   return c;
 }
 
-uint64_t minimum(const Context& c) {
+uint64_t minimum(const Context& c, bool offload_only = false) {
   uint64_t best = std::numeric_limits<uint64_t>::max();
   for (const Level& l : levels(c.o)) {
+    if (offload_only && !l.kv && !l.res) continue;
     const ActivationModel act(c.cfg, c.z, l, c.kv_chunk, c.o.ranks);
     best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
   }
@@ -527,53 +532,90 @@ Expected<int64_t> modulation_rows_for(const H3Config& cfg, const h3::Conditionin
   return static_cast<int64_t>(h3::schedule_timesteps(lay, cond, sigmas).size());
 }
 
+namespace {
+
+// BudgetOptions::adaptive_slots: the offload levels are also planned with one slot.
+BudgetOptions one_slot_options(const BudgetOptions& o) {
+  BudgetOptions o1 = o;
+  o1.prefetch = false;
+  return o1;
+}
+bool plans_one_slot_too(const BudgetOptions& o) { return o.prefetch && o.adaptive_slots; }
+
+// The smallest budget the policy reaches: c's levels, and with c1 (the one-slot context)
+// its offload levels (the only ones policy step 3 plans with one slot).
+uint64_t minimum_of(const Context& c, const Context* c1) {
+  return c1 ? std::min(minimum(c), minimum(*c1, /*offload_only=*/true)) : minimum(c);
+}
+
+}  // namespace
+
 Expected<uint64_t> min_total_budget(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {
   LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o));
-  return minimum(c);
+  if (!plans_one_slot_too(o)) return minimum(c);
+  const BudgetOptions o1 = one_slot_options(o);
+  LS_ASSIGN_OR_RETURN(Context c1, make_context(cfg, cond, o1));
+  return minimum_of(c, &c1);
 }
 
 Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
                                        const BudgetOptions& o) {
-  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o));
+  LS_ASSIGN_OR_RETURN(Context c2, make_context(cfg, cond, o));
+  const BudgetOptions o1 = one_slot_options(o);
+  std::optional<Context> c1;  // the one-slot alternative of the offload levels (adaptive_slots)
+  if (plans_one_slot_too(o)) {
+    LS_ASSIGN_OR_RETURN(Context one, make_context(cfg, cond, o1));
+    c1.emplace(one);
+  }
   const int64_t hiding = kv_hiding_slice(o.device);
-  const int64_t preferred = std::min(hiding, c.z.S);
+  const int64_t preferred = std::min(hiding, c2.z.S);
   // Offload only when it must: the no-offload modes first (the first that fits wins).
   std::optional<Mode> chosen;
   Choice ch;
+  const Context* cc = &c2;  // the context (slot count) of the chosen plan
   for (const Mode& m : no_offload_modes(preferred))
-    if (try_mode(c, m, budget, &ch)) {
+    if (try_mode(c2, m, budget, &ch)) {
       chosen = m;
       break;
     }
   // Then, among the offload levels that fit, the one whose transfers the compute hides
   // best (exposed_seconds; the earlier level, i.e. fewer offloads, on a tie). Raw PCIe
   // bytes would prefer residual offload too often: its copies are never hidden, while
-  // K/V streams behind attention once slices reach the hiding size.
+  // K/V streams behind attention once slices reach the hiding size. With c1, each level
+  // with one slot too, after all the two-slot ones (so two slots win a tie): at 3 GiB and
+  // S = 111k the second slot's 735 MiB as attention slices (9,344 -> 16,000 rows) drop
+  // the K/V reloads from 1.78 to 1.04 TiB, ~6.7 s of exposed copies against the 0.7 s
+  // the unhidden weight copies cost.
   if (!chosen) {
     double best = std::numeric_limits<double>::infinity();
-    for (const Mode& m : offload_modes(o)) {
-      Choice mc;
-      if (!try_mode(c, m, budget, &mc)) continue;
-      const double cost = exposed_seconds(c, m.lv, mc);
-      if (cost < best) {
-        best = cost;
-        chosen = m;
-        ch = mc;
+    for (const Context* x : {&c2, c1 ? &*c1 : nullptr}) {
+      if (!x) continue;
+      for (const Mode& m : offload_modes(o)) {
+        Choice mc;
+        if (!try_mode(*x, m, budget, &mc)) continue;
+        const double cost = exposed_seconds(*x, m.lv, mc);
+        if (cost < best) {
+          best = cost;
+          chosen = m;
+          ch = mc;
+          cc = x;
+        }
       }
     }
   }
   if (!chosen) {
-    const uint64_t need = minimum(c);
+    const uint64_t need = minimum_of(c2, c1 ? &*c1 : nullptr);
     LS_CHECK(need > budget);
     return make_error(ErrorCode::out_of_budget,
                       "a total device budget of " + budget_text(budget) + " (" + std::to_string(budget) +
-                          " bytes) is too small for S = " + std::to_string(c.z.S) + " rows on this model (" +
-                          std::to_string(c.L) + " blocks of " + format_bytes(c.w.block) +
+                          " bytes) is too small for S = " + std::to_string(c2.z.S) + " rows on this model (" +
+                          std::to_string(c2.L) + " blocks of " + format_bytes(c2.w.block) +
                           " weights): the smallest total budget that works is " + format_bytes(need) + " (" +
                           std::to_string(need) +
                           " bytes: every block streamed, K/V and residual offloaded where that helps, one-row "
                           "slices). Raise --vram-budget, shorten the clip or allow offloading.");
   }
+  const Context& c = *cc;
   const Level lv = chosen->lv;
 
   BudgetPlan bp;
@@ -582,11 +624,12 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   bp.num_layers = c.L;
   bp.resident_blocks = ch.R;
   bp.slots = c.slots(ch.R);
-  bp.prefetch = o.prefetch;
+  bp.prefetch = c.o.prefetch;
+  bp.one_slot_chosen = cc != &c2;
   bp.kv_offload = lv.kv;
   bp.residual_offload = lv.res;
   bp.kv_chunk = lv.kv ? c.kv_chunk : 0;
-  bp.exposed_transfer_seconds = lv.kv || lv.res ? exposed_seconds(c, lv, ch) : 0.0;
+  bp.exposed_transfer_seconds = exposed_seconds(c, lv, ch);  // 0 without offload, unless one slot
   bp.kv_hiding_slice = hiding;
   bp.slice_floor = chosen->floor;
   bp.step = chosen->keep_resident ? (ch.R == c.L ? "all resident" : "weights streamed") : chosen->step;
@@ -650,7 +693,9 @@ std::string BudgetPlan::describe() const {
   } else {
     os << resident_blocks << "/" << num_layers << " blocks resident, " << streamed_blocks() << " streamed through "
        << slots << (slots == 1 ? " slot" : " slots") << " of " << format_bytes(block_bytes)
-       << (prefetch ? " (prefetch)" : " (no prefetch)");
+       << (prefetch ? " (prefetch)"
+                    : one_slot_chosen ? " (no prefetch: the second slot's bytes hold larger slices, which expose less transfer)"
+                                      : " (no prefetch)");
   }
   os << "; K/V " << (kv_offload ? "offloaded (chunks of " + std::to_string(kv_chunk) + " keys)" : std::string("on device"))
      << ", residual " << (residual_offload ? "offloaded (two slices per phase, copies overlapped)" : "on device") << "; ";

@@ -42,7 +42,10 @@
 //      every block streamed and slices down to 1 row, the one exposing the least
 //      transfer time (BudgetPlan::exposed_transfer_seconds; ties: the fewer offloads):
 //      residual copies are never hidden, K/V copies hide behind attention once slices
-//      reach the hiding size;
+//      reach the hiding size; with prefetch (BudgetOptions::adaptive_slots) each level is
+//      also planned with one block slot instead of two, which gives one block's bytes
+//      (735 MiB at H3 size) to the slices and costs the weight copies that no longer
+//      hide (one block's copy per block, ~14 ms), and the lower exposure wins (ties: 2);
 //   4) else out_of_budget naming the smallest total budget any of these reach.
 // Within a step slices are the largest that fit (per phase: the peak is a max over
 // phases). Offload steps keep no block resident: memory freed by offloading is never
@@ -151,6 +154,12 @@ struct BudgetOptions {
   bool allow_kv_offload = true;
   bool allow_residual_offload = true;
   bool prefetch = true;  // streamed blocks: 2 slots, next block copied while one computes; else 1 slot
+  // With prefetch, where offloading is needed (policy step 3): also plan the offload
+  // levels with ONE slot, whose freed bytes go to larger slices (fewer K/V reloads), and
+  // take it when it exposes less transfer time, the weight copies it no longer hides
+  // included (exposed_transfer_seconds). false: always 2 slots (the policy before
+  // session 8, for comparison). Memory only: never changes a bit.
+  bool adaptive_slots = true;
   DeviceFacts device;
   // Sequence-parallel ranks (docs/multi-gpu.md): the budget is PER RANK (each rank holds
   // every weight, its tables and 1/ranks of the activations); no offload with ranks > 1.
@@ -219,7 +228,8 @@ struct BudgetPlan {
   int64_t num_layers = 0;
   int64_t resident_blocks = 0;  // blocks 0 .. resident_blocks-1 stay on the device
   int64_t slots = 0;            // block slots for the streamed blocks (0 when all resident)
-  bool prefetch = true;
+  bool prefetch = true;         // the plan's own: false with 1 slot (asked for, or chosen)
+  bool one_slot_chosen = false; // prefetch was allowed, 1 slot exposes less (adaptive_slots)
   bool kv_offload = false;
   bool residual_offload = false;
   int64_t kv_chunk = 0;         // rows of a K/V chunk on the device (K/V offload), else 0

@@ -23,6 +23,7 @@ BudgetOptions budget_options(const PlanRequest& q, int64_t kv_tile, int64_t modu
   o.allow_kv_offload = q.allow_kv_offload;
   o.allow_residual_offload = q.allow_residual_offload;
   o.prefetch = prefetch;
+  o.adaptive_slots = q.adaptive_slots;
   o.ranks = q.knobs.ranks;
   return o;
 }
@@ -105,7 +106,7 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
       r.knobs.residual_offload = bp.residual_offload;
       r.knobs.kv_chunk_rows = bp.kv_chunk;
       r.residency.resident_blocks = bp.resident_blocks;
-      r.residency.slots = bp.prefetch ? 2 : 1;
+      r.residency.slots = bp.prefetch ? 2 : 1;  // 1 also where the planner chose one slot
       r.plan = bp.activations;
       r.budget_bytes = q.budget_bytes;
       LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes, min_total_budget(cfg, planned, o));

@@ -94,6 +94,7 @@ struct PlanRequest {
   Residency residency;             // knobs / activation_budget modes (resident_blocks -1 = all)
   uint64_t budget_bytes = 0;       // activation_budget / total_budget modes
   bool prefetch = true;            // total_budget: 2 block slots (else 1)
+  bool adaptive_slots = true;      // total_budget with prefetch: 1 slot where offloading exposes less (BudgetOptions)
   bool allow_kv_offload = true;    // total_budget
   bool allow_residual_offload = true;
   DeviceProfile device;            // workspace bytes, default kv_tile, throughput figures
