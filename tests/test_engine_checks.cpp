@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "exactness_util.h"
+#include "forwarding_backend.h"
 #include "exec/engine.h"
 #include "exec/plan.h"
 #include "model/h3/checkpoint.h"
@@ -196,6 +198,68 @@ TEST(EngineChecks, ChecksProgressAndMemorySamplesKeepEveryBit) {
     EXPECT_EQ(max_act, r.r->report.measured_peak_bytes);
     EXPECT_TRUE(ref.r->report.memory.empty());
   }
+}
+
+
+// A CPU backend that asks for a workspace (as CUDA does) and records, for every GEMM,
+// the workspace it holds at that moment.
+class WorkspaceBackend final : public ForwardingBackend {
+ public:
+  WorkspaceBackend() : ForwardingBackend(make_cpu_backend()) {}
+  static constexpr size_t kBytes = 4096;
+  const void* ws = nullptr;
+  std::vector<const void*> seen;  // ws at each gemm
+  size_t workspace_bytes() const override { return kBytes; }
+  Status set_workspace(const TensorView& v) override {
+    EXPECT_TRUE(v.empty() || static_cast<size_t>(v.nbytes()) >= kBytes);
+    ws = v.empty() ? nullptr : v.data;
+    return Status();
+  }
+  Status gemm(const TensorView& x, const TensorView& w, const TensorView* b, const TensorView& o) override {
+    seen.push_back(ws);
+    return ForwardingBackend::gemm(x, w, b, o);
+  }
+};
+
+// Two engines on one backend: each op of an engine runs with that engine's own
+// workspace (the one bound last is not the one in use), and an engine's destruction
+// leaves the backend no view of the arena it freed. The outputs are the same bytes.
+TEST(EngineChecks, EnginesSharingABackendEachUseTheirOwnWorkspace) {
+  Case c = make_case();
+  h3::H3SyntheticSource src(c.cfg, 3);
+  WorkspaceBackend be;
+  const exec::PlanKnobs k = sliced(false);
+  ASSERT_TRUE(use_kv_tile(be, k.kv_tile).ok());
+  auto plan = exec::make_plan(c.cfg, c.cond, k);
+  ASSERT_TRUE(plan.ok());
+  auto a = exec::Engine::create(src, be, {});
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  const void* wa = be.ws;
+  ASSERT_NE(wa, nullptr);
+  auto b = exec::Engine::create(src, be, {});
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  const void* wb = be.ws;
+  ASSERT_NE(wb, nullptr);
+  EXPECT_NE(wa, wb);
+  const auto run_on = [&](exec::Engine& e) {
+    be.seen.clear();
+    auto text = e.refine_text(c.in.text_view(c.cfg, c.cond));
+    EXPECT_TRUE(text.ok());
+    auto r = e.forward(c.cond, *text, c.in.video_view(c.cfg, c.cond), c.in.audio_view(c.cfg, c.cond), 0.8f, *plan);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    return r.ok() ? r->video : std::vector<float>{};
+  };
+  const std::vector<float> va = run_on(**a);  // b bound last: a rebinds its own
+  ASSERT_FALSE(be.seen.empty());
+  for (const void* p : be.seen) EXPECT_EQ(p, wa);
+  b->reset();                   // b's arena is freed ...
+  EXPECT_EQ(be.ws, nullptr);    // ... and the backend holds no view of it
+  const std::vector<float> va2 = run_on(**a);
+  for (const void* p : be.seen) EXPECT_EQ(p, wa);
+  ASSERT_EQ(va.size(), va2.size());
+  EXPECT_EQ(std::memcmp(va.data(), va2.data(), va.size() * sizeof(float)), 0);
+  a->reset();
+  EXPECT_EQ(be.ws, nullptr);
 }
 
 }  // namespace

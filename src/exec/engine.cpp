@@ -118,6 +118,14 @@ struct Engine::Impl {
   EngineOptions opts;
   std::unique_ptr<WeightStore> weights;
   std::unique_ptr<Arena> workspace_arena;
+  TensorView workspace_view;  // workspace_arena's bytes, handed to the backend
+  // The backend's workspace is a pointer it keeps: each entry point that queues ops binds
+  // this engine's own (several engines may share one backend, each with its own arena),
+  // and the destructor clears it, so the backend never keeps a view of a freed arena.
+  Status bind_workspace() const { return workspace_arena ? be->set_workspace(workspace_view) : Status(); }
+  ~Impl() {
+    if (workspace_arena && be) (void)be->set_workspace(TensorView{});
+  }
   AdalnTables precomputed;  // from precompute_adaln
   AdalnTables call_tables;  // computed by the last forward when precomputed ones did not cover it
   std::unique_ptr<Arena> activations;  // the forward's arena, kept while the plan's peak is unchanged
@@ -372,7 +380,8 @@ Status Engine::init_rank(Impl& m, const h3::H3TensorSource& weights, Backend& ba
   if (ws > 0) {
     LS_ASSIGN_OR_RETURN(m.workspace_arena, Arena::create(*m.dev, ws));
     LS_ASSIGN_OR_RETURN(void* p, m.workspace_arena->alloc_bytes(ws, "backend workspace"));
-    LS_TRY(backend.set_workspace(TensorView(p, DType::u8, {static_cast<int64_t>(ws)}, backend.device())));
+    m.workspace_view = TensorView(p, DType::u8, {static_cast<int64_t>(ws)}, backend.device());
+    LS_TRY(m.bind_workspace());
   }
   return Status();
 }
@@ -424,6 +433,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(const h3::H3TensorSource& weigh
 
 Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   Impl& m = *impl_;
+  LS_TRY(m.bind_workspace());
   const h3::H3Config& cfg = m.cfg;
   if (text.ndim != 2 || text.shape[1] != cfg.text_dim || !text.is_contiguous() || text.device.kind != DeviceKind::cpu ||
       (text.dtype != DType::f32 && text.dtype != DType::bf16))
@@ -508,6 +518,7 @@ Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditio
   for (Impl* m : ranks) {
     m->precomputed = AdalnTables{};
     if (all.empty()) continue;
+    LS_TRY(m->bind_workspace());
     LS_ASSIGN_OR_RETURN(m->precomputed, m->compute_tables(all));
     m->precomputed.precomputed = true;
   }
@@ -659,6 +670,7 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& t
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *this;
   Backend& bk = *m.be;
+  LS_TRY(m.bind_workspace());
   const int64_t D = cfg.hidden, P = cfg.rope_pairs();
   if (!(sigma > 0.0f) || !std::isfinite(sigma))
     return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
