@@ -66,6 +66,19 @@ TEST(Api, CreateFailuresSetTheThreadLocalMessage) {
   p.vram_budget = 1ull << 30;
   EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);  // the CPU has no device memory
   EXPECT_NE(std::string(ls_last_error()).find("CPU"), std::string::npos);
+  // prefetch: 0 one slot, 1 (default) two or the planner's one, 2 always two; else refused.
+  ls_engine_params_init(&p);
+  p.preset = "tiny";
+  for (int32_t bad : {-1, 3}) {
+    p.prefetch = bad;
+    EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(ls_last_error()).find("prefetch must be 0"), std::string::npos) << ls_last_error();
+  }
+  for (int32_t good : {0, 1, 2}) {
+    p.prefetch = good;
+    ASSERT_EQ(ls_engine_create(&p, &e), LS_OK) << ls_last_error();
+    ls_engine_free(e);
+  }
 }
 
 TEST(Api, ParamsSizeVersioning) {

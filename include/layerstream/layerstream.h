@@ -167,7 +167,7 @@ typedef struct ls_engine_params {
   ls_memory_mode memory_mode;
   uint64_t vram_budget;       /* LS_MEMORY_VRAM_BUDGET: bytes (a device backend only) */
   int32_t prefetch;           /* LS_MEMORY_VRAM_BUDGET: 1 (default) two block slots, but one where offloading
-                                 needs it and one exposes less transfer (docs/budget.md); 0 one */
+                                 needs it and one exposes less transfer (docs/budget.md); 0 one; 2 always two */
   uint64_t activation_budget; /* LS_MEMORY_ACTIVATION_BUDGET: bytes */
   int64_t mlp_chunk;          /* KNOBS: rows per MLP / patch-embedding slice; 0 = all */
   int64_t attn_chunk;         /* KNOBS: rows per attention slice (two-pass); 0 = stock */

@@ -242,8 +242,16 @@ class Engine:
             "memory_mode": 0, "mlp_chunk": int(mlp_chunk), "attn_chunk": int(attn_chunk),
             "final_chunk": int(final_chunk), "kv_offload": bool(kv_offload), "kv_chunk": int(kv_chunk),
             "residual_offload": bool(residual_offload), "resident_blocks": int(resident_blocks), "slots": int(slots),
-            "prefetch": bool(prefetch), "check_finite": bool(check_finite),
+            "check_finite": bool(check_finite),
         }
+        # prefetch (vram_budget): True two block slots (one where offloading needs it and one
+        # exposes less transfer), False one, "always" two whatever the budget (docs/budget.md).
+        if prefetch == "always":
+            params["prefetch"] = 2
+        elif not isinstance(prefetch, str) and prefetch in (0, 1):  # True / False (or 1 / 0)
+            params["prefetch"] = 1 if prefetch else 0
+        else:
+            raise InvalidArgument(f"Engine: prefetch must be True, False or 'always', got {prefetch!r}")
         # LoRAs: "FILE", "FILE:STRENGTH" or (FILE, STRENGTH), merged by ComfyUI's formula in this order.
         params["loras"] = [f"{l[0]}:{float(l[1])!r}" if isinstance(l, (tuple, list)) else str(l) for l in loras]
         dtypes = {"auto": 0, "f32": 1, "f16": 2, "bf16": 3}

@@ -267,7 +267,7 @@ class Engine {
     ep.threads = get<int32_t>(p, "threads", 0);
     ep.memory_mode = static_cast<ls_memory_mode>(get<int>(p, "memory_mode", LS_MEMORY_KNOBS));
     ep.vram_budget = get<uint64_t>(p, "vram_budget", 0);
-    ep.prefetch = get<bool>(p, "prefetch", true) ? 1 : 0;
+    ep.prefetch = get<int32_t>(p, "prefetch", 1);  // 0, 1 or 2 (ls_engine_params.prefetch)
     ep.activation_budget = get<uint64_t>(p, "activation_budget", 0);
     ep.mlp_chunk = get<int64_t>(p, "mlp_chunk", 0);
     ep.attn_chunk = get<int64_t>(p, "attn_chunk", 0);

@@ -958,6 +958,10 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
     if (p.memory_mode == LS_MEMORY_ACTIVATION_BUDGET && p.activation_budget == 0)
       return fail(nullptr, LS_INVALID_ARGUMENT, "LS_MEMORY_ACTIVATION_BUDGET needs activation_budget > 0 (bytes)");
     if (p.slots != 1 && p.slots != 2) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.slots must be 1 or 2");
+    if (p.prefetch < 0 || p.prefetch > 2)
+      return fail(nullptr, LS_INVALID_ARGUMENT,
+                  "ls_engine_params.prefetch must be 0 (one block slot), 1 (two, one where offloading exposes less) "
+                  "or 2 (always two), got " + std::to_string(p.prefetch));
     if (!p.model_path && !p.preset)
       return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params: give model_path (a checkpoint) or preset");
     if (p.threads >= 0) ls::set_num_threads(p.threads);
@@ -1006,6 +1010,7 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
                                                             : ls::api::MemoryMode::knobs;
     m.total_budget = p.vram_budget;
     m.prefetch = p.prefetch != 0;
+    m.adaptive_slots = p.prefetch != 2;
     m.activation_budget = p.activation_budget;
     m.knobs.mlp_chunk_tokens = p.mlp_chunk;
     m.knobs.attn_chunk_tokens = p.attn_chunk;

@@ -20,6 +20,8 @@ nlohmann::json budget_plan_json(const exec::BudgetPlan& bp) {
           {"step", bp.step},
           {"resident_blocks", bp.resident_blocks},
           {"slots", bp.slots},
+          {"one_slot_chosen", bp.one_slot_chosen},
+          {"exposed_transfer_seconds", bp.exposed_transfer_seconds},
           {"kv_offload", bp.kv_offload},
           {"residual_offload", bp.residual_offload},
           {"predicted_peak_bytes", bp.predicted_peak_bytes},

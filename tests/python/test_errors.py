@@ -41,6 +41,15 @@ def test_vram_budget_on_cpu():
            preset="tiny", vram_budget="1G")
 
 
+def test_prefetch_values():
+    raises(layerstream.InvalidArgument, "invalid_argument", "prefetch must be True, False or 'always'",
+           layerstream.Engine, preset="tiny", prefetch="sometimes")
+    raises(layerstream.InvalidArgument, "invalid_argument", "prefetch must be True, False or 'always'",
+           layerstream.Engine, preset="tiny", prefetch=2)
+    for ok in (True, False, "always"):
+        layerstream.Engine(preset="tiny", prefetch=ok)
+
+
 def test_budget_too_small_names_minimum(clip, inputs):
     video, audio, text = inputs
     e = layerstream.Engine(preset="tiny", activation_budget=1024)
