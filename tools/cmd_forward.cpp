@@ -6,7 +6,7 @@
 //   layerstream forward --model FILE --frames F --width W --height H --text-tokens L
 //       --sigma X --seed S [--inputs FILE] [--keyframe FILE[@FRAME|@last] ...] [--mask FILE]
 //       [--mlp-chunk N --attn-chunk N --final-chunk N --kv-tile N | --budget BYTES]
-//       [--vram-budget BYTES [--no-prefetch] | --resident-blocks N --slots 1|2 --kv-offload --residual-offload]
+//       [--vram-budget BYTES [--no-prefetch | --keep-prefetch] | --resident-blocks N --slots 1|2 --kv-offload --residual-offload]
 //       [--device cpu|cuda[:N]] [--threads N] [-o OUT.safetensors] [--json REPORT.json]
 //   (--random-weights --preset tiny|small|h3 [--weights-seed N] [--blocks N] instead of
 //   --model: synthetic weights made in host memory, the values make-model would write)

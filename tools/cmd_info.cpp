@@ -8,7 +8,7 @@
 //        h3-model.md §6.4 buffer table and the activation arena of the stock and the
 //        sliced plan (--slice-tokens), from the one planner (exec::plan_memory: the
 //        buffer lists forward allocates)
-//   ... --vram-budget B [--device cuda] [--kv-tile N] [--attention A] [--no-prefetch] [--sigma S | --steps N]
+//   ... --vram-budget B [--device cuda] [--kv-tile N] [--attention A] [--no-prefetch | --keep-prefetch] [--sigma S | --steps N]
 //        a dry run of the planner's total-budget mode (docs/budget.md): residency, offloads,
 //        slices, predicted peak, PCIe bytes, and the smallest budget that plans. No device
 //        is opened: the CUDA backend's figures are its documented defaults
