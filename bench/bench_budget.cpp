@@ -24,7 +24,8 @@
 // Usage:
 //   bench_budget [--preset h3] [--blocks N] [--frames 362 --width 1024 --height 1024
 //                --text-tokens 500] [--sigma 0.9] [--kv-tile N] [--budgets unlimited,24G,12G,8G,6G,4G,3G]
-//                (a budget SIZE:keep-prefetch: two block slots where the planner would take one)
+//                (a budget SIZE:keep-prefetch: two block slots where the planner would take one;
+//                SIZE:no-prefetch: one slot)
 //                [--reference-hash HEX] [--device cuda] [--json out.json]
 #include <algorithm>
 #include <chrono>
@@ -71,7 +72,8 @@ Args parse(int argc, char** argv) {
           "  --sigma X           the call's sigma (default 0.9)\n"
           "  --kv-tile N         keys per attention tile (default: the device's; 8192 with CUDA + cuDNN)\n"
           "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G);\n"
-          "                      SIZE:keep-prefetch keeps two block slots where the planner would take one\n"
+          "                      SIZE:keep-prefetch keeps two block slots where the planner would take one,\n"
+          "                      SIZE:no-prefetch uses one whatever the budget\n"
           "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
           "  --device D          cuda | cuda:N | cpu (default cuda)\n"
           "  --json FILE         write the results\n"
@@ -219,11 +221,14 @@ int main(int argc, char** argv) {
     if (bi > 0) write_json(false);
     const std::string& b = a.budgets[bi];
     // "3G:keep-prefetch": two block slots even where the planner would take one
-    // (BudgetOptions::adaptive_slots off), for the side-by-side comparison.
+    // (BudgetOptions::adaptive_slots off); "4G:no-prefetch": one slot whatever the
+    // budget; for side-by-side comparisons.
     const size_t colon = b.find(':');
     const std::string size = b.substr(0, colon), suffix = colon == std::string::npos ? "" : b.substr(colon + 1);
-    if (!suffix.empty() && suffix != "keep-prefetch") die("unknown budget suffix ':" + suffix + "' (only :keep-prefetch)");
-    memory.adaptive_slots = suffix.empty();
+    if (!suffix.empty() && suffix != "keep-prefetch" && suffix != "no-prefetch")
+      die("unknown budget suffix ':" + suffix + "' (:keep-prefetch or :no-prefetch)");
+    memory.adaptive_slots = suffix != "keep-prefetch";
+    memory.prefetch = suffix != "no-prefetch";
     const uint64_t bytes = size == "unlimited" ? (1ull << 50) : [&] {
       auto v = exec::parse_byte_size(size);
       if (!v.ok()) die(v.error().message);
