@@ -152,15 +152,20 @@ TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
   HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 231, 1.0f);
   HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 232, 1.0f);
   DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  // The outputs of one call per kv_tile, in order, under the schedule in force.
+  const auto run_tiles = [&](std::initializer_list<int64_t> tiles, std::vector<HostBuf>& outs) {
+    for (int64_t kv_tile : tiles) {
+      DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
+      AttentionParams p;
+      p.kv_tile = kv_tile;
+      Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
+      ASSERT_TRUE(s.ok()) << "kv_tile " << kv_tile << ": " << s.message();
+      outs.push_back(download(G, o.v));
+    }
+  };
   std::vector<HostBuf> outs;
-  for (int64_t kv_tile : {128, 1024, 8192, 100}) {
-    DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
-    AttentionParams p;
-    p.kv_tile = kv_tile;
-    Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
-    ASSERT_TRUE(s.ok()) << s.message();
-    outs.push_back(download(G, o.v));
-  }
+  run_tiles({128, 1024, 8192, 100}, outs);
+  ASSERT_EQ(outs.size(), 4u);
   EXPECT_TRUE(same_bytes(outs[0], outs[1])) << "kv_tile 128 vs 1024";
   EXPECT_TRUE(same_bytes(outs[0], outs[2])) << "kv_tile 128 vs 8192";
   EXPECT_FALSE(same_bytes(outs[0], outs[3])) << "kv_tile 100 walks other blocks and should round differently";
@@ -168,14 +173,8 @@ TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
   // and one of 120 per tile) walks other blocks.
   const ScopedSchedule use(7);
   std::vector<HostBuf> outs176;
-  for (int64_t kv_tile : {176, 1760, 8800, 1000}) {
-    DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
-    AttentionParams p;
-    p.kv_tile = kv_tile;
-    Status s = G->cuda->attention(dq.v, dk.v, dv.v, o.v, p);
-    ASSERT_TRUE(s.ok()) << s.message();
-    outs176.push_back(download(G, o.v));
-  }
+  run_tiles({176, 1760, 8800, 1000}, outs176);
+  ASSERT_EQ(outs176.size(), 4u);
   EXPECT_TRUE(same_bytes(outs176[0], outs176[1])) << "176-key blocks: kv_tile 176 vs 1760";
   EXPECT_TRUE(same_bytes(outs176[0], outs176[2])) << "176-key blocks: kv_tile 176 vs 8800";
   EXPECT_FALSE(same_bytes(outs176[0], outs176[3])) << "176-key blocks: kv_tile 1000 walks other blocks";
