@@ -129,6 +129,29 @@ def _audio_cond(z, Ca, what):
     return _host_f32(z[0]), s[3]
 
 
+def precheck(x, context):
+    """The checks of build_request that need no engine (issue 25: the engine is opened only
+    for calls it can run): the latent list, batch 1 (stock's ValueError), bf16 compute, the
+    latent grid. Raises ValueError / Unsupported as build_request does; returns None."""
+    import torch
+
+    if not isinstance(x, (list, tuple)) or len(x) != 2:
+        raise Unsupported("the input is not the [video, audio] latent list")
+    video, audio = x[0], x[1]
+    if video.ndim != 5 or audio.ndim != 4:
+        raise Unsupported("latents of shapes {} and {} are not [1, C, T, H, W] and [1, Ca, 2, A]".format(
+            list(_shape(video)), list(_shape(audio))))
+    if video.shape[0] != 1 or audio.shape[0] != 1:
+        raise ValueError(BATCH_ERROR)
+    if context is None or context.ndim != 3 or context.shape[0] != 1:
+        raise Unsupported("the text context is missing or not [1, L, width]")
+    if context.dtype != torch.bfloat16 or video.dtype != torch.bfloat16 or audio.dtype != torch.bfloat16:
+        raise Unsupported("ComfyUI computes this model in {} (latents {}); the engine computes in bf16".format(
+            str(context.dtype).replace("torch.", ""), str(video.dtype).replace("torch.", "")))
+    _, _, T, Hl, Wl = _shape(video)
+    clip_geometry(T, Hl, Wl, _shape(audio)[3])
+
+
 def build_request(model, info, x, timestep, context, transformer_options, payload, denoise_mask,
                   audio_denoise_mask, output_masks_supported=False):
     """Everything one Engine.denoise call needs, as plain values and host arrays (no layerstream

@@ -11,7 +11,8 @@ import logging
 from . import budget as budget_mod
 from . import checkpoint as ckpt
 from . import lora_export
-from .wrapper import EngineWrapper, Settings, WRAPPER_KEY, log, weight_patch_reason, is_h3_model, lora_dtype_of
+from .wrapper import (EngineWrapper, Settings, WRAPPER_KEY, attention_choice, log, weight_patch_reason, is_h3_model,
+                      lora_dtype_of)
 
 NODE_ID = "LayerStreamH3Engine"
 DISPLAY_NAME = "LayerStream: H3 Engine"
@@ -76,6 +77,25 @@ def _patcher_api():
     return pe.WrappersMP.DIFFUSION_MODEL, pe.CallbacksMP.ON_PRE_RUN
 
 
+def _cleanup_kind():
+    """CallbacksMP.ON_CLEANUP (ModelPatcher.cleanup runs it after sampling), or None."""
+    try:
+        import comfy.patcher_extension as pe
+        return getattr(pe.CallbacksMP, "ON_CLEANUP", None)
+    except ImportError:
+        return None
+
+
+def _add_run_callbacks(m, kind_pre_run, on_pre_run, on_cleanup):
+    """The run's record: reset at ON_PRE_RUN, logged at ON_CLEANUP (after sampling). A
+    runner without them (an older comfy-sliced runner) registers nothing."""
+    if on_pre_run is not None:
+        m.add_callback_with_key(kind_pre_run, WRAPPER_KEY, on_pre_run)
+    kind_cleanup = _cleanup_kind()
+    if kind_cleanup is not None and on_cleanup is not None:
+        m.add_callback_with_key(kind_cleanup, WRAPPER_KEY, on_cleanup)
+
+
 def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, device="auto", fallback="stock",
                path="auto", mlp_chunk_tokens=8192, attn_chunk_tokens=8192, engine_factory=None,
                layerstream_module=None, patcher_api=None):
@@ -93,6 +113,8 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
     for fn in ("remove_wrappers_with_key", "remove_callbacks_with_key"):
         if hasattr(m, fn):
             getattr(m, fn)(kind_dm if fn.startswith("remove_wrappers") else kind_pre_run, WRAPPER_KEY)
+    if hasattr(m, "remove_callbacks_with_key") and _cleanup_kind() is not None:
+        m.remove_callbacks_with_key(_cleanup_kind(), WRAPPER_KEY)
     if isinstance(getattr(m, "object_patches", None), dict):
         m.object_patches.pop("diffusion_model.blocks", None)  # an earlier LayerStream node's legacy detach
     dm = m.get_model_object("diffusion_model")
@@ -143,6 +165,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
         if not ok:
             return _refuse(model, m, settings, lines, "comfy-sliced cannot run this model: {}".format(why))
         m.add_wrapper_with_key(kind_dm, WRAPPER_KEY, runner)
+        _add_run_callbacks(m, kind_pre_run, getattr(runner, "on_pre_run", None), getattr(runner, "on_cleanup", None))
         lines.extend(str(l) for l in runner.status())
         lines.append("A/B: bypass this node for stock ComfyUI")
         return _done(m, lines)
@@ -152,6 +175,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
             ok, why = sliced.supported(dm)
             if ok:
                 m.add_wrapper_with_key(kind_dm, WRAPPER_KEY, runner)
+                _add_run_callbacks(m, kind_pre_run, getattr(runner, "on_pre_run", None), getattr(runner, "on_cleanup", None))
                 lines.append("engine not used: {}; running comfy-sliced".format(reason))
                 lines.extend(str(l) for l in runner.status())
                 lines.append("A/B: bypass this node for stock ComfyUI")
@@ -168,12 +192,14 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
                             sliced_module=sliced if path == "auto" else None, engine_factory=engine_factory,
                             layerstream_module=ls, lora=(lora_export.cache_key(model), plan), lora_dtype=lora_dtype)
     m.add_wrapper_with_key(kind_dm, WRAPPER_KEY, wrapper)
-    m.add_callback_with_key(kind_pre_run, WRAPPER_KEY, wrapper.on_pre_run)
+    _add_run_callbacks(m, kind_pre_run, wrapper.on_pre_run, wrapper.on_cleanup)
     lines.append("device: {}; {}".format(settings.device, settings.memory_text()))
+    choice = attention_choice(dm, (getattr(m, "model_options", None) or {}).get("transformer_options"))
+    lines.append(choice.text if choice.reason is None else "attention: {} -> fallback at each call".format(choice.reason))
     lines.append("numerics: kv_tile {}".format("{} (changes bits against the default)".format(settings.kv_tile)
                                                if settings.kv_tile else "default (the device's)"))
-    lines.append("plan: made at the first step (it depends on the clip); the log shows it, then each step's "
-                 "device peak and time")
+    lines.append("plan: made at the first step (it depends on the clip); the log shows it, each step's device "
+                 "peak and time, and after sampling the run: steps, time outside the engine, peak, fallbacks")
     lines.append(lora_line(plan, quantised, lora_dtype))
     if dynamic:
         lines.append("weights: dynamic VRAM; ComfyUI only stages the DiT blocks and never loads them, the "

@@ -31,11 +31,15 @@ finally), never on the classes, so other models and other clones are untouched.
 """
 
 import functools
+import logging
 import sys
+import time
 
 import torch
 
 from . import sliced_table
+
+LOG = logging.getLogger("layerstream_h3")
 
 GIB = float(1 << 30)
 DEFAULT_MLP_CHUNK = 8192
@@ -222,12 +226,42 @@ def _sdpa_backend(q, k, v):
         return f"unknown ({type(e).__name__})"
 
 
+def override_name(transformer_options):
+    """The attention function an optimized_attention_override wraps (ComfyUI's Model Attention
+    Backend node: ModelPatcher.set_model_optimized_attention), by its registered name; None
+    without an override, "unknown" for an override that wraps no function."""
+    from . import wrapper
+    ov = (transformer_options or {}).get("optimized_attention_override")
+    if ov is None:
+        return None
+    fn = wrapper._override_target(ov)
+    return wrapper._attention_name(fn) if fn is not None else "unknown"
+
+
+def _per_query_override(name):
+    """Overrides that compute each query from that query and all keys: the Model Attention
+    Backend's choices (PyTorch SDPA, Comfy Kitchen INT8). They run slice by slice; any other
+    override (sparse attention, patches) may look at every query and runs stock."""
+    from . import wrapper
+    return name in wrapper.PYTORCH + wrapper.KITCHEN_INT8
+
+
 def classify_attention(mod, attn, transformer_options, device_type, k_probe=None):
     """(key, stock_reason): the table key of the attention kernel a query slice runs, or
     stock_reason (not None) when attention must see every query at once."""
     to = transformer_options or {}
     if "optimized_attention_override" in to:
-        return None, "an attention override is installed (sparse or patched attention sees every query)"
+        name = override_name(to)
+        if not _per_query_override(name):
+            return None, "an attention override is installed ({}: sparse or patched attention sees every query)".format(
+                name)
+        from . import wrapper
+        if name in wrapper.PYTORCH and device_type == "cuda" and k_probe is not None:
+            return f"attention.sdpa.{_sdpa_backend(k_probe, k_probe, k_probe)}", None
+        if name in wrapper.PYTORCH and device_type == "cpu" and not hasattr(torch.nn.functional,
+                                                                              "scaled_dot_product_attention"):
+            return "attention.cpu.math", None
+        return f"attention.other({name})", None
     pref = getattr(getattr(attn, "comfy_attention", None), "function", None)
     if pref is not None:
         return f"attention.other({getattr(pref, '__name__', 'checkpoint attention')})", None
@@ -292,6 +326,30 @@ class SlicedRunner:
         self.reason = reason
         self._last = None   # facts of the last call, for status()
         self._call = None   # facts of the call in progress
+        self._run = {"calls": 0, "seconds": [], "peak": None}  # the sampling run (ON_PRE_RUN .. ON_CLEANUP)
+
+    # -- the run (ComfyUI's ON_PRE_RUN / ON_CLEANUP callbacks; node.py registers them) ------
+    def on_pre_run(self, patcher=None):
+        self._run = {"calls": 0, "seconds": [], "peak": None}
+
+    def on_cleanup(self, patcher=None):
+        for line in self.run_status():
+            LOG.info("[LayerStream] " + line)
+
+    def run_status(self):
+        """The sampling run on this path: calls, per-step time, the largest measured
+        activation peak, then status() of the last call (exactness, slices)."""
+        r = self._run
+        lines = []
+        if r["calls"]:
+            peak = r["peak"]
+            lines.append("run: {} call(s) on comfy-sliced; steps {} s; activation peak {}".format(
+                r["calls"], ", ".join("{:.3f}".format(x) for x in r["seconds"]),
+                "{:.2f} GiB measured (max over the calls)".format(peak / GIB) if peak is not None
+                else "not measured (no CUDA device)"))
+        else:
+            lines.append("run: no call reached comfy-sliced")
+        return lines + self.status()
 
     # -- the wrapper ----------------------------------------------------------------------
     def __call__(self, executor, *args, **kwargs):
@@ -304,6 +362,7 @@ class SlicedRunner:
             self._last = {"path": "stock", "why": "gradients are enabled (training): the sliced path updates in place"}
             return executor(*args, **kwargs)
         device = _first_tensor_device(args, kwargs)
+        t0 = time.perf_counter()
         self._call = {"path": "comfy-sliced", "why": self.reason, "blocks": 0, "keys": set(),
                       "device": device, "notes": []}
         mod = _model_module(model)
@@ -318,6 +377,11 @@ class SlicedRunner:
             base = _peak_reset(device)
             out = executor(*args, **kwargs)
             self._call["peak"] = _peak_read(device, base)
+            r = self._run
+            r["calls"] += 1
+            r["seconds"].append(time.perf_counter() - t0)
+            if self._call["peak"] is not None:
+                r["peak"] = max(r["peak"] or 0, self._call["peak"])
         finally:
             for m in patched:
                 del m.forward  # the instance attribute; the class's forward shows again
@@ -345,8 +409,10 @@ class SlicedRunner:
             stock_attn = "attn_chunk_tokens = 0"
         elif attention is not None and attention is not attn:
             stock_attn = "a block patch passed its own attention module"
-        elif "optimized_attention_override" in (transformer_options or {}):
-            stock_attn = "an attention override is installed (sparse or patched attention sees every query)"
+        elif "optimized_attention_override" in (transformer_options or {}) and \
+                not _per_query_override(override_name(transformer_options)):
+            stock_attn = "an attention override is installed ({}: sparse or patched attention sees every " \
+                         "query)".format(override_name(transformer_options))
 
         if stock_attn is not None:
             # Stock attention half: the same calls model.py makes, on all S rows.

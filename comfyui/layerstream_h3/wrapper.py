@@ -17,13 +17,21 @@ Fallbacks (each logged once per sampling run with the reason, and on the node):
     the exported LoRAs.
   per call: batch > 1 (raises stock's ValueError instead), a ControlNet (`control`),
     block replacements (transformer_options["patches_replace"]["dit"]), an attention
-    override, wrappers registered after this one, and everything mapping.Unsupported names.
+    override other than ComfyUI's PyTorch or Comfy Kitchen INT8 attention (those two run on
+    the engine as its bf16 or int8 attention, attention_choice), wrappers registered after
+    this one, and everything mapping.Unsupported names. Every check that needs no engine
+    runs before the engine is opened (mapping.precheck).
+One engine per MODEL and memory setting: vram_budget auto is read once, at the first call
+this wrapper opens an engine for, and kept for the MODEL's life (issue 25).
+The run: ON_PRE_RUN starts a record, every call adds to it (path, seconds, the engine's
+own seconds, device peak, fallbacks and their reasons), ON_CLEANUP logs it (run_status).
 Where it goes: `path` auto -> comfy-sliced (H7's runner) when that supports the model,
 else the fallback policy; policy stock -> executor(...); policy error -> RuntimeError.
 """
 
 import inspect
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -119,6 +127,140 @@ def other_patch_reason(patcher):
     if other:
         return "object patches replace parts of the diffusion model ({})".format(", ".join(sorted(other)[:3]))
     return None
+
+
+# ---- ComfyUI's attention choice (issue 26 item 4) ----
+# ComfyUI's "Model Attention Backend" node (comfy_extras/nodes_model_advanced.py at 0f1fa67a)
+# calls ModelPatcher.set_model_optimized_attention(fn) with fn = get_attention_function(
+# "comfy_kitchen_int8" | "pytorch"); that puts a closure optimized_attention_override(_, *a,
+# **kw) -> fn(*a, **kw) into transformer_options. --use-ck-attention instead makes
+# comfy.ldm.modules.attention.optimized_attention attention_comfy_kitchen_int8, which
+# model.py imported by name at import time. Names, registered and as functions:
+KITCHEN_INT8 = ("comfy_kitchen_int8", "attention_comfy_kitchen_int8")
+PYTORCH = ("pytorch", "attention_pytorch")
+
+
+class AttentionChoice(object):
+    """What ComfyUI selected and what the engine runs for it.
+
+    algorithm: the engine's numerics attention ("int8") or None (its default, bf16);
+    reason: why the engine cannot honour the choice (the call falls back), else None;
+    text: the status line."""
+
+    def __init__(self, algorithm=None, reason=None, text="attention: bf16 (ComfyUI's default choice)"):
+        self.algorithm, self.reason, self.text = algorithm, reason, text
+
+    def key(self):
+        return self.algorithm
+
+
+def _attention_name(fn):
+    """The registered name (comfy.ldm.modules.attention.REGISTERED_ATTENTION_FUNCTIONS) of an
+    attention function, else its __name__ (wrap_attn keeps it through functools.wraps)."""
+    try:
+        import comfy.ldm.modules.attention as cattn
+        for name, f in getattr(cattn, "REGISTERED_ATTENTION_FUNCTIONS", {}).items():
+            if f is fn:
+                return name
+    except Exception:  # no ComfyUI attention module (the test double may not have one)
+        pass
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _override_target(override):
+    """The function set_model_optimized_attention wrapped (the closure's one callable), or None."""
+    for cell in getattr(override, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(v):
+            return v
+    return None
+
+
+def attention_choice(model, transformer_options):
+    """AttentionChoice for one call: an override set by the Model Attention Backend node
+    (PyTorch -> bf16, Comfy Kitchen INT8 -> the engine's "int8"; any other override ->
+    reason), else ComfyUI's global attention as MiniMax H3's model module holds it
+    (--use-ck-attention -> "int8"; anything else -> bf16, named in the text)."""
+    ov = (transformer_options or {}).get("optimized_attention_override")
+    if ov is not None:
+        fn = _override_target(ov)
+        name = _attention_name(fn) if fn is not None else None
+        if name in KITCHEN_INT8:
+            return AttentionChoice("int8", None, "attention: int8 (Comfy Kitchen INT8 attention chosen with the "
+                                                 "Model Attention Backend node; the engine's own int8 attention)")
+        if name in PYTORCH:
+            return AttentionChoice(None, None, "attention: bf16 (PyTorch attention chosen with the Model Attention "
+                                               "Backend node)")
+        return AttentionChoice(None, "an attention override is set (optimized_attention_override: {}); the engine "
+                                     "runs bf16 or int8 attention only".format(name or getattr(ov, "__name__", "?")))
+    # model.py imported optimized_attention by name: its module's global is what H3 calls.
+    glob = None
+    for name in ((type(model).__module__ if model is not None else None), "comfy.ldm.minimax.model"):
+        glob = getattr(sys.modules.get(name) if name else None, "optimized_attention", None)
+        if glob is not None:
+            break
+    name = _attention_name(glob) if glob is not None else None
+    if name in KITCHEN_INT8:
+        return AttentionChoice("int8", None, "attention: int8 (ComfyUI runs Comfy Kitchen INT8 attention, "
+                                             "--use-ck-attention; the engine's own int8 attention)")
+    if name is None or name in PYTORCH:
+        return AttentionChoice()
+    return AttentionChoice(None, None, "attention: bf16 (ComfyUI's global attention is {}; the engine runs its own "
+                                       "bf16 attention)".format(name))
+
+
+class RunRecord(object):
+    """One sampling run as the wrapper saw it (ON_PRE_RUN to ON_CLEANUP)."""
+
+    def __init__(self):
+        self.engine_calls = []   # dicts: sigma, seconds, engine_seconds, device_peak, budget, tables_computed
+        self.fallbacks = {}      # (target, reason) -> calls
+        self.attention = None    # the last call's AttentionChoice text
+        self.opens = 0           # engines opened during the run
+
+    def add_fallback(self, target, reason):
+        self.fallbacks[(target, reason)] = self.fallbacks.get((target, reason), 0) + 1
+
+    def lines(self, sliced_runner=None):
+        out = []
+        n = len(self.engine_calls)
+        nf = sum(self.fallbacks.values())
+        if n == 0 and nf == 0:
+            return ["run: no denoiser call reached the node"]
+        out.append("run: {} call(s) on the engine, {} elsewhere; engine opened {} time(s) in this run".format(
+            n, nf, self.opens))
+        if n:
+            secs = [c["seconds"] for c in self.engine_calls]
+            eng = [c["engine_seconds"] for c in self.engine_calls if c["engine_seconds"] is not None]
+            out.append("steps: " + ", ".join("{:.3f}".format(x) for x in secs) + " s per call")
+            if len(eng) == n:
+                outside = [a - b for a, b in zip(secs, eng)]
+                out.append("outside the engine: mean {:.1f} ms, max {:.1f} ms per call ({:.1f} % of the call)".format(
+                    1e3 * sum(outside) / n, 1e3 * max(outside), 100.0 * sum(outside) / max(sum(secs), 1e-12)))
+            peaks = [c["device_peak"] for c in self.engine_calls if c["device_peak"] is not None]
+            budget = self.engine_calls[-1]["budget"]
+            if peaks:
+                over = [i for i, c in enumerate(self.engine_calls)
+                        if budget and c["device_peak"] is not None and c["device_peak"] > budget]
+                out.append("device peak: {} (max over the calls){}".format(
+                    budget_mod.format_bytes(max(peaks)),
+                    "" if not budget else (" within vram_budget {}".format(budget_mod.format_bytes(budget))
+                                           if not over else " OVER vram_budget {} at call(s) {}".format(
+                                               budget_mod.format_bytes(budget), ", ".join(str(i + 1) for i in over)))))
+            computed = sum(1 for c in self.engine_calls if c.get("tables_computed"))
+            if any(c.get("tables_computed") is not None for c in self.engine_calls):
+                out.append("AdaLN tables: computed at {} of {} call(s) (kept for the schedule otherwise)".format(
+                    computed, n))
+            if self.attention:
+                out.append(self.attention)
+        for (target, reason), k in sorted(self.fallbacks.items()):
+            out.append("fallback to {} at {} call(s): {}".format(target, k, reason))
+        if sliced_runner is not None and any(t == "comfy-sliced" for t, _ in self.fallbacks):
+            out.extend("comfy-sliced " + str(l) for l in sliced_runner.status())
+        return out
 
 
 class Settings(object):
@@ -248,6 +390,9 @@ class EngineWrapper(object):
         self._exports = {}  # cache key -> lora_export.Export (one export per patch set)
         self.exports_made = 0
         self._masks_cap = (None, False)  # (id(engine), supports output_masks)
+        self._budget = None  # vram_budget auto, fixed when first taken (the MODEL's life)
+        self.opens = 0  # engines this wrapper opened (tests count them)
+        self.record = RunRecord()  # the current sampling run (ON_PRE_RUN .. ON_CLEANUP)
 
     # -- ComfyUI callbacks --------------------------------------------------------------
     def on_pre_run(self, patcher):
@@ -265,20 +410,43 @@ class EngineWrapper(object):
         self.lora = (key, plan) if self.run_reason is None and plan.groups else None
         self.lora_dtype = lora_dtype_of(patcher)
         self._logged.clear()
+        self.record = RunRecord()
+
+    def on_cleanup(self, patcher=None):
+        """CallbacksMP.ON_CLEANUP (ModelPatcher.cleanup, after sampling): logs the run."""
+        for line in self.run_status():
+            log(line)
+
+    def run_status(self):
+        """The last (or current) sampling run: what ran, per-step time, peak, fallbacks."""
+        return self.record.lines(self.sliced_runner)
 
     # -- the wrapper -----------------------------------------------------------------
     def __call__(self, executor, x, timestep, context, transformer_options=None, **kwargs):
+        t_start = time.perf_counter()
         if transformer_options is None:
             transformer_options = {}
         args = (x, timestep, context, transformer_options)
         model = getattr(executor, "class_obj", None)
         reason = self.static_reason or self.run_reason or self.call_reason(executor, model, transformer_options, kwargs)
+        choice = None
+        if not reason:
+            choice = attention_choice(model, transformer_options)
+            reason = choice.reason
+        if not reason:
+            # Everything that decides whether the engine can run the call, before it is
+            # opened (issue 25: an fp32 MODEL opened the engine twice and never used it).
+            try:
+                mapping.precheck(x, context)
+            except mapping.Unsupported as e:
+                reason = str(e)
         if reason:
             return self.fall_back(executor, model, reason, args, kwargs)
         try:
-            eng = self.engine()
+            eng = self.engine(choice)
         except mapping.Unsupported as e:
             return self.fall_back(executor, model, str(e), args, kwargs)
+        self.record.attention = choice.text
         info = eng.info()
         try:
             req = mapping.build_request(model, info, x, timestep, context, transformer_options,
@@ -289,7 +457,7 @@ class EngineWrapper(object):
             return self.fall_back(executor, model, str(e), args, kwargs)
         self._write_layout(model, transformer_options, kwargs.get("minimax_payload"), req)
         try:
-            return self.run(eng, req)
+            return self.run(eng, req, t_start)
         except mapping.Unsupported as e:
             return self.fall_back(executor, model, str(e), args, kwargs)
 
@@ -300,8 +468,6 @@ class EngineWrapper(object):
             return "a ControlNet is attached (control); the engine runs no control branch"
         if (transformer_options.get("patches_replace") or {}).get("dit"):
             return "block replacement patches are set (patches_replace['dit'], e.g. a Fun ControlNet)"
-        if transformer_options.get("optimized_attention_override") is not None:
-            return "an attention override is set (optimized_attention_override)"
         wrappers = getattr(executor, "wrappers", None)
         idx = getattr(executor, "idx", None)
         if wrappers is not None and idx is not None and idx + 1 < len(wrappers):
@@ -326,6 +492,7 @@ class EngineWrapper(object):
                                 "because this MODEL's DiT blocks were detached so the legacy loader would not copy "
                                 "them to the GPU (path = engine). Bypass the node, or use dynamic VRAM with path = auto.")
         key = (target, reason)
+        self.record.add_fallback(target, reason)
         if key not in self._logged:
             self._logged.add(key)
             log("fallback to {}: {}".format(target, reason), logging.WARNING)
@@ -365,16 +532,29 @@ class EngineWrapper(object):
         self._exports[key] = exp
         return tuple(exp.loras), exp
 
-    def engine(self):
+    def budget(self):
+        """The engine's device budget: the node's size, or auto's figure, read once (at the
+        first engine this wrapper opens) and kept: re-reading free memory after the engine
+        took its own would give another figure and re-open the engine (issue 25)."""
         s = self.settings
-        budget = s.vram_budget
-        if not s.explicit_slices() and budget is None:
-            budget = self._auto_budget()
+        if s.explicit_slices() or s.vram_budget is not None:
+            return s.vram_budget
+        if self._budget is None:
+            self._budget = self._auto_budget()
+            log("vram_budget auto = {} (taken once; kept for this MODEL)".format(budget_mod.format_bytes(self._budget)))
+        return self._budget
+
+    def engine(self, choice=None):
+        s = self.settings
+        attention = choice.algorithm if choice is not None else None
         loras, export = self._lora_files()
-        key = (self.checkpoint, s.device, None if s.explicit_slices() else budget, s.mlp_chunk, s.attn_chunk,
-               s.kv_tile, id(self._factory), loras, self.lora_dtype if loras else None)
         ls = self.layerstream()
+        budget = self.budget()
+        key = (self.checkpoint, s.device, None if s.explicit_slices() else budget, s.mlp_chunk, s.attn_chunk,
+               s.kv_tile, attention, id(self._factory), loras, self.lora_dtype if loras else None)
         lora_kw = {"loras": list(loras), "lora_dtype": self.lora_dtype} if loras else {}
+        if attention is not None:
+            lora_kw["attention"] = attention
 
         def make():
             if self._factory is not None:
@@ -386,10 +566,16 @@ class EngineWrapper(object):
         try:
             eng, fresh = _cached_engine(key, make, hold=export)
         except ls.Error as e:
-            self._refused[key] = "the engine refused the checkpoint{}: {}".format(
-                ", the device or the MODEL's LoRA patches" if loras else " or device", e)
+            what = " or device"
+            if loras:
+                what = ", the device or the MODEL's LoRA patches"
+            if attention is not None:
+                what += " or {} attention (ComfyUI selected Comfy Kitchen INT8 attention)".format(attention)
+            self._refused[key] = "the engine refused the checkpoint{}: {}".format(what, e)
             raise mapping.Unsupported(self._refused[key])
         if fresh:
+            self.opens += 1
+            self.record.opens += 1
             # The engine was rebuilt: this wrapper lets go of the exports of other patch sets;
             # each one's directory goes when no wrapper and no cached engine hold it.
             for k in [k for k, v in self._exports.items() if v is not export]:
@@ -424,8 +610,9 @@ class EngineWrapper(object):
                     budget_mod.auto_reserve(total))))
         return b
 
-    def run(self, eng, req):
-        """One Engine.denoise call; returns [video, audio] as _forward does."""
+    def run(self, eng, req, t_start=None):
+        """One Engine.denoise call; returns [video, audio] as _forward does. t_start: when
+        the wrapper was entered (the call's time counts everything the node does)."""
         import torch
         ls = self.layerstream()
         clip = mapping.make_clip(ls, req)
@@ -444,7 +631,7 @@ class EngineWrapper(object):
         if req["output_masks"] is not None:
             extra["output_masks"] = req["output_masks"]
         first = self.calls == 0 or (s["T"], s["Hl"], s["Wl"], s["L"]) not in self._planned
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t_start is None else t_start
         try:
             eng.denoise(clip, video.to(dev), audio.to(dev), req["sigma"], text=text, refined_text=refined,
                         video_out=v_out[0], audio_out=a_out[0], stream=stream, **extra)
@@ -454,22 +641,31 @@ class EngineWrapper(object):
             if extra:
                 raise mapping.Unsupported("this layerstream build cannot leave masks out of its output ({})".format(e))
             raise
-        seconds = time.perf_counter() - t0
-        self.calls += 1
         report = {}
         try:
             report = eng.report()
         except Exception:  # a report is for the log only
             report = {}
+        if out_dev != dev:
+            v_out, a_out = v_out.to(out_dev), a_out.to(out_dev)
+        seconds = time.perf_counter() - t0
+        self.calls += 1
         self.last = (report, seconds)
+        wall = _find(report, "wall_seconds")
+        peak = _find(report, "device_peak_bytes")
+        adaln = report.get("adaln") if isinstance(report, dict) else None
+        self.record.engine_calls.append({
+            "sigma": req["sigma"], "seconds": seconds,
+            "engine_seconds": float(wall) if isinstance(wall, (int, float)) else None,
+            "device_peak": int(peak) if isinstance(peak, (int, float)) else None,
+            "budget": None if self.settings.explicit_slices() else self._budget or self.settings.vram_budget,
+            "tables_computed": adaln.get("tables_computed") if isinstance(adaln, dict) else None})
         if first:
             self._planned.add((s["T"], s["Hl"], s["Wl"], s["L"]))
             log("call: " + mapping.describe_request(req))
             for line in plan_lines(report):
                 log(line)
         log(after_call_line(report, seconds, getattr(eng, "output_hash", None), req["sigma"]))
-        if out_dev != dev:
-            v_out, a_out = v_out.to(out_dev), a_out.to(out_dev)
         return [v_out, a_out]
 
     def _write_layout(self, model, transformer_options, payload, req):
@@ -481,15 +677,21 @@ class EngineWrapper(object):
             transformer_options["minimax_h3_layout"] = layout
 
 
-def open_engine(ls, checkpoint, s, budget, loras=None, lora_dtype="auto"):
+def open_engine(ls, checkpoint, s, budget, loras=None, lora_dtype="auto", attention=None):
     """layerstream.Engine for the node's settings (budget None = explicit knobs); loras =
-    [(file, strength), ...] merged in that order."""
+    [(file, strength), ...] merged in that order; attention: the engine's numerics attention
+    ("int8" where ComfyUI chose Comfy Kitchen INT8 attention), None = its default."""
     kw = {"model": checkpoint, "device": s.device}
     if loras:
         kw["loras"] = list(loras)
         kw["lora_dtype"] = lora_dtype
+    numerics = {}
     if s.kv_tile > 0:
-        kw["numerics"] = {"kv_tile": s.kv_tile}
+        numerics["kv_tile"] = s.kv_tile
+    if attention is not None:
+        numerics["attention"] = attention
+    if numerics:
+        kw["numerics"] = numerics
     if s.explicit_slices() or budget is None:
         kw["mlp_chunk"] = s.mlp_chunk
         kw["attn_chunk"] = s.attn_chunk

@@ -13,6 +13,16 @@ copied), at these revisions:
                                add_callback_with_key, add_object_patch, get_model_object,
                                patch_model (object patches set BEFORE load), pre_run (ON_PRE_RUN
                                callbacks get the patcher), is_dynamic.
+  comfy/model_patcher.py, comfy/patcher_extension.py, comfy_extras/nodes_model_advanced.py,
+  comfy/ldm/modules/attention.py @ 0f1fa67a (kat3ri/ComfyUI)   cleanup (ON_CLEANUP callbacks get
+                               the patcher; the sampler calls it after sampling),
+                               set_model_optimized_attention (a closure
+                               optimized_attention_override(_, *args, **kwargs) -> fn(*args,
+                               **kwargs) in transformer_options, container_function copied),
+                               ModelAttentionBackend (get_attention_function("comfy_kitchen_int8" |
+                               "pytorch")), REGISTERED_ATTENTION_FUNCTIONS, and model.py's
+                               module-level optimized_attention (imported by name; --use-ck-attention
+                               makes it attention_comfy_kitchen_int8).
   comfy/ldm/minimax/model.py @ 01a56b76   MiniMaxH3Model.forward: the audio carry outside the
                                wrappers, the DIFFUSION_MODEL executor around _forward, the masks
                                multiplying the result, the carried-velocity conversion. _forward
@@ -68,7 +78,42 @@ class WrappersMP:
 class CallbacksMP:
     ON_CLONE = "on_clone"
     ON_LOAD = "on_load_after"
+    ON_CLEANUP = "on_cleanup"
     ON_PRE_RUN = "on_pre_run"
+
+
+# ---- comfy.ldm.modules.attention: the attention functions (stand-ins, named as ComfyUI's) ----
+def attention_pytorch(q, k, v, heads, **kwargs):
+    raise NotImplementedError("stand-in")
+
+
+def attention_comfy_kitchen_int8(q, k, v, heads, **kwargs):
+    raise NotImplementedError("stand-in")
+
+
+def attention_sage(q, k, v, heads, **kwargs):
+    raise NotImplementedError("stand-in")
+
+
+REGISTERED_ATTENTION_FUNCTIONS = {"comfy_kitchen_int8": attention_comfy_kitchen_int8, "sage": attention_sage,
+                                  "pytorch": attention_pytorch}
+
+
+def get_attention_function(name, default=...):
+    if name not in REGISTERED_ATTENTION_FUNCTIONS:
+        if default is ...:
+            raise KeyError(name)
+        return default
+    return REGISTERED_ATTENTION_FUNCTIONS[name]
+
+
+def model_attention_backend(model, attention):
+    """comfy_extras/nodes_model_advanced.py ModelAttentionBackend.patch."""
+    name = {"comfy kitchen attention": "comfy_kitchen_int8", "pytorch attention": "pytorch"}.get(attention, attention)
+    fn = get_attention_function(name, None) or get_attention_function("pytorch")
+    m = model.clone()
+    m.set_model_optimized_attention(fn)
+    return m
 
 
 def get_all_wrappers(kind, transformer_options):
@@ -273,6 +318,20 @@ class ModelPatcher:
             for cb in lst:
                 cb(self)
 
+    def cleanup(self):
+        self.model.current_patcher = None
+        for lst in self.callbacks.get(CallbacksMP.ON_CLEANUP, {}).values():
+            for cb in lst:
+                cb(self)
+
+    def set_model_optimized_attention(self, optimized_attention):
+        def optimized_attention_override(_, *args, **kwargs):
+            return optimized_attention(*args, **kwargs)
+
+        if getattr(optimized_attention, "container_function", None) is not None:
+            optimized_attention_override.container_function = optimized_attention.container_function
+        self.model_options["transformer_options"]["optimized_attention_override"] = optimized_attention_override
+
 
 def load_diffusion_model(unet_path, model_options=None):
     """Stands in for comfy.sd.load_diffusion_model (only its name and the path matter)."""
@@ -456,9 +515,11 @@ def token_grid_masks(video_mask, audio_mask):
 
 
 def run_step(patcher, video, audio, sigma, context, payload, denoise_mask=None, audio_denoise_mask=None,
-             control=None, sample_sigmas=None, extra_options=None):
+             control=None, sample_sigmas=None, extra_options=None, dtype=torch.bfloat16, pre_run=True):
     """One denoiser call the way ComfyUI's sampler reaches the diffusion model.
-    Returns what MiniMaxH3Model.forward returns (a list of two bf16 tensors)."""
+    Returns what MiniMaxH3Model.forward returns (a list of two tensors of the compute dtype,
+    bf16 unless `dtype` says otherwise: an fp32 MODEL). pre_run=False: a later step of a run
+    whose pre_run the caller made (ComfyUI's sampler runs pre_run once per sampling run)."""
     to = copy.deepcopy(patcher.model_options["transformer_options"])
     wrappers = to.setdefault("wrappers", {})
     for kind, table in patcher.wrappers.items():
@@ -469,15 +530,16 @@ def run_step(patcher, video, audio, sigma, context, payload, denoise_mask=None, 
     to.update(extra_options or {})
     patcher.patch_model()
     try:
-        patcher.pre_run()
+        if pre_run:
+            patcher.pre_run()
         t = torch.tensor([sigma], dtype=torch.float32, device=video.device) * 1000.0  # model_sampling.timestep(sigma)
         dm = patcher.model.diffusion_model
         kw = {"minimax_payload": payload}
         if denoise_mask is not None:
-            kw["denoise_mask"] = denoise_mask.to(torch.bfloat16)  # convert_tensor to the compute dtype
+            kw["denoise_mask"] = denoise_mask.to(dtype)  # convert_tensor to the compute dtype
         if audio_denoise_mask is not None:
-            kw["audio_denoise_mask"] = audio_denoise_mask.to(torch.bfloat16)
-        return dm([video.to(torch.bfloat16), audio.to(torch.bfloat16)], t.float(), context=context.to(torch.bfloat16),
+            kw["audio_denoise_mask"] = audio_denoise_mask.to(dtype)
+        return dm([video.to(dtype), audio.to(dtype)], t.float(), context=context.to(dtype),
                   control=control, transformer_options=to.copy(), **kw)
     finally:
         patcher.unpatch_model()
@@ -499,8 +561,16 @@ def modules():
     mm.lora_compute_dtype = lora_compute_dtype
     comfy.patcher_extension, comfy.ldm, comfy.model_patcher, comfy.model_management = pe, ldm, mp, mm
     ldm.minimax, minimax.model = minimax, model
+    # model.py: `from comfy.ldm.modules.attention import optimized_attention` (PyTorch's by default)
+    model.optimized_attention = attention_pytorch
+    lmod = types.ModuleType("comfy.ldm.modules")
+    attn = types.ModuleType("comfy.ldm.modules.attention")
+    attn.REGISTERED_ATTENTION_FUNCTIONS, attn.get_attention_function = REGISTERED_ATTENTION_FUNCTIONS, get_attention_function
+    attn.optimized_attention = attention_pytorch
+    ldm.modules, lmod.attention = lmod, attn
     return {"comfy": comfy, "comfy.patcher_extension": pe, "comfy.ldm": ldm, "comfy.ldm.minimax": minimax,
-            "comfy.ldm.minimax.model": model, "comfy.model_patcher": mp, "comfy.model_management": mm}
+            "comfy.ldm.minimax.model": model, "comfy.model_patcher": mp, "comfy.model_management": mm,
+            "comfy.ldm.modules": lmod, "comfy.ldm.modules.attention": attn}
 
 
 def comfy_api_modules():
