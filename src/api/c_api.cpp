@@ -4,6 +4,7 @@
 #define LS_BUILDING_LIBRARY 1
 #include "layerstream/layerstream.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -32,6 +33,9 @@ struct ls_engine {
   std::string plan_json, report_json;
   uint64_t hash = 0;
   bool have_report = false;
+  // The sigmas whose AdaLN tables the engine holds (ls_engine_denoise with a schedule:
+  // kept while later calls' sigmas are among them; issue 25).
+  std::vector<float> table_sigmas;
 };
 
 namespace {
@@ -611,6 +615,29 @@ Status ensure_engine(ls_engine& e, const ls::api::RunPlan& rp) {
 }
 
 
+// The sigmas whose AdaLN tables one ls_engine_denoise call holds (issue 25). Without a
+// schedule: the call's own. With one (clip.sample_sigmas, ComfyUI's
+// transformer_options["sample_sigmas"]): the held set when the call's sigma and every
+// schedule sigma are in it (the tables are kept: no AdaLN weight crosses to the device),
+// else the schedule's sigmas plus the call's (computed once, then kept). Sigmas match by
+// timestep, fl32(sigma * 1000), which is what the tables are made from: ComfyUI hands the
+// wrapper a timestep, and the sigma recovered from it need not be the schedule's float.
+std::vector<float> call_table_sigmas(const std::vector<float>& held, const std::vector<float>& schedule, float sigma) {
+  if (schedule.empty()) return {sigma};
+  auto ts = [](float x) { return x * 1000.0f; };
+  auto has = [&](const std::vector<float>& v, float x) {
+    return std::any_of(v.begin(), v.end(), [&](float y) { return ts(y) == ts(x); });
+  };
+  bool reuse = has(held, sigma);
+  for (float x : schedule) reuse = reuse && (!(x > 0.0f) || has(held, x));
+  if (reuse) return held;
+  std::vector<float> out;
+  for (float x : schedule)
+    if (x > 0.0f && !has(out, x)) out.push_back(x);
+  if (!has(out, sigma)) out.push_back(sigma);
+  return out;
+}
+
 // "give X or X_tensor, not both"; neither is fine here (the caller checks what is required).
 Status one_form(const void* ptr, const ls_tensor* tensor, const char* name) {
   if (ptr && tensor)
@@ -636,6 +663,7 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   if (!cond.ok()) return fail(e, cond.error());
   cond->output_masks = p.output_masks != 0;
   const ls::h3::ClipGeometry& g = cond->geometry;
+  const std::vector<float> table_sigmas = call_table_sigmas(e->table_sigmas, cond->sample_sigmas, p.sigma);
   if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, p.sigma, 0.0f};
   if ((!p.video && !p.video_tensor) || (!p.audio && !p.audio_tensor))
     return fail(e, LS_INVALID_ARGUMENT, "ls_denoise_params: video and audio are required");
@@ -734,10 +762,12 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
     return fail(e, st.error());
   }
 
-  auto rp = s.plan(*cond, {p.sigma}, e->memory);
+  // The plan counts the tables this call holds (the schedule's, or the call's own).
+  auto rp = s.plan(*cond, table_sigmas, e->memory);
   if (!rp.ok()) return fail(e, rp.error());
   if (Status st = ensure_engine(*e, *rp); !st.ok()) return fail(e, st.error());
   ls::api::DenoiseCall call;
+  call.precompute_sigmas = table_sigmas;
   call.cond = &*cond;
   if (have_refined) {
     refined.L = g.text_tokens;
@@ -785,8 +815,11 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   call.sigma = p.sigma;
   call.plan = &rp->plan;
   e->have_report = false;
-  auto r = s.denoise(call);
+  e->table_sigmas.clear();  // unknown until the call's precompute has succeeded
+  ls::api::DenoiseTimes times;
+  auto r = s.denoise(call, &times);
   if (!r.ok()) return fail(e, r.error());
+  e->table_sigmas = table_sigmas;
   const uint64_t out_staged_before = io.staged_bytes;
   if (p.video_out_tensor && call.outputs.video.empty())
     if (Status st = scatter(vout, r->video, io, "video_out_tensor"); !st.ok()) return fail(e, st.error());
@@ -803,6 +836,10 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   j["staged_bytes"] = {{"latents", latents_staged + outputs_staged},
                        {"conditioning", io.staged_bytes - latents_staged - outputs_staged}};
   j["output_readback_bytes"] = readback;
+  // The AdaLN tables of this call: computed now, or kept from an earlier call of the run.
+  j["adaln"] = {{"tables_computed", times.adaln_tables_computed},
+                {"sigmas", table_sigmas.size()},
+                {"schedule", !cond->sample_sigmas.empty() && table_sigmas.size() > 1}};
   return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio,
                  p.video_out_tensor ? nullptr : p.video_out, p.audio_out_tensor ? nullptr : p.audio_out);
 }

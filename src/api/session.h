@@ -100,7 +100,8 @@ struct DenoiseCall {
   // (video and audio may also be f32|bf16 strided views on the engine's device.)
   exec::ForwardOutputs outputs;                // optional device outputs (exec/engine.h)
   float sigma = 0;
-  // Sigmas whose AdaLN tables are precomputed before the call (empty = {sigma}).
+  // Sigmas whose AdaLN tables are precomputed before the call (empty = {sigma}); tables
+  // already held for the same timesteps are kept (Engine::has_adaln_tables).
   std::vector<float> precompute_sigmas;
   const exec::Plan* plan = nullptr;
   std::function<void()> before_forward;  // optional: after prepare(), just before forward()
@@ -108,6 +109,7 @@ struct DenoiseCall {
 
 struct DenoiseTimes {
   double refine_precompute_prepare_seconds = 0;  // refine + precompute + prepare
+  bool adaln_tables_computed = false;            // false: the held tables were the call's (kept)
 };
 
 // A device list for Session::open_backends (docs/multi-gpu.md): "cuda:0,cuda:1,..."
@@ -196,8 +198,8 @@ class Session {
   void drop_engine();
 
   // Step 5: one denoiser call: refine (unless refined text is given), precompute the
-  // AdaLN tables, prepare the plan's arenas, forward. Driver memory is sampled after
-  // every stage.
+  // AdaLN tables (unless the held ones are those of call.precompute_sigmas), prepare the
+  // plan's arenas, forward. Driver memory is sampled after every stage.
   Expected<exec::ForwardResult> denoise(const DenoiseCall& call, DenoiseTimes* times = nullptr);
 
   // Device memory the driver reports lost since before the last create_engine (0 when

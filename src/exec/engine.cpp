@@ -525,6 +525,27 @@ Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditio
   return Status();
 }
 
+bool Engine::has_adaln_tables(const std::vector<float>& sigmas, const Conditioning& cond) const {
+  const Impl& m0 = *impl_;
+  if (!m0.precomputed.precomputed) return false;
+  auto lay = h3::build_layout(m0.cfg, cond, /*with_positions=*/false);
+  if (!lay.ok()) return false;
+  const std::vector<double> all = h3::schedule_timesteps(*lay, cond, sigmas);
+  if (all.empty() || all != m0.precomputed.t) return false;
+  for (const auto& p : m0.peers)
+    if (!p->precomputed.precomputed || p->precomputed.t != all) return false;
+  return true;
+}
+
+void Engine::release_activations() {
+  impl_->activations.reset();
+  impl_->call_tables = AdalnTables{};
+  for (const auto& p : impl_->peers) {
+    p->activations.reset();
+    p->call_tables = AdalnTables{};
+  }
+}
+
 void Engine::drop_adaln_tables() {
   impl_->precomputed = AdalnTables{};
   impl_->call_tables = AdalnTables{};

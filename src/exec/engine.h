@@ -213,6 +213,15 @@ class Engine {
   // AdaLN weight. Bytes equal computing per step (tested). Replaces earlier tables.
   Status precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond);
   void drop_adaln_tables();
+  // Whether the tables precompute_adaln(sigmas, cond) would make are the ones held: the
+  // same timesteps (tables are a function of the timesteps and the weights alone), on
+  // every rank. A caller keeps them across calls and runs while this holds (issue 25).
+  bool has_adaln_tables(const std::vector<float>& sigmas, const Conditioning& cond) const;
+  // Frees the activation arena a previous call kept (and the per-call tables), so that
+  // work outside the steps (the AdaLN precompute: tables plus one block's AdaLN weight)
+  // does not stack on it; the next prepare() / forward() takes the arena again. The
+  // planner counts the precompute and the steps as separate peaks (exec/planner.h).
+  void release_activations();
 
   // Optional: takes the plan's device activation arena and, with offload, its pinned
   // host buffers now (pinning gigabytes of host memory takes seconds) instead of in
