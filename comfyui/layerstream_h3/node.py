@@ -72,6 +72,21 @@ def _import_sliced():
         return None, "the comfy-sliced runner is not available ({}: {})".format(type(e).__name__, e)
 
 
+def _sliced_supported(sliced, m, dm):
+    """sliced.supported for the MODEL's own blocks: a legacy-loader engine node on another
+    clone of the same model detaches diffusion_model.blocks with an object patch, which
+    stays applied on the shared module until ComfyUI loads another clone (and restores it
+    from object_patches_backup); get_model_object gives the backup while it is patched."""
+    if len(getattr(dm, "blocks", None) or ()) == 0:
+        try:
+            blocks = m.get_model_object("diffusion_model.blocks")
+        except Exception:  # a double or patcher without nested names
+            blocks = None
+        if blocks is not None and len(blocks) > 0:
+            return sliced.supported(dm, blocks=blocks)
+    return sliced.supported(dm)
+
+
 def _patcher_api():
     import comfy.patcher_extension as pe
     return pe.WrappersMP.DIFFUSION_MODEL, pe.CallbacksMP.ON_PRE_RUN
@@ -161,7 +176,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
                                          attn_chunk_tokens=settings.attn_chunk_tokens)
 
     if path == "comfy-sliced":
-        ok, why = (False, sliced_err) if sliced is None else sliced.supported(dm)
+        ok, why = (False, sliced_err) if sliced is None else _sliced_supported(sliced, m, dm)
         if not ok:
             return _refuse(model, m, settings, lines, "comfy-sliced cannot run this model: {}".format(why))
         m.add_wrapper_with_key(kind_dm, WRAPPER_KEY, runner)
@@ -172,7 +187,7 @@ def apply_node(model, vram_budget="auto", mlp_chunk=0, attn_chunk=0, kv_tile=0, 
 
     if reason is not None:
         if path == "auto" and sliced is not None:
-            ok, why = sliced.supported(dm)
+            ok, why = _sliced_supported(sliced, m, dm)
             if ok:
                 m.add_wrapper_with_key(kind_dm, WRAPPER_KEY, runner)
                 _add_run_callbacks(m, kind_pre_run, getattr(runner, "on_pre_run", None), getattr(runner, "on_cleanup", None))

@@ -145,10 +145,14 @@ def _model_module(model):
     return sys.modules.get(type(model).__module__)
 
 
-def supported(model):
+def supported(model, blocks=None):
     """(ok, reason): whether this MiniMaxH3Model instance (or a mirror with the same
-    structure) has every submodule and helper the sliced path calls."""
-    blocks = getattr(model, "blocks", None)
+    structure) has every submodule and helper the sliced path calls. blocks: the model's
+    own blocks where the instance shows others now (the node passes the patcher's
+    get_model_object("diffusion_model.blocks"): another clone of the same model may have
+    them detached by an object patch until ComfyUI loads this one)."""
+    if blocks is None:
+        blocks = getattr(model, "blocks", None)
     if blocks is None or len(blocks) == 0:
         return False, "the model has no DiT blocks (model.blocks)"
     fl = getattr(model, "final_layer", None)

@@ -240,6 +240,10 @@ class RunRecord(object):
                 outside = [a - b for a, b in zip(secs, eng)]
                 out.append("outside the engine: mean {:.1f} ms, max {:.1f} ms per call ({:.1f} % of the call)".format(
                     1e3 * sum(outside) / n, 1e3 * max(outside), 100.0 * sum(outside) / max(sum(secs), 1e-12)))
+                if n > 1:  # the first call opens the engine and computes the run's AdaLN tables
+                    later, later_s = outside[1:], secs[1:]
+                    out.append("outside the engine after the first call: mean {:.1f} ms ({:.1f} % of the call)".format(
+                        1e3 * sum(later) / len(later), 100.0 * sum(later) / max(sum(later_s), 1e-12)))
             peaks = [c["device_peak"] for c in self.engine_calls if c["device_peak"] is not None]
             budget = self.engine_calls[-1]["budget"]
             if peaks:
@@ -632,6 +636,7 @@ class EngineWrapper(object):
             extra["output_masks"] = req["output_masks"]
         first = self.calls == 0 or (s["T"], s["Hl"], s["Wl"], s["L"]) not in self._planned
         t0 = time.perf_counter() if t_start is None else t_start
+        t1 = time.perf_counter()
         try:
             eng.denoise(clip, video.to(dev), audio.to(dev), req["sigma"], text=text, refined_text=refined,
                         video_out=v_out[0], audio_out=a_out[0], stream=stream, **extra)
@@ -641,9 +646,17 @@ class EngineWrapper(object):
             if extra:
                 raise mapping.Unsupported("this layerstream build cannot leave masks out of its output ({})".format(e))
             raise
+        t_engine = time.perf_counter() - t1
         report = {}
         try:
-            report = eng.report()
+            # Without the output fingerprint: it reads every output byte (about 50 ms at
+            # S = 111k) and the node reports every step (issue 25). An engine whose report()
+            # takes no argument gives its full report.
+            # The first call of a clip shape logs the plan and the fingerprint.
+            try:
+                report = eng.report() if first else eng.report(output_hash=False)
+            except TypeError:
+                report = eng.report()
         except Exception:  # a report is for the log only
             report = {}
         if out_dev != dev:
@@ -657,6 +670,8 @@ class EngineWrapper(object):
         self.record.engine_calls.append({
             "sigma": req["sigma"], "seconds": seconds,
             "engine_seconds": float(wall) if isinstance(wall, (int, float)) else None,
+            "call_seconds": t_engine,  # the Engine.denoise call (the C API around the forward included)
+            "api_outside_forward": _find(report, "outside_forward"),  # the C API's share of the call, not the forward
             "device_peak": int(peak) if isinstance(peak, (int, float)) else None,
             "budget": None if self.settings.explicit_slices() else self._budget or self.settings.vram_budget,
             "tables_computed": adaln.get("tables_computed") if isinstance(adaln, dict) else None})
@@ -665,7 +680,7 @@ class EngineWrapper(object):
             log("call: " + mapping.describe_request(req))
             for line in plan_lines(report):
                 log(line)
-        log(after_call_line(report, seconds, getattr(eng, "output_hash", None), req["sigma"]))
+        log(after_call_line(report, seconds, None, req["sigma"]))
         return [v_out, a_out]
 
     def _write_layout(self, model, transformer_options, payload, req):
@@ -747,6 +762,7 @@ def after_call_line(report, seconds, output_hash, sigma):
     if h is None and output_hash is not None:
         h = output_hash() if callable(output_hash) else output_hash
         h = "{:016x}".format(h) if isinstance(h, int) else h
-    return "denoise sigma {:.6g}: {:.3f} s ({} in the engine), device peak {} (held {}), activation peak {}, output hash {}".format(
+    return "denoise sigma {:.6g}: {:.3f} s ({} in the engine), device peak {} (held {}), activation peak {}{}".format(
         sigma, seconds, "{:.3f} s".format(wall) if isinstance(wall, (int, float)) else "?",
-        budget_mod.format_bytes(peak), budget_mod.format_bytes(held), budget_mod.format_bytes(act), h)
+        budget_mod.format_bytes(peak), budget_mod.format_bytes(held), budget_mod.format_bytes(act),
+        ", output hash {}".format(h) if h is not None else "")

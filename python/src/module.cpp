@@ -413,6 +413,17 @@ class Engine {
     return out;
   }
 
+  std::string call_report() {
+    const char* json = nullptr;
+    std::string out;
+    call([&] {
+      ls_status st = ls_engine_call_report_json(e_, &json);
+      if (st == LS_OK && json) out = json;
+      return st;
+    });
+    return out;
+  }
+
   uint64_t output_hash() {
     std::lock_guard<std::mutex> lock(mu_);
     return ls_engine_output_hash(e_);
@@ -498,5 +509,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("output_masks") = true)
       .def("refine_text", &Engine::refine_text, py::arg("text"), py::arg("hidden"))
       .def("report", &Engine::report)
+      .def("call_report", &Engine::call_report)
       .def("output_hash", &Engine::output_hash);
 }

@@ -5,6 +5,7 @@
 #include "layerstream/layerstream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -30,8 +31,16 @@ struct ls_engine {
   bool engine_made = false;
   ls::exec::Residency engine_residency;  // the residency the current engine was made with
   std::string error;
-  std::string plan_json, report_json;
-  uint64_t hash = 0;
+  std::string plan_json;
+  // The last call's report: report_base without output_hash (ls_engine_call_report_json),
+  // report_json with it. The fingerprint reads every output byte (~50 ms at S = 111k, more
+  // than the rest of the call outside the forward), so it is computed at the first request
+  // (ls_engine_report_json, ls_engine_output_hash) from the kept outputs, not by every call.
+  std::string report_base;
+  mutable std::string report_json;
+  mutable uint64_t hash = 0;
+  mutable bool hash_done = false;
+  std::vector<float> out_video, out_audio;  // the last outputs (fp32), for the fingerprint
   bool have_report = false;
   // The sigmas whose AdaLN tables the engine holds (ls_engine_denoise with a schedule:
   // kept while later calls' sigmas are among them; issue 25).
@@ -580,22 +589,30 @@ Status check_outputs(const float* video_out, size_t video_count, const float* au
 // report `j` with the fields every call has (plan, budget plan, resolved numerics,
 // version, weights, output hash).
 ls_status publish(ls_engine& e, nlohmann::json j, const ls::exec::Plan& plan, const ls::exec::BudgetPlan* budget,
-                  const std::vector<float>& video, const std::vector<float>& audio, float* video_out,
-                  float* audio_out) {
+                  std::vector<float> video, std::vector<float> audio, float* video_out, float* audio_out) {
   if (video_out) std::memcpy(video_out, video.data(), video.size() * sizeof(float));
   if (audio_out) std::memcpy(audio_out, audio.data(), audio.size() * sizeof(float));  // NULL: written to tensors
-  e.hash = ls_fingerprint(video.data(), video.size(), audio.data(), audio.size());
   j["plan"] = ls::api::plan_json(plan);
   j["vram_budget"] = budget ? ls::api::budget_plan_json(*budget) : nlohmann::json();
   j["numerics"] = numerics_json(e, plan.kv_tile);
   j["version"] = ls::api::version_json();
   j["weights"] = e.session->source().describe();
-  char hex[20];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e.hash));
-  j["output_hash"] = hex;
-  e.report_json = j.dump(2);
+  e.out_video = std::move(video);
+  e.out_audio = std::move(audio);
+  e.hash_done = false;
+  e.report_json.clear();
+  e.report_base = j.dump(2);
   e.have_report = true;
   return LS_OK;
+}
+
+// The last outputs' fingerprint, computed once per call at the first request.
+uint64_t output_hash_of(const ls_engine& e) {
+  if (!e.hash_done) {
+    e.hash = ls_fingerprint(e.out_video.data(), e.out_video.size(), e.out_audio.data(), e.out_audio.size());
+    e.hash_done = true;
+  }
+  return e.hash;
 }
 
 // The engine for rp, made (or remade) when its residency differs from the current one.
@@ -647,7 +664,12 @@ Status one_form(const void* ptr, const ls_tensor* tensor, const char* name) {
 
 // ls_engine_denoise after its params struct is read: the inputs (pointers or tensors,
 // staged through io), one denoiser call, the outputs.
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io) {
+  const auto t_call = std::chrono::steady_clock::now();
   ls_engine* e = &eng;
   ls::api::Session& s = *e->session;
   const ls::h3::H3Config& cfg = s.config();
@@ -763,8 +785,11 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   }
 
   // The plan counts the tables this call holds (the schedule's, or the call's own).
+  const double t_inputs = seconds_since(t_call);
+  const auto t_plan0 = std::chrono::steady_clock::now();
   auto rp = s.plan(*cond, table_sigmas, e->memory);
   if (!rp.ok()) return fail(e, rp.error());
+  const double t_plan = seconds_since(t_plan0);
   if (Status st = ensure_engine(*e, *rp); !st.ok()) return fail(e, st.error());
   ls::api::DenoiseCall call;
   call.precompute_sigmas = table_sigmas;
@@ -817,8 +842,10 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   e->have_report = false;
   e->table_sigmas.clear();  // unknown until the call's precompute has succeeded
   ls::api::DenoiseTimes times;
+  const auto t_denoise0 = std::chrono::steady_clock::now();
   auto r = s.denoise(call, &times);
   if (!r.ok()) return fail(e, r.error());
+  const double t_denoise = seconds_since(t_denoise0);
   e->table_sigmas = table_sigmas;
   const uint64_t out_staged_before = io.staged_bytes;
   if (p.video_out_tensor && call.outputs.video.empty())
@@ -840,7 +867,9 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
   j["adaln"] = {{"tables_computed", times.adaln_tables_computed},
                 {"sigmas", table_sigmas.size()},
                 {"schedule", !cond->sample_sigmas.empty() && table_sigmas.size() > 1}};
-  return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio,
+  j["api_seconds"] = {{"inputs", t_inputs}, {"plan", t_plan}, {"denoise", t_denoise},
+                      {"outside_forward", seconds_since(t_call) - r->report.wall_seconds}};
+  return publish(*e, std::move(j), rp->plan, rp->budget ? &*rp->budget : nullptr, std::move(r->video), std::move(r->audio),
                  p.video_out_tensor ? nullptr : p.video_out, p.audio_out_tensor ? nullptr : p.audio_out);
 }
 
@@ -1251,7 +1280,8 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
       fw.push_back(x);
     }
     j["forwards"] = fw;
-    return publish(*e, std::move(j), r->plan, rp->budget ? &*rp->budget : nullptr, r->video, r->audio, p.video_out,
+    return publish(*e, std::move(j), r->plan, rp->budget ? &*rp->budget : nullptr, std::move(r->video),
+                   std::move(r->audio), p.video_out,
                    p.audio_out);
   });
 }
@@ -1262,11 +1292,29 @@ ls_status ls_engine_report_json(ls_engine* e, const char** json) {
     if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
     *json = nullptr;
     if (!e->have_report) return fail(e, LS_NOT_FOUND, "no report: no denoise or generate call has succeeded yet");
+    if (e->report_json.empty()) {
+      nlohmann::json j = nlohmann::json::parse(e->report_base);
+      char hex[20];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(output_hash_of(*e)));
+      j["output_hash"] = hex;
+      e->report_json = j.dump(2);
+    }
     *json = e->report_json.c_str();
     return LS_OK;
   });
 }
 
-uint64_t ls_engine_output_hash(const ls_engine* e) { return e && e->have_report ? e->hash : 0; }
+uint64_t ls_engine_output_hash(const ls_engine* e) { return e && e->have_report ? output_hash_of(*e) : 0; }
+
+ls_status ls_engine_call_report_json(ls_engine* e, const char** json) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
+    *json = nullptr;
+    if (!e->have_report) return fail(e, LS_NOT_FOUND, "no report: no denoise or generate call has succeeded yet");
+    *json = e->report_base.c_str();
+    return LS_OK;
+  });
+}
 
 }  // extern "C"

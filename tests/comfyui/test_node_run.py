@@ -273,3 +273,46 @@ def test_the_sliced_path_slices_under_the_backend_nodes_choices_only(comfy):
         assert (stock is None) == per_query, (name, stock)
         if name == "comfy_kitchen_int8":
             assert key == "attention.other(comfy_kitchen_int8)"
+
+
+def test_comfy_sliced_is_offered_while_another_clone_has_the_blocks_detached(comfy, bf16_file):
+    """A legacy-loader engine node (path engine) detaches diffusion_model.blocks with an object
+    patch; ComfyUI leaves it applied on the shared module until it loads another clone (and
+    restores the blocks from object_patches_backup). A comfy-sliced node executed meanwhile
+    must judge the model by its own blocks (get_model_object), not the detached ones (issue 25:
+    the real-ComfyUI run refused comfy-sliced after an engine case)."""
+    from layerstream_h3 import node
+    p = comfy.make_patcher(path=bf16_file, dynamic=False)
+    m_engine, _ = node.apply_node(p, device="cpu", path="engine", layerstream_module=fake_layerstream())
+    m_engine.patch_model()  # sampled once: the detach is applied on the shared model
+    dm = p.model.diffusion_model
+    assert len(dm.blocks) == 0
+    seen = {}
+
+    class Sliced:
+        @staticmethod
+        def supported(model, blocks=None):
+            seen["blocks"] = blocks
+            b = model.blocks if blocks is None else blocks
+            return (len(b) > 0, "ok" if len(b) else "the model has no DiT blocks (model.blocks)")
+
+        class SlicedRunner:
+            def __init__(self, **kw):
+                pass
+
+            def status(self):
+                return ["path: comfy-sliced (not run yet)"]
+
+            def __call__(self, executor, *a, **k):
+                return executor(*a, **k)
+
+    import layerstream_h3.node as n
+    orig = n._import_sliced
+    n._import_sliced = lambda: (Sliced, None)
+    try:
+        m_sliced, text = node.apply_node(p, device="cpu", path="comfy-sliced", fallback="error",
+                                         layerstream_module=fake_layerstream())
+    finally:
+        n._import_sliced = orig
+    assert seen["blocks"] is not None and len(seen["blocks"]) == 2
+    assert "path: comfy-sliced" in text

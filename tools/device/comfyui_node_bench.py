@@ -375,9 +375,19 @@ def main():
                         row[kind + "_equal_engine_auto"] = equal(lat[c + "_" + kind], lat[c + "_engine"])
                 ec = r.get("engine_calls") or []
                 if ec:
-                    outside = [x["seconds"] - x["engine_seconds"] for x in ec if x.get("engine_seconds") is not None]
+                    # outside the engine = the wrapper's call minus the engine's forward; the first
+                    # call (engine open, the run's AdaLN tables) apart from the steady state
+                    later = ec[1:] or ec
+                    outside = [x["seconds"] - x["engine_seconds"] for x in later if x.get("engine_seconds") is not None]
+                    row[kind + "_first_call_outside_ms"] = 1e3 * (ec[0]["seconds"] - (ec[0]["engine_seconds"] or 0))
                     row[kind + "_outside_ms_mean"] = 1e3 * sum(outside) / max(len(outside), 1)
-                    row[kind + "_outside_pct"] = 100.0 * sum(outside) / max(sum(x["seconds"] for x in ec), 1e-12)
+                    row[kind + "_outside_pct"] = 100.0 * sum(outside) / max(sum(x["seconds"] for x in later), 1e-12)
+                    api = [x["api_outside_forward"] for x in later if x.get("api_outside_forward") is not None]
+                    if api:
+                        row[kind + "_api_outside_forward_ms"] = 1e3 * sum(api) / len(api)
+                    py = [x["seconds"] - x["call_seconds"] for x in later if x.get("call_seconds") is not None]
+                    if py:
+                        row[kind + "_node_python_ms"] = 1e3 * sum(py) / len(py)
                     row[kind + "_opens"] = r.get("opens_total")
                     peaks = [x["device_peak"] for x in ec if x.get("device_peak") is not None]
                     budget = ec[-1].get("budget")
