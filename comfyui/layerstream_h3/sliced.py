@@ -411,6 +411,10 @@ class SlicedRunner:
         stock_attn = None
         if self.attn_chunk_tokens == 0:
             stock_attn = "attn_chunk_tokens = 0"
+        elif self.attn_chunk_tokens >= S:
+            # One query slice would hold every row: the stock half is the same computation
+            # without the second qkv_proj pass (at 7.7k tokens two passes cost 1.33x stock).
+            stock_attn = "one slice holds all {} rows".format(S)
         elif attention is not None and attention is not attn:
             stock_attn = "a block patch passed its own attention module"
         elif "optimized_attention_override" in (transformer_options or {}) and \

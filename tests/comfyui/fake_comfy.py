@@ -595,7 +595,7 @@ def comfy_api_modules():
     io = types.SimpleNamespace(
         ComfyNode=type("ComfyNode", (), {}),
         Schema=lambda **kw: types.SimpleNamespace(**kw),
-        Model=_Type, String=_Type, Int=_Type, Combo=Combo,
+        Model=_Type, String=_Type, Int=_Type, Boolean=_Type, Combo=Combo,
         NodeOutput=lambda *a, **kw: types.SimpleNamespace(args=a, **kw))
     ui = types.SimpleNamespace(PreviewText=lambda text: types.SimpleNamespace(text=text))
 

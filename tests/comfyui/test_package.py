@@ -53,7 +53,8 @@ def test_inside_comfyui_only_the_v3_entry_point_exists(monkeypatch):
     assert schema.node_id == "LayerStreamH3Engine" and schema.display_name == "LayerStream: H3 Engine"
     names = [i.name for i in schema.inputs]
     assert names == ["model", "vram_budget", "mlp_chunk", "attn_chunk", "kv_tile", "device", "fallback", "path",
-                     "mlp_chunk_tokens", "attn_chunk_tokens"]
+                     "mlp_chunk_tokens", "attn_chunk_tokens", "sliced_keep_q"]
+    assert by_name(schema, "sliced_keep_q")["default"] is True and by_name(schema, "sliced_keep_q")["optional"] is True
     by = {i.name: i.kw for i in schema.inputs}
     assert by["mlp_chunk_tokens"]["default"] == 8192 and by["mlp_chunk_tokens"]["step"] == 256
     assert by["attn_chunk_tokens"]["default"] == 8192 and by["attn_chunk_tokens"]["min"] == 0
@@ -64,6 +65,10 @@ def test_inside_comfyui_only_the_v3_entry_point_exists(monkeypatch):
     p = fake_comfy.make_patcher(path=None)
     out = cls.execute(p, "auto", 0, 0, 0, "cpu", "stock", "engine", 8192, 8192)
     assert out.args[0] is not p and "Load Diffusion Model" in out.ui.text
+
+
+def by_name(schema, name):
+    return {i.name: i.kw for i in schema.inputs}[name]
 
 
 def test_format_of_bf16_int8_and_fp8_files(tmp_path, bf16_file):

@@ -324,6 +324,9 @@ def main():
     add("small", 3.0, "stock")
     add("small", 3.0, "engine", {"path": "engine"})
     add("small", 3.0, "sliced", {"path": "comfy-sliced"})
+    # stock again, late in the process: run 2 found comfy-sliced equal to stock at CFG 3 and at
+    # 111k but not at small CFG 1, whose stock run was the process's first sampling run
+    add("small", 1.0, "stock_again")
     results = {"cases": {}, "skipped": [], "errors": {}, "torch": torch.__version__,
                "device": torch.cuda.get_device_name()}
     for case in cases:
@@ -359,14 +362,20 @@ def main():
                 continue
             st_step = med(st["step_seconds"][1:] or st["step_seconds"])
             row = {"case": c, "stock_step_s": st_step, "stock_torch_peak_GiB": (st["torch_peak_bytes"] or 0) / 2**30}
-            for kind in ("engine", "sliced", "engine_8G", "engine_slices", "auto"):
+            for kind in ("engine", "sliced", "engine_8G", "engine_slices", "auto", "stock_again"):
                 r = results["cases"].get(c + "_" + kind)
                 if r is None:
                     continue
                 step = med(r["step_seconds"][1:] or r["step_seconds"])
                 row[kind + "_step_s"] = step
                 row[kind + "_vs_stock"] = step / st_step
+                if kind == "stock_again":
+                    row["stock_again_torch_equal_stock"] = equal(lat[c + "_stock_again"], lat[c + "_stock"])
+                    if c + "_sliced" in lat:
+                        row["sliced_torch_equal_stock_again"] = equal(lat[c + "_sliced"], lat[c + "_stock_again"])
+                    continue
                 if kind == "sliced":
+                    row["sliced_rel_l2_vs_stock"] = rel_l2(lat[c + "_sliced"], lat[c + "_stock"])
                     row["sliced_torch_equal"] = equal(lat[c + "_sliced"], lat[c + "_stock"])
                     row["sliced_torch_peak_GiB"] = (r["torch_peak_bytes"] or 0) / 2**30
                 elif c + "_" + kind in lat:
