@@ -1,0 +1,73 @@
+// The Hopper INT8 attention kernel (attention_hopper_int8.cu): sm_90a, wgmma with 8-bit
+// operands (Q K^T: s8 x s8 -> s32; P V: u8 x s8 -> s32), TMA loads, a producer warp and two
+// consumer warpgroups, as the bf16 Hopper kernel (attention_hopper.cu). Head dim 128 only.
+//
+// Issue 26. The arithmetic is the INT8 spec (helper int8's docs/int8-attention.md; the
+// kernel's own choices where that spec leaves an order open are in the .cu file comment).
+// The kernel takes K and V already prepared once per block (after pass 1: key statistics
+// over ALL keys, rotation, per-row / per-channel quantisation) and quantises Q itself per
+// call (rotation + per-row scale: row-local, so slice-invariant).
+//
+// Entry point until the backend's INT8 dispatch lands (helper int8): attention_hopper_int8()
+// below, raw device pointers (no TensorView, so that a standalone harness can link it
+// without the rest of the library). Plain C++ header (no CUDA headers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ls::cuda {
+
+// The rotation's fixed sign vector (bit c set: channel c is negated before the
+// Walsh-Hadamard transform). PROVISIONAL: the constant of record is the one helper int8
+// documents in docs/int8-attention.md; this one must be replaced by it (Q and K must use
+// the same, and K is prepared outside this file).
+inline constexpr uint32_t kInt8RotationSignBits[4] = {0x9E3779B9u, 0x7F4A7C15u, 0xF39CC060u, 0x5CEDC834u};
+
+struct Int8AttentionCall {
+  // bf16 q [Mq, H, 128]: row and head strides in elements (head stride 128 when packed).
+  const uint16_t* q = nullptr;
+  int64_t q_row_stride = 0, q_head_stride = 128;
+  // s8 k8 [Mk, H, 128] (head stride 128, row stride k8_row_stride bytes, a multiple of 16)
+  // and f32 sk [Mk, H] (contiguous): the prepared keys of this call (all keys, or one
+  // streamed chunk of whole kv_tiles).
+  const int8_t* k8 = nullptr;
+  int64_t k8_row_stride = 0;
+  const float* sk = nullptr;
+  // s8 v8t [H, 128, key pitch] (the prepared V transposed per head: keys contiguous; key j
+  // of head h, channel c at h * 128 * pitch + c * pitch + j; pitch >= Mk, a multiple of
+  // 16) and f32 sv [H, 128].
+  const int8_t* v8t = nullptr;
+  int64_t v8t_key_pitch = 0;
+  const float* sv = nullptr;
+  // bf16 out [Mq, H, 128].
+  uint16_t* out = nullptr;
+  int64_t out_row_stride = 0, out_head_stride = 128;
+  int64_t Mq = 0, Mk = 0, H = 0;
+  int64_t kv_tile = 8192;
+  float scale = 0.0f;  // softmax scale; 0 = 1/sqrt(128)
+  // Streamed keys (backend.h's AttentionParams): f32 [Mq, H, 136] or null; its layout in
+  // the .cu file comment.
+  float* state = nullptr;
+  bool state_in = false;
+  bool finalize = true;
+  // Device scratch of attention_hopper_int8_scratch_bytes(Mq, Mk, H) bytes, 256-aligned
+  // (the backend's workspace; this function allocates nothing).
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+// Scratch bytes one call needs: q8 [Mq, H, 128], sq [Mq, H], sk transposed [H, Mk rounded
+// up to 128].
+size_t attention_hopper_int8_scratch_bytes(int64_t Mq, int64_t Mk, int64_t H);
+
+// The kernel configuration, for tests and benchmarks (the .cu lists them). 0 is the
+// default. Configurations with arithmetic of their own say so there.
+// Runs the call on `stream` (a cudaStream_t). Returns "" on success, else a message.
+std::string attention_hopper_int8(const Int8AttentionCall& call, void* stream, int config = 0);
+
+// True where this build compiled the sm_90a kernel.
+bool attention_hopper_int8_built();
+
+}  // namespace ls::cuda
