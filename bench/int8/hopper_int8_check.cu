@@ -81,10 +81,17 @@ void rotate(float* x) {
         x[i + s] = a - b;
       }
 }
-float quant_row(const float* x, int8_t* x8) {
+// round22: the scale rounded up to 22 significant bits (the proposed rule for sk: it makes
+// the kernel's folded form fma(1.5 * 2^23 + d, sk, -1.5 * 2^23 sk) exactly fl32(d * sk)).
+float quant_row(const float* x, int8_t* x8, bool round22 = false) {
   float amax = 0.0f;
   for (int c = 0; c < D; ++c) amax = std::max(amax, std::fabs(x[c]));
-  const float s = std::max(amax * (1.0f / 127.0f), FLT_MIN);
+  float s = std::max(amax * (1.0f / 127.0f), FLT_MIN);
+  if (round22) {
+    uint32_t u = fbits(s);
+    u = (u + 3u) & ~3u;
+    std::memcpy(&s, &u, 4);
+  }
   for (int c = 0; c < D; ++c) {
     const float r = std::rint(x[c] / s);
     x8[c] = static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
@@ -95,7 +102,7 @@ float quant_row(const float* x, int8_t* x8) {
 struct Problem {
   int64_t Mq = 0, Mk = 0, H = 0, pitch = 0;
   std::vector<uint16_t> q, k, v;  // bf16 [M, H, 128]
-  std::vector<int8_t> q8, k8, v8t;
+  std::vector<int8_t> q8, k8, v8t, v8p;  // v8p: V^T with keys permuted in groups of 16
   std::vector<float> sq, sk, sv;
 };
 
@@ -163,7 +170,7 @@ void prepare(Problem& P) {
     for (int64_t j = 0; j < Mk; ++j) {
       for (int c = 0; c < D; ++c) x[c] = bf2f(P.k[(j * H + h) * D + c]) - mu[c];
       rotate(x);
-      P.sk[j * H + h] = quant_row(x, &P.k8[(j * H + h) * D]);
+      P.sk[j * H + h] = quant_row(x, &P.k8[(j * H + h) * D], true);
       for (int c = 0; c < D; ++c) {
         const float r = std::rint(bf2f(P.v[(j * H + h) * D + c]) / P.sv[h * D + c]);
         P.v8t[(h * D + c) * P.pitch + j] = static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
@@ -175,6 +182,13 @@ void prepare(Problem& P) {
       P.sq[i * H + h] = quant_row(x, &P.q8[(i * H + h) * D]);
     }
   }
+  P.v8p.assign(P.v8t.size(), 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < H * D; ++r)
+    for (int64_t j = 0; j < P.pitch; ++j) {
+      const int64_t key = j / 16 * 16 + ls::cuda::int8_v8t_key_at(static_cast<int>(j % 16));
+      P.v8p[r * P.pitch + j] = key < Mk ? P.v8t[r * P.pitch + key] : 0;
+    }
 }
 
 // The kernel's arithmetic for one (query, head), exp2f for ex2.approx (file comment).
@@ -249,7 +263,7 @@ void ref_f64_row(const Problem& P, int64_t i, int64_t h, double scale, double* o
 
 struct Dev {
   uint16_t *q = nullptr, *out = nullptr;
-  int8_t *k8 = nullptr, *v8t = nullptr;
+  int8_t *k8 = nullptr, *v8t = nullptr, *v8p = nullptr;
   float *sk = nullptr, *sv = nullptr, *state = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
@@ -261,6 +275,8 @@ Dev upload(const Problem& P) {
   CK(cudaMalloc(&d.out, P.q.size() * 2));
   CK(cudaMalloc(&d.k8, P.k8.size()));
   CK(cudaMalloc(&d.v8t, P.v8t.size()));
+  CK(cudaMalloc(&d.v8p, P.v8p.size()));
+  CK(cudaMemcpy(d.v8p, P.v8p.data(), P.v8p.size(), cudaMemcpyHostToDevice));
   CK(cudaMalloc(&d.sk, P.sk.size() * 4));
   CK(cudaMalloc(&d.sv, P.sv.size() * 4));
   CK(cudaMalloc(&d.state, static_cast<size_t>(P.Mq * P.H * (D + 8)) * 4));
@@ -276,7 +292,7 @@ Dev upload(const Problem& P) {
 
 // One call over queries [q0, q1) and keys [k0, k1) (a chunk), into out rows [q0, q1).
 Int8AttentionCall make_call(const Problem& P, const Dev& d, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
-                            int64_t kv_tile) {
+                            int64_t kv_tile, bool perm = false) {
   Int8AttentionCall c;
   c.q = d.q + q0 * P.H * D;
   c.q_row_stride = P.H * D;
@@ -284,7 +300,8 @@ Int8AttentionCall make_call(const Problem& P, const Dev& d, int64_t q0, int64_t 
   c.k8 = d.k8 + k0 * P.H * D;
   c.k8_row_stride = P.H * D;
   c.sk = d.sk + k0 * P.H;
-  c.v8t = d.v8t + k0;
+  c.v8t = (perm ? d.v8p : d.v8t) + k0;
+  c.v8t_keys_permuted = perm;
   c.v8t_key_pitch = P.pitch;
   c.sv = d.sv;
   c.out = d.out + q0 * P.H * D;
@@ -387,7 +404,7 @@ int check() {
   struct Case {
     int64_t Mq, Mk, H, kv_tile;
   };
-  const Case cases[] = {{300, 1000, 3, 256}, {257, 2048, 2, 8192}, {130, 777, 2, 100}};
+  const Case cases[] = {{300, 1000, 3, 256}, {257, 2048, 2, 8192}, {130, 777, 2, 112}};
   for (const Case& cs : cases) {
     Problem P;
     P.Mq = cs.Mq;
@@ -398,50 +415,68 @@ int check() {
     Dev d = upload(P);
     const std::string tag = "Mq" + std::to_string(cs.Mq) + "_Mk" + std::to_string(cs.Mk) + "_H" +
                             std::to_string(cs.H) + "_kv" + std::to_string(cs.kv_tile);
-    // Every configuration; 0-3 one family (lazy), 4-5 another (per-block).
-    std::vector<std::vector<uint16_t>> outs;
-    for (int cfg = 0; cfg < 6; ++cfg) {
-      CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
-      run_or_die(make_call(P, d, 0, P.Mq, 0, P.Mk, cs.kv_tile), cfg);
-      outs.push_back(download(P, d));
-    }
-    compare(P, outs[0], cs.kv_tile, true, 1, tag + "_lazy", true);
-    compare(P, outs[4], cs.kv_tile, false, 1, tag + "_perblock", true);
-    for (int cfg = 1; cfg < 4; ++cfg) expect(outs[cfg] == outs[0], tag + ": configuration " + std::to_string(cfg) + " = 0 (memcmp)");
-    expect(outs[5] == outs[4], tag + ": configuration 5 = 4 (memcmp)");
-    // Query slices at odd points: the same bytes.
-    for (int cfg : {0, 4}) {
-      CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
-      const int64_t cut[] = {0, 77, std::min<int64_t>(P.Mq, 203), P.Mq};
-      for (int s = 0; s < 3; ++s)
-        if (cut[s + 1] > cut[s]) run_or_die(make_call(P, d, cut[s], cut[s + 1], 0, P.Mk, cs.kv_tile), cfg);
-      expect(download(P, d) == outs[cfg], tag + ": query slices 0/77/203 = one call (memcmp), configuration " + std::to_string(cfg));
-    }
-    // Streamed keys: chunks of whole kv_tiles (where the tile is a multiple of 16 keys).
-    if (cs.kv_tile % 16 == 0 && cs.kv_tile < P.Mk) {
-      for (int cfg : {0, 4}) {
+    // Configurations 0, 1, 3, 5, 6 (2 is 0 with 3 stages: timed at full size and checked
+    // there), both V^T layouts: {0, 1, 3, 5, 6} one family (lazy; 5 and 6 the folded key
+    // scale, exact for these 22-bit scales), 4 another (per-block); the layout moves no bit
+    // (integer sums are exact in any order).
+    const int cfgs[] = {0, 1, 3, 4, 5, 6};
+    constexpr int kNC = 6;
+    std::vector<std::vector<uint16_t>> outs;  // [config index][layout]
+    for (int perm = 0; perm < 2; ++perm)
+      for (int cfg : cfgs) {
         CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
-        int64_t k0 = 0;
-        while (k0 < P.Mk) {
-          const int64_t k1 = std::min(P.Mk, k0 + cs.kv_tile * (k0 == 0 ? 1 : 2));
-          Int8AttentionCall c = make_call(P, d, 0, P.Mq, k0, k1, cs.kv_tile);
-          c.state_in = k0 > 0;
-          c.finalize = k1 == P.Mk;
-          run_or_die(c, cfg);
-          k0 = k1;
-        }
-        expect(download(P, d) == outs[cfg], tag + ": streamed chunks = one call (memcmp), configuration " + std::to_string(cfg));
+        run_or_die(make_call(P, d, 0, P.Mq, 0, P.Mk, cs.kv_tile, perm != 0), cfg);
+        outs.push_back(download(P, d));
       }
+    compare(P, outs[0], cs.kv_tile, true, 1, tag + "_lazy", true);
+    compare(P, outs[3], cs.kv_tile, false, 1, tag + "_perblock", true);
+    for (int n = 0; n < 2 * kNC; ++n) {
+      const int ref = cfgs[n % kNC] == 4 ? 3 : 0;
+      if (n != ref)
+        expect(outs[n] == outs[ref], tag + ": configuration " + std::to_string(cfgs[n % kNC]) +
+                                         (n >= kNC ? " permuted V" : "") + " = configuration " +
+                                         std::to_string(cfgs[ref]) + " (memcmp)");
+    }
+    const std::vector<uint16_t> out_lazy = outs[0], out_pb = outs[3];
+    // Query slices at odd points: the same bytes.
+    for (int cfg : {0, 4})
+      for (int perm = 0; perm < 2; ++perm) {
+        CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
+        const int64_t cut[] = {0, 77, std::min<int64_t>(P.Mq, 203), P.Mq};
+        for (int s = 0; s < 3; ++s)
+          if (cut[s + 1] > cut[s]) run_or_die(make_call(P, d, cut[s], cut[s + 1], 0, P.Mk, cs.kv_tile, perm != 0), cfg);
+        expect(download(P, d) == (cfg == 0 ? out_lazy : out_pb),
+               tag + ": query slices 0/77/203 = one call (memcmp), configuration " + std::to_string(cfg) +
+                   (perm ? " permuted V" : ""));
+      }
+    // Streamed keys: chunks of whole kv_tiles (where the tile is a multiple of 16 keys).
+    if (cs.kv_tile < P.Mk) {
+      for (int cfg : {0, 4})
+        for (int perm = 0; perm < 2; ++perm) {
+          CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
+          int64_t k0 = 0;
+          while (k0 < P.Mk) {
+            const int64_t k1 = std::min(P.Mk, k0 + cs.kv_tile * (k0 == 0 ? 1 : 2));
+            Int8AttentionCall c = make_call(P, d, 0, P.Mq, k0, k1, cs.kv_tile, perm != 0);
+            c.state_in = k0 > 0;
+            c.finalize = k1 == P.Mk;
+            run_or_die(c, cfg);
+            k0 = k1;
+          }
+          expect(download(P, d) == (cfg == 0 ? out_lazy : out_pb),
+                 tag + ": streamed chunks = one call (memcmp), configuration " + std::to_string(cfg) +
+                     (perm ? " permuted V" : ""));
+        }
     }
     // kv_tile: per-block flushing is the same for every multiple of 128; lazy flushing
     // also flushes at tile starts (other bits, still within the bound).
     if (cs.kv_tile % 128 == 0) {
       CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
       run_or_die(make_call(P, d, 0, P.Mq, 0, P.Mk, 128), 4);
-      expect(download(P, d) == outs[4], tag + ": per-block, kv_tile 128 = kv_tile " + std::to_string(cs.kv_tile) + " (memcmp)");
+      expect(download(P, d) == out_pb, tag + ": per-block, kv_tile 128 = kv_tile " + std::to_string(cs.kv_tile) + " (memcmp)");
       CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
       run_or_die(make_call(P, d, 0, P.Mq, 0, P.Mk, 128), 0);
-      const bool same = download(P, d) == outs[0];
+      const bool same = download(P, d) == out_lazy;
       std::printf("info %s: lazy, kv_tile 128 %s kv_tile %lld\n", tag.c_str(), same ? "=" : "!=",
                   static_cast<long long>(cs.kv_tile));
     }
@@ -449,6 +484,7 @@ int check() {
     CK(cudaFree(d.out));
     CK(cudaFree(d.k8));
     CK(cudaFree(d.v8t));
+    CK(cudaFree(d.v8p));
     CK(cudaFree(d.sk));
     CK(cudaFree(d.sv));
     CK(cudaFree(d.state));
@@ -472,9 +508,12 @@ int bench(int64_t S, int64_t H, int reps) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   const int64_t kv_tile = 8192;
-  std::vector<uint16_t> out0;
-  for (int cfg : {0, 1, 2, 3, 4, 5}) {
-    const Int8AttentionCall c = make_call(P, d, 0, S, 0, S, kv_tile);
+  std::vector<uint16_t> out0, out_cfg0;
+  const int bench_cfgs[][2] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {2, 0}, {4, 1}, {5, 1}, {6, 1}, {5, 0}, {10, 1}};  // {config, permuted V}
+  for (const auto& bc : bench_cfgs) {
+    const int cfg = bc[0];
+    const bool perm = bc[1] != 0;
+    const Int8AttentionCall c = make_call(P, d, 0, S, 0, S, kv_tile, perm);
     run_or_die(c, cfg);  // warm-up
     CK(cudaDeviceSynchronize());
     float best = 1e30f, sum = 0;
@@ -488,36 +527,40 @@ int bench(int64_t S, int64_t H, int reps) {
       best = std::min(best, ms);
       sum += ms;
     }
-    std::printf("int8 config %d: best %.2f ms mean %.2f ms -> %.0f TOP/s (best), %.0f (mean)\n", cfg, best, sum / reps,
+    std::printf("int8 config %d%s: best %.2f ms mean %.2f ms -> %.0f TOP/s (best), %.0f (mean)\n", cfg, perm ? " permuted V" : "", best, sum / reps,
                 ops / (best * 1e-3) / 1e12, ops / (sum / reps * 1e-3) / 1e12);
-    std::printf("json: {\"kernel\": \"hopper_int8\", \"config\": %d, \"S\": %lld, \"H\": %lld, \"kv_tile\": %lld, "
+    std::printf("json: {\"kernel\": \"hopper_int8\", \"config\": %d, \"v8t_keys_permuted\": %s, \"S\": %lld, \"H\": %lld, \"kv_tile\": %lld, "
                 "\"reps\": %d, \"best_ms\": %.3f, \"mean_ms\": %.3f, \"tops_best\": %.1f, \"tops_mean\": %.1f}\n",
-                cfg, static_cast<long long>(S), static_cast<long long>(H), static_cast<long long>(kv_tile), reps, best,
+                cfg, perm ? "true" : "false", static_cast<long long>(S), static_cast<long long>(H),
+                static_cast<long long>(kv_tile), reps, best,
                 sum / reps, ops / (best * 1e-3) / 1e12, ops / (sum / reps * 1e-3) / 1e12);
     std::fflush(stdout);
-    if (cfg == 0 || cfg == 4) {
+    if (perm && cfg == 0) out_cfg0 = download(P, d);
+    if (perm && cfg == 5) expect(download(P, d) == out0, "full size: configuration 5 (folded) = configuration 2 (memcmp), permuted V");
+    if (perm && (cfg == 2 || cfg == 4)) {
       const std::vector<uint16_t> o = download(P, d);
-      if (cfg == 0) out0 = o;
-      compare(P, o, kv_tile, cfg == 0, S / 4, "S" + std::to_string(S) + (cfg == 0 ? "_lazy" : "_perblock") + "_sampled",
+      if (cfg == 2) out0 = o;
+      compare(P, o, kv_tile, cfg == 2, S / 4, "S" + std::to_string(S) + (cfg == 2 ? "_lazy" : "_perblock") + "_sampled",
               false);
     }
   }
   // Query slices of 16384 (the engine's slicing) give the one call's bytes.
   {
+    expect(out0 == out_cfg0, "full size: configuration 2 = configuration 0 (memcmp), permuted V");
     CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
-    for (int64_t a = 0; a < S; a += 16384) run_or_die(make_call(P, d, a, std::min(S, a + 16384), 0, S, kv_tile), 0);
-    expect(download(P, d) == out0, "full size: 16384-query slices = one call (memcmp)");
+    for (int64_t a = 0; a < S; a += 16384) run_or_die(make_call(P, d, a, std::min(S, a + 16384), 0, S, kv_tile, true), 2);
+    expect(download(P, d) == out0, "full size: 16384-query slices = one call (memcmp), configuration 2 permuted V");
     CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
     int64_t k0 = 0;
     while (k0 < S) {
       const int64_t k1 = std::min(S, k0 + 4 * kv_tile);
-      Int8AttentionCall c = make_call(P, d, 0, S, k0, k1, kv_tile);
+      Int8AttentionCall c = make_call(P, d, 0, S, k0, k1, kv_tile, true);
       c.state_in = k0 > 0;
       c.finalize = k1 == S;
-      run_or_die(c, 0);
+      run_or_die(c, 2);
       k0 = k1;
     }
-    expect(download(P, d) == out0, "full size: streamed chunks of 4 kv_tiles = one call (memcmp)");
+    expect(download(P, d) == out0, "full size: streamed chunks of 4 kv_tiles = one call (memcmp), configuration 2 permuted V");
   }
 #ifdef HOPPER8_WITH_BF16
   {

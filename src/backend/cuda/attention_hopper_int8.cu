@@ -75,7 +75,7 @@ constexpr int kThreads = 384;  // producer + 2 consumer warpgroups
 constexpr int kStateRow = kD + 8;
 constexpr int kQBytes = kBr * kD;           // q8 tile, 16 KiB
 constexpr int kKBytes = kN * kD;            // k8 block, 16 KiB
-constexpr int kSkBytes = kN * 4;            // the block's key scales
+constexpr int kSkBytes = kN * 8;            // the block's key scales sk and -(1.5 * 2^23 * sk)
 constexpr int kVBytes = kD * kN;            // v8^T block (128 channels x 128 keys), 16 KiB
 constexpr int kVStageBytes = kVBytes + 16 * 128;  // + 16 rows of ones (the row sums)
 constexpr int smem_bytes(int stages) {
@@ -155,15 +155,20 @@ __global__ void quantize_q_kernel(const uint16_t* __restrict__ q, int64_t sq_row
   if (lane == 0) sq[row * H + h] = s;
 }
 
-// sk [Mk, H] -> skT [H, pitch] (pitch = Mk rounded up to 128; the tail is never read as a
-// valid key).
+// sk [Mk, H] -> skT [H, pitch / 2][4]: per key pair (2i, 2i + 1) {sk_2i, sk_2i+1,
+// -fl32(1.5 * 2^23 * sk_2i), -fl32(1.5 * 2^23 * sk_2i+1)} (pitch = Mk rounded up to 128; the
+// tail is never read as a valid key). The second pair is the folded form's constant (file
+// comment: exact when sk has at most 22 significant bits).
 __global__ void transpose_sk_kernel(const float* __restrict__ sk, int64_t Mk, int H, int64_t pitch,
                                     float* __restrict__ skT) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= Mk * H) return;
   const int64_t j = i / H;
   const int h = static_cast<int>(i % H);
-  skT[h * pitch + j] = sk[i];
+  const float x = sk[i];
+  float* dst = skT + h * pitch * 2 + (j / 2) * 4 + (j % 2);
+  dst[0] = x;
+  dst[2] = -__fmul_rn(12582912.0f, x);
 }
 
 #ifdef LS_HOPPER8_DEVICE
@@ -288,11 +293,11 @@ struct KeyWalk {
 __device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
 __device__ __forceinline__ void sched_arrive(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); }
 
-template <int kStages, bool kPingpong, bool kLazy>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
 __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                               uint32_t sS, uint32_t bars, int q0, int h);
 
-template <int kStages, bool kPingpong, bool kLazy>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_int8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap ts,
@@ -348,18 +353,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
         mbar_expect_tx(k_full(s), kKBytes + kSkBytes);
         tma_load_3d(sK + s * kKBytes, &tk, 0, h, w.b, k_full(s));
-        tma_load_2d(sS + s * kSkBytes, &ts, w.b, h, k_full(s));
+        tma_load_2d(sS + s * kSkBytes, &ts, 2 * w.b, h, k_full(s));
         if (round > 0) mbar_wait(v_empty(s), (round - 1) & 1u);
         mbar_expect_tx(v_full(s), kVBytes);
         tma_load_3d(sV + s * kVStageBytes, &tv, w.b, 0, h, v_full(s));
       }
     }
   } else {
-    int8_consumer<kStages, kPingpong, kLazy>(a, wg, sQ, sK, sV, sS, bars, q0, h);
+    int8_consumer<kStages, kPingpong, kLazy, kPermV, kDiag, kFold>(a, wg, sQ, sK, sV, sS, bars, q0, h);
   }
 }
 
-template <int kStages, bool kPingpong, bool kLazy>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
 __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                               uint32_t sS, uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -422,20 +427,31 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
   // Softmax of block (stage s, nk valid keys) on sc: sc becomes the bits of fma(p, 255,
   // 1.5 * 2^23); alpha returned.
   const auto softmax = [&](int s, int nk, float (&alpha)[2]) {
+    if constexpr (kDiag == 1) {  // timing diagnostic (WRONG results): no softmax, P = low bytes of S
+      alpha[0] = alpha[1] = 1.0f;
+      return;
+    }
     const float* skp = nullptr;
     (void)skp;
     float tv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      float2 skv;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                   : "=f"(skv.x), "=f"(skv.y)
-                   : "r"(sk_base + static_cast<uint32_t>(4 * (8 * j + 2 * t))));
-      tv[4 * j + 0] = __fmul_rn(small_int_to_float(sc[4 * j + 0]), skv.x);
-      tv[4 * j + 1] = __fmul_rn(small_int_to_float(sc[4 * j + 1]), skv.y);
-      tv[4 * j + 2] = __fmul_rn(small_int_to_float(sc[4 * j + 2]), skv.x);
-      tv[4 * j + 3] = __fmul_rn(small_int_to_float(sc[4 * j + 3]), skv.y);
+      float4 skv;  // keys 8j + 2t, + 1: sk, sk, -(1.5 * 2^23) sk, -(1.5 * 2^23) sk
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(skv.x), "=f"(skv.y), "=f"(skv.z), "=f"(skv.w)
+                   : "r"(sk_base + static_cast<uint32_t>(16 * (4 * j + t))));
+      if constexpr (kFold) {  // fl32(F sk - 1.5 * 2^23 sk) with F = 1.5 * 2^23 + d exactly
+        tv[4 * j + 0] = fmaf(__int_as_float(sc[4 * j + 0] + 0x4B400000), skv.x, skv.z);
+        tv[4 * j + 1] = fmaf(__int_as_float(sc[4 * j + 1] + 0x4B400000), skv.y, skv.w);
+        tv[4 * j + 2] = fmaf(__int_as_float(sc[4 * j + 2] + 0x4B400000), skv.x, skv.z);
+        tv[4 * j + 3] = fmaf(__int_as_float(sc[4 * j + 3] + 0x4B400000), skv.y, skv.w);
+      } else {
+        tv[4 * j + 0] = __fmul_rn(small_int_to_float(sc[4 * j + 0]), skv.x);
+        tv[4 * j + 1] = __fmul_rn(small_int_to_float(sc[4 * j + 1]), skv.y);
+        tv[4 * j + 2] = __fmul_rn(small_int_to_float(sc[4 * j + 2]), skv.x);
+        tv[4 * j + 3] = __fmul_rn(small_int_to_float(sc[4 * j + 3]), skv.y);
+      }
     }
     if (nk < kN) {
 #pragma unroll
@@ -475,28 +491,43 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
       }
   };
   // P's u8 A fragments from the biased floats in sc (layout exchange in the file comment).
-  const uint32_t sel_send_a = (t & 1) ? 0x7654u : 0x3210u;  // shuffle 1 sends L (t even) or H
-  const uint32_t sel_send_b = (t & 1) ? 0x3210u : 0x7654u;  // shuffle 2 the other one
-  const uint32_t sel_lo = t < 2 ? 0x5410u : 0x1054u;
-  const uint32_t sel_hi = t < 2 ? 0x7632u : 0x3276u;
-  const int quad = lane & ~3;
-  const int src1 = quad + (t < 2 ? (2 * t) & 3 : (2 * t + 1) & 3);
-  const int src2 = quad + (t < 2 ? (2 * t + 1) & 3 : (2 * t) & 3);
   const auto pack_p = [&](uint32_t (&p)[4][4]) {
+    if constexpr (kPermV) {
+      // V^T's keys permuted within each 16 (the file comment): lane t's own keys 2t, 2t + 1,
+      // 8 + 2t, 9 + 2t of each 16 are exactly what its A fragment holds there.
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // n8 blocks jl (keys 32kk + 16half + 2t, +1) and jh (+8): L, H = [row g pair, row g+8 pair]
-        const int jl = 4 * kk + 2 * half, jh = jl + 1;
-        const uint32_t L = prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u), prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u),
-                                0x5410u);
-        const uint32_t Hh = prmt(prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u),
-                                 prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
-        const uint32_t r1 = __shfl_sync(0xffffffffu, prmt(L, Hh, sel_send_a), src1);
-        const uint32_t r2 = __shfl_sync(0xffffffffu, prmt(L, Hh, sel_send_b), src2);
-        p[kk][2 * half] = prmt(r1, r2, sel_lo);       // row g
-        p[kk][2 * half + 1] = prmt(r1, r2, sel_hi);   // row g + 8
+        for (int half = 0; half < 2; ++half) {
+          const int jl = 4 * kk + 2 * half, jh = jl + 1;
+          p[kk][2 * half] = prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u), prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u),
+                                 0x5410u);
+          p[kk][2 * half + 1] = prmt(prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u),
+                                     prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
+        }
+    } else {
+      const uint32_t sel_send_a = (t & 1) ? 0x7654u : 0x3210u;  // shuffle 1 sends L (t even) or H
+      const uint32_t sel_send_b = (t & 1) ? 0x3210u : 0x7654u;  // shuffle 2 the other one
+      const uint32_t sel_lo = t < 2 ? 0x5410u : 0x1054u;
+      const uint32_t sel_hi = t < 2 ? 0x7632u : 0x3276u;
+      const int quad = lane & ~3;
+      const int src1 = quad + (t < 2 ? (2 * t) & 3 : (2 * t + 1) & 3);
+      const int src2 = quad + (t < 2 ? (2 * t + 1) & 3 : (2 * t) & 3);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // n8 blocks jl (keys 32kk + 16half + 2t, +1) and jh (+8): L, H = [row g pair, row g+8 pair]
+          const int jl = 4 * kk + 2 * half, jh = jl + 1;
+          const uint32_t L = prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u),
+                                  prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u), 0x5410u);
+          const uint32_t Hh = prmt(prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u),
+                                   prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
+          const uint32_t r1 = __shfl_sync(0xffffffffu, prmt(L, Hh, sel_send_a), src1);
+          const uint32_t r2 = __shfl_sync(0xffffffffu, prmt(L, Hh, sel_send_b), src2);
+          p[kk][2 * half] = prmt(r1, r2, sel_lo);      // row g
+          p[kk][2 * half + 1] = prmt(r1, r2, sel_hi);  // row g + 8
+        }
       }
     }
   };
@@ -637,7 +668,7 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
   }
 }
 #else
-template <int kStages, bool kPingpong, bool kLazy>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
 __global__ void attention_int8_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const Int8Args) {
@@ -692,7 +723,7 @@ std::string cuda_error(const char* what, cudaError_t e) {
   return std::string("attention hopper int8: ") + what + ": " + cudaGetErrorString(e);
 }
 
-template <int kStages, bool kPingpong, bool kLazy>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
 std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t* q8, const float* sq,
                    const float* skT) {
   const int64_t H = c.H;
@@ -712,7 +743,9 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
     if (!e.empty()) return e;
   }
   {
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(c.Mk), kD, static_cast<cuuint64_t>(H)};
+    // Permuted keys: whole groups of 16 (the prepared padding is zeros).
+    const int64_t vk = kPermV ? (c.Mk + 15) / 16 * 16 : c.Mk;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(vk), kD, static_cast<cuuint64_t>(H)};
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(c.v8t_key_pitch),
                                    static_cast<cuuint64_t>(c.v8t_key_pitch * kD)};
     const cuuint32_t box[3] = {kN, kD, 1};
@@ -720,9 +753,9 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
     if (!e.empty()) return e;
   }
   {
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(c.Mk), static_cast<cuuint64_t>(H)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(sk_pitch(c.Mk) * 4)};
-    const cuuint32_t box[2] = {kN, 1};
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(2 * sk_pitch(c.Mk)), static_cast<cuuint64_t>(H)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(sk_pitch(c.Mk) * 8)};
+    const cuuint32_t box[2] = {2 * kN, 1};
     std::string e = encode(&ts, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, skT, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE, "sk");
     if (!e.empty()) return e;
   }
@@ -744,12 +777,12 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(attention_int8_kernel<kStages, kPingpong, kLazy>,
+    attr_err = cudaFuncSetAttribute(attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag, kFold>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   if (attr_err != cudaSuccess) return cuda_error("shared memory opt-in", attr_err);
   const dim3 grid(static_cast<unsigned>((c.Mq + kBr - 1) / kBr), static_cast<unsigned>(H));
-  attention_int8_kernel<kStages, kPingpong, kLazy><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, ts, a);
+  attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag, kFold><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, ts, a);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error("launch", e);
   return "";
@@ -759,28 +792,26 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
 
 size_t attention_hopper_int8_scratch_bytes(int64_t Mq, int64_t Mk, int64_t H) {
   return align256(static_cast<size_t>(Mq * H * kD)) + align256(static_cast<size_t>(Mq * H * 4)) +
-         align256(static_cast<size_t>(H * sk_pitch(Mk) * 4));
+         align256(static_cast<size_t>(H * sk_pitch(Mk) * 8));
 }
 
-bool attention_hopper_int8_built() {
-#if defined(LAYERSTREAM_HOPPER_ATTENTION) || defined(LS_HOPPER8_STANDALONE)
-  return true;
-#else
-  return false;
-#endif
-}
-
-// Configurations: <stages, ping-pong, lazy flush>. 0-3 lazy (the default's bytes), 4-7
-// per-block flush (the spec's literal merge; other bytes, the same for all four).
+// Configurations <stages, ping-pong, lazy flush>, each for both V^T layouts (the layout
+// moves no bit): 0 <4, yes, lazy>, 1 <4, no, lazy>, 2 <3, yes, lazy>, 3 <3, no, lazy> (one
+// family of bytes), 4 <4, yes, per-block> (the spec's literal merge: other bytes); 10 a
+// timing diagnostic with WRONG results (config 2 without the softmax; permuted V only).
 std::string attention_hopper_int8(const Int8AttentionCall& c, void* stream_ptr, int config) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (c.Mq == 0) return "";
   if (c.Mk <= 0) return "attention hopper int8: no keys";
   if (c.H <= 0 || c.H > 65535) return "attention hopper int8: 1..65535 heads";
   if (c.Mq > (int64_t{1} << 30) || c.Mk > (int64_t{1} << 30)) return "attention hopper int8: more than 2^30 rows";
-  if (c.kv_tile < 1) return "attention hopper int8: kv_tile must be >= 1";
+  // V^T's keys are the inner coordinate of its TMA boxes: key blocks start at multiples of
+  // 16 (a kv_tile of 100 died with an illegal instruction on the H200, run 2).
+  if (c.kv_tile < 16 || c.kv_tile % 16 != 0)
+    return "attention hopper int8: kv_tile must be a multiple of 16 (the default 8192 is)";
   if ((reinterpret_cast<uintptr_t>(c.k8) & 15u) || (reinterpret_cast<uintptr_t>(c.v8t) & 15u) ||
-      c.k8_row_stride % 16 || c.v8t_key_pitch % 16 || c.v8t_key_pitch < c.Mk || (reinterpret_cast<uintptr_t>(c.q) & 7u) ||
+      c.k8_row_stride % 16 || c.v8t_key_pitch % 16 ||
+      c.v8t_key_pitch < (c.v8t_keys_permuted ? (c.Mk + 15) / 16 * 16 : c.Mk) || (reinterpret_cast<uintptr_t>(c.q) & 7u) ||
       c.q_row_stride % 4 || c.q_head_stride % 4 || c.out_row_stride % 2 || c.out_head_stride % 2)
     return "attention hopper int8: k8 / v8t need 16-byte aligned rows (pitch >= Mk), q 8-byte aligned rows";
   if (c.scratch == nullptr || c.scratch_bytes < attention_hopper_int8_scratch_bytes(c.Mq, c.Mk, c.H))
@@ -800,13 +831,16 @@ std::string attention_hopper_int8(const Int8AttentionCall& c, void* stream_ptr, 
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return cuda_error("pre-kernels", e);
   }
+  const bool perm = c.v8t_keys_permuted;
   switch (config) {
-    case 0: return launch<4, true, true>(c, stream, q8, sq, skT);
-    case 1: return launch<4, false, true>(c, stream, q8, sq, skT);
-    case 2: return launch<3, true, true>(c, stream, q8, sq, skT);
-    case 3: return launch<5, true, true>(c, stream, q8, sq, skT);
-    case 4: return launch<4, true, false>(c, stream, q8, sq, skT);
-    case 5: return launch<4, false, false>(c, stream, q8, sq, skT);
+    case 0: return perm ? launch<4, true, true, true, 0, false>(c, stream, q8, sq, skT) : launch<4, true, true, false, 0, false>(c, stream, q8, sq, skT);
+    case 1: return perm ? launch<4, false, true, true, 0, false>(c, stream, q8, sq, skT) : launch<4, false, true, false, 0, false>(c, stream, q8, sq, skT);
+    case 2: return perm ? launch<3, true, true, true, 0, false>(c, stream, q8, sq, skT) : launch<3, true, true, false, 0, false>(c, stream, q8, sq, skT);
+    case 3: return perm ? launch<3, false, true, true, 0, false>(c, stream, q8, sq, skT) : launch<3, false, true, false, 0, false>(c, stream, q8, sq, skT);
+    case 4: return perm ? launch<4, true, false, true, 0, false>(c, stream, q8, sq, skT) : launch<4, true, false, false, 0, false>(c, stream, q8, sq, skT);
+    case 10: return launch<3, true, true, true, 1, false>(c, stream, q8, sq, skT);
+    case 5: return perm ? launch<3, true, true, true, 0, true>(c, stream, q8, sq, skT) : launch<3, true, true, false, 0, true>(c, stream, q8, sq, skT);
+    case 6: return perm ? launch<4, true, true, true, 0, true>(c, stream, q8, sq, skT) : launch<4, true, true, false, 0, true>(c, stream, q8, sq, skT);
     default: return "attention hopper int8: no configuration " + std::to_string(config);
   }
 }

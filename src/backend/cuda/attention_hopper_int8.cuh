@@ -25,6 +25,9 @@ namespace ls::cuda {
 // the same, and K is prepared outside this file).
 inline constexpr uint32_t kInt8RotationSignBits[4] = {0x9E3779B9u, 0x7F4A7C15u, 0xF39CC060u, 0x5CEDC834u};
 
+// The configuration a plain call runs (the fastest measured, bench/results/issue26/).
+inline constexpr int kInt8DefaultConfig = 2;
+
 struct Int8AttentionCall {
   // bf16 q [Mq, H, 128]: row and head strides in elements (head stride 128 when packed).
   const uint16_t* q = nullptr;
@@ -40,6 +43,12 @@ struct Int8AttentionCall {
   // 16) and f32 sv [H, 128].
   const int8_t* v8t = nullptr;
   int64_t v8t_key_pitch = 0;
+  // true: within each aligned group of 16 keys, stored position p holds key
+  // 2 (p / 4) + (p % 2) + 8 ((p % 4) / 2) (int8_v8t_key_at), the pitch covers Mk rounded up
+  // to 16 and the padding is zeros. This puts each lane's own P values where its u8 A
+  // fragment wants them (no shuffles; the same holds for mma.sync m16n8k32). A layout
+  // proposal for helper int8's prepared V; false: keys in order.
+  bool v8t_keys_permuted = false;
   const float* sv = nullptr;
   // bf16 out [Mq, H, 128].
   uint16_t* out = nullptr;
@@ -58,16 +67,29 @@ struct Int8AttentionCall {
   size_t scratch_bytes = 0;
 };
 
+// The key stored at position p of a group of 16 in the permuted V^T layout.
+constexpr int int8_v8t_key_at(int p) { return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2); }
+
+#if defined(LAYERSTREAM_HOPPER_ATTENTION) || defined(LS_HOPPER8_STANDALONE)
 // Scratch bytes one call needs: q8 [Mq, H, 128], sq [Mq, H], sk transposed [H, Mk rounded
 // up to 128].
 size_t attention_hopper_int8_scratch_bytes(int64_t Mq, int64_t Mk, int64_t H);
 
-// The kernel configuration, for tests and benchmarks (the .cu lists them). 0 is the
-// default. Configurations with arithmetic of their own say so there.
-// Runs the call on `stream` (a cudaStream_t). Returns "" on success, else a message.
-std::string attention_hopper_int8(const Int8AttentionCall& call, void* stream, int config = 0);
+// config (tests and benchmarks; the .cu lists them): 0-3 the default's bytes (lazy flush;
+// ping-pong or free-running, 4 or 3 stages), 4 the per-block flush (other bytes), 10 a
+// timing diagnostic with wrong results. Runs the call on `stream` (a cudaStream_t; null =
+// the legacy default stream). Returns "" on success, else a message naming the problem.
+std::string attention_hopper_int8(const Int8AttentionCall& call, void* stream, int config = kInt8DefaultConfig);
 
 // True where this build compiled the sm_90a kernel.
-bool attention_hopper_int8_built();
+inline bool attention_hopper_int8_built() { return true; }
+#else
+inline size_t attention_hopper_int8_scratch_bytes(int64_t, int64_t, int64_t) { return 0; }
+inline std::string attention_hopper_int8(const Int8AttentionCall&, void*, int = 0) {
+  return "attention hopper int8: this layerstream was built without the Hopper kernels (CUDA architecture 90 not in "
+         "CMAKE_CUDA_ARCHITECTURES)";
+}
+inline bool attention_hopper_int8_built() { return false; }
+#endif
 
 }  // namespace ls::cuda
