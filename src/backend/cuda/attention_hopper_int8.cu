@@ -75,7 +75,7 @@ constexpr int kThreads = 384;  // producer + 2 consumer warpgroups
 constexpr int kStateRow = kD + 8;
 constexpr int kQBytes = kBr * kD;           // q8 tile, 16 KiB
 constexpr int kKBytes = kN * kD;            // k8 block, 16 KiB
-constexpr int kSkBytes = kN * 8;            // the block's key scales sk and -(1.5 * 2^23 * sk)
+constexpr int kSkBytes = kN * 4;            // the block's key scales
 constexpr int kVBytes = kD * kN;            // v8^T block (128 channels x 128 keys), 16 KiB
 constexpr int kVStageBytes = kVBytes + 16 * 128;  // + 16 rows of ones (the row sums)
 constexpr int smem_bytes(int stages) {
@@ -155,20 +155,15 @@ __global__ void quantize_q_kernel(const uint16_t* __restrict__ q, int64_t sq_row
   if (lane == 0) sq[row * H + h] = s;
 }
 
-// sk [Mk, H] -> skT [H, pitch / 2][4]: per key pair (2i, 2i + 1) {sk_2i, sk_2i+1,
-// -fl32(1.5 * 2^23 * sk_2i), -fl32(1.5 * 2^23 * sk_2i+1)} (pitch = Mk rounded up to 128; the
-// tail is never read as a valid key). The second pair is the folded form's constant (file
-// comment: exact when sk has at most 22 significant bits).
+// sk [Mk, H] -> skT [H, pitch] (pitch = Mk rounded up to 128; the tail is never read as a
+// valid key).
 __global__ void transpose_sk_kernel(const float* __restrict__ sk, int64_t Mk, int H, int64_t pitch,
                                     float* __restrict__ skT) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= Mk * H) return;
   const int64_t j = i / H;
   const int h = static_cast<int>(i % H);
-  const float x = sk[i];
-  float* dst = skT + h * pitch * 2 + (j / 2) * 4 + (j % 2);
-  dst[0] = x;
-  dst[2] = -__fmul_rn(12582912.0f, x);
+  skT[h * pitch + j] = sk[i];
 }
 
 #ifdef LS_HOPPER8_DEVICE
@@ -293,11 +288,11 @@ struct KeyWalk {
 __device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
 __device__ __forceinline__ void sched_arrive(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); }
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
 __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                               uint32_t sS, uint32_t bars, int q0, int h);
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_int8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap ts,
@@ -353,18 +348,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
         mbar_expect_tx(k_full(s), kKBytes + kSkBytes);
         tma_load_3d(sK + s * kKBytes, &tk, 0, h, w.b, k_full(s));
-        tma_load_2d(sS + s * kSkBytes, &ts, 2 * w.b, h, k_full(s));
+        tma_load_2d(sS + s * kSkBytes, &ts, w.b, h, k_full(s));
         if (round > 0) mbar_wait(v_empty(s), (round - 1) & 1u);
         mbar_expect_tx(v_full(s), kVBytes);
         tma_load_3d(sV + s * kVStageBytes, &tv, w.b, 0, h, v_full(s));
       }
     }
   } else {
-    int8_consumer<kStages, kPingpong, kLazy, kPermV, kDiag, kFold>(a, wg, sQ, sK, sV, sS, bars, q0, h);
+    int8_consumer<kStages, kPingpong, kLazy, kPermV, kDiag>(a, wg, sQ, sK, sV, sS, bars, q0, h);
   }
 }
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
 __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                               uint32_t sS, uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -437,21 +432,14 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      float4 skv;  // keys 8j + 2t, + 1: sk, sk, -(1.5 * 2^23) sk, -(1.5 * 2^23) sk
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(skv.x), "=f"(skv.y), "=f"(skv.z), "=f"(skv.w)
-                   : "r"(sk_base + static_cast<uint32_t>(16 * (4 * j + t))));
-      if constexpr (kFold) {  // fl32(F sk - 1.5 * 2^23 sk) with F = 1.5 * 2^23 + d exactly
-        tv[4 * j + 0] = fmaf(__int_as_float(sc[4 * j + 0] + 0x4B400000), skv.x, skv.z);
-        tv[4 * j + 1] = fmaf(__int_as_float(sc[4 * j + 1] + 0x4B400000), skv.y, skv.w);
-        tv[4 * j + 2] = fmaf(__int_as_float(sc[4 * j + 2] + 0x4B400000), skv.x, skv.z);
-        tv[4 * j + 3] = fmaf(__int_as_float(sc[4 * j + 3] + 0x4B400000), skv.y, skv.w);
-      } else {
-        tv[4 * j + 0] = __fmul_rn(small_int_to_float(sc[4 * j + 0]), skv.x);
-        tv[4 * j + 1] = __fmul_rn(small_int_to_float(sc[4 * j + 1]), skv.y);
-        tv[4 * j + 2] = __fmul_rn(small_int_to_float(sc[4 * j + 2]), skv.x);
-        tv[4 * j + 3] = __fmul_rn(small_int_to_float(sc[4 * j + 3]), skv.y);
-      }
+      float2 skv;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                   : "=f"(skv.x), "=f"(skv.y)
+                   : "r"(sk_base + static_cast<uint32_t>(4 * (8 * j + 2 * t))));
+      tv[4 * j + 0] = __fmul_rn(small_int_to_float(sc[4 * j + 0]), skv.x);
+      tv[4 * j + 1] = __fmul_rn(small_int_to_float(sc[4 * j + 1]), skv.y);
+      tv[4 * j + 2] = __fmul_rn(small_int_to_float(sc[4 * j + 2]), skv.x);
+      tv[4 * j + 3] = __fmul_rn(small_int_to_float(sc[4 * j + 3]), skv.y);
     }
     if (nk < kN) {
 #pragma unroll
@@ -668,7 +656,7 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
   }
 }
 #else
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
 __global__ void attention_int8_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const Int8Args) {
@@ -723,7 +711,7 @@ std::string cuda_error(const char* what, cudaError_t e) {
   return std::string("attention hopper int8: ") + what + ": " + cudaGetErrorString(e);
 }
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag, bool kFold>
+template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
 std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t* q8, const float* sq,
                    const float* skT) {
   const int64_t H = c.H;
@@ -753,9 +741,9 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
     if (!e.empty()) return e;
   }
   {
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(2 * sk_pitch(c.Mk)), static_cast<cuuint64_t>(H)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(sk_pitch(c.Mk) * 8)};
-    const cuuint32_t box[2] = {2 * kN, 1};
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(c.Mk), static_cast<cuuint64_t>(H)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(sk_pitch(c.Mk) * 4)};
+    const cuuint32_t box[2] = {kN, 1};
     std::string e = encode(&ts, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, skT, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE, "sk");
     if (!e.empty()) return e;
   }
@@ -777,12 +765,12 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag, kFold>,
+    attr_err = cudaFuncSetAttribute(attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   if (attr_err != cudaSuccess) return cuda_error("shared memory opt-in", attr_err);
   const dim3 grid(static_cast<unsigned>((c.Mq + kBr - 1) / kBr), static_cast<unsigned>(H));
-  attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag, kFold><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, ts, a);
+  attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, ts, a);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error("launch", e);
   return "";
@@ -792,7 +780,7 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
 
 size_t attention_hopper_int8_scratch_bytes(int64_t Mq, int64_t Mk, int64_t H) {
   return align256(static_cast<size_t>(Mq * H * kD)) + align256(static_cast<size_t>(Mq * H * 4)) +
-         align256(static_cast<size_t>(H * sk_pitch(Mk) * 8));
+         align256(static_cast<size_t>(H * sk_pitch(Mk) * 4));
 }
 
 // Configurations <stages, ping-pong, lazy flush>, each for both V^T layouts (the layout
@@ -833,14 +821,12 @@ std::string attention_hopper_int8(const Int8AttentionCall& c, void* stream_ptr, 
   }
   const bool perm = c.v8t_keys_permuted;
   switch (config) {
-    case 0: return perm ? launch<4, true, true, true, 0, false>(c, stream, q8, sq, skT) : launch<4, true, true, false, 0, false>(c, stream, q8, sq, skT);
-    case 1: return perm ? launch<4, false, true, true, 0, false>(c, stream, q8, sq, skT) : launch<4, false, true, false, 0, false>(c, stream, q8, sq, skT);
-    case 2: return perm ? launch<3, true, true, true, 0, false>(c, stream, q8, sq, skT) : launch<3, true, true, false, 0, false>(c, stream, q8, sq, skT);
-    case 3: return perm ? launch<3, false, true, true, 0, false>(c, stream, q8, sq, skT) : launch<3, false, true, false, 0, false>(c, stream, q8, sq, skT);
-    case 4: return perm ? launch<4, true, false, true, 0, false>(c, stream, q8, sq, skT) : launch<4, true, false, false, 0, false>(c, stream, q8, sq, skT);
-    case 10: return launch<3, true, true, true, 1, false>(c, stream, q8, sq, skT);
-    case 5: return perm ? launch<3, true, true, true, 0, true>(c, stream, q8, sq, skT) : launch<3, true, true, false, 0, true>(c, stream, q8, sq, skT);
-    case 6: return perm ? launch<4, true, true, true, 0, true>(c, stream, q8, sq, skT) : launch<4, true, true, false, 0, true>(c, stream, q8, sq, skT);
+    case 0: return perm ? launch<4, true, true, true, 0>(c, stream, q8, sq, skT) : launch<4, true, true, false, 0>(c, stream, q8, sq, skT);
+    case 1: return perm ? launch<4, false, true, true, 0>(c, stream, q8, sq, skT) : launch<4, false, true, false, 0>(c, stream, q8, sq, skT);
+    case 2: return perm ? launch<3, true, true, true, 0>(c, stream, q8, sq, skT) : launch<3, true, true, false, 0>(c, stream, q8, sq, skT);
+    case 3: return perm ? launch<3, false, true, true, 0>(c, stream, q8, sq, skT) : launch<3, false, true, false, 0>(c, stream, q8, sq, skT);
+    case 4: return perm ? launch<4, true, false, true, 0>(c, stream, q8, sq, skT) : launch<4, true, false, false, 0>(c, stream, q8, sq, skT);
+    case 10: return launch<3, true, true, true, 1>(c, stream, q8, sq, skT);
     default: return "attention hopper int8: no configuration " + std::to_string(config);
   }
 }
