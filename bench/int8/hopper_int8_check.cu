@@ -28,6 +28,12 @@
 #include <vector>
 
 #include "backend/cuda/attention_hopper_int8.cuh"
+// The contract's element arithmetic (helper int8's header): with it, configuration 7 is
+// checked for equal bytes against the contract's fold restated below.
+#if __has_include("backend/int8_attention_math.h")
+#include "backend/int8_attention_math.h"
+#define HOPPER8_HAVE_I8A 1
+#endif
 
 #ifdef HOPPER8_WITH_BF16
 #include "backend/cuda/attention_hopper.cuh"
@@ -72,7 +78,7 @@ uint32_t fbits(float f) {
 // (a + b, a - b) at strides 1, 2, ..., 64.
 void rotate(float* x) {
   for (int c = 0; c < D; ++c)
-    if ((ls::cuda::kInt8RotationSignBits[c / 32] >> (c % 32)) & 1u) x[c] = -x[c];
+    if (ls::cuda::int8_negative_sign(c)) x[c] = -x[c];
   for (int s = 1; s < D; s <<= 1)
     for (int i = 0; i < D; ++i)
       if ((i & s) == 0) {
@@ -84,7 +90,7 @@ void rotate(float* x) {
 float quant_row(const float* x, int8_t* x8) {
   float amax = 0.0f;
   for (int c = 0; c < D; ++c) amax = std::max(amax, std::fabs(x[c]));
-  const float s = std::max(amax * (1.0f / 127.0f), FLT_MIN);
+  const float s = std::max(amax * (1.0f / 127.0f), 1e-30f);
   for (int c = 0; c < D; ++c) {
     const float r = std::rint(x[c] / s);
     x8[c] = static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
@@ -157,7 +163,7 @@ void prepare(Problem& P) {
     for (int c = 0; c < D; ++c) {
       const float sum = kmax[c] + kmin[c];
       mu[c] = 0.5f * sum;
-      P.sv[h * D + c] = std::max(vabs[c] * (1.0f / 127.0f), FLT_MIN);
+      P.sv[h * D + c] = std::max(vabs[c] * (1.0f / 127.0f), 1e-30f);
     }
     float x[D];
     for (int64_t j = 0; j < Mk; ++j) {
@@ -232,6 +238,41 @@ void ref_int8_row(const Problem& P, int64_t i, int64_t h, int64_t kv_tile, bool 
     out[cc] = (A * P.sv[h * D + cc]) / L;
   }
 }
+
+#ifdef HOPPER8_HAVE_I8A
+// docs/int8-attention.md §4 (kv_tile 128), with i8a's exp2: configuration 7 must equal it.
+void ref_contract_row(const Problem& P, int64_t i, int64_t h, float scale, uint16_t* out) {
+  const int64_t H = P.H, Mk = P.Mk;
+  const float cs = (scale * 1.4426950408889634f) * (1.0f / 128.0f);
+  const float a = P.sq[i * H + h] * cs;
+  float m = -INFINITY, acc[D] = {}, l = 0.0f;
+  const int8_t* q8 = &P.q8[(i * H + h) * D];
+  std::vector<float> sj(128);
+  for (int64_t b = 0; b < Mk; b += 128) {
+    const int64_t e = std::min(b + 128, Mk);
+    float mx = -INFINITY;
+    for (int64_t j = b; j < e; ++j) {
+      const int8_t* k8 = &P.k8[(j * H + h) * D];
+      int32_t d = 0;
+      for (int c = 0; c < D; ++c) d += static_cast<int32_t>(q8[c]) * k8[c];
+      sj[j - b] = (a * P.sk[j * H + h]) * static_cast<float>(d);
+      mx = std::max(mx, sj[j - b]);
+    }
+    const float m_new = std::max(m, mx);
+    const float alpha = m == -INFINITY ? 0.0f : ls::i8a::exp2e(m - m_new);
+    int32_t lt = 0, ot[D] = {};
+    for (int64_t j = b; j < e; ++j) {
+      const int p8 = ls::i8a::p8(sj[j - b] - m_new);
+      lt += p8;
+      for (int c = 0; c < D; ++c) ot[c] += p8 * static_cast<int32_t>(P.v8t[(h * D + c) * P.pitch + j]);
+    }
+    l = l * alpha + static_cast<float>(lt);
+    for (int c = 0; c < D; ++c) acc[c] = acc[c] * alpha + static_cast<float>(ot[c]);
+    m = m_new;
+  }
+  for (int c = 0; c < D; ++c) out[c] = f2bf((acc[c] * P.sv[h * D + c]) / l);
+}
+#endif
 
 // Exact attention (float64) on the bf16 inputs.
 void ref_f64_row(const Problem& P, int64_t i, int64_t h, double scale, double* out) {
@@ -460,6 +501,42 @@ int check() {
                      (perm ? " permuted V" : ""));
         }
     }
+#ifdef HOPPER8_HAVE_I8A
+    // Configuration 7 (the contract's arithmetic, kv_tile 128): the same bytes as the
+    // contract restated on the host, for both V^T layouts, query slices and streamed chunks.
+    {
+      std::vector<uint16_t> ref(P.q.size());
+      const float scale = static_cast<float>(1.0 / std::sqrt(128.0));
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t n = 0; n < P.Mq * P.H; ++n) ref_contract_row(P, n / P.H, n % P.H, scale, &ref[n * D]);
+      for (int perm = 0; perm < 2; ++perm) {
+        CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
+        run_or_die(make_call(P, d, 0, P.Mq, 0, P.Mk, 128, perm != 0), 7);
+        const std::vector<uint16_t> o = download(P, d);
+        int64_t differ = 0;
+        for (size_t n = 0; n < o.size(); ++n) differ += o[n] != ref[n];
+        std::printf("%s contract: %lld of %zu values differ from the host restatement\n", tag.c_str(),
+                    static_cast<long long>(differ), o.size());
+        expect(differ == 0, tag + ": configuration 7" + (perm ? " permuted V" : "") +
+                                " = the contract on the host (bytes)");
+        CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
+        const int64_t cut[] = {0, 77, std::min<int64_t>(P.Mq, 203), P.Mq};
+        for (int sl = 0; sl < 3; ++sl)
+          if (cut[sl + 1] > cut[sl]) run_or_die(make_call(P, d, cut[sl], cut[sl + 1], 0, P.Mk, 128, perm != 0), 7);
+        expect(download(P, d) == o, tag + ": configuration 7 query slices = one call (memcmp)");
+        CK(cudaMemset(d.out, 0xFF, P.q.size() * 2));
+        for (int64_t k0 = 0; k0 < P.Mk;) {
+          const int64_t k1 = std::min(P.Mk, k0 + 256);
+          Int8AttentionCall c = make_call(P, d, 0, P.Mq, k0, k1, 128, perm != 0);
+          c.state_in = k0 > 0;
+          c.finalize = k1 == P.Mk;
+          run_or_die(c, 7);
+          k0 = k1;
+        }
+        expect(download(P, d) == o, tag + ": configuration 7 streamed chunks of 256 keys = one call (memcmp)");
+      }
+    }
+#endif
     // kv_tile: per-block flushing is the same for every multiple of 128; lazy flushing
     // also flushes at tile starts (other bits, still within the bound).
     if (cs.kv_tile % 128 == 0) {
@@ -501,11 +578,15 @@ int bench(int64_t S, int64_t H, int reps) {
   CK(cudaEventCreate(&e1));
   const int64_t kv_tile = 8192;
   std::vector<uint16_t> out0, out_cfg0;
-  const int bench_cfgs[][2] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {2, 0}, {4, 1}, {10, 1}};  // {config, permuted V}
+  #ifdef HOPPER8_HAVE_I8A
+  const int bench_cfgs[][2] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {2, 0}, {4, 1}, {7, 1}, {10, 1}};
+#else
+  const int bench_cfgs[][2] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {2, 0}, {4, 1}, {10, 1}};
+#endif  // {config, permuted V}
   for (const auto& bc : bench_cfgs) {
     const int cfg = bc[0];
     const bool perm = bc[1] != 0;
-    const Int8AttentionCall c = make_call(P, d, 0, S, 0, S, kv_tile, perm);
+    const Int8AttentionCall c = make_call(P, d, 0, S, 0, S, cfg == 7 ? 128 : kv_tile, perm);
     run_or_die(c, cfg);  // warm-up
     CK(cudaDeviceSynchronize());
     float best = 1e30f, sum = 0;

@@ -1,59 +1,95 @@
 // The Hopper INT8 attention kernel (issue 26): sm_90a, wgmma with 8-bit operands at twice
 // the bf16 rate, TMA loads, warp specialisation. Adapted from the bf16 kernel
 // (attention_hopper.cu: same CTA shape, producer / consumer split, key walk, ping-pong and
-// streamed-state contract); the arithmetic is the INT8 spec (docs/int8-attention.md, helper
-// int8; the starting text is the lead's brief) with the choices below where it leaves an
-// order open.
+// streamed-state contract). The arithmetic of record is helper int8's contract,
+// docs/int8-attention.md; configuration 7 implements it exactly (below); the faster
+// configurations 0-4 differ from it in the exp2 and the fold (other bits, stated below).
 //
 // Inputs (attention_hopper_int8.cuh): bf16 q; the prepared keys k8 s8 [Mk, H, 128] + sk f32
 // [Mk, H] and values v8t s8 [H, 128, pitch] (transposed per head: 8-bit wgmma needs the
-// reduction dimension contiguous in shared memory, Dh for Q K^T, the keys for P V) + sv
-// f32 [H, 128]. Two small kernels run first: quantize_q (per (row, head): the rotation
-// R q = FWHT(sign * q) in fp32, then s = max(fl32(max|x| * fl32(1/127)), FLT_MIN), q8 =
-// clamp(rint(fl32(x / s)), -127, 127)), and a transpose of sk to [H, Mk] (so one TMA box
-// brings a block's 128 key scales). Both O(S D), once per call.
+// reduction dimension contiguous in shared memory, Dh for Q K^T, the keys for P V; keys in
+// order, or permuted within groups of 16, Int8AttentionCall::v8t_keys_permuted) + sv f32
+// [H, 128]: the contract's Int8Keys. Two small kernels run first: quantize_q (the
+// contract's §4.1 per (row, head): R q = FWHT(sign * q) in fp32 with its sign vector,
+// sq = max(fl32(max|y| * fl32(1/127)), 1e-30f), q8 = clamp(rint(fl32(y / sq)), -127, 127),
+// NaN -> 0) and a transpose of sk to [H, Mk] (one TMA box brings a block's 128 key
+// scales). Both O(S D), once per call.
 //
 // Work split (as attention_hopper.cu): one CTA = 128 queries x 1 head, 384 threads:
 //   warpgroup 0  producer: one thread issues every TMA load: q8 once; per key block K8
 //                (16 KiB) + its 128 key scales (512 B) on one barrier, V8^T (16 KiB) on
 //                another, into a ring of kStages stages. setmaxnreg.dec 24.
 //   warpgroups 1, 2  consumers, 64 queries each, setmaxnreg.inc 240.
-// Keys in blocks of at most 128 that never straddle a kv_tile (the bf16 kernel's KeyWalk).
+// Keys in blocks of at most 128 that never straddle a kv_tile (the bf16 kernel's KeyWalk);
+// kv_tile must be a multiple of 16 (V^T's keys are the inner TMA coordinate; a kv_tile of
+// 100 died with an illegal instruction on the H200, run 2).
 //
-// Arithmetic per (query i, head), block of keys j (c_i = fl32(sq_i * fl32(fl32(scale *
-// log2 e) / 128)), the 128 of the rotation folded in exactly):
+// Arithmetic per (query i, head), block of keys j (a_i = fl32(sq_i * fl32(fl32(scale *
+// log2 e) / 128)): the contract's per-query factor):
 //   d_ij  = int32 dot(q8_i, k8_j)           wgmma m64n128k32 s8 x s8 (exact)
-//   t_ij  = fl32(float(d_ij) * sk_j)        (float(d) exact: |d| < 2^21)
-//   m_new = max(m, fl32(max_j t_ij * c_i))  (= max_j fl32(t_ij c_i): c_i > 0; any order)
-//   alpha = 2^(m - m_new) (ex2.approx.ftz; 0 when m = -inf)
-//   p_ij  = 2^(fma(t_ij, c_i, -m_new))      (ex2.approx.ftz)
-//   p8_ij = rint(p_ij * 255) by one fma(p, 255, 1.5 * 2^23) (one rounding, ties to even;
-//           the low byte of the result's bits is p8, in [0, 255])
-//   I    += int32 sum_j p8_ij v8_jc  and   Il += int32 sum_j p8_ij
-//           (one wgmma m64n144k32 u8 x s8: V^T's 16 extra rows are all ones, so columns
-//           128..143 give the integer row sum of P: l is exact, no fp32 adds)
-//   flush before block j's P V is added when the row's alpha != 1 or the block begins a
-//   kv_tile (or a run of 256 blocks inside one: int32 headroom):
-//           F = fl32(fl32(F + float(I)) * alpha),  Fl likewise,  I = Il = 0
-//   out_c = bf16(fl32(fl32(F_c + float(I_c)) * sv_c) / fl32(Fl + float(Il)))
-//   (the 1/255 cancels between acc and l). Configuration "per-block" flushes before every
-//   block (the spec's literal acc = acc * alpha + float(int32 P V of the block)); the
-//   default "lazy" flushes only where alpha != 1 or at the forced points above, which
-//   keeps the integer accumulation on the tensor cores while the row max stands still
-//   (alpha == 1 exactly: the same rule as the bf16 kernel's skipped rescale).
-// Both are functions of (kv_tile, Mk) and the row alone: a query's bits do not depend on
-// which queries share its CTA or slice, and streamed chunks (whole kv_tiles) give the bytes
-// of one call: a chunk boundary is a kv_tile start, where both configurations flush, so
-// the state saved after a chunk is (fl32(F + float(I)), m, fl32(Fl + float(Il))) and the
-// next chunk starts from it with I = Il = 0: the flush then computes the same values.
+//   I    += int32 sum_j p8_ij v8_jc,   Il += int32 sum_j p8_ij
+//           (one wgmma m64n144k32 u8 x s8: V^T's 16 extra rows in shared memory are all
+//           ones, so columns 128..143 give the exact integer row sum of P)
+// Configuration 7 (the contract, kv_tile 128 only): s = fl32(fl32(a_i * sk_j) *
+// float(d)); m_new = max(m, max_j s); alpha = exp2e(fl32(m - m_new)) (0 when m = -inf);
+// p8 = i8a::p8(fl32(s - m_new)) (the contract's degree-5 fmaf polynomial, on the FMA pipe);
+// per block (= tile): acc = fl32(fl32(acc * alpha) + float(I)), l likewise, with that
+// block's alpha (the fold runs after the block's P V, one iteration later in the pipeline);
+// out = bf16(fl32(fl32(acc * sv) / l)). The same bytes as the CPU reference if the shared
+// header's functions are (checked by the harness against the contract restated on the
+// host; NOT YET RUN on a GPU: the device share was spent on runs 2-4).
+// Configurations 0-4 (faster, other bits): t = fl32(float(d) * sk_j); m_new = max(m,
+//   fl32(max_j t * a_i)) (= max_j fl32(t a_i): a_i > 0); alpha = ex2.approx.ftz(m - m_new);
+//   p = ex2.approx.ftz(fma(t, a_i, -m_new)); p8 = low byte of fma(p, 255, 1.5 * 2^23)
+//   (rint(p * 255) with one rounding); flush before block j's P V is added:
+//           F = fl32(fl32(F + float(I)) * alpha_j),  Fl likewise,  I = Il = 0
+//   in every block ("per-block", configuration 4) or only where the row's alpha != 1, at a
+//   kv_tile start and every 256 blocks inside one (int32 headroom) ("lazy", 0-3: the integer
+//   accumulation stays on the tensor cores while the row max stands still, the bf16
+//   kernel's skipped-rescale rule); out_c = bf16(fl32(fl32(F_c + float(I_c)) * sv_c) /
+//   fl32(Fl + float(Il))). Against the contract restated with exp2f these differ in a few
+//   values per 10^3 by at most 0.5 % of the row's largest output (ex2.approx's last bits
+//   moving a p8 by one; bench/results/issue26).
+// Every configuration is a function of (kv_tile, Mk) and the row alone: a query's bits do
+// not depend on which queries share its CTA or slice, and streamed chunks (whole kv_tiles)
+// give the bytes of one call: a chunk boundary is a kv_tile start, where every
+// configuration has folded everything into (F, Fl), so the state saved after a chunk is
+// (fl32(F + float(I)), m, fl32(Fl + float(Il))) and the next chunk starts from it with
+// I = Il = 0 (memcmp-tested on the H200, runs 3 and 4).
 // State layout f32 [Mq, H, 136] at row (i * H + h): [0, 128) acc (quad lane t of a warp
 // holds channels 8j + 2t, + 1), [128] m (log2 domain), [129] l, [130, 136) unused.
 //
 // P's register layout: Q K^T leaves lane (g, t) of a warp the scores of keys 8j + 2t, + 1;
 // the u8 A fragment of P V (m16n8k32 layout) wants keys 4t..4t+3 and 16 + 4t..16 + 4t + 3
-// of each 32-key step. Per step the four lanes of a quad exchange their packed bytes: 4
-// shuffles and 12 + 8 byte permutes per lane for 16 values. (Permuting V^T's keys in the
-// prepared layout would make these shuffles unnecessary: a possible interface change.)
+// of each 32-key step. With V^T's keys in order the four lanes of a quad exchange their
+// packed bytes (4 shuffles and 12 + 8 byte permutes per lane for 16 values); with V^T's
+// keys permuted within each 16 (int8_v8t_key_at) each lane's own bytes are its fragment
+// (12 byte permutes, no shuffles): 693 against 631 TOP/s for configuration 0 (run 3).
+//
+// Speed (H200, S = 111274, 56 heads x 128, kv_tile 8192, non-causal, best of 3, the bf16
+// kernel's FLOP count 4 S^2 H Dh; bench/results/issue26/README.md has the tables):
+// configuration 2 with permuted V 724 TOP/s (490 ms), 1 722, 0 693, per-block 4 631; with
+// keys in order 0: 631, 4: 583; the bf16 Hopper kernel 628 TFLOP/s in the same process
+// (run 3). Target 1100: missed. What limits it:
+//  - the softmax: with none (configuration 10, P = the scores' low bytes) the GEMMs and
+//    loads run at 1503 TOP/s (236 ms, run 4); the softmax adds ~250 ms. Per score the
+//    consumer issues ~9 instructions (IADD + FADD for float(d), FMUL by sk, FMNMX, FFMA,
+//    MUFU.EX2, FFMA for p8, ~0.75 byte permutes, 0.25 LDS of sk) against ~4.5 in the bf16
+//    kernel, and every exponential costs the warp's scheduler 8 cycles of MUFU: per pair
+//    of 64 x 128 blocks (one per consumer warpgroup) ~1024 MUFU cycles per scheduler
+//    against ~1090 cycles of int8 tensor work per SM; measured, one block takes ~2680
+//    cycles per warpgroup, i.e. the softmax's serial part (the row max over 128 keys, two
+//    quad shuffles, alpha, the flush test) is not hidden with one softmax warp per
+//    scheduler and warpgroup.
+//  - spills: ptxas reports 8-116 bytes per configuration under setmaxnreg 240 (F 64 + I 72
+//    + scores 64 + P 16 registers live); run 4's variant with fewer spills was slower, so
+//    they are not the limit.
+//  - tried: folding float(d) * sk into one FFMA (exact when sk has at most 22 significant
+//    bits) on an interleaved sk layout: +1.4 %, and that layout cost 9 % (run 4; reverted).
+// Next steps: the exp2 of configuration 7 on the FMA pipe trades MUFU cycles for issue
+// slots (measure it); more softmax warps per scheduler (three consumer warpgroups would
+// need far fewer than today's ~216 live registers); the permuted key order by a 5-D TMA view of K instead of V (needs k8
+// padded to 16 rows) so that the contract's natural V^T layout runs without shuffles.
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the runtime)
@@ -61,6 +97,12 @@
 
 #include <cfloat>
 #include <cmath>
+// The contract's element arithmetic (helper int8's header, shared with the CPU reference):
+// configuration 7 uses it; a tree without it builds the other configurations.
+#if __has_include("backend/int8_attention_math.h")
+#include "backend/int8_attention_math.h"
+#define LS_HOPPER8_HAVE_I8A 1
+#endif
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -101,8 +143,8 @@ struct Int8Args {
 // ---- the pre-kernels (any architecture) ----------------------------------------------
 
 // The rotation's sign words as scalars (usable in device code).
-constexpr uint32_t kSign0 = kInt8RotationSignBits[0], kSign1 = kInt8RotationSignBits[1],
-                   kSign2 = kInt8RotationSignBits[2], kSign3 = kInt8RotationSignBits[3];
+constexpr uint32_t kSign0 = int8_sign_word(0), kSign1 = int8_sign_word(1), kSign2 = int8_sign_word(2),
+                   kSign3 = int8_sign_word(3);
 
 // One warp per (query row, head): lane l holds channels 4l..4l+3.
 __global__ void quantize_q_kernel(const uint16_t* __restrict__ q, int64_t sq_row, int64_t sq_head, int64_t Mq, int H,
@@ -143,12 +185,13 @@ __global__ void quantize_q_kernel(const uint16_t* __restrict__ q, int64_t sq_row
   float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  const float s = fmaxf(__fmul_rn(amax, 1.0f / 127.0f), FLT_MIN);
+  const float s0 = __fmul_rn(amax, 1.0f / 127.0f);
+  const float s = s0 > 1e-30f ? s0 : 1e-30f;  // tiny = 1e-30f (the contract's row_scale)
   uint32_t packed = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = rintf(__fdiv_rn(x[i], s));
-    r = fminf(fmaxf(r, -127.0f), 127.0f);
+    r = r != r ? 0.0f : fminf(fmaxf(r, -127.0f), 127.0f);  // NaN -> 0
     packed |= (static_cast<uint32_t>(static_cast<int>(r)) & 0xFFu) << (8 * i);
   }
   *reinterpret_cast<uint32_t*>(q8 + (row * H + h) * kD + 4 * lane) = packed;
@@ -288,11 +331,11 @@ struct KeyWalk {
 __device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
 __device__ __forceinline__ void sched_arrive(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); }
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
+template <int kStages, bool kPingpong, int kFold, bool kPermV, int kDiag>
 __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                               uint32_t sS, uint32_t bars, int q0, int h);
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
+template <int kStages, bool kPingpong, int kFold, bool kPermV, int kDiag>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_int8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap ts,
@@ -355,14 +398,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    int8_consumer<kStages, kPingpong, kLazy, kPermV, kDiag>(a, wg, sQ, sK, sV, sS, bars, q0, h);
+    int8_consumer<kStages, kPingpong, kFold, kPermV, kDiag>(a, wg, sQ, sK, sV, sS, bars, q0, h);
   }
 }
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
+template <int kStages, bool kPingpong, int kFold, bool kPermV, int kDiag>
 __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_t sQ, uint32_t sK, uint32_t sV,
                                               uint32_t sS, uint32_t bars, int q0, int h) {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  constexpr bool kLazy = kFold == 1;      // 0 per-block, 1 lazy, 2 the contract's fold (file comment)
+  constexpr bool kContract = kFold == 2;  // also the contract's score order and exp2
   const uint32_t q_full = bars;
   const auto k_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + s); };
   const auto v_full = [&](int s) { return bars + 8u * static_cast<uint32_t>(1 + kStages + s); };
@@ -436,10 +481,17 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                    : "=f"(skv.x), "=f"(skv.y)
                    : "r"(sk_base + static_cast<uint32_t>(4 * (8 * j + 2 * t))));
-      tv[4 * j + 0] = __fmul_rn(small_int_to_float(sc[4 * j + 0]), skv.x);
-      tv[4 * j + 1] = __fmul_rn(small_int_to_float(sc[4 * j + 1]), skv.y);
-      tv[4 * j + 2] = __fmul_rn(small_int_to_float(sc[4 * j + 2]), skv.x);
-      tv[4 * j + 3] = __fmul_rn(small_int_to_float(sc[4 * j + 3]), skv.y);
+      if constexpr (kContract) {  // s = fl32(fl32(a_i * sk_j) * float(d))
+        tv[4 * j + 0] = __fmul_rn(__fmul_rn(c_r[0], skv.x), small_int_to_float(sc[4 * j + 0]));
+        tv[4 * j + 1] = __fmul_rn(__fmul_rn(c_r[0], skv.y), small_int_to_float(sc[4 * j + 1]));
+        tv[4 * j + 2] = __fmul_rn(__fmul_rn(c_r[1], skv.x), small_int_to_float(sc[4 * j + 2]));
+        tv[4 * j + 3] = __fmul_rn(__fmul_rn(c_r[1], skv.y), small_int_to_float(sc[4 * j + 3]));
+      } else {
+        tv[4 * j + 0] = __fmul_rn(small_int_to_float(sc[4 * j + 0]), skv.x);
+        tv[4 * j + 1] = __fmul_rn(small_int_to_float(sc[4 * j + 1]), skv.y);
+        tv[4 * j + 2] = __fmul_rn(small_int_to_float(sc[4 * j + 2]), skv.x);
+        tv[4 * j + 3] = __fmul_rn(small_int_to_float(sc[4 * j + 3]), skv.y);
+      }
     }
     if (nk < kN) {
 #pragma unroll
@@ -465,18 +517,36 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
       float mx = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r[r], __fmul_rn(mx, c_r[r]));
-      alpha[r] = m_r[r] == -INFINITY ? 0.0f : ex2_ftz(__fsub_rn(m_r[r], m_new));
-      m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
-      m_r[r] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float p = ex2_ftz(fmaf(tv[4 * j + i], c_r[i / 2], m_use[i / 2]));
-        sc[4 * j + i] = __float_as_int(fmaf(p, 255.0f, 12582912.0f));
+      if constexpr (kContract) {
+#ifdef LS_HOPPER8_HAVE_I8A
+        const float m_new = fmaxf(m_r[r], mx);
+        alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new));
+        m_use[r] = m_new;
+        m_r[r] = m_new;
+#endif
+      } else {
+        const float m_new = fmaxf(m_r[r], __fmul_rn(mx, c_r[r]));
+        alpha[r] = m_r[r] == -INFINITY ? 0.0f : ex2_ftz(__fsub_rn(m_r[r], m_new));
+        m_use[r] = m_new == -INFINITY ? 0.0f : -m_new;
+        m_r[r] = m_new;
       }
+    }
+    if constexpr (kContract) {  // p8 = clamp(rint(exp2p255(fl32(s - m_new))), 0, 255)
+#ifdef LS_HOPPER8_HAVE_I8A
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[4 * j + i] = i8a::p8(__fsub_rn(tv[4 * j + i], m_use[i / 2]));
+#endif
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float p = ex2_ftz(fmaf(tv[4 * j + i], c_r[i / 2], m_use[i / 2]));
+          sc[4 * j + i] = __float_as_int(fmaf(p, 255.0f, 12582912.0f));
+        }
+    }
   };
   // P's u8 A fragments from the biased floats in sc (layout exchange in the file comment).
   const auto pack_p = [&](uint32_t (&p)[4][4]) {
@@ -546,6 +616,22 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
 #pragma unroll
     for (int i = 64; i < 72; ++i) I[i] = f[(i / 2) % 2] ? 0 : I[i];
   };
+  // The contract's fold of one tile (= one 128-key block), with that block's alpha:
+  // acc = fl32(fl32(acc * alpha) + float(ot)), l likewise; |ot| < 2^22 (one block).
+  const auto fold_contract = [&](const float (&al)[2]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        F[4 * j + i] = __fadd_rn(__fmul_rn(F[4 * j + i], al[i / 2]), small_int_to_float(I[4 * j + i]));
+        I[4 * j + i] = 0;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) Fl[r] = __fadd_rn(__fmul_rn(Fl[r], al[r]), small_int_to_float(I[64 + 2 * r]));
+#pragma unroll
+    for (int i = 64; i < 72; ++i) I[i] = 0;
+  };
+  float alpha_prev[2] = {1.0f, 1.0f};  // kContract: the alpha of the block whose P V is in flight
   const auto release = [&](uint32_t bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
@@ -574,7 +660,12 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
   float alpha[2];
   softmax(0, w.e - w.b, alpha);
   release(k_empty(0));
-  flush(alpha, true);
+  if constexpr (kContract) {
+    alpha_prev[0] = alpha[0];
+    alpha_prev[1] = alpha[1];
+  } else {
+    flush(alpha, true);
+  }
   uint32_t p[4][4];
   int j = 1;
   for (; w.next(); ++j) {
@@ -597,7 +688,13 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
     wgmma_wait<0>();
     fence_regs(I);
     release(v_empty(sp));
-    flush(alpha, w.forced());
+    if constexpr (kContract) {
+      fold_contract(alpha_prev);  // block j - 1's fold, with its own alpha
+      alpha_prev[0] = alpha[0];
+      alpha_prev[1] = alpha[1];
+    } else {
+      flush(alpha, w.forced());
+    }
   }
   {
     const int sp = (j - 1) % kStages;
@@ -612,6 +709,7 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
     wgmma_wait<0>();
     fence_regs(I);
     release(v_empty(sp));
+    if constexpr (kContract) fold_contract(alpha_prev);  // the last block's fold (I = 0 after it)
   }
   // A = F + float(I), L = Fl + float(Il).
   float L[2];
@@ -656,7 +754,7 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
   }
 }
 #else
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
+template <int kStages, bool kPingpong, int kFold, bool kPermV, int kDiag>
 __global__ void attention_int8_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const Int8Args) {
@@ -711,7 +809,7 @@ std::string cuda_error(const char* what, cudaError_t e) {
   return std::string("attention hopper int8: ") + what + ": " + cudaGetErrorString(e);
 }
 
-template <int kStages, bool kPingpong, bool kLazy, bool kPermV, int kDiag>
+template <int kStages, bool kPingpong, int kFold, bool kPermV, int kDiag>
 std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t* q8, const float* sq,
                    const float* skT) {
   const int64_t H = c.H;
@@ -765,12 +863,12 @@ std::string launch(const Int8AttentionCall& c, cudaStream_t stream, const int8_t
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag>,
+    attr_err = cudaFuncSetAttribute(attention_int8_kernel<kStages, kPingpong, kFold, kPermV, kDiag>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   if (attr_err != cudaSuccess) return cuda_error("shared memory opt-in", attr_err);
   const dim3 grid(static_cast<unsigned>((c.Mq + kBr - 1) / kBr), static_cast<unsigned>(H));
-  attention_int8_kernel<kStages, kPingpong, kLazy, kPermV, kDiag><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, ts, a);
+  attention_int8_kernel<kStages, kPingpong, kFold, kPermV, kDiag><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, ts, a);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error("launch", e);
   return "";
@@ -821,12 +919,19 @@ std::string attention_hopper_int8(const Int8AttentionCall& c, void* stream_ptr, 
   }
   const bool perm = c.v8t_keys_permuted;
   switch (config) {
-    case 0: return perm ? launch<4, true, true, true, 0>(c, stream, q8, sq, skT) : launch<4, true, true, false, 0>(c, stream, q8, sq, skT);
-    case 1: return perm ? launch<4, false, true, true, 0>(c, stream, q8, sq, skT) : launch<4, false, true, false, 0>(c, stream, q8, sq, skT);
-    case 2: return perm ? launch<3, true, true, true, 0>(c, stream, q8, sq, skT) : launch<3, true, true, false, 0>(c, stream, q8, sq, skT);
-    case 3: return perm ? launch<3, false, true, true, 0>(c, stream, q8, sq, skT) : launch<3, false, true, false, 0>(c, stream, q8, sq, skT);
-    case 4: return perm ? launch<4, true, false, true, 0>(c, stream, q8, sq, skT) : launch<4, true, false, false, 0>(c, stream, q8, sq, skT);
-    case 10: return launch<3, true, true, true, 1>(c, stream, q8, sq, skT);
+    case 0: return perm ? launch<4, true, 1, true, 0>(c, stream, q8, sq, skT) : launch<4, true, 1, false, 0>(c, stream, q8, sq, skT);
+    case 1: return perm ? launch<4, false, 1, true, 0>(c, stream, q8, sq, skT) : launch<4, false, 1, false, 0>(c, stream, q8, sq, skT);
+    case 2: return perm ? launch<3, true, 1, true, 0>(c, stream, q8, sq, skT) : launch<3, true, 1, false, 0>(c, stream, q8, sq, skT);
+    case 3: return perm ? launch<3, false, 1, true, 0>(c, stream, q8, sq, skT) : launch<3, false, 1, false, 0>(c, stream, q8, sq, skT);
+    case 4: return perm ? launch<4, true, 0, true, 0>(c, stream, q8, sq, skT) : launch<4, true, 0, false, 0>(c, stream, q8, sq, skT);
+    case 7:
+#ifdef LS_HOPPER8_HAVE_I8A
+      if (c.kv_tile != 128) return "attention hopper int8: configuration 7 (the contract's fold) runs kv_tile 128 only";
+      return perm ? launch<3, true, 2, true, 0>(c, stream, q8, sq, skT) : launch<3, true, 2, false, 0>(c, stream, q8, sq, skT);
+#else
+      return "attention hopper int8: configuration 7 needs backend/int8_attention_math.h (helper int8's branch)";
+#endif
+    case 10: return launch<3, true, 1, true, 1>(c, stream, q8, sq, skT);
     default: return "attention hopper int8: no configuration " + std::to_string(config);
   }
 }

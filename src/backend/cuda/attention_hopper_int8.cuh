@@ -19,11 +19,15 @@
 
 namespace ls::cuda {
 
-// The rotation's fixed sign vector (bit c set: channel c is negated before the
-// Walsh-Hadamard transform). PROVISIONAL: the constant of record is the one helper int8
-// documents in docs/int8-attention.md; this one must be replaced by it (Q and K must use
-// the same, and K is prepared outside this file).
-inline constexpr uint32_t kInt8RotationSignBits[4] = {0x9E3779B9u, 0x7F4A7C15u, 0xF39CC060u, 0x5CEDC834u};
+// The rotation's fixed sign vector (docs/int8-attention.md §3, helper int8): channel c is
+// negated when bit 31 of (uint32)(c * 2654435761u) is set. As 32-bit words (bit c % 32 of
+// word c / 32) for the kernel's Q quantisation, whose lane l holds channels 4l..4l+3.
+constexpr bool int8_negative_sign(int c) { return ((static_cast<uint32_t>(c) * 2654435761u) >> 31) != 0; }
+constexpr uint32_t int8_sign_word(int w) {
+  uint32_t r = 0;
+  for (int b = 0; b < 32; ++b) r |= (int8_negative_sign(32 * w + b) ? 1u : 0u) << b;
+  return r;
+}
 
 // The configuration a plain call runs (the fastest measured, bench/results/issue26/).
 inline constexpr int kInt8DefaultConfig = 2;
@@ -76,8 +80,10 @@ constexpr int int8_v8t_key_at(int p) { return 2 * (p / 4) + (p % 2) + 8 * ((p % 
 size_t attention_hopper_int8_scratch_bytes(int64_t Mq, int64_t Mk, int64_t H);
 
 // config (tests and benchmarks; the .cu lists them): 0-3 the default's bytes (lazy flush;
-// ping-pong or free-running, 4 or 3 stages), 4 the per-block flush (other bytes), 10 a
-// timing diagnostic with wrong results. Runs the call on `stream` (a cudaStream_t; null =
+// ping-pong or free-running, 4 or 3 stages), 4 the per-block flush (other bytes), 7 the
+// contract's arithmetic exactly (docs/int8-attention.md §4: its score order, exp2
+// polynomial and per-tile fold; kv_tile 128 only; built where helper int8's
+// backend/int8_attention_math.h is present), 10 a timing diagnostic with wrong results. Runs the call on `stream` (a cudaStream_t; null =
 // the legacy default stream). Returns "" on success, else a message naming the problem.
 std::string attention_hopper_int8(const Int8AttentionCall& call, void* stream, int config = kInt8DefaultConfig);
 
