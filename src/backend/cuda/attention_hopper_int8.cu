@@ -107,6 +107,8 @@
 #include <mutex>
 #include <string>
 
+#include "backend/cuda/cuda_common.cuh"
+
 namespace ls::cuda {
 namespace {
 
@@ -471,8 +473,6 @@ __device__ __forceinline__ void int8_consumer(const Int8Args& a, int wg, uint32_
       alpha[0] = alpha[1] = 1.0f;
       return;
     }
-    const float* skp = nullptr;
-    (void)skp;
     float tv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes);
 #pragma unroll
@@ -934,6 +934,62 @@ std::string attention_hopper_int8(const Int8AttentionCall& c, void* stream_ptr, 
     case 10: return launch<3, true, 1, true, 1>(c, stream, q8, sq, skT);
     default: return "attention hopper int8: no configuration " + std::to_string(config);
   }
+}
+
+Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const TensorView& k8, const TensorView& sk,
+                             const TensorView& v8t, const TensorView& sv, const TensorView& out,
+                             const AttentionParams& p, const TensorView& scratch, int config) {
+  const auto refuse = [](const std::string& why) { return make_error(ErrorCode::unsupported, "attention hopper int8: " + why); };
+  if (q.dtype != DType::bf16 || out.dtype != DType::bf16 || k8.dtype != DType::i8 || v8t.dtype != DType::i8 ||
+      sk.dtype != DType::f32 || sv.dtype != DType::f32)
+    return refuse("needs bf16 q and out, i8 k8 and v8t, f32 sk and sv");
+  if (q.ndim != 3 || out.ndim != 3 || k8.ndim != 3 || v8t.ndim != 3 || sk.ndim != 2 || sv.ndim != 2)
+    return refuse("q, out, k8 [rows, H, 128], sk [n, H], v8t [H, 128, n], sv [H, 128]");
+  const int64_t Mq = q.shape[0], H = q.shape[1], n = k8.shape[0];
+  if (q.shape[2] != kD) return refuse("head dim " + std::to_string(q.shape[2]) + " (the kernel supports 128 only)");
+  if (out.shape[0] != Mq || out.shape[1] != H || out.shape[2] != kD || k8.shape[1] != H || k8.shape[2] != kD ||
+      sk.shape[0] != n || sk.shape[1] != H || v8t.shape[0] != H || v8t.shape[1] != kD || v8t.shape[2] != n ||
+      sv.shape[0] != H || sv.shape[1] != kD)
+    return refuse("shapes do not match: q " + q.shape_str() + ", k8 " + k8.shape_str() + ", sk " + sk.shape_str() +
+                  ", v8t " + v8t.shape_str() + ", sv " + sv.shape_str() + ", out " + out.shape_str());
+  if (q.stride[2] != 1 || out.stride[2] != 1 || k8.stride[2] != 1 || k8.stride[1] != kD || v8t.stride[2] != 1 ||
+      v8t.stride[0] != kD * v8t.stride[1] || !sk.is_contiguous() || !sv.is_contiguous())
+    return refuse("k8 needs head stride 128, v8t strides {128 ld, ld, 1}, sk and sv contiguous, q and out inner-contiguous");
+  if (Mq > 0 && n > 0) LS_TRY(check_attention_state(p, Mq, n, H, kD));
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return refuse("no CUDA device");
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9 || minor != 0)
+    return refuse("needs a Hopper GPU (sm_90); cuda:" + std::to_string(device) + " is sm_" + std::to_string(major) +
+                  std::to_string(minor));
+  Int8AttentionCall c;
+  c.q = q.ptr<uint16_t>();
+  c.q_row_stride = q.stride[0];
+  c.q_head_stride = q.stride[1];
+  c.k8 = k8.ptr<int8_t>();
+  c.k8_row_stride = k8.stride[0];
+  c.sk = sk.ptr<float>();
+  c.v8t = v8t.ptr<int8_t>();
+  c.v8t_key_pitch = v8t.stride[1];
+  c.sv = sv.ptr<float>();
+  c.out = out.ptr<uint16_t>();
+  c.out_row_stride = out.stride[0];
+  c.out_head_stride = out.stride[1];
+  c.Mq = Mq;
+  c.Mk = n;
+  c.H = H;
+  c.kv_tile = p.kv_tile;
+  c.scale = p.scale;
+  c.state = p.state.empty() ? nullptr : p.state.ptr<float>();
+  c.state_in = p.state_in;
+  c.finalize = p.finalize;
+  c.scratch = scratch.data;
+  c.scratch_bytes = scratch.empty() ? 0 : static_cast<size_t>(scratch.nbytes());
+  const std::string e = attention_hopper_int8(c, ctx.stream, config);
+  if (!e.empty()) return make_error(ErrorCode::unsupported, e);
+  return Status();
 }
 
 }  // namespace ls::cuda

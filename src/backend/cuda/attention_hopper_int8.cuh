@@ -17,7 +17,11 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/backend.h"
+
 namespace ls::cuda {
+
+struct CudaContext;  // cuda_common.cuh
 
 // The rotation's fixed sign vector (docs/int8-attention.md §3, helper int8): channel c is
 // negated when bit 31 of (uint32)(c * 2654435761u) is set. As 32-bit words (bit c % 32 of
@@ -29,8 +33,10 @@ constexpr uint32_t int8_sign_word(int w) {
   return r;
 }
 
-// The configuration a plain call runs (the fastest measured, bench/results/issue26/).
+// The configuration a plain call runs (the fastest measured, bench/results/issue26/), and
+// the one with the contract's bytes (docs/int8-attention.md; kv_tile 128).
 inline constexpr int kInt8DefaultConfig = 2;
+inline constexpr int kInt8ContractConfig = 7;
 
 struct Int8AttentionCall {
   // bf16 q [Mq, H, 128]: row and head strides in elements (head stride 128 when packed).
@@ -89,6 +95,18 @@ std::string attention_hopper_int8(const Int8AttentionCall& call, void* stream, i
 
 // True where this build compiled the sm_90a kernel.
 inline bool attention_hopper_int8_built() { return true; }
+
+// The same call on the contract's views (docs/int8-attention.md §5, Int8Keys' fields), for
+// the backend's attention_int8 on sm_90: q, out bf16 [Mq, H, 128] (strided rows, 8-byte
+// aligned); k8 i8 [n, H, 128] (row-strided, head stride 128); sk f32 [n, H] contiguous;
+// v8t i8 [H, 128, n] with strides {128 ld, ld, 1}; sv f32 [H, 128]; p's kv_tile, scale and
+// streamed state (f32 [Mq, H, 136]: acc, m, l, the CPU reference's layout, checked by
+// check_attention_state); scratch u8 of at least attention_hopper_int8_scratch_bytes(Mq, n,
+// H) bytes (a workspace piece, 256-aligned). unsupported with a message where a shape,
+// dtype, alignment or kv_tile does not fit, or the device is not sm_90.
+Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const TensorView& k8, const TensorView& sk,
+                             const TensorView& v8t, const TensorView& sv, const TensorView& out,
+                             const AttentionParams& p, const TensorView& scratch, int config = kInt8ContractConfig);
 #else
 inline size_t attention_hopper_int8_scratch_bytes(int64_t, int64_t, int64_t) { return 0; }
 inline std::string attention_hopper_int8(const Int8AttentionCall&, void*, int = 0) {
@@ -96,6 +114,11 @@ inline std::string attention_hopper_int8(const Int8AttentionCall&, void*, int = 
          "CMAKE_CUDA_ARCHITECTURES)";
 }
 inline bool attention_hopper_int8_built() { return false; }
+inline Status attention_hopper_int8(CudaContext&, const TensorView&, const TensorView&, const TensorView&,
+                                    const TensorView&, const TensorView&, const TensorView&, const AttentionParams&,
+                                    const TensorView&, int = 7) {
+  return make_error(ErrorCode::unsupported, attention_hopper_int8(Int8AttentionCall{}, nullptr));
+}
 #endif
 
 }  // namespace ls::cuda
