@@ -80,3 +80,25 @@ def test_the_schedule_matches_by_timestep_not_by_float(inputs):
         assert e.report()["adaln"]["tables_computed"] is False
     e.denoise(clip, video, audio, SCHEDULE[2], text=text)
     assert e.report()["adaln"]["tables_computed"] is False
+
+
+def test_the_device_peak_of_every_call_is_the_first_calls(inputs):
+    """Issue 25's budget overrun, on the CPU backend's counted memory: a later call refined the
+    text and computed its AdaLN tables while the activation arena of the previous call was
+    still held, so its peak was the first call's plus those (the planner counts them as
+    separate peaks). Raw text (refined at every call) and a new sigma per call (tables at
+    every call): every call's device peak is a fresh engine's."""
+    video, audio, text = inputs
+    clip = layerstream.Clip(FRAMES, WIDTH, HEIGHT, TOKENS)
+    e = layerstream.Engine(preset="tiny")
+    peaks = []
+    for sigma in (0.9, 0.7, 0.5, 0.3):
+        e.denoise(clip, video, audio, sigma, text=text)
+        rep = e.report(output_hash=False)
+        assert rep["adaln"]["tables_computed"] is True
+        peaks.append(rep["device_peak_bytes"])
+    f = layerstream.Engine(preset="tiny")
+    f.denoise(clip, video, audio, 0.3, text=text)
+    first = f.report(output_hash=False)["device_peak_bytes"]
+    assert first > 0
+    assert peaks == [first] * len(peaks), (peaks, first)
