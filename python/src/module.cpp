@@ -180,7 +180,7 @@ struct ClipHolder {
   }
 };
 
-std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
+std::unique_ptr<ClipHolder> make_clip_values(const py::dict& d, uintptr_t stream) {
   auto h = std::make_unique<ClipHolder>();
   ls_clip& c = h->clip;
   ls_clip_init(&c);
@@ -243,6 +243,16 @@ std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
   return h;
 }
 
+// The clip, with a value of the wrong type a layerstream.InvalidArgument (Clip._to_c
+// converts and checks first; this is the net under it).
+std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
+  try {
+    return make_clip_values(d, stream);
+  } catch (const py::cast_error& x) {
+    invalid(std::string("clip: a value is not of the type its field takes (") + x.what() + ")");
+  }
+}
+
 // ---- the engine ------------------------------------------------------------------------
 template <typename T>
 T get(const py::dict& d, const char* key, T fallback) {
@@ -254,30 +264,51 @@ class Engine {
   // `p`: the ls_engine_params fields by name (python/layerstream/__init__.py builds it);
   // numerics as ls_numerics fields (enums as ints).
   explicit Engine(const py::dict& p) {
+    try {
+      create(p);
+    } catch (const py::cast_error& x) {
+      // python/layerstream/__init__.py converts and checks every value first; this is the net
+      // under it, so that a bad value is a layerstream.InvalidArgument, never a bare cast error.
+      invalid(std::string("Engine: a value is not of the type its parameter takes (") + x.what() + ")");
+    }
+  }
+  ~Engine() { close(); }
+
+ private:
+  void create(const py::dict& p) {
+    // The defaults are the library's (ls_engine_params_init, ls_memory_request_init,
+    // ls_numerics_init): only what the caller gave is set here.
     ls_engine_params ep;
     ls_engine_params_init(&ep);
     const std::string model = get<std::string>(p, "model_path", "");
     const std::string preset = get<std::string>(p, "preset", "");
-    const std::string device = get<std::string>(p, "device", "cpu");
+    const std::string device = get<std::string>(p, "device", ep.device);
     ep.model_path = model.empty() ? nullptr : model.c_str();
     ep.preset = preset.empty() ? nullptr : preset.c_str();
-    ep.weights_seed = get<uint64_t>(p, "weights_seed", 0);
-    ep.blocks = get<int64_t>(p, "blocks", 0);
+    ep.weights_seed = get<uint64_t>(p, "weights_seed", ep.weights_seed);
+    ep.blocks = get<int64_t>(p, "blocks", ep.blocks);
     ep.device = device.c_str();
-    ep.threads = get<int32_t>(p, "threads", 0);
-    ep.memory_mode = static_cast<ls_memory_mode>(get<int>(p, "memory_mode", LS_MEMORY_KNOBS));
-    ep.vram_budget = get<uint64_t>(p, "vram_budget", 0);
-    ep.prefetch = get<int32_t>(p, "prefetch", 1);  // 0, 1 or 2 (ls_engine_params.prefetch)
-    ep.activation_budget = get<uint64_t>(p, "activation_budget", 0);
-    ep.mlp_chunk = get<int64_t>(p, "mlp_chunk", 0);
-    ep.attn_chunk = get<int64_t>(p, "attn_chunk", 0);
-    ep.final_chunk = get<int64_t>(p, "final_chunk", 0);
-    ep.kv_offload = get<bool>(p, "kv_offload", false) ? 1 : 0;
-    ep.kv_chunk = get<int64_t>(p, "kv_chunk", 0);
-    ep.residual_offload = get<bool>(p, "residual_offload", false) ? 1 : 0;
-    ep.resident_blocks = get<int64_t>(p, "resident_blocks", -1);
-    ep.slots = get<int32_t>(p, "slots", 2);
-    ep.check_finite = get<bool>(p, "check_finite", true) ? 1 : 0;
+    ep.threads = get<int32_t>(p, "threads", ep.threads);
+    // The memory choice: ONE tagged request (ls_memory_request), the fields given only.
+    ls_memory_request mr;
+    ls_memory_request_init(&mr);
+    if (p.contains("memory") && !p["memory"].is_none()) {
+      py::dict m = p["memory"];
+      mr.mode = static_cast<ls_memory_mode>(get<int>(m, "mode", LS_MEMORY_KNOBS));
+      mr.vram_budget = get<int64_t>(m, "vram_budget", LS_UNSET);
+      mr.activation_budget = get<int64_t>(m, "activation_budget", LS_UNSET);
+      mr.prefetch = get<int64_t>(m, "prefetch", LS_UNSET);
+      mr.mlp_chunk = get<int64_t>(m, "mlp_chunk", LS_UNSET);
+      mr.attn_chunk = get<int64_t>(m, "attn_chunk", LS_UNSET);
+      mr.final_chunk = get<int64_t>(m, "final_chunk", LS_UNSET);
+      mr.kv_offload = get<int64_t>(m, "kv_offload", LS_UNSET);
+      mr.kv_chunk = get<int64_t>(m, "kv_chunk", LS_UNSET);
+      mr.residual_offload = get<int64_t>(m, "residual_offload", LS_UNSET);
+      mr.resident_blocks = get<int64_t>(m, "resident_blocks", LS_UNSET);
+      mr.slots = get<int64_t>(m, "slots", LS_UNSET);
+      ep.memory = &mr;
+    }
+    ep.check_finite = get<bool>(p, "check_finite", ep.check_finite != 0) ? 1 : 0;
     std::vector<std::string> loras;
     if (p.contains("loras"))
       for (const auto& l : p["loras"]) loras.push_back(py::cast<std::string>(l));
@@ -285,7 +316,7 @@ class Engine {
     for (const auto& l : loras) lora_ptrs.push_back(l.c_str());
     ep.loras = lora_ptrs.empty() ? nullptr : lora_ptrs.data();
     ep.lora_count = lora_ptrs.size();
-    ep.lora_dtype = get<int32_t>(p, "lora_dtype", LS_LORA_DTYPE_AUTO);
+    ep.lora_dtype = get<int32_t>(p, "lora_dtype", ep.lora_dtype);
     // devices: sequence parallel over several devices (docs/multi-gpu.md), "" = device alone.
     const std::string devices = get<std::string>(p, "devices", "");
     ep.devices = devices.empty() ? nullptr : devices.c_str();
@@ -293,13 +324,13 @@ class Engine {
     ls_numerics_init(&n);
     const std::string native_variant = get<std::string>(p, "native_variant", "");
     const std::string cudnn_form = get<std::string>(p, "cudnn_form", "");
-    n.attention = static_cast<ls_attention>(get<int>(p, "attention", LS_ATTENTION_DEFAULT));
-    n.kv_tile = get<int64_t>(p, "kv_tile", 0);
-    n.gemm_f32 = static_cast<ls_gemm_f32_order>(get<int>(p, "gemm_f32", LS_GEMM_F32_LANES16));
+    n.attention = static_cast<ls_attention>(get<int>(p, "attention", n.attention));
+    n.kv_tile = get<int64_t>(p, "kv_tile", n.kv_tile);
+    n.gemm_f32 = static_cast<ls_gemm_f32_order>(get<int>(p, "gemm_f32", n.gemm_f32));
     n.native_variant = native_variant.empty() ? nullptr : native_variant.c_str();
     n.cudnn_q_chunk = get<int64_t>(p, "cudnn_q_chunk", n.cudnn_q_chunk);
     n.cudnn_form = cudnn_form.empty() ? nullptr : cudnn_form.c_str();
-    n.cudnn_skip_configs = get<int64_t>(p, "cudnn_skip_configs", 0);
+    n.cudnn_skip_configs = get<int64_t>(p, "cudnn_skip_configs", n.cudnn_skip_configs);
     ep.numerics = &n;
     ls_status st;
     std::string message;
@@ -310,8 +341,8 @@ class Engine {
     }
     if (st != LS_OK) raise(st, message);
   }
-  ~Engine() { close(); }
 
+ public:
   void close() {
     std::lock_guard<std::mutex> lock(mu_);
     ls_engine_free(e_);
@@ -467,6 +498,8 @@ uint64_t fingerprint(py::handle video, py::handle audio) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "LayerStream's C API (layerstream.h) for Python; use the `layerstream` package";
+  // Errors a caller's argument causes (InvalidArgument, OutOfBudget) are also ValueErrors,
+  // as Python's own argument errors are; every class is a layerstream.Error.
   g_error = PyErr_NewExceptionWithDoc("layerstream.Error",
                                       "An engine call failed; .status names the ls_status, str(e) is the engine's message.",
                                       PyExc_RuntimeError, nullptr);
@@ -477,7 +510,10 @@ PYBIND11_MODULE(_C, m) {
       {LS_UNSUPPORTED, "Unsupported"},          {LS_OUT_OF_BUDGET, "OutOfBudget"}, {LS_OUT_OF_MEMORY, "OutOfMemory"},
       {LS_DEVICE, "DeviceError"},               {LS_NOT_FOUND, "NotFound"},       {LS_NONFINITE, "NonFinite"}};
   for (const auto& [st, name] : classes) {
-    PyObject* cls = PyErr_NewException((std::string("layerstream.") + name).c_str(), g_error, nullptr);
+    const bool argument = st == LS_INVALID_ARGUMENT || st == LS_OUT_OF_BUDGET;
+    py::object bases = argument ? py::object(py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError)))
+                                : py::object(py::reinterpret_borrow<py::object>(g_error));
+    PyObject* cls = PyErr_NewException((std::string("layerstream.") + name).c_str(), bases.ptr(), nullptr);
     PyObject_SetAttrString(cls, "status", py::str(ls_status_string(st)).ptr());
     g_status_class[static_cast<int>(st)] = cls;
     m.attr(name) = py::handle(cls);
@@ -487,6 +523,78 @@ PYBIND11_MODULE(_C, m) {
   m.def("status_string", [](int s) { return std::string(ls_status_string(static_cast<ls_status>(s))); });
   m.def("fingerprint", &fingerprint, py::arg("video"), py::arg("audio"),
         "ls_fingerprint (FNV-1a 64 of the video bytes, then the audio bytes) of contiguous float32 arrays");
+  // The one size parser, range table and memory validation of every door (API 5).
+  m.def(
+      "parse_size",
+      [](const std::string& what, const std::string& text) {
+        uint64_t v = 0;
+        if (ls_status st = ls_parse_size(what.c_str(), text.c_str(), &v); st != LS_OK) raise(st, ls_last_error());
+        return v;
+      },
+      py::arg("what"), py::arg("text"), "ls_parse_size: bytes from a size text (1024-based units)");
+  m.def(
+      "parse_value",
+      [](const std::string& name, const std::string& what, const std::string& text) {
+        double v = 0;
+        if (ls_status st = ls_parse_value(name.c_str(), what.c_str(), text.c_str(), &v); st != LS_OK)
+          raise(st, ls_last_error());
+        return v;
+      },
+      py::arg("name"), py::arg("what"), py::arg("text"), "ls_parse_value: a number checked against the range table");
+  m.def("ranges", [] {
+    py::list out;
+    static const char* kinds[] = {"integer", "real", "size"};
+    for (size_t i = 0; i < ls_range_count(); ++i) {
+      ls_range r;
+      std::memset(&r, 0, sizeof r);
+      r.size = sizeof r;
+      if (ls_status st = ls_range_at(i, &r); st != LS_OK) raise(st, ls_last_error());
+      py::dict d;
+      d["name"] = r.name, d["kind"] = kinds[r.kind], d["lo"] = r.lo, d["hi"] = r.hi;
+      d["lo_open"] = r.lo_open != 0, d["hi_open"] = r.hi_open != 0;
+      d["text"] = r.text, d["unit"] = r.unit, d["meaning"] = r.meaning;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "memory_validate",
+      [](const py::dict& mem, py::object device) {
+        ls_memory_request mr;
+        ls_memory_request_init(&mr);
+        try {
+          mr.mode = static_cast<ls_memory_mode>(get<int>(mem, "mode", LS_MEMORY_KNOBS));
+          const std::pair<const char*, int64_t*> fields[] = {
+              {"vram_budget", &mr.vram_budget}, {"activation_budget", &mr.activation_budget},
+              {"prefetch", &mr.prefetch},       {"mlp_chunk", &mr.mlp_chunk},
+              {"attn_chunk", &mr.attn_chunk},   {"final_chunk", &mr.final_chunk},
+              {"kv_offload", &mr.kv_offload},   {"kv_chunk", &mr.kv_chunk},
+              {"residual_offload", &mr.residual_offload}, {"resident_blocks", &mr.resident_blocks},
+              {"slots", &mr.slots}};
+          for (const auto& [key, field] : fields) *field = get<int64_t>(mem, key, LS_UNSET);
+        } catch (const py::cast_error& x) {
+          invalid(std::string("memory: a value is not an integer (") + x.what() + ")");
+        }
+        const std::string dev = device.is_none() ? std::string() : py::cast<std::string>(device);
+        if (ls_status st = ls_memory_validate(&mr, device.is_none() ? nullptr : dev.c_str()); st != LS_OK)
+          raise(st, ls_last_error());
+      },
+      py::arg("memory"), py::arg("device") = py::none(), "ls_memory_validate: the one memory validation");
+  m.def(
+      "probe_checkpoint",
+      [](const std::string& path) {
+        const char* json = nullptr;
+        ls_status st;
+        std::string out;
+        {
+          py::gil_scoped_release nogil;
+          st = ls_probe_checkpoint(path.c_str(), &json);
+          if (st == LS_OK && json) out = json;
+        }
+        if (st != LS_OK) raise(st, ls_last_error());
+        return out;
+      },
+      py::arg("path"), "ls_probe_checkpoint: JSON of what the engine makes of a checkpoint");
   py::class_<Engine>(m, "Engine")
       .def(py::init<const py::dict&>(), py::arg("params"))
       .def("close", &Engine::close)
