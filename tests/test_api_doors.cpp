@@ -261,7 +261,7 @@ TEST(Doors, CApiRefusesWhatTheCliRefuses) {
   ASSERT_EQ(ls_engine_plan(e, &clip, 0.5f, &json_out), LS_OK) << ls_engine_last_error(e);
   for (float sigma : {2.0f, 1e30f, 0.0f, std::nanf("")}) {
     EXPECT_EQ(ls_engine_plan(e, &clip, sigma, &json_out), LS_INVALID_ARGUMENT) << sigma;
-    EXPECT_EQ(std::string(ls_engine_last_error()).rfind("sigma must be a finite number in (0, 1] (got '", 0), 0u)
+    EXPECT_EQ(std::string(ls_engine_last_error(e)).rfind("sigma must be a finite number in (0, 1] (got '", 0), 0u)
         << ls_engine_last_error(e);
   }
   const float nan_sigmas[] = {1.0f, std::nanf(""), 0.0f};

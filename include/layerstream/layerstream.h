@@ -222,9 +222,11 @@ LS_API ls_status ls_parse_value(const char* name, const char* what, const char* 
 
 /* ---- the checkpoint probe (API version 5) --------------------------------------------
  * What the engine makes of an H3 checkpoint without loading its weights: JSON
- * {"path", "runnable" (bool), "reason" (why not; "" when runnable), "config" (the model's
- * geometry: hidden, num_layers, heads, head_dim, text_dim, latents_dim,
- * audio_latents_dim, pdd_heads, ...), "format" (one line: "bf16", "int8_convrot g256",
+ * {"path", "runnable" (bool), "reason" (why not; "" when runnable), "status" ("ok" or the
+ * ls_status_string the engine would fail with), "model_info" (ls_model_info's fields:
+ * hidden, num_layers, heads, head_dim, text_dim, latents_dim, audio_latents_dim, and
+ * pdd_heads), "config" (the checkpoint's config under ComfyUI's names, as `layerstream
+ * info` prints it), "format" (one line: "bf16", "int8_convrot g256",
  * "fp8_scaled (float8_e4m3fn)", ...), "census" (formats by layer class), "layers" (per
  * quantised linear: format, group), "clip_grid" (frames 17j+5, width/height multiples
  * of 32, latent factors), "version"}. The string is thread-local, valid until the next

@@ -1488,6 +1488,12 @@ ls_status ls_probe_checkpoint(const char* path, const char** json) {
     j["status"] = src.ok() ? "ok" : ls_status_string(to_status(src.error().code));
     if (src.ok()) {
       const ls::h3::H3Config& cfg = (*src)->cfg();
+      // ls_model_info's fields (the engine's names), then the checkpoint's config
+      // (ComfyUI's "config.transformer" names, as `layerstream info` prints it).
+      j["model_info"] = {{"hidden", cfg.hidden},         {"num_layers", cfg.num_layers},
+                         {"heads", cfg.heads},           {"head_dim", cfg.head_dim},
+                         {"text_dim", cfg.text_dim},     {"latents_dim", cfg.latents_dim},
+                         {"audio_latents_dim", cfg.audio_latents_dim}, {"pdd_heads", cfg.pdd_heads}};
       j["config"] = nlohmann::ordered_json::parse(ls::h3::h3_config_json(cfg));
       const ls::h3::QuantCensus census = ls::h3::quant_census(cfg);
       j["format"] = ls::h3::checkpoint_format_label(census);

@@ -207,3 +207,42 @@ def test_type_information_is_shipped():
     extension = {n for n in dir(layerstream._C) if not n.startswith("_")}
     missing = extension - names - {"API_VERSION"}
     assert not missing, "layerstream._C names without a stub: %s" % sorted(missing)
+
+
+# ---- the checkpoint probe (issue 27 item 3): the engine answers what the node re-derived --
+def make_model(tmp_path, fmt):
+    import subprocess
+    tool = os.environ.get("LS_TOOL")
+    if not tool or not os.path.exists(tool):
+        pytest.fail("LS_TOOL (the layerstream CLI) is not set or missing: %r" % tool)
+    out = str(tmp_path / ("tiny_%s.safetensors" % fmt))
+    subprocess.run([tool, "make-model", "--preset", "tiny", "--format", fmt, "-q", "-o", out], check=True)
+    return out
+
+
+def test_probe_checkpoint(tmp_path):
+    from layerstream_h3 import checkpoint
+    bf16 = make_model(tmp_path, "bf16")
+    p = layerstream.probe_checkpoint(bf16)
+    assert p["runnable"] and p["reason"] == "" and p["format"] == "bf16" and p["layers"] == {}
+    with layerstream.Engine(bf16) as e:
+        info = e.info()
+    for key in ("hidden", "num_layers", "heads", "head_dim", "text_dim", "latents_dim", "audio_latents_dim"):
+        assert p["model_info"][key] == info[key], key
+    assert p["config"]["hidden_size"] == info["hidden"]
+    assert p["clip_grid"]["frame_step"] == 17 and p["clip_grid"]["latent_downscale"] == 16
+    int8 = make_model(tmp_path, "int8-convrot")
+    q = layerstream.probe_checkpoint(int8)
+    assert q["runnable"] and q["format"].startswith("int8_convrot g")
+    assert q["layers"] and all(v["format"] == "int8_convrot" for v in q["layers"].values())
+    # The node's status line takes the engine's answer for a file the engine runs.
+    text, info = checkpoint.describe_format(int8)
+    assert text == q["format"] and info["engine"] and info["quantised"] == len(q["layers"])
+    assert checkpoint.unsupported_reason(int8) is None
+    # A file the engine cannot run: runnable false, the engine's reason; no exception.
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    r = layerstream.probe_checkpoint(str(bad))
+    assert not r["runnable"] and r["reason"] and r["status"] == "invalid_file", r
+    # Without the engine the node's pure-Python reading answers (its own label).
+    assert checkpoint.describe_format(bf16)[0] == "bf16"
