@@ -163,17 +163,15 @@ UNSUPPORTED_QUANT = ("nvfp4", "mxfp8", "convrot_w4a4", "asym_w4a8_int8", "awq_w4
 
 def unsupported_reason(path):
     """None when the file looks loadable by the engine, else why not (or a header error).
-    The engine's probe is the word where it has one: a file it runs is None, a format it
-    refuses as unsupported is its message; otherwise (no engine library, or a file it does
-    not take for an H3 checkpoint) the header reading below answers."""
+    A file the engine's probe says it runs is None. Otherwise the header reading below
+    answers (no engine library, or a file the probe refuses: the engine's own open refuses
+    it again, with its message, when the node makes the engine, and the node falls back;
+    the node's tests route partial files this way)."""
     if path.lower().endswith(".gguf"):
         return "GGUF checkpoints are not supported by the engine"
     p = probe(path)
-    if p is not None:
-        if p.get("runnable"):
-            return None
-        if p.get("status") == "unsupported":
-            return p.get("reason") or "the engine does not support this checkpoint"
+    if p is not None and p.get("runnable"):
+        return None
     try:
         text, info = describe_format(path)
     except (HeaderError, OSError) as e:
