@@ -291,6 +291,22 @@ TEST(Doors, CApiRefusesWhatTheCliRefuses) {
   ls_engine_free(e);
 }
 
+TEST(Doors, ClipGeometryWithoutAnEngine) {
+  ls_clip_grid g;
+  g.size = sizeof g;
+  ASSERT_EQ(ls_clip_geometry(22, 64, 96, &g), LS_OK) << ls_last_error();
+  EXPECT_EQ(g.frames, 22);
+  EXPECT_EQ(g.T, 7);
+  EXPECT_EQ(g.Hl, 6);
+  EXPECT_EQ(g.Wl, 4);
+  EXPECT_EQ(g.A, 37);
+  ASSERT_EQ(ls_clip_geometry(23, 64, 64, &g), LS_OK);
+  EXPECT_EQ(g.frames, 39);  // snapped up to 17j + 5
+  EXPECT_EQ(ls_clip_geometry(0, 64, 64, &g), LS_INVALID_ARGUMENT);
+  EXPECT_STREQ(ls_last_error(), "frames must be an integer in 1..100000 (got '0')");
+  EXPECT_EQ(ls_clip_geometry(22, 48, 64, &g), LS_INVALID_ARGUMENT);  // not a multiple of 32
+}
+
 TEST(Doors, LoraStrengthGrammar) {
   auto ok = ls::lora::parse_lora_arg("F:0.5");
   ASSERT_TRUE(ok.ok());

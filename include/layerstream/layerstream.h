@@ -61,7 +61,7 @@ extern "C" {
                            * ls_engine_params.devices, LS_ATTENTION_HOPPER;
                            * 5: ls_memory_request (one tagged memory choice, ls_memory_validate,
                            *    ls_engine_params.memory), the range table (ls_range_at,
-                           *    ls_parse_value), ls_parse_size, ls_probe_checkpoint */
+                           *    ls_parse_value), ls_parse_size, ls_clip_geometry, ls_probe_checkpoint */
 
 /* ---- status ------------------------------------------------------------------- */
 /* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
@@ -219,6 +219,19 @@ LS_API ls_status ls_range_at(size_t i, ls_range* out);
  * names it in the message (NULL = the name). LS_INVALID_ARGUMENT with the message in
  * ls_last_error(); LS_NOT_FOUND for an unknown name. */
 LS_API ls_status ls_parse_value(const char* name, const char* what, const char* text, double* value);
+
+/* ---- the clip grid (API version 5) ---------------------------------------------------
+ * The latent geometry every H3 model gives a clip (no engine needed): frames snapped up to
+ * 17j + 5, T = 5j + 2 latent frames, Hl = height / 16, Wl = width / 16, A = round(5 *
+ * frames / 3) audio latent frames. frames, width and height are checked against the range
+ * table (width and height multiples of 32); LS_INVALID_ARGUMENT with ls_last_error(). */
+typedef struct ls_clip_grid {
+  uint32_t size;              /* sizeof(ls_clip_grid), set by the caller */
+  int64_t frames;             /* snapped */
+  int64_t width, height;
+  int64_t T, Hl, Wl, A;
+} ls_clip_grid;
+LS_API ls_status ls_clip_geometry(int64_t frames, int64_t width, int64_t height, ls_clip_grid* out);
 
 /* ---- the checkpoint probe (API version 5) --------------------------------------------
  * What the engine makes of an H3 checkpoint without loading its weights: JSON

@@ -27,7 +27,7 @@ from ._C import (DeviceError, Error, InvalidArgument, InvalidFile, IoError, NonF
 
 __all__ = ["Engine", "Clip", "Keyframe", "Reference", "Error", "InvalidArgument", "InvalidFile", "IoError",
            "Unsupported", "OutOfBudget", "OutOfMemory", "DeviceError", "NotFound", "NonFinite", "version",
-           "fingerprint", "parse_size", "ranges", "validate_memory", "probe_checkpoint", "PREFETCH"]
+           "fingerprint", "parse_size", "ranges", "validate_memory", "probe_checkpoint", "clip_geometry", "PREFETCH"]
 
 
 def version():
@@ -152,6 +152,13 @@ def validate_memory(*, device: Optional[str] = None, **memory: Any) -> None:
     if unknown:
         raise InvalidArgument("validate_memory: unknown keyword(s) %s" % ", ".join(unknown))
     _C.memory_validate(_memory_request(**memory), device)
+
+
+def clip_geometry(frames: int, width: int, height: int) -> Dict[str, int]:
+    """The latent grid every H3 model gives a clip (ls_clip_geometry; no engine needed):
+    frames snapped up to 17j + 5, T, Hl, Wl and the audio latent frames A."""
+    return _C.clip_geometry(_int(frames, "frames", "frames"), _int(width, "width", "width"),
+                            _int(height, "height", "height"))
 
 
 def probe_checkpoint(path: str) -> Dict[str, Any]:

@@ -581,6 +581,19 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("memory"), py::arg("device") = py::none(), "ls_memory_validate: the one memory validation");
   m.def(
+      "clip_geometry",
+      [](int64_t frames, int64_t width, int64_t height) {
+        ls_clip_grid g;
+        std::memset(&g, 0, sizeof g);
+        g.size = sizeof g;
+        if (ls_status st = ls_clip_geometry(frames, width, height, &g); st != LS_OK) raise(st, ls_last_error());
+        py::dict d;
+        d["frames"] = g.frames, d["width"] = g.width, d["height"] = g.height;
+        d["T"] = g.T, d["Hl"] = g.Hl, d["Wl"] = g.Wl, d["A"] = g.A;
+        return d;
+      },
+      py::arg("frames"), py::arg("width"), py::arg("height"), "ls_clip_geometry: the latent grid of a clip");
+  m.def(
       "probe_checkpoint",
       [](const std::string& path) {
         const char* json = nullptr;

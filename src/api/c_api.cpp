@@ -1473,6 +1473,28 @@ ls_status ls_parse_value(const char* name, const char* what, const char* text, d
   });
 }
 
+ls_status ls_clip_geometry(int64_t frames, int64_t width, int64_t height, ls_clip_grid* out) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!out || out->size < sizeof(uint32_t))
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_clip_grid is NULL or its size is not set");
+    for (Status st : {ls::ranges::check_int("frames", frames, ls::ranges::frames),
+                      ls::ranges::check_int("width", width, ls::ranges::width),
+                      ls::ranges::check_int("height", height, ls::ranges::height)})
+      if (!st.ok()) return fail(nullptr, st.error());
+    auto g = ls::h3::clip_geometry(frames, width, height, 1);
+    if (!g.ok()) return fail(nullptr, g.error());
+    ls_clip_grid r;
+    std::memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    r.frames = g->frames, r.width = g->width, r.height = g->height;
+    r.T = g->T, r.Hl = g->Hl, r.Wl = g->Wl, r.A = g->A;
+    const uint32_t n = out->size < sizeof r ? out->size : static_cast<uint32_t>(sizeof r);
+    std::memcpy(static_cast<void*>(out), &r, n);
+    out->size = n;
+    return LS_OK;
+  });
+}
+
 ls_status ls_probe_checkpoint(const char* path, const char** json) {
   return guarded(nullptr, [&]() -> ls_status {
     if (!path || !json) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_probe_checkpoint: path or json is NULL");

@@ -17,6 +17,7 @@ int main(void) {
   ls_reference_tensors rt;
   ls_memory_request mr; /* API 5 */
   ls_range rg;
-  (void)n, (void)p, (void)c, (void)s, (void)m, (void)d, (void)g, (void)k, (void)r, (void)t, (void)kt, (void)rt, (void)mr, (void)rg;
+  ls_clip_grid cg;
+  (void)n, (void)p, (void)c, (void)s, (void)m, (void)d, (void)g, (void)k, (void)r, (void)t, (void)kt, (void)rt, (void)mr, (void)rg, (void)cg;
   return LS_OK;
 }

@@ -246,3 +246,18 @@ def test_probe_checkpoint(tmp_path):
     assert not r["runnable"] and r["reason"] and r["status"] == "invalid_file", r
     # Without the engine the node's pure-Python reading answers (its own label).
     assert checkpoint.describe_format(bf16)[0] == "bf16"
+
+
+def test_clip_geometry_is_the_engines():
+    """The node's inversion (mapping.clip_geometry: latent sizes -> the clip) agrees with the
+    engine's grid (ls_clip_geometry) over ComfyUI's sizes, and asks the engine when it can."""
+    from layerstream_h3 import mapping
+    for frames in (1, 5, 6, 22, 23, 97, 121, 241):
+        for width, height in ((32, 32), (64, 96), (1280, 704)):
+            g = layerstream.clip_geometry(frames, width, height)
+            assert (g["frames"] - 5) % 17 == 0 and g["frames"] >= frames and g["T"] == 5 * ((g["frames"] - 5) // 17) + 2
+            assert mapping.clip_geometry(g["T"], g["Hl"], g["Wl"], g["A"]) == (g["frames"], width, height)
+    refused("width must be an integer in 32..65536 (got '16')", layerstream.clip_geometry, 22, 16, 64)
+    with pytest.raises(mapping.Unsupported) as ei:
+        mapping.clip_geometry(7, 8192, 8, 37)  # 131072 pixels high: beyond the engine's range
+    assert "height must be an integer in 32..65536" in str(ei.value)
