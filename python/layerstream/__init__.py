@@ -104,6 +104,11 @@ def _float(value: Any, what: str, range_name: str) -> float:
     return v
 
 
+def _opt(check, value, name):
+    """None (the library's default) or the value checked against the range of that name."""
+    return None if value is None else check(value, name, name)
+
+
 # The prefetch choice under a vram budget, by name (ls_memory_request.prefetch 0 / 1 / 2).
 PREFETCH = {"off": 0, "auto": 1, "always": 2}
 # The memory choice's tag (ls_memory_mode), by name.
@@ -267,9 +272,12 @@ class Clip:
 
     def __init__(self, frames: int, width: int, height: int, text_tokens: int, *, text_tags: Any = None,
                  keyframes: Sequence["Keyframe"] = (), references: Sequence["Reference"] = (),
-                 video_mask: Any = None, audio_mask: Any = None, vis_aug: float = 0.999, aud_aug: float = 1.0,
-                 seed: int = 0, shift_video: float = 12.0, shift_audio: float = 3.0, audio_scale: float = 4.0,
+                 video_mask: Any = None, audio_mask: Any = None, vis_aug: Optional[float] = None,
+                 aud_aug: Optional[float] = None, seed: Optional[int] = None, shift_video: Optional[float] = None,
+                 shift_audio: Optional[float] = None, audio_scale: Optional[float] = None,
                  sample_sigmas: Any = None) -> None:
+        # None = the library's default (ls_clip_init: vis_aug 0.999, aud_aug 1, seed 0, shifts
+        # 12 and 3, audio_scale 4), the one place they are written.
         self.frames, self.width, self.height, self.text_tokens = frames, width, height, text_tokens
         self.text_tags = text_tags
         self.keyframes, self.references = list(keyframes), list(references)
@@ -279,7 +287,7 @@ class Clip:
         self.sample_sigmas = sample_sigmas
 
     def __repr__(self):
-        return "Clip(frames=%d, width=%d, height=%d, text_tokens=%d, keyframes=%d, references=%d)" % (
+        return "Clip(frames=%r, width=%r, height=%r, text_tokens=%r, keyframes=%d, references=%d)" % (
             self.frames, self.width, self.height, self.text_tokens, len(self.keyframes), len(self.references))
 
     def _to_c(self):
@@ -300,11 +308,11 @@ class Clip:
             "references": [(_REFERENCE_KINDS[r.kind], r.video, r.audio, r.noise_video, r.noise_audio)
                            for r in self.references],
             "video_mask": self.video_mask, "audio_mask": self.audio_mask,
-            "vis_aug": _float(self.vis_aug, "vis_aug", "vis_aug"), "aud_aug": _float(self.aud_aug, "aud_aug", "aud_aug"),
-            "seed": _int(self.seed, "seed", "seed"),
-            "shift_video": _float(self.shift_video, "shift_video", "shift_video"),
-            "shift_audio": _float(self.shift_audio, "shift_audio", "shift_audio"),
-            "audio_scale": _float(self.audio_scale, "audio_scale", "audio_scale"),
+            "vis_aug": _opt(_float, self.vis_aug, "vis_aug"), "aud_aug": _opt(_float, self.aud_aug, "aud_aug"),
+            "seed": _opt(_int, self.seed, "seed"),
+            "shift_video": _opt(_float, self.shift_video, "shift_video"),
+            "shift_audio": _opt(_float, self.shift_audio, "shift_audio"),
+            "audio_scale": _opt(_float, self.audio_scale, "audio_scale"),
             "sample_sigmas": _floats(self.sample_sigmas, "sample_sigmas", "sample_sigma"),
         }
 

@@ -159,6 +159,12 @@ std::unique_ptr<Held> as_tensor(py::handle obj, bool writable, uintptr_t stream,
           std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
 }
 
+// A dict entry, or `fallback` (the library's default) when absent or None.
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
 // ---- the clip --------------------------------------------------------------------------
 // The clip as python/layerstream/__init__.py hands it over (Clip._to_c): a dict of plain
 // values; keyframes as (pixel_frame, video, audio, noise_video, noise_audio) tuples,
@@ -195,12 +201,13 @@ std::unique_ptr<ClipHolder> make_clip_values(const py::dict& d, uintptr_t stream
               std::to_string(c.text_tokens));
     c.text_tags = reinterpret_cast<const int8_t*>(h->tags.data());
   }
-  c.vis_aug = d["vis_aug"].cast<double>();
-  c.aud_aug = d["aud_aug"].cast<double>();
-  c.seed = d["seed"].cast<uint64_t>();
-  c.shift_video = d["shift_video"].cast<double>();
-  c.shift_audio = d["shift_audio"].cast<double>();
-  c.audio_scale = d["audio_scale"].cast<double>();
+  // Not given (None): ls_clip_init's defaults, the library's (h3::Conditioning's).
+  c.vis_aug = get<double>(d, "vis_aug", c.vis_aug);
+  c.aud_aug = get<double>(d, "aud_aug", c.aud_aug);
+  c.seed = get<uint64_t>(d, "seed", c.seed);
+  c.shift_video = get<double>(d, "shift_video", c.shift_video);
+  c.shift_audio = get<double>(d, "shift_audio", c.shift_audio);
+  c.audio_scale = get<double>(d, "audio_scale", c.audio_scale);
   if (!d["sample_sigmas"].is_none()) {
     h->sigmas = d["sample_sigmas"].cast<std::vector<float>>();
     c.sample_sigmas = h->sigmas.data();
@@ -254,10 +261,6 @@ std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
 }
 
 // ---- the engine ------------------------------------------------------------------------
-template <typename T>
-T get(const py::dict& d, const char* key, T fallback) {
-  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
-}
 
 class Engine {
  public:
