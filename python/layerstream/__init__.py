@@ -342,7 +342,7 @@ def _stream_handle(stream, arrays):
         return int(torch.cuda.current_stream(device).cuda_stream)
     if hasattr(stream, "cuda_stream"):
         return int(stream.cuda_stream)
-    if isinstance(stream, int) and stream >= 0:
+    if isinstance(stream, int) and not isinstance(stream, bool) and 0 <= stream < (1 << 64):
         return stream
     raise InvalidArgument("stream: give a CUDA stream handle (int) or an object with .cuda_stream, got %r" % (stream,))
 

@@ -162,6 +162,8 @@ def test_refused_like_the_cli(tiny):
     refused("frames must be an integer in 1..100000 (got 22.5)", tiny.plan, layerstream.Clip(22.5, 64, 64, 8), 0.5)
     refused("seed must be an integer in 0..2^63-1 (got '-1')", tiny.plan, clip(seed=-1), 0.5)
     refused("keyframe pixel_frame must be a 64-bit integer", layerstream.Keyframe, 2 ** 70)
+    v = np.zeros((1,), np.float32)
+    refused("stream: give a CUDA stream handle", tiny.denoise, clip(), v, v, 0.5, text=v, stream=2 ** 70)
     refused("lora strength must be a finite number in [-100, 100] (got 'inf')", layerstream.Engine,
             preset="tiny", loras=[("x.safetensors", math.inf)])
     refused("the strength must be a finite number in [-100, 100] (got '0x10')", layerstream.Engine,
