@@ -66,18 +66,32 @@ TEST(Api, CreateFailuresSetTheThreadLocalMessage) {
   p.vram_budget = 1ull << 30;
   EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);  // the CPU has no device memory
   EXPECT_NE(std::string(ls_last_error()).find("CPU"), std::string::npos);
-  // prefetch: 0 one slot, 1 (default) two or the planner's one, 2 always two; else refused.
+  // prefetch: 0 one slot, 1 (default) two or the planner's one, 2 always two; else refused
+  // by the range table; and, a vram budget's choice, refused without one (API 5: it was
+  // ignored; tests/data/memory_doors.json has the table every door answers alike).
   ls_engine_params_init(&p);
   p.preset = "tiny";
   for (int32_t bad : {-1, 3}) {
     p.prefetch = bad;
     EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT) << bad;
-    EXPECT_NE(std::string(ls_last_error()).find("prefetch must be 0"), std::string::npos) << ls_last_error();
+    EXPECT_NE(std::string(ls_last_error()).find("prefetch must be an integer in 0..2"), std::string::npos)
+        << ls_last_error();
   }
-  for (int32_t good : {0, 1, 2}) {
-    p.prefetch = good;
-    ASSERT_EQ(ls_engine_create(&p, &e), LS_OK) << ls_last_error();
-    ls_engine_free(e);
+  for (int32_t without_budget : {0, 2}) {
+    p.prefetch = without_budget;
+    EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT) << without_budget;
+    EXPECT_NE(std::string(ls_last_error()).find("goes with vram_budget"), std::string::npos) << ls_last_error();
+  }
+  p.prefetch = 1;  // the default
+  ASSERT_EQ(ls_engine_create(&p, &e), LS_OK) << ls_last_error();
+  ls_engine_free(e);
+  ls_memory_request r;
+  ls_memory_request_init(&r);
+  r.mode = LS_MEMORY_VRAM_BUDGET;
+  r.vram_budget = int64_t{1} << 30;
+  for (int64_t good : {0, 1, 2}) {
+    r.prefetch = good;
+    EXPECT_EQ(ls_memory_validate(&r, "cuda"), LS_OK) << ls_last_error();
   }
 }
 

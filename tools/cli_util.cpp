@@ -6,44 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "api/memory_request.h"
 #include "api/session.h"
 #include "io/output_file.h"
 
 namespace ls::tools {
 namespace {
-
-__extension__ typedef unsigned __int128 u128;
-
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-std::string quoted(std::string_view text) {
-  return text.empty() ? std::string("an empty value") : "'" + std::string(text) + "'";
-}
-
-std::string num(double v) {
-  // The shortest text that reads back as v, without an exponent where one is not needed
-  // (100, not 1e+02; 0.1, not 0.10000000000000001).
-  std::string first;
-  for (int p = 1; p <= 17; ++p) {
-    char b[40];
-    std::snprintf(b, sizeof b, "%.*g", p, v);
-    if (std::strtod(b, nullptr) != v) continue;
-    if (std::string(b).find('e') == std::string::npos) return b;
-    if (first.empty()) first = b;
-  }
-  if (!first.empty()) return first;
-  char b[40];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
-
-// "1 EiB", "64 MiB", "1536 B": exact, the largest 1024-unit that divides the value.
-std::string bytes_text(uint64_t v) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (u < 6 && v != 0 && v % 1024 == 0) v /= 1024, ++u;
-  return std::to_string(v) + " " + kUnits[u];
-}
 
 // The long name of "-o,--output" ("--output"), else the first name.
 std::string flag_name(const std::string& names) {
@@ -69,147 +37,54 @@ std::string opts_text(const std::string& type, const std::string& def, bool requ
 
 }  // namespace
 
-namespace {
-// 2^63-1 and large powers of two written as such (0..2^63-1, 0..2^40).
-std::string int_text(int64_t v) {
-  if (v == INT64_MAX) return "2^63-1";
-  for (int k = 20; k < 63; ++k)
-    if (v == (int64_t{1} << k)) return "2^" + std::to_string(k);
-  return std::to_string(v);
-}
-}  // namespace
-
-std::string describe(const IntRange& r) { return int_text(r.lo) + ".." + int_text(r.hi); }
-
-std::string describe(const FloatRange& r) {
-  return std::string(r.lo_open ? "(" : "[") + num(r.lo) + ", " + num(r.hi) + (r.hi_open ? ")" : "]");
-}
-
-std::string describe(const SizeRange& r) { return bytes_text(r.lo) + ".." + bytes_text(r.hi); }
-
-Expected<int64_t> parse_int(std::string_view flag, std::string_view text, const IntRange& r) {
-  auto fail = [&]() {
-    return Error{ErrorCode::invalid_argument,
-                 std::string(flag) + " must be an integer in " + describe(r) + " (got " + quoted(text) + ")"};
-  };
-  size_t i = 0;
-  if (!text.empty() && text[0] == '-' && r.lo < 0) i = 1;  // a sign only where the range is signed
-  if (i == text.size()) return fail();
-  for (size_t k = i; k < text.size(); ++k)
-    if (!is_digit(text[k])) return fail();
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < r.lo || v > r.hi) return fail();
-  return v;
-}
-
 Expected<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
   return parse_int(std::string_view(flag), std::string_view(text), IntRange{lo, hi});
 }
 
-namespace {
-// [-]DIGITS[.DIGITS][e[+|-]DIGITS] or [-].DIGITS[...]: checked here so that strtod's
-// extras (spaces, '+', hex floats, inf, nan) never get through.
-bool float_syntax(std::string_view text, bool signed_range) {
-  size_t i = 0;
-  if (!text.empty() && text[0] == '-' && signed_range) i = 1;
-  size_t digits = 0;
-  while (i < text.size() && is_digit(text[i])) ++i, ++digits;
-  if (i < text.size() && text[i] == '.') {
-    ++i;
-    while (i < text.size() && is_digit(text[i])) ++i, ++digits;
-  }
-  if (digits == 0) return false;
-  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
-    ++i;
-    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
-    size_t exp_digits = 0;
-    while (i < text.size() && is_digit(text[i])) ++i, ++exp_digits;
-    if (exp_digits == 0) return false;
-  }
-  return i == text.size();
-}
-bool in_range(double v, const FloatRange& r) {
-  if (!std::isfinite(v)) return false;
-  const bool lo_ok = r.lo_open ? v > r.lo : v >= r.lo;
-  const bool hi_ok = r.hi_open ? v < r.hi : v <= r.hi;
-  return lo_ok && hi_ok;
-}
-}  // namespace
-
-Expected<float> parse_float32(std::string_view flag, std::string_view text, const FloatRange& r) {
-  const std::string s(text);
-  float v = 0;
-  if (float_syntax(text, r.lo < 0)) v = std::strtof(s.c_str(), nullptr);  // the "C" locale
-  if (!float_syntax(text, r.lo < 0) || !in_range(static_cast<double>(v), r))
-    return Error{ErrorCode::invalid_argument,
-                 std::string(flag) + " must be a finite number in " + describe(r) + " (got " + quoted(text) + ")"};
-  return v;
-}
-
-Expected<double> parse_float(std::string_view flag, std::string_view text, const FloatRange& r) {
-  auto fail = [&]() {
-    return Error{ErrorCode::invalid_argument,
-                 std::string(flag) + " must be a finite number in " + describe(r) + " (got " + quoted(text) + ")"};
+Expected<api::MemorySpec> memory_from_flags(const MemoryFlags& f, api::MemoryRequest* request) {
+  if (f.keep_prefetch && f.no_prefetch)
+    return Error{ErrorCode::invalid_argument, "give --no-prefetch (one slot) or --keep-prefetch (two), not both"};
+  api::MemoryRequest r;
+  const auto given = [](const FlagText* t) { return t != nullptr && t->given(); };
+  // Each given flag's text through the library's grammar and range (ranges.h).
+  const auto size = [&](const FlagText* t, std::optional<uint64_t>& out) -> Status {
+    if (!given(t)) return {};
+    LS_ASSIGN_OR_RETURN(out, parse_size(t->name, t->text, range::budget));
+    return {};
   };
-  if (!float_syntax(text, r.lo < 0)) return fail();
-  const std::string s(text);
-  const double v = std::strtod(s.c_str(), nullptr);  // the "C" locale: the CLI never sets another
-  if (!in_range(v, r)) return fail();
-  return v;
-}
-
-Expected<uint64_t> parse_size(std::string_view flag, std::string_view text, const SizeRange& r) {
-  const std::string what = std::string(flag) + " must be a size in " + describe(r) +
-                           ": bytes, or a number with a 1024-based unit K, M, G, T (the same as KiB, MiB, GiB, "
-                           "TiB), e.g. 512M, 3G, 3.5GiB";
-  auto fail = [&]() { return Error{ErrorCode::invalid_argument, what + " (got " + quoted(text) + ")"}; };
-  size_t i = 0;
-  uint64_t whole = 0;
-  size_t whole_digits = 0;
-  bool overflow = false;
-  while (i < text.size() && is_digit(text[i])) {
-    const uint64_t d = static_cast<uint64_t>(text[i] - '0');
-    if (whole > (UINT64_MAX - d) / 10) overflow = true;
-    else whole = whole * 10 + d;
-    ++i, ++whole_digits;
-  }
-  uint64_t frac = 0, frac_scale = 1;  // the fraction frac / frac_scale, up to 18 digits
-  size_t frac_digits = 0;
-  bool has_point = false;
-  if (i < text.size() && text[i] == '.') {
-    has_point = true;
-    ++i;
-    while (i < text.size() && is_digit(text[i])) {
-      if (frac_digits < 18) frac = frac * 10 + static_cast<uint64_t>(text[i] - '0'), frac_scale *= 10;
-      ++i, ++frac_digits;
-    }
-  }
-  if (whole_digits + frac_digits == 0) return fail();
-  std::string unit;
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return fail();
-    unit += static_cast<char>(c >= 'a' ? c - 'a' + 'A' : c);
-  }
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "K" || unit == "KIB") shift = 10;
-  else if (unit == "M" || unit == "MIB") shift = 20;
-  else if (unit == "G" || unit == "GIB") shift = 30;
-  else if (unit == "T" || unit == "TIB") shift = 40;
-  else if (unit == "KB" || unit == "MB" || unit == "GB" || unit == "TB")
-    return Error{ErrorCode::invalid_argument, what + "; decimal units (KB, MB, GB, TB) are not accepted: every size "
-                                                     "in LayerStream is 1024-based, write " +
-                                                  std::string(1, unit[0]) + " or " + std::string(1, unit[0]) +
-                                                  "iB (got " + quoted(text) + ")"};
-  if (shift < 0) return fail();
-  if (shift == 0 && has_point) return fail();  // a fraction of a byte
-  if (overflow) return fail();
-  // Exact: whole * 2^shift + floor(frac * 2^shift / frac_scale), in 128 bits.
-  const u128 v = (static_cast<u128>(whole) << shift) + ((static_cast<u128>(frac) << shift) / frac_scale);
-  if (v < r.lo || v > r.hi) return fail();
-  return static_cast<uint64_t>(v);
+  const auto integer = [&](const FlagText* t, const IntRange& rg, std::optional<int64_t>& out) -> Status {
+    if (!given(t)) return {};
+    LS_ASSIGN_OR_RETURN(out, parse_int(std::string_view(t->name), std::string_view(t->text), rg));
+    return {};
+  };
+  // Which flags are given decides the combination messages, whatever their values: a
+  // given flag with a bad value is refused for its value only once the combination is fine.
+  const auto mark = [&](const FlagText* t, std::optional<int64_t>& out) {
+    if (given(t)) out = 0;
+  };
+  mark(f.mlp_chunk, r.mlp_chunk), mark(f.attn_chunk, r.attn_chunk), mark(f.final_chunk, r.final_chunk);
+  mark(f.kv_chunk, r.kv_chunk), mark(f.resident_blocks, r.resident_blocks), mark(f.slots, r.slots);
+  if (given(f.vram_budget)) r.vram_budget = 1;
+  if (given(f.budget)) r.activation_budget = 1;
+  if (f.kv_offload) r.kv_offload = true;
+  if (f.residual_offload) r.residual_offload = true;
+  if (f.no_prefetch) r.prefetch = 0;
+  if (f.keep_prefetch) r.prefetch = 2;
+  r.mode = api::infer_mode(r);
+  if (r.slots) r.slots = 1;
+  if (r.resident_blocks) r.resident_blocks = 0;
+  LS_TRY(api::resolve_memory(r, api::kFlagNames));  // the combinations
+  LS_TRY(integer(f.mlp_chunk, range::chunk, r.mlp_chunk));
+  LS_TRY(integer(f.attn_chunk, range::chunk, r.attn_chunk));
+  LS_TRY(integer(f.final_chunk, range::chunk, r.final_chunk));
+  LS_TRY(integer(f.kv_chunk, range::kv_chunk, r.kv_chunk));
+  LS_TRY(integer(f.resident_blocks, range::resident_blocks, r.resident_blocks));
+  LS_TRY(integer(f.slots, range::slots, r.slots));
+  LS_TRY(size(f.budget, r.activation_budget));
+  LS_TRY(size(f.vram_budget, r.vram_budget));
+  LS_ASSIGN_OR_RETURN(api::MemorySpec spec, api::resolve_memory(r, api::kFlagNames));
+  if (request) *request = r;
+  return spec;
 }
 
 CLI::Option* add_text_flag(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,

@@ -1,5 +1,6 @@
 // Small helpers shared by the tools/cmd_*.cpp subcommands: ONE strict parser for every
-// numeric flag and ONE range per quantity, shared by every command (issue 11).
+// numeric flag and ONE range per quantity, shared by every command (issue 11) and by
+// every door of the library (the C API, Python, the node: src/core/ranges.h, issue 28).
 //
 // What the parser accepts (everything else is an invalid_argument naming the flag, the
 // accepted range and the text as given, which the commands turn into exit code 2):
@@ -27,65 +28,30 @@
 
 #include <CLI/CLI.hpp>
 
+#include "api/memory_request.h"
+#include "core/ranges.h"
 #include "backend/numerics.h"
 #include "model/lora.h"
 #include "core/status.h"
 
-namespace ls::api {
-struct WeightsSpec;
-}
 
 namespace ls::tools {
 
-struct IntRange {
-  int64_t lo = 0, hi = 0;
-};
-struct FloatRange {
-  double lo = 0, hi = 0;
-  bool lo_open = false, hi_open = false;  // (lo, hi] etc.
-};
-struct SizeRange {
-  uint64_t lo = 0, hi = 0;
-};
-
-// The accepted range of every numeric quantity of the CLI, the same in every command.
-namespace range {
-inline constexpr IntRange frames{1, 100000};             // pixel frames (snapped up to 17j+5)
-inline constexpr IntRange width{32, 65536};              // pixels (multiples of 32: checked by clip_geometry)
-inline constexpr IntRange height{32, 65536};
-inline constexpr IntRange text_tokens{1, 1000000};       // text tokens L
-inline constexpr IntRange seed{0, INT64_MAX};            // every seed: 0..2^63-1 (exact in a signed 64-bit integer)
-inline constexpr IntRange steps{1, 1000};                // sampling steps (the flow table has 1000 timesteps)
-inline constexpr IntRange kv_tile{1, int64_t{1} << 30};  // keys per attention tile
-inline constexpr IntRange chunk{0, int64_t{1} << 40};    // rows per MLP / attention / final slice (0 = all)
-inline constexpr IntRange kv_chunk{0, int64_t{1} << 40}; // keys per streamed K/V chunk (0 = about 4096)
-inline constexpr IntRange threads{0, 4096};              // CPU threads (0 = all cores)
-inline constexpr IntRange blocks{1, 1000};               // DiT blocks of a synthetic model
-inline constexpr IntRange resident_blocks{0, 1000};      // blocks kept on the device
-inline constexpr IntRange slots{1, 2};                   // slots for streamed blocks
-inline constexpr IntRange pdd_heads{1, 64};              // PDD video head bank size
-inline constexpr IntRange slice_tokens{1, 100000000};    // info: rows per slice of a memory table
-inline constexpr FloatRange sigma{0.0, 1.0, true, false};  // (0, 1]
-// Guidance scale: 1 = no guidance (one forward per step), 0 = the negative prompt alone;
-// above 100 the velocities are dominated by rounding of (positive - negative), so larger
-// values are refused rather than run (they gave all-NaN outputs at 1e99).
-inline constexpr FloatRange cfg{0.0, 100.0};
-// Every memory budget (--budget, --vram-budget): 1 byte .. 1 EiB.
-inline constexpr SizeRange budget{1, uint64_t{1} << 60};
-}  // namespace range
+// The range types, the range of every quantity and the grammar are the library's (the ONE
+// table every door consults, src/core/ranges.h): range::frames is ls::ranges::frames.
+using ranges::FloatRange;
+using ranges::IntRange;
+using ranges::SizeRange;
+namespace range = ls::ranges;
 
 // "1..100000", "(0, 1]", "1 B..1 EiB": the range as the error messages and --help print it.
-std::string describe(const IntRange& r);
-std::string describe(const FloatRange& r);
-std::string describe(const SizeRange& r);
+using ranges::describe;
 
-// The parsers. `flag` names the flag in the message ("--frames").
-Expected<int64_t> parse_int(std::string_view flag, std::string_view text, const IntRange& r);
-Expected<double> parse_float(std::string_view flag, std::string_view text, const FloatRange& r);
-Expected<uint64_t> parse_size(std::string_view flag, std::string_view text, const SizeRange& r = range::budget);
-// A float32 quantity (--sigma): the text read as a float (strtof, one rounding), checked
-// against the range as a float (a tiny positive text that rounds to 0 is refused).
-Expected<float> parse_float32(std::string_view flag, std::string_view text, const FloatRange& r);
+// The parsers (ranges.h). `flag` names the flag in the message ("--frames").
+using ranges::parse_float;
+using ranges::parse_float32;
+using ranges::parse_int;
+using ranges::parse_size;
 // The same as parse_int(flag, text, {lo, hi}) (for values whose range depends on the
 // input, such as a keyframe's frame index).
 Expected<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
@@ -98,6 +64,26 @@ struct FlagText {
   CLI::Option* opt = nullptr;
   bool given() const { return opt != nullptr && opt->count() > 0; }
 };
+
+// The memory flags of a command (forward, generate): every one that was given goes into
+// one api::MemoryRequest, checked by the library's one validation (api::resolve_memory,
+// the same rules and messages as the C API, Python and the node). Flags a command does
+// not have are nullptr / false.
+struct MemoryFlags {
+  const FlagText* vram_budget = nullptr;
+  const FlagText* budget = nullptr;  // the activation budget
+  const FlagText* mlp_chunk = nullptr;
+  const FlagText* attn_chunk = nullptr;
+  const FlagText* final_chunk = nullptr;
+  const FlagText* kv_chunk = nullptr;
+  const FlagText* resident_blocks = nullptr;
+  const FlagText* slots = nullptr;
+  bool kv_offload = false, residual_offload = false, no_prefetch = false, keep_prefetch = false;
+};
+// The request (values parsed by the flags' ranges) and the resolved MemorySpec
+// (invalid_argument naming the flags: a combination that has no effect, a value out of
+// range). knobs.kv_tile is left 0 (numerics: the caller's).
+Expected<api::MemorySpec> memory_from_flags(const MemoryFlags& f, api::MemoryRequest* request = nullptr);
 
 // A FILE / NAME flag bound as text (given() tells `-o ''` from no -o).
 CLI::Option* add_text_flag(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,

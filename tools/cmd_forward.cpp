@@ -166,26 +166,13 @@ int run_forward(const ForwardOptions& o) {
   if (o.weights_seed.given() && o.model.given())
     return usage("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset");
   if (o.blocks.given() && o.model.given()) return usage("--blocks goes with --preset (a file has its own blocks)");
-  const bool manual_residency = o.resident_blocks.given() || o.slots.given() || o.kv_offload || o.residual_offload ||
-                                o.kv_chunk.given();
-  if (o.vram_budget.given() && (manual_residency || o.budget.given()))
-    return usage("--vram-budget decides residency, offload and slices: give it alone (no --budget, --resident-blocks, "
-                 "--slots, --kv-offload, --kv-chunk, --residual-offload)");
-  if (o.no_prefetch && !o.vram_budget.given())
-    return usage("--no-prefetch goes with --vram-budget (with --resident-blocks, use --slots 1)");
-  if (o.keep_prefetch && !o.vram_budget.given()) return usage("--keep-prefetch goes with --vram-budget");
-  if (o.keep_prefetch && o.no_prefetch) return usage("give --no-prefetch (one slot) or --keep-prefetch (two), not both");
-  if (o.slots.given() && !o.resident_blocks.given())
-    return usage("--slots has no effect without --resident-blocks N (the manual residency mode): with every block "
-                 "resident nothing streams through slots");
-  if (o.kv_chunk.given() && !o.kv_offload)
-    return usage("--kv-chunk has no effect without --kv-offload (K/V stays whole on the device)");
-  const bool sliced_flags = o.mlp_chunk.given() || o.attn_chunk.given() || o.final_chunk.given();
-  if (o.budget.given() && sliced_flags)
-    return usage("--budget picks the slice sizes: give it or --mlp-chunk/--attn-chunk/--final-chunk, not both");
-  if (o.budget.given() && (o.kv_offload || o.residual_offload))
-    return usage("--budget plans the slices with K/V and the residual on the device: --kv-offload and "
-                 "--residual-offload go with --attn-chunk (or use --vram-budget, which offloads when it must)");
+  // The memory flags: one request, the library's one validation (api::resolve_memory,
+  // the same rules and messages at every door).
+  api::MemoryRequest memory_request;
+  const MemoryFlags memory_flags{&o.vram_budget, &o.budget,    &o.mlp_chunk,      &o.attn_chunk,
+                                 &o.final_chunk, &o.kv_chunk,  &o.resident_blocks, &o.slots,
+                                 o.kv_offload,   o.residual_offload, o.no_prefetch, o.keep_prefetch};
+  if (auto m = memory_from_flags(memory_flags, &memory_request); !m.ok()) return fail(m.error());
 
   auto frames = flag_int(o.frames, range::frames, 0);
   auto width = flag_int(o.width, range::width, 0);
@@ -247,9 +234,8 @@ int run_forward(const ForwardOptions& o) {
   auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
   if (!opened.ok()) return fail(opened.error());
   api::Session& session = **opened;
-  if (session.device_is_cpu() && o.vram_budget.given())
-    return usage("--vram-budget is a device budget and the CPU backend has no device memory (on the CPU it only "
-                 "copies weights into more host memory): use --budget for the activation memory, or --device cuda");
+  if (Status s = api::check_memory_device(memory_request, session.device_is_cpu(), api::kFlagNames); !s.ok())
+    return fail(s.error());
   if (!o.kv_tile.given()) knobs.kv_tile = 0;  // the device's (Session::resolve_kv_tile)
 
   // Weights.

@@ -212,11 +212,13 @@ int run_generate(const GenerateOptions& o) {
   if (o.text_tokens.given() && o.text.given())
     return fail("--text-tokens has no effect with --text (the file's \"text\" gives L): leave it out");
   const bool any_chunk = o.mlp_chunk.given() || o.attn_chunk.given() || o.final_chunk.given();
-  if (any_chunk && o.budget.given())
-    return fail("--budget picks the slice sizes itself: give it without --mlp-chunk/--attn-chunk/--final-chunk");
-  if (o.vram_budget.given() && (any_chunk || o.budget.given()))
-    return fail("--vram-budget picks slices, weight residency and offload itself: give it without --budget and "
-                "--mlp-chunk/--attn-chunk/--final-chunk");
+  // The memory flags: one request, the library's one validation (api::resolve_memory).
+  api::MemoryRequest memory_request;
+  MemoryFlags memory_flags;
+  memory_flags.vram_budget = &o.vram_budget, memory_flags.budget = &o.budget;
+  memory_flags.mlp_chunk = &o.mlp_chunk, memory_flags.attn_chunk = &o.attn_chunk;
+  memory_flags.final_chunk = &o.final_chunk;
+  if (auto m = memory_from_flags(memory_flags, &memory_request); !m.ok()) return fail(m.error().message);
   if (o.vram_budget.given() && builtin)
     return fail("--vram-budget needs --model or --preset (the built-in demonstration compares fixed stock and "
                 "sliced plans)");
@@ -273,9 +275,8 @@ int run_generate(const GenerateOptions& o) {
   auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
   if (!opened.ok()) return fail(opened.error());
   api::Session& session = **opened;
-  if (session.device_is_cpu() && o.vram_budget.given())
-    return fail("--vram-budget is a device budget and the CPU backend has no device memory (on the CPU it only "
-                "copies weights into more host memory): use --budget for the activation memory, or --device cuda");
+  if (Status s = api::check_memory_device(memory_request, session.device_is_cpu(), api::kFlagNames); !s.ok())
+    return fail(s.message());
   if (!o.kv_tile.given()) knobs.kv_tile = 0;  // the device's (Session::resolve_kv_tile)
 
   // ---- weights ----

@@ -1,7 +1,12 @@
 """Which file a ComfyUI MODEL was loaded from, and what its DiT weights are stored as.
 
-Pure Python (json + struct): runs without torch, ComfyUI or the engine, and reads only
-the safetensors header plus the few small `.comfy_quant` tensors (never the weights).
+The engine answers first: layerstream.probe_checkpoint (the C API's ls_probe_checkpoint)
+opens the file as the engine would (header, tensor table, every quantised layer; the
+weights are mapped, not read) and says whether it can run it, its format per layer and
+its geometry. Where the engine library is absent, or the file is not one the engine
+recognises as an H3 checkpoint, the pure-Python reading below (json + struct: the
+safetensors header plus the few small `.comfy_quant` tensors, never the weights) gives
+the status line its text.
 """
 
 import json
@@ -63,11 +68,49 @@ def _read_tensor_bytes(path, data_start, entry, limit=4096):
         return f.read(b - a)
 
 
+def probe(path):
+    """The engine's probe of the checkpoint (a dict: runnable, reason, status, config,
+    format, census, layers, clip_grid), or None when the layerstream package (with
+    probe_checkpoint) is not importable."""
+    try:
+        import layerstream
+    except Exception:
+        return None
+    fn = getattr(layerstream, "probe_checkpoint", None)
+    if fn is None:
+        return None
+    try:
+        return fn(path)
+    except Exception:  # an argument the probe refuses (not a path): the fallback answers
+        return None
+
+
+def _engine_format(p):
+    """describe_format's answer from a runnable probe: the engine's label and counts."""
+    census = p.get("census") or {}
+    formats, groups, quantised = {}, {}, 0
+    for q in census.get("quantised", []):
+        formats[q["format"]] = formats.get(q["format"], 0) + q["linears"]
+        if q.get("group"):
+            groups[q["group"]] = groups.get(q["group"], 0) + q["linears"]
+        quantised += q["linears"]
+    info = {"quantised": quantised, "formats": formats, "groups": groups, "plain_linears": census.get("plain_linears"),
+            "engine": True}
+    if not quantised:
+        info["dtypes"] = {d["dtype"]: d["tensors"] for d in census.get("bytes_by_dtype", [])}
+    return p.get("format") or "?", info
+
+
 def describe_format(path):
     """A short description of the DiT's block linears, as the status shows it:
     'bf16', 'int8_convrot g256', 'int8_convrot g256+g64', 'fp8_scaled (float8_e4m3fn)', or a
     mixed one such as 'int8_convrot g256 (+ 4 blocks bf16)'. Also returns the raw counts.
-    Raises HeaderError when the file is not a readable safetensors file."""
+    Raises HeaderError when the file is not a readable safetensors file.
+    A file the engine runs is described by the engine (probe(): its label, e.g. 'bf16',
+    'int8_convrot g256+g64', 'fp8_e4m3'; info["engine"] True)."""
+    p = probe(path)
+    if p is not None and p.get("runnable"):
+        return _engine_format(p)
     header, data_start = read_header(path)
     groups = {}
     formats = {}
@@ -119,9 +162,16 @@ UNSUPPORTED_QUANT = ("nvfp4", "mxfp8", "convrot_w4a4", "asym_w4a8_int8", "awq_w4
 
 
 def unsupported_reason(path):
-    """None when the file looks loadable by the engine, else why not (or a header error)."""
+    """None when the file looks loadable by the engine, else why not (or a header error).
+    A file the engine's probe says it runs is None. Otherwise the header reading below
+    answers (no engine library, or a file the probe refuses: the engine's own open refuses
+    it again, with its message, when the node makes the engine, and the node falls back;
+    the node's tests route partial files this way)."""
     if path.lower().endswith(".gguf"):
         return "GGUF checkpoints are not supported by the engine"
+    p = probe(path)
+    if p is not None and p.get("runnable"):
+        return None
     try:
         text, info = describe_format(path)
     except (HeaderError, OSError) as e:

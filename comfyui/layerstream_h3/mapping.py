@@ -82,11 +82,33 @@ def clip_geometry(T, Hl, Wl, A):
     if T < 2 or (T - 2) % 5:
         raise Unsupported("{} latent frames is not on the 17k+5 frame grid (T = 5k + 2)".format(T))
     frames = 17 * ((T - 2) // 5) + 5
-    want_a = (10 * frames + 3) // 6
+    width, height = Wl * 16, Hl * 16
+    grid = _engine_grid(frames, width, height)
+    if grid is not None and (grid["T"], grid["Hl"], grid["Wl"]) != (T, Hl, Wl):
+        raise Unsupported("the engine's grid for {} frames of {}x{} is T={}, {}x{}, not the latent's T={}, {}x{}".format(
+            frames, width, height, grid["T"], grid["Hl"], grid["Wl"], T, Hl, Wl))
+    want_a = grid["A"] if grid is not None else (10 * frames + 3) // 6
     if A != want_a:
         raise Unsupported("the audio latent has {} frames but {} video frames need {} (the engine derives the "
                           "audio length from the video's)".format(A, frames, want_a))
-    return frames, Wl * 16, Hl * 16
+    return frames, width, height
+
+
+def _engine_grid(frames, width, height):
+    """The engine's own clip grid (layerstream.clip_geometry, the C API's ls_clip_geometry),
+    or None without the engine library (the formulas above answer then). A clip the engine
+    refuses (beyond its ranges) is Unsupported with its message."""
+    try:
+        import layerstream
+    except Exception:
+        return None
+    fn = getattr(layerstream, "clip_geometry", None)
+    if fn is None:
+        return None
+    try:
+        return fn(frames, width, height)
+    except ValueError as e:  # layerstream.InvalidArgument
+        raise Unsupported(str(e))
 
 
 def _shape(t):

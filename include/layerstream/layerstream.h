@@ -56,9 +56,12 @@
 extern "C" {
 #endif
 
-#define LS_API_VERSION 4 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream;
+#define LS_API_VERSION 5 /* 2: ls_tensor (host or CUDA memory, f32|bf16, strided) and a caller's stream;
                            * 3: LoRAs; 4: ls_denoise_params.output_masks, audio-only keyframes,
-                           * ls_engine_params.devices, LS_ATTENTION_HOPPER */
+                           * ls_engine_params.devices, LS_ATTENTION_HOPPER;
+                           * 5: ls_memory_request (one tagged memory choice, ls_memory_validate,
+                           *    ls_engine_params.memory), the range table (ls_range_at,
+                           *    ls_parse_value), ls_parse_size, ls_clip_geometry, ls_probe_checkpoint */
 
 /* ---- status ------------------------------------------------------------------- */
 /* Mirrors ls::ErrorCode (src/core/status.h) plus LS_OK. */
@@ -153,6 +156,97 @@ typedef enum ls_memory_mode {
   LS_MEMORY_VRAM_BUDGET = 2        /* ONE device budget: weights, tables, activations, workspace */
 } ls_memory_mode;
 
+/* ---- the memory request (API version 5): ONE tagged memory choice ----------------
+ * The same request, validation and messages at every door (the CLI's flags, this API,
+ * Python's Engine keywords, the ComfyUI node): src/api/memory_request.h. The tag `mode`
+ * says which choice; each field is LS_UNSET (ls_memory_request_init) or given, and a
+ * given field that has no effect under the mode is refused (LS_INVALID_ARGUMENT naming
+ * it), never ignored:
+ *   LS_MEMORY_VRAM_BUDGET:       vram_budget (required), prefetch; nothing else.
+ *   LS_MEMORY_ACTIVATION_BUDGET: activation_budget (required), resident_blocks, slots;
+ *                                no slices, no kv_offload / residual_offload.
+ *   LS_MEMORY_KNOBS:             the slices, offloads and residency below.
+ * Unset fields take the library's defaults (the stock plan, every block resident, two
+ * slots; under a vram budget prefetch 1). Ranges: ls_range_at / docs/api.md. */
+#define LS_UNSET INT64_MIN
+typedef struct ls_memory_request {
+  uint32_t size;             /* sizeof(ls_memory_request), set by ls_memory_request_init */
+  ls_memory_mode mode;       /* the tag; default LS_MEMORY_KNOBS */
+  int64_t vram_budget;       /* bytes, 1 .. 2^60 */
+  int64_t activation_budget; /* bytes, 1 .. 2^60 */
+  int64_t prefetch;          /* 0 one block slot, 1 two (one where offloading exposes less), 2 always two */
+  int64_t mlp_chunk;         /* rows per MLP / patch-embedding slice; 0 = all */
+  int64_t attn_chunk;        /* rows per attention slice (two-pass); 0 = stock */
+  int64_t final_chunk;       /* rows per final-layer slice; 0 = all */
+  int64_t kv_offload;        /* 0 | 1: K/V in pinned host memory (needs attn_chunk) */
+  int64_t kv_chunk;          /* keys per streamed K/V chunk (with kv_offload; 0 = about 4096) */
+  int64_t residual_offload;  /* 0 | 1: the residual in pinned host memory (needs attn_chunk) */
+  int64_t resident_blocks;   /* blocks kept on the device, 0 .. 1000 (unset = all) */
+  int64_t slots;             /* 1 | 2 slots for streamed blocks (with resident_blocks) */
+} ls_memory_request;
+
+/* Every field LS_UNSET, mode LS_MEMORY_KNOBS. */
+LS_API void ls_memory_request_init(ls_memory_request* r);
+/* The one validation (ranges, the tag against the fields, every combination); with
+ * `device` ("cpu", "cuda", "cuda:N", "cpu*N", "cuda:0,cuda:1"; NULL = not checked) also
+ * whether the device has memory for a vram budget. LS_OK, or LS_INVALID_ARGUMENT with
+ * the message in ls_last_error(). ls_engine_create calls the same. */
+LS_API ls_status ls_memory_validate(const ls_memory_request* r, const char* device);
+
+/* ---- sizes and ranges (API version 5): the one grammar and table of every door -----
+ * Sizes: bytes ("123456", "123456B") or a number with a 1024-based unit K, M, G, T /
+ * KiB, MiB, GiB, TiB, any case ("512M", "3.5GiB"); decimal units (KB, MB, ...), spaces,
+ * signs and hex are refused. `what` names the quantity in the message (NULL = "size").
+ * LS_OK, or LS_INVALID_ARGUMENT with the message in ls_last_error(). */
+LS_API ls_status ls_parse_size(const char* what, const char* text, uint64_t* bytes);
+
+typedef enum ls_range_kind { LS_RANGE_INTEGER = 0, LS_RANGE_REAL = 1, LS_RANGE_SIZE = 2 } ls_range_kind;
+typedef struct ls_range {
+  uint32_t size;        /* sizeof(ls_range), set by the caller (or ls_range_at's init) */
+  const char* name;     /* "kv_tile", "sigma", "vram_budget", ... (static strings) */
+  ls_range_kind kind;
+  double lo, hi;        /* the bounds (sizes and integers up to 2^53 exactly) */
+  int32_t lo_open, hi_open;
+  const char* text;     /* the range as the messages print it: "1..2^30", "(0, 1]", "1 B..1 EiB" */
+  const char* unit;     /* "keys", "bytes", "" */
+  const char* meaning;  /* one line */
+} ls_range;
+/* The number of quantities in the table, and entry i (0-based); LS_NOT_FOUND past the end. */
+LS_API size_t ls_range_count(void);
+LS_API ls_status ls_range_at(size_t i, ls_range* out);
+/* `text` parsed by the grammar (integers: decimal digits; reals: [-]D[.D][e[+-]D], no
+ * '+', spaces, hex, inf, nan) and checked against the named quantity's range; `what`
+ * names it in the message (NULL = the name). LS_INVALID_ARGUMENT with the message in
+ * ls_last_error(); LS_NOT_FOUND for an unknown name. */
+LS_API ls_status ls_parse_value(const char* name, const char* what, const char* text, double* value);
+
+/* ---- the clip grid (API version 5) ---------------------------------------------------
+ * The latent geometry every H3 model gives a clip (no engine needed): frames snapped up to
+ * 17j + 5, T = 5j + 2 latent frames, Hl = height / 16, Wl = width / 16, A = round(5 *
+ * frames / 3) audio latent frames. frames, width and height are checked against the range
+ * table (width and height multiples of 32); LS_INVALID_ARGUMENT with ls_last_error(). */
+typedef struct ls_clip_grid {
+  uint32_t size;              /* sizeof(ls_clip_grid), set by the caller */
+  int64_t frames;             /* snapped */
+  int64_t width, height;
+  int64_t T, Hl, Wl, A;
+} ls_clip_grid;
+LS_API ls_status ls_clip_geometry(int64_t frames, int64_t width, int64_t height, ls_clip_grid* out);
+
+/* ---- the checkpoint probe (API version 5) --------------------------------------------
+ * What the engine makes of an H3 checkpoint without loading its weights: JSON
+ * {"path", "runnable" (bool), "reason" (why not; "" when runnable), "status" ("ok" or the
+ * ls_status_string the engine would fail with), "model_info" (ls_model_info's fields:
+ * hidden, num_layers, heads, head_dim, text_dim, latents_dim, audio_latents_dim, and
+ * pdd_heads), "config" (the checkpoint's config under ComfyUI's names, as `layerstream
+ * info` prints it), "format" (one line: "bf16", "int8_convrot g256",
+ * "fp8_scaled (float8_e4m3fn)", ...), "census" (formats by layer class), "layers" (per
+ * quantised linear: format, group), "clip_grid" (frames 17j+5, width/height multiples
+ * of 32, latent factors), "version"}. The string is thread-local, valid until the next
+ * probe on the thread. A file the engine cannot run is LS_OK with runnable false; a
+ * NULL argument is LS_INVALID_ARGUMENT. */
+LS_API ls_status ls_probe_checkpoint(const char* path, const char** json);
+
 typedef struct ls_engine_params {
   uint32_t size; /* sizeof(ls_engine_params), set by ls_engine_params_init */
   /* Weights: a checkpoint, or a preset's synthetic weights (what make-model writes). */
@@ -196,6 +290,14 @@ typedef struct ls_engine_params {
    * device, rank 0 first (`device` is then not read). The output bytes equal one
    * device's; budgets are per device; the count must divide the model's heads. */
   const char* devices;
+  /* ---- LS_API_VERSION 5 ---- */
+  /* The memory choice as ONE tagged request (ls_memory_request; copied at create). NULL
+   * (default) = the legacy fields above (memory_mode .. slots), which keep their meaning;
+   * given, the legacy memory fields must keep their defaults (else LS_INVALID_ARGUMENT).
+   * Either way the same validation runs (ls_memory_validate): under LS_MEMORY_VRAM_BUDGET
+   * a legacy slice, offload or residency field that is not its default is refused (it
+   * used to be ignored), as is a prefetch other than 1 outside it. */
+  const ls_memory_request* memory;
 } ls_engine_params;
 
 #define LS_LORA_DTYPE_AUTO 0

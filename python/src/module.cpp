@@ -159,6 +159,12 @@ std::unique_ptr<Held> as_tensor(py::handle obj, bool writable, uintptr_t stream,
           std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
 }
 
+// A dict entry, or `fallback` (the library's default) when absent or None.
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
 // ---- the clip --------------------------------------------------------------------------
 // The clip as python/layerstream/__init__.py hands it over (Clip._to_c): a dict of plain
 // values; keyframes as (pixel_frame, video, audio, noise_video, noise_audio) tuples,
@@ -180,7 +186,7 @@ struct ClipHolder {
   }
 };
 
-std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
+std::unique_ptr<ClipHolder> make_clip_values(const py::dict& d, uintptr_t stream) {
   auto h = std::make_unique<ClipHolder>();
   ls_clip& c = h->clip;
   ls_clip_init(&c);
@@ -195,12 +201,13 @@ std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
               std::to_string(c.text_tokens));
     c.text_tags = reinterpret_cast<const int8_t*>(h->tags.data());
   }
-  c.vis_aug = d["vis_aug"].cast<double>();
-  c.aud_aug = d["aud_aug"].cast<double>();
-  c.seed = d["seed"].cast<uint64_t>();
-  c.shift_video = d["shift_video"].cast<double>();
-  c.shift_audio = d["shift_audio"].cast<double>();
-  c.audio_scale = d["audio_scale"].cast<double>();
+  // Not given (None): ls_clip_init's defaults, the library's (h3::Conditioning's).
+  c.vis_aug = get<double>(d, "vis_aug", c.vis_aug);
+  c.aud_aug = get<double>(d, "aud_aug", c.aud_aug);
+  c.seed = get<uint64_t>(d, "seed", c.seed);
+  c.shift_video = get<double>(d, "shift_video", c.shift_video);
+  c.shift_audio = get<double>(d, "shift_audio", c.shift_audio);
+  c.audio_scale = get<double>(d, "audio_scale", c.audio_scale);
   if (!d["sample_sigmas"].is_none()) {
     h->sigmas = d["sample_sigmas"].cast<std::vector<float>>();
     c.sample_sigmas = h->sigmas.data();
@@ -243,41 +250,68 @@ std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
   return h;
 }
 
-// ---- the engine ------------------------------------------------------------------------
-template <typename T>
-T get(const py::dict& d, const char* key, T fallback) {
-  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+// The clip, with a value of the wrong type a layerstream.InvalidArgument (Clip._to_c
+// converts and checks first; this is the net under it).
+std::unique_ptr<ClipHolder> make_clip(const py::dict& d, uintptr_t stream) {
+  try {
+    return make_clip_values(d, stream);
+  } catch (const py::cast_error& x) {
+    invalid(std::string("clip: a value is not of the type its field takes (") + x.what() + ")");
+  }
 }
+
+// ---- the engine ------------------------------------------------------------------------
 
 class Engine {
  public:
   // `p`: the ls_engine_params fields by name (python/layerstream/__init__.py builds it);
   // numerics as ls_numerics fields (enums as ints).
   explicit Engine(const py::dict& p) {
+    try {
+      create(p);
+    } catch (const py::cast_error& x) {
+      // python/layerstream/__init__.py converts and checks every value first; this is the net
+      // under it, so that a bad value is a layerstream.InvalidArgument, never a bare cast error.
+      invalid(std::string("Engine: a value is not of the type its parameter takes (") + x.what() + ")");
+    }
+  }
+  ~Engine() { close(); }
+
+ private:
+  void create(const py::dict& p) {
+    // The defaults are the library's (ls_engine_params_init, ls_memory_request_init,
+    // ls_numerics_init): only what the caller gave is set here.
     ls_engine_params ep;
     ls_engine_params_init(&ep);
     const std::string model = get<std::string>(p, "model_path", "");
     const std::string preset = get<std::string>(p, "preset", "");
-    const std::string device = get<std::string>(p, "device", "cpu");
+    const std::string device = get<std::string>(p, "device", ep.device);
     ep.model_path = model.empty() ? nullptr : model.c_str();
     ep.preset = preset.empty() ? nullptr : preset.c_str();
-    ep.weights_seed = get<uint64_t>(p, "weights_seed", 0);
-    ep.blocks = get<int64_t>(p, "blocks", 0);
+    ep.weights_seed = get<uint64_t>(p, "weights_seed", ep.weights_seed);
+    ep.blocks = get<int64_t>(p, "blocks", ep.blocks);
     ep.device = device.c_str();
-    ep.threads = get<int32_t>(p, "threads", 0);
-    ep.memory_mode = static_cast<ls_memory_mode>(get<int>(p, "memory_mode", LS_MEMORY_KNOBS));
-    ep.vram_budget = get<uint64_t>(p, "vram_budget", 0);
-    ep.prefetch = get<int32_t>(p, "prefetch", 1);  // 0, 1 or 2 (ls_engine_params.prefetch)
-    ep.activation_budget = get<uint64_t>(p, "activation_budget", 0);
-    ep.mlp_chunk = get<int64_t>(p, "mlp_chunk", 0);
-    ep.attn_chunk = get<int64_t>(p, "attn_chunk", 0);
-    ep.final_chunk = get<int64_t>(p, "final_chunk", 0);
-    ep.kv_offload = get<bool>(p, "kv_offload", false) ? 1 : 0;
-    ep.kv_chunk = get<int64_t>(p, "kv_chunk", 0);
-    ep.residual_offload = get<bool>(p, "residual_offload", false) ? 1 : 0;
-    ep.resident_blocks = get<int64_t>(p, "resident_blocks", -1);
-    ep.slots = get<int32_t>(p, "slots", 2);
-    ep.check_finite = get<bool>(p, "check_finite", true) ? 1 : 0;
+    ep.threads = get<int32_t>(p, "threads", ep.threads);
+    // The memory choice: ONE tagged request (ls_memory_request), the fields given only.
+    ls_memory_request mr;
+    ls_memory_request_init(&mr);
+    if (p.contains("memory") && !p["memory"].is_none()) {
+      py::dict m = p["memory"];
+      mr.mode = static_cast<ls_memory_mode>(get<int>(m, "mode", LS_MEMORY_KNOBS));
+      mr.vram_budget = get<int64_t>(m, "vram_budget", LS_UNSET);
+      mr.activation_budget = get<int64_t>(m, "activation_budget", LS_UNSET);
+      mr.prefetch = get<int64_t>(m, "prefetch", LS_UNSET);
+      mr.mlp_chunk = get<int64_t>(m, "mlp_chunk", LS_UNSET);
+      mr.attn_chunk = get<int64_t>(m, "attn_chunk", LS_UNSET);
+      mr.final_chunk = get<int64_t>(m, "final_chunk", LS_UNSET);
+      mr.kv_offload = get<int64_t>(m, "kv_offload", LS_UNSET);
+      mr.kv_chunk = get<int64_t>(m, "kv_chunk", LS_UNSET);
+      mr.residual_offload = get<int64_t>(m, "residual_offload", LS_UNSET);
+      mr.resident_blocks = get<int64_t>(m, "resident_blocks", LS_UNSET);
+      mr.slots = get<int64_t>(m, "slots", LS_UNSET);
+      ep.memory = &mr;
+    }
+    ep.check_finite = get<bool>(p, "check_finite", ep.check_finite != 0) ? 1 : 0;
     std::vector<std::string> loras;
     if (p.contains("loras"))
       for (const auto& l : p["loras"]) loras.push_back(py::cast<std::string>(l));
@@ -285,7 +319,7 @@ class Engine {
     for (const auto& l : loras) lora_ptrs.push_back(l.c_str());
     ep.loras = lora_ptrs.empty() ? nullptr : lora_ptrs.data();
     ep.lora_count = lora_ptrs.size();
-    ep.lora_dtype = get<int32_t>(p, "lora_dtype", LS_LORA_DTYPE_AUTO);
+    ep.lora_dtype = get<int32_t>(p, "lora_dtype", ep.lora_dtype);
     // devices: sequence parallel over several devices (docs/multi-gpu.md), "" = device alone.
     const std::string devices = get<std::string>(p, "devices", "");
     ep.devices = devices.empty() ? nullptr : devices.c_str();
@@ -293,13 +327,13 @@ class Engine {
     ls_numerics_init(&n);
     const std::string native_variant = get<std::string>(p, "native_variant", "");
     const std::string cudnn_form = get<std::string>(p, "cudnn_form", "");
-    n.attention = static_cast<ls_attention>(get<int>(p, "attention", LS_ATTENTION_DEFAULT));
-    n.kv_tile = get<int64_t>(p, "kv_tile", 0);
-    n.gemm_f32 = static_cast<ls_gemm_f32_order>(get<int>(p, "gemm_f32", LS_GEMM_F32_LANES16));
+    n.attention = static_cast<ls_attention>(get<int>(p, "attention", n.attention));
+    n.kv_tile = get<int64_t>(p, "kv_tile", n.kv_tile);
+    n.gemm_f32 = static_cast<ls_gemm_f32_order>(get<int>(p, "gemm_f32", n.gemm_f32));
     n.native_variant = native_variant.empty() ? nullptr : native_variant.c_str();
     n.cudnn_q_chunk = get<int64_t>(p, "cudnn_q_chunk", n.cudnn_q_chunk);
     n.cudnn_form = cudnn_form.empty() ? nullptr : cudnn_form.c_str();
-    n.cudnn_skip_configs = get<int64_t>(p, "cudnn_skip_configs", 0);
+    n.cudnn_skip_configs = get<int64_t>(p, "cudnn_skip_configs", n.cudnn_skip_configs);
     ep.numerics = &n;
     ls_status st;
     std::string message;
@@ -310,8 +344,8 @@ class Engine {
     }
     if (st != LS_OK) raise(st, message);
   }
-  ~Engine() { close(); }
 
+ public:
   void close() {
     std::lock_guard<std::mutex> lock(mu_);
     ls_engine_free(e_);
@@ -478,6 +512,8 @@ uint64_t fingerprint(py::handle video, py::handle audio) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "LayerStream's C API (layerstream.h) for Python; use the `layerstream` package";
+  // Errors a caller's argument causes (InvalidArgument, OutOfBudget) are also ValueErrors,
+  // as Python's own argument errors are; every class is a layerstream.Error.
   g_error = PyErr_NewExceptionWithDoc("layerstream.Error",
                                       "An engine call failed; .status names the ls_status, str(e) is the engine's message.",
                                       PyExc_RuntimeError, nullptr);
@@ -488,7 +524,10 @@ PYBIND11_MODULE(_C, m) {
       {LS_UNSUPPORTED, "Unsupported"},          {LS_OUT_OF_BUDGET, "OutOfBudget"}, {LS_OUT_OF_MEMORY, "OutOfMemory"},
       {LS_DEVICE, "DeviceError"},               {LS_NOT_FOUND, "NotFound"},       {LS_NONFINITE, "NonFinite"}};
   for (const auto& [st, name] : classes) {
-    PyObject* cls = PyErr_NewException((std::string("layerstream.") + name).c_str(), g_error, nullptr);
+    const bool argument = st == LS_INVALID_ARGUMENT || st == LS_OUT_OF_BUDGET;
+    py::object bases = argument ? py::object(py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError)))
+                                : py::object(py::reinterpret_borrow<py::object>(g_error));
+    PyObject* cls = PyErr_NewException((std::string("layerstream.") + name).c_str(), bases.ptr(), nullptr);
     PyObject_SetAttrString(cls, "status", py::str(ls_status_string(st)).ptr());
     g_status_class[static_cast<int>(st)] = cls;
     m.attr(name) = py::handle(cls);
@@ -498,6 +537,91 @@ PYBIND11_MODULE(_C, m) {
   m.def("status_string", [](int s) { return std::string(ls_status_string(static_cast<ls_status>(s))); });
   m.def("fingerprint", &fingerprint, py::arg("video"), py::arg("audio"),
         "ls_fingerprint (FNV-1a 64 of the video bytes, then the audio bytes) of contiguous float32 arrays");
+  // The one size parser, range table and memory validation of every door (API 5).
+  m.def(
+      "parse_size",
+      [](const std::string& what, const std::string& text) {
+        uint64_t v = 0;
+        if (ls_status st = ls_parse_size(what.c_str(), text.c_str(), &v); st != LS_OK) raise(st, ls_last_error());
+        return v;
+      },
+      py::arg("what"), py::arg("text"), "ls_parse_size: bytes from a size text (1024-based units)");
+  m.def(
+      "parse_value",
+      [](const std::string& name, const std::string& what, const std::string& text) {
+        double v = 0;
+        if (ls_status st = ls_parse_value(name.c_str(), what.c_str(), text.c_str(), &v); st != LS_OK)
+          raise(st, ls_last_error());
+        return v;
+      },
+      py::arg("name"), py::arg("what"), py::arg("text"), "ls_parse_value: a number checked against the range table");
+  m.def("ranges", [] {
+    py::list out;
+    static const char* kinds[] = {"integer", "real", "size"};
+    for (size_t i = 0; i < ls_range_count(); ++i) {
+      ls_range r;
+      std::memset(&r, 0, sizeof r);
+      r.size = sizeof r;
+      if (ls_status st = ls_range_at(i, &r); st != LS_OK) raise(st, ls_last_error());
+      py::dict d;
+      d["name"] = r.name, d["kind"] = kinds[r.kind], d["lo"] = r.lo, d["hi"] = r.hi;
+      d["lo_open"] = r.lo_open != 0, d["hi_open"] = r.hi_open != 0;
+      d["text"] = r.text, d["unit"] = r.unit, d["meaning"] = r.meaning;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "memory_validate",
+      [](const py::dict& mem, py::object device) {
+        ls_memory_request mr;
+        ls_memory_request_init(&mr);
+        try {
+          mr.mode = static_cast<ls_memory_mode>(get<int>(mem, "mode", LS_MEMORY_KNOBS));
+          const std::pair<const char*, int64_t*> fields[] = {
+              {"vram_budget", &mr.vram_budget}, {"activation_budget", &mr.activation_budget},
+              {"prefetch", &mr.prefetch},       {"mlp_chunk", &mr.mlp_chunk},
+              {"attn_chunk", &mr.attn_chunk},   {"final_chunk", &mr.final_chunk},
+              {"kv_offload", &mr.kv_offload},   {"kv_chunk", &mr.kv_chunk},
+              {"residual_offload", &mr.residual_offload}, {"resident_blocks", &mr.resident_blocks},
+              {"slots", &mr.slots}};
+          for (const auto& [key, field] : fields) *field = get<int64_t>(mem, key, LS_UNSET);
+        } catch (const py::cast_error& x) {
+          invalid(std::string("memory: a value is not an integer (") + x.what() + ")");
+        }
+        const std::string dev = device.is_none() ? std::string() : py::cast<std::string>(device);
+        if (ls_status st = ls_memory_validate(&mr, device.is_none() ? nullptr : dev.c_str()); st != LS_OK)
+          raise(st, ls_last_error());
+      },
+      py::arg("memory"), py::arg("device") = py::none(), "ls_memory_validate: the one memory validation");
+  m.def(
+      "clip_geometry",
+      [](int64_t frames, int64_t width, int64_t height) {
+        ls_clip_grid g;
+        std::memset(&g, 0, sizeof g);
+        g.size = sizeof g;
+        if (ls_status st = ls_clip_geometry(frames, width, height, &g); st != LS_OK) raise(st, ls_last_error());
+        py::dict d;
+        d["frames"] = g.frames, d["width"] = g.width, d["height"] = g.height;
+        d["T"] = g.T, d["Hl"] = g.Hl, d["Wl"] = g.Wl, d["A"] = g.A;
+        return d;
+      },
+      py::arg("frames"), py::arg("width"), py::arg("height"), "ls_clip_geometry: the latent grid of a clip");
+  m.def(
+      "probe_checkpoint",
+      [](const std::string& path) {
+        const char* json = nullptr;
+        ls_status st;
+        std::string out;
+        {
+          py::gil_scoped_release nogil;
+          st = ls_probe_checkpoint(path.c_str(), &json);
+          if (st == LS_OK && json) out = json;
+        }
+        if (st != LS_OK) raise(st, ls_last_error());
+        return out;
+      },
+      py::arg("path"), "ls_probe_checkpoint: JSON of what the engine makes of a checkpoint");
   py::class_<Engine>(m, "Engine")
       .def(py::init<const py::dict&>(), py::arg("params"))
       .def("close", &Engine::close)

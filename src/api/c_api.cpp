@@ -16,8 +16,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/memory_request.h"
+#include "core/ranges.h"
 #include "api/report_json.h"
 #include "api/session.h"
+#include "model/h3/quant_census.h"
 #include "core/hash.h"
 #include "core/thread_pool.h"
 #include "sample/schedule.h"
@@ -129,7 +132,8 @@ int32_t enum_field(const E& e) {
 }
 
 Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
-  if (c.kv_tile < 0) return Error{ErrorCode::invalid_argument, "numerics.kv_tile must be >= 0 (0 = the device's)"};
+  // kv_tile: 0 = the device's, else the range of every door (ranges.h).
+  if (c.kv_tile != 0) LS_TRY(ls::ranges::check_int("numerics.kv_tile", c.kv_tile, ls::ranges::kv_tile));
   const int32_t attention = enum_field(c.attention), gemm_f32 = enum_field(c.gemm_f32);
   if (attention < LS_ATTENTION_DEFAULT || attention > LS_ATTENTION_HOPPER)
     return Error{ErrorCode::invalid_argument, "numerics.attention is not an ls_attention"};
@@ -474,8 +478,137 @@ Expected<T> read_element(const T* given, void (*init)(T*), const std::string& wh
   return out;
 }
 
+// An unsigned field against a signed range (seeds: 0..2^63-1), the value as given in the message.
+Status check_u64(const std::string& what, uint64_t v, const ls::ranges::IntRange& r) {
+  if (v <= static_cast<uint64_t>(INT64_MAX)) return ls::ranges::check_int(what, static_cast<int64_t>(v), r);
+  return ls::ranges::parse_int(what, std::to_string(v), r).error();
+}
+
+// ---- the memory request (ls_memory_request, or the legacy fields of ls_engine_params) ----
+ls::api::MemoryMode memory_mode_of(int32_t m) {
+  return m == LS_MEMORY_VRAM_BUDGET       ? ls::api::MemoryMode::total_budget
+         : m == LS_MEMORY_ACTIVATION_BUDGET ? ls::api::MemoryMode::activation_budget
+                                            : ls::api::MemoryMode::knobs;
+}
+
+Status check_mode(int32_t m, const char* what) {
+  if (m < LS_MEMORY_KNOBS || m > LS_MEMORY_VRAM_BUDGET)
+    return Error{ErrorCode::invalid_argument, std::string(what) + " is not an ls_memory_mode (" + std::to_string(m) + ")"};
+  return {};
+}
+
+// A byte count given as int64 (ls_memory_request): a negative one is refused by the size grammar.
+Expected<uint64_t> request_bytes(const char* what, int64_t v) {
+  if (v < 0) return ls::ranges::parse_size(what, std::to_string(v)).error();
+  return static_cast<uint64_t>(v);
+}
+
+// ls_memory_request -> api::MemoryRequest: LS_UNSET fields are not given.
+Expected<ls::api::MemoryRequest> request_of(const ls_memory_request& c) {
+  LS_TRY(check_mode(enum_field(c.mode), "ls_memory_request.mode"));
+  ls::api::MemoryRequest r;
+  r.mode = memory_mode_of(enum_field(c.mode));
+  const auto opt = [](int64_t v, std::optional<int64_t>& out) {
+    if (v != LS_UNSET) out = v;
+  };
+  const auto flag = [](const char* what, int64_t v, std::optional<bool>& out) -> Status {
+    if (v == LS_UNSET) return {};
+    if (v != 0 && v != 1)
+      return Error{ErrorCode::invalid_argument, std::string(what) + " must be 0 or 1 (got " + std::to_string(v) + ")"};
+    out = v != 0;
+    return {};
+  };
+  if (c.vram_budget != LS_UNSET) {
+    LS_ASSIGN_OR_RETURN(r.vram_budget, request_bytes("vram_budget", c.vram_budget));
+  }
+  if (c.activation_budget != LS_UNSET) {
+    LS_ASSIGN_OR_RETURN(r.activation_budget, request_bytes("activation_budget", c.activation_budget));
+  }
+  opt(c.prefetch, r.prefetch);
+  opt(c.mlp_chunk, r.mlp_chunk), opt(c.attn_chunk, r.attn_chunk), opt(c.final_chunk, r.final_chunk);
+  opt(c.kv_chunk, r.kv_chunk), opt(c.resident_blocks, r.resident_blocks), opt(c.slots, r.slots);
+  LS_TRY(flag("kv_offload", c.kv_offload, r.kv_offload));
+  LS_TRY(flag("residual_offload", c.residual_offload, r.residual_offload));
+  return r;
+}
+
+// The legacy fields of ls_engine_params (API 1-4) as a request: a field that differs from
+// its ls_engine_params_init value is given.
+Expected<ls::api::MemoryRequest> request_of_legacy(const ls_engine_params& p) {
+  ls_engine_params d;
+  ls_engine_params_init(&d);
+  LS_TRY(check_mode(enum_field(p.memory_mode), "ls_engine_params.memory_mode"));
+  ls::api::MemoryRequest r;
+  r.mode = memory_mode_of(enum_field(p.memory_mode));
+  if (p.vram_budget != d.vram_budget) r.vram_budget = p.vram_budget;
+  if (p.activation_budget != d.activation_budget) r.activation_budget = p.activation_budget;
+  if (p.prefetch != d.prefetch) r.prefetch = p.prefetch;
+  if (p.mlp_chunk != d.mlp_chunk) r.mlp_chunk = p.mlp_chunk;
+  if (p.attn_chunk != d.attn_chunk) r.attn_chunk = p.attn_chunk;
+  if (p.final_chunk != d.final_chunk) r.final_chunk = p.final_chunk;
+  if (p.kv_offload != d.kv_offload) r.kv_offload = p.kv_offload != 0;
+  if (p.kv_chunk != d.kv_chunk) r.kv_chunk = p.kv_chunk;
+  if (p.residual_offload != d.residual_offload) r.residual_offload = p.residual_offload != 0;
+  if (p.resident_blocks != d.resident_blocks) r.resident_blocks = p.resident_blocks;
+  if (p.slots != d.slots) r.slots = p.slots;
+  return r;
+}
+
+// The name of the first legacy memory field of p that is not its default ("" if none).
+std::string legacy_memory_field_set(const ls_engine_params& p) {
+  ls_engine_params d;
+  ls_engine_params_init(&d);
+  const std::pair<bool, const char*> fields[] = {
+      {enum_field(p.memory_mode) != enum_field(d.memory_mode), "memory_mode"},
+      {p.vram_budget != d.vram_budget, "vram_budget"},
+      {p.prefetch != d.prefetch, "prefetch"},
+      {p.activation_budget != d.activation_budget, "activation_budget"},
+      {p.mlp_chunk != d.mlp_chunk, "mlp_chunk"},
+      {p.attn_chunk != d.attn_chunk, "attn_chunk"},
+      {p.final_chunk != d.final_chunk, "final_chunk"},
+      {p.kv_offload != d.kv_offload, "kv_offload"},
+      {p.kv_chunk != d.kv_chunk, "kv_chunk"},
+      {p.residual_offload != d.residual_offload, "residual_offload"},
+      {p.resident_blocks != d.resident_blocks, "resident_blocks"},
+      {p.slots != d.slots, "slots"}};
+  for (const auto& [set, name] : fields)
+    if (set) return name;
+  return "";
+}
+
+// Whether a device string names CPU ranks only ("cpu", "cpu*4"; anything else: a device).
+bool cpu_device(const std::string& d) { return d.rfind("cpu", 0) == 0; }
+
+// The clip's numbers against the range table (ranges.h): what the CLI refuses is refused here
+// with the same message (the name is the field's).
+Status check_clip_geometry(const ls_clip& c) {
+  namespace r = ls::ranges;
+  LS_TRY(r::check_int("ls_clip.frames", c.frames, r::frames));
+  LS_TRY(r::check_int("ls_clip.width", c.width, r::width));
+  LS_TRY(r::check_int("ls_clip.height", c.height, r::height));
+  LS_TRY(r::check_int("ls_clip.text_tokens", c.text_tokens, r::text_tokens));
+  return {};
+}
+Status check_clip_values(const ls_clip& c, const ls::h3::Conditioning& cond) {
+  namespace r = ls::ranges;
+  LS_TRY(r::check_float("ls_clip.vis_aug", c.vis_aug, r::aug));
+  LS_TRY(r::check_float("ls_clip.aud_aug", c.aud_aug, r::aug));
+  LS_TRY(r::check_float("ls_clip.shift_video", c.shift_video, r::shift));
+  LS_TRY(r::check_float("ls_clip.shift_audio", c.shift_audio, r::shift));
+  LS_TRY(r::check_float("ls_clip.audio_scale", c.audio_scale, r::audio_scale));
+  LS_TRY(check_u64("ls_clip.seed", c.seed, r::seed));
+  for (size_t i = 0; i < cond.sample_sigmas.size(); ++i)
+    LS_TRY(r::check_float("ls_clip.sample_sigmas[" + std::to_string(i) + "]", cond.sample_sigmas[i], r::sample_sigma));
+  const int64_t last = cond.geometry.frames - 1;  // pixel frames of the clip (after snapping)
+  for (size_t i = 0; i < cond.keyframes.size(); ++i)
+    LS_TRY(r::check_int("keyframe " + std::to_string(i) + " pixel_frame", cond.keyframes[i].pixel_frame,
+                        r::IntRange{0, last}));
+  return {};
+}
+
 Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const ls_clip* given, TensorIO& io) {
   LS_ASSIGN_OR_RETURN(ls_clip c, read_params(given, ls_clip_init, "ls_clip"));
+  LS_TRY(check_clip_geometry(c));
   ls::h3::Conditioning cond;
   LS_ASSIGN_OR_RETURN(cond.geometry, ls::h3::clip_geometry(c.frames, c.width, c.height, c.text_tokens));
   const ls::h3::ClipGeometry& g = cond.geometry;
@@ -558,6 +691,7 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
   cond.shift_audio = c.shift_audio;
   cond.audio_scale = c.audio_scale;
   cond.sample_sigmas = copy_floats(c.sample_sigmas, c.sample_sigma_count);
+  LS_TRY(check_clip_values(c, cond));
   return cond;
 }
 
@@ -681,6 +815,8 @@ ls_status denoise_call(ls_engine& eng, const ls_denoise_params& p, TensorIO& io)
                               {p.video_out, p.video_out_tensor, "video_out"},
                               {p.audio_out, p.audio_out_tensor, "audio_out"}})
     if (Status st = one_form(ptr, t, name); !st.ok()) return fail(e, st.error());
+  if (Status st = ls::ranges::check_float("ls_denoise_params.sigma", p.sigma, ls::ranges::sigma); !st.ok())
+    return fail(e, st.error());
   auto cond = conditioning(cfg, p.clip, io);
   if (!cond.ok()) return fail(e, cond.error());
   cond->output_masks = p.output_masks != 0;
@@ -923,9 +1059,11 @@ void ls_engine_params_init(ls_engine_params* p) {
   p->size = sizeof *p;
   p->device = "cpu";
   p->memory_mode = LS_MEMORY_KNOBS;
-  p->prefetch = 1;
-  p->resident_blocks = -1;
-  p->slots = 2;
+  // The memory defaults are the library's (api::MemorySpec, exec::Residency): one place.
+  const ls::api::MemorySpec d;
+  p->prefetch = d.prefetch ? (d.adaptive_slots ? 1 : 2) : 0;
+  p->resident_blocks = d.residency.resident_blocks;
+  p->slots = static_cast<int32_t>(d.residency.slots);
   p->check_finite = 1;
 }
 
@@ -1017,17 +1155,32 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
     e->cudnn_form = numerics->cudnn_form;
     e->numerics.native_variant = nullptr;  // not kept: the strings above are
     e->numerics.cudnn_form = nullptr;
-    if (enum_field(p.memory_mode) < LS_MEMORY_KNOBS || enum_field(p.memory_mode) > LS_MEMORY_VRAM_BUDGET)
-      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.memory_mode is not an ls_memory_mode");
-    if (p.memory_mode == LS_MEMORY_VRAM_BUDGET && p.vram_budget == 0)
-      return fail(nullptr, LS_INVALID_ARGUMENT, "LS_MEMORY_VRAM_BUDGET needs vram_budget > 0 (bytes)");
-    if (p.memory_mode == LS_MEMORY_ACTIVATION_BUDGET && p.activation_budget == 0)
-      return fail(nullptr, LS_INVALID_ARGUMENT, "LS_MEMORY_ACTIVATION_BUDGET needs activation_budget > 0 (bytes)");
-    if (p.slots != 1 && p.slots != 2) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params.slots must be 1 or 2");
-    if (p.prefetch < 0 || p.prefetch > 2)
-      return fail(nullptr, LS_INVALID_ARGUMENT,
-                  "ls_engine_params.prefetch must be 0 (one block slot), 1 (two, one where offloading exposes less) "
-                  "or 2 (always two), got " + std::to_string(p.prefetch));
+    // The memory choice: ls_engine_params.memory (API 5) or the legacy fields, one validation.
+    ls::api::MemoryRequest mreq;
+    if (p.memory) {
+      if (const std::string f = legacy_memory_field_set(p); !f.empty())
+        return fail(nullptr, LS_INVALID_ARGUMENT,
+                    "ls_engine_params: give memory (an ls_memory_request) or the legacy memory fields, not both: " +
+                        f + " is set");
+      auto mr = read_params(p.memory, ls_memory_request_init, "ls_memory_request");
+      if (!mr.ok()) return fail(nullptr, mr.error());
+      auto r = request_of(*mr);
+      if (!r.ok()) return fail(nullptr, r.error());
+      mreq = *r;
+    } else {
+      auto r = request_of_legacy(p);
+      if (!r.ok()) return fail(nullptr, r.error());
+      mreq = *r;
+    }
+    auto mspec = ls::api::resolve_memory(mreq, ls::api::kFieldNames);
+    if (!mspec.ok()) return fail(nullptr, mspec.error());
+    // The other numbers against the range table (threads < 0: leave the pool as is; blocks
+    // 0: the preset's).
+    if (p.threads > 0)
+      if (Status st = ls::ranges::check_int("threads", p.threads, ls::ranges::threads); !st.ok()) return fail(nullptr, st.error());
+    if (p.blocks != 0)
+      if (Status st = ls::ranges::check_int("blocks", p.blocks, ls::ranges::blocks); !st.ok()) return fail(nullptr, st.error());
+    if (Status st = check_u64("weights_seed", p.weights_seed, ls::ranges::seed); !st.ok()) return fail(nullptr, st.error());
     if (!p.model_path && !p.preset)
       return fail(nullptr, LS_INVALID_ARGUMENT, "ls_engine_params: give model_path (a checkpoint) or preset");
     if (p.threads >= 0) ls::set_num_threads(p.threads);
@@ -1041,10 +1194,8 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
     }
     auto session = ls::api::Session::open_backends(rank_devices, *numerics);
     if (!session.ok()) return fail(nullptr, session.error());
-    if ((*session)->device_is_cpu() && p.memory_mode == LS_MEMORY_VRAM_BUDGET)
-      return fail(nullptr, LS_INVALID_ARGUMENT,
-                  "a vram budget is a device budget and the CPU backend has no device memory: use "
-                  "LS_MEMORY_ACTIVATION_BUDGET for the activation memory, or a \"cuda\" device");
+    if (Status st = ls::api::check_memory_device(mreq, (*session)->device_is_cpu(), ls::api::kFieldNames); !st.ok())
+      return fail(nullptr, st.error());
     ls::api::WeightsSpec ws;
     if (p.model_path) {
       ws.model_path = p.model_path;
@@ -1070,23 +1221,8 @@ ls_status ls_engine_create(const ls_engine_params* given, ls_engine** out) {
     if (Status s = (*session)->load_weights(ws); !s.ok()) return fail(nullptr, s.error());
     e->session = std::move(*session);
 
-    ls::api::MemorySpec& m = e->memory;
-    m.mode = p.memory_mode == LS_MEMORY_VRAM_BUDGET       ? ls::api::MemoryMode::total_budget
-             : p.memory_mode == LS_MEMORY_ACTIVATION_BUDGET ? ls::api::MemoryMode::activation_budget
-                                                            : ls::api::MemoryMode::knobs;
-    m.total_budget = p.vram_budget;
-    m.prefetch = p.prefetch != 0;
-    m.adaptive_slots = p.prefetch != 2;
-    m.activation_budget = p.activation_budget;
-    m.knobs.mlp_chunk_tokens = p.mlp_chunk;
-    m.knobs.attn_chunk_tokens = p.attn_chunk;
-    m.knobs.final_chunk_tokens = p.final_chunk;
-    m.knobs.kv_offload = p.kv_offload != 0;
-    m.knobs.kv_chunk_rows = p.kv_chunk;
-    m.knobs.residual_offload = p.residual_offload != 0;
-    m.knobs.kv_tile = e->numerics.kv_tile;  // 0 = the device's
-    m.residency.resident_blocks = p.resident_blocks;
-    m.residency.slots = p.slots;
+    e->memory = *mspec;
+    e->memory.knobs.kv_tile = e->numerics.kv_tile;  // 0 = the device's
     e->check_finite = p.check_finite != 0;
     *out = e.release();
     return LS_OK;
@@ -1155,6 +1291,7 @@ ls_status ls_engine_plan(ls_engine* e, const ls_clip* clip, float sigma, const c
     ls::api::Session& s = *e->session;
     const ls::h3::H3Config& cfg = s.config();
     TensorIO io{&e->session->backend()};  // device tensors: after the legacy default stream
+    if (Status st = ls::ranges::check_float("sigma", sigma, ls::ranges::sigma); !st.ok()) return fail(e, st.error());
     auto cond = conditioning(cfg, clip, io);
     if (!cond.ok()) return fail(e, cond.error());
     if (cfg.pdd_heads > 1 && cond->sample_sigmas.empty()) cond->sample_sigmas = {1.0f, sigma, 0.0f};
@@ -1231,6 +1368,12 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
     if (!cond.ok()) return fail(e, cond.error());
     const ls::h3::ClipGeometry& g = cond->geometry;
     if (!p.text) return fail(e, LS_INVALID_ARGUMENT, "ls_generate_params.text is NULL");
+    for (Status st : {ls::ranges::check_float("ls_generate_params.cfg", p.cfg, ls::ranges::cfg),
+                      check_u64("ls_generate_params.seed", p.seed, ls::ranges::seed),
+                      cond->sample_sigmas.empty()
+                          ? ls::ranges::check_int("ls_generate_params.steps", p.steps, ls::ranges::steps)
+                          : Status()})
+      if (!st.ok()) return fail(e, st.error());
     const size_t nv = video_count(cfg, g), na = audio_count(cfg, g);
     if (Status st = check_outputs(p.video_out, p.video_out_count, p.audio_out, p.audio_out_count, nv, na); !st.ok())
       return fail(e, st.error());
@@ -1247,7 +1390,10 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
     req.cond = std::move(*cond);
     req.text = ls::TensorView(const_cast<float*>(p.text), ls::DType::f32, {g.text_tokens, cfg.text_dim});
     if (p.negative) {
-      if (p.negative_tokens < 1) return fail(e, LS_INVALID_ARGUMENT, "negative_tokens must be >= 1 with negative");
+      if (Status st = ls::ranges::check_int("ls_generate_params.negative_tokens", p.negative_tokens,
+                                            ls::ranges::text_tokens);
+          !st.ok())
+        return fail(e, st.error());
       req.negative = ls::TensorView(const_cast<float*>(p.negative), ls::DType::f32, {p.negative_tokens, cfg.text_dim});
     }
     req.cfg = p.cfg;
@@ -1313,6 +1459,168 @@ ls_status ls_engine_call_report_json(ls_engine* e, const char** json) {
     *json = nullptr;
     if (!e->have_report) return fail(e, LS_NOT_FOUND, "no report: no denoise or generate call has succeeded yet");
     *json = e->report_base.c_str();
+    return LS_OK;
+  });
+}
+
+}  // extern "C"
+
+// ---- API version 5: the memory request, sizes, the range table, the checkpoint probe ----
+extern "C" {
+
+void ls_memory_request_init(ls_memory_request* r) {
+  if (!r) return;
+  std::memset(r, 0, sizeof *r);
+  r->size = sizeof *r;
+  r->mode = LS_MEMORY_KNOBS;
+  r->vram_budget = r->activation_budget = r->prefetch = LS_UNSET;
+  r->mlp_chunk = r->attn_chunk = r->final_chunk = LS_UNSET;
+  r->kv_offload = r->kv_chunk = r->residual_offload = LS_UNSET;
+  r->resident_blocks = r->slots = LS_UNSET;
+}
+
+ls_status ls_memory_validate(const ls_memory_request* given, const char* device) {
+  return guarded(nullptr, [&]() -> ls_status {
+    auto c = read_params(given, ls_memory_request_init, "ls_memory_request");
+    if (!c.ok()) return fail(nullptr, c.error());
+    auto r = request_of(*c);
+    if (!r.ok()) return fail(nullptr, r.error());
+    auto spec = ls::api::resolve_memory(*r, ls::api::kFieldNames);
+    if (!spec.ok()) return fail(nullptr, spec.error());
+    if (device)
+      if (Status st = ls::api::check_memory_device(*r, cpu_device(device), ls::api::kFieldNames); !st.ok())
+        return fail(nullptr, st.error());
+    g_last_error.clear();
+    return LS_OK;
+  });
+}
+
+ls_status ls_parse_size(const char* what, const char* text, uint64_t* bytes) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!text || !bytes) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_parse_size: text or bytes is NULL");
+    auto v = ls::ranges::parse_size(what ? what : "size", text);
+    if (!v.ok()) return fail(nullptr, v.error());
+    *bytes = *v;
+    return LS_OK;
+  });
+}
+
+size_t ls_range_count(void) { return ls::ranges::table().size(); }
+
+ls_status ls_range_at(size_t i, ls_range* out) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!out || out->size < sizeof(uint32_t))
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_range is NULL or its size is not set");
+    const auto t = ls::ranges::table();
+    if (i >= t.size())
+      return fail(nullptr, LS_NOT_FOUND, "range " + std::to_string(i) + ": the table has " + std::to_string(t.size()));
+    const ls::ranges::Entry& e = t[i];
+    // The texts live as long as the process (one per entry, made once).
+    static const std::vector<std::string> texts = [] {
+      std::vector<std::string> v;
+      for (const auto& x : ls::ranges::table()) v.push_back(ls::ranges::describe(x));
+      return v;
+    }();
+    ls_range r;
+    std::memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    r.name = e.name;
+    r.unit = e.unit;
+    r.meaning = e.meaning;
+    r.text = texts[i].c_str();
+    switch (e.kind) {
+      case ls::ranges::Kind::integer:
+        r.kind = LS_RANGE_INTEGER, r.lo = static_cast<double>(e.i.lo), r.hi = static_cast<double>(e.i.hi);
+        break;
+      case ls::ranges::Kind::real:
+        r.kind = LS_RANGE_REAL, r.lo = e.f.lo, r.hi = e.f.hi, r.lo_open = e.f.lo_open, r.hi_open = e.f.hi_open;
+        break;
+      case ls::ranges::Kind::size:
+        r.kind = LS_RANGE_SIZE, r.lo = static_cast<double>(e.s.lo), r.hi = static_cast<double>(e.s.hi);
+        break;
+    }
+    const uint32_t n = out->size < sizeof r ? out->size : static_cast<uint32_t>(sizeof r);
+    std::memcpy(static_cast<void*>(out), &r, n);
+    out->size = n;
+    return LS_OK;
+  });
+}
+
+ls_status ls_parse_value(const char* name, const char* what, const char* text, double* value) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!name || !text || !value) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_parse_value: name, text or value is NULL");
+    if (!ls::ranges::find(name))
+      return fail(nullptr, LS_NOT_FOUND, std::string("ls_parse_value: no quantity named '") + name + "' in the range table");
+    auto v = ls::ranges::parse_named(name, what ? what : name, text);
+    if (!v.ok()) return fail(nullptr, v.error());
+    *value = *v;
+    return LS_OK;
+  });
+}
+
+ls_status ls_clip_geometry(int64_t frames, int64_t width, int64_t height, ls_clip_grid* out) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!out || out->size < sizeof(uint32_t))
+      return fail(nullptr, LS_INVALID_ARGUMENT, "ls_clip_grid is NULL or its size is not set");
+    for (Status st : {ls::ranges::check_int("frames", frames, ls::ranges::frames),
+                      ls::ranges::check_int("width", width, ls::ranges::width),
+                      ls::ranges::check_int("height", height, ls::ranges::height)})
+      if (!st.ok()) return fail(nullptr, st.error());
+    auto g = ls::h3::clip_geometry(frames, width, height, 1);
+    if (!g.ok()) return fail(nullptr, g.error());
+    ls_clip_grid r;
+    std::memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    r.frames = g->frames, r.width = g->width, r.height = g->height;
+    r.T = g->T, r.Hl = g->Hl, r.Wl = g->Wl, r.A = g->A;
+    const uint32_t n = out->size < sizeof r ? out->size : static_cast<uint32_t>(sizeof r);
+    std::memcpy(static_cast<void*>(out), &r, n);
+    out->size = n;
+    return LS_OK;
+  });
+}
+
+ls_status ls_probe_checkpoint(const char* path, const char** json) {
+  return guarded(nullptr, [&]() -> ls_status {
+    if (!path || !json) return fail(nullptr, LS_INVALID_ARGUMENT, "ls_probe_checkpoint: path or json is NULL");
+    *json = nullptr;
+    thread_local std::string out;
+    nlohmann::ordered_json j;
+    j["path"] = path;
+    // Opening checks the header, the tensor table, the shapes and every quantised layer
+    // (ls::h3::open_h3_checkpoint); the weights are mapped, not read.
+    auto src = ls::h3::open_h3_checkpoint(path);
+    j["runnable"] = src.ok();
+    j["reason"] = src.ok() ? std::string() : src.error().message;
+    j["status"] = src.ok() ? "ok" : ls_status_string(to_status(src.error().code));
+    if (src.ok()) {
+      const ls::h3::H3Config& cfg = (*src)->cfg();
+      // ls_model_info's fields (the engine's names), then the checkpoint's config
+      // (ComfyUI's "config.transformer" names, as `layerstream info` prints it).
+      j["model_info"] = {{"hidden", cfg.hidden},         {"num_layers", cfg.num_layers},
+                         {"heads", cfg.heads},           {"head_dim", cfg.head_dim},
+                         {"text_dim", cfg.text_dim},     {"latents_dim", cfg.latents_dim},
+                         {"audio_latents_dim", cfg.audio_latents_dim}, {"pdd_heads", cfg.pdd_heads}};
+      j["config"] = nlohmann::ordered_json::parse(ls::h3::h3_config_json(cfg));
+      const ls::h3::QuantCensus census = ls::h3::quant_census(cfg);
+      j["format"] = ls::h3::checkpoint_format_label(census);
+      j["census"] = ls::h3::quant_census_json(census);
+      nlohmann::ordered_json layers = nlohmann::ordered_json::object();
+      for (const auto& [name, q] : cfg.quant.linears)
+        layers[name] = {{"format", ls::weight_format_name(q.format)}, {"group", q.group},
+                        {"input_scale", q.has_input_scale}};
+      j["layers"] = layers;
+      j["mixed_ops"] = cfg.quant.mixed_ops;
+      j["weights"] = (*src)->describe();
+    }
+    // The clip grid of every H3 model (ls::h3::clip_geometry): pixel frames 17j + 5 ->
+    // latent frames 5j + 2, pixels / 16 -> latent height and width (multiples of 32
+    // pixels), audio latent frames round(5 * frames / 3) (40 per second at 24 fps).
+    j["clip_grid"] = {{"frame_step", 17}, {"frame_offset", 5}, {"latent_frame_step", 5}, {"latent_frame_offset", 2},
+                      {"pixel_multiple", 32}, {"latent_downscale", 16}, {"fps", 24}, {"audio_latents_per_second", 40}};
+    j["version"] = ls::api::version_json();
+    out = j.dump(2);
+    *json = out.c_str();
     return LS_OK;
   });
 }

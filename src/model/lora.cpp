@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/dtype.h"
+#include "core/ranges.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 
@@ -31,15 +32,20 @@ Expected<LoraFile> parse_lora_arg(const std::string& arg) {
   f.path = arg;
   const size_t colon = arg.rfind(':');
   if (colon != std::string::npos && colon + 1 < arg.size()) {
+    // The strength by the grammar and range of every door (core/ranges.h: decimal, no
+    // '+', spaces, hex or hex floats; ComfyUI's LoraLoader range -100..100).
     const std::string tail = arg.substr(colon + 1);
-    char* end = nullptr;
-    errno = 0;
-    const double v = std::strtod(tail.c_str(), &end);
-    if (end != nullptr && *end == '\0' && errno == 0) {
-      if (!std::isfinite(v))
-        return make_error(ErrorCode::invalid_argument, "--lora " + arg + ": the strength must be finite");
+    auto v = ranges::parse_float("--lora " + arg + ": the strength", tail, ranges::lora_strength);
+    if (v.ok()) {
       f.path = arg.substr(0, colon);
-      f.strength = v;
+      f.strength = *v;
+    } else {
+      // A tail that strtod would read as a number ("0x10", "+2", " 1", "inf", "1e9") is a
+      // malformed strength, refused; anything else is part of the file name.
+      char* end = nullptr;
+      errno = 0;
+      (void)std::strtod(tail.c_str(), &end);
+      if (end != nullptr && end != tail.c_str() && *end == '\0') return v.error();
     }
   }
   if (f.path.empty()) return make_error(ErrorCode::invalid_argument, "--lora " + arg + ": no file named");

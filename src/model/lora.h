@@ -61,7 +61,10 @@ struct LoraFile {
   std::string path;
   double strength = 1.0;
 };
-// "FILE" or "FILE:STRENGTH" (the last ':' followed by a number splits; strength finite).
+// "FILE" or "FILE:STRENGTH": the last ':' followed by a decimal number splits (the
+// grammar of every door, core/ranges.h; strength in -100..100, ComfyUI's LoraLoader
+// range). A tail that strtod would read as a number but the grammar refuses ("0x10",
+// "+2", " 1", "inf", "1e9") is an invalid_argument; any other tail is part of the path.
 Expected<LoraFile> parse_lora_arg(const std::string& arg);
 
 struct Patch {

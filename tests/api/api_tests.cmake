@@ -1,7 +1,7 @@
 # Tests of the public API (included from tests/CMakeLists.txt). Label "unit".
 # test_api*.cpp drive the C API: they link liblayerstream (only ls_ symbols exported,
 # so linking the internal static library beside it clashes with nothing).
-foreach(t test_api test_api_pack test_api_devices)
+foreach(t test_api test_api_pack test_api_devices test_api_doors)
   if(TARGET ${t})
     target_link_libraries(${t} PRIVATE layerstream_shared)
   endif()

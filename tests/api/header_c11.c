@@ -15,6 +15,9 @@ int main(void) {
   ls_tensor t;
   ls_keyframe_tensors kt;
   ls_reference_tensors rt;
-  (void)n, (void)p, (void)c, (void)s, (void)m, (void)d, (void)g, (void)k, (void)r, (void)t, (void)kt, (void)rt;
+  ls_memory_request mr; /* API 5 */
+  ls_range rg;
+  ls_clip_grid cg;
+  (void)n, (void)p, (void)c, (void)s, (void)m, (void)d, (void)g, (void)k, (void)r, (void)t, (void)kt, (void)rt, (void)mr, (void)rg, (void)cg;
   return LS_OK;
 }

@@ -46,8 +46,12 @@ def test_prefetch_values():
            layerstream.Engine, preset="tiny", prefetch="sometimes")
     raises(layerstream.InvalidArgument, "invalid_argument", "prefetch must be True, False or 'always'",
            layerstream.Engine, preset="tiny", prefetch=2)
-    for ok in (True, False, "always"):
-        layerstream.Engine(preset="tiny", prefetch=ok)
+    # prefetch is a vram budget's choice: without one it is refused, never ignored (the
+    # CLI's --no-prefetch / --keep-prefetch likewise; tests/data/memory_doors.json).
+    for given in (True, False, "always", "off", "auto"):
+        raises(layerstream.InvalidArgument, "invalid_argument", "goes with vram_budget", layerstream.Engine,
+               preset="tiny", prefetch=given)
+        layerstream.validate_memory(vram_budget="1G", prefetch=given)
 
 
 def test_budget_too_small_names_minimum(clip, inputs):
@@ -120,8 +124,9 @@ def test_numerics_refused():
            numerics={"attention": "flash"})
     raises(layerstream.InvalidArgument, "invalid_argument", "unknown key", layerstream.Engine, preset="tiny",
            numerics={"tile": 8})
-    raises(layerstream.InvalidArgument, "invalid_argument", "is not a size", layerstream.Engine, preset="tiny",
-           activation_budget="12GB")
+    # The library's size grammar (ls_parse_size): decimal units are refused by name.
+    raises(layerstream.InvalidArgument, "invalid_argument", "decimal units (KB, MB, GB, TB) are not accepted",
+           layerstream.Engine, preset="tiny", activation_budget="12GB")
 
 
 def test_report_before_any_call():
