@@ -2,6 +2,7 @@
 #include "backend/description.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/arena.h"
 
@@ -73,27 +74,30 @@ std::string BackendDescription::workspace_note(const Numerics& resolved) const {
          " MiB + the quantised linears' " + std::to_string(linear_quant_workspace_bytes >> 20) + " MiB";
 }
 
+namespace {
+// An algorithm this kind never runs, with the refusal's message.
+AttentionEntry unavailable(AttentionAlgorithm a, std::string why) {
+  AttentionEntry e;
+  e.algorithm = a;
+  e.available = false;
+  e.unavailable = std::move(why);
+  return e;
+}
+}  // namespace
+
 BackendDescription cpu_description() {
   BackendDescription d;
   d.kind = DeviceKind::cpu;
   d.name = "cpu";
-  AttentionEntry native;
-  native.algorithm = AttentionAlgorithm::native;
-  native.default_kv_tile = 1024;
-  native.with = "with the reference attention";
-  AttentionEntry cudnn;
-  cudnn.algorithm = AttentionAlgorithm::cudnn;
-  cudnn.available = false;
-  cudnn.unavailable =
-      "the cpu backend has no cuDNN attention (it runs the reference, attention native); use --device cuda or "
-      "attention auto|native";
-  AttentionEntry hopper;
-  hopper.algorithm = AttentionAlgorithm::hopper;
-  hopper.available = false;
-  hopper.unavailable =
-      "the cpu backend has no Hopper attention kernel (it runs the reference, attention native); use --device cuda "
-      "on an sm_90 GPU or attention auto|native";
-  d.algorithms = {native, cudnn, hopper};
+  const AttentionEntry native{
+      .algorithm = AttentionAlgorithm::native, .default_kv_tile = 1024, .with = "with the reference attention"};
+  d.algorithms = {native,
+                  unavailable(AttentionAlgorithm::cudnn,
+                              "the cpu backend has no cuDNN attention (it runs the reference, attention native); use "
+                              "--device cuda or attention auto|native"),
+                  unavailable(AttentionAlgorithm::hopper,
+                              "the cpu backend has no Hopper attention kernel (it runs the reference, attention "
+                              "native); use --device cuda on an sm_90 GPU or attention auto|native")};
   d.auto_order = {AttentionAlgorithm::native};
   d.rates_source = "measured on the H200, PCIe Gen5";  // none measured here: they plan nothing on the CPU
   return d;
@@ -108,42 +112,41 @@ BackendDescription cuda_description(CudaBuild build) {
   d.workspace_heads = 64;
   d.workspace_head_dim = 128;
   // The native kernel walks 64-key blocks whatever kv_tile is, so it keeps the CPU's 1024.
-  AttentionEntry native;
-  native.algorithm = AttentionAlgorithm::native;
-  native.default_kv_tile = 1024;
-  native.tflops = 305.0;
-  native.head_dims = {32, 64, 128};
-  native.with = "with the native attention kernel";
+  const AttentionEntry native{.algorithm = AttentionAlgorithm::native,
+                              .default_kv_tile = 1024,
+                              .tflops = 305.0,
+                              .head_dims = {32, 64, 128},
+                              .with = "with the native attention kernel"};
   // cuDNN's fused kernel is called once per key tile and the tiles merged: at S = 111,274,
   // H3 width, on the H200, kv_tile 1024 ran at 438 TFLOP/s, 8192 at 552-555, 16384 at
   // 559-567: 8192 is within 2 % of the best. Each call's last query chunk is padded.
-  AttentionEntry cudnn;
-  cudnn.algorithm = AttentionAlgorithm::cudnn;
-  cudnn.available = build.cudnn;
-  cudnn.unavailable =
-      "attention cudnn: this layerstream was built without cuDNN (no libcudnn found at configure time); use "
-      "attention auto or native, or rebuild with cuDNN installed";
-  cudnn.default_kv_tile = 8192;
-  cudnn.tflops = DeviceFacts{}.attention_tflops;
-  cudnn.row_quantum_from_q_chunk = true;
-  cudnn.cudnn_scratch = true;
-  cudnn.with = "with cuDNN attention";
-  cudnn.quantum_unit = "chunks";
+  const AttentionEntry cudnn{
+      .algorithm = AttentionAlgorithm::cudnn,
+      .available = build.cudnn,
+      .unavailable = "attention cudnn: this layerstream was built without cuDNN (no libcudnn found at configure "
+                     "time); use attention auto or native, or rebuild with cuDNN installed",
+      .default_kv_tile = 8192,
+      .tflops = DeviceFacts{}.attention_tflops,
+      .row_quantum_of = [](const Numerics& n) { return n.cudnn_q_chunk; },
+      .workspace_of = [](const Numerics& n, int64_t heads, int64_t head_dim) {
+        return cudnn_attention_workspace_bytes(heads, head_dim, n.cudnn_q_chunk);
+      },
+      .with = "with cuDNN attention",
+      .quantum_unit = "chunks"};
   // The sm_90a kernel: blocks of 128 keys give the same bits for every kv_tile that is a
   // multiple of 128, so its default is cuDNN's 8192 (whole-tile K/V offload chunks as
   // large as cuDNN's); 128-query CTAs; 603-615 TFLOP/s at S = 111,274.
-  AttentionEntry hopper;
-  hopper.algorithm = AttentionAlgorithm::hopper;
-  hopper.available = build.hopper;
-  hopper.unavailable =
-      "attention hopper: this layerstream was built without the Hopper kernel (CUDA architecture 90 not in "
-      "CMAKE_CUDA_ARCHITECTURES); use attention auto, native or cudnn, or rebuild with 90";
-  hopper.default_kv_tile = 8192;
-  hopper.tflops = 605.0;
-  hopper.row_quantum = 128;
-  hopper.head_dims = {128};
-  hopper.with = "with the hopper attention kernel";
-  hopper.quantum_unit = "CTAs";
+  const AttentionEntry hopper{
+      .algorithm = AttentionAlgorithm::hopper,
+      .available = build.hopper,
+      .unavailable = "attention hopper: this layerstream was built without the Hopper kernel (CUDA architecture 90 "
+                     "not in CMAKE_CUDA_ARCHITECTURES); use attention auto, native or cudnn, or rebuild with 90",
+      .default_kv_tile = 8192,
+      .tflops = 605.0,
+      .row_quantum = 128,
+      .head_dims = {128},
+      .with = "with the hopper attention kernel",
+      .quantum_unit = "CTAs"};
   d.algorithms = {native, cudnn, hopper};
   d.auto_order = {AttentionAlgorithm::cudnn, AttentionAlgorithm::native};
   d.rates_source = "measured on the H200, PCIe Gen5";

@@ -66,27 +66,27 @@ struct AttentionEntry {
   // False where this build or kind cannot run it; `unavailable` then says why and what to
   // do (the message set_numerics and the dry run give).
   bool available = true;
-  std::string unavailable;
+  std::string unavailable{};
   int64_t default_kv_tile = 1024;  // what Numerics::kv_tile 0 resolves to (DESIGN.md §1.2)
   double tflops = 550.0;           // measured attention rate (plans only)
   // Queries computed in whole blocks: a slice's last block is padded to it, so the planner
-  // sizes attention slices in whole blocks (cuDNN: Numerics::cudnn_q_chunk per call;
-  // hopper: its CTA's 128; else 1). row_quantum_from_q_chunk: the cuDNN rule.
+  // sizes attention slices in whole blocks (hopper: its CTA's 128; else 1), or, where it
+  // depends on the numerics, row_quantum_of (cuDNN: Numerics::cudnn_q_chunk per call).
   int64_t row_quantum = 1;
-  bool row_quantum_from_q_chunk = false;
-  // Workspace bytes this algorithm's calls take, for heads x head_dim at the numerics'
-  // cudnn_q_chunk (0: none; cuDNN: cudnn_attention_workspace_bytes).
-  bool cudnn_scratch = false;
+  int64_t (*row_quantum_of)(const Numerics& resolved) = nullptr;
+  // Workspace bytes this algorithm's calls take for heads x head_dim at these numerics
+  // (null: none; cuDNN: cudnn_attention_workspace_bytes at the numerics' q chunk).
+  uint64_t (*workspace_of)(const Numerics& resolved, int64_t heads, int64_t head_dim) = nullptr;
   // Head dims served; empty = any the backend's op accepts.
-  std::vector<int64_t> head_dims;
+  std::vector<int64_t> head_dims{};
   const char* with = "";           // "with cuDNN attention" (the dry run's wording)
-  const char* quantum_unit = "";   // "chunks", "CTAs" (of row_quantum)
+  const char* quantum_unit = "";   // "chunks", "CTAs" (of the row quantum)
 
   int64_t quantum(const Numerics& resolved) const {
-    return row_quantum_from_q_chunk ? resolved.cudnn_q_chunk : row_quantum;
+    return row_quantum_of != nullptr ? row_quantum_of(resolved) : row_quantum;
   }
-  uint64_t workspace_bytes(const Numerics& n, int64_t heads, int64_t head_dim) const {
-    return cudnn_scratch ? cudnn_attention_workspace_bytes(heads, head_dim, n.cudnn_q_chunk) : 0;
+  uint64_t workspace_bytes(const Numerics& resolved, int64_t heads, int64_t head_dim) const {
+    return workspace_of != nullptr ? workspace_of(resolved, heads, head_dim) : 0;
   }
 };
 

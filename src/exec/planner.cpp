@@ -161,15 +161,14 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
 
 Expected<uint64_t> minimum_budget(const PlanRequest& q) {
   LS_TRY(check_request(q));
-  const h3::H3Config& cfg = *q.cfg;
   const Layouts lays(q);
-  const CallLayout& planned = lays.planned();
   switch (q.mode) {
     case MemoryMode::total_budget: {
       LS_ASSIGN_OR_RETURN(const int64_t rows, modulation_rows_for(lays.cond, *q.cond, q.sigmas));
-      return min_total_budget(cfg, planned, budget_options(q, resolve_kv_tile(q), rows, q.prefetch, q.knobs.kv_chunk_rows));
+      const BudgetOptions o = budget_options(q, resolve_kv_tile(q), rows, q.prefetch, q.knobs.kv_chunk_rows);
+      return min_total_budget(*q.cfg, lays.planned(), o);
     }
-    case MemoryMode::activation_budget: return min_activation_budget(cfg, planned, q.knobs.ranks);
+    case MemoryMode::activation_budget: return min_activation_budget(*q.cfg, lays.planned(), q.knobs.ranks);
     case MemoryMode::knobs: break;
   }
   return uint64_t{0};
