@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cli_test_util.h"
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
 #include "exec/plan.h"
@@ -61,7 +62,7 @@ const std::string kClip = "--preset h3 --frames 362 --width 1024 --height 1024 -
 // profile (cuDNN build), the given kv_tile.
 exec::BudgetOptions cuda_options(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t kv_tile,
                                  const std::vector<float>& sigmas = {1.0f}) {
-  exec::BudgetOptions bo = exec::budget_options_for(exec::cuda_device_profile());
+  exec::BudgetOptions bo = exec::budget_options_for(test::cuda_profile());
   bo.kv_tile = kv_tile;
   bo.modulation_rows = *exec::modulation_rows_for(cfg, cond, sigmas);
   return bo;

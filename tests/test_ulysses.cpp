@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "backend/comm.h"
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/plan.h"
 #include "exec/planner.h"
@@ -205,7 +206,7 @@ TEST(Ulysses, TotalBudgetIsPerRank) {
   q.cond = &cond;
   q.sigmas = {0.8f};
   q.mode = exec::MemoryMode::total_budget;
-  q.device = exec::cuda_device_profile(false, false);
+  q.device = test::cuda_profile(AttentionAlgorithm::backend_default, CudaBuild{false, true});
   q.device.workspace_bytes = 0;
   q.knobs.ranks = 7;
   auto seven = exec::minimum_budget(q);

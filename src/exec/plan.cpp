@@ -114,12 +114,29 @@ uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L) {
          std::max(refiner_input_phase(cfg, L).bytes(), refiner_block_phase(cfg, L).bytes());
 }
 
-Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond) {
-  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond, /*with_positions=*/false));
+SequenceSizes sequence_sizes(const h3::PackedLayout& lay) {
   SequenceSizes z;
   z.S = lay.S;
   z.target_rows = lay.target_rows();
   return z;
+}
+
+Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond) {
+  return CallLayout(cfg, cond).sizes();
+}
+
+Expected<const h3::PackedLayout*> CallLayout::get() const {
+  if (built_ != nullptr) return built_;
+  if (!own_) {
+    LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(*cfg_, *cond_, /*with_positions=*/false));
+    own_ = std::move(lay);
+  }
+  return &*own_;
+}
+
+Expected<SequenceSizes> CallLayout::sizes() const {
+  LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, get());
+  return sequence_sizes(*lay);
 }
 
 namespace {
@@ -213,8 +230,12 @@ namespace {
 }  // namespace
 
 Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, const PlanKnobs& knobs) {
+  return make_plan(cfg, CallLayout(cfg, cond), knobs);
+}
+
+Expected<Plan> make_plan(const h3::H3Config& cfg, const CallLayout& layout, const PlanKnobs& knobs) {
   LS_TRY(check_knobs(knobs));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, layout.sizes());
   return make_plan(cfg, z, knobs);
 }
 
@@ -262,19 +283,28 @@ static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z, int6
 }
 
 Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks) {
+  return min_activation_budget(cfg, CallLayout(cfg, cond), ranks);
+}
+
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const CallLayout& layout, int64_t ranks) {
   LS_TRY(check_ranks(cfg, ranks));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, layout.sizes());
   return min_budget(cfg, z, ranks);
 }
 
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
                                int64_t kv_tile, int64_t ranks) {
+  return plan_for_budget(cfg, CallLayout(cfg, cond), budget, kv_tile, ranks);
+}
+
+Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const CallLayout& layout, uint64_t budget, int64_t kv_tile,
+                               int64_t ranks) {
   PlanKnobs k;
   k.kv_tile = kv_tile;
   k.ranks = ranks;
   LS_TRY(check_knobs(k));
   LS_TRY(check_ranks(cfg, ranks));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, layout.sizes());
   const uint64_t stock = stock_peak(cfg, z, ranks);
   if (stock <= budget) {
     Plan p = assemble(cfg, z, k, stock_resolved(z, ranks));

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@
 #include "core/status.h"
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
+#include "model/h3/layout.h"
 
 namespace ls::exec {
 
@@ -115,6 +117,32 @@ struct SequenceSizes {
 };
 // From the conditioning's geometry, keyframes and references (h3-model.md §2.4).
 Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond);
+// From a layout already built.
+SequenceSizes sequence_sizes(const h3::PackedLayout& layout);
+
+// One call's packed layout (h3::build_layout), built once and shared by every planning
+// step of the call: the planner's steps (the mode's plan, its smallest budget, the
+// AdaLN table rows, the device peak) each read it instead of rebuilding it from the
+// whole conditioning. Built without positions on first use (so a geometry error comes
+// where the first step needs the layout, as before), or handed over already built (the
+// caller's, with or without positions: only row counts are read). Not thread-safe; the
+// layout (or cfg and cond) must outlive it.
+class CallLayout {
+ public:
+  CallLayout(const h3::H3Config& cfg, const h3::Conditioning& cond) : cfg_(&cfg), cond_(&cond) {}
+  explicit CallLayout(const h3::PackedLayout& built) : built_(&built) {}
+  CallLayout(const CallLayout&) = delete;
+  CallLayout& operator=(const CallLayout&) = delete;
+  // The layout (built on the first call; its error, an invalid geometry, every call).
+  Expected<const h3::PackedLayout*> get() const;
+  Expected<SequenceSizes> sizes() const;
+
+ private:
+  const h3::H3Config* cfg_ = nullptr;
+  const h3::Conditioning* cond_ = nullptr;
+  const h3::PackedLayout* built_ = nullptr;
+  mutable std::optional<h3::PackedLayout> own_;
+};
 
 struct Plan {
   PlanKnobs knobs;          // as requested
@@ -157,6 +185,8 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, 
 // The same for sizes already known (the executor has built the layout: no second
 // build_layout per call).
 Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& sizes, const PlanKnobs& knobs);
+// The same for a call's layout (built once per call: CallLayout).
+Expected<Plan> make_plan(const h3::H3Config& cfg, const CallLayout& layout, const PlanKnobs& knobs);
 
 // The plan with the largest slices whose predicted peak fits `budget_bytes`: the stock
 // plan if it fits, else for each phase the largest slice that fits (binary search; the
@@ -167,10 +197,13 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& sizes, co
 // ranks > 1: the budget is PER RANK (each rank's activation arena).
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget_bytes,
                                int64_t kv_tile = 1024, int64_t ranks = 1);
+Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const CallLayout& layout, uint64_t budget_bytes,
+                               int64_t kv_tile = 1024, int64_t ranks = 1);
 // The smallest budget plan_for_budget accepts for (cfg, cond): the one its out_of_budget
 // message names (persistent buffers + the largest phase at one-row slices, stock
 // attention where that is smaller). Errors: an invalid geometry.
 Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks = 1);
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const CallLayout& layout, int64_t ranks = 1);
 // invalid_argument unless `ranks` (>= 1) divides cfg.heads; the message names the rank
 // counts that do ("56 heads: 1, 2, 4, 7, 8, 14, 28 or 56 ranks").
 Status check_ranks(const h3::H3Config& cfg, int64_t ranks);

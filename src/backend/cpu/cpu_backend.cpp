@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/pack.h"
 #include "backend/cpu/linear_quant.h"
+#include "backend/description.h"
 
 namespace ls {
 namespace cpu {
@@ -48,8 +49,8 @@ Status cpu_op_copy(const TensorView& dst, const TensorView& src) {
 // ---- numerics ----------------------------------------------------------------------
 Numerics CpuBackend::resolve_default() {
   Numerics n;
-  n.attention = AttentionAlgorithm::native;
-  n.kv_tile = 1024;
+  n.attention = cpu_description().default_attention();
+  n.kv_tile = cpu_description().default_kv_tile(n.attention);
   return n;
 }
 
@@ -58,12 +59,10 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
   const auto refuse = [](const std::string& what) {
     return Status(make_error(ErrorCode::unsupported, "the cpu backend " + what));
   };
-  if (n.attention == AttentionAlgorithm::cudnn)
-    return refuse("has no cuDNN attention (it runs the reference, attention native); use --device cuda or "
-                  "attention auto|native");
-  if (n.attention == AttentionAlgorithm::hopper)
-    return refuse("has no Hopper attention kernel (it runs the reference, attention native); use --device cuda on "
-                  "an sm_90 GPU or attention auto|native");
+  // Attention algorithms this backend cannot run: its description's refusal (one source
+  // for the backend, the planner and the dry run).
+  if (n.attention != AttentionAlgorithm::backend_default)
+    if (Status s = cpu_description().can_implement_attention(n.attention); !s.ok()) return s;
   if (n.gemm_f32 == GemmF32Order::cublaslt)
     return refuse("has no cuBLASLt: its fp32 GEMMs are the lanes16 reference order; use gemm_f32 lanes16");
   const Numerics defaults;
@@ -76,9 +75,9 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
     return refuse("has no cuBLASLt candidates (gemm_candidate " + format_gemm_candidate(n.gemm_candidate) +
                   "); leave it empty");
   Numerics r = n;
-  r.attention = AttentionAlgorithm::native;
+  if (r.attention == AttentionAlgorithm::backend_default) r.attention = cpu_description().default_attention();
   r.native_variant.clear();
-  if (r.kv_tile == 0) r.kv_tile = 1024;
+  if (r.kv_tile == 0) r.kv_tile = cpu_description().default_kv_tile(r.attention);
   numerics_ = r;
   diagnostics_ = d;  // nothing to log on the CPU; kept so diagnostics() reports what was asked
   return Status();

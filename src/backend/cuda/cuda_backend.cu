@@ -244,56 +244,46 @@ class CudaBackend final : public Backend {
     return Status();
   }
 
-  // The GEMM's cuBLASLt workspace; in a build with cuDNN the larger of that and the
-  // cuDNN attention path's scratch for up to 64 heads of 128 (H3: 56 x 128) at the
-  // numerics' cudnn_q_chunk, whichever attention path the numerics select, so switching
-  // between cudnn and native (set_numerics) keeps a workspace valid; only a larger
-  // q chunk needs a larger one (set_numerics refuses it once a smaller workspace is set).
-  // Ops run one at a time on the compute queue, so they share one view.
+  // The workspace of the description (backend/description.h: the GEMM's cuBLASLt
+  // workspace and staging, then the quantised linears' region, or in a build with cuDNN
+  // the cuDNN attention scratch for up to 64 heads of 128 (H3: 56 x 128) at the numerics'
+  // cudnn_q_chunk where larger, whichever attention path the numerics select), so
+  // switching between cudnn and native (set_numerics) keeps a workspace valid; only a
+  // larger q chunk needs a larger one (set_numerics refuses it once a smaller workspace
+  // is set). Ops run one at a time on the compute queue, so they share one view.
+  // tests/cuda/test_backend_description_cuda.cpp checks the description's pieces against
+  // what gemm.cu, linear_quant.cu and attention_cudnn.cu carve.
   size_t workspace_bytes() const override { return workspace_bytes_for(ctx_.numerics); }
-  // The GEMM's part is followed by the quantised linears' region (linear_quant.cu: their
-  // cuBLASLt workspace and row-chunk scratch), so a linear can call the GEMM.
-  size_t workspace_bytes_for(const Numerics& n) const {
-    const size_t linears = gemm_workspace_bytes() + linear_quant_workspace_bytes();
-    return attention_cudnn_built()
-               ? std::max(linears, attention_cudnn_workspace_bytes(64, 128, n.cudnn_q_chunk))
-               : linears;
+  static size_t workspace_bytes_for(const Numerics& n) { return static_cast<size_t>(description().workspace_bytes(n)); }
+  static const BackendDescription& description() {
+    static const BackendDescription d = cuda_description(cuda_build());
+    return d;
   }
 
   // ---- numerics ------------------------------------------------------------------
   // Resolution (numerics.h): attention auto -> hopper for a model of head dim 128 on an
   // sm_90 device in a build with the Hopper kernel (set_model_head_dim; the fastest that
   // passes the parity and invariance tests there: 603-615 TFLOP/s at S = 111274 against
-  // cuDNN's 552-553 on the H200, bench/results/issue15/), else cudnn where the build has
-  // cuDNN, else native; kv_tile 0 -> the algorithm's default. cuDNN's fused kernel is called once per
-  // key tile and the tiles are merged, so small tiles cost speed: at S = 111274, H3
-  // width, on the H200, kv_tile 1024 ran at 438 TFLOP/s, 8192 at 552-555, 16384 at
-  // 559-567, one tile of all keys at 531 (and the K/V offload chunks, whole tiles, grow
-  // with it). 8192 is within 2 % of the best (DESIGN.md §1.2). The native kernel walks
-  // 64-key blocks whatever kv_tile is, so it keeps the CPU's 1024. native_variant "" ->
-  // "4x2" under native attention. The knobs of the path not taken must stay at their
-  // defaults (they would be recorded without acting).
-  // Head dim of the one model shape the hopper kernel serves (attention_hopper.cu kD).
-  static constexpr int64_t kHopperHeadDim = 128;
+  // cuDNN's 552-553 on the H200, bench/results/issue15/), else the description's default
+  // (cudnn where the build has cuDNN, else native); kv_tile 0 -> the algorithm's default
+  // (AttentionEntry::default_kv_tile, where the description says why). native_variant ""
+  // -> "4x2" under native attention. The knobs of the path not taken must stay at their
+  // defaults (they would be recorded without acting). What cannot run here is refused
+  // with the description's message (can_implement_attention).
   // auto takes hopper only where nothing given belongs to another path (a cudnn_* knob or
   // native_variant set with auto keeps that path) and the kernel can run here.
   static bool auto_takes_hopper(const Numerics& n, int64_t head_dim, int device) {
     const Numerics defaults;
-    return head_dim == kHopperHeadDim && n.native_variant.empty() && n.cudnn_q_chunk == defaults.cudnn_q_chunk &&
-           n.cudnn_form.empty() && n.cudnn_skip_configs == 0 && attention_hopper_built() &&
-           attention_hopper_available(device).ok();
+    return head_dim > 0 && description().can_implement_attention(AttentionAlgorithm::hopper, head_dim).ok() &&
+           n.native_variant.empty() && n.cudnn_q_chunk == defaults.cudnn_q_chunk && n.cudnn_form.empty() &&
+           n.cudnn_skip_configs == 0 && attention_hopper_available(device).ok();
   }
   static Expected<Numerics> resolve(const Numerics& n, int64_t head_dim = 0, int device = 0) {
     LS_TRY(validate(n));
     Numerics r = n;
     if (r.attention == AttentionAlgorithm::backend_default)
-      r.attention = auto_takes_hopper(n, head_dim, device) ? AttentionAlgorithm::hopper
-                    : attention_cudnn_built()              ? AttentionAlgorithm::cudnn
-                                                           : AttentionAlgorithm::native;
-    if (r.attention == AttentionAlgorithm::cudnn && !attention_cudnn_built())
-      return make_error(ErrorCode::unsupported,
-                        "attention cudnn: this layerstream was built without cuDNN (no libcudnn found at configure "
-                        "time); use attention auto or native, or rebuild with cuDNN installed");
+      r.attention = auto_takes_hopper(n, head_dim, device) ? AttentionAlgorithm::hopper : description().default_attention();
+    if (r.attention == AttentionAlgorithm::cudnn) LS_TRY(description().can_implement_attention(r.attention));
     const Numerics defaults;
     if (r.attention == AttentionAlgorithm::cudnn) {
       if (!r.native_variant.empty())
@@ -315,11 +305,7 @@ class CudaBackend final : public Backend {
                               "); select attention cudnn or leave them at their defaults");
       if (r.native_variant.empty()) r.native_variant = kDefaultNativeVariant;
     }
-    // attention hopper (auto's choice only with a head dim of 128): its blocks of 128 keys give the same bits for
-    // every kv_tile that is a multiple of 128 (attention_hopper.cu), so its default is
-    // cuDNN's 8192 (whole-tile K/V offload chunks as large as cuDNN's).
-    if (r.kv_tile == 0)
-      r.kv_tile = r.attention == AttentionAlgorithm::cudnn || r.attention == AttentionAlgorithm::hopper ? 8192 : 1024;
+    if (r.kv_tile == 0) r.kv_tile = description().default_kv_tile(r.attention);
     return r;
   }
   Status set_numerics(const Numerics& n, const Diagnostics& d) override { return apply_numerics(n, d, head_dim_); }
@@ -579,6 +565,8 @@ std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorVi
 }  // namespace ls::cuda
 
 namespace ls {
+
+CudaBuild cuda_build() { return {cuda::attention_cudnn_built(), cuda::attention_hopper_built()}; }
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int index) {
   int count = 0;
