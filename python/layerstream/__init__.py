@@ -65,7 +65,7 @@ def parse_size(value, what="size"):
     return n
 
 
-_ATTENTION = {"default": 0, "native": 1, "cudnn": 2, "hopper": 3}
+_ATTENTION = {"default": 0, "native": 1, "cudnn": 2, "hopper": 3, "int8": 4}
 _GEMM_F32 = {"lanes16": 0, "cublaslt": 1}
 _NUMERICS_KEYS = ("attention", "kv_tile", "gemm_f32", "native_variant", "cudnn_q_chunk", "cudnn_form",
                   "cudnn_skip_configs")
@@ -225,7 +225,7 @@ class Engine:
     """An H3 denoiser's weights on one device (ls_engine). Memory choice: vram_budget
     (one device budget, int bytes or "12G"), or activation_budget (activations only), or
     the explicit knobs; none of them changes an output bit. numerics (dict: attention=
-    "default"|"native"|"cudnn"|"hopper", kv_tile=, gemm_f32="lanes16"|"cublaslt", and the CUDA
+    "default"|"native"|"cudnn"|"hopper"|"int8", kv_tile=, gemm_f32="lanes16"|"cublaslt", and the CUDA
     developer knobs) may."""
 
     def __init__(self, model=None, preset=None, weights_seed=0, blocks=0, device="cpu", vram_budget=None,

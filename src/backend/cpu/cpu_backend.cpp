@@ -76,9 +76,9 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
     return refuse("has no cuBLASLt candidates (gemm_candidate " + format_gemm_candidate(n.gemm_candidate) +
                   "); leave it empty");
   Numerics r = n;
-  r.attention = AttentionAlgorithm::native;
+  r.attention = n.attention == AttentionAlgorithm::int8 ? AttentionAlgorithm::int8 : AttentionAlgorithm::native;
   r.native_variant.clear();
-  if (r.kv_tile == 0) r.kv_tile = 1024;
+  if (r.kv_tile == 0) r.kv_tile = r.attention == AttentionAlgorithm::int8 ? kInt8DefaultKvTile : 1024;
   numerics_ = r;
   diagnostics_ = d;  // nothing to log on the CPU; kept so diagnostics() reports what was asked
   return Status();
@@ -122,6 +122,17 @@ Status CpuBackend::convert(const TensorView& src, const TensorView& dst) { retur
 Status CpuBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                              const AttentionParams& p) {
   return cpu_op_attention(q, k, v, out, p);
+}
+Status CpuBackend::int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) {
+  return cpu_op_int8_key_stats(k, v, stats, reset);
+}
+Status CpuBackend::int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                                const Int8Keys& keys) {
+  return cpu_op_int8_prepare(k, v, stats, keys);
+}
+Status CpuBackend::attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                                  const AttentionParams& p) {
+  return cpu_op_attention_int8(q, keys, out, p);
 }
 Expected<int64_t> CpuBackend::count_nonfinite(const TensorView& t) { return cpu_op_count_nonfinite(t); }
 Status CpuBackend::pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) {
