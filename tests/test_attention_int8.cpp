@@ -232,11 +232,12 @@ std::vector<uint16_t> scalar_reference(const Inputs& in, int64_t kv_tile) {
         long lt = 0;
         std::vector<long> ot(Dh, 0);
         for (int64_t j = t0; j < t1; ++j) {
-          const int p = i8a::p8(s[j - t0] - m_new);
-          lt += p;
+          const float e = i8a::exp2p255(s[j - t0] - m_new);
+          const int p = static_cast<int>(std::min(255.0f, std::nearbyint(e)));
+          lt += static_cast<long>(std::nearbyint(e * 16384.0f));
           for (int64_t c = 0; c < Dh; ++c) ot[c] += p * v8[j][c];
         }
-        l = l * alpha + static_cast<float>(lt);
+        l = l * alpha + static_cast<float>(lt) * 0x1p-14f;
         for (int64_t c = 0; c < Dh; ++c) acc[c] = acc[c] * alpha + static_cast<float>(ot[c]);
         m = m_new;
       }
@@ -415,6 +416,17 @@ TEST(Int8Attention, Refusals) {
   EXPECT_TRUE(validate(n).ok());
   EXPECT_EQ(cpu()->numerics().attention, AttentionAlgorithm::int8);
   EXPECT_NE(describe(cpu()->numerics()).find("attention int8"), std::string::npos);
+  // A model of another head dim is refused when it loads, naming the device and its algorithms.
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  Numerics i8;
+  i8.attention = AttentionAlgorithm::int8;
+  ASSERT_TRUE(be->set_numerics(i8, {}).ok());
+  const Status hd = be->set_model_head_dim(24);
+  EXPECT_EQ(hd.error().code, ErrorCode::unsupported);
+  EXPECT_NE(hd.message().find("cpu backend cannot run attention int8 for a model of head dim 24"), std::string::npos)
+      << hd.message();
+  EXPECT_NE(hd.message().find("native"), std::string::npos) << hd.message();
+  EXPECT_TRUE(be->set_model_head_dim(64).ok());
 }
 
 }  // namespace

@@ -81,6 +81,17 @@ LQ_HD int p8(float t) {
   const float r = lq::rint(exp2p255(t));
   return static_cast<int>(r > 255.0f ? 255.0f : r);
 }
+// The row-sum term of a score (docs §4.4): pl = rint(fl32(exp2p255(t) * 2^14)), an integer in
+// [0, 255 * 2^14] (the same 255 * 2^t as p8 with 14 more bits: the denominator must not be
+// the sum of the coarse p8, whose rounding loses the mass of the many small p of a peaked row).
+constexpr float kPlScale = 16384.0f;          // 2^14
+constexpr float kPlInvScale = 0x1p-14f;       // exact
+LQ_HD void p8_pl(float t, int* p8v, int* plv) {
+  const float e = exp2p255(t);
+  const float r = lq::rint(e);
+  *p8v = static_cast<int>(r > 255.0f ? 255.0f : r);
+  *plv = static_cast<int>(lq::rint(lq::mul(e, kPlScale)));
+}
 
 LQ_HD float score_factor(float scale, int Dh) {
   return lq::mul(lq::mul(scale, kLog2e), lq::div(1.0f, static_cast<float>(Dh)));  // 1/Dh exact

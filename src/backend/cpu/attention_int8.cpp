@@ -7,7 +7,8 @@
 //   int8_prepare    per key row and head: y = R(fl32(k - mu)), sk = row_scale(max |y|),
 //                   k8 = quant(y, sk); v8t[h, c, j] = quant(v, sv_c); sv from the stats.
 //   attention_int8  per (query, head): y = R(q), sq = row_scale(max |y|), q8 = quant(y, sq),
-//                   a = fl32(sq * cs); the tile fold of §4.4 with int32 tile sums.
+//                   a = fl32(sq * cs); the tile fold of §4.4 with integer tile sums (P.V of p8,
+//                   the row sum of pl).
 // Every result element depends only on its own row (query, key) or channel, so any
 // slicing of queries, any chunking of keys into calls (state carried) and any thread
 // count give the same bytes. Parallel over (head, query) for attention, over keys for
@@ -215,14 +216,15 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
           m_new = s > m_new ? s : m_new;
         }
         const float alpha = m == neg_inf ? 0.0f : i8a::exp2e(lq::sub(m, m_new));
-        int32_t lt = 0;
+        int64_t lt = 0;  // sum of pl (int64: kv_tile up to 65536)
         for (int64_t c = 0; c < Dh; ++c) ot[c] = 0;
         for (int64_t c0 = t0; c0 < t1; c0 += kChunk) {
           const int64_t c1 = std::min(t1, c0 + kChunk);
           for (int64_t j = c0; j < c1; ++j) {
-            const int pj = i8a::p8(lq::sub(score(j), m_new));
+            int pj = 0, plj = 0;
+            i8a::p8_pl(lq::sub(score(j), m_new), &pj, &plj);
             p8[j - c0] = static_cast<uint8_t>(pj);
-            lt += pj;
+            lt += plj;
           }
           for (int64_t c = 0; c < Dh; ++c) {
             const int8_t* vr = v8t + h * hs + c * ld + c0;
@@ -231,7 +233,7 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
             ot[c] += sum;
           }
         }
-        l = lq::add(lq::mul(l, alpha), static_cast<float>(lt));
+        l = lq::add(lq::mul(l, alpha), lq::mul(static_cast<float>(lt), i8a::kPlInvScale));
         for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::add(lq::mul(acc[c], alpha), static_cast<float>(ot[c]));
         m = m_new;
       }

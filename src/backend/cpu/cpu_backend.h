@@ -40,6 +40,9 @@ class CpuBackend final : public Backend {
 
   // Numerics: one algorithm of each kind (the reference), kv_tile 1024 by default.
   Status set_numerics(const Numerics& n, const Diagnostics& d) override;
+  // attention int8 takes power-of-two head dims 2..512 (the rotation): refused here for
+  // another model, naming the device and the algorithms it has.
+  Status set_model_head_dim(int64_t head_dim) override;
   Numerics numerics() const override { return numerics_; }
   Diagnostics diagnostics() const override { return diagnostics_; }
 
@@ -82,6 +85,7 @@ class CpuBackend final : public Backend {
  private:
   Numerics numerics_ = resolve_default();
   Diagnostics diagnostics_;
+  int64_t head_dim_ = 0;  // set_model_head_dim's (0 = not known)
 };
 
 }  // namespace ls::cpu

@@ -362,8 +362,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int rr = e >> 1;
-          const int p = s[nt][e] == -INFINITY ? 0 : i8a::p8(lq::sub(s[nt][e], m[rr]));
-          lt[rr] += p;
+          int p = 0, pl = 0;
+          if (s[nt][e] != -INFINITY) i8a::p8_pl(lq::sub(s[nt][e], m[rr]), &p, &pl);
+          lt[rr] += pl;  // <= 128 * 255 * 2^14 < 2^31
           const int reg = (ntl >> 1) * 2 + rr;            // 16+ half for ntl 2, 3
           const int byte = (ntl & 1) * 2 + (e & 1);         // 4t + {0,1} | 4t + {2,3}
           w[reg] |= static_cast<uint32_t>(p) << (8 * byte);
@@ -375,7 +376,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
     for (int rr = 0; rr < 2; ++rr) {
       lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 1);
       lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 2);
-      l[rr] = lq::add(lq::mul(l[rr], alpha[rr]), __int2float_rn(lt[rr]));
+      l[rr] = lq::add(lq::mul(l[rr], alpha[rr]), lq::mul(__int2float_rn(lt[rr]), i8a::kPlInvScale));
     }
     // P.V into int32, then the fold.
 #pragma unroll
