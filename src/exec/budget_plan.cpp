@@ -468,6 +468,9 @@ AttentionFigures cuda_attention_figures(AttentionAlgorithm resolved, int64_t q_c
   switch (resolved) {
     case AttentionAlgorithm::cudnn: return {q_chunk, DeviceFacts{}.attention_tflops};
     case AttentionAlgorithm::hopper: return {128, 605.0};  // attention_hopper.cu kBr
+    // [int8 attention] the portable kernel: no row quantum; 126 TOP/s by the bf16 FLOP count
+    // on the H200 (bench/results/h200_int8_portable_attention.json). Planning only, never a bit.
+    case AttentionAlgorithm::int8: return {1, 126.0};
     default: return {1, 305.0};                             // native (auto never reaches here resolved)
   }
 }
