@@ -392,6 +392,9 @@ TEST(CliInfoDevices, ListsTheCpuWithItsNumerics) {
   EXPECT_EQ(cpu["device"], "cpu");
   EXPECT_EQ(cpu["numerics_head_dim_128"]["attention"], "native");
   EXPECT_EQ(cpu["numerics_other_head_dims"]["attention"], "native");
+  // The algorithms each device runs (issue 26: the CPU runs the int8 reference too).
+  EXPECT_EQ(cpu["attention_algorithms"], nlohmann::json::array({"native", "int8"})) << cpu.dump();
+  EXPECT_NE(text.out.find("attention algorithms (head dim 128): native, int8"), std::string::npos) << text.out;
   // Every CUDA entry names its device and either its numerics or why it is unusable.
   for (size_t i = 1; i < j["devices"].size(); ++i) {
     const auto& d = j["devices"][i];

@@ -585,6 +585,20 @@ int run_devices(const InfoOptions& o) {
     uint64_t free_b = 0, total_b = 0;
     if (be.device().kind != DeviceKind::cpu && be.device_memory_info(&free_b, &total_b).ok())
       d["memory"] = {{"total_bytes", total_b}, {"free_bytes", free_b}};
+    // The attention algorithms this device runs for an H3-shaped model (head dim 128): each
+    // set alone (every other setting at its default), then the flags' numerics restored.
+    json algos = json::array();
+    for (const AttentionAlgorithm a : {AttentionAlgorithm::native, AttentionAlgorithm::cudnn, AttentionAlgorithm::hopper,
+                                       AttentionAlgorithm::int8}) {
+      Numerics t;
+      t.attention = a;
+      if (be.set_numerics(t, nc->diagnostics).ok() && be.set_model_head_dim(128).ok()) algos.push_back(to_string(a));
+    }
+    d["attention_algorithms"] = algos;
+    if (Status st = be.set_numerics(nc->numerics, nc->diagnostics); !st.ok()) {
+      d["error"] = st.message();
+      return d;
+    }
     for (const int64_t hd : {int64_t{128}, int64_t{64}}) {
       const std::string key = hd == 128 ? "numerics_head_dim_128" : "numerics_other_head_dims";
       if (Status st = be.set_model_head_dim(hd); !st.ok()) {
@@ -636,6 +650,9 @@ int run_devices(const InfoOptions& o) {
       std::printf(", %s total, %s free", format_bytes(d["memory"]["total_bytes"].get<uint64_t>()).c_str(),
                   format_bytes(d["memory"]["free_bytes"].get<uint64_t>()).c_str());
     std::printf("\n");
+    std::string algos;
+    for (const auto& x : d["attention_algorithms"]) algos += (algos.empty() ? "" : ", ") + x.get<std::string>();
+    std::printf("    attention algorithms (head dim 128): %s\n", algos.c_str());
     const json& a = d["numerics_head_dim_128"];
     const json& b = d["numerics_other_head_dims"];
     const auto line = [](const json& n) {

@@ -98,6 +98,11 @@ BackendDescription cpu_description() {
                   unavailable(AttentionAlgorithm::hopper,
                               "the cpu backend has no Hopper attention kernel (it runs the reference, attention "
                               "native); use --device cuda on an sm_90 GPU or attention auto|native")};
+  // [int8 attention] the reference (docs/int8-attention.md): any power-of-two head dim (the
+  // CPU backend checks it), kv_tile 128 as on CUDA so default runs compare byte for byte.
+  d.algorithms.push_back(AttentionEntry{.algorithm = AttentionAlgorithm::int8,
+                                        .default_kv_tile = kInt8DefaultKvTile,
+                                        .with = "with the int8 reference attention"});
   d.auto_order = {AttentionAlgorithm::native};
   d.rates_source = "measured on the H200, PCIe Gen5";  // none measured here: they plan nothing on the CPU
   return d;
@@ -147,7 +152,16 @@ BackendDescription cuda_description(CudaBuild build) {
       .head_dims = {128},
       .with = "with the hopper attention kernel",
       .quantum_unit = "CTAs"};
-  d.algorithms = {native, cudnn, hopper};
+  // [int8 attention] the portable mma.sync kernels (attention_int8.cu, sm_80+): head dim 128,
+  // kv_tile 128 only (they fold the fp32 state once per 128-key tile); no query blocks to
+  // pad; 126 TOP/s by the bf16 FLOP count at S = 111,274 on the H200
+  // (bench/results/h200_int8_portable_attention.json). Never auto's choice.
+  const AttentionEntry int8{.algorithm = AttentionAlgorithm::int8,
+                            .default_kv_tile = kInt8DefaultKvTile,
+                            .tflops = 126.0,
+                            .head_dims = {128},
+                            .with = "with the int8 attention kernel"};
+  d.algorithms = {native, cudnn, hopper, int8};
   d.auto_order = {AttentionAlgorithm::cudnn, AttentionAlgorithm::native};
   d.rates_source = "measured on the H200, PCIe Gen5";
   return d;

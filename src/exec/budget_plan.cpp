@@ -160,8 +160,8 @@ struct ActivationModel {
   uint64_t base = 0;
 
   // ranks > 1: one sequence-parallel rank's buffers (plan.h PlanKnobs::ranks; no offload).
-  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk, int64_t ranks = 1)
-      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0, ranks, ranks > 1 ? rank_rows(sz.S, ranks) : 0} {
+  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk, int64_t ranks = 1, bool int8 = false)
+      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0, ranks, ranks > 1 ? rank_rows(sz.S, ranks) : 0, int8} {
     base = sum_bytes(persistent_buffers(cfg, z, where));
   }
   bool stock_attention_allowed() const { return !where.kv_offload && !where.residual_offload; }
@@ -252,7 +252,7 @@ int64_t quantised_attention_slice(int64_t n, int64_t S, int64_t floor, int64_t q
 
 // The choice of one mode at `budget`, or false when even its floor does not fit.
 bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
-  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks);
+  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks, c.o.int8_attention);
   const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
   // The floor's activations; stock attention counts when allowed (at n = S two-pass
   // attention holds the same bytes in more buffers, so alignment can make it larger).
@@ -410,7 +410,7 @@ Expected<Context> make_context(const H3Config& cfg, const CallLayout& layout, co
   LS_ASSIGN_OR_RETURN(c.kv_chunk, resolve_kv_chunk(o.kv_chunk_rows, o.kv_tile, z.S));
   c.tables = table_bytes(cfg, o.modulation_rows);
   c.scratch = precompute_scratch(cfg, c.w, o.modulation_rows);
-  c.refiner_act = refiner_peak_bytes(cfg, lay->L);  // L = the geometry's text tokens
+  c.refiner_act = refiner_peak_bytes(cfg, lay->L, o.int8_attention);  // L = the geometry's text tokens
   return c;
 }
 
@@ -418,7 +418,7 @@ uint64_t minimum(const Context& c, bool offload_only = false) {
   uint64_t best = std::numeric_limits<uint64_t>::max();
   for (const Level& l : levels(c.o)) {
     if (offload_only && !l.kv && !l.res) continue;
-    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk, c.o.ranks);
+    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk, c.o.ranks, c.o.int8_attention);
     best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
   }
   return best;
@@ -473,6 +473,7 @@ DeviceProfile device_profile(const BackendDescription& b, const Numerics& n) {
   d.attention_row_quantum = e->quantum(n);
   d.throughput = b.rates;
   d.throughput.attention_tflops = e->tflops;
+  d.int8_attention = n.attention == AttentionAlgorithm::int8;  // [int8 attention] as the live profile
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): " << b.workspace_note(n);
   tile << "kv_tile " << d.default_kv_tile << ": the backend's default " << e->with;
@@ -494,6 +495,7 @@ BudgetOptions budget_options_for(const DeviceProfile& d) {
   o.workspace_bytes = d.workspace_bytes;
   o.device = d.throughput;
   o.attention_row_quantum = d.attention_row_quantum;
+  o.int8_attention = d.int8_attention;  // [int8 attention]
   return o;
 }
 
@@ -636,11 +638,12 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const CallLayout& la
   k.residual_offload = lv.res;
   k.kv_chunk_rows = lv.kv ? c.kv_chunk : 0;
   k.ranks = o.ranks;
+  k.int8_attention = o.int8_attention;  // [int8 attention]
   LS_ASSIGN_OR_RETURN(bp.activations, make_plan(cfg, layout, k));
   const Plan& p = bp.activations;
   bp.activation_bytes = p.predicted_peak_bytes;
   LS_CHECK(p.kv_chunk == bp.kv_chunk);
-  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk, c.o.ranks).total(ch.attn, ch.mlp, ch.fin));
+  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk, c.o.ranks, c.o.int8_attention).total(ch.attn, ch.mlp, ch.fin));
 
   bp.block_bytes = c.block_bytes(ch.R);
   bp.nonblock_weight_bytes = c.w.nonblock;

@@ -97,6 +97,7 @@ struct DeviceProfile {
   // block padded to it; AttentionEntry::quantum): the planner sizes two-pass attention
   // slices in whole blocks where that keeps their count.
   int64_t attention_row_quantum = 1;
+  bool int8_attention = false;       // [int8 attention] the backend's numerics run attention int8
   DeviceFacts throughput;
   std::vector<std::string> assumed;  // e.g. "workspace 290.5 MiB: ..."
 };
@@ -146,6 +147,7 @@ struct BudgetOptions {
   // fits (the same slice count, so no extra reload of K and V). Never below the mode's
   // slice floor; monotone in the budget.
   int64_t attention_row_quantum = 1;
+  bool int8_attention = false;  // [int8 attention] PlanKnobs::int8_attention (the int8 buffers counted)
 };
 
 // BudgetOptions with a profile's workspace, default kv_tile and throughput (everything

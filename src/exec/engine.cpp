@@ -197,6 +197,14 @@ Status Engine::Impl::check_plan(const SequenceSizes& sizes, const Plan& plan) co
                           ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
   // kv_tile is a numerics setting (DESIGN.md §1.2): the one the backend records in every
   // report and output file must be the one the attention walks.
+  // [int8 attention] the plan holds the int8 buffers exactly when the backend runs int8.
+  const bool be_int8 = be->numerics().attention == AttentionAlgorithm::int8;
+  if (plan.knobs.int8_attention != be_int8)
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("the plan was made ") + (plan.knobs.int8_attention ? "with" : "without") +
+                          " the int8 attention buffers but the backend runs " + describe(be->numerics()) +
+                          ": plan with PlanKnobs::int8_attention = " + (be_int8 ? "true" : "false") +
+                          " (plan_memory sets it from the backend)");
   const int64_t be_tile = be->numerics().kv_tile;
   if (plan.kv_tile != be_tile)
     return make_error(ErrorCode::invalid_argument,
@@ -473,7 +481,9 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
     text_weight_bytes += m.weights->transient_bytes("condition_proj.weight") + m.weights->transient_bytes("condition_proj.bias");
   if (has_final_norm) text_weight_bytes += m.weights->transient_bytes("token_refiner.final_norm.weight");
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) block_scratch = std::max(block_scratch, m.weights->refiner_block_scratch_bytes(i));
-  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(*m.dev, refiner_peak_bytes(cfg, L) + text_weight_bytes + block_scratch));
+  const bool int8 = be.numerics().attention == AttentionAlgorithm::int8;  // [int8 attention] its scratch counted
+  LS_ASSIGN_OR_RETURN(auto arena,
+                      Arena::create(*m.dev, refiner_peak_bytes(cfg, L, int8) + text_weight_bytes + block_scratch));
   const auto pers = refiner_persistent_buffers(cfg, L);
   LS_ASSIGN_OR_RETURN(TensorView x, alloc_rows(*arena, pers[0], L));
   const TensorView in_host(in.data(), DType::bf16, {L, cfg.text_dim});
@@ -492,14 +502,15 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   m.eval("text.embed", -1, x);
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) {
     Arena::Scope s(*arena);
-    const PlanPhase ph = refiner_block_phase(cfg, L);
+    const PlanPhase ph = refiner_block_phase(cfg, L, int8);
     LS_ASSIGN_OR_RETURN(h3::WeightGetter w, m.weights->refiner_block(i, *arena));
     std::vector<TensorView> b;
     for (const auto& spec : ph.buffers) {
-      LS_ASSIGN_OR_RETURN(TensorView v, alloc_rows(*arena, spec, L));
+      LS_ASSIGN_OR_RETURN(TensorView v, alloc_rows(*arena, spec, std::min(L, spec.rows)));  // int8 scratch: 1 row
       b.push_back(v);
     }
-    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, cfg, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile));
+    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, cfg, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile,
+                             int8 ? b[5] : TensorView()));
     LS_TRY(m.weights->release_refiner_block(i));
     LS_TRY(be.synchronize());  // before the scope frees this block's buffers
   }

@@ -91,6 +91,7 @@ DeviceProfile device_profile(const Backend& backend) {
   d.attention_row_quantum = e->quantum(n);
   d.throughput = desc.rates;
   d.throughput.attention_tflops = e->tflops;
+  d.int8_attention = n.attention == AttentionAlgorithm::int8;  // [int8 attention] the int8 K/V buffers are planned
   d.assumed = {"throughput " + std::to_string(d.throughput.pcie_gb_per_s) + " GB/s host-to-device, " +
                std::to_string(d.throughput.d2h_gb_per_s) + " GB/s device-to-host, " +
                std::to_string(d.throughput.attention_tflops) + " TFLOP/s attention, " +
@@ -108,6 +109,7 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
   r.mode = q.mode;
   r.knobs = q.knobs;
   r.knobs.kv_tile = resolve_kv_tile(q);
+  r.knobs.int8_attention = q.device.int8_attention;  // [int8 attention] the numerics decide, not the caller
   r.residency = q.residency;
   // 1. The mode's decision, in the order (and with the errors) each planner always had.
   switch (q.mode) {
@@ -130,9 +132,11 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
       break;
     }
     case MemoryMode::activation_budget: {
-      LS_ASSIGN_OR_RETURN(r.plan, plan_for_budget(cfg, planned, q.budget_bytes, r.knobs.kv_tile, q.knobs.ranks));
+      LS_ASSIGN_OR_RETURN(r.plan, plan_for_budget(cfg, planned, q.budget_bytes, r.knobs.kv_tile, q.knobs.ranks,
+                                                    q.device.int8_attention));
       r.budget_bytes = q.budget_bytes;
-      LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes, min_activation_budget(cfg, planned, q.knobs.ranks));
+      LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes,
+                          min_activation_budget(cfg, planned, q.knobs.ranks, q.device.int8_attention));
       break;
     }
     case MemoryMode::knobs: {
@@ -168,7 +172,8 @@ Expected<uint64_t> minimum_budget(const PlanRequest& q) {
       const BudgetOptions o = budget_options(q, resolve_kv_tile(q), rows, q.prefetch, q.knobs.kv_chunk_rows);
       return min_total_budget(*q.cfg, lays.planned(), o);
     }
-    case MemoryMode::activation_budget: return min_activation_budget(*q.cfg, lays.planned(), q.knobs.ranks);
+    case MemoryMode::activation_budget:
+      return min_activation_budget(*q.cfg, lays.planned(), q.knobs.ranks, q.device.int8_attention);
     case MemoryMode::knobs: break;
   }
   return uint64_t{0};

@@ -54,6 +54,22 @@ Numerics CpuBackend::resolve_default() {
   return n;
 }
 
+// attention int8's head dims on the CPU: powers of two 2..512 (0 = not known yet).
+static Status int8_head_dim_ok(int64_t hd) {
+  if (hd == 0 || (hd >= 2 && hd <= 512 && (hd & (hd - 1)) == 0)) return Status();
+  return make_error(ErrorCode::unsupported,
+                    "the cpu backend cannot run attention int8 for a model of head dim " + std::to_string(hd) +
+                        ": its int8 reference takes power-of-two head dims 2..512 (the Hadamard rotation); its "
+                        "attention algorithms for this model are native (and auto)");
+}
+
+Status CpuBackend::set_model_head_dim(int64_t head_dim) {
+  if (head_dim < 0) return make_error(ErrorCode::invalid_argument, "set_model_head_dim: negative head dim");
+  if (numerics_.attention == AttentionAlgorithm::int8) LS_TRY(int8_head_dim_ok(head_dim));
+  head_dim_ = head_dim;
+  return Status();
+}
+
 Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
   LS_TRY(validate(n));
   const auto refuse = [](const std::string& what) {
@@ -74,6 +90,7 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
   if (!n.gemm_candidate.empty())
     return refuse("has no cuBLASLt candidates (gemm_candidate " + format_gemm_candidate(n.gemm_candidate) +
                   "); leave it empty");
+  if (n.attention == AttentionAlgorithm::int8) LS_TRY(int8_head_dim_ok(head_dim_));
   Numerics r = n;
   if (r.attention == AttentionAlgorithm::backend_default) r.attention = cpu_description().default_attention();
   r.native_variant.clear();
@@ -121,6 +138,17 @@ Status CpuBackend::convert(const TensorView& src, const TensorView& dst) { retur
 Status CpuBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                              const AttentionParams& p) {
   return cpu_op_attention(q, k, v, out, p);
+}
+Status CpuBackend::int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) {
+  return cpu_op_int8_key_stats(k, v, stats, reset);
+}
+Status CpuBackend::int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                                const Int8Keys& keys) {
+  return cpu_op_int8_prepare(k, v, stats, keys);
+}
+Status CpuBackend::attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                                  const AttentionParams& p) {
+  return cpu_op_attention_int8(q, keys, out, p);
 }
 Expected<int64_t> CpuBackend::count_nonfinite(const TensorView& t) { return cpu_op_count_nonfinite(t); }
 Status CpuBackend::pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) {

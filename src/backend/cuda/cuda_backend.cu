@@ -291,6 +291,12 @@ class CudaBackend final : public Backend {
                           "native_variant '" + r.native_variant +
                               "' is a setting of the native attention kernel, but the attention is cudnn; "
                               "select attention native or leave native_variant empty");
+    } else if (r.attention == AttentionAlgorithm::int8) {
+      if (!r.native_variant.empty() || r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() ||
+          r.cudnn_skip_configs != 0)
+        return make_error(ErrorCode::invalid_argument,
+                          "native_variant and the cudnn_* knobs are settings of the native and cudnn attention "
+                          "paths, but the attention is int8 (" + describe(r) + "); leave them at their defaults");
     } else if (r.attention == AttentionAlgorithm::hopper) {
       if (!r.native_variant.empty() || r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() ||
           r.cudnn_skip_configs != 0)
@@ -316,6 +322,17 @@ class CudaBackend final : public Backend {
   // set_numerics and set_model_head_dim: resolve n for head_dim, check, then keep n as
   // given (auto stays auto, to be resolved again for another model) and the result.
   Status apply_numerics(const Numerics& n, const Diagnostics& d, int64_t head_dim) {
+    // [int8 attention] the portable kernels (attention_int8.cu): head dim 128, kv_tile 128.
+    if (n.attention == AttentionAlgorithm::int8 && head_dim != 0 && head_dim != 128)
+      return make_error(ErrorCode::unsupported,
+                        name() + " cannot run attention int8 for a model of head dim " + std::to_string(head_dim) +
+                            ": its int8 kernels take head dim 128; its attention algorithms here are native" +
+                            std::string(attention_cudnn_built() ? ", cudnn" : "") + " (and auto); the CPU backend runs "
+                            "int8 at any power-of-two head dim");
+    if (n.attention == AttentionAlgorithm::int8 && n.kv_tile != 0 && n.kv_tile != kInt8DefaultKvTile)
+      return make_error(ErrorCode::invalid_argument,
+                        name() + ": attention int8 folds once per 128-key tile on CUDA: kv_tile must be 128 (or 0, "
+                                 "the default); got " + std::to_string(n.kv_tile));
     LS_ASSIGN_OR_RETURN(Numerics r, resolve(n, head_dim, ctx_.device));
     if (r.attention == AttentionAlgorithm::hopper) LS_TRY(attention_hopper_available(ctx_.device));
     if (ctx_.workspace != nullptr && ctx_.workspace_bytes < workspace_bytes_for(r))
@@ -399,6 +416,20 @@ class CudaBackend final : public Backend {
                    const AttentionParams& p) override {
     DeviceGuard g(ctx_.device);
     return cuda_op_attention(ctx_, q, k, v, out, p);
+  }
+  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_int8_key_stats(ctx_, k, v, stats, reset);
+  }
+  Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                      const Int8Keys& keys) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_int8_prepare(ctx_, k, v, stats, keys);
+  }
+  Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                        const AttentionParams& p) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_attention_int8(ctx_, q, keys, out, p);
   }
   Expected<int64_t> count_nonfinite(const TensorView& t) override {
     DeviceGuard g(ctx_.device);
