@@ -4,6 +4,8 @@
 
 #include "model/h3/checkpoint.h"
 
+#include "io/finite_scan.h"
+
 namespace ls::h3 {
 
 namespace {
@@ -56,6 +58,18 @@ Expected<std::unique_ptr<H3FileSource>> open_h3_checkpoint(const std::string& pa
   cfg->quant = std::move(quant).value();
   Status valid = validate_h3_tensors(*cfg, infos, opts.allow_dtype_conversion || cfg->quant.mixed_ops);
   if (!valid.ok()) return prefixed(valid.error());
+  // A quantised checkpoint's float tensors (norm weights, biases, rope.inv_freq, the
+  // weight scales, unquantised layers) in one pass: its runs quantise activations per
+  // row, which maps NaN to 0 and clamps inf, so a non-finite value there would give a
+  // finite, wrong output instead of the run's non-finite error (issue 28, item 4). The
+  // int8 / fp8 weights themselves are not scanned (int8 has no NaN; an fp8 NaN reaches
+  // the GEMM output and the run's check). Unquantised files need no scan: their
+  // activations carry a NaN to the engine's check, which names the block and phase.
+  if (cfg->quant.any()) {
+    for (const SafetensorsEntry& e : file->entries())
+      if (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16)
+        LS_TRY(io::require_finite(*file, e, path));
+  }
 
   auto src = std::unique_ptr<H3FileSource>(new H3FileSource());
   src->cfg_ = std::move(cfg).value();
