@@ -440,6 +440,44 @@ TEST_F(Harden, StagedOutputsPublishTogetherOrNotAtAll) {
   EXPECT_EQ(listing(), (std::vector<std::string>{"a.json", "b.json"}));
 }
 
+// ---- newcomer: latents for ComfyUI's LoadLatent -------------------------------------------
+
+TEST_F(Harden, ComfyuiLatentsAreLoadLatentFilesOfTheRunsLatents) {
+  const std::string o = file("clip.safetensors"), prefix = file("clip");
+  auto r = run_tool("generate --preset tiny --steps 2 --frames 22 --width 64 --height 64 -q -o " + o +
+                    " --comfyui-latents " + prefix);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto out = SafetensorsReader::open(o);
+  ASSERT_TRUE(out.ok());
+  const h3::H3Config cfg = *h3::h3_preset("tiny");
+  struct Stream {
+    const char* suffix;
+    const char* name;
+  };
+  for (const Stream& st : {Stream{".video.latent", "video"}, Stream{".audio.latent", "audio"}}) {
+    auto f = SafetensorsReader::open(prefix + st.suffix);
+    ASSERT_TRUE(f.ok()) << st.suffix;
+    // ComfyUI's SaveLatent layout: "latent_tensor" with a batch of one, and the empty
+    // "latent_format_version_0" marker (LoadLatent then applies no 1/0.18215 scale).
+    const SafetensorsEntry* t = (*f)->find("latent_tensor");
+    const SafetensorsEntry* v0 = (*f)->find("latent_format_version_0");
+    ASSERT_NE(t, nullptr);
+    ASSERT_NE(v0, nullptr);
+    EXPECT_EQ(v0->numel(), 0);
+    EXPECT_EQ(t->dtype, DType::f32);
+    const SafetensorsEntry* ref = (*out)->find(st.name);
+    ASSERT_NE(ref, nullptr);
+    std::vector<int64_t> want{1};
+    want.insert(want.end(), ref->shape.begin(), ref->shape.end());
+    EXPECT_EQ(t->shape, want) << st.suffix;  // video [1, 24, T, Hl, Wl], audio [1, 32, 2, A]
+    EXPECT_EQ(t->shape[1], std::string(st.name) == "video" ? cfg.latents_dim : cfg.audio_latents_dim);
+    ASSERT_EQ(t->end - t->begin, ref->end - ref->begin);
+    EXPECT_EQ(std::memcmp((*f)->data(*t), (*out)->data(*ref), t->end - t->begin), 0) << st.suffix;
+  }
+  // Refused where it would write nothing meaningful, and an input is never an output.
+  EXPECT_EQ(run_tool("generate -q --comfyui-latents " + prefix).code, 2);
+}
+
 // ---- 9. absurd clips ---------------------------------------------------------------------
 
 TEST_F(Harden, AbsurdClipIsAUsageErrorBeforeAnyWork) {
