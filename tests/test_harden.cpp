@@ -81,7 +81,7 @@ TEST(Printable, ControlBytesAndHiddenCodePointsEscaped) {
   EXPECT_EQ(printable_text("plain text, tab\tand\nnewline"), "plain text, tab\tand\nnewline");
   EXPECT_EQ(printable_text("a\x1b]0;pwned\x07z"), "a\\x1b]0;pwned\\x07z");
   EXPECT_EQ(printable_text("\x1b[2J"), "\\x1b[2J");
-  EXPECT_EQ(printable_text("back\\slash"), "back\\\\slash");
+  EXPECT_EQ(printable_text("back\\slash \\x1b"), "back\\slash \\x1b");  // already escaped: kept
   EXPECT_EQ(printable_text("caf\xc3\xa9 \xe6\x97\xa5"), "caf\xc3\xa9 \xe6\x97\xa5");  // UTF-8 kept
   EXPECT_EQ(printable_text("\xc2\x9b" "31m"), "\\xc2\\x9b31m");                         // C1 CSI
   EXPECT_EQ(printable_text("\xe2\x80\xae" "evil"), "\\xe2\\x80\\xaeevil");               // RLO

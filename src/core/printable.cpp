@@ -49,10 +49,7 @@ std::string printable_text(std::string_view text) {
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '\\') {
-      out += "\\\\";
-      ++i;
-    } else if ((c >= 0x20 && c < 0x7F) || c == '\n' || c == '\t') {
+    if ((c >= 0x20 && c < 0x7F) || c == '\n' || c == '\t') {
       out += static_cast<char>(c);
       ++i;
     } else if (c < 0x80) {

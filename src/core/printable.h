@@ -8,8 +8,8 @@
 // UTF-8 for code points from U+00A0 on except the bidirectional controls (U+202A-202E,
 // U+2066-2069) and line/paragraph separators (U+2028-2029); every other byte (C0
 // controls, ESC, DEL, the C1 controls U+0080-009F, bytes of invalid UTF-8) becomes
-// "\xNN" and a backslash becomes "\\" (so the escapes cannot be forged). Text that is
-// already printable comes back unchanged.
+// "\xNN". A backslash stays as it is, so a message the reader already escaped
+// (docs/safetensors.md) is not escaped twice; text that is printable comes back unchanged.
 #pragma once
 
 #include <string>
