@@ -1,4 +1,5 @@
 // H3FileSource: an H3 safetensors checkpoint, memory-mapped (see checkpoint.h).
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -58,16 +59,23 @@ Expected<std::unique_ptr<H3FileSource>> open_h3_checkpoint(const std::string& pa
   cfg->quant = std::move(quant).value();
   Status valid = validate_h3_tensors(*cfg, infos, opts.allow_dtype_conversion || cfg->quant.mixed_ops);
   if (!valid.ok()) return prefixed(valid.error());
-  // A quantised checkpoint's float tensors (norm weights, biases, rope.inv_freq, the
-  // weight scales, unquantised layers) in one pass: its runs quantise activations per
-  // row, which maps NaN to 0 and clamps inf, so a non-finite value there would give a
-  // finite, wrong output instead of the run's non-finite error (issue 28, item 4). The
-  // int8 / fp8 weights themselves are not scanned (int8 has no NaN; an fp8 NaN reaches
-  // the GEMM output and the run's check). Unquantised files need no scan: their
-  // activations carry a NaN to the engine's check, which names the block and phase.
+  // A quantised checkpoint's vectors and scalars (norm weights, biases, rope.inv_freq,
+  // the weight and input scales) in one pass: its runs quantise the activations that
+  // feed the int8 / fp8 GEMMs per row, which maps NaN to 0 and clamps inf, so a
+  // non-finite value in what multiplies those activations element-wise would give a
+  // finite, wrong output instead of the run's non-finite error (issue 28, item 4).
+  // Matrices are not scanned: a NaN in a float linear's weights reaches the residual
+  // stream through its output and the engine's check names the block and phase, and
+  // an fp8 NaN weight reaches its GEMM's output the same way (int8 has none). So the
+  // scan reads kilobytes, not the checkpoint. Unquantised files need none: their
+  // activations carry every NaN to the engine's check.
   if (cfg->quant.any()) {
+    // Vector-like: at most one dimension above 1 (int8 weight scales are [N, 1]).
+    const auto vector_like = [](const SafetensorsEntry& e) {
+      return std::count_if(e.shape.begin(), e.shape.end(), [](int64_t d) { return d > 1; }) <= 1;
+    };
     for (const SafetensorsEntry& e : file->entries())
-      if (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16)
+      if (vector_like(e) && (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16))
         LS_TRY(io::require_finite(*file, e, path));
   }
 
