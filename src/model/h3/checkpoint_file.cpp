@@ -64,19 +64,22 @@ Expected<std::unique_ptr<H3FileSource>> open_h3_checkpoint(const std::string& pa
   // feed the int8 / fp8 GEMMs per row, which maps NaN to 0 and clamps inf, so a
   // non-finite value in what multiplies those activations element-wise would give a
   // finite, wrong output instead of the run's non-finite error (issue 28, item 4).
-  // Matrices are not scanned: a NaN in a float linear's weights reaches the residual
-  // stream through its output and the engine's check names the block and phase, and
-  // an fp8 NaN weight reaches its GEMM's output the same way (int8 has none). So the
-  // scan reads kilobytes, not the checkpoint. Unquantised files need none: their
-  // activations carry every NaN to the engine's check.
+  // The time embedder and the AdaLN curve table are scanned too: they feed the AdaLN
+  // linears, which int8-convrot-full files quantise. Other matrices are not: a NaN in a
+  // float linear's weights reaches the residual stream through its output and the
+  // engine's check names the block and phase, and an fp8 NaN weight reaches its GEMM's
+  // output the same way (int8 has none). So the scan reads a few megabytes, not the
+  // checkpoint. Unquantised files need none: every NaN reaches the engine's check.
   if (cfg->quant.any()) {
+    const std::string& prefix = cfg->key_prefix;
     // Vector-like: at most one dimension above 1 (int8 weight scales are [N, 1]).
-    const auto vector_like = [](const SafetensorsEntry& e) {
-      return std::count_if(e.shape.begin(), e.shape.end(), [](int64_t d) { return d > 1; }) <= 1;
+    const auto scanned = [&](const SafetensorsEntry& e) {
+      if (e.dtype != DType::f32 && e.dtype != DType::bf16 && e.dtype != DType::f16) return false;
+      if (std::count_if(e.shape.begin(), e.shape.end(), [](int64_t d) { return d > 1; }) <= 1) return true;
+      return e.name.rfind(prefix + "time_embedder.", 0) == 0 || e.name == prefix + "adaln_t_table";
     };
     for (const SafetensorsEntry& e : file->entries())
-      if (vector_like(e) && (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16))
-        LS_TRY(io::require_finite(*file, e, path));
+      if (scanned(e)) LS_TRY(io::require_finite(*file, e, path));
   }
 
   auto src = std::unique_ptr<H3FileSource>(new H3FileSource());
