@@ -19,6 +19,7 @@
 #include "api/memory_request.h"
 #include "core/ranges.h"
 #include "api/report_json.h"
+#include "core/printable.h"
 #include "api/session.h"
 #include "model/h3/quant_census.h"
 #include "core/hash.h"
@@ -74,12 +75,14 @@ ls_status to_status(ErrorCode c) {
   return LS_INVALID_ARGUMENT;
 }
 
+// The C API's error sink (and so the Python package's, which raises this text): file
+// bytes quoted in a message are escaped here (core/printable.h).
 ls_status fail(ls_engine* e, const Error& err) {
-  (e ? e->error : g_last_error) = err.message;
+  (e ? e->error : g_last_error) = ls::printable_text(err.message);
   return to_status(err.code);
 }
 ls_status fail(ls_engine* e, ls_status s, const std::string& msg) {
-  (e ? e->error : g_last_error) = msg;
+  (e ? e->error : g_last_error) = ls::printable_text(msg);
   return s;
 }
 
