@@ -287,8 +287,7 @@ const char* ls_engine_last_error(const ls_engine* engine) {
 }
 
 ls_status ls_engine_model_info(ls_engine* e, ls_model_info* info) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+  return on_engine(e, [&]() -> ls_status {
     if (!info || info->size < sizeof(uint32_t))
       return fail(e, LS_INVALID_ARGUMENT, "ls_model_info is NULL or not initialised (ls_model_info_init)");
     const ls::h3::H3Config& c = e->session->config();

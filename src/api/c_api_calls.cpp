@@ -73,9 +73,6 @@ Status ensure_engine(ls_engine& e, const ls::api::RunPlan& rp) {
   return {};
 }
 
-
-// The sigmas whose AdaLN tables one ls_engine_denoise call holds (issue 25). Without a
-
 namespace {
 
 // Both output buffers of a call (denoise, generate): present and of the clip's sizes.
@@ -83,28 +80,6 @@ Status check_outputs(const float* video_out, size_t video_count, const float* au
                      size_t nv, size_t na) {
   LS_TRY(check_out(video_out, video_count, nv, "video_out"));
   return check_out(audio_out, audio_count, na, "audio_out");
-}
-
-// ls_engine_generate's report (beside publish's fields): the sigmas, the times, every forward.
-nlohmann::json generate_report(const ls::sample::GenerateResult& r, const ls::sample::GenerateRequest& req) {
-  nlohmann::json j;
-  j["call"] = "generate";
-  if (r.negative_plan) j["negative_plan"] = ls::api::plan_json(*r.negative_plan);
-  j["sigmas"] = req.sigmas;
-  j["seconds"] = {{"refine_text", r.refine_seconds},
-                  {"adaln_precompute", r.adaln_seconds},
-                  {"sampling", r.sampling_seconds},
-                  {"total", r.total_seconds}};
-  nlohmann::json fw = nlohmann::json::array();
-  for (const auto& f : r.forwards) {
-    nlohmann::json x = nlohmann::json::parse(f.report.to_json());
-    x["step"] = f.step;
-    x["prompt"] = f.prompt == ls::sample::Prompt::positive ? "positive" : "negative";
-    x["sigma"] = f.sigma;
-    fw.push_back(x);
-  }
-  j["forwards"] = fw;
-  return j;
 }
 
 }  // namespace
@@ -115,8 +90,7 @@ using namespace ls::capi;
 extern "C" {
 
 ls_status ls_engine_clip_shape(ls_engine* e, const ls_clip* clip, ls_clip_shape* shape) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+  return on_engine(e, [&]() -> ls_status {
     if (!shape || shape->size < sizeof(uint32_t))
       return fail(e, LS_INVALID_ARGUMENT, "ls_clip_shape is NULL or not initialised (ls_clip_shape_init)");
     const ls::h3::H3Config& cfg = e->session->config();
@@ -140,8 +114,7 @@ ls_status ls_engine_clip_shape(ls_engine* e, const ls_clip* clip, ls_clip_shape*
 }
 
 ls_status ls_engine_plan(ls_engine* e, const ls_clip* clip, float sigma, const char** json) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+  return on_engine(e, [&]() -> ls_status {
     if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
     *json = nullptr;
     ls::api::Session& s = *e->session;
@@ -171,8 +144,7 @@ ls_status ls_engine_plan(ls_engine* e, const ls_clip* clip, float sigma, const c
 }
 
 ls_status ls_engine_refine_text(ls_engine* e, const float* text, int64_t tokens, uint16_t* out, size_t out_count) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+  return on_engine(e, [&]() -> ls_status {
     ls::api::Session& s = *e->session;
     const ls::h3::H3Config& cfg = s.config();
     if (!text || tokens < 1) return fail(e, LS_INVALID_ARGUMENT, "text is NULL or tokens < 1");
@@ -197,11 +169,7 @@ ls_status ls_engine_refine_text(ls_engine* e, const float* text, int64_t tokens,
 }
 
 ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
-    auto pr = read_params(given, ls_generate_params_init, "ls_generate_params");
-    if (!pr.ok()) return fail(e, pr.error());
-    const ls_generate_params& p = *pr;
+  return on_engine(e, given, ls_generate_params_init, "ls_generate_params", [&](const ls_generate_params& p) -> ls_status {
     ls::api::Session& s = *e->session;
     const ls::h3::H3Config& cfg = s.config();
     TensorIO io{&s.backend()};
@@ -250,15 +218,30 @@ ls_status ls_engine_generate(ls_engine* e, const ls_generate_params* given) {
     e->have_report = false;
     auto r = s.generate(req);
     if (!r.ok()) return fail(e, r.error());
-    nlohmann::json j = generate_report(*r, req);
+    nlohmann::json j;
+    j["call"] = "generate";
+    if (r->negative_plan) j["negative_plan"] = ls::api::plan_json(*r->negative_plan);
+    j["sigmas"] = req.sigmas;
+    j["seconds"] = {{"refine_text", r->refine_seconds},
+                    {"adaln_precompute", r->adaln_seconds},
+                    {"sampling", r->sampling_seconds},
+                    {"total", r->total_seconds}};
+    nlohmann::json fw = nlohmann::json::array();
+    for (const auto& f : r->forwards) {
+      nlohmann::json x = nlohmann::json::parse(f.report.to_json());
+      x["step"] = f.step;
+      x["prompt"] = f.prompt == ls::sample::Prompt::positive ? "positive" : "negative";
+      x["sigma"] = f.sigma;
+      fw.push_back(x);
+    }
+    j["forwards"] = fw;
     return publish(*e, std::move(j), r->plan, rp->budget ? &*rp->budget : nullptr, std::move(r->video),
                    std::move(r->audio), p.video_out, p.audio_out);
   });
 }
 
 ls_status ls_engine_report_json(ls_engine* e, const char** json) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+  return on_engine(e, [&]() -> ls_status {
     if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
     *json = nullptr;
     if (!e->have_report) return fail(e, LS_NOT_FOUND, "no report: no denoise or generate call has succeeded yet");
@@ -277,8 +260,7 @@ ls_status ls_engine_report_json(ls_engine* e, const char** json) {
 uint64_t ls_engine_output_hash(const ls_engine* e) { return e && e->have_report ? output_hash_of(*e) : 0; }
 
 ls_status ls_engine_call_report_json(ls_engine* e, const char** json) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+  return on_engine(e, [&]() -> ls_status {
     if (!json) return fail(e, LS_INVALID_ARGUMENT, "json is NULL");
     *json = nullptr;
     if (!e->have_report) return fail(e, LS_NOT_FOUND, "no report: no denoise or generate call has succeeded yet");

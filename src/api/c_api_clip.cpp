@@ -58,79 +58,110 @@ Status check_clip_values(const ls_clip& c, const ls::h3::Conditioning& cond) {
   return {};
 }
 
-// The pointer forms: ls_clip.keyframes, then ls_clip.references.
-Status pointer_keyframes(const ls::h3::H3Config& cfg, const ls_clip& c, ls::h3::Conditioning& cond) {
-  if (c.keyframe_count > 0 && !c.keyframes)
-    return Error{ErrorCode::invalid_argument, "ls_clip.keyframes is NULL with keyframe_count > 0"};
-  for (size_t i = 0; i < c.keyframe_count; ++i) {
-    const ls_keyframe& k = c.keyframes[i];
-    ls::h3::Keyframe kf;
-    kf.pixel_frame = k.pixel_frame;
-    if (!k.video.data && !k.audio.data)
-      return Error{ErrorCode::invalid_argument, "keyframe " + std::to_string(i) + " has neither a video nor an audio latent"};
-    LS_TRY(video_latent(k.video, cfg.latents_dim, "keyframe", kf.video));
-    LS_TRY(audio_latent(k.audio, cfg.audio_latents_dim, "keyframe", kf.audio));
-    kf.noise = noise(k.noise);
-    cond.keyframes.push_back(std::move(kf));
-  }
+// The pointer forms: ls_clip.keyframes, then ls_clip.references (`name`: "keyframe" or
+// "reference"; a count needs its array).
+Status check_pointer_array(size_t count, const void* array, const std::string& name) {
+  if (count > 0 && !array)
+    return Error{ErrorCode::invalid_argument, "ls_clip." + name + "s is NULL with " + name + "_count > 0"};
   return {};
 }
-Status pointer_references(const ls::h3::H3Config& cfg, const ls_clip& c, ls::h3::Conditioning& cond) {
-  if (c.reference_count > 0 && !c.references)
-    return Error{ErrorCode::invalid_argument, "ls_clip.references is NULL with reference_count > 0"};
-  for (size_t i = 0; i < c.reference_count; ++i) {
-    const ls_reference& r = c.references[i];
-    ls::h3::Reference ref;
-    if (enum_field(r.kind) < LS_REFERENCE_IMAGE || enum_field(r.kind) > LS_REFERENCE_VIDEO_AUDIO)
-      return Error{ErrorCode::invalid_argument, "reference " + std::to_string(i) + ": unknown kind"};
-    ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
-    LS_TRY(video_latent(r.video, cfg.latents_dim, "reference", ref.video));
-    LS_TRY(audio_latent(r.audio, cfg.audio_latents_dim, "reference", ref.audio));
-    ref.noise = noise(r.noise);
-    cond.refs.push_back(std::move(ref));
+
+// A keyframe's or reference's latents and noise rows in pointer form (each optional).
+template <class T>
+Status pointer_latents(const T& x, const ls::h3::H3Config& cfg, const char* what, ls::h3::VideoLatent& video,
+                       ls::h3::AudioLatent& audio, ls::h3::ConditionNoise& rows) {
+  LS_TRY(video_latent(x.video, cfg.latents_dim, what, video));
+  LS_TRY(audio_latent(x.audio, cfg.audio_latents_dim, what, audio));
+  rows = noise(x.noise);
+  return {};
+}
+
+// The tensor forms (ls_keyframe_tensors, ls_reference_tensors), each refused beside its
+// pointer form: `name` is "keyframe" or "reference".
+Status check_tensor_array(size_t tensor_count, size_t pointer_count, const void* array, const std::string& name) {
+  if (tensor_count > 0 && pointer_count > 0)
+    return Error{ErrorCode::invalid_argument, "ls_clip: give " + name + "s or " + name + "_tensors, not both"};
+  if (tensor_count > 0 && !array)
+    return Error{ErrorCode::invalid_argument,
+                 "ls_clip." + name + "_tensors is NULL with " + name + "_tensor_count > 0"};
+  return {};
+}
+
+// A keyframe's or reference's latents and noise rows in tensor form (each optional).
+template <class T>
+Status tensor_latents(const T& x, const ls::h3::H3Config& cfg, TensorIO& io, const std::string& what,
+                      ls::h3::VideoLatent& video, ls::h3::AudioLatent& audio, ls::h3::ConditionNoise& noise) {
+  LS_TRY(video_tensor(x.video, cfg.latents_dim, io, what + " video", video));
+  LS_TRY(audio_tensor(x.audio, cfg.audio_latents_dim, io, what + " audio", audio));
+  LS_TRY(values_tensor(x.noise_video, io, what + " noise_video", noise.video));
+  return values_tensor(x.noise_audio, io, what + " noise_audio", noise.audio);
+}
+
+// One keyframe or reference, in pointer form (ls_keyframe, ls_reference) or tensor form
+// (ls_keyframe_tensors, ls_reference_tensors); i names it in a message.
+Expected<ls::h3::Keyframe> pointer_keyframe(const ls::h3::H3Config& cfg, const ls_keyframe& k, size_t i) {
+  ls::h3::Keyframe kf;
+  kf.pixel_frame = k.pixel_frame;
+  if (!k.video.data && !k.audio.data)
+    return Error{ErrorCode::invalid_argument, "keyframe " + std::to_string(i) + " has neither a video nor an audio latent"};
+  LS_TRY(pointer_latents(k, cfg, "keyframe", kf.video, kf.audio, kf.noise));
+  return kf;
+}
+Expected<ls::h3::Reference> pointer_reference(const ls::h3::H3Config& cfg, const ls_reference& r, size_t i) {
+  ls::h3::Reference ref;
+  if (enum_field(r.kind) < LS_REFERENCE_IMAGE || enum_field(r.kind) > LS_REFERENCE_VIDEO_AUDIO)
+    return Error{ErrorCode::invalid_argument, "reference " + std::to_string(i) + ": unknown kind"};
+  ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
+  LS_TRY(pointer_latents(r, cfg, "reference", ref.video, ref.audio, ref.noise));
+  return ref;
+}
+Expected<ls::h3::Keyframe> tensor_keyframe(const ls::h3::H3Config& cfg, TensorIO& io, const ls_keyframe_tensors* given,
+                                           size_t i) {
+  const std::string what = "keyframe " + std::to_string(i);
+  LS_ASSIGN_OR_RETURN(ls_keyframe_tensors k, read_element(given, ls_keyframe_tensors_init, what));
+  if (!k.video && !k.audio) return Error{ErrorCode::invalid_argument, what + " has neither a video nor an audio latent"};
+  ls::h3::Keyframe kf;
+  kf.pixel_frame = k.pixel_frame;
+  LS_TRY(tensor_latents(k, cfg, io, what, kf.video, kf.audio, kf.noise));
+  return kf;
+}
+Expected<ls::h3::Reference> tensor_reference(const ls::h3::H3Config& cfg, TensorIO& io, const ls_reference_tensors* given,
+                                             size_t i) {
+  const std::string what = "reference " + std::to_string(i);
+  LS_ASSIGN_OR_RETURN(ls_reference_tensors r, read_element(given, ls_reference_tensors_init, what));
+  if (enum_field(r.kind) < LS_REFERENCE_IMAGE || enum_field(r.kind) > LS_REFERENCE_VIDEO_AUDIO)
+    return Error{ErrorCode::invalid_argument, what + ": unknown kind"};
+  ls::h3::Reference ref;
+  ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
+  LS_TRY(tensor_latents(r, cfg, io, what, ref.video, ref.audio, ref.noise));
+  return ref;
+}
+
+// The n elements of an array, each read by read(element, i), appended to out in order.
+template <class T, class Out, class F>
+Status read_all(const T* array, size_t n, std::vector<Out>& out, F&& read) {
+  for (size_t i = 0; i < n; ++i) {
+    LS_ASSIGN_OR_RETURN(Out x, read(array[i], i));
+    out.push_back(std::move(x));
   }
   return {};
 }
 
-// The tensor forms (ls_keyframe_tensors, ls_reference_tensors), each refused beside its pointer form.
-Status tensor_keyframes(const ls::h3::H3Config& cfg, const ls_clip& c, TensorIO& io, ls::h3::Conditioning& cond) {
-  if (c.keyframe_tensor_count > 0 && c.keyframe_count > 0)
-    return Error{ErrorCode::invalid_argument, "ls_clip: give keyframes or keyframe_tensors, not both"};
-  if (c.keyframe_tensor_count > 0 && !c.keyframe_tensors)
-    return Error{ErrorCode::invalid_argument, "ls_clip.keyframe_tensors is NULL with keyframe_tensor_count > 0"};
-  for (size_t i = 0; i < c.keyframe_tensor_count; ++i) {
-    const std::string what = "keyframe " + std::to_string(i);
-    LS_ASSIGN_OR_RETURN(ls_keyframe_tensors k, read_element(c.keyframe_tensors[i], ls_keyframe_tensors_init, what));
-    if (!k.video && !k.audio) return Error{ErrorCode::invalid_argument, what + " has neither a video nor an audio latent"};
-    ls::h3::Keyframe kf;
-    kf.pixel_frame = k.pixel_frame;
-    LS_TRY(video_tensor(k.video, cfg.latents_dim, io, what + " video", kf.video));
-    LS_TRY(audio_tensor(k.audio, cfg.audio_latents_dim, io, what + " audio", kf.audio));
-    LS_TRY(values_tensor(k.noise_video, io, what + " noise_video", kf.noise.video));
-    LS_TRY(values_tensor(k.noise_audio, io, what + " noise_audio", kf.noise.audio));
-    cond.keyframes.push_back(std::move(kf));
-  }
-  return {};
-}
-Status tensor_references(const ls::h3::H3Config& cfg, const ls_clip& c, TensorIO& io, ls::h3::Conditioning& cond) {
-  if (c.reference_tensor_count > 0 && c.reference_count > 0)
-    return Error{ErrorCode::invalid_argument, "ls_clip: give references or reference_tensors, not both"};
-  if (c.reference_tensor_count > 0 && !c.reference_tensors)
-    return Error{ErrorCode::invalid_argument, "ls_clip.reference_tensors is NULL with reference_tensor_count > 0"};
-  for (size_t i = 0; i < c.reference_tensor_count; ++i) {
-    const std::string what = "reference " + std::to_string(i);
-    LS_ASSIGN_OR_RETURN(ls_reference_tensors r, read_element(c.reference_tensors[i], ls_reference_tensors_init, what));
-    if (enum_field(r.kind) < LS_REFERENCE_IMAGE || enum_field(r.kind) > LS_REFERENCE_VIDEO_AUDIO)
-      return Error{ErrorCode::invalid_argument, what + ": unknown kind"};
-    ls::h3::Reference ref;
-    ref.kind = static_cast<ls::h3::ReferenceKind>(r.kind);
-    LS_TRY(video_tensor(r.video, cfg.latents_dim, io, what + " video", ref.video));
-    LS_TRY(audio_tensor(r.audio, cfg.audio_latents_dim, io, what + " audio", ref.audio));
-    LS_TRY(values_tensor(r.noise_video, io, what + " noise_video", ref.noise.video));
-    LS_TRY(values_tensor(r.noise_audio, io, what + " noise_audio", ref.noise.audio));
-    cond.refs.push_back(std::move(ref));
-  }
-  return {};
+// Every keyframe and reference of the clip: the pointer forms, then the tensor forms.
+Status keyframes_and_references(const ls::h3::H3Config& cfg, const ls_clip& c, TensorIO& io,
+                                ls::h3::Conditioning& cond) {
+  const auto kf_pointer = [&](const ls_keyframe& k, size_t i) { return pointer_keyframe(cfg, k, i); };
+  const auto ref_pointer = [&](const ls_reference& r, size_t i) { return pointer_reference(cfg, r, i); };
+  const auto kf_tensor = [&](const ls_keyframe_tensors* k, size_t i) { return tensor_keyframe(cfg, io, k, i); };
+  const auto ref_tensor = [&](const ls_reference_tensors* r, size_t i) { return tensor_reference(cfg, io, r, i); };
+  LS_TRY(check_pointer_array(c.keyframe_count, c.keyframes, "keyframe"));
+  LS_TRY(read_all(c.keyframes, c.keyframe_count, cond.keyframes, kf_pointer));
+  LS_TRY(check_pointer_array(c.reference_count, c.references, "reference"));
+  LS_TRY(read_all(c.references, c.reference_count, cond.refs, ref_pointer));
+  LS_TRY(check_tensor_array(c.keyframe_tensor_count, c.keyframe_count, c.keyframe_tensors, "keyframe"));
+  LS_TRY(read_all(c.keyframe_tensors, c.keyframe_tensor_count, cond.keyframes, kf_tensor));
+  LS_TRY(check_tensor_array(c.reference_tensor_count, c.reference_count, c.reference_tensors, "reference"));
+  return read_all(c.reference_tensors, c.reference_tensor_count, cond.refs, ref_tensor);
 }
 
 // The masks: float pointers of the clip's sizes, or tensors.
@@ -159,10 +190,7 @@ Expected<ls::h3::Conditioning> conditioning(const ls::h3::H3Config& cfg, const l
   ls::h3::Conditioning cond;
   LS_ASSIGN_OR_RETURN(cond.geometry, ls::h3::clip_geometry(c.frames, c.width, c.height, c.text_tokens));
   if (c.text_tags) cond.text_token_tags.assign(c.text_tags, c.text_tags + c.text_tokens);
-  LS_TRY(pointer_keyframes(cfg, c, cond));
-  LS_TRY(pointer_references(cfg, c, cond));
-  LS_TRY(tensor_keyframes(cfg, c, io, cond));
-  LS_TRY(tensor_references(cfg, c, io, cond));
+  LS_TRY(keyframes_and_references(cfg, c, io, cond));
   LS_TRY(masks(c, io, cond));
   cond.vis_aug = c.vis_aug;
   cond.aud_aug = c.aud_aug;

@@ -304,11 +304,7 @@ using namespace ls::capi;
 extern "C" {
 
 ls_status ls_engine_denoise(ls_engine* e, const ls_denoise_params* given) {
-  return guarded(e, [&]() -> ls_status {
-    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
-    auto pr = read_params(given, ls_denoise_params_init, "ls_denoise_params");
-    if (!pr.ok()) return fail(e, pr.error());
-    const ls_denoise_params& p = *pr;
+  return on_engine(e, given, ls_denoise_params_init, "ls_denoise_params", [&](const ls_denoise_params& p) -> ls_status {
     TensorIO io{&e->session->backend(), p.stream};
     const ls_status st = denoise_call(*e, p, io);
     // The caller's stream waits for whatever device outputs were written, also when a

@@ -86,6 +86,15 @@ ls_status guarded(ls_engine* e, F&& f) {
   }
 }
 
+// An entry point on an engine: guarded, "engine is NULL" refused first; f() -> ls_status.
+template <typename F>
+ls_status on_engine(ls_engine* e, F&& f) {
+  return guarded(e, [&]() -> ls_status {
+    if (!e) return fail(nullptr, LS_INVALID_ARGUMENT, "engine is NULL");
+    return f();
+  });
+}
+
 // A caller's params struct read through its `size` (append-only versioning): the
 // defaults of this library's struct, overwritten by the first `size` bytes given.
 template <typename T>
@@ -103,6 +112,16 @@ Expected<T> read_params(const T* given, void (*init)(T*), const char* name) {
   std::memcpy(static_cast<void*>(&out), given, given->size);
   out.size = sizeof(T);
   return out;
+}
+
+// ... with its params struct read through its size (read_params); f(params) -> ls_status.
+template <typename T, typename F>
+ls_status on_engine(ls_engine* e, const T* given, void (*init)(T*), const char* name, F&& f) {
+  return on_engine(e, [&]() -> ls_status {
+    auto params = read_params(given, init, name);
+    if (!params.ok()) return fail(e, params.error());
+    return f(*params);
+  });
 }
 
 // A caller's C enum field as an int: an out-of-range value loaded as the enum type is
