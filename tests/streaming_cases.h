@@ -35,7 +35,10 @@ struct StreamingCase {
 // gpu: head_dim 32 (the CUDA attention kernel takes 32, 64 or 128). all_modes: partial
 // masks, a keyframe and references at augmentation 0.5, a PDD bank of 4 on both heads
 // (add_all_modes in exactness_util.h).
-inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wide, bool gpu, bool all_modes = false) {
+// int8: attention int8 (docs/int8-attention.md) needs a power-of-two head dim (CPU: 32, 64
+// when wide) and on the GPU head dim 128 and kv_tile 128 (its kernels').
+inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wide, bool gpu, bool all_modes = false,
+                                         bool int8 = false) {
   std::mt19937_64 rng(seed);
   StreamingCase c;
   c.cfg = tiny_cfg(rng, /*vary=*/true);
@@ -49,6 +52,7 @@ inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wid
     c.cfg.ffn = 512;
   }
   if (all_modes) c.cfg.pdd_heads = 4;
+  if (int8) c.cfg.head_dim = gpu ? 128 : wide ? 64 : 32;
   c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, seed);
   c.cond = random_cond(rng, c.cfg, /*extras=*/!wide && !all_modes);
   if (wide) {
@@ -61,6 +65,7 @@ inline StreamingCase make_streaming_case(uint64_t seed, int64_t layers, bool wid
   if (all_modes) add_all_modes(rng, c.cfg, c.cond);
   c.in = random_inputs(rng, c.cfg, c.cond);
   c.kv_tile = std::uniform_int_distribution<int>(0, 1)(rng) ? std::uniform_int_distribution<int64_t>(1, 16)(rng) : 64;
+  if (int8 && gpu) c.kv_tile = kInt8DefaultKvTile;
   const float sigmas[] = {1.0f, 0.8f, 0.5f};
   c.sigma = sigmas[std::uniform_int_distribution<int>(0, 2)(rng)];
   return c;
@@ -118,6 +123,8 @@ inline Expected<std::unique_ptr<Backend>> make_streaming_backend(const std::stri
   return make_backend(device);
 }
 inline bool is_gpu(const std::string& device) { return device.rfind("cuda", 0) == 0; }
+// The backend runs attention int8: every plan then holds the int8 buffers (PlanKnobs::int8_attention).
+inline bool runs_int8(const Backend& be) { return be.numerics().attention == AttentionAlgorithm::int8; }
 
 // A deferring backend actually held copies back (the check is not vacuous).
 inline void expect_deferred(const Backend& be) {
@@ -127,8 +134,9 @@ inline void expect_deferred(const Backend& be) {
   }
 }
 
+// int8: the backend runs attention int8 (set before the case's kv_tile).
 inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, int64_t layers, bool wide,
-                                      bool all_modes = false) {
+                                      bool all_modes = false, bool int8 = false) {
   StreamingSetup s;
   auto be = make_streaming_backend(device);
   if (!be.ok()) {
@@ -136,7 +144,16 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
     return s;
   }
   s.be = std::move(*be);
-  s.c = make_streaming_case(seed, layers, wide, is_gpu(device), all_modes);
+  if (int8) {
+    Numerics n = s.be->numerics();
+    n.attention = AttentionAlgorithm::int8;
+    n.kv_tile = 0;
+    if (const Status t = s.be->set_numerics(n, s.be->diagnostics()); !t.ok()) {
+      ADD_FAILURE() << t.message();
+      return s;
+    }
+  }
+  s.c = make_streaming_case(seed, layers, wide, is_gpu(device), all_modes, int8);
   // The case's kv_tile is the backend's (a plan's kv_tile must be).
   if (const Status t = use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
     ADD_FAILURE() << t.error().message;
@@ -144,6 +161,7 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
   }
   exec::PlanKnobs sk;
   sk.kv_tile = s.c.kv_tile;
+  sk.int8_attention = runs_int8(*s.be);
   auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
   if (!stock.ok()) {
     ADD_FAILURE() << stock.error().message;
@@ -195,8 +213,8 @@ inline KnobDraw draw_knobs(std::mt19937_64& rng, int v, int64_t S, int64_t L, in
 }
 
 inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants,
-                                  bool all_modes = false) {
-  StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes);
+                                  bool all_modes = false, bool int8 = false) {
+  StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes, int8);
   ASSERT_TRUE(su.ok);
   StreamingCase& c = su.c;
   Backend* const be = su.be.get();
@@ -227,6 +245,7 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
       k.mlp_chunk_tokens = v == 5 ? 1 : std::max<int64_t>(1, S / 3);
       k.final_chunk_tokens = v == 5 ? 1 : 0;
     }
+    k.int8_attention = runs_int8(*be);
     auto p = exec::make_plan(c.cfg, c.cond, k);
     ASSERT_TRUE(p.ok()) << p.error().message;
     const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +
@@ -258,10 +277,18 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
     }
     // K/V traffic: pass 1 out once per block, pass 2 back in for every query slice but
     // the first (attended during pass 1).
-    if (k.kv_offload) {
+    if (k.kv_offload && !k.int8_attention) {
       const uint64_t kv = 2ull * static_cast<uint64_t>(S * c.cfg.inner()) * 2;
       const uint64_t slices = static_cast<uint64_t>((S + p->attn_slice - 1) / p->attn_slice);
       EXPECT_EQ(rep.pcie_kv_bytes, static_cast<uint64_t>(L) * slices * kv) << what;
+    }
+    // int8 (docs/int8-attention.md §6): bf16 K, V out and back in once (the prepare), the
+    // prepared keys (k8 + sk + v8t: 2 I + 4 H bytes a key) out once and in for every slice.
+    if (k.kv_offload && k.int8_attention) {
+      const uint64_t I = static_cast<uint64_t>(c.cfg.inner()), H = static_cast<uint64_t>(c.cfg.heads);
+      const uint64_t slices = static_cast<uint64_t>((S + p->attn_slice - 1) / p->attn_slice);
+      const uint64_t per_block = 8 * static_cast<uint64_t>(S) * I + (1 + slices) * static_cast<uint64_t>(S) * (2 * I + 4 * H);
+      EXPECT_EQ(rep.pcie_kv_bytes, static_cast<uint64_t>(L) * per_block) << what;
     }
   }
   expect_deferred(*be);
@@ -275,6 +302,7 @@ inline exec::BudgetOptions budget_options(const StreamingCase& c, const Backend&
   bo.kv_tile = c.kv_tile;
   bo.workspace_bytes = be.workspace_bytes();
   bo.attention_row_quantum = exec::device_profile(be).attention_row_quantum;
+  bo.int8_attention = runs_int8(be);
   auto rows = exec::modulation_rows_for(c.cfg, c.cond, {c.sigma});
   EXPECT_TRUE(rows.ok()) << rows.error().message;
   if (rows.ok()) bo.modulation_rows = *rows;
@@ -319,8 +347,8 @@ inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backen
 
 // Budgets: every plan_total_budget plan from the minimum to all-resident.
 inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets,
-                                    bool all_modes = false) {
-  StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes);
+                                    bool all_modes = false, bool int8 = false) {
+  StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes, int8);
   ASSERT_TRUE(su.ok);
   StreamingCase& c = su.c;
   Backend* const be = su.be.get();

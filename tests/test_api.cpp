@@ -126,8 +126,14 @@ TEST(Api, NumericsReachTheBackend) {
   n.attention = LS_ATTENTION_HOPPER;  // likewise the Hopper kernel (CUDA on sm_90 only)
   EXPECT_EQ(ls_engine_create(&p, &e), LS_UNSUPPORTED);
   EXPECT_NE(std::string(ls_last_error()).find("Hopper"), std::string::npos) << ls_last_error();
+  n.attention = LS_ATTENTION_INT8;  // the CPU runs the INT8 reference (issue 26; tiny: head dim 64)
   {
-    const int32_t bad = 4;  // not an ls_attention (stored as an int: the enum's own range is 0..3)
+    ls_engine* e8 = nullptr;
+    ASSERT_EQ(ls_engine_create(&p, &e8), LS_OK) << ls_last_error();
+    layerstream::EnginePtr owned8(e8);
+  }
+  {
+    const int32_t bad = 5;  // not an ls_attention (stored as an int: the enum's own range is 0..4)
     std::memcpy(static_cast<void*>(&n.attention), &bad, sizeof bad);
   }
   EXPECT_EQ(ls_engine_create(&p, &e), LS_INVALID_ARGUMENT);

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/arena.h"
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
 #include "exec/planner.h"
@@ -260,7 +261,7 @@ TEST(BudgetPlan, MonotonicInTheBudget) {
   // prefetch without adaptive slots (always two: the policy before session 8).
   for (int variant = 0; variant < 4; ++variant) {
     const bool prefetch = variant != 1;
-    BudgetOptions o = variant == 2 ? budget_options_for(cuda_device_profile()) : BudgetOptions{};
+    BudgetOptions o = variant == 2 ? budget_options_for(test::cuda_profile()) : BudgetOptions{};
     o.prefetch = prefetch;
     o.adaptive_slots = variant != 3;
     BudgetOptions two = o;  // the same budget with two slots kept, for the one-slot plans
@@ -562,7 +563,7 @@ TEST(BudgetPlan, OneSlotWhereItExposesLess) {
   h3::H3Config cfg;
   const auto cond = clip_15s_1mp();
   const double B = 55e9, W = static_cast<double>(block_weight_bytes(cfg));
-  BudgetOptions o = budget_options_for(cuda_device_profile(true, true, 2048, /*hopper=*/true));
+  BudgetOptions o = budget_options_for(test::cuda_profile(AttentionAlgorithm::hopper));
   o.modulation_rows = 2;
   BudgetOptions keep = o, none = o;
   keep.adaptive_slots = false;
@@ -685,20 +686,21 @@ TEST(BudgetPlan, CudaProfileArithmetic) {
   // Odd sizes round each piece up to 256 bytes: R = 64 x 1 = 64 rows of 3: 384 -> 512 B
   // bf16 pieces, 256 B f32 vectors, 768 -> 768 B acc.
   EXPECT_EQ(cudnn_attention_workspace_bytes(1, 3, 64), 5 * 512u + 5 * 256u + 768u + (64ull << 20));
-  const DeviceProfile d = cuda_device_profile();
+  const DeviceProfile d = test::cuda_profile();
   EXPECT_EQ(d.workspace_bytes, 304611328u);
   EXPECT_EQ(d.default_kv_tile, 8192);
   EXPECT_EQ(d.assumed.size(), 3u);
-  const DeviceProfile native = cuda_device_profile(true, false);
+  const DeviceProfile native = test::cuda_profile(AttentionAlgorithm::native);
   EXPECT_EQ(native.workspace_bytes, 304611328u);  // the build's constant, whichever path runs
   EXPECT_EQ(native.default_kv_tile, 1024);
-  const DeviceProfile plain = cuda_device_profile(false, false);
+  const DeviceProfile plain = test::cuda_profile(AttentionAlgorithm::backend_default, CudaBuild{false, true});
   EXPECT_EQ(plain.workspace_bytes, (64ull << 20) + (164ull << 20));  // cuBLASLt GEMM + quantised linears (linear_quant.cu)
   EXPECT_EQ(plain.default_kv_tile, 1024);
   // Per algorithm: cuDNN's query chunks and rate, hopper's 128-query CTAs and rate, native.
   EXPECT_EQ(d.attention_row_quantum, 2048);
   EXPECT_EQ(d.throughput.attention_tflops, 550.0);
-  const DeviceProfile hopper = cuda_device_profile(true, true, 2048, /*hopper=*/true);
+  EXPECT_EQ(test::cuda_profile(AttentionAlgorithm::cudnn, {}, 1024).attention_row_quantum, 1024);
+  const DeviceProfile hopper = test::cuda_profile(AttentionAlgorithm::hopper);
   EXPECT_EQ(hopper.workspace_bytes, 304611328u);
   EXPECT_EQ(hopper.default_kv_tile, 8192);
   EXPECT_EQ(hopper.attention_row_quantum, 128);
@@ -713,30 +715,36 @@ TEST(BudgetPlan, CudaProfileArithmetic) {
   EXPECT_EQ(o.device.pcie_gb_per_s, DeviceFacts{}.pcie_gb_per_s);
 }
 
-TEST(BudgetPlan, CudaProfileMatchesTheBackend) {
-  // GPU machine: the documented figures info's dry run plans with (cuda_device_profile)
-  // are the live backend's as the planner takes them from it (exec::device_profile:
-  // workspace_bytes(), default_kv_tile()), for each attention path and cuDNN query chunk.
-  auto b = make_backend("cuda");
-  if (!b.ok()) GTEST_SKIP() << "no CUDA backend here: " << b.error().message;
-  const bool cudnn_built = (*b)->default_kv_tile() == 8192;  // the default resolves to cuDNN where built
-  EXPECT_TRUE(cudnn_built || (*b)->default_kv_tile() == 1024) << (*b)->default_kv_tile();
-  struct Case {
-    AttentionAlgorithm attention;
-    int64_t q_chunk;
-  };
-  for (const Case c : {Case{AttentionAlgorithm::backend_default, 2048}, Case{AttentionAlgorithm::native, 2048},
-                       Case{AttentionAlgorithm::backend_default, 4096}}) {
+// The descriptions answer "can this run here" with the messages the backends refuse with
+// (one source): the CPU has neither cuDNN nor the Hopper kernel, a CUDA build without
+// cuDNN refuses cudnn, hopper serves head dim 128 only; resolve_described refuses the same.
+TEST(BudgetPlan, DescriptionsRefuseWhatCannotRun) {
+  const BackendDescription cpu = cpu_description();
+  for (AttentionAlgorithm a : {AttentionAlgorithm::cudnn, AttentionAlgorithm::hopper}) {
+    const Status s = cpu.can_implement_attention(a);
+    ASSERT_FALSE(s.ok()) << to_string(a);
+    EXPECT_EQ(s.error().code, ErrorCode::unsupported);
     Numerics n;
-    n.attention = c.attention;
-    n.cudnn_q_chunk = c.q_chunk;
-    auto be = make_backend("cuda", n, {});
-    ASSERT_TRUE(be.ok()) << be.error().message;
-    const DeviceProfile live = device_profile(**be);
-    const DeviceProfile doc =
-        cuda_device_profile(cudnn_built, cudnn_built && c.attention != AttentionAlgorithm::native, c.q_chunk);
-    EXPECT_EQ(live.workspace_bytes, doc.workspace_bytes) << to_string(c.attention) << " q_chunk " << c.q_chunk;
-    EXPECT_EQ(live.default_kv_tile, doc.default_kv_tile) << to_string(c.attention);
-    EXPECT_EQ(live.attention_row_quantum, doc.attention_row_quantum) << to_string(c.attention) << " q_chunk " << c.q_chunk;
+    n.attention = a;
+    const Status live = make_cpu_backend()->set_numerics(n, {});
+    ASSERT_FALSE(live.ok());
+    EXPECT_EQ(live.message(), s.message()) << "the CPU backend refuses with its description's message";
+    EXPECT_FALSE(resolve_described(cpu, n).ok());
   }
+  EXPECT_TRUE(cpu.can_implement_attention(AttentionAlgorithm::native, 128).ok());
+  EXPECT_EQ(cpu.default_attention(), AttentionAlgorithm::native);
+  EXPECT_EQ(cpu.workspace_bytes(Numerics{}), 0u);
+  const BackendDescription no_cudnn = cuda_description(CudaBuild{false, true});
+  const Status s = no_cudnn.can_implement_attention(AttentionAlgorithm::cudnn);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("built without cuDNN"), std::string::npos) << s.message();
+  EXPECT_EQ(no_cudnn.default_attention(), AttentionAlgorithm::native);
+  const BackendDescription cuda = cuda_description();
+  EXPECT_EQ(cuda.default_attention(), AttentionAlgorithm::cudnn);
+  EXPECT_TRUE(cuda.can_implement_attention(AttentionAlgorithm::hopper, 128).ok());
+  const Status h64 = cuda.can_implement_attention(AttentionAlgorithm::hopper, 64);
+  ASSERT_FALSE(h64.ok());
+  EXPECT_NE(h64.message().find("head dim 128"), std::string::npos) << h64.message();
+  EXPECT_FALSE(cuda_description(CudaBuild{true, false}).can_implement_attention(AttentionAlgorithm::hopper).ok());
+  EXPECT_EQ(cuda.attention(AttentionAlgorithm::backend_default), nullptr);
 }

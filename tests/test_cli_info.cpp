@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cli_test_util.h"
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/budget_plan.h"
 #include "exec/plan.h"
@@ -61,7 +62,7 @@ const std::string kClip = "--preset h3 --frames 362 --width 1024 --height 1024 -
 // profile (cuDNN build), the given kv_tile.
 exec::BudgetOptions cuda_options(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t kv_tile,
                                  const std::vector<float>& sigmas = {1.0f}) {
-  exec::BudgetOptions bo = exec::budget_options_for(exec::cuda_device_profile());
+  exec::BudgetOptions bo = exec::budget_options_for(test::cuda_profile());
   bo.kv_tile = kv_tile;
   bo.modulation_rows = *exec::modulation_rows_for(cfg, cond, sigmas);
   return bo;
@@ -391,6 +392,9 @@ TEST(CliInfoDevices, ListsTheCpuWithItsNumerics) {
   EXPECT_EQ(cpu["device"], "cpu");
   EXPECT_EQ(cpu["numerics_head_dim_128"]["attention"], "native");
   EXPECT_EQ(cpu["numerics_other_head_dims"]["attention"], "native");
+  // The algorithms each device runs (issue 26: the CPU runs the int8 reference too).
+  EXPECT_EQ(cpu["attention_algorithms"], nlohmann::json::array({"native", "int8"})) << cpu.dump();
+  EXPECT_NE(text.out.find("attention algorithms (head dim 128): native, int8"), std::string::npos) << text.out;
   // Every CUDA entry names its device and either its numerics or why it is unusable.
   for (size_t i = 1; i < j["devices"].size(); ++i) {
     const auto& d = j["devices"][i];

@@ -6,6 +6,7 @@
 // 1 thread gives the bytes of all threads; AdaLN precompute gives the per-step bytes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "core/thread_pool.h"
@@ -26,13 +27,20 @@ struct Case {
   float sigma = 0.8f;
 };
 
-std::unique_ptr<Case> make_case(uint64_t seed, bool vary, bool extras, bool all_modes = false) {
+// int8: the backend runs attention int8 (a power-of-two head dim: 32).
+std::unique_ptr<Case> make_case(uint64_t seed, bool vary, bool extras, bool all_modes = false, bool int8 = false) {
   std::mt19937_64 rng(seed);
   auto c = std::make_unique<Case>();
   c->cfg = test::tiny_cfg(rng, vary);
   if (all_modes) c->cfg.pdd_heads = 4;
+  if (int8) c->cfg.head_dim = 32;
   c->src = std::make_unique<h3::H3SyntheticSource>(c->cfg, seed);
   c->be = make_cpu_backend();
+  if (int8) {
+    Numerics n;
+    n.attention = AttentionAlgorithm::int8;
+    EXPECT_TRUE(c->be->set_numerics(n, {}).ok());
+  }
   auto e = exec::Engine::create(*c->src, *c->be);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
   if (!e.ok()) return nullptr;
@@ -67,8 +75,8 @@ int64_t random_slice(std::mt19937_64& rng, int64_t n) {
   }
 }
 
-void check_plans(uint64_t seed, bool vary, bool extras, int plans, bool all_modes = false) {
-  auto c = make_case(seed, vary, extras, all_modes);
+void check_plans(uint64_t seed, bool vary, bool extras, int plans, bool all_modes = false, bool int8 = false) {
+  auto c = make_case(seed, vary, extras, all_modes, int8);
   ASSERT_TRUE(c);
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c->cfg));
   // kv_tile is a numerics setting: fixed per case (both plans), random across cases so
@@ -76,6 +84,7 @@ void check_plans(uint64_t seed, bool vary, bool extras, int plans, bool all_mode
   std::mt19937_64 rng(seed * 7919 + 1);
   exec::PlanKnobs stock_knobs;
   stock_knobs.kv_tile = std::uniform_int_distribution<int64_t>(0, 2)(rng) == 0 ? 1024 : std::uniform_int_distribution<int64_t>(1, 16)(rng);
+  stock_knobs.int8_attention = int8;
   ASSERT_TRUE(test::use_kv_tile(*c->be, stock_knobs.kv_tile).ok());  // a plan's kv_tile is the backend's
   auto stock_plan = exec::make_plan(c->cfg, c->cond, stock_knobs);
   ASSERT_TRUE(stock_plan.ok()) << stock_plan.error().message;
@@ -89,6 +98,7 @@ void check_plans(uint64_t seed, bool vary, bool extras, int plans, bool all_mode
   for (int i = 0; i < plans; ++i) {
     exec::PlanKnobs k;
     k.kv_tile = stock_knobs.kv_tile;
+    k.int8_attention = int8;
     k.attn_chunk_tokens = random_slice(rng, S);
     k.mlp_chunk_tokens = random_slice(rng, S);
     k.final_chunk_tokens = random_slice(rng, tr);
@@ -112,6 +122,52 @@ TEST(Exactness, PlansMatchStockT2va) {
 // (keyframes, references, masks, text tags) x random plans.
 TEST(Exactness, PlansMatchStockRandomConfigsAndLayouts) {
   for (uint64_t seed = 100; seed < 180; ++seed) check_plans(seed, /*vary=*/true, /*extras=*/true, 6);
+}
+
+// Attention int8 (docs/int8-attention.md): random configs, layouts and plans (stock with
+// attention_int8_all, two-pass with the statistics over pass-1 slices) give the stock bytes.
+TEST(Exactness, Int8PlansMatchStock) {
+  for (uint64_t seed = 100; seed < 130; ++seed) check_plans(seed, /*vary=*/true, /*extras=*/true, 6, false, /*int8=*/true);
+  for (uint64_t seed = 300; seed < 304; ++seed) check_plans(seed, /*vary=*/true, /*extras=*/false, 6, /*all_modes=*/true,
+                                                             /*int8=*/true);
+}
+
+// int8 runs: its outputs differ from native's on the same case (the same source on a
+// native backend) and stay close; a plan made without the int8 buffers is refused.
+TEST(Exactness, Int8IsNotNativeAndPlansMustSayInt8) {
+  auto b = make_case(7, /*vary=*/false, false, false, /*int8=*/true);
+  ASSERT_TRUE(b);
+  exec::PlanKnobs k;
+  k.kv_tile = kInt8DefaultKvTile;  // the int8 backend's default
+  k.int8_attention = true;
+  auto p = exec::make_plan(b->cfg, b->cond, k);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  const auto r8 = run(*b, *p);
+  ASSERT_GT(test::sum_abs(r8.video), 0.0);
+  k.int8_attention = false;
+  auto plain = exec::make_plan(b->cfg, b->cond, k);
+  ASSERT_TRUE(plain.ok());
+  auto refused = b->engine->forward(b->cond, b->text, b->in.video_view(b->cfg, b->cond),
+                                    b->in.audio_view(b->cfg, b->cond), b->sigma, *plain);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("int8"), std::string::npos) << refused.error().message;
+  // The same source, inputs and plan shape on a native backend.
+  std::unique_ptr<Backend> native = make_cpu_backend();
+  ASSERT_TRUE(test::use_kv_tile(*native, kInt8DefaultKvTile).ok());  // the same tiles
+  auto e = exec::Engine::create(*b->src, *native);
+  ASSERT_TRUE(e.ok());
+  auto t = (*e)->refine_text(b->in.text_view(b->cfg, b->cond));
+  ASSERT_TRUE(t.ok());
+  auto rn = (*e)->forward(b->cond, *t, b->in.video_view(b->cfg, b->cond), b->in.audio_view(b->cfg, b->cond), b->sigma,
+                          *plain);
+  ASSERT_TRUE(rn.ok()) << rn.error().message;
+  EXPECT_FALSE(test::same_bytes(rn->video, r8.video));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < rn->video.size(); ++i) {
+    const double d = static_cast<double>(r8.video[i]) - rn->video[i];
+    num += d * d, den += static_cast<double>(rn->video[i]) * rn->video[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.1) << "int8 strays far from native";
 }
 
 // Every input mode beyond t2va at once: partial video and audio masks (not multiples of

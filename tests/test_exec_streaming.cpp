@@ -39,3 +39,23 @@ TEST(ExecStreaming, InputModesKnobs) {
 }
 
 TEST(ExecStreaming, InputModesBudgetSweep) { test::check_streaming_budgets(41, "cpu", 2, false, 10, /*all_modes=*/true); }
+
+// Attention int8 (docs/int8-attention.md §6): the statistics over pass-1 slices, the prepare
+// (once resident; per chunk, through the host, with K/V offload) and the int8 chunks of
+// pass 2 give the stock run's bytes under every knob and budget; the deferred transfer
+// queue checks the fences of the prepare walk.
+TEST(ExecStreaming, Int8KnobsMatchResidentStock) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) test::check_streaming_knobs(seed, "cpu", 3, false, 12, false, /*int8=*/true);
+  test::check_streaming_knobs(101, "cpu", 2, true, 8, false, /*int8=*/true);
+}
+
+TEST(ExecStreaming, Int8DeferredTransferQueue) {
+  for (uint64_t seed = 1; seed <= 3; ++seed)
+    test::check_streaming_knobs(seed, "cpu-deferred", 3, false, 12, false, /*int8=*/true);
+  test::check_streaming_budgets(11, "cpu-deferred", 3, false, 10, false, /*int8=*/true);
+}
+
+TEST(ExecStreaming, Int8BudgetSweepAndInputModes) {
+  for (uint64_t seed = 11; seed <= 12; ++seed) test::check_streaming_budgets(seed, "cpu", 3, false, 10, false, /*int8=*/true);
+  test::check_streaming_knobs(31, "cpu", 2, false, 10, /*all_modes=*/true, /*int8=*/true);
+}

@@ -77,7 +77,7 @@ TEST(Numerics, ValidatorNamesTheFieldAndTheAcceptedValues) {
 
 TEST(Numerics, NamesRoundTrip) {
   for (AttentionAlgorithm a : {AttentionAlgorithm::backend_default, AttentionAlgorithm::native, AttentionAlgorithm::cudnn,
-                                AttentionAlgorithm::hopper}) {
+                                AttentionAlgorithm::hopper, AttentionAlgorithm::int8}) {
     auto p = parse_attention(to_string(a));
     ASSERT_TRUE(p.ok()) << to_string(a);
     EXPECT_EQ(*p, a);
@@ -88,7 +88,7 @@ TEST(Numerics, NamesRoundTrip) {
     EXPECT_EQ(*p, g);
   }
   EXPECT_FALSE(parse_attention("flash").ok());
-  EXPECT_TRUE(has(parse_attention("flash").error().message, "auto, native, cudnn or hopper"));
+  EXPECT_TRUE(has(parse_attention("flash").error().message, "auto, native, cudnn, hopper or int8"));
   EXPECT_FALSE(parse_gemm_f32("tf32").ok());
 
   auto every = parse_gemm_candidate("3");

@@ -12,6 +12,7 @@
 #include "api/session.h"
 #include "backend/backend.h"
 #include "core/arena.h"
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/planner.h"
 #include "sample/generate.h"
@@ -32,7 +33,7 @@ PlanRequest request(const h3::H3Config& cfg, const h3::Conditioning& cond, Memor
   q.mode = mode;
   q.budget_bytes = budget;
   q.sigmas = {0.8f};
-  q.device = cuda_device_profile();
+  q.device = test::cuda_profile();
   return q;
 }
 
@@ -78,7 +79,7 @@ long long named_minimum(const std::string& message) {
 TEST(Planner, TotalBudgetModeIsTheBudgetPlanner) {
   const h3::H3Config cfg;
   const h3::Conditioning cond = clip_15s_1mp();
-  BudgetOptions o = budget_options_for(cuda_device_profile());
+  BudgetOptions o = budget_options_for(test::cuda_profile());
   o.modulation_rows = *modulation_rows_for(cfg, cond, {0.8f});
   int kinds[3] = {0, 0, 0};  // all resident / streamed / offloaded
   for (uint64_t budget : {48 * GiB, 12 * GiB, 8 * GiB, 4 * GiB, 3 * GiB}) {
@@ -157,7 +158,7 @@ TEST(Planner, KnobsModeIsMakePlanWithTheResidencysPeak) {
   EXPECT_EQ(r->peak.host_pinned_bytes, 47 * r->peak.block_bytes + 2ull * 111274 * 7168 * 2);
   expect_peak_adds_up(*r, cfg.num_layers);
   // The same numbers the total-budget planner gives for the same residency and plan.
-  BudgetOptions o = budget_options_for(cuda_device_profile());
+  BudgetOptions o = budget_options_for(test::cuda_profile());
   o.modulation_rows = r->modulation_rows;
   o.prefetch = false;
   auto d = device_peak(cfg, cond, o, 3, r->plan);

@@ -5,6 +5,7 @@
 // does not; blocks of different layouts (the _skip_edges files) are counted block by block.
 #include <gtest/gtest.h>
 
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/planner.h"
 #include "model/h3/checkpoint.h"
@@ -37,7 +38,7 @@ Expected<PlanResult> plan_24g(const Model& m, const h3::Conditioning& cond) {
   q.mode = MemoryMode::total_budget;
   q.budget_bytes = 24 * GiB;
   q.sigmas = {0.9f};
-  q.device = cuda_device_profile();
+  q.device = test::cuda_profile();
   q.tensors = &m.specs;
   return plan_memory(q);
 }
@@ -104,7 +105,7 @@ TEST(QuantPlanner, SkipEdgesFiftyBlocksCountsEachBlock) {
   q.mode = MemoryMode::total_budget;
   q.budget_bytes = 24 * GiB + 3 * GiB / 2;
   q.sigmas = {0.9f};
-  q.device = cuda_device_profile();
+  q.device = test::cuda_profile();
   q.tensors = &se.specs;
   auto all = plan_memory(q);
   ASSERT_TRUE(all.ok()) << all.error().message;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "backend/comm.h"
+#include "description_util.h"
 #include "exactness_util.h"
 #include "exec/plan.h"
 #include "exec/planner.h"
@@ -29,10 +30,16 @@ struct Ranks {
   std::unique_ptr<exec::Engine> engine;
 };
 
-Ranks make_ranks(const h3::H3TensorSource& src, int n, int64_t kv_tile, const exec::Residency& residency = {}) {
+Ranks make_ranks(const h3::H3TensorSource& src, int n, int64_t kv_tile, const exec::Residency& residency = {},
+                 bool int8 = false) {
   Ranks r;
   for (int i = 0; i < n; ++i) {
     r.backends.push_back(make_cpu_backend());
+    if (int8) {
+      Numerics num;
+      num.attention = AttentionAlgorithm::int8;
+      EXPECT_TRUE(r.backends.back()->set_numerics(num, {}).ok());
+    }
     EXPECT_TRUE(test::use_kv_tile(*r.backends.back(), kv_tile).ok());
   }
   exec::EngineOptions o;
@@ -72,10 +79,12 @@ exec::ForwardResult run(exec::Engine& e, const h3::H3Config& cfg, const h3::Cond
   return std::move(*r);
 }
 
-void check_case(uint64_t seed, int plans_per_n, bool all_modes = false) {
+// int8: every rank runs attention int8 (head dim 8: a power of two), plans with its buffers.
+void check_case(uint64_t seed, int plans_per_n, bool all_modes = false, bool int8 = false) {
   std::mt19937_64 rng(seed);
   h3::H3Config cfg = ulysses_cfg(rng);
   if (all_modes) cfg.pdd_heads = 4;
+  if (int8) cfg.head_dim = 8;
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(cfg));
   ASSERT_TRUE(h3::check_h3_config(cfg).ok()) << h3::check_h3_config(cfg).message();
   const h3::H3SyntheticSource src(cfg, seed);
@@ -87,12 +96,13 @@ void check_case(uint64_t seed, int plans_per_n, bool all_modes = false) {
   const int64_t kv_tile = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? 1024 : std::uniform_int_distribution<int64_t>(1, 16)(rng);
 
   // The reference: one rank, stock plan.
-  Ranks one = make_ranks(src, 1, kv_tile);
+  Ranks one = make_ranks(src, 1, kv_tile, {}, int8);
   ASSERT_TRUE(one.engine);
   auto text = one.engine->refine_text(in.text_view(cfg, cond));
   ASSERT_TRUE(text.ok()) << text.error().message;
   exec::PlanKnobs k1;
   k1.kv_tile = kv_tile;
+  k1.int8_attention = int8;
   auto p1 = exec::make_plan(cfg, cond, k1);
   ASSERT_TRUE(p1.ok()) << p1.error().message;
   const exec::ForwardResult ref = run(*one.engine, cfg, cond, in, *text, sigma, *p1);
@@ -109,7 +119,7 @@ void check_case(uint64_t seed, int plans_per_n, bool all_modes = false) {
       res.resident_blocks = std::uniform_int_distribution<int64_t>(0, cfg.num_layers)(rng);
       res.slots = std::uniform_int_distribution<int>(1, 2)(rng);
     }
-    Ranks many = make_ranks(src, n, kv_tile, res);
+    Ranks many = make_ranks(src, n, kv_tile, res, int8);
     ASSERT_TRUE(many.engine);
     EXPECT_EQ(many.engine->ranks(), n);
     // The refined text is rank 0's (the same engine code on the same backend kind).
@@ -126,23 +136,26 @@ void check_case(uint64_t seed, int plans_per_n, bool all_modes = false) {
         exec::PlanKnobs k;
         k.kv_tile = kv_tile;
         k.ranks = n;
+        k.int8_attention = int8;
         p = exec::make_plan(cfg, cond, k);  // stock per rank
       } else if (i == 1) {
         // A per-rank activation budget halfway between the smallest and the stock one.
-        auto lo = exec::min_activation_budget(cfg, cond, n);
+        auto lo = exec::min_activation_budget(cfg, cond, n, int8);
         ASSERT_TRUE(lo.ok()) << lo.error().message;
         exec::PlanKnobs k;
         k.kv_tile = kv_tile;
         k.ranks = n;
+        k.int8_attention = int8;
         auto stock = exec::make_plan(cfg, cond, k);
         ASSERT_TRUE(stock.ok());
-        p = exec::plan_for_budget(cfg, cond, (*lo + stock->predicted_peak_bytes) / 2, kv_tile, n);
+        p = exec::plan_for_budget(cfg, cond, (*lo + stock->predicted_peak_bytes) / 2, kv_tile, n, int8);
         ASSERT_TRUE(p.ok()) << p.error().message;
         EXPECT_LE(p->predicted_peak_bytes, (*lo + stock->predicted_peak_bytes) / 2);
       } else {
         exec::PlanKnobs k;
         k.kv_tile = kv_tile;
         k.ranks = n;
+        k.int8_attention = int8;
         k.attn_chunk_tokens = random_slice(rng, R);
         k.mlp_chunk_tokens = random_slice(rng, R);
         k.final_chunk_tokens = random_slice(rng, p1->sizes.target_rows);
@@ -172,6 +185,12 @@ TEST(Ulysses, RanksGiveOneRanksBytes) {
 }
 
 // One rank with PlanKnobs::ranks = 1 is the plan it always was.
+// Attention int8 on every rank (docs/int8-attention.md §6): each rank prepares its heads'
+// keys once after the all-to-all; every rank count and plan gives one rank's bytes.
+TEST(Ulysses, Int8RanksGiveOneRanksBytes) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) check_case(seed, 3, false, /*int8=*/true);
+}
+
 TEST(Ulysses, OneRankPlanIsUnchanged) {
   std::mt19937_64 rng(11);
   const h3::H3Config cfg = ulysses_cfg(rng);
@@ -205,7 +224,7 @@ TEST(Ulysses, TotalBudgetIsPerRank) {
   q.cond = &cond;
   q.sigmas = {0.8f};
   q.mode = exec::MemoryMode::total_budget;
-  q.device = exec::cuda_device_profile(false, false);
+  q.device = test::cuda_profile(AttentionAlgorithm::backend_default, CudaBuild{false, true});
   q.device.workspace_bytes = 0;
   q.knobs.ranks = 7;
   auto seven = exec::minimum_budget(q);

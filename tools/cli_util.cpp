@@ -166,10 +166,11 @@ int report_error(std::string_view command, const Error& e) {
 // ---- numerics ----------------------------------------------------------------------
 
 void add_numerics_flags(CLI::App& app, NumericsFlags& f) {
-  add_text_flag(app, "--attention", f.attention, "auto|native|cudnn|hopper",
+  add_text_flag(app, "--attention", f.attention, "auto|native|cudnn|hopper|int8",
                 "attention algorithm (numerics: changes output bits): auto = the backend's default for the model "
                 "(CUDA: hopper for head dim 128 on an sm_90 GPU, else cudnn where built, else native; CPU: "
-                "native, the reference); hopper = the sm_90a kernel (CUDA on Hopper, head dim 128); the run's "
+                "native, the reference); hopper = the sm_90a kernel (CUDA on Hopper, head dim 128); int8 = INT8 Q/K/V and P "
+                "(docs/int8-attention.md; CPU, CUDA sm_80+ at head dim 128); the run's "
                 "numerics line names the one that ran",
                 "auto");
   add_text_flag(app, "--gemm-f32", f.gemm_f32, "lanes16|cublaslt",

@@ -114,7 +114,7 @@ Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def
 // same struct by ls::apply_developer_variables (numerics.h, the one table of them), each
 // use announced by one line on stderr and listed in NumericsChoice::from_env (for the
 // report):
-//   LAYERSTREAM_ATTENTION      = auto|native|cudnn|hopper -> --attention (when not given)
+//   LAYERSTREAM_ATTENTION      = auto|native|cudnn|hopper|int8 -> --attention (when not given)
 //   LAYERSTREAM_GEMM_F32       = lanes16|cublaslt      -> --gemm-f32 (when not given)
 //   LAYERSTREAM_ATTN_VARIANT   = 4x2|4x1|8x1           -> Numerics::native_variant
 //   LAYERSTREAM_CUDNN_QCHUNK   = multiple of 64 in [64, 65536] -> Numerics::cudnn_q_chunk
@@ -125,7 +125,7 @@ Expected<uint64_t> flag_size(const FlagText& f, const SizeRange& r, uint64_t def
 // An unset or empty variable is not used; a value outside its set is a usage error
 // (exit 2), never silently the default.
 struct NumericsFlags {
-  FlagText attention;  // --attention auto|native|cudnn|hopper
+  FlagText attention;  // --attention auto|native|cudnn|hopper|int8
   FlagText gemm_f32;   // --gemm-f32 lanes16|cublaslt
 };
 // Adds --attention and --gemm-f32 to a subcommand (bound to f, which must outlive the parse).

@@ -11,8 +11,8 @@
 //   ... --vram-budget B [--device cuda] [--kv-tile N] [--attention A] [--no-prefetch | --keep-prefetch] [--sigma S | --steps N]
 //        a dry run of the planner's total-budget mode (docs/budget.md): residency, offloads,
 //        slices, predicted peak, PCIe bytes, and the smallest budget that plans. No device
-//        is opened: the CUDA backend's figures are its documented defaults
-//        (exec::cuda_device_profile) for the numerics asked (--attention / --gemm-f32 or
+//        is opened: the CUDA backend's figures are its description's
+//        (backend/description.h, exec::device_profile) for the numerics asked (--attention / --gemm-f32 or
 //        the developer variables, tools/cli_util.h), printed as assumed.
 //   ... --budget B [--device cpu|cuda] [--kv-tile N]   the planner's activation-budget mode
 //   ... --json                                the same as one JSON object on stdout
@@ -336,15 +336,18 @@ Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vra
   if (device != "cuda" && device.rfind("cuda:", 0) != 0)
     return Error{ErrorCode::invalid_argument, "--device must be cpu, cuda or cuda:N (got '" + device + "')"};
   if (device != "cuda") LS_TRY(parse_int("--device cuda:N", device.substr(5), IntRange{0, 1023}).status());
-  // The CUDA backend's resolution in a build with cuDNN (cuda_backend.cu resolve):
-  // attention auto -> cudnn without a device (on an sm_90 GPU a head-dim-128 model runs
-  // hopper: --attention hopper plans for that). cudnn and hopper have the same default
-  // kv_tile (8192) and workspace (workspace_bytes_for); hopper's slices come in whole
-  // 128-query CTAs and its attention rate is 605 TFLOP/s (exec::device_profile).
+  // The CUDA backend's description of a build with cuDNN and the Hopper kernel
+  // (backend/description.h), resolved as the backend does without a device: attention
+  // auto -> cudnn (on an sm_90 GPU a head-dim-128 model runs hopper: --attention hopper
+  // plans for that). The profile names the algorithm's default kv_tile (--kv-tile
+  // overrides it in the plan).
   const bool native = numerics.attention == AttentionAlgorithm::native;
   const bool hopper = numerics.attention == AttentionAlgorithm::hopper;
-  const int64_t q_chunk = numerics.cudnn_q_chunk;
-  exec::DeviceProfile d = exec::cuda_device_profile(/*cudnn_built=*/true, !native, q_chunk, hopper);
+  const BackendDescription cuda = cuda_description();
+  Numerics asked = numerics;
+  asked.kv_tile = 0;
+  LS_ASSIGN_OR_RETURN(const Numerics resolved, exec::resolve_described(cuda, asked));
+  exec::DeviceProfile d = exec::device_profile(cuda, resolved);
   d.name = device;
   const bool have_cuda = std::string(LS_BACKENDS).find("cuda") != std::string::npos;
   d.assumed.insert(d.assumed.begin(),
@@ -582,6 +585,20 @@ int run_devices(const InfoOptions& o) {
     uint64_t free_b = 0, total_b = 0;
     if (be.device().kind != DeviceKind::cpu && be.device_memory_info(&free_b, &total_b).ok())
       d["memory"] = {{"total_bytes", total_b}, {"free_bytes", free_b}};
+    // The attention algorithms this device runs for an H3-shaped model (head dim 128): each
+    // set alone (every other setting at its default), then the flags' numerics restored.
+    json algos = json::array();
+    for (const AttentionAlgorithm a : {AttentionAlgorithm::native, AttentionAlgorithm::cudnn, AttentionAlgorithm::hopper,
+                                       AttentionAlgorithm::int8}) {
+      Numerics t;
+      t.attention = a;
+      if (be.set_numerics(t, nc->diagnostics).ok() && be.set_model_head_dim(128).ok()) algos.push_back(to_string(a));
+    }
+    d["attention_algorithms"] = algos;
+    if (Status st = be.set_numerics(nc->numerics, nc->diagnostics); !st.ok()) {
+      d["error"] = st.message();
+      return d;
+    }
     for (const int64_t hd : {int64_t{128}, int64_t{64}}) {
       const std::string key = hd == 128 ? "numerics_head_dim_128" : "numerics_other_head_dims";
       if (Status st = be.set_model_head_dim(hd); !st.ok()) {
@@ -633,6 +650,9 @@ int run_devices(const InfoOptions& o) {
       std::printf(", %s total, %s free", format_bytes(d["memory"]["total_bytes"].get<uint64_t>()).c_str(),
                   format_bytes(d["memory"]["free_bytes"].get<uint64_t>()).c_str());
     std::printf("\n");
+    std::string algos;
+    for (const auto& x : d["attention_algorithms"]) algos += (algos.empty() ? "" : ", ") + x.get<std::string>();
+    std::printf("    attention algorithms (head dim 128): %s\n", algos.c_str());
     const json& a = d["numerics_head_dim_128"];
     const json& b = d["numerics_other_head_dims"];
     const auto line = [](const json& n) {

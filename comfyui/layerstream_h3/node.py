@@ -28,8 +28,9 @@ DESCRIPTION = (
 TOOLTIPS = {
     "vram_budget": "Total device memory for the engine: 'auto' = free VRAM at the first step minus 1 GiB + 5 % "
                    "of the card, or a size such as 12G / 900M. Never changes the output.",
-    "mlp_chunk": "Rows per MLP slice; 0 = the planner's choice under vram_budget. Non-zero slices replace "
-                 "the budget with explicit knobs. Never changes the output.",
+    "mlp_chunk": "Rows per MLP slice; 0 = the planner's choice under vram_budget. Non-zero slices need "
+                 "vram_budget auto (a size together with slices is refused, as at every LayerStream door). "
+                 "Never changes the output.",
     "attn_chunk": "Rows per attention slice (two-pass attention); 0 = the planner's choice.",
     "kv_tile": "Keys per attention tile; 0 = the device's default. A numerics setting: changing it may change bits.",
     "device": "The engine's device; auto = the MODEL's load device.",

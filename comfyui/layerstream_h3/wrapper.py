@@ -282,6 +282,13 @@ class Settings(object):
         self.kv_tile = int(kv_tile)
         self.mlp_chunk_tokens = int(mlp_chunk_tokens)
         self.attn_chunk_tokens = int(attn_chunk_tokens)
+        # The library's one memory validation, as at every other door (issue 27): an explicit
+        # vram_budget together with explicit slices, or on the CPU, is refused with the message
+        # the CLI, the C API and Python give. "auto" is no budget given, so explicit slices or
+        # the CPU engine simply run without one.
+        budget_mod.check_memory(vram_budget=self.vram_budget, mlp_chunk=self.mlp_chunk or None,
+                                attn_chunk=self.attn_chunk or None,
+                                device=None if self.vram_budget is None else self.device)
 
     def explicit_slices(self):
         return self.mlp_chunk > 0 or self.attn_chunk > 0 or self.device == "cpu"
@@ -291,7 +298,7 @@ class Settings(object):
             return "memory: CPU engine (slices {}/{}; a vram budget applies to devices only)".format(
                 self.mlp_chunk or "all", self.attn_chunk or "stock")
         if self.mlp_chunk > 0 or self.attn_chunk > 0:
-            return "memory: explicit slices mlp {} / attention {} (vram_budget ignored)".format(
+            return "memory: explicit slices mlp {} / attention {} (no vram budget: vram_budget is auto)".format(
                 self.mlp_chunk or "all", self.attn_chunk or "stock")
         if self.vram_budget is None:
             return "memory: vram_budget auto = free VRAM at the first call minus 1 GiB + 5 % of the device"

@@ -127,7 +127,8 @@ typedef enum ls_attention {
                                else cuDNN where built, else native (CPU: native) */
   LS_ATTENTION_NATIVE = 1,  /* the built-in kernel (CUDA) / the reference (CPU) */
   LS_ATTENTION_CUDNN = 2,   /* cuDNN's fused SDPA per key tile (CUDA + cuDNN) */
-  LS_ATTENTION_HOPPER = 3   /* the sm_90a kernel, head dim 128 (CUDA on Hopper; DEFAULT's choice there) */
+  LS_ATTENTION_HOPPER = 3,  /* the sm_90a kernel, head dim 128 (CUDA on Hopper; DEFAULT's choice there) */
+  LS_ATTENTION_INT8 = 4     /* INT8 Q/K/V, u8 P (docs/int8-attention.md): CPU reference, CUDA sm_80+ */
 } ls_attention;
 
 typedef enum ls_gemm_f32_order {

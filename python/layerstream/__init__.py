@@ -173,7 +173,7 @@ def probe_checkpoint(path: str) -> Dict[str, Any]:
     return _json.loads(_C.probe_checkpoint(str(path)))
 
 
-_ATTENTION = {"default": 0, "native": 1, "cudnn": 2, "hopper": 3}
+_ATTENTION = {"default": 0, "native": 1, "cudnn": 2, "hopper": 3, "int8": 4}
 _GEMM_F32 = {"lanes16": 0, "cublaslt": 1}
 _NUMERICS_KEYS = ("attention", "kv_tile", "gemm_f32", "native_variant", "cudnn_q_chunk", "cudnn_form",
                   "cudnn_skip_configs")
@@ -355,7 +355,7 @@ class Engine:
     (mlp_chunk, attn_chunk, final_chunk, kv_offload, kv_chunk, residual_offload,
     resident_blocks, slots). None = not given (the library's default); a keyword that has
     no effect under the choice is refused. None of them changes an output bit. numerics
-    (dict: attention="default"|"native"|"cudnn"|"hopper", kv_tile=, gemm_f32=
+    (dict: attention="default"|"native"|"cudnn"|"hopper"|"int8", kv_tile=, gemm_f32=
     "lanes16"|"cublaslt", and the CUDA developer knobs) may. Every parameter after
     `model` is keyword-only."""
 

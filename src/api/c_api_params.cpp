@@ -10,7 +10,7 @@ Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
   // kv_tile: 0 = the device's, else the range of every door (ranges.h).
   if (c.kv_tile != 0) LS_TRY(ls::ranges::check_int("numerics.kv_tile", c.kv_tile, ls::ranges::kv_tile));
   const int32_t attention = enum_field(c.attention), gemm_f32 = enum_field(c.gemm_f32);
-  if (attention < LS_ATTENTION_DEFAULT || attention > LS_ATTENTION_HOPPER)
+  if (attention < LS_ATTENTION_DEFAULT || attention > LS_ATTENTION_INT8)
     return Error{ErrorCode::invalid_argument, "numerics.attention is not an ls_attention"};
   if (gemm_f32 < LS_GEMM_F32_LANES16 || gemm_f32 > LS_GEMM_F32_CUBLASLT)
     return Error{ErrorCode::invalid_argument, "numerics.gemm_f32 is not an ls_gemm_f32_order"};
@@ -18,6 +18,7 @@ Expected<ls::Numerics> to_numerics(const ls_numerics& c) {
   n.attention = attention == LS_ATTENTION_NATIVE   ? ls::AttentionAlgorithm::native
                 : attention == LS_ATTENTION_CUDNN  ? ls::AttentionAlgorithm::cudnn
                 : attention == LS_ATTENTION_HOPPER ? ls::AttentionAlgorithm::hopper
+                : attention == LS_ATTENTION_INT8   ? ls::AttentionAlgorithm::int8
                                                    : ls::AttentionAlgorithm::backend_default;
   n.kv_tile = c.kv_tile;
   n.gemm_f32 = gemm_f32 == LS_GEMM_F32_CUBLASLT ? ls::GemmF32Order::cublaslt : ls::GemmF32Order::lanes16;

@@ -61,6 +61,19 @@ struct AttentionParams {
 // backend calls it (src/backend/attention_state.cpp), so the rules and messages agree.
 Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh);
 
+// Prepared keys of INT8 attention (AttentionAlgorithm::int8; docs/int8-attention.md §3, §5):
+// one chunk of n keys (or all Mk keys) after Backend::int8_prepare.
+struct Int8Keys {
+  TensorView k8;   // i8  [n, H, Dh]: rotated, centred, per-row quantised keys (inner contiguous)
+  TensorView sk;   // f32 [n, H]: the per-row key scales (contiguous)
+  TensorView v8t;  // i8  [H, Dh, n], strides {Dh * ld, ld, 1}: V per channel, keys contiguous;
+                   //     ld >= n, ld % 16 == 0; columns [n, ld) are never read
+  TensorView sv;   // f32 [H, Dh]: the per-channel V scales (the same for every chunk of a block)
+  int64_t keys() const { return k8.empty() ? 0 : k8.size(0); }
+  // Keys [a, b) of this set (a % 16 == 0 unless b == a: v8t's rows keep their 16-byte alignment).
+  Int8Keys slice(int64_t a, int64_t b) const;
+};
+
 // One linear layer's weight in its stored format (issue 14; comfyui-and-quantized-weights.md
 // §2-3). A plain bf16/f32 weight is format bf16 with only `w` set.
 enum class WeightFormat : uint8_t { bf16 = 0, int8_convrot = 1, fp8_e4m3 = 2 };
@@ -368,6 +381,25 @@ class Backend {
   virtual Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                            const AttentionParams& p) = 0;
 
+  // ---- INT8 attention (AttentionAlgorithm::int8; docs/int8-attention.md, the contract) ----
+  // Three steps per block: key statistics accumulated over every key (pass 1, any
+  // slicing: max/min are exact), a prepare once the statistics are complete (per chunk of
+  // keys or all at once: nothing crosses keys), then attention of query slices against
+  // the prepared keys (streamed chunks carry the fp32 state exactly as attention() does).
+  //   stats: f32 [3, H, Dh] = (kmax, kmin, max |v|) per (head, channel); reset: overwrite
+  //          with the statistics of k, v [n, H, Dh] bf16 (strided rows), else merge them in.
+  //   int8_prepare: k, v bf16 [n, H, Dh] (keys of one chunk), stats complete; writes keys.k8,
+  //          keys.sk, keys.v8t (columns [0, n)) and keys.sv (a function of stats alone).
+  //   attention_int8: q bf16 [Mq, H, Dh], out bf16 [Mq, H, Dh]; keys: Int8Keys of the n keys
+  //          of this call; p: kv_tile (<= kInt8MaxKvTile), scale, state/state_in/finalize as
+  //          for attention() (non-final chunks a multiple of kv_tile keys).
+  // The base implementations return unsupported naming the backend.
+  virtual Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset);
+  virtual Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                              const Int8Keys& keys);
+  virtual Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                                const AttentionParams& p);
+
   // ---- linears in a stored weight format (issue 14; docs/numerics.md, quantised linears) ----
   // Scratch: every format's temporaries (quantised activation rows, per-row scales, int32
   // accumulators) come from the backend's workspace (workspace_bytes / set_workspace), a
@@ -463,6 +495,37 @@ class Backend {
   virtual Status unpack_audio_rows(const TensorView& rows, const TensorView& mask, const AudioCarryOut& c, int64_t r0,
                                    const TensorView& out);
 };
+
+inline Status Backend::int8_key_stats(const TensorView&, const TensorView&, const TensorView&, bool) {
+  return make_error(ErrorCode::unsupported, name() + " has no int8 attention");
+}
+inline Status Backend::int8_prepare(const TensorView&, const TensorView&, const TensorView&, const Int8Keys&) {
+  return make_error(ErrorCode::unsupported, name() + " has no int8 attention");
+}
+inline Status Backend::attention_int8(const TensorView&, const Int8Keys&, const TensorView&, const AttentionParams&) {
+  return make_error(ErrorCode::unsupported, name() + " has no int8 attention");
+}
+
+// ---- INT8 attention helpers (src/backend/attention_int8.cpp; docs/int8-attention.md §5) ----
+// Bytes of one Int8Keys of n keys (ld = round_up(n, 64)): k8 | sk | v8t | sv, each part
+// 256-byte aligned. Carve them from a buffer of that many bytes with int8_keys_view.
+int64_t int8_keys_bytes(int64_t n, int64_t H, int64_t Dh);
+// The views of an Int8Keys of n keys in `bytes` (>= int8_keys_bytes(n, H, Dh), 256-byte aligned).
+Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device dev);
+// Bytes of the statistics f32 [3, H, Dh].
+inline int64_t int8_stats_bytes(int64_t H, int64_t Dh) { return 3 * H * Dh * 4; }
+// Scratch bytes of attention_int8_all over Mk keys: the statistics and one Int8Keys of Mk keys.
+int64_t int8_all_scratch_bytes(int64_t Mk, int64_t H, int64_t Dh);
+// INT8 attention of q against all keys k, v in one call (the stock path, the text refiner):
+// int8_key_stats (reset), int8_prepare, attention_int8. scratch: a device buffer of at least
+// int8_all_scratch_bytes(Mk, H, Dh) bytes (u8, 256-byte aligned). Same shapes as attention().
+Status attention_int8_all(Backend& be, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const AttentionParams& p, const TensorView& scratch);
+// The attention the numerics chose, over all keys in one call: attention_int8_all when
+// be.numerics().attention is int8 (scratch needed: int8_all_scratch_bytes), else
+// be.attention(q, k, v, out, p) (scratch unused, may be empty).
+Status attention_all_keys(Backend& be, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const AttentionParams& p, const TensorView& scratch);
 
 // The latent packing ops' base implementations (a backend without them cannot take
 // latents on its device; the engine then keeps them on the host).

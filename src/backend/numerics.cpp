@@ -39,6 +39,7 @@ const char* to_string(AttentionAlgorithm a) {
     case AttentionAlgorithm::native: return "native";
     case AttentionAlgorithm::cudnn: return "cudnn";
     case AttentionAlgorithm::hopper: return "hopper";
+    case AttentionAlgorithm::int8: return "int8";
   }
   return "?";
 }
@@ -56,7 +57,8 @@ Expected<AttentionAlgorithm> parse_attention(const std::string& s) {
   if (s == "native") return AttentionAlgorithm::native;
   if (s == "cudnn") return AttentionAlgorithm::cudnn;
   if (s == "hopper") return AttentionAlgorithm::hopper;
-  return bad("attention '" + s + "': expected auto, native, cudnn or hopper");
+  if (s == "int8") return AttentionAlgorithm::int8;
+  return bad("attention '" + s + "': expected auto, native, cudnn, hopper or int8");
 }
 
 Expected<GemmF32Order> parse_gemm_f32(const std::string& s) {
@@ -104,13 +106,16 @@ std::string format_gemm_candidate(const std::map<int64_t, int>& m) {
 
 Status validate(const Numerics& n) {
   const int a = static_cast<int>(n.attention), g = static_cast<int>(n.gemm_f32);
-  if (a < 0 || a > static_cast<int>(AttentionAlgorithm::hopper))
+  if (a < 0 || a > static_cast<int>(AttentionAlgorithm::int8))
     return bad("attention algorithm " + std::to_string(a) +
-               " is not one of auto (0), native (1), cudnn (2), hopper (3)");
+               " is not one of auto (0), native (1), cudnn (2), hopper (3), int8 (4)");
   if (g < 0 || g > static_cast<int>(GemmF32Order::cublaslt))
     return bad("fp32 GEMM order " + std::to_string(g) + " is not one of lanes16 (0), cublaslt (1)");
   if (n.kv_tile < 0)
     return bad("kv_tile " + std::to_string(n.kv_tile) + ": needs >= 1 keys per tile (or 0: the backend's default)");
+  if (n.attention == AttentionAlgorithm::int8 && n.kv_tile > kInt8MaxKvTile)
+    return bad("kv_tile " + std::to_string(n.kv_tile) + " with attention int8: at most " +
+               std::to_string(kInt8MaxKvTile) + " keys per tile (the int32 P.V sums of a tile must not overflow)");
   if (n.cudnn_q_chunk < 64 || n.cudnn_q_chunk > 65536 || n.cudnn_q_chunk % 64 != 0)
     return bad("cudnn_q_chunk " + std::to_string(n.cudnn_q_chunk) + ": needs a multiple of 64 in [64, 65536] (default " +
                std::to_string(kDefaultCudnnQChunk) + ")");

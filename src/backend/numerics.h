@@ -41,6 +41,7 @@ enum class AttentionAlgorithm {
   native,           // the built-in flash kernel (CUDA) / the reference (CPU)
   cudnn,            // cuDNN's fused SDPA, one call per key tile, tiles merged in fp32 (CUDA + cuDNN)
   hopper,           // the sm_90a kernel (TMA, wgmma, warp-specialised), head dim 128 (CUDA on Hopper)
+  int8,             // INT8 Q/K/V, u8 P, rotated + centred K, fp32 softmax (docs/int8-attention.md; CPU, CUDA sm_80+)
 };
 
 enum class GemmF32Order {
@@ -74,19 +75,24 @@ struct Diagnostics {
 // (what Numerics::native_variant "" resolves to on CUDA).
 constexpr int64_t kDefaultCudnnQChunk = 2048;
 constexpr const char* kDefaultNativeVariant = "4x2";
+// The largest kv_tile of attention int8: 255 * 127 * 65536 < 2^31 (docs/int8-attention.md §4.4).
+constexpr int64_t kInt8MaxKvTile = 65536;
+// The default kv_tile of attention int8 on every backend: the CUDA kernels fold the
+// softmax state once per 128-key block, so 128 is the one tile they run (docs/int8-attention.md §7).
+constexpr int64_t kInt8DefaultKvTile = 128;
 
-const char* to_string(AttentionAlgorithm a);  // "auto", "native", "cudnn", "hopper"
+const char* to_string(AttentionAlgorithm a);  // "auto", "native", "cudnn", "hopper", "int8"
 const char* to_string(GemmF32Order g);        // "lanes16", "cublaslt"
 
 // Names as the CLI and the C API spell them. invalid_argument with the accepted names.
-Expected<AttentionAlgorithm> parse_attention(const std::string& s);  // "auto" | "native" | "cudnn" | "hopper"
+Expected<AttentionAlgorithm> parse_attention(const std::string& s);  // "auto" | "native" | "cudnn" | "hopper" | "int8"
 Expected<GemmF32Order> parse_gemm_f32(const std::string& s);         // "lanes16" | "cublaslt"
 // "i" (every K) or "K:i,K:i" (GEMMs with that K; "*:i" every other K); "" = none.
 Expected<std::map<int64_t, int>> parse_gemm_candidate(const std::string& s);
 std::string format_gemm_candidate(const std::map<int64_t, int>& m);  // inverse of parse_gemm_candidate
 
 // invalid_argument (a message naming the field, the value and what is accepted) unless
-// every field is in range on some backend: kv_tile 0 (the default) or >= 1;
+// every field is in range on some backend: kv_tile 0 (the default) or >= 1 (int8: <= 65536);
 // cudnn_q_chunk a multiple of 64 in [64, 65536]; native_variant "", "4x2", "4x1" or
 // "8x1"; cudnn_form "", "unified", "composite" or "composite-f32p"; cudnn_skip_configs
 // >= 0; gemm_candidate keys K >= 1 or -1, indices >= 0; enums in range. Whether a
@@ -102,7 +108,7 @@ std::string describe(const Numerics& n);
 // struct in ONE place. The library never reads the environment: `lookup` is the caller's
 // (the C library lookup, in tools/ and bench/ only); it returns null for an unset variable, and an empty
 // value counts as unset. Each variable used is appended to `used` as "NAME=value":
-//   LAYERSTREAM_ATTENTION      auto|native|cudnn|hopper   -> attention
+//   LAYERSTREAM_ATTENTION      auto|native|cudnn|hopper|int8 -> attention
 //   LAYERSTREAM_GEMM_F32       lanes16|cublaslt           -> gemm_f32
 //   LAYERSTREAM_ATTN_VARIANT   4x2|4x1|8x1                -> native_variant
 //   LAYERSTREAM_CUDNN_QCHUNK   multiple of 64 in [64, 65536] -> cudnn_q_chunk

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/description.h"
 
 #ifdef LAYERSTREAM_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -38,6 +39,16 @@ Expected<std::unique_ptr<Backend>> make_backend(const std::string& name, const N
   Status s = b->set_numerics(n, d);
   if (!s.ok()) return make_error(s.error().code, name + ": " + s.error().message);
   return b;
+}
+
+BackendDescription describe_backend(const Backend& backend) {
+  if (backend.device().kind == DeviceKind::cpu) return cpu_description();
+#ifdef LAYERSTREAM_CUDA
+  return cuda_description(cuda_build());
+#else
+  LS_CHECK_MSG(false, "a CUDA backend in a build without CUDA");
+  return cuda_description();
+#endif
 }
 
 }  // namespace ls

@@ -160,8 +160,8 @@ struct ActivationModel {
   uint64_t base = 0;
 
   // ranks > 1: one sequence-parallel rank's buffers (plan.h PlanKnobs::ranks; no offload).
-  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk, int64_t ranks = 1)
-      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0, ranks, ranks > 1 ? rank_rows(sz.S, ranks) : 0} {
+  ActivationModel(const H3Config& c, SequenceSizes sz, Level l, int64_t kv_chunk, int64_t ranks = 1, bool int8 = false)
+      : cfg(c), z(sz), where{l.kv, l.res, l.kv ? kv_chunk : 0, ranks, ranks > 1 ? rank_rows(sz.S, ranks) : 0, int8} {
     base = sum_bytes(persistent_buffers(cfg, z, where));
   }
   bool stock_attention_allowed() const { return !where.kv_offload && !where.residual_offload; }
@@ -252,7 +252,7 @@ int64_t quantised_attention_slice(int64_t n, int64_t S, int64_t floor, int64_t q
 
 // The choice of one mode at `budget`, or false when even its floor does not fit.
 bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
-  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks);
+  const ActivationModel act(c.cfg, c.z, m.lv, c.kv_chunk, c.o.ranks, c.o.int8_attention);
   const int64_t fa = std::min(m.floor, c.z.S), fm = fa, ff = std::min(m.floor, c.z.target_rows);
   // The floor's activations; stock attention counts when allowed (at n = S two-pass
   // attention holds the same bytes in more buffers, so alignment can make it larger).
@@ -398,17 +398,19 @@ Status check_options(const BudgetOptions& o, bool tables_required = true) {
   return Status();
 }
 
-Expected<Context> make_context(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o,
+// From the call's layout (built once per call, CallLayout): its row counts and text rows.
+Expected<Context> make_context(const H3Config& cfg, const CallLayout& layout, const BudgetOptions& o,
                                bool tables_required = true) {
   LS_TRY(check_options(o, tables_required));
   LS_TRY(h3::check_h3_config(cfg));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, layout.get());
+  const SequenceSizes z = sequence_sizes(*lay);
   Context c{cfg, o, z, o.tensors ? tally_weights(*o.tensors) : tally_weights(h3::h3_tensor_specs(cfg))};
   c.L = cfg.num_layers;
   LS_ASSIGN_OR_RETURN(c.kv_chunk, resolve_kv_chunk(o.kv_chunk_rows, o.kv_tile, z.S));
   c.tables = table_bytes(cfg, o.modulation_rows);
   c.scratch = precompute_scratch(cfg, c.w, o.modulation_rows);
-  c.refiner_act = refiner_peak_bytes(cfg, cond.geometry.text_tokens);
+  c.refiner_act = refiner_peak_bytes(cfg, lay->L, o.int8_attention);  // L = the geometry's text tokens
   return c;
 }
 
@@ -416,7 +418,7 @@ uint64_t minimum(const Context& c, bool offload_only = false) {
   uint64_t best = std::numeric_limits<uint64_t>::max();
   for (const Level& l : levels(c.o)) {
     if (offload_only && !l.kv && !l.res) continue;
-    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk, c.o.ranks);
+    const ActivationModel act(c.cfg, c.z, l, c.kv_chunk, c.o.ranks, c.o.int8_attention);
     best = std::min(best, c.peak(0, act.total(1, 1, std::min<int64_t>(1, c.z.target_rows))));
   }
   return best;
@@ -453,57 +455,35 @@ std::string budget_text(uint64_t b) {
 
 }  // namespace
 
-uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_t q_chunk) {
-  LS_CHECK(heads > 0 && head_dim > 0 && q_chunk > 0);
-  auto up = [](uint64_t b) { return (b + 255) / 256 * 256; };  // attention_cudnn.cu's kAlign
-  const uint64_t rows = static_cast<uint64_t>(q_chunk) * static_cast<uint64_t>(heads);
-  const uint64_t tile_bf16 = up(rows * static_cast<uint64_t>(head_dim) * 2);  // Qs, each Ot
-  const uint64_t tile_lse = up(rows * 4);                                      // each Lt, L
-  const uint64_t acc = up(rows * static_cast<uint64_t>(head_dim) * 4);
-  constexpr uint64_t kTilesPerMerge = 4, kCudnnReserve = 64ull << 20;
-  return tile_bf16 * (1 + kTilesPerMerge) + tile_lse * (kTilesPerMerge + 1) + acc + kCudnnReserve;
+Expected<Numerics> resolve_described(const BackendDescription& b, const Numerics& asked) {
+  Numerics r = asked;
+  if (r.attention == AttentionAlgorithm::backend_default) r.attention = b.default_attention();
+  LS_TRY(b.can_implement_attention(r.attention));
+  if (r.kv_tile == 0) r.kv_tile = b.default_kv_tile(r.attention);
+  return r;
 }
 
-AttentionFigures cuda_attention_figures(AttentionAlgorithm resolved, int64_t q_chunk) {
-  switch (resolved) {
-    case AttentionAlgorithm::cudnn: return {q_chunk, DeviceFacts{}.attention_tflops};
-    case AttentionAlgorithm::hopper: return {128, 605.0};  // attention_hopper.cu kBr
-    default: return {1, 305.0};                             // native (auto never reaches here resolved)
-  }
-}
-
-DeviceProfile cuda_device_profile(bool cudnn_built, bool cudnn_selected, int64_t q_chunk, bool hopper) {
-  // cuda_backend.cu workspace_bytes_for: the GEMM's part (gemm.cu: cuBLASLt workspace +
-  // fp32 staging, 64 MiB) followed by the quantised linears' region (linear_quant.cu: their
-  // cuBLASLt workspace 4 MiB + 160 MiB of row-chunk scratch); cuDNN's attention scratch,
-  // where built, is at least as large and holds both.
-  constexpr uint64_t kGemm = (32ull << 20) + (32ull << 20) + (4ull << 20) + (160ull << 20);
+DeviceProfile device_profile(const BackendDescription& b, const Numerics& n) {
+  const AttentionEntry* e = b.attention(n.attention);
+  LS_CHECK_MSG(e != nullptr && n.kv_tile > 0, "device_profile needs resolved numerics (" + describe(n) + ")");
   DeviceProfile d;
-  d.name = "cuda";
-  const uint64_t cudnn = cudnn_attention_workspace_bytes(64, 128, q_chunk);
-  d.workspace_bytes = cudnn_built ? std::max(kGemm, cudnn) : kGemm;
-  const bool cudnn_runs = cudnn_built && cudnn_selected && !hopper;
-  d.default_kv_tile = cudnn_runs || hopper ? 8192 : 1024;
-  const AttentionFigures f = cuda_attention_figures(
-      hopper ? AttentionAlgorithm::hopper : cudnn_runs ? AttentionAlgorithm::cudnn : AttentionAlgorithm::native, q_chunk);
-  d.attention_row_quantum = f.row_quantum;
-  d.throughput.attention_tflops = f.tflops;
+  d.name = b.name;
+  d.workspace_bytes = b.workspace_bytes(n);
+  d.default_kv_tile = b.default_kv_tile(n.attention);
+  d.attention_row_quantum = e->quantum(n);
+  d.throughput = b.rates;
+  d.throughput.attention_tflops = e->tflops;
+  d.int8_attention = n.attention == AttentionAlgorithm::int8;  // [int8 attention] as the live profile
   std::ostringstream ws, tile, tp;
-  ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): ";
-  if (cudnn_built)
-    ws << "a build with cuDNN, max(cuBLASLt + quantised linears 228 MiB, cuDNN attention scratch for 64 heads x 128 at " << q_chunk
-       << "-query chunks " << format_bytes(cudnn) << ")";
-  else
-    ws << "a build without cuDNN, the cuBLASLt GEMM's 64 MiB + the quantised linears' 164 MiB";
-  tile << "kv_tile " << d.default_kv_tile << ": the backend's default "
-       << (hopper ? "with the hopper attention kernel" : cudnn_runs ? "with cuDNN attention" : "with the native attention kernel");
+  ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): " << b.workspace_note(n);
+  tile << "kv_tile " << d.default_kv_tile << ": the backend's default " << e->with;
   tp << "throughput " << d.throughput.pcie_gb_per_s << " GB/s host-to-device, " << d.throughput.d2h_gb_per_s
      << " GB/s device-to-host, " << d.throughput.attention_tflops << " TFLOP/s attention, "
      << d.throughput.gemm_tflops
-     << " TFLOP/s GEMM (measured on the H200, PCIe Gen5; they pick the K/V-hiding slice "
+     << " TFLOP/s GEMM (" << b.rates_source << "; they pick the K/V-hiding slice "
      << kv_hiding_slice(d.throughput) << " and the offload level, never a bit)";
   if (d.attention_row_quantum > 1)
-    tile << "; attention slices in whole " << d.attention_row_quantum << "-query " << (hopper ? "CTAs" : "chunks")
+    tile << "; attention slices in whole " << d.attention_row_quantum << "-query " << e->quantum_unit
          << " where that keeps their count";
   d.assumed = {ws.str(), tile.str(), tp.str()};
   return d;
@@ -515,6 +495,7 @@ BudgetOptions budget_options_for(const DeviceProfile& d) {
   o.workspace_bytes = d.workspace_bytes;
   o.device = d.throughput;
   o.attention_row_quantum = d.attention_row_quantum;
+  o.int8_attention = d.int8_attention;  // [int8 attention]
   return o;
 }
 
@@ -528,8 +509,13 @@ uint64_t block_weight_bytes(const H3Config& cfg) { return tally_weights(h3::h3_t
 
 Expected<int64_t> modulation_rows_for(const H3Config& cfg, const h3::Conditioning& cond,
                                       const std::vector<float>& sigmas) {
-  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond, /*with_positions=*/false));
-  return static_cast<int64_t>(h3::schedule_timesteps(lay, cond, sigmas).size());
+  return modulation_rows_for(CallLayout(cfg, cond), cond, sigmas);
+}
+
+Expected<int64_t> modulation_rows_for(const CallLayout& layout, const h3::Conditioning& cond,
+                                      const std::vector<float>& sigmas) {
+  LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, layout.get());
+  return static_cast<int64_t>(h3::schedule_timesteps(*lay, cond, sigmas).size());
 }
 
 namespace {
@@ -551,20 +537,29 @@ uint64_t minimum_of(const Context& c, const Context* c1) {
 }  // namespace
 
 Expected<uint64_t> min_total_budget(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o) {
-  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o));
+  return min_total_budget(cfg, CallLayout(cfg, cond), o);
+}
+
+Expected<uint64_t> min_total_budget(const H3Config& cfg, const CallLayout& layout, const BudgetOptions& o) {
+  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, layout, o));
   if (!plans_one_slot_too(o)) return minimum(c);
   const BudgetOptions o1 = one_slot_options(o);
-  LS_ASSIGN_OR_RETURN(Context c1, make_context(cfg, cond, o1));
+  LS_ASSIGN_OR_RETURN(Context c1, make_context(cfg, layout, o1));
   return minimum_of(c, &c1);
 }
 
 Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
                                        const BudgetOptions& o) {
-  LS_ASSIGN_OR_RETURN(Context c2, make_context(cfg, cond, o));
+  return plan_total_budget(cfg, CallLayout(cfg, cond), budget, o);
+}
+
+Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const CallLayout& layout, uint64_t budget,
+                                       const BudgetOptions& o) {
+  LS_ASSIGN_OR_RETURN(Context c2, make_context(cfg, layout, o));
   const BudgetOptions o1 = one_slot_options(o);
   std::optional<Context> c1;  // the one-slot alternative of the offload levels (adaptive_slots)
   if (plans_one_slot_too(o)) {
-    LS_ASSIGN_OR_RETURN(Context one, make_context(cfg, cond, o1));
+    LS_ASSIGN_OR_RETURN(Context one, make_context(cfg, layout, o1));
     c1.emplace(one);
   }
   const int64_t hiding = kv_hiding_slice(o.device);
@@ -643,11 +638,12 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
   k.residual_offload = lv.res;
   k.kv_chunk_rows = lv.kv ? c.kv_chunk : 0;
   k.ranks = o.ranks;
-  LS_ASSIGN_OR_RETURN(bp.activations, make_plan(cfg, cond, k));
+  k.int8_attention = o.int8_attention;  // [int8 attention]
+  LS_ASSIGN_OR_RETURN(bp.activations, make_plan(cfg, layout, k));
   const Plan& p = bp.activations;
   bp.activation_bytes = p.predicted_peak_bytes;
   LS_CHECK(p.kv_chunk == bp.kv_chunk);
-  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk, c.o.ranks).total(ch.attn, ch.mlp, ch.fin));
+  LS_CHECK(bp.activation_bytes == ActivationModel(cfg, c.z, lv, c.kv_chunk, c.o.ranks, c.o.int8_attention).total(ch.attn, ch.mlp, ch.fin));
 
   bp.block_bytes = c.block_bytes(ch.R);
   bp.nonblock_weight_bytes = c.w.nonblock;
@@ -675,7 +671,12 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const h3::Conditioni
 
 Expected<DevicePeak> device_peak(const H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& o,
                                  int64_t resident_blocks, const Plan& activations) {
-  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, cond, o, /*tables_required=*/false));
+  return device_peak(cfg, CallLayout(cfg, cond), o, resident_blocks, activations);
+}
+
+Expected<DevicePeak> device_peak(const H3Config& cfg, const CallLayout& layout, const BudgetOptions& o,
+                                 int64_t resident_blocks, const Plan& activations) {
+  LS_ASSIGN_OR_RETURN(Context c, make_context(cfg, layout, o, /*tables_required=*/false));
   if (resident_blocks < 0 || resident_blocks > c.L)
     return make_error(ErrorCode::invalid_argument, "resident blocks must be 0.." + std::to_string(c.L) + " (got " +
                                                        std::to_string(resident_blocks) + ")");

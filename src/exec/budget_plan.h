@@ -21,7 +21,7 @@
 //                      slice of each phase's rows).
 //   workspace        : the backend's workspace (DeviceProfile::workspace_bytes: a live
 //                      backend's Backend::workspace_bytes() through exec::device_profile,
-//                      or for a dry run cuda_device_profile()'s documented figures).
+//                      or for a dry run its description's, backend/description.h).
 // Weight bytes come from the tensor table with its dtypes (BudgetOptions::tensors: the
 // source's H3TensorSource::specs()), selected by TensorSpec::role and ::block
 // (tally_weights), so any format's tensors (int8 weights with f32 scales) count as held.
@@ -67,6 +67,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/description.h"
 #include "backend/numerics.h"
 #include "core/status.h"
 #include "exec/plan.h"
@@ -75,70 +76,44 @@
 
 namespace ls::exec {
 
-// Device throughput figures, used ONLY to pick the query-slice size that hides K/V
-// streaming behind attention (kv_hiding_slice) and to compare the offload levels by the
-// transfer time they expose (exposed_transfer_seconds). They never change a plan's
-// bytes beyond those choices, and never an output bit. Defaults: measured on the H200
-// (PCIe Gen5 x16, pinned memory on the transfer queue: bench_stream_ops 55.4 / 55.3 GB/s;
-// cuDNN attention over S = 111,274 in one call 550 TFLOP/s, bench_cuda_block; the
-// block's pinned cuBLASLt linears at 32k rows 714-805 TFLOP/s, 700 taken for slices).
-struct DeviceFacts {
-  double pcie_gb_per_s = 55.0;       // host -> device copy bandwidth, 1e9 B/s
-  double d2h_gb_per_s = 55.0;        // device -> host copy bandwidth, 1e9 B/s
-  double attention_tflops = 550.0;   // dense bf16 attention throughput, 1e12 FLOP/s
-  double gemm_tflops = 700.0;        // bf16 GEMM throughput of the block's linears, 1e12 FLOP/s
-};
+// Device throughput figures (ls::DeviceFacts, backend/description.h: a backend's measured
+// rates), used ONLY to pick the query-slice size that hides K/V streaming behind attention
+// (kv_hiding_slice) and to compare the offload levels by the transfer time they expose
+// (exposed_transfer_seconds). They never change a plan's bytes beyond those choices, and
+// never an output bit.
+using ls::DeviceFacts;
 
-// How a resolved CUDA attention algorithm is planned, in one place for a live backend's
-// profile (exec::device_profile) and the dry run's (cuda_device_profile): the queries it
-// computes in whole blocks (cuDNN: q_chunk per call, the last chunk zero-padded; hopper:
-// its CTA's 128; native: 1) and its attention rate on the H200 at S = 111,274
-// (bench/results/issue15/run7: hopper 605, cuDNN 550, native 305 TFLOP/s). Plans only,
-// never a bit.
-struct AttentionFigures {
-  int64_t row_quantum = 1;
-  double tflops = 550.0;
-};
-AttentionFigures cuda_attention_figures(AttentionAlgorithm resolved, int64_t q_chunk);
-
-// What the planner needs to know about a device, as plain numbers: the Backend's
-// workspace_bytes() and default_kv_tile(), and the throughput figures. A dry run
-// (`layerstream info --vram-budget`) plans from one without opening a device; a real
-// run fills BudgetOptions from the Backend it holds. `assumed` says, one line each,
-// which figures are documented defaults rather than read from a device.
+// What the planner needs to know about a device, as plain numbers, taken from a backend's
+// description (backend/description.h) for the numerics it runs: its workspace, default
+// kv_tile, the attention's row quantum and rate, the transfer rates. A dry run
+// (`layerstream info --vram-budget`) plans from one without opening a device; a real run
+// fills BudgetOptions from the Backend it holds. `assumed` says, one line each, which
+// figures are documented defaults rather than read from a device.
 struct DeviceProfile {
   std::string name;                  // "cuda", "cpu"
   uint64_t workspace_bytes = 0;      // Backend::workspace_bytes()
   int64_t default_kv_tile = 1024;    // Backend::default_kv_tile() (numerics: --kv-tile overrides)
-  // Queries the attention computes in whole blocks of (cuDNN: Numerics::cudnn_q_chunk,
-  // a slice's last chunk zero-padded to it; hopper: 128, its CTA's queries; 1 for the
-  // others): the planner
-  // sizes two-pass attention slices in whole blocks where that keeps their count.
+  // Queries the resolved attention algorithm computes in whole blocks (a slice's last
+  // block padded to it; AttentionEntry::quantum): the planner sizes two-pass attention
+  // slices in whole blocks where that keeps their count.
   int64_t attention_row_quantum = 1;
+  bool int8_attention = false;       // [int8 attention] the backend's numerics run attention int8
   DeviceFacts throughput;
-  std::vector<std::string> assumed;  // e.g. "workspace 290.5 MiB: cuBLASLt 64 MiB, cuDNN attention ..."
+  std::vector<std::string> assumed;  // e.g. "workspace 290.5 MiB: ..."
 };
 
-// The cuDNN attention path's scratch (src/backend/cuda/attention_cudnn.cu, layout()),
-// each piece rounded up to 256 bytes, with Qc = q_chunk queries per cuDNN call and
-// R = Qc * heads rows:
-//   Qs bf16 [R, Dh] + 4 x Ot bf16 [R, Dh] + 4 x Lt f32 [R] + acc f32 [R, Dh] + L f32 [R]
-//   + 64 MiB of cuDNN's own workspace.
-// 64 heads x 128 at Qc = 2048: 5 x 32 MiB + 5 x 512 KiB + 64 MiB + 64 MiB = 290.5 MiB.
-uint64_t cudnn_attention_workspace_bytes(int64_t heads, int64_t head_dim, int64_t q_chunk = 2048);
+// A described backend's figures for its RESOLVED numerics (attention concrete, kv_tile
+// set), without a device: workspace = BackendDescription::workspace_bytes, the default
+// kv_tile, row quantum and attention rate of the numerics' algorithm, the description's
+// transfer and GEMM rates. Every figure is listed in `assumed` (workspace, kv_tile,
+// throughput). The dry run plans with it; tests/cuda/test_backend_description_cuda.cpp
+// checks the CUDA description against what the CUDA backend asks for.
+DeviceProfile device_profile(const BackendDescription& backend, const Numerics& resolved);
 
-// The CUDA backend's figures as src/backend/cuda/cuda_backend.cu computes them, without
-// opening a device: workspace = the GEMM's 64 MiB (cuBLASLt 32 MiB + fp32 staging
-// 32 MiB), in a build with cuDNN the larger of that and the cuDNN scratch for 64 heads
-// of 128 (whichever attention path is selected: a constant of the build); default
-// kv_tile 8192 when cuDNN is built and selected, else 1024 (the native kernel); the
-// throughput figures DeviceFacts' defaults (H200, PCIe Gen5). q_chunk:
-// LAYERSTREAM_CUDNN_QCHUNK (2048 unless set). Every figure is listed in `assumed`.
-// tests/test_budget_plan.cpp (CudaProfileMatchesTheBackend, GPU machine) compares it with
-// a real CUDA backend. hopper: attention hopper (kv_tile 8192, slices in whole 128-query
-// CTAs, 605 TFLOP/s attention) instead of cuDNN's (cudnn_selected is then ignored).
-DeviceProfile cuda_device_profile(bool cudnn_built = true, bool cudnn_selected = true, int64_t q_chunk = 2048,
-                                  bool hopper = false);
+// The numerics a described backend resolves `asked` to without a device: attention auto
+// -> BackendDescription::default_attention(), kv_tile 0 -> that algorithm's default.
+// unsupported (the description's message) for an algorithm the backend cannot run.
+Expected<Numerics> resolve_described(const BackendDescription& backend, const Numerics& asked = {});
 
 struct BudgetOptions {
   // The tensors the device would hold, with their dtypes (H3TensorSource::specs());
@@ -146,7 +121,7 @@ struct BudgetOptions {
   const std::vector<h3::TensorSpec>* tensors = nullptr;
   int64_t kv_tile = 1024;                  // keys per attention tile (numerics setting)
   int64_t kv_chunk_rows = 0;               // K/V offload chunk rows (PlanKnobs::kv_chunk_rows; 0 = default)
-  uint64_t workspace_bytes = 64ull << 20;  // GEMM workspace etc. (the CUDA backend: 64 MiB)
+  uint64_t workspace_bytes = kCudaGemmWorkspaceBytes;  // the backend's workspace (default: the CUDA GEMM's)
   // M_total: distinct timesteps whose modulation tables are precomputed for the run
   // (one table row set per timestep; e.g. 8 steps x video/audio/condition t ~ 25).
   // Pass the run's true count: modulation_rows_for().
@@ -164,14 +139,15 @@ struct BudgetOptions {
   // Sequence-parallel ranks (docs/multi-gpu.md): the budget is PER RANK (each rank holds
   // every weight, its tables and 1/ranks of the activations); no offload with ranks > 1.
   int64_t ranks = 1;
-  // DeviceProfile::attention_row_quantum q. cuDNN pads each attention call's last
-  // 2048-query chunk, so a 10,778-row slice computes 12,288 rows and a 10,240-row one
-  // 10,240: two-pass attention slices are sized in whole chunks. K/V on the device: the
+  // DeviceProfile::attention_row_quantum q. An algorithm computing queries in blocks of q
+  // pads a slice's last block (q = 2048: a 10,778-row slice computes 12,288 rows and a
+  // 10,240-row one 10,240): two-pass attention slices are sized in whole blocks. K/V on the device: the
   // largest multiple of q that fits. K/V offloaded: for the s = ceil(S / n) slices the
   // n fitting rows give, the smallest multiple of q holding ceil(S / s) rows, when it
   // fits (the same slice count, so no extra reload of K and V). Never below the mode's
   // slice floor; monotone in the budget.
   int64_t attention_row_quantum = 1;
+  bool int8_attention = false;  // [int8 attention] PlanKnobs::int8_attention (the int8 buffers counted)
 };
 
 // BudgetOptions with a profile's workspace, default kv_tile and throughput (everything
@@ -306,6 +282,8 @@ struct DevicePeak {
 // Errors: invalid options, config or geometry; resident_blocks outside 0..L.
 Expected<DevicePeak> device_peak(const h3::H3Config& cfg, const h3::Conditioning& cond, const BudgetOptions& options,
                                  int64_t resident_blocks, const Plan& activations);
+Expected<DevicePeak> device_peak(const h3::H3Config& cfg, const CallLayout& layout, const BudgetOptions& options,
+                                 int64_t resident_blocks, const Plan& activations);
 
 // The plan for a total device budget (see the policy above). Errors: invalid options
 // (kv_tile < 1, modulation_rows < 1, device facts <= 0), an invalid config or
@@ -313,10 +291,16 @@ Expected<DevicePeak> device_peak(const h3::H3Config& cfg, const h3::Conditioning
 // (computed by the same arithmetic; that budget then plans successfully).
 Expected<BudgetPlan> plan_total_budget(const h3::H3Config& cfg, const h3::Conditioning& cond,
                                        uint64_t total_budget_bytes, const BudgetOptions& options = {});
+// The same for a call's layout (built once per call; every overload here builds one from
+// cond and calls these).
+Expected<BudgetPlan> plan_total_budget(const h3::H3Config& cfg, const CallLayout& layout,
+                                       uint64_t total_budget_bytes, const BudgetOptions& options = {});
 
 // The smallest total budget plan_total_budget accepts for these inputs (what the
 // out_of_budget message names).
 Expected<uint64_t> min_total_budget(const h3::H3Config& cfg, const h3::Conditioning& cond,
+                                    const BudgetOptions& options = {});
+Expected<uint64_t> min_total_budget(const h3::H3Config& cfg, const CallLayout& layout,
                                     const BudgetOptions& options = {});
 
 // The run's true modulation_rows: the distinct timesteps over every sigma > 0 of the
@@ -325,6 +309,9 @@ Expected<uint64_t> min_total_budget(const h3::H3Config& cfg, const h3::Condition
 // > 0 (then there is no table; plan_total_budget needs >= 1). Errors: an invalid
 // geometry (h3::build_layout's message).
 Expected<int64_t> modulation_rows_for(const h3::H3Config& cfg, const h3::Conditioning& cond,
+                                      const std::vector<float>& sigmas);
+// The same for cond's layout (built once per call: CallLayout of cond).
+Expected<int64_t> modulation_rows_for(const CallLayout& layout, const h3::Conditioning& cond,
                                       const std::vector<float>& sigmas);
 
 }  // namespace ls::exec

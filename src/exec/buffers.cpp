@@ -89,6 +89,10 @@ PlanPhase AttnSpecs::phase() const {
   add(p.buffers, out_all);
   p.buffers.push_back(out);
   add(p.buffers, state);
+  add(p.buffers, int8_stats);  // [int8 attention]
+  add(p.buffers, int8_keys);
+  add(p.buffers, int8_chunk[0]);
+  add(p.buffers, int8_chunk[1]);
   return p;
 }
 
@@ -139,7 +143,8 @@ EmbedSpecs embed_specs(const h3::H3Config& cfg, int64_t n, const Placement& wher
   return s;
 }
 
-AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
+namespace {
+AttnSpecs bf16_attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
   const int64_t D = cfg.hidden, I = cfg.inner();
   AttnSpecs s;
   if (where.ranks > 1) {
@@ -190,6 +195,30 @@ AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice
   s.h = {"h", DType::bf16, n, D};
   s.q = PlannedBuffer{"Q", DType::bf16, n, I};
   s.out = {"attention out", DType::bf16, n, I};
+  return s;
+}
+
+}  // namespace
+
+// [int8 attention] (docs/int8-attention.md §6): the statistics, and the prepared keys of all
+// S keys (of this rank's heads with sequence parallel) or two chunk buffers with K/V offload.
+AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice, const Placement& where) {
+  AttnSpecs s = bf16_attention_specs(cfg, S, attn_slice, where);
+  if (!where.int8_attention) return s;
+  const int64_t Hl = cfg.heads / std::max<int64_t>(1, where.ranks), Dh = cfg.head_dim;
+  const int64_t keys = where.ranks > 1 ? where.ranks * where.rank_rows : S;
+  if (s.kind == AttentionKind::stock) {  // one scratch for attention_int8_all (statistics + keys)
+    s.int8_keys = PlannedBuffer{"int8 attention scratch", DType::u8, 1, int8_all_scratch_bytes(S, Hl, Dh)};
+    return s;
+  }
+  s.int8_stats = PlannedBuffer{"int8 key statistics", DType::u8, 1, int8_stats_bytes(Hl, Dh)};
+  if (s.kind == AttentionKind::offloaded_kv) {
+    for (int j = 0; j < 2; ++j)
+      s.int8_chunk[j] =
+          PlannedBuffer{"int8 key chunk " + std::to_string(j), DType::u8, 1, int8_keys_bytes(where.kv_chunk, Hl, Dh)};
+  } else {
+    s.int8_keys = PlannedBuffer{"int8 keys", DType::u8, 1, int8_keys_bytes(keys, Hl, Dh)};
+  }
   return s;
 }
 

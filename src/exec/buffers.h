@@ -80,6 +80,11 @@ struct AttnSpecs {
   std::optional<PlannedBuffer> state;                // offloaded_kv: f32 [n, H * (Dh + kAttentionStateExtra)]
   // ulysses only (see above).
   std::optional<PlannedBuffer> k_all, v_all, send, q_all, out_all;
+  // [int8 attention] (Placement::int8_attention; docs/int8-attention.md §6), bytes as u8 [1, n]:
+  //   int8_stats   the key statistics f32 [3, H, Dh] (every kind)
+  //   int8_keys    the prepared keys of all S keys (stock, resident_kv, ulysses: Hl heads)
+  //   int8_chunk   offloaded_kv: two prepared-key chunk buffers of kv_chunk keys
+  std::optional<PlannedBuffer> int8_stats, int8_keys, int8_chunk[2];
   PlanPhase phase() const;
 };
 

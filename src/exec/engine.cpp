@@ -146,6 +146,15 @@ struct Engine::Impl {
   // The forward of this rank, up to the final layer's rows (Engine::forward finishes).
   Status forward_rank(const Conditioning& cond, const RefinedText& text, const TensorView& video, const TensorView& audio,
                       float sigma, const Plan& plan, const ForwardOutputs& outputs, RankOut& out);
+  // forward_rank's steps (defined beside it).
+  struct CallHost;
+  struct PhaseLog;
+  Expected<CallHost> host_call(const Conditioning& cond, const RefinedText& text, const TensorView& video,
+                               const TensorView& audio, float sigma, const Plan& plan, const ForwardOutputs& outputs);
+  Status setup_rows(ForwardState& st, const PersistentSpecs& pers, const CallHost& h, Arena& arena);
+  Status run_blocks(ForwardState& st, const AttnSpecs& attn, const MlpSpecs& mlp, const Plan& plan, KvOffload* kv,
+                    PhaseLog& log);
+  void fill_report(RunReport& rep, const Plan& plan, const ForwardState& st, PhaseLog& log, uint64_t measured) const;
 
   void eval(const std::string& name, int64_t layer, const TensorView& t) const {
     if (opts.eval) opts.eval(name, layer, t);
@@ -188,6 +197,14 @@ Status Engine::Impl::check_plan(const SequenceSizes& sizes, const Plan& plan) co
                           ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
   // kv_tile is a numerics setting (DESIGN.md §1.2): the one the backend records in every
   // report and output file must be the one the attention walks.
+  // [int8 attention] the plan holds the int8 buffers exactly when the backend runs int8.
+  const bool be_int8 = be->numerics().attention == AttentionAlgorithm::int8;
+  if (plan.knobs.int8_attention != be_int8)
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("the plan was made ") + (plan.knobs.int8_attention ? "with" : "without") +
+                          " the int8 attention buffers but the backend runs " + describe(be->numerics()) +
+                          ": plan with PlanKnobs::int8_attention = " + (be_int8 ? "true" : "false") +
+                          " (plan_memory sets it from the backend)");
   const int64_t be_tile = be->numerics().kv_tile;
   if (plan.kv_tile != be_tile)
     return make_error(ErrorCode::invalid_argument,
@@ -452,8 +469,8 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
     in[i] = text.dtype == DType::bf16 ? text.ptr<uint16_t>()[i] : f32_to_bf16(text.ptr<float>()[i]);
   Backend& be = *m.be;
   // The refiner's attention walks the keys in tiles of the backend's kv_tile, like the
-  // steps' (the CPU's and native CUDA's default 1024; the cuDNN default 8192 gives the
-  // same tiles for L <= 1024 tokens).
+  // steps' (the resolved numerics' kv_tile: the algorithm's default of
+  // backend/description.h unless one was given).
   const int64_t kv_tile = be.numerics().kv_tile;
   // Text arena: the refiner's activations, plus the text weights the steps never read
   // (condition_proj and the final norm, copied for this call; a refiner block at a time
@@ -464,7 +481,9 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
     text_weight_bytes += m.weights->transient_bytes("condition_proj.weight") + m.weights->transient_bytes("condition_proj.bias");
   if (has_final_norm) text_weight_bytes += m.weights->transient_bytes("token_refiner.final_norm.weight");
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) block_scratch = std::max(block_scratch, m.weights->refiner_block_scratch_bytes(i));
-  LS_ASSIGN_OR_RETURN(auto arena, Arena::create(*m.dev, refiner_peak_bytes(cfg, L) + text_weight_bytes + block_scratch));
+  const bool int8 = be.numerics().attention == AttentionAlgorithm::int8;  // [int8 attention] its scratch counted
+  LS_ASSIGN_OR_RETURN(auto arena,
+                      Arena::create(*m.dev, refiner_peak_bytes(cfg, L, int8) + text_weight_bytes + block_scratch));
   const auto pers = refiner_persistent_buffers(cfg, L);
   LS_ASSIGN_OR_RETURN(TensorView x, alloc_rows(*arena, pers[0], L));
   const TensorView in_host(in.data(), DType::bf16, {L, cfg.text_dim});
@@ -483,14 +502,15 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
   m.eval("text.embed", -1, x);
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) {
     Arena::Scope s(*arena);
-    const PlanPhase ph = refiner_block_phase(cfg, L);
+    const PlanPhase ph = refiner_block_phase(cfg, L, int8);
     LS_ASSIGN_OR_RETURN(h3::WeightGetter w, m.weights->refiner_block(i, *arena));
     std::vector<TensorView> b;
     for (const auto& spec : ph.buffers) {
-      LS_ASSIGN_OR_RETURN(TensorView v, alloc_rows(*arena, spec, L));
+      LS_ASSIGN_OR_RETURN(TensorView v, alloc_rows(*arena, spec, std::min(L, spec.rows)));  // int8 scratch: 1 row
       b.push_back(v);
     }
-    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, cfg, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile));
+    LS_TRY(h3::refiner_block(be, cfg, h3::refiner_block_weights(w, cfg, i), x, b[0], b[1], b[2], b[3], b[4], kv_tile,
+                             int8 ? b[5] : TensorView()));
     LS_TRY(m.weights->release_refiner_block(i));
     LS_TRY(be.synchronize());  // before the scope frees this block's buffers
   }
@@ -685,6 +705,192 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   return res;
 }
 
+// ---- one rank's forward, in steps -------------------------------------------------------
+
+// The host side of one call (forward_rank's first step): the packed layout (built once
+// per call), timesteps, embedding inputs, output mapping, PDD heads and the modulation
+// tables covering the call, all before any device work.
+struct Engine::Impl::CallHost {
+  h3::PackedLayout lay;
+  h3::Timesteps ts;
+  std::optional<h3::EmbedInputs> inputs;
+  std::optional<OutputMapping> om;
+  std::optional<PddHeads> pdd;
+  const AdalnTables* tab = nullptr;
+};
+
+// What a forward records per phase: the phase profile (EngineOptions::profile: the
+// device is synchronised at each phase boundary, so phases do not overlap each other; a
+// diagnostic, not a timing of the normal run) and the memory samples
+// (EngineOptions::record_memory: at the end of each phase, what every device arena
+// holds, with the activation arena's high-water mark of that phase; the call's peak is
+// kept in call_peak across the per-phase resets).
+struct Engine::Impl::PhaseLog {
+  const Impl& m;
+  Arena& arena;
+  ForwardState& st;
+  const AdalnTables& tab;
+  std::chrono::steady_clock::time_point t0, prof_t;
+  std::map<std::string, double> prof;
+  std::vector<MemorySample> samples;
+  size_t call_peak = 0;
+
+  void sample(const char* phase, int64_t block) {
+    call_peak = std::max(call_peak, arena.peak());
+    if (m.opts.record_memory) {
+      MemorySample ms;
+      ms.phase = phase;
+      ms.block = block;
+      ms.seconds = seconds_since(t0);
+      ms.slots = m.weights->slot_bytes() * static_cast<uint64_t>(m.weights->slots());
+      ms.weights = m.weights->device_bytes() - std::min(ms.slots, m.weights->device_bytes());
+      ms.activations = arena.peak();
+      ms.kv = st.phase_kv;
+      ms.adaln = tab.bytes();
+      ms.workspace = m.workspace_arena ? m.workspace_arena->capacity() : 0;
+      ms.held = m.dev->held();
+      samples.push_back(std::move(ms));
+    }
+    arena.reset_peak();
+    st.phase_kv = 0;
+  }
+  // Named intermediates see the residual as a whole (host memory with residual offload).
+  Status eval_x(const char* name, int64_t layer) {
+    if (!m.opts.eval) return Status();
+    if (st.residual_offload) LS_TRY(m.be->synchronize());
+    m.eval(name, layer, st.x);
+    return Status();
+  }
+};
+
+Expected<Engine::Impl::CallHost> Engine::Impl::host_call(const Conditioning& cond, const RefinedText& text,
+                                                         const TensorView& video, const TensorView& audio, float sigma,
+                                                         const Plan& plan, const ForwardOutputs& outputs) {
+  const int64_t D = cfg.hidden;
+  CallHost h;
+  LS_ASSIGN_OR_RETURN(h.lay, h3::build_layout(cfg, cond));
+  LS_TRY(check_plan(SequenceSizes{h.lay.S, h.lay.target_rows()}, plan));
+  if (text.L != h.lay.L || (text.L > 0 && text.D != D))
+    return make_error(ErrorCode::invalid_argument, "refined text has " + std::to_string(text.L) + " tokens of width " +
+                                                       std::to_string(text.D) + " but the conditioning says L = " +
+                                                       std::to_string(h.lay.L) + ", hidden " + std::to_string(D));
+  h.ts = h3::layout_timesteps(h.lay, cond, sigma);
+  const float carry = cond.audio_scale != 1.0 ? round_bf16(h.ts.sig.sigma_a_f32 / h.ts.sig.sigma_v_f32) : 1.0f;
+  LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, h.lay, cond, video, audio, carry));
+  h.inputs.emplace(std::move(inputs));
+  LS_TRY(check_io_devices(*be, cfg, cond, video, audio, outputs));
+  h.om.emplace(output_mapping(cond, h.ts, *h.inputs));
+  // PDD effective heads (host) before any device work.
+  LS_ASSIGN_OR_RETURN(h.pdd, select_pdd_heads(cfg, *weights, cond, h.ts));
+  // The modulation tables: the precomputed ones if they cover this call.
+  LS_ASSIGN_OR_RETURN(h.tab, tables_for(h.ts));
+  return h;
+}
+
+// This rank's rows (docs/multi-gpu.md: R = ceil(S / ranks) each, the last ranks shorter;
+// all of [0, S) with one rank), the residual (on the device, or with residual offload in
+// pinned host memory) and the per-row tables (RoPE, modulation and final-layer rows).
+Status Engine::Impl::setup_rows(ForwardState& st, const PersistentSpecs& pers, const CallHost& h, Arena& arena) {
+  const int64_t S = h.lay.S, D = cfg.hidden, P = cfg.rope_pairs();
+  st.S = S;
+  st.R = rank_rows(S, ranks);
+  st.row0 = std::min(S, rank * st.R);
+  st.row1 = std::min(S, st.row0 + st.R);
+  st.comm = ranks > 1 ? comm : nullptr;
+  if (!st.residual_offload) {
+    LS_ASSIGN_OR_RETURN(st.x, alloc_rows(arena, *pers.x, st.R));
+  } else {
+    pinned_x->rewind(Arena::Mark{0});
+    LS_ASSIGN_OR_RETURN(st.x, pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
+  }
+  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc_rows(arena, pers.rope, S));            // bf16 [S, 2P]
+  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc_rows(arena, pers.mod_rows, S));      // i32 [S, 1]
+  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc_rows(arena, pers.final_rows, S));  // i32 [S, 1]
+  st.rope = TensorView(rope2.data, DType::bf16, {S, P, 2}, rope2.device);  // bf16 [S, P, 2]
+  st.mod_rows = TensorView(mod_rows2.data, DType::i32, {S}, mod_rows2.device);
+  st.final_rows = TensorView(final_rows2.data, DType::i32, {S}, final_rows2.device);
+  std::vector<uint16_t> rt(static_cast<size_t>(S * P * 2));
+  const TensorView inv = weights->host("rope.inv_freq");
+  h3::rope_table_rows(h.lay.positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
+  Backend& bk = *be;
+  LS_TRY(bk.copy(st.rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
+  LS_TRY(bk.copy(st.mod_rows, TensorView(const_cast<int32_t*>(h.ts.mod_rows.data()), DType::i32, {S})));
+  LS_TRY(bk.copy(st.final_rows, TensorView(const_cast<int32_t*>(h.ts.final_rows.data()), DType::i32, {S})));
+  return bk.synchronize();  // the host tables above are freed at return
+}
+
+// The block loop: per block, attention then MLP on the residual (st), weights acquired
+// and released around it, K/V offloaded through kv when the plan says so.
+Status Engine::Impl::run_blocks(ForwardState& st, const AttnSpecs& attn, const MlpSpecs& mlp, const Plan& plan,
+                                KvOffload* kv, PhaseLog& log) {
+  Backend& bk = *be;
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, weights->acquire_block(i));
+    const h3::DitBlock blk(bk, cfg, h3::dit_block_weights(wg, cfg, i),
+                           h3::block_tables(log.tab.blocks[static_cast<size_t>(i)]));
+    st.phase_name = "attention";
+    st.phase_block = i;
+    LS_TRY(run_attention(st, attn, blk, plan.attn_slice, plan.kv_tile, kv));
+    LS_TRY(st.check_residual());
+    log.sample("attention", i);
+    LS_TRY(st.mark(plan.two_pass_attention() ? "attention pass 2" : "attention"));
+    LS_TRY(log.eval_x("block.attn", i));
+    st.phase_name = "mlp";
+    LS_TRY(run_mlp(st, mlp, blk, plan.mlp_slice));
+    LS_TRY(st.check_residual());
+    log.sample("mlp", i);
+    LS_TRY(st.mark("mlp"));
+    LS_TRY(weights->release_block(i));
+    LS_TRY(log.eval_x("block.mlp", i));
+    if (opts.progress) {
+      // The callback reports finished work: wait for the block's queued work first (one
+      // synchronisation per block, next to a block's milliseconds to seconds of work).
+      LS_TRY(bk.synchronize());
+      opts.progress(i + 1, cfg.num_layers);
+    }
+  }
+  return Status();
+}
+
+// The run report of a finished call (RankOut::report).
+void Engine::Impl::fill_report(RunReport& rep, const Plan& plan, const ForwardState& st, PhaseLog& log,
+                               uint64_t measured) const {
+  rep.memory = std::move(log.samples);
+  rep.two_pass_attention = plan.two_pass_attention();
+  rep.sliced_mlp = plan.sliced_mlp();
+  rep.sliced_head = plan.sliced_head();
+  rep.stock = plan.stock();
+  rep.S = st.S;
+  rep.target_rows = plan.sizes.target_rows;
+  rep.attn_slice = plan.attn_slice;
+  rep.mlp_slice = plan.mlp_slice;
+  rep.final_slice = plan.final_slice;
+  rep.kv_tile = plan.kv_tile;
+  rep.predicted_peak_bytes = plan.predicted_peak_bytes;
+  rep.measured_peak_bytes = measured;
+  rep.stock_peak_bytes = plan.stock_peak_bytes;
+  rep.adaln_table_bytes = log.tab.bytes();
+  rep.adaln_precomputed = log.tab.precomputed;
+  rep.backend = be->name();
+  rep.numerics = describe(be->numerics());
+  rep.phase_seconds = log.prof;
+  rep.resident_blocks = weights->resident_blocks();
+  rep.streamed_blocks = cfg.num_layers - weights->resident_blocks();
+  rep.slots = weights->slots();
+  rep.kv_offload = plan.kv_offload;
+  rep.residual_offload = plan.residual_offload;
+  rep.kv_chunk = plan.kv_offload ? plan.kv_chunk : 0;
+  rep.pcie_weight_bytes = weights->forward_copy_bytes();
+  rep.pcie_kv_bytes = st.kv_bytes;
+  rep.pcie_residual_bytes = st.residual_bytes;
+  rep.device_weight_bytes = weights->device_bytes();
+  rep.device_held_bytes = dev->held();
+  rep.device_peak_bytes = dev->peak();
+  rep.pinned_host_bytes = weights->pinned_host_bytes() + (pinned_kv ? pinned_kv->capacity() : 0) +
+                          (pinned_x ? pinned_x->capacity() : 0);
+  rep.wall_seconds = seconds_since(log.t0);
+}
+
 Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& text, const TensorView& video,
                                   const TensorView& audio, float sigma, const Plan& plan,
                                   const ForwardOutputs& outputs, RankOut& out) {
@@ -692,26 +898,12 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& t
   Impl& m = *this;
   Backend& bk = *m.be;
   LS_TRY(m.bind_workspace());
-  const int64_t D = cfg.hidden, P = cfg.rope_pairs();
   if (!(sigma > 0.0f) || !std::isfinite(sigma))
     return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
 
-  // ---- host: layout (once per call), timesteps, inputs ----
-  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond));
-  LS_TRY(m.check_plan(SequenceSizes{lay.S, lay.target_rows()}, plan));
-  if (text.L != lay.L || (text.L > 0 && text.D != D))
-    return make_error(ErrorCode::invalid_argument, "refined text has " + std::to_string(text.L) + " tokens of width " +
-                                                       std::to_string(text.D) + " but the conditioning says L = " +
-                                                       std::to_string(lay.L) + ", hidden " + std::to_string(D));
-  h3::Timesteps ts = h3::layout_timesteps(lay, cond, sigma);
-  const float carry = cond.audio_scale != 1.0 ? round_bf16(ts.sig.sigma_a_f32 / ts.sig.sigma_v_f32) : 1.0f;
-  LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, lay, cond, video, audio, carry));
-  LS_TRY(check_io_devices(bk, cfg, cond, video, audio, outputs));
-  const OutputMapping om = output_mapping(cond, ts, inputs);
-  // PDD effective heads (host) before any device work.
-  LS_ASSIGN_OR_RETURN(const std::optional<PddHeads> pdd, select_pdd_heads(cfg, *m.weights, cond, ts));
-  // ---- modulation tables: the precomputed ones if they cover this call ----
-  LS_ASSIGN_OR_RETURN(const AdalnTables* tab, m.tables_for(ts));
+  // ---- host: layout (once per call), timesteps, inputs, tables ----
+  LS_ASSIGN_OR_RETURN(CallHost h, m.host_call(cond, text, video, audio, sigma, plan, outputs));
+  const AdalnTables* tab = h.tab;
 
   // ---- the phases' buffers, from the plan ----
   const PersistentSpecs pers = persistent_specs(cfg, plan);
@@ -731,186 +923,64 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& t
     Arena* a;
     ~Rewind() { a->rewind(Arena::Mark{0}); }
   } rewind_on_exit{arena};
-  const int64_t S = lay.S;
   const bool kv_off = plan.kv_offload, res_off = plan.residual_offload;
   LS_CHECK_MSG(!(kv_off || res_off) || plan.two_pass_attention(), "offload needs two-pass attention");
   ForwardState st(bk, cfg, *arena, res_off, m.opts.check_finite);
-  st.S = S;
-  // This rank's rows (docs/multi-gpu.md): R = ceil(S / ranks) each, the last ranks
-  // shorter; all of [0, S) with one rank.
-  st.R = rank_rows(S, m.ranks);
-  st.row0 = std::min(S, m.rank * st.R);
-  st.row1 = std::min(S, st.row0 + st.R);
-  st.comm = m.ranks > 1 ? m.comm : nullptr;
-  // The residual: on the device, or (residual offload) in pinned host memory.
-  if (!res_off) {
-    LS_ASSIGN_OR_RETURN(st.x, alloc_rows(*arena, *pers.x, st.R));
-  } else {
-    m.pinned_x->rewind(Arena::Mark{0});
-    LS_ASSIGN_OR_RETURN(st.x, m.pinned_x->alloc(DType::bf16, {S, D}, "host residual x"));
-  }
-  LS_ASSIGN_OR_RETURN(TensorView rope2, alloc_rows(*arena, pers.rope, S));            // bf16 [S, 2P]
-  LS_ASSIGN_OR_RETURN(TensorView mod_rows2, alloc_rows(*arena, pers.mod_rows, S));      // i32 [S, 1]
-  LS_ASSIGN_OR_RETURN(TensorView final_rows2, alloc_rows(*arena, pers.final_rows, S));  // i32 [S, 1]
-  st.rope = TensorView(rope2.data, DType::bf16, {S, P, 2}, rope2.device);  // bf16 [S, P, 2]
-  st.mod_rows = TensorView(mod_rows2.data, DType::i32, {S}, mod_rows2.device);
-  st.final_rows = TensorView(final_rows2.data, DType::i32, {S}, final_rows2.device);
-  {
-    std::vector<uint16_t> rt(static_cast<size_t>(S * P * 2));
-    const TensorView inv = m.weights->host("rope.inv_freq");
-    h3::rope_table_rows(lay.positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
-    LS_TRY(bk.copy(st.rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
-    LS_TRY(bk.copy(st.mod_rows, TensorView(ts.mod_rows.data(), DType::i32, {S})));
-    LS_TRY(bk.copy(st.final_rows, TensorView(ts.final_rows.data(), DType::i32, {S})));
-    LS_TRY(bk.synchronize());  // the host tables above are freed at scope exit
-  }
-  // Named intermediates see the residual as a whole (host memory with residual offload).
-  auto eval_x = [&](const char* name, int64_t layer) -> Status {
-    if (!m.opts.eval) return Status();
-    if (res_off) LS_TRY(bk.synchronize());
-    m.eval(name, layer, st.x);
-    return Status();
-  };
+  LS_TRY(m.setup_rows(st, pers, h, *arena));
 
-  // Optional phase profile (EngineOptions::profile): the device is synchronised at each
-  // phase boundary, so phases do not overlap each other (a diagnostic, not a timing of
-  // the normal run).
-  std::map<std::string, double> prof;
-  auto prof_t = std::chrono::steady_clock::now();
+  PhaseLog log{m, *arena, st, *tab, t0, std::chrono::steady_clock::now(), {}, {}, 0};
   if (m.opts.profile)
     st.mark = [&](const char* phase) -> Status {
       LS_TRY(bk.synchronize());
       const auto now = std::chrono::steady_clock::now();
-      prof[phase] += std::chrono::duration<double>(now - prof_t).count();
-      prof_t = now;
+      log.prof[phase] += std::chrono::duration<double>(now - log.prof_t).count();
+      log.prof_t = now;
       return Status();
     };
-  // Memory samples (EngineOptions::record_memory): at the end of each phase, what every
-  // device arena holds, with the activation arena's high-water mark of that phase (the
-  // call's peak is kept in call_peak across the per-phase resets).
-  std::vector<MemorySample> samples;
-  size_t call_peak = 0;
-  auto sample = [&](const char* phase, int64_t block) {
-    call_peak = std::max(call_peak, arena->peak());
-    if (m.opts.record_memory) {
-      MemorySample ms;
-      ms.phase = phase;
-      ms.block = block;
-      ms.seconds = seconds_since(t0);
-      ms.slots = m.weights->slot_bytes() * static_cast<uint64_t>(m.weights->slots());
-      ms.weights = m.weights->device_bytes() - std::min(ms.slots, m.weights->device_bytes());
-      ms.activations = arena->peak();
-      ms.kv = st.phase_kv;
-      ms.adaln = tab->bytes();
-      ms.workspace = m.workspace_arena ? m.workspace_arena->capacity() : 0;
-      ms.held = m.dev->held();
-      samples.push_back(std::move(ms));
-    }
-    arena->reset_peak();
-    st.phase_kv = 0;
-  };
   LS_TRY(st.mark("setup"));
 
   // Streamed block weights: the first copies start now, behind the embedding.
   LS_TRY(m.weights->begin_forward());
 
   // ---- embed ----
-  LS_TRY(run_embed(st, embed, plan.mlp_slice, lay, inputs, text.view(), *m.weights));
+  LS_TRY(run_embed(st, embed, plan.mlp_slice, h.lay, *h.inputs, text.view(), *m.weights));
   LS_TRY(st.check_residual());
-  sample("embed", -1);
-  LS_TRY(eval_x("x.embed", -1));
+  log.sample("embed", -1);
+  LS_TRY(log.eval_x("x.embed", -1));
   LS_TRY(st.mark("embed"));
 
   // ---- the block loop ----
   // K/V offload: host K, V [S, I] (pinned, reused block after block) and its fences.
   std::optional<KvOffload> kv;
   if (kv_off) {
-    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(bk, *m.pinned_kv, S, cfg.inner(), plan.kv_chunk));
+    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(bk, *m.pinned_kv, st.S, cfg.inner(), plan.kv_chunk));
     kv.emplace(std::move(k));
   }
-  for (int64_t i = 0; i < cfg.num_layers; ++i) {
-    LS_ASSIGN_OR_RETURN(h3::WeightGetter wg, m.weights->acquire_block(i));
-    const h3::DitBlock blk(bk, cfg, h3::dit_block_weights(wg, cfg, i), h3::block_tables(tab->blocks[static_cast<size_t>(i)]));
-    st.phase_name = "attention";
-    st.phase_block = i;
-    LS_TRY(run_attention(st, attn, blk, plan.attn_slice, plan.kv_tile, kv ? &*kv : nullptr));
-    LS_TRY(st.check_residual());
-    sample("attention", i);
-    LS_TRY(st.mark(plan.two_pass_attention() ? "attention pass 2" : "attention"));
-    LS_TRY(eval_x("block.attn", i));
-    st.phase_name = "mlp";
-    LS_TRY(run_mlp(st, mlp, blk, plan.mlp_slice));
-    LS_TRY(st.check_residual());
-    sample("mlp", i);
-    LS_TRY(st.mark("mlp"));
-    LS_TRY(m.weights->release_block(i));
-    LS_TRY(eval_x("block.mlp", i));
-    if (m.opts.progress) {
-      // The callback reports finished work: wait for the block's queued work first (one
-      // synchronisation per block, next to a block's milliseconds to seconds of work).
-      LS_TRY(bk.synchronize());
-      m.opts.progress(i + 1, cfg.num_layers);
-    }
-  }
+  LS_TRY(m.run_blocks(st, attn, mlp, plan, kv ? &*kv : nullptr, log));
   st.phase_name = "final layer";
   st.phase_block = -1;
 
   // ---- final layer on the target rows [audio | video] ----
   std::vector<float> vout, aout;  // f32 [target video rows, Pv], [target audio rows, Pa]
-  LS_TRY(run_final(st, fin, plan.final_slice, lay, tab->final_table, *m.weights, pdd, om, outputs.video, outputs.audio,
-                   vout, aout));
-  sample("final", -1);
+  LS_TRY(run_final(st, fin, plan.final_slice, h.lay, tab->final_table, *m.weights, h.pdd, *h.om, outputs.video,
+                   outputs.audio, vout, aout));
+  log.sample("final", -1);
   LS_TRY(st.mark("final"));
-  const uint64_t measured = call_peak;
+  const uint64_t measured = log.call_peak;
   LS_CHECK_MSG(measured <= plan.predicted_peak_bytes, "activation arena peak above the plan's prediction");
 
   out.row0 = st.row0;
   out.row1 = st.row1;
-  out.sa_start = lay.target_audio().start;
-  out.sa_stop = lay.target_audio().stop;
-  out.sv_start = lay.target_video().start;
-  out.sv_stop = lay.target_video().stop;
-  out.om.emplace(om);
-
-  RunReport& rep = out.report;
-  rep.memory = std::move(samples);
-  rep.two_pass_attention = plan.two_pass_attention();
-  rep.sliced_mlp = plan.sliced_mlp();
-  rep.sliced_head = plan.sliced_head();
-  rep.stock = plan.stock();
-  rep.S = S;
-  rep.target_rows = plan.sizes.target_rows;
-  rep.attn_slice = plan.attn_slice;
-  rep.mlp_slice = plan.mlp_slice;
-  rep.final_slice = plan.final_slice;
-  rep.kv_tile = plan.kv_tile;
-  rep.predicted_peak_bytes = plan.predicted_peak_bytes;
-  rep.measured_peak_bytes = measured;
-  rep.stock_peak_bytes = plan.stock_peak_bytes;
-  rep.adaln_table_bytes = tab->bytes();
-  rep.adaln_precomputed = tab->precomputed;
-  rep.backend = bk.name();
-  rep.numerics = describe(bk.numerics());
-  rep.phase_seconds = prof;
-  rep.resident_blocks = m.weights->resident_blocks();
-  rep.streamed_blocks = cfg.num_layers - m.weights->resident_blocks();
-  rep.slots = m.weights->slots();
-  rep.kv_offload = kv_off;
-  rep.residual_offload = res_off;
-  rep.kv_chunk = kv_off ? plan.kv_chunk : 0;
-  rep.pcie_weight_bytes = m.weights->forward_copy_bytes();
-  rep.pcie_kv_bytes = st.kv_bytes;
-  rep.pcie_residual_bytes = st.residual_bytes;
-  rep.device_weight_bytes = m.weights->device_bytes();
-  rep.device_held_bytes = m.dev->held();
-  rep.device_peak_bytes = m.dev->peak();
-  rep.pinned_host_bytes = m.weights->pinned_host_bytes() + (m.pinned_kv ? m.pinned_kv->capacity() : 0) +
-                          (m.pinned_x ? m.pinned_x->capacity() : 0);
-  rep.wall_seconds = seconds_since(t0);
+  out.sa_start = h.lay.target_audio().start;
+  out.sa_stop = h.lay.target_audio().stop;
+  out.sv_start = h.lay.target_video().start;
+  out.sv_stop = h.lay.target_video().stop;
+  out.om.emplace(*h.om);
+  m.fill_report(out.report, plan, st, log, measured);
   out.vout = std::move(vout);
   out.aout = std::move(aout);
-  out.ts = std::move(ts);
-  out.inputs.emplace(std::move(inputs));
+  out.ts = std::move(h.ts);
+  out.inputs.emplace(std::move(*h.inputs));
   return Status();
 }
 

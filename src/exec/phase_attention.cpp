@@ -22,13 +22,25 @@ Expected<KvOffload> KvOffload::create(Backend& be, Arena& pinned, int64_t S, int
 
 namespace {
 
+// [int8 attention] views over the byte buffers of AttnSpecs::int8_* (docs/int8-attention.md §6).
+TensorView int8_stats_view(const TensorView& bytes, int64_t H, int64_t Dh) {
+  return TensorView(bytes.data, DType::f32, {3, H, Dh}, bytes.device);
+}
+Int8Keys int8_keys_of(const TensorView& bytes, int64_t n, int64_t H, int64_t Dh) {
+  return int8_keys_view(bytes.data, n, H, Dh, bytes.device);
+}
+
 Status attention_stock(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t kv_tile) {
   LS_CHECK_MSG(!st.residual_offload, "stock attention reads every residual row: no residual offload");
   const int64_t S = st.S;
   LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(st.arena, sp.h, S));
   LS_ASSIGN_OR_RETURN(TensorView qkv, alloc_rows(st.arena, *sp.qkv, S));
   LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(st.arena, sp.out, S));
-  return blk.attn_fused(h3::BlockRows{st.x, st.rope, st.mod_rows, 0}, h, qkv, o, kv_tile);
+  TensorView int8_scratch;
+  if (sp.int8_keys) {
+    LS_ASSIGN_OR_RETURN(int8_scratch, alloc_rows(st.arena, *sp.int8_keys, 1));
+  }
+  return blk.attn_fused(h3::BlockRows{st.x, st.rope, st.mod_rows, 0}, h, qkv, o, kv_tile, int8_scratch);
 }
 
 Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
@@ -44,15 +56,28 @@ Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::Di
   LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, n0));    // bf16 [n, D]
   LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, n0));   // bf16 [n, I]
   LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, n0));  // bf16 [n, I]
+  // [int8 attention] the statistics, accumulated slice by slice in pass 1, and the keys
+  // prepared once after it (docs/int8-attention.md §6).
+  const bool int8 = sp.int8_stats.has_value();
+  TensorView stats;
+  Int8Keys keys;
+  if (int8) {
+    LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
+    LS_ASSIGN_OR_RETURN(const TensorView kb, alloc_rows(arena, *sp.int8_keys, 1));
+    stats = int8_stats_view(sb, H, Dh);
+    keys = int8_keys_of(kb, S, H, Dh);
+  }
   // Pass 1: K and V of every row before any residual row changes.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
                                                               /*writes=*/false));
   for (const auto& [a, b] : row_slices(0, S, slice)) {
     LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(a, b));
     LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h.slice_rows(0, b - a)));
+    if (int8) LS_TRY(st.be.int8_key_stats(k_all.slice_rows(a, b), v_all.slice_rows(a, b), stats, a == 0));
     LS_TRY(walk1.out(r, a, b));
   }
   LS_TRY(walk1.finish());
+  if (int8) LS_TRY(st.be.int8_prepare(k_all, v_all, stats, keys));
   LS_TRY(st.mark("attention pass 1"));
   // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
@@ -60,7 +85,17 @@ Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::Di
   for (const auto& [a, b] : row_slices(0, S, slice)) {
     const int64_t n = b - a;
     LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
-    LS_TRY(blk.attn_q_out(r, a, b, k_all, v_all, h.slice_rows(0, n), q.slice_rows(0, n), o.slice_rows(0, n), kv_tile));
+    if (int8) {  // attn_q_out with attention_int8 against the prepared keys
+      LS_TRY(blk.attn_q(r, a, b, h.slice_rows(0, n), q.slice_rows(0, n)));
+      AttentionParams ap;
+      ap.kv_tile = kv_tile;
+      LS_TRY(st.be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), keys,
+                                  o.slice_rows(0, n).unflatten_last(H, Dh), ap));
+      LS_TRY(blk.attn_out(r, a, b, o.slice_rows(0, n), h.slice_rows(0, n)));
+    } else {
+      LS_TRY(blk.attn_q_out(r, a, b, k_all, v_all, h.slice_rows(0, n), q.slice_rows(0, n), o.slice_rows(0, n),
+                            kv_tile));
+    }
     LS_TRY(walk2.out(r, a, b));
   }
   return walk2.finish();
@@ -193,6 +228,169 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   return walk2.finish();
 }
 
+// [int8 attention] K/V offload (docs/int8-attention.md §6). Three walks over the chunks,
+// each chunk of `chunk` keys (whole kv_tiles) in device buffer j = c % 2:
+//   pass 1   K, V bf16 of chunk c into kc[j], vc[j]; the key statistics merged in; the bf16
+//            chunk copied out to host K/V rows [k0, k1) (no attention yet: the statistics
+//            are complete only after every key).
+//   prepare  chunk c copied back into kc[j], vc[j]; int8_prepare into the int8 chunk buffer
+//            q8[j]; the prepared chunk copied out over the same host rows (k8 | sk in host K's
+//            2 n I bytes, v8t compact [H Dh, n] in host V's: about half the bytes).
+//   pass 2   per query slice, every prepared chunk streamed into q8[g % 2] two loads ahead,
+//            attention_int8 carrying the fp32 state across chunks (exactly one call's bytes).
+// Fences per buffer j: loaded (transfer -> compute), used (compute done reading kc/vc or q8
+// [j]), computed (compute wrote the buffer), saved (the copy out of it is done).
+Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
+                                   int64_t kv_tile, KvOffload& kv) {
+  Backend& be = st.be;
+  Arena& arena = st.arena;
+  const int64_t S = st.S, H = st.cfg.heads, Dh = st.cfg.head_dim, I = st.cfg.inner();
+  const int64_t chunk = kv.chunk, n_chunks = (S + chunk - 1) / chunk;
+  const int64_t n0 = std::min(S, slice);
+  LS_CHECK_MSG(I % 4 == 0, "int8 K/V offload keeps the f32 key scales after k8 in host K: I % 4 == 0");
+  LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
+  TensorView kc[2], vc[2];
+  Int8Keys q8[2];
+  for (int j = 0; j < 2; ++j) {
+    LS_ASSIGN_OR_RETURN(kc[j], alloc_rows(arena, *sp.k_chunk[j], chunk));
+    LS_ASSIGN_OR_RETURN(vc[j], alloc_rows(arena, *sp.v_chunk[j], chunk));
+    st.phase_kv += static_cast<uint64_t>(kc[j].nbytes() + vc[j].nbytes());
+  }
+  LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, n0));
+  LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, n0));
+  LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, n0));
+  LS_ASSIGN_OR_RETURN(TensorView state, alloc_rows(arena, *sp.state, n0));
+  LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
+  const TensorView stats = int8_stats_view(sb, H, Dh);
+  for (int j = 0; j < 2; ++j) {
+    LS_ASSIGN_OR_RETURN(const TensorView b, alloc_rows(arena, *sp.int8_chunk[j], 1));
+    q8[j] = int8_keys_of(b, chunk, H, Dh);
+  }
+  // sv is a function of the statistics alone, written by every prepare: one copy serves both
+  // buffers (pass 2 streams k8, sk and v8t only; with one chunk buffer 1 is never prepared).
+  q8[1].sv = q8[0].sv;
+  auto rows_of = [&](int64_t c) { return std::make_pair(c * chunk, std::min(S, (c + 1) * chunk)); };
+  // The prepared chunk c (n keys) as three 2-D views on the device (buffer j) and on the host.
+  struct Views {
+    TensorView k8, sk, v8t;
+  };
+  auto device_views = [&](int j, int64_t n) {
+    const Int8Keys k = q8[j].slice(0, n);
+    TensorView v8t(k.v8t.data, DType::i8, {H * Dh, n}, k.v8t.device);
+    v8t.stride[0] = k.v8t.stride[1];  // ld: the chunk buffer's row stride
+    return Views{TensorView(k.k8.data, DType::i8, {n, I}, k.k8.device), k.sk, v8t};
+  };
+  auto host_views = [&](int64_t c) {
+    const auto [k0, k1] = rows_of(c);
+    const int64_t n = k1 - k0;
+    char* hk = static_cast<char*>(kv.k_host.slice_rows(k0, k1).data);
+    char* hv = static_cast<char*>(kv.v_host.slice_rows(k0, k1).data);
+    return Views{TensorView(hk, DType::i8, {n, I}, kv.k_host.device),
+                 TensorView(hk + n * I, DType::f32, {n, H}, kv.k_host.device),
+                 TensorView(hv, DType::i8, {H * Dh, n}, kv.v_host.device)};
+  };
+  // Pass 1 (each chunk's rows in sub-slices of at most `slice` rows).
+  RowRanges pass1;
+  for (int64_t c = 0; c < n_chunks; ++c)
+    for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) pass1.push_back(ab);
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, pass1, /*reads=*/true, /*writes=*/false));
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const auto [k0, k1] = rows_of(c);
+    const int j = static_cast<int>(c % 2);
+    LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out is done
+    for (const auto& [a, b] : row_slices(k0, k1, slice)) {
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(a, b));
+      const TensorView kr = kc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
+      const TensorView vr = vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
+      LS_TRY(blk.attn_kv(r, a, b, kr, vr, h.slice_rows(0, std::min(b - a, n0))));
+      LS_TRY(be.int8_key_stats(kr, vr, stats, a == 0));
+      LS_TRY(walk1.out(r, a, b));
+    }
+    LS_TRY(kv.computed[j].signal(Queue::compute));
+    LS_TRY(kv.computed[j].wait(Queue::transfer));
+    LS_TRY(be.copy_async(kv.k_host.slice_rows(k0, k1), kc[j].slice_rows(0, k1 - k0), Queue::transfer));
+    LS_TRY(be.copy_async(kv.v_host.slice_rows(k0, k1), vc[j].slice_rows(0, k1 - k0), Queue::transfer));
+    LS_TRY(kv.saved[j].signal(Queue::transfer));
+    st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+  }
+  LS_TRY(walk1.finish());
+  LS_TRY(st.mark("attention pass 1"));
+  // Prepare: bf16 chunks back in (two ahead), int8 chunks out over the same host rows.
+  auto load_bf16 = [&](int64_t c) -> Status {
+    const auto [k0, k1] = rows_of(c);
+    const int j = static_cast<int>(c % 2);
+    LS_TRY(kv.used[j].wait(Queue::transfer));  // prepare of chunk c - 2 no longer reads kc/vc[j]
+    LS_TRY(be.copy_async(kc[j].slice_rows(0, k1 - k0), kv.k_host.slice_rows(k0, k1), Queue::transfer));
+    LS_TRY(be.copy_async(vc[j].slice_rows(0, k1 - k0), kv.v_host.slice_rows(k0, k1), Queue::transfer));
+    st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+    return kv.loaded[j].signal(Queue::transfer);
+  };
+  for (int64_t c = 0; c < std::min<int64_t>(2, n_chunks); ++c) LS_TRY(load_bf16(c));
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const auto [k0, k1] = rows_of(c);
+    const int64_t n = k1 - k0;
+    const int j = static_cast<int>(c % 2);
+    LS_TRY(kv.loaded[j].wait(Queue::compute));
+    LS_TRY(kv.saved[j].wait(Queue::compute));  // q8[j]'s previous copy out is done
+    LS_TRY(be.int8_prepare(kc[j].slice_rows(0, n).unflatten_last(H, Dh), vc[j].slice_rows(0, n).unflatten_last(H, Dh),
+                           stats, q8[j].slice(0, n)));
+    LS_TRY(kv.used[j].signal(Queue::compute));
+    LS_TRY(kv.used[j].wait(Queue::transfer));
+    const Views d = device_views(j, n), hst = host_views(c);
+    LS_TRY(be.copy_async(hst.k8, d.k8, Queue::transfer));
+    LS_TRY(be.copy_async(hst.sk, d.sk, Queue::transfer));
+    LS_TRY(be.copy_async(hst.v8t, d.v8t, Queue::transfer));
+    LS_TRY(kv.saved[j].signal(Queue::transfer));
+    st.kv_bytes += static_cast<uint64_t>(n * (2 * I + 4 * H));
+    if (c + 2 < n_chunks) LS_TRY(load_bf16(c + 2));
+  }
+  LS_TRY(st.mark("attention int8 prepare"));
+  // Pass 2: every query slice against the prepared chunks.
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
+                                                              /*writes=*/true));
+  const int64_t n_slices = (S + slice - 1) / slice, total = n_slices * n_chunks;
+  auto load = [&](int64_t g) -> Status {
+    const int64_t c = g % n_chunks;
+    const auto [k0, k1] = rows_of(c);
+    const int j = static_cast<int>(g % 2);
+    LS_TRY(kv.used[j].wait(Queue::transfer));  // attention on the buffer's previous chunk is done
+    const Views d = device_views(j, k1 - k0), hst = host_views(c);
+    LS_TRY(be.copy_async(d.k8, hst.k8, Queue::transfer));
+    LS_TRY(be.copy_async(d.sk, hst.sk, Queue::transfer));
+    LS_TRY(be.copy_async(d.v8t, hst.v8t, Queue::transfer));
+    st.kv_bytes += static_cast<uint64_t>((k1 - k0) * (2 * I + 4 * H));
+    return kv.loaded[j].signal(Queue::transfer);
+  };
+  // Chunk g's prepared bytes were copied out on the transfer queue before these loads (in
+  // order), and q8[j]'s last reader before them is that copy out: same queue.
+  for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
+  int64_t g = 0;
+  for (const auto& [a, b] : row_slices(0, S, slice)) {
+    const int64_t n = b - a;
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
+    LS_TRY(blk.attn_q(r, a, b, h.slice_rows(0, n), q.slice_rows(0, n)));
+    for (int64_t c = 0; c < n_chunks; ++c, ++g) {
+      const int j = static_cast<int>(g % 2);
+      const auto [k0, k1] = rows_of(c);
+      LS_TRY(kv.loaded[j].wait(Queue::compute));
+      AttentionParams ap;
+      ap.kv_tile = kv_tile;
+      ap.state = TensorView(state.data, DType::f32, {n, H, Dh + kAttentionStateExtra}, state.device);
+      ap.state_in = c > 0;
+      ap.finalize = c == n_chunks - 1;
+      LS_TRY(be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
+                               o.slice_rows(0, n).unflatten_last(H, Dh), ap));
+      LS_TRY(kv.used[j].signal(Queue::compute));
+      if (g + 2 < total) LS_TRY(load(g + 2));
+    }
+    LS_TRY(blk.attn_out(r, a, b, o.slice_rows(0, n), h.slice_rows(0, n)));
+    LS_TRY(walk2.out(r, a, b));
+  }
+  // Nothing is left in flight that writes a phase buffer: every load was waited for by
+  // the attention that read it; the last copies out were waited for by pass 2's loads.
+  return walk2.finish();
+}
+
 // Sequence parallel (Ulysses, docs/multi-gpu.md). This rank holds residual rows
 // [row0, row1) in x [R, D] (local row i = sequence row row0 + i; the rows past row1 are
 // padding on the last ranks) and attends with heads [rank * Hl, (rank + 1) * Hl).
@@ -251,8 +449,18 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
         LS_TRY(be.copy(dst.slice_rows(p * R + a, p * R + b), recv.slice_rows(p * m, (p + 1) * m)));
     }
   }
-  LS_TRY(st.mark("attention pass 1"));
   const TensorView keys = k_all.slice_rows(0, S).unflatten_last(Hl, Dh), vals = v_all.slice_rows(0, S).unflatten_last(Hl, Dh);
+  // [int8 attention] every key of this rank's heads is here: statistics and prepare once.
+  Int8Keys keys8;
+  if (sp.int8_stats) {
+    LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
+    LS_ASSIGN_OR_RETURN(const TensorView kb, alloc_rows(arena, *sp.int8_keys, 1));
+    const TensorView stats = int8_stats_view(sb, Hl, Dh);
+    keys8 = int8_keys_of(kb, S, Hl, Dh);
+    LS_TRY(be.int8_key_stats(keys, vals, stats, true));
+    LS_TRY(be.int8_prepare(keys, vals, stats, keys8));
+  }
+  LS_TRY(st.mark("attention pass 1"));
   // Pass 2.
   for (int64_t a = 0; a < R; a += n_max) {
     const int64_t b = std::min(R, a + n_max), m = b - a, v = std::clamp<int64_t>(mine - a, 0, m);
@@ -281,8 +489,12 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
     }
     AttentionParams ap;
     ap.kv_tile = kv_tile;
-    LS_TRY(be.attention(q_all.slice_rows(0, nq).unflatten_last(Hl, Dh), keys, vals,
-                        o_all.slice_rows(0, nq).unflatten_last(Hl, Dh), ap));
+    if (sp.int8_stats)
+      LS_TRY(be.attention_int8(q_all.slice_rows(0, nq).unflatten_last(Hl, Dh), keys8,
+                               o_all.slice_rows(0, nq).unflatten_last(Hl, Dh), ap));
+    else
+      LS_TRY(be.attention(q_all.slice_rows(0, nq).unflatten_last(Hl, Dh), keys, vals,
+                          o_all.slice_rows(0, nq).unflatten_last(Hl, Dh), ap));
     LS_TRY(comm.all_to_all(o_all, send));  // part p of o_all: rank p's rows; back: part p = heads of rank p
     for (int64_t p = 0; p < N; ++p) LS_TRY(be.copy(o.cols(p * Il, (p + 1) * Il), send.slice_rows(p * m, (p + 1) * m)));
     if (v > 0) {
@@ -307,6 +519,7 @@ Status run_attention(ForwardState& st, const AttnSpecs& specs, const h3::DitBloc
     case AttentionKind::resident_kv: return attention_resident_kv(st, specs, blk, slice, kv_tile);
     case AttentionKind::offloaded_kv:
       LS_CHECK_MSG(kv != nullptr, "K/V offload without its host buffers and fences");
+      if (specs.int8_stats) return attention_offloaded_kv_int8(st, specs, blk, slice, kv_tile, *kv);
       return attention_offloaded_kv(st, specs, blk, slice, kv_tile, *kv);
     case AttentionKind::ulysses:
       LS_CHECK_MSG(st.comm != nullptr && !st.residual_offload, "sequence-parallel attention without its communicator");

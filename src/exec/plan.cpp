@@ -26,6 +26,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "backend/backend.h"  // int8_all_scratch_bytes
 #include "core/arena.h"
 #include "exec/buffers.h"
 #include "model/h3/layout.h"
@@ -100,26 +101,46 @@ PlanPhase refiner_input_phase(const h3::H3Config& cfg, int64_t L) {
   if (cfg.text_dim == cfg.hidden) return {"text input", {}};  // no condition_proj: input goes to x
   return {"text input", {{"text states", DType::bf16, L, cfg.text_dim}}};
 }
-PlanPhase refiner_block_phase(const h3::H3Config& cfg, int64_t L) {
+PlanPhase refiner_block_phase(const h3::H3Config& cfg, int64_t L, bool int8) {
   const int64_t D = cfg.hidden, I = cfg.inner(), F = cfg.ffn;
-  return {"refiner block",
-          {{"h", DType::bf16, L, D},
-           {"qkv", DType::bf16, L, 3 * I},
-           {"attention out", DType::bf16, L, I},
-           {"fc1 out", DType::bf16, L, 2 * F},
-           {"swiglu out", DType::bf16, L, F}}};
+  PlanPhase p{"refiner block",
+              {{"h", DType::bf16, L, D},
+               {"qkv", DType::bf16, L, 3 * I},
+               {"attention out", DType::bf16, L, I},
+               {"fc1 out", DType::bf16, L, 2 * F},
+               {"swiglu out", DType::bf16, L, F}}};
+  // [int8 attention] the statistics and prepared keys of the L text keys (one row of bytes).
+  if (int8) p.buffers.push_back({"int8 attention scratch", DType::u8, 1, int8_all_scratch_bytes(L, cfg.heads, cfg.head_dim)});
+  return p;
 }
-uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L) {
+uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L, bool int8) {
   return sum_bytes(refiner_persistent_buffers(cfg, L)) +
-         std::max(refiner_input_phase(cfg, L).bytes(), refiner_block_phase(cfg, L).bytes());
+         std::max(refiner_input_phase(cfg, L).bytes(), refiner_block_phase(cfg, L, int8).bytes());
 }
 
-Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond) {
-  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(cfg, cond, /*with_positions=*/false));
+SequenceSizes sequence_sizes(const h3::PackedLayout& lay) {
   SequenceSizes z;
   z.S = lay.S;
   z.target_rows = lay.target_rows();
   return z;
+}
+
+Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond) {
+  return CallLayout(cfg, cond).sizes();
+}
+
+Expected<const h3::PackedLayout*> CallLayout::get() const {
+  if (built_ != nullptr) return built_;
+  if (!own_) {
+    LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(*cfg_, *cond_, /*with_positions=*/false));
+    own_ = std::move(lay);
+  }
+  return &*own_;
+}
+
+Expected<SequenceSizes> CallLayout::sizes() const {
+  LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, get());
+  return sequence_sizes(*lay);
 }
 
 namespace {
@@ -152,23 +173,25 @@ Plan assemble(const h3::H3Config& cfg, const SequenceSizes& z, const PlanKnobs& 
 }
 
 // Sequence parallel: one rank's placement (no offload), its slices capped at its rows.
-Placement rank_placement(const SequenceSizes& z, int64_t ranks) {
+Placement rank_placement(const SequenceSizes& z, int64_t ranks, bool int8 = false) {
   Placement w;
+  w.int8_attention = int8;  // [int8 attention]
   w.ranks = ranks;
   w.rank_rows = ranks > 1 ? rank_rows(z.S, ranks) : 0;
   return w;
 }
 
 // The stock plan: one slice of all rows (of one rank's rows with ranks > 1).
-Resolved stock_resolved(const SequenceSizes& z, int64_t ranks) {
+Resolved stock_resolved(const SequenceSizes& z, int64_t ranks, bool int8 = false) {
   const int64_t R = rank_rows(z.S, ranks);
-  return Resolved{0, R, std::min(z.target_rows, R), rank_placement(z, ranks)};
+  return Resolved{0, R, std::min(z.target_rows, R), rank_placement(z, ranks, int8)};
 }
 
-uint64_t stock_peak(const h3::H3Config& cfg, const SequenceSizes& z, int64_t ranks = 1) {
+uint64_t stock_peak(const h3::H3Config& cfg, const SequenceSizes& z, int64_t ranks = 1, bool int8 = false) {
   PlanKnobs k;
   k.ranks = ranks;
-  return assemble(cfg, z, k, stock_resolved(z, ranks)).predicted_peak_bytes;
+  k.int8_attention = int8;
+  return assemble(cfg, z, k, stock_resolved(z, ranks, int8)).predicted_peak_bytes;
 }
 
 Status check_knobs(const PlanKnobs& k) {
@@ -213,8 +236,12 @@ namespace {
 }  // namespace
 
 Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, const PlanKnobs& knobs) {
+  return make_plan(cfg, CallLayout(cfg, cond), knobs);
+}
+
+Expected<Plan> make_plan(const h3::H3Config& cfg, const CallLayout& layout, const PlanKnobs& knobs) {
   LS_TRY(check_knobs(knobs));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, layout.sizes());
   return make_plan(cfg, z, knobs);
 }
 
@@ -228,12 +255,12 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& z, const 
   r.mlp = knobs.mlp_chunk_tokens == 0 ? R : std::min(knobs.mlp_chunk_tokens, R);
   r.fin = knobs.final_chunk_tokens == 0 ? T : std::min(knobs.final_chunk_tokens, T);
   LS_ASSIGN_OR_RETURN(const int64_t chunk, resolve_kv_chunk(knobs.kv_chunk_rows, knobs.kv_tile, z.S));
-  r.where = rank_placement(z, knobs.ranks);
+  r.where = rank_placement(z, knobs.ranks, knobs.int8_attention);
   r.where.kv_offload = knobs.kv_offload;
   r.where.residual_offload = knobs.residual_offload;
   r.where.kv_chunk = knobs.kv_offload ? chunk : 0;
   Plan p = assemble(cfg, z, knobs, r);
-  p.stock_peak_bytes = stock_peak(cfg, z, knobs.ranks);
+  p.stock_peak_bytes = stock_peak(cfg, z, knobs.ranks, knobs.int8_attention);
   return p;
 }
 
@@ -252,8 +279,8 @@ static int64_t largest_fitting(int64_t hi, uint64_t budget, F f) {
 
 // The smallest activation budget: the persistent buffers plus the largest phase at
 // one-row slices (stock attention instead when that is smaller).
-static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z, int64_t ranks) {
-  const Placement w = rank_placement(z, ranks);
+static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z, int64_t ranks, bool int8) {
+  const Placement w = rank_placement(z, ranks, int8);
   const uint64_t base = sum_bytes(persistent_buffers(cfg, z, w));
   const uint64_t attn = base + std::min(attention_phase(cfg, z.S, 0, w).bytes(), attention_phase(cfg, z.S, 1, w).bytes());
   const uint64_t mlp = base + std::max(embed_phase(cfg, 1, w).bytes(), mlp_phase(cfg, 1, w).bytes());
@@ -261,30 +288,42 @@ static uint64_t min_budget(const h3::H3Config& cfg, const SequenceSizes& z, int6
   return std::max({attn, mlp, fin});
 }
 
-Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks) {
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks,
+                                         bool int8) {
+  return min_activation_budget(cfg, CallLayout(cfg, cond), ranks, int8);
+}
+
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const CallLayout& layout, int64_t ranks,
+                                         bool int8) {
   LS_TRY(check_ranks(cfg, ranks));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
-  return min_budget(cfg, z, ranks);
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, layout.sizes());
+  return min_budget(cfg, z, ranks, int8);
 }
 
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget,
-                               int64_t kv_tile, int64_t ranks) {
+                               int64_t kv_tile, int64_t ranks, bool int8) {
+  return plan_for_budget(cfg, CallLayout(cfg, cond), budget, kv_tile, ranks, int8);
+}
+
+Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const CallLayout& layout, uint64_t budget, int64_t kv_tile,
+                               int64_t ranks, bool int8) {
   PlanKnobs k;
   k.kv_tile = kv_tile;
   k.ranks = ranks;
+  k.int8_attention = int8;
   LS_TRY(check_knobs(k));
   LS_TRY(check_ranks(cfg, ranks));
-  LS_ASSIGN_OR_RETURN(SequenceSizes z, sequence_sizes(cfg, cond));
-  const uint64_t stock = stock_peak(cfg, z, ranks);
+  LS_ASSIGN_OR_RETURN(SequenceSizes z, layout.sizes());
+  const uint64_t stock = stock_peak(cfg, z, ranks, int8);
   if (stock <= budget) {
-    Plan p = assemble(cfg, z, k, stock_resolved(z, ranks));
+    Plan p = assemble(cfg, z, k, stock_resolved(z, ranks, int8));
     p.stock_peak_bytes = stock;
     return p;
   }
   // The peak is persistent + max over phases, so each phase's slice is chosen alone:
   // the largest slice whose phase fits next to the persistent buffers (slices of at
   // most one rank's rows).
-  const Placement w = rank_placement(z, ranks);
+  const Placement w = rank_placement(z, ranks, int8);
   const int64_t R = rank_rows(z.S, ranks), T = std::min(z.target_rows, R);
   const uint64_t base = sum_bytes(persistent_buffers(cfg, z, w));
   auto attn = [&](int64_t n) { return base + attention_phase(cfg, z.S, n, w).bytes(); };
@@ -298,7 +337,7 @@ Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& 
   const int64_t nm = largest_fitting(R, budget, mlp);
   const int64_t nf = largest_fitting(T, budget, fin);
   if ((!attn_stock_fits && na == 0) || nm == 0 || nf == 0) {
-    const uint64_t need = min_budget(cfg, z, ranks);
+    const uint64_t need = min_budget(cfg, z, ranks, int8);
     LS_CHECK(need == std::max({std::min(attn_stock, attn(1)), mlp(1), fin(1)}) && need > budget);
     return make_error(ErrorCode::out_of_budget,
                       "an activation budget of " + format_bytes(budget) + " (" + std::to_string(budget) +

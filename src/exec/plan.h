@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@
 #include "core/status.h"
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
+#include "model/h3/layout.h"
 
 namespace ls::exec {
 
@@ -68,6 +70,11 @@ struct PlanKnobs {
   // attention. Must divide cfg.heads; K/V and residual offload need ranks == 1 (not
   // supported yet across ranks). 1 = one device, the plan as before.
   int64_t ranks = 1;
+  // [int8 attention] attention int8 (a numerics setting, docs/int8-attention.md §6): the
+  // attention phase (and the text refiner) also hold the int8 statistics and prepared keys.
+  // Set from the backend's numerics (DeviceProfile::int8_attention); the engine refuses a
+  // plan whose flag differs from its backend's.
+  bool int8_attention = false;
 };
 
 // Rows of the packed sequence one of `ranks` ranks holds: ceil(S / ranks) (the last
@@ -91,6 +98,7 @@ struct Placement {
   // attention phase holds the all-to-all buffers of H / ranks heads (buffers.h).
   int64_t ranks = 1;
   int64_t rank_rows = 0;  // rank_rows(S, ranks) when ranks > 1
+  bool int8_attention = false;  // [int8 attention] PlanKnobs::int8_attention
 };
 
 // One buffer the executor allocates: dtype [rows, cols].
@@ -115,6 +123,32 @@ struct SequenceSizes {
 };
 // From the conditioning's geometry, keyframes and references (h3-model.md §2.4).
 Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Conditioning& cond);
+// From a layout already built.
+SequenceSizes sequence_sizes(const h3::PackedLayout& layout);
+
+// One call's packed layout (h3::build_layout), built once and shared by every planning
+// step of the call: the planner's steps (the mode's plan, its smallest budget, the
+// AdaLN table rows, the device peak) each read it instead of rebuilding it from the
+// whole conditioning. Built without positions on first use (so a geometry error comes
+// where the first step needs the layout, as before), or handed over already built (the
+// caller's, with or without positions: only row counts are read). Not thread-safe; the
+// layout (or cfg and cond) must outlive it.
+class CallLayout {
+ public:
+  CallLayout(const h3::H3Config& cfg, const h3::Conditioning& cond) : cfg_(&cfg), cond_(&cond) {}
+  explicit CallLayout(const h3::PackedLayout& built) : built_(&built) {}
+  CallLayout(const CallLayout&) = delete;
+  CallLayout& operator=(const CallLayout&) = delete;
+  // The layout (built on the first call; its error, an invalid geometry, every call).
+  Expected<const h3::PackedLayout*> get() const;
+  Expected<SequenceSizes> sizes() const;
+
+ private:
+  const h3::H3Config* cfg_ = nullptr;
+  const h3::Conditioning* cond_ = nullptr;
+  const h3::PackedLayout* built_ = nullptr;
+  mutable std::optional<h3::PackedLayout> own_;
+};
 
 struct Plan {
   PlanKnobs knobs;          // as requested
@@ -141,7 +175,7 @@ struct Plan {
   bool sliced_head() const { return final_slice < std::min(sizes.target_rows, rows_per_rank()); }
   bool stock() const { return !two_pass_attention() && !sliced_mlp() && !sliced_head(); }
   Placement placement() const {
-    return {kv_offload, residual_offload, kv_chunk, ranks, ranks > 1 ? rows_per_rank() : 0};
+    return {kv_offload, residual_offload, kv_chunk, ranks, ranks > 1 ? rows_per_rank() : 0, knobs.int8_attention};
   }
   // The phase named "embed", "attn", "mlp" or "final" (LS_CHECK that it exists).
   const PlanPhase& phase(const std::string& name) const;
@@ -157,6 +191,8 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const h3::Conditioning& cond, 
 // The same for sizes already known (the executor has built the layout: no second
 // build_layout per call).
 Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& sizes, const PlanKnobs& knobs);
+// The same for a call's layout (built once per call: CallLayout).
+Expected<Plan> make_plan(const h3::H3Config& cfg, const CallLayout& layout, const PlanKnobs& knobs);
 
 // The plan with the largest slices whose predicted peak fits `budget_bytes`: the stock
 // plan if it fits, else for each phase the largest slice that fits (binary search; the
@@ -166,11 +202,17 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& sizes, co
 // planner, budget_plan.h, decides offload).
 // ranks > 1: the budget is PER RANK (each rank's activation arena).
 Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, uint64_t budget_bytes,
-                               int64_t kv_tile = 1024, int64_t ranks = 1);
+                               int64_t kv_tile = 1024, int64_t ranks = 1, bool int8 = false);
+Expected<Plan> plan_for_budget(const h3::H3Config& cfg, const CallLayout& layout, uint64_t budget_bytes,
+                               int64_t kv_tile = 1024, int64_t ranks = 1, bool int8 = false);
 // The smallest budget plan_for_budget accepts for (cfg, cond): the one its out_of_budget
 // message names (persistent buffers + the largest phase at one-row slices, stock
 // attention where that is smaller). Errors: an invalid geometry.
-Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks = 1);
+// int8: [int8 attention] the plan holds the prepared int8 K/V (docs/int8-attention.md).
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const h3::Conditioning& cond, int64_t ranks = 1,
+                                         bool int8 = false);
+Expected<uint64_t> min_activation_budget(const h3::H3Config& cfg, const CallLayout& layout, int64_t ranks = 1,
+                                         bool int8 = false);
 // invalid_argument unless `ranks` (>= 1) divides cfg.heads; the message names the rank
 // counts that do ("56 heads: 1, 2, 4, 7, 8, 14, 28 or 56 ranks").
 Status check_ranks(const h3::H3Config& cfg, int64_t ranks);
@@ -206,8 +248,9 @@ uint64_t sum_bytes(const std::vector<PlannedBuffer>& buffers);
 // condition_proj phase, then one refiner block (stock, all L rows).
 std::vector<PlannedBuffer> refiner_persistent_buffers(const h3::H3Config& cfg, int64_t L);
 PlanPhase refiner_input_phase(const h3::H3Config& cfg, int64_t L);
-PlanPhase refiner_block_phase(const h3::H3Config& cfg, int64_t L);
-uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L);
+// int8: attention int8 (the block phase also holds int8_all_scratch_bytes for its attention).
+PlanPhase refiner_block_phase(const h3::H3Config& cfg, int64_t L, bool int8 = false);
+uint64_t refiner_peak_bytes(const h3::H3Config& cfg, int64_t L, bool int8 = false);
 
 // "512M", "3G", "3.5GiB", "1.5 GB", "123456" (bytes). K/M/G/T and KiB/MiB/GiB/TiB are
 // binary (1024-based); KB/MB/GB/TB are decimal. Errors name the input.

@@ -4,6 +4,7 @@
 #include "exec/planner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "backend/backend.h"
 
@@ -47,10 +48,23 @@ Status check_residency(const Residency& r, int64_t L) {
 
 int64_t resolve_kv_tile(const PlanRequest& q) { return q.knobs.kv_tile > 0 ? q.knobs.kv_tile : q.device.default_kv_tile; }
 
-Expected<int64_t> table_rows(const PlanRequest& q) {
+Expected<int64_t> table_rows(const PlanRequest& q, const CallLayout& cond_layout) {
   if (q.sigmas.empty()) return int64_t{0};
-  return modulation_rows_for(*q.cfg, *q.cond, q.sigmas);
+  return modulation_rows_for(cond_layout, *q.cond, q.sigmas);
 }
+
+// The call's layouts, each built once (CallLayout): cond's (the AdaLN table rows; the
+// caller's PlanRequest::layout when given) and the planned conditioning's (widest's when
+// given, else the same one).
+struct Layouts {
+  CallLayout cond;
+  std::optional<CallLayout> widest;
+  explicit Layouts(const PlanRequest& q)
+      : cond(q.layout ? CallLayout(*q.layout) : CallLayout(*q.cfg, *q.cond)) {
+    if (q.widest) widest.emplace(*q.cfg, *q.widest);
+  }
+  const CallLayout& planned() const { return widest ? *widest : cond; }
+};
 
 }  // namespace
 
@@ -68,35 +82,39 @@ DeviceProfile device_profile(const Backend& backend) {
   d.name = backend.name();
   d.workspace_bytes = backend.workspace_bytes();
   d.default_kv_tile = backend.default_kv_tile();
-  // The algorithm's query blocks and, on CUDA, its attention rate (cuda_attention_figures);
-  // the CPU keeps DeviceFacts' rate (it offloads nothing) and a quantum of 1.
+  // The resolved algorithm's query blocks and attention rate, the transfer rates: the
+  // backend's description (backend/description.h).
+  const BackendDescription desc = describe_backend(backend);
   const Numerics n = backend.numerics();
-  if (backend.device().kind == DeviceKind::cuda) {
-    const AttentionFigures f = cuda_attention_figures(n.attention, n.cudnn_q_chunk);
-    d.attention_row_quantum = f.row_quantum;
-    d.throughput.attention_tflops = f.tflops;
-  }
+  const AttentionEntry* e = desc.attention(n.attention);
+  LS_CHECK_MSG(e != nullptr, desc.name + " runs attention " + to_string(n.attention) + " without a description of it");
+  d.attention_row_quantum = e->quantum(n);
+  d.throughput = desc.rates;
+  d.throughput.attention_tflops = e->tflops;
+  d.int8_attention = n.attention == AttentionAlgorithm::int8;  // [int8 attention] the int8 K/V buffers are planned
   d.assumed = {"throughput " + std::to_string(d.throughput.pcie_gb_per_s) + " GB/s host-to-device, " +
                std::to_string(d.throughput.d2h_gb_per_s) + " GB/s device-to-host, " +
                std::to_string(d.throughput.attention_tflops) + " TFLOP/s attention, " +
-               std::to_string(d.throughput.gemm_tflops) +
-               " TFLOP/s GEMM: DeviceFacts' defaults (measured on the H200, PCIe Gen5), not measured on this device"};
+               std::to_string(d.throughput.gemm_tflops) + " TFLOP/s GEMM: DeviceFacts' defaults (" + desc.rates_source +
+               "), not measured on this device"};
   return d;
 }
 
 Expected<PlanResult> plan_memory(const PlanRequest& q) {
   LS_TRY(check_request(q));
   const h3::H3Config& cfg = *q.cfg;
-  const h3::Conditioning& planned = q.widest ? *q.widest : *q.cond;
+  const Layouts lays(q);
+  const CallLayout& planned = lays.planned();
   PlanResult r;
   r.mode = q.mode;
   r.knobs = q.knobs;
   r.knobs.kv_tile = resolve_kv_tile(q);
+  r.knobs.int8_attention = q.device.int8_attention;  // [int8 attention] the numerics decide, not the caller
   r.residency = q.residency;
   // 1. The mode's decision, in the order (and with the errors) each planner always had.
   switch (q.mode) {
     case MemoryMode::total_budget: {
-      LS_ASSIGN_OR_RETURN(r.modulation_rows, modulation_rows_for(cfg, *q.cond, q.sigmas));
+      LS_ASSIGN_OR_RETURN(r.modulation_rows, modulation_rows_for(lays.cond, *q.cond, q.sigmas));
       const BudgetOptions o = budget_options(q, r.knobs.kv_tile, r.modulation_rows, q.prefetch, q.knobs.kv_chunk_rows);
       LS_ASSIGN_OR_RETURN(BudgetPlan bp, plan_total_budget(cfg, planned, q.budget_bytes, o));
       r.knobs.attn_chunk_tokens = bp.activations.attn_slice;
@@ -114,9 +132,11 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
       break;
     }
     case MemoryMode::activation_budget: {
-      LS_ASSIGN_OR_RETURN(r.plan, plan_for_budget(cfg, planned, q.budget_bytes, r.knobs.kv_tile, q.knobs.ranks));
+      LS_ASSIGN_OR_RETURN(r.plan, plan_for_budget(cfg, planned, q.budget_bytes, r.knobs.kv_tile, q.knobs.ranks,
+                                                    q.device.int8_attention));
       r.budget_bytes = q.budget_bytes;
-      LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes, min_activation_budget(cfg, planned, q.knobs.ranks));
+      LS_ASSIGN_OR_RETURN(r.minimum_budget_bytes,
+                          min_activation_budget(cfg, planned, q.knobs.ranks, q.device.int8_attention));
       break;
     }
     case MemoryMode::knobs: {
@@ -127,7 +147,7 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
   // 2. The device peak by component for the residency the run gets.
   if (q.mode != MemoryMode::total_budget) {
     LS_TRY(check_residency(r.residency, cfg.num_layers));
-    LS_ASSIGN_OR_RETURN(r.modulation_rows, table_rows(q));
+    LS_ASSIGN_OR_RETURN(r.modulation_rows, table_rows(q, lays.cond));
   }
   const int64_t R = r.residency.resident_blocks < 0 ? cfg.num_layers : r.residency.resident_blocks;
   // (kv_chunk_rows 0: the peak arithmetic takes the plan's own resolved chunk.)
@@ -145,14 +165,15 @@ Expected<PlanResult> plan_memory(const PlanRequest& q) {
 
 Expected<uint64_t> minimum_budget(const PlanRequest& q) {
   LS_TRY(check_request(q));
-  const h3::H3Config& cfg = *q.cfg;
-  const h3::Conditioning& planned = q.widest ? *q.widest : *q.cond;
+  const Layouts lays(q);
   switch (q.mode) {
     case MemoryMode::total_budget: {
-      LS_ASSIGN_OR_RETURN(const int64_t rows, modulation_rows_for(cfg, *q.cond, q.sigmas));
-      return min_total_budget(cfg, planned, budget_options(q, resolve_kv_tile(q), rows, q.prefetch, q.knobs.kv_chunk_rows));
+      LS_ASSIGN_OR_RETURN(const int64_t rows, modulation_rows_for(lays.cond, *q.cond, q.sigmas));
+      const BudgetOptions o = budget_options(q, resolve_kv_tile(q), rows, q.prefetch, q.knobs.kv_chunk_rows);
+      return min_total_budget(*q.cfg, lays.planned(), o);
     }
-    case MemoryMode::activation_budget: return min_activation_budget(cfg, planned, q.knobs.ranks);
+    case MemoryMode::activation_budget:
+      return min_activation_budget(*q.cfg, lays.planned(), q.knobs.ranks, q.device.int8_attention);
     case MemoryMode::knobs: break;
   }
   return uint64_t{0};

@@ -37,7 +37,7 @@
 //   PlanRequest q;
 //   q.cfg = &cfg; q.tensors = &source.specs(); q.cond = &cond; q.sigmas = {0.8f};
 //   q.mode = MemoryMode::total_budget; q.budget_bytes = 8ull << 30;
-//   q.device = device_profile(backend);             // or cuda_device_profile() for a dry run
+//   q.device = device_profile(backend);             // or device_profile(description, numerics) for a dry run
 //   Expected<PlanResult> r = plan_memory(q);        // r->plan for Engine::forward,
 //                                                   // r->residency for Engine::create
 #pragma once
@@ -69,8 +69,9 @@ const char* memory_mode_name(MemoryMode m);  // "knobs", "activation budget", "t
 
 // A live backend's figures as a DeviceProfile: workspace_bytes() (whatever the backend
 // needs for its numerics and formats: no constant here), default_kv_tile() (its
-// resolved numerics), the throughput figures DeviceFacts' defaults (no backend measures
-// them). `assumed` lists the throughput figures only.
+// resolved numerics), the row quantum and attention rate of its resolved algorithm and
+// the transfer rates from its description (describe_backend, backend/description.h: no
+// backend measures them live). `assumed` lists the throughput figures only.
 DeviceProfile device_profile(const Backend& backend);
 
 struct PlanRequest {
@@ -83,6 +84,9 @@ struct PlanRequest {
   // with S at fixed slices, so its plan fits the shorter one); the AdaLN tables still
   // count cond's timesteps.
   const h3::Conditioning* widest = nullptr;
+  // cond's packed layout when the caller has built it (with or without positions):
+  // planned from as it is, never rebuilt. Null: built here, once per call (CallLayout).
+  const h3::PackedLayout* layout = nullptr;
   // Every sigma the run evaluates: the AdaLN tables hold one row set per distinct
   // timestep (modulation_rows_for). Empty: no tables counted (knobs / activation modes
   // only; the total budget needs at least one sigma > 0).

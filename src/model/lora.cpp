@@ -5,8 +5,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/ranges.h"
@@ -140,12 +143,14 @@ bool is_pdd_head_tensor(const std::string& name) {
          name == "final_layer.audio_out.weight" || name == "final_layer.audio_out.bias";
 }
 
-Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::vector<h3::TensorSpec>& model) {
-  // The key map: every alias ComfyUI gives a model tensor.
+namespace {
+
+using KeyParts = std::map<std::string, const SafetensorsEntry*>;  // suffix -> entry of one layer key
+
+// The key map: every alias ComfyUI gives a model tensor.
+std::map<std::string, const h3::TensorSpec*> lora_key_map(const std::vector<h3::TensorSpec>& model) {
   std::map<std::string, const h3::TensorSpec*> key_map;
-  std::map<std::string, const h3::TensorSpec*> by_name;
   for (const h3::TensorSpec& s : model) {
-    by_name[s.name] = &s;
     if (ends_with(s.name, ".weight")) {
       const std::string m = s.name.substr(0, s.name.size() - 7);
       std::string flat = m;
@@ -158,6 +163,156 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
       key_map[s.name] = &s;
     }
   }
+  return key_map;
+}
+
+// A file's tensors by layer key: base key -> suffix -> entry. Other adapters and keys
+// that are no LoRA tensor are refused.
+Expected<std::map<std::string, KeyParts>> group_keys(const SafetensorsReader& reader, const std::string& path) {
+  std::map<std::string, KeyParts> groups;
+  for (const SafetensorsEntry& e : reader.entries()) {
+    if (const char* what = unsupported_adapter(e.name))
+      return make_error(ErrorCode::unsupported, std::string("LoRA ") + path + ": " + e.name + " is a " + what +
+                                                    " adapter; this engine applies plain LoRA (up/down), diff "
+                                                    "and set patches only");
+    const std::string suf = known_suffix(e.name);
+    if (suf.empty())
+      return make_error(ErrorCode::invalid_file,
+                        "LoRA " + path + ": key " + e.name +
+                            " is no LoRA tensor this loader knows (expected a layer name followed by "
+                            ".lora_up.weight / .lora_down.weight, .lora_B.weight / .lora_A.weight, .alpha, .diff, ...)");
+    groups[e.name.substr(0, e.name.size() - suf.size())][suf] = &e;
+  }
+  return groups;
+}
+
+// The up / down pair of `base` (with its alpha) as a LoRA patch of `target`.
+Status read_pair(const SafetensorsReader& reader, const std::string& path, const std::string& base,
+                 const KeyParts& parts, const PairStyle& style, const h3::TensorSpec& target, Patch& p) {
+  if (parts.count(style.down) == 0)
+    return make_error(ErrorCode::invalid_file, "LoRA " + path + ": " + base + style.up + " has no " + base + style.down);
+  const SafetensorsEntry& up = *parts.at(style.up);
+  const SafetensorsEntry& down = *parts.at(style.down);
+  if (target.shape.size() != 2 || up.shape.size() != 2 || down.shape.size() != 2 || up.shape[0] != target.shape[0] ||
+      down.shape[1] != target.shape[1] || up.shape[1] != down.shape[0] || up.shape[1] <= 0)
+    return make_error(ErrorCode::invalid_file,
+                      "LoRA " + path + ": " + base + " up " + shape_str(up.shape) + " x down " + shape_str(down.shape) +
+                          " does not make the layer " + target.name + " " + shape_str(target.shape) +
+                          " (up must be [out, rank], down [rank, in])");
+  p.kind = Patch::Kind::lora;
+  p.out = up.shape[0];
+  p.rank = up.shape[1];
+  p.in = down.shape[1];
+  LS_ASSIGN_OR_RETURN(p.up, widen(reader, up, path));
+  LS_ASSIGN_OR_RETURN(p.down, widen(reader, down, path));
+  if (parts.count(".alpha") != 0) {
+    const SafetensorsEntry& a = *parts.at(".alpha");
+    if (a.numel() != 1)
+      return make_error(ErrorCode::invalid_file,
+                        "LoRA " + path + ": " + a.name + " must be a scalar, is " + shape_str(a.shape));
+    LS_ASSIGN_OR_RETURN(std::vector<float> av, widen(reader, a, path));
+    // ComfyUI: alpha = lora[alpha].item() / rank, a Python (double) division.
+    p.alpha_over_rank = static_cast<double>(av[0]) / static_cast<double>(p.rank);
+  }
+  return Status();
+}
+
+// The weight patch of one layer key: what ComfyUI's load_lora keeps for it (set, else
+// diff, else w_norm, else the up / down pair); nullopt when the key holds only a bias
+// patch or an alpha.
+Expected<std::optional<Patch>> weight_patch(const SafetensorsReader& reader, const LoraFile& f, const std::string& base,
+                                            const KeyParts& parts, const h3::TensorSpec& target) {
+  auto has = [&](const char* s) { return parts.count(s) != 0; };
+  Patch p;
+  p.file = f.path;
+  p.key = base;
+  p.strength = f.strength;
+  const SafetensorsEntry* full = nullptr;
+  Patch::Kind kind = Patch::Kind::lora;
+  if (has(".set_weight")) {
+    full = parts.at(".set_weight");
+    kind = Patch::Kind::set;
+  } else if (has(".diff")) {
+    full = parts.at(".diff");
+    kind = Patch::Kind::diff;
+  } else if (has(".w_norm")) {
+    full = parts.at(".w_norm");
+    kind = Patch::Kind::diff;
+  }
+  if (full != nullptr) {
+    if (full->shape != target.shape && !(kind == Patch::Kind::set && set_may_resize(target, full->shape)))
+      return make_error(ErrorCode::invalid_file,
+                        "LoRA " + f.path + ": " + full->name + " is " + shape_str(full->shape) + ", the layer " +
+                            target.name + " is " + shape_str(target.shape) +
+                            (kind == Patch::Kind::set
+                                 ? " (a .set_weight may enlarge only final_layer.video_out / audio_out into a PDD "
+                                   "head bank, keeping the columns)"
+                                 : ""));
+    p.kind = kind;
+    p.shape = full->shape;
+    LS_ASSIGN_OR_RETURN(p.full, widen(reader, *full, f.path));
+    return std::optional<Patch>(std::move(p));
+  }
+  const PairStyle* style = nullptr;
+  for (const PairStyle& s : kPairs)
+    if (has(s.up)) {
+      style = &s;
+      break;
+    }
+  if (style == nullptr) {
+    // Only a bias patch, an alpha, or a lone down half.
+    const bool bias_only = has(".diff_b") || has(".b_norm") || has(".set_bias");
+    if (!bias_only)
+      return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + parts.begin()->first +
+                                                     " has no up half (e.g. " + base + ".lora_up.weight)");
+    return std::optional<Patch>();
+  }
+  LS_TRY(read_pair(reader, f.path, base, parts, *style, target, p));
+  if (p.up.empty()) return std::optional<Patch>();
+  return std::optional<Patch>(std::move(p));
+}
+
+// The bias patch of <module>.bias (ComfyUI: to_load[x] minus ".weight", + ".bias"):
+// load_lora registers b_norm, then diff_b, then set_bias (PR #15908) under that key, so
+// the last one present wins. Returns the bias tensor's name with the patch; nullopt
+// without a bias patch.
+Expected<std::optional<std::pair<std::string, Patch>>> bias_patch(
+    const SafetensorsReader& reader, const LoraFile& f, const std::string& base, const KeyParts& parts,
+    const h3::TensorSpec& target, const std::map<std::string, const h3::TensorSpec*>& by_name) {
+  auto has = [&](const char* s) { return parts.count(s) != 0; };
+  const char* bias_suffix = has(".set_bias") ? ".set_bias" : has(".diff_b") ? ".diff_b" : has(".b_norm") ? ".b_norm"
+                                                                                                         : nullptr;
+  if (bias_suffix == nullptr) return std::optional<std::pair<std::string, Patch>>();
+  const bool set_bias = std::string(bias_suffix) == ".set_bias";
+  if (!ends_with(target.name, ".weight"))
+    return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " names no layer weight");
+  const std::string bias_name = target.name.substr(0, target.name.size() - 7) + ".bias";
+  auto b = by_name.find(bias_name);
+  if (b == by_name.end())
+    return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " patches " + bias_name +
+                                                   ", which the model does not have");
+  const SafetensorsEntry& e = *parts.at(bias_suffix);
+  if (e.shape != b->second->shape && !(set_bias && set_may_resize(*b->second, e.shape)))
+    return make_error(ErrorCode::invalid_file,
+                      "LoRA " + f.path + ": " + e.name + " is " + shape_str(e.shape) + ", the bias " + bias_name +
+                          " is " + shape_str(b->second->shape) +
+                          (set_bias ? " (a .set_bias may enlarge only the final heads' biases into a PDD bank)" : ""));
+  Patch bp;
+  bp.kind = set_bias ? Patch::Kind::set : Patch::Kind::diff;
+  bp.shape = e.shape;
+  bp.file = f.path;
+  bp.key = base + bias_suffix;
+  bp.strength = f.strength;
+  LS_ASSIGN_OR_RETURN(bp.full, widen(reader, e, f.path));
+  return std::optional<std::pair<std::string, Patch>>(std::in_place, bias_name, std::move(bp));
+}
+
+}  // namespace
+
+Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::vector<h3::TensorSpec>& model) {
+  const std::map<std::string, const h3::TensorSpec*> key_map = lora_key_map(model);
+  std::map<std::string, const h3::TensorSpec*> by_name;
+  for (const h3::TensorSpec& s : model) by_name[s.name] = &s;
 
   LoraSet set;
   set.files_ = files;
@@ -169,21 +324,7 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
       return make_error(ErrorCode::unsupported, "LoRA " + f.path + ": tensor " + reader->unsupported_tensors()[0] +
                                                     " has a dtype this loader cannot read");
     if (reader->entries().empty()) return make_error(ErrorCode::invalid_file, "LoRA " + f.path + " holds no tensors");
-    // base key -> suffix -> entry
-    std::map<std::string, std::map<std::string, const SafetensorsEntry*>> groups;
-    for (const SafetensorsEntry& e : reader->entries()) {
-      if (const char* what = unsupported_adapter(e.name))
-        return make_error(ErrorCode::unsupported, std::string("LoRA ") + f.path + ": " + e.name + " is a " + what +
-                                                      " adapter; this engine applies plain LoRA (up/down), diff "
-                                                      "and set patches only");
-      const std::string suf = known_suffix(e.name);
-      if (suf.empty())
-        return make_error(ErrorCode::invalid_file,
-                          "LoRA " + f.path + ": key " + e.name +
-                              " is no LoRA tensor this loader knows (expected a layer name followed by "
-                              ".lora_up.weight / .lora_down.weight, .lora_B.weight / .lora_A.weight, .alpha, .diff, ...)");
-      groups[e.name.substr(0, e.name.size() - suf.size())][suf] = &e;
-    }
+    LS_ASSIGN_OR_RETURN(const auto groups, group_keys(*reader, f.path));
     std::map<std::string, std::string> target_key;  // target -> the base that patches it (duplicates)
     auto claim = [&](const std::string& target, const std::string& base) -> Status {
       auto [it, fresh] = target_key.emplace(target, base);
@@ -200,122 +341,23 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
                               "as diffusion_model.blocks.N.attn.qkv_proj, blocks.N.attn.qkv_proj or "
                               "lora_unet_blocks_N_attn_qkv_proj)");
       const h3::TensorSpec& target = *target_it->second;
-      auto has = [&](const char* s) { return parts.count(s) != 0; };
       for (const char* refused : {".dora_scale", ".lora_mid.weight", ".reshape_weight"})
-        if (has(refused))
+        if (parts.count(refused) != 0)
           return make_error(ErrorCode::unsupported,
                             "LoRA " + f.path + ": " + base + refused + " (" +
                                 (std::string(refused) == ".dora_scale"       ? "DoRA"
                                  : std::string(refused) == ".lora_mid.weight" ? "LoCon/Tucker mid weight"
                                                                               : "enlarging a layer") +
                                 ") is not supported yet");
-      Patch p;
-      p.file = f.path;
-      p.key = base;
-      p.strength = f.strength;
-      // What ComfyUI's load_lora keeps for this key: set, else diff, else w_norm, else the pair.
-      const SafetensorsEntry* full = nullptr;
-      Patch::Kind kind = Patch::Kind::lora;
-      if (has(".set_weight")) {
-        full = parts.at(".set_weight");
-        kind = Patch::Kind::set;
-      } else if (has(".diff")) {
-        full = parts.at(".diff");
-        kind = Patch::Kind::diff;
-      } else if (has(".w_norm")) {
-        full = parts.at(".w_norm");
-        kind = Patch::Kind::diff;
-      }
-      if (full != nullptr) {
-        if (full->shape != target.shape && !(kind == Patch::Kind::set && set_may_resize(target, full->shape)))
-          return make_error(ErrorCode::invalid_file,
-                            "LoRA " + f.path + ": " + full->name + " is " + shape_str(full->shape) + ", the layer " +
-                                target.name + " is " + shape_str(target.shape) +
-                                (kind == Patch::Kind::set
-                                     ? " (a .set_weight may enlarge only final_layer.video_out / audio_out into a PDD "
-                                       "head bank, keeping the columns)"
-                                     : ""));
-        p.kind = kind;
-        p.shape = full->shape;
-        LS_ASSIGN_OR_RETURN(p.full, widen(*reader, *full, f.path));
-      } else {
-        const PairStyle* style = nullptr;
-        for (const PairStyle& s : kPairs)
-          if (has(s.up)) {
-            style = &s;
-            break;
-          }
-        if (style == nullptr) {
-          // Only a bias patch, an alpha, or a lone down half.
-          bool bias_only = has(".diff_b") || has(".b_norm") || has(".set_bias");
-          if (!bias_only) {
-            std::string what = parts.begin()->first;
-            return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + what +
-                                                           " has no up half (e.g. " + base + ".lora_up.weight)");
-          }
-        } else {
-          if (!has(style->down))
-            return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + style->up + " has no " + base +
-                                                           style->down);
-          const SafetensorsEntry& up = *parts.at(style->up);
-          const SafetensorsEntry& down = *parts.at(style->down);
-          if (target.shape.size() != 2 || up.shape.size() != 2 || down.shape.size() != 2 ||
-              up.shape[0] != target.shape[0] || down.shape[1] != target.shape[1] || up.shape[1] != down.shape[0] ||
-              up.shape[1] <= 0)
-            return make_error(ErrorCode::invalid_file,
-                              "LoRA " + f.path + ": " + base + " up " + shape_str(up.shape) + " x down " +
-                                  shape_str(down.shape) + " does not make the layer " + target.name + " " +
-                                  shape_str(target.shape) + " (up must be [out, rank], down [rank, in])");
-          p.kind = Patch::Kind::lora;
-          p.out = up.shape[0];
-          p.rank = up.shape[1];
-          p.in = down.shape[1];
-          LS_ASSIGN_OR_RETURN(p.up, widen(*reader, up, f.path));
-          LS_ASSIGN_OR_RETURN(p.down, widen(*reader, down, f.path));
-          if (has(".alpha")) {
-            const SafetensorsEntry& a = *parts.at(".alpha");
-            if (a.numel() != 1)
-              return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + a.name + " must be a scalar, is " +
-                                                             shape_str(a.shape));
-            LS_ASSIGN_OR_RETURN(std::vector<float> av, widen(*reader, a, f.path));
-            // ComfyUI: alpha = lora[alpha].item() / rank, a Python (double) division.
-            p.alpha_over_rank = static_cast<double>(av[0]) / static_cast<double>(p.rank);
-          }
-        }
-      }
-      if (full != nullptr || !p.up.empty()) {
+      LS_ASSIGN_OR_RETURN(std::optional<Patch> p, weight_patch(*reader, f, base, parts, target));
+      if (p) {
         LS_TRY(claim(target.name, base));
-        set.patches_[target.name].push_back(std::move(p));
+        set.patches_[target.name].push_back(std::move(*p));
       }
-      // The bias patch of <module>.bias (ComfyUI: to_load[x] minus ".weight", + ".bias"):
-      // load_lora registers b_norm, then diff_b, then set_bias (PR #15908) under that key, so
-      // the last one present wins.
-      const char* bias_suffix = has(".set_bias") ? ".set_bias" : has(".diff_b") ? ".diff_b" : has(".b_norm") ? ".b_norm"
-                                                                                                             : nullptr;
-      if (bias_suffix != nullptr) {
-        const bool set_bias = std::string(bias_suffix) == ".set_bias";
-        if (!ends_with(target.name, ".weight"))
-          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " names no layer weight");
-        const std::string bias_name = target.name.substr(0, target.name.size() - 7) + ".bias";
-        auto b = by_name.find(bias_name);
-        if (b == by_name.end())
-          return make_error(ErrorCode::invalid_file, "LoRA " + f.path + ": " + base + bias_suffix + " patches " + bias_name +
-                                                         ", which the model does not have");
-        const SafetensorsEntry& e = *parts.at(bias_suffix);
-        if (e.shape != b->second->shape && !(set_bias && set_may_resize(*b->second, e.shape)))
-          return make_error(ErrorCode::invalid_file,
-                            "LoRA " + f.path + ": " + e.name + " is " + shape_str(e.shape) + ", the bias " + bias_name +
-                                " is " + shape_str(b->second->shape) +
-                                (set_bias ? " (a .set_bias may enlarge only the final heads' biases into a PDD bank)" : ""));
-        Patch bp;
-        bp.kind = set_bias ? Patch::Kind::set : Patch::Kind::diff;
-        bp.shape = e.shape;
-        bp.file = f.path;
-        bp.key = base + bias_suffix;
-        bp.strength = f.strength;
-        LS_ASSIGN_OR_RETURN(bp.full, widen(*reader, e, f.path));
-        LS_TRY(claim(bias_name, bp.key));
-        set.patches_[bias_name].push_back(std::move(bp));
+      LS_ASSIGN_OR_RETURN(auto bias, bias_patch(*reader, f, base, parts, target, by_name));
+      if (bias) {
+        LS_TRY(claim(bias->first, bias->second.key));
+        set.patches_[bias->first].push_back(std::move(bias->second));
       }
     }
     set.per_file_[f.path] = target_key.size();

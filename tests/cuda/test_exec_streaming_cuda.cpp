@@ -38,3 +38,13 @@ TEST(CudaExecStreaming, InputModesKnobsAndBudgets) {
   test::check_streaming_knobs(131, "cuda", 2, true, 8, /*all_modes=*/true);
   test::check_streaming_budgets(41, "cuda", 2, false, 10, /*all_modes=*/true);
 }
+
+// Attention int8 at head dim 128 (the CUDA kernels' only one) and kv_tile 128: statistics
+// over pass-1 slices, the prepare (once, or per chunk through the host with K/V offload),
+// int8 chunks streamed in pass 2: every knob and budget gives the stock run's bytes.
+TEST(CudaExecStreaming, Int8KnobsAndBudgets) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (uint64_t seed = 1; seed <= 3; ++seed) test::check_streaming_knobs(seed, "cuda", 3, false, 10, false, /*int8=*/true);
+  test::check_streaming_knobs(101, "cuda", 2, true, 8, false, /*int8=*/true);
+  test::check_streaming_budgets(11, "cuda", 3, false, 8, false, /*int8=*/true);
+}

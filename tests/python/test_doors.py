@@ -89,6 +89,36 @@ def test_node_door(case):
     assert str(ei.value) == spell(case["expect"])
 
 
+@pytest.mark.parametrize("case", [c for c in TABLE if set(c["memory"]) <= NODE_KEYS],
+                         ids=[c["name"] for c in TABLE if set(c["memory"]) <= NODE_KEYS])
+def test_node_settings_door(case):
+    """The node as a user meets it: wrapper.Settings (built when the node is applied) runs the
+    same validation, so a size with explicit slices, or a size on the CPU, is refused there
+    with the message every door gives (it used to let the slices win or ignore the size)."""
+    pytest.importorskip("torch")  # mapping (imported by wrapper) needs torch
+    from layerstream_h3 import wrapper
+    m = case["memory"]
+
+    def run():
+        wrapper.Settings(device=case["device"], vram_budget=m.get("vram_budget", "auto"),
+                         mlp_chunk=m.get("mlp_chunk", 0), attn_chunk=m.get("attn_chunk", 0))
+
+    if case["expect"] == "ok":
+        run()
+        return
+    with pytest.raises(budget.BudgetError) as ei:
+        run()
+    assert str(ei.value) == spell(case["expect"])
+
+
+def test_node_settings_auto_with_slices_or_cpu_is_no_budget():
+    """'auto' is no budget given: explicit slices, or the CPU engine, run without one."""
+    pytest.importorskip("torch")
+    from layerstream_h3 import wrapper
+    assert wrapper.Settings(device="cuda:0", vram_budget="auto", mlp_chunk=4096).vram_budget is None
+    assert wrapper.Settings(device="cpu", vram_budget="auto").vram_budget is None
+
+
 SIZE_TEXTS = ["12G", "12g", "1.5GiB", "900M", "4096", "4096B", ".5K", "5.G", "1T", "1048576T", "1048577T", "12GB",
               "12 G", " 12G", "12G ", "0", "0x10", "+5G", "-1G", "G", "", ".", "1.5B", "1e3", "nan", "12 gigs",
               "99999999999999999999999", "0.0000000000000000001K", "3.999999999999999999999G", "1KiB", "2mib"]

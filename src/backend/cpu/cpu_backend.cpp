@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/pack.h"
 #include "backend/cpu/linear_quant.h"
+#include "backend/description.h"
 
 namespace ls {
 namespace cpu {
@@ -48,9 +49,25 @@ Status cpu_op_copy(const TensorView& dst, const TensorView& src) {
 // ---- numerics ----------------------------------------------------------------------
 Numerics CpuBackend::resolve_default() {
   Numerics n;
-  n.attention = AttentionAlgorithm::native;
-  n.kv_tile = 1024;
+  n.attention = cpu_description().default_attention();
+  n.kv_tile = cpu_description().default_kv_tile(n.attention);
   return n;
+}
+
+// attention int8's head dims on the CPU: powers of two 2..512 (0 = not known yet).
+static Status int8_head_dim_ok(int64_t hd) {
+  if (hd == 0 || (hd >= 2 && hd <= 512 && (hd & (hd - 1)) == 0)) return Status();
+  return make_error(ErrorCode::unsupported,
+                    "the cpu backend cannot run attention int8 for a model of head dim " + std::to_string(hd) +
+                        ": its int8 reference takes power-of-two head dims 2..512 (the Hadamard rotation); its "
+                        "attention algorithms for this model are native (and auto)");
+}
+
+Status CpuBackend::set_model_head_dim(int64_t head_dim) {
+  if (head_dim < 0) return make_error(ErrorCode::invalid_argument, "set_model_head_dim: negative head dim");
+  if (numerics_.attention == AttentionAlgorithm::int8) LS_TRY(int8_head_dim_ok(head_dim));
+  head_dim_ = head_dim;
+  return Status();
 }
 
 Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
@@ -58,12 +75,10 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
   const auto refuse = [](const std::string& what) {
     return Status(make_error(ErrorCode::unsupported, "the cpu backend " + what));
   };
-  if (n.attention == AttentionAlgorithm::cudnn)
-    return refuse("has no cuDNN attention (it runs the reference, attention native); use --device cuda or "
-                  "attention auto|native");
-  if (n.attention == AttentionAlgorithm::hopper)
-    return refuse("has no Hopper attention kernel (it runs the reference, attention native); use --device cuda on "
-                  "an sm_90 GPU or attention auto|native");
+  // Attention algorithms this backend cannot run: its description's refusal (one source
+  // for the backend, the planner and the dry run).
+  if (n.attention != AttentionAlgorithm::backend_default)
+    if (Status s = cpu_description().can_implement_attention(n.attention); !s.ok()) return s;
   if (n.gemm_f32 == GemmF32Order::cublaslt)
     return refuse("has no cuBLASLt: its fp32 GEMMs are the lanes16 reference order; use gemm_f32 lanes16");
   const Numerics defaults;
@@ -75,10 +90,11 @@ Status CpuBackend::set_numerics(const Numerics& n, const Diagnostics& d) {
   if (!n.gemm_candidate.empty())
     return refuse("has no cuBLASLt candidates (gemm_candidate " + format_gemm_candidate(n.gemm_candidate) +
                   "); leave it empty");
+  if (n.attention == AttentionAlgorithm::int8) LS_TRY(int8_head_dim_ok(head_dim_));
   Numerics r = n;
-  r.attention = AttentionAlgorithm::native;
+  if (r.attention == AttentionAlgorithm::backend_default) r.attention = cpu_description().default_attention();
   r.native_variant.clear();
-  if (r.kv_tile == 0) r.kv_tile = 1024;
+  if (r.kv_tile == 0) r.kv_tile = cpu_description().default_kv_tile(r.attention);
   numerics_ = r;
   diagnostics_ = d;  // nothing to log on the CPU; kept so diagnostics() reports what was asked
   return Status();
@@ -122,6 +138,17 @@ Status CpuBackend::convert(const TensorView& src, const TensorView& dst) { retur
 Status CpuBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                              const AttentionParams& p) {
   return cpu_op_attention(q, k, v, out, p);
+}
+Status CpuBackend::int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) {
+  return cpu_op_int8_key_stats(k, v, stats, reset);
+}
+Status CpuBackend::int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                                const Int8Keys& keys) {
+  return cpu_op_int8_prepare(k, v, stats, keys);
+}
+Status CpuBackend::attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                                  const AttentionParams& p) {
+  return cpu_op_attention_int8(q, keys, out, p);
 }
 Expected<int64_t> CpuBackend::count_nonfinite(const TensorView& t) { return cpu_op_count_nonfinite(t); }
 Status CpuBackend::pack_video_rows(const TensorView& lat, int64_t r0, const TensorView& out) {

@@ -6,8 +6,9 @@
 // without any bit depending on the thread count. Memory comes from
 // host_memory_resource(); copies are memcpy per contiguous row; there is no queue, so
 // synchronize() returns at once. Numerics: the CPU has one algorithm of each kind, so
-// set_numerics accepts attention auto|native, fp32 GEMM lanes16 and any kv_tile (default
-// 1024), and refuses everything else (cuDNN, cuBLASLt, the CUDA kernel knobs).
+// set_numerics accepts attention auto|native|int8 (int8: docs/int8-attention.md), fp32
+// GEMM lanes16 and any kv_tile (default 1024), and refuses everything else (cuDNN,
+// cuBLASLt, the CUDA kernel knobs).
 //
 // Usage:
 //   std::unique_ptr<ls::Backend> cpu = ls::make_cpu_backend();
@@ -39,6 +40,9 @@ class CpuBackend final : public Backend {
 
   // Numerics: one algorithm of each kind (the reference), kv_tile 1024 by default.
   Status set_numerics(const Numerics& n, const Diagnostics& d) override;
+  // attention int8 takes power-of-two head dims 2..512 (the rotation): refused here for
+  // another model, naming the device and the algorithms it has.
+  Status set_model_head_dim(int64_t head_dim) override;
   Numerics numerics() const override { return numerics_; }
   Diagnostics diagnostics() const override { return diagnostics_; }
 
@@ -53,6 +57,11 @@ class CpuBackend final : public Backend {
   Status silu(const TensorView& x) override;
   Status time_embedding(const TensorView& t, const TensorView& out) override;
   Status convert(const TensorView& src, const TensorView& dst) override;
+  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) override;
+  Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                      const Int8Keys& keys) override;
+  Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                        const AttentionParams& p) override;
   Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const AttentionParams& p) override;
   Expected<int64_t> count_nonfinite(const TensorView& t) override;
@@ -76,6 +85,7 @@ class CpuBackend final : public Backend {
  private:
   Numerics numerics_ = resolve_default();
   Diagnostics diagnostics_;
+  int64_t head_dim_ = 0;  // set_model_head_dim's (0 = not known)
 };
 
 }  // namespace ls::cpu

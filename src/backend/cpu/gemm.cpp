@@ -34,39 +34,10 @@ constexpr int kTileRows = 2;  // register tile: rows of x
 constexpr int kTileCols = 3;  // register tile: rows of w (output columns)
 constexpr int64_t kColBlockBytes = 192 * 1024;
 
-// res[r * CT + c] = sum_k xr[r][k] * wr[c][k] in the documented order.
+// res[r * CT + c] = sum_k xr[r][k] * wr[c][k] in the documented order (simd.h dot16_tile).
 template <typename XT, typename WT, int RT, int CT>
 void gemm_tile(const XT* const* xr, const WT* const* wr, int64_t K, float* res) {
-  F8 lo[RT][CT], hi[RT][CT];
-  for (int r = 0; r < RT; ++r)
-    for (int c = 0; c < CT; ++c) lo[r][c] = hi[r][c] = f8_zero();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    F8 wv[CT];
-    for (int c = 0; c < CT; ++c) wv[c] = f8_load(wr[c] + k);
-    for (int r = 0; r < RT; ++r) {
-      F8 xv = f8_load(xr[r] + k);
-      for (int c = 0; c < CT; ++c) lo[r][c] = f8_add(lo[r][c], f8_mul(xv, wv[c]));
-    }
-    for (int c = 0; c < CT; ++c) wv[c] = f8_load(wr[c] + k + 8);
-    for (int r = 0; r < RT; ++r) {
-      F8 xv = f8_load(xr[r] + k + 8);
-      for (int c = 0; c < CT; ++c) hi[r][c] = f8_add(hi[r][c], f8_mul(xv, wv[c]));
-    }
-  }
-  if (k < K) {  // the last K % 16 terms, zero-padded to 16 lanes
-    alignas(32) float xt[RT][16];
-    alignas(32) float wt[CT][16];
-    for (int r = 0; r < RT; ++r) widen_tail16(xr[r] + k, K - k, xt[r]);
-    for (int c = 0; c < CT; ++c) widen_tail16(wr[c] + k, K - k, wt[c]);
-    for (int r = 0; r < RT; ++r)
-      for (int c = 0; c < CT; ++c) {
-        lo[r][c] = f8_add(lo[r][c], f8_mul(f8_load(xt[r]), f8_load(wt[c])));
-        hi[r][c] = f8_add(hi[r][c], f8_mul(f8_load(xt[r] + 8), f8_load(wt[c] + 8)));
-      }
-  }
-  for (int r = 0; r < RT; ++r)
-    for (int c = 0; c < CT; ++c) res[r * CT + c] = f8_tree16(lo[r][c], hi[r][c]);
+  dot16_tile<RT, CT>(WidenRows<XT>{xr}, WidenRows<WT>{wr}, K, res);
 }
 
 template <typename XT, typename WT, int RT>

@@ -161,41 +161,20 @@ inline F8 f8_load_e4m3(const float* lut, const uint8_t* p) {
 #endif
 }
 
-// res[r * CT + c] = dot16 over k of dec(xr[r][k]) * dec(wr[c][k]).
+// Rows of e4m3 codes decoded through the table (exact; code 0 decodes to +0, the padding).
+struct E4m3Rows {
+  const float* lut;
+  const uint8_t* const* rows;
+  F8 load8(int i, int64_t k) const { return f8_load_e4m3(lut, rows[i] + k); }
+  void tail16(int i, int64_t k, int64_t n, float* buf) const {
+    for (int64_t l = 0; l < 16; ++l) buf[l] = l < n ? lut[rows[i][k + l]] : 0.0f;
+  }
+};
+
+// res[r * CT + c] = dot16 over k of dec(xr[r][k]) * dec(wr[c][k]) (simd.h dot16_tile).
 template <int RT, int CT>
 void dot_f8_tile(const float* lut, const uint8_t* const* xr, const uint8_t* const* wr, int64_t K, float* res) {
-  F8 lo[RT][CT], hi[RT][CT];
-  for (int r = 0; r < RT; ++r)
-    for (int c = 0; c < CT; ++c) lo[r][c] = hi[r][c] = f8_zero();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    F8 wv[CT];
-    for (int c = 0; c < CT; ++c) wv[c] = f8_load_e4m3(lut, wr[c] + k);
-    for (int r = 0; r < RT; ++r) {
-      const F8 xv = f8_load_e4m3(lut, xr[r] + k);
-      for (int c = 0; c < CT; ++c) lo[r][c] = f8_add(lo[r][c], f8_mul(xv, wv[c]));
-    }
-    for (int c = 0; c < CT; ++c) wv[c] = f8_load_e4m3(lut, wr[c] + k + 8);
-    for (int r = 0; r < RT; ++r) {
-      const F8 xv = f8_load_e4m3(lut, xr[r] + k + 8);
-      for (int c = 0; c < CT; ++c) hi[r][c] = f8_add(hi[r][c], f8_mul(xv, wv[c]));
-    }
-  }
-  if (k < K) {  // the last K % 16 terms, zero-padded to 16 lanes (code 0 decodes to +0)
-    alignas(32) float xt[RT][16];
-    alignas(32) float wt[CT][16];
-    for (int r = 0; r < RT; ++r)
-      for (int64_t l = 0; l < 16; ++l) xt[r][l] = k + l < K ? lut[xr[r][k + l]] : 0.0f;
-    for (int c = 0; c < CT; ++c)
-      for (int64_t l = 0; l < 16; ++l) wt[c][l] = k + l < K ? lut[wr[c][k + l]] : 0.0f;
-    for (int r = 0; r < RT; ++r)
-      for (int c = 0; c < CT; ++c) {
-        lo[r][c] = f8_add(lo[r][c], f8_mul(f8_load(xt[r]), f8_load(wt[c])));
-        hi[r][c] = f8_add(hi[r][c], f8_mul(f8_load(xt[r] + 8), f8_load(wt[c] + 8)));
-      }
-  }
-  for (int r = 0; r < RT; ++r)
-    for (int c = 0; c < CT; ++c) res[r * CT + c] = f8_tree16(lo[r][c], hi[r][c]);
+  dot16_tile<RT, CT>(E4m3Rows{lut, xr}, E4m3Rows{lut, wr}, K, res);
 }
 
 void quantise_fp8_row(const uint16_t* xr, int64_t K, float input_scale, bool dynamic, uint8_t* q, float* sa_out) {

@@ -135,6 +135,58 @@ inline float dot16(const A* a, const B* b, int64_t n) {
   return f8_tree16(lo, hi);
 }
 
+// The same order over an RT x CT register tile of dot products, the one home of the
+// tiled form (the GEMM's bf16 / f32 operands, the quantised linears' fp8 codes):
+//   res[r * CT + c] = sum_k x_r[k] * w_c[k], k in [0, K), in the 16-lane order above.
+// Each of the RT + CT operand rows is read through its loader (X for x, W for w):
+//   F8 load8(int i, int64_t k) const           elements k .. k + 7 of row i as fp32 lanes
+//   void tail16(int i, int64_t k, int64_t n, float* buf) const
+//                                              elements k .. k + n - 1 (n < 16) widened,
+//                                              buf[n .. 15] = +0 (the zero padding)
+// Loaders only widen exactly (bf16, f32, e4m3 -> fp32): every product and sum is the
+// lane operation above, so any loader gives the bits of dot16 over the widened values.
+template <int RT, int CT, typename X, typename W>
+inline void dot16_tile(const X& x, const W& w, int64_t K, float* res) {
+  F8 lo[RT][CT], hi[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) lo[r][c] = hi[r][c] = f8_zero();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    F8 wv[CT];
+    for (int c = 0; c < CT; ++c) wv[c] = w.load8(c, k);
+    for (int r = 0; r < RT; ++r) {
+      const F8 xv = x.load8(r, k);
+      for (int c = 0; c < CT; ++c) lo[r][c] = f8_add(lo[r][c], f8_mul(xv, wv[c]));
+    }
+    for (int c = 0; c < CT; ++c) wv[c] = w.load8(c, k + 8);
+    for (int r = 0; r < RT; ++r) {
+      const F8 xv = x.load8(r, k + 8);
+      for (int c = 0; c < CT; ++c) hi[r][c] = f8_add(hi[r][c], f8_mul(xv, wv[c]));
+    }
+  }
+  if (k < K) {  // the last K % 16 terms, zero-padded to 16 lanes
+    alignas(32) float xt[RT][16];
+    alignas(32) float wt[CT][16];
+    for (int r = 0; r < RT; ++r) x.tail16(r, k, K - k, xt[r]);
+    for (int c = 0; c < CT; ++c) w.tail16(c, k, K - k, wt[c]);
+    for (int r = 0; r < RT; ++r)
+      for (int c = 0; c < CT; ++c) {
+        lo[r][c] = f8_add(lo[r][c], f8_mul(f8_load(xt[r]), f8_load(wt[c])));
+        hi[r][c] = f8_add(hi[r][c], f8_mul(f8_load(xt[r] + 8), f8_load(wt[c] + 8)));
+      }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) res[r * CT + c] = f8_tree16(lo[r][c], hi[r][c]);
+}
+
+// The loader of rows of float or bf16 bits (uint16_t), widened exactly.
+template <typename T>
+struct WidenRows {
+  const T* const* rows;
+  F8 load8(int i, int64_t k) const { return f8_load(rows[i] + k); }
+  void tail16(int i, int64_t k, int64_t n, float* buf) const { widen_tail16(rows[i] + k, n, buf); }
+};
+
 // Plain scalar statement of the same order, for tests ("use_ref" of style-lessons §4).
 template <typename A, typename B>
 inline float dot16_reference(const A* a, const B* b, int64_t n) {

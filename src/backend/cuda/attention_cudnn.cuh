@@ -27,8 +27,9 @@ bool attention_cudnn_built();
 // Bytes of Backend workspace (set_workspace) the cuDNN path needs for H heads of
 // head_dim Dh at q_chunk queries per cuDNN call (Numerics::cudnn_q_chunk): query chunk
 // staging, per-tile O_t / LSE_t, the fp32 merge state and a fixed reserve for cuDNN's
-// own workspace. Independent of Mq, Mk and kv_tile. (src/exec/budget_plan.cpp
-// cudnn_attention_workspace_bytes restates the formula without a device.)
+// own workspace. Independent of Mq, Mk and kv_tile. (The backend's description,
+// src/backend/description.cpp cudnn_attention_workspace_bytes, states the formula without
+// a device; tests/cuda/test_backend_description_cuda.cpp checks the two agree.)
 size_t attention_cudnn_workspace_bytes(int64_t H, int64_t Dh, int64_t q_chunk = kDefaultCudnnQChunk);
 
 // Same contract and argument checks as Backend::attention (bf16 q, k, v, out

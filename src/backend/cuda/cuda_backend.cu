@@ -244,56 +244,46 @@ class CudaBackend final : public Backend {
     return Status();
   }
 
-  // The GEMM's cuBLASLt workspace; in a build with cuDNN the larger of that and the
-  // cuDNN attention path's scratch for up to 64 heads of 128 (H3: 56 x 128) at the
-  // numerics' cudnn_q_chunk, whichever attention path the numerics select, so switching
-  // between cudnn and native (set_numerics) keeps a workspace valid; only a larger
-  // q chunk needs a larger one (set_numerics refuses it once a smaller workspace is set).
-  // Ops run one at a time on the compute queue, so they share one view.
+  // The workspace of the description (backend/description.h: the GEMM's cuBLASLt
+  // workspace and staging, then the quantised linears' region, or in a build with cuDNN
+  // the cuDNN attention scratch for up to 64 heads of 128 (H3: 56 x 128) at the numerics'
+  // cudnn_q_chunk where larger, whichever attention path the numerics select), so
+  // switching between cudnn and native (set_numerics) keeps a workspace valid; only a
+  // larger q chunk needs a larger one (set_numerics refuses it once a smaller workspace
+  // is set). Ops run one at a time on the compute queue, so they share one view.
+  // tests/cuda/test_backend_description_cuda.cpp checks the description's pieces against
+  // what gemm.cu, linear_quant.cu and attention_cudnn.cu carve.
   size_t workspace_bytes() const override { return workspace_bytes_for(ctx_.numerics); }
-  // The GEMM's part is followed by the quantised linears' region (linear_quant.cu: their
-  // cuBLASLt workspace and row-chunk scratch), so a linear can call the GEMM.
-  size_t workspace_bytes_for(const Numerics& n) const {
-    const size_t linears = gemm_workspace_bytes() + linear_quant_workspace_bytes();
-    return attention_cudnn_built()
-               ? std::max(linears, attention_cudnn_workspace_bytes(64, 128, n.cudnn_q_chunk))
-               : linears;
+  static size_t workspace_bytes_for(const Numerics& n) { return static_cast<size_t>(description().workspace_bytes(n)); }
+  static const BackendDescription& description() {
+    static const BackendDescription d = cuda_description(cuda_build());
+    return d;
   }
 
   // ---- numerics ------------------------------------------------------------------
   // Resolution (numerics.h): attention auto -> hopper for a model of head dim 128 on an
   // sm_90 device in a build with the Hopper kernel (set_model_head_dim; the fastest that
   // passes the parity and invariance tests there: 603-615 TFLOP/s at S = 111274 against
-  // cuDNN's 552-553 on the H200, bench/results/issue15/), else cudnn where the build has
-  // cuDNN, else native; kv_tile 0 -> the algorithm's default. cuDNN's fused kernel is called once per
-  // key tile and the tiles are merged, so small tiles cost speed: at S = 111274, H3
-  // width, on the H200, kv_tile 1024 ran at 438 TFLOP/s, 8192 at 552-555, 16384 at
-  // 559-567, one tile of all keys at 531 (and the K/V offload chunks, whole tiles, grow
-  // with it). 8192 is within 2 % of the best (DESIGN.md §1.2). The native kernel walks
-  // 64-key blocks whatever kv_tile is, so it keeps the CPU's 1024. native_variant "" ->
-  // "4x2" under native attention. The knobs of the path not taken must stay at their
-  // defaults (they would be recorded without acting).
-  // Head dim of the one model shape the hopper kernel serves (attention_hopper.cu kD).
-  static constexpr int64_t kHopperHeadDim = 128;
+  // cuDNN's 552-553 on the H200, bench/results/issue15/), else the description's default
+  // (cudnn where the build has cuDNN, else native); kv_tile 0 -> the algorithm's default
+  // (AttentionEntry::default_kv_tile, where the description says why). native_variant ""
+  // -> "4x2" under native attention. The knobs of the path not taken must stay at their
+  // defaults (they would be recorded without acting). What cannot run here is refused
+  // with the description's message (can_implement_attention).
   // auto takes hopper only where nothing given belongs to another path (a cudnn_* knob or
   // native_variant set with auto keeps that path) and the kernel can run here.
   static bool auto_takes_hopper(const Numerics& n, int64_t head_dim, int device) {
     const Numerics defaults;
-    return head_dim == kHopperHeadDim && n.native_variant.empty() && n.cudnn_q_chunk == defaults.cudnn_q_chunk &&
-           n.cudnn_form.empty() && n.cudnn_skip_configs == 0 && attention_hopper_built() &&
-           attention_hopper_available(device).ok();
+    return head_dim > 0 && description().can_implement_attention(AttentionAlgorithm::hopper, head_dim).ok() &&
+           n.native_variant.empty() && n.cudnn_q_chunk == defaults.cudnn_q_chunk && n.cudnn_form.empty() &&
+           n.cudnn_skip_configs == 0 && attention_hopper_available(device).ok();
   }
   static Expected<Numerics> resolve(const Numerics& n, int64_t head_dim = 0, int device = 0) {
     LS_TRY(validate(n));
     Numerics r = n;
     if (r.attention == AttentionAlgorithm::backend_default)
-      r.attention = auto_takes_hopper(n, head_dim, device) ? AttentionAlgorithm::hopper
-                    : attention_cudnn_built()              ? AttentionAlgorithm::cudnn
-                                                           : AttentionAlgorithm::native;
-    if (r.attention == AttentionAlgorithm::cudnn && !attention_cudnn_built())
-      return make_error(ErrorCode::unsupported,
-                        "attention cudnn: this layerstream was built without cuDNN (no libcudnn found at configure "
-                        "time); use attention auto or native, or rebuild with cuDNN installed");
+      r.attention = auto_takes_hopper(n, head_dim, device) ? AttentionAlgorithm::hopper : description().default_attention();
+    if (r.attention == AttentionAlgorithm::cudnn) LS_TRY(description().can_implement_attention(r.attention));
     const Numerics defaults;
     if (r.attention == AttentionAlgorithm::cudnn) {
       if (!r.native_variant.empty())
@@ -301,6 +291,12 @@ class CudaBackend final : public Backend {
                           "native_variant '" + r.native_variant +
                               "' is a setting of the native attention kernel, but the attention is cudnn; "
                               "select attention native or leave native_variant empty");
+    } else if (r.attention == AttentionAlgorithm::int8) {
+      if (!r.native_variant.empty() || r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() ||
+          r.cudnn_skip_configs != 0)
+        return make_error(ErrorCode::invalid_argument,
+                          "native_variant and the cudnn_* knobs are settings of the native and cudnn attention "
+                          "paths, but the attention is int8 (" + describe(r) + "); leave them at their defaults");
     } else if (r.attention == AttentionAlgorithm::hopper) {
       if (!r.native_variant.empty() || r.cudnn_q_chunk != defaults.cudnn_q_chunk || !r.cudnn_form.empty() ||
           r.cudnn_skip_configs != 0)
@@ -315,11 +311,7 @@ class CudaBackend final : public Backend {
                               "); select attention cudnn or leave them at their defaults");
       if (r.native_variant.empty()) r.native_variant = kDefaultNativeVariant;
     }
-    // attention hopper (auto's choice only with a head dim of 128): its blocks of 128 keys give the same bits for
-    // every kv_tile that is a multiple of 128 (attention_hopper.cu), so its default is
-    // cuDNN's 8192 (whole-tile K/V offload chunks as large as cuDNN's).
-    if (r.kv_tile == 0)
-      r.kv_tile = r.attention == AttentionAlgorithm::cudnn || r.attention == AttentionAlgorithm::hopper ? 8192 : 1024;
+    if (r.kv_tile == 0) r.kv_tile = description().default_kv_tile(r.attention);
     return r;
   }
   Status set_numerics(const Numerics& n, const Diagnostics& d) override { return apply_numerics(n, d, head_dim_); }
@@ -330,6 +322,17 @@ class CudaBackend final : public Backend {
   // set_numerics and set_model_head_dim: resolve n for head_dim, check, then keep n as
   // given (auto stays auto, to be resolved again for another model) and the result.
   Status apply_numerics(const Numerics& n, const Diagnostics& d, int64_t head_dim) {
+    // [int8 attention] the portable kernels (attention_int8.cu): head dim 128, kv_tile 128.
+    if (n.attention == AttentionAlgorithm::int8 && head_dim != 0 && head_dim != 128)
+      return make_error(ErrorCode::unsupported,
+                        name() + " cannot run attention int8 for a model of head dim " + std::to_string(head_dim) +
+                            ": its int8 kernels take head dim 128; its attention algorithms here are native" +
+                            std::string(attention_cudnn_built() ? ", cudnn" : "") + " (and auto); the CPU backend runs "
+                            "int8 at any power-of-two head dim");
+    if (n.attention == AttentionAlgorithm::int8 && n.kv_tile != 0 && n.kv_tile != kInt8DefaultKvTile)
+      return make_error(ErrorCode::invalid_argument,
+                        name() + ": attention int8 folds once per 128-key tile on CUDA: kv_tile must be 128 (or 0, "
+                                 "the default); got " + std::to_string(n.kv_tile));
     LS_ASSIGN_OR_RETURN(Numerics r, resolve(n, head_dim, ctx_.device));
     if (r.attention == AttentionAlgorithm::hopper) LS_TRY(attention_hopper_available(ctx_.device));
     if (ctx_.workspace != nullptr && ctx_.workspace_bytes < workspace_bytes_for(r))
@@ -413,6 +416,20 @@ class CudaBackend final : public Backend {
                    const AttentionParams& p) override {
     DeviceGuard g(ctx_.device);
     return cuda_op_attention(ctx_, q, k, v, out, p);
+  }
+  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_int8_key_stats(ctx_, k, v, stats, reset);
+  }
+  Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
+                      const Int8Keys& keys) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_int8_prepare(ctx_, k, v, stats, keys);
+  }
+  Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                        const AttentionParams& p) override {
+    DeviceGuard g(ctx_.device);
+    return cuda_op_attention_int8(ctx_, q, keys, out, p);
   }
   Expected<int64_t> count_nonfinite(const TensorView& t) override {
     DeviceGuard g(ctx_.device);
@@ -579,6 +596,8 @@ std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorVi
 }  // namespace ls::cuda
 
 namespace ls {
+
+CudaBuild cuda_build() { return {cuda::attention_cudnn_built(), cuda::attention_hopper_built()}; }
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int index) {
   int count = 0;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/description.h"
 
 namespace ls {
 
@@ -12,5 +13,9 @@ namespace ls {
 // cudaMalloc-backed MemoryResource. Fails (ErrorCode::device) with an actionable
 // message when there is no such device or the driver is missing.
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int index);
+
+// What this build of the CUDA backend holds (cuDNN, the Hopper kernel): the backend
+// resolves and sizes from cuda_description(cuda_build()).
+CudaBuild cuda_build();
 
 }  // namespace ls

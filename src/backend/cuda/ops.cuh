@@ -33,6 +33,14 @@ Status cuda_op_time_embedding(CudaContext& ctx, const TensorView& t, const Tenso
 Status cuda_op_convert(CudaContext& ctx, const TensorView& src, const TensorView& dst);
 Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionParams& p);
+// attention_int8.cu: the portable INT8 attention kernels (docs/int8-attention.md; sm_80+,
+// head dim 128, kv_tile 128).
+Status cuda_op_int8_key_stats(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
+                              bool reset);
+Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
+                            const Int8Keys& keys);
+Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                              const AttentionParams& p);
 // linear_quant.cu: Backend::linear for every WeightFormat (bf16 goes to cuda_op_gemm). Its
 // scratch is the workspace region after the GEMM's (linear_quant_workspace_bytes,
 // linear_quant_bench.cuh); cuda_linear_fp8_path says which fp8 path this device runs

@@ -133,7 +133,7 @@ Status DitBlock::attn_q_out(const BlockRows& r, int64_t a, int64_t b, const Tens
 }
 
 Status DitBlock::attn_fused(const BlockRows& r, const TensorView& h, const TensorView& qkv, const TensorView& o,
-                            int64_t kv_tile) const {
+                            int64_t kv_tile, const TensorView& int8_scratch) const {
   const int64_t S = r.x.rows(), I = cfg_.inner(), H = cfg_.heads, Dh = cfg_.head_dim;
   LS_TRY(norm_modulate(r, 0, S, w_.norm1, t_.shift_msa, t_.scale_msa, h));
   LS_TRY(linear_lora(be_, h, w_.attn.qkv, nullptr, qkv));  // [S, 3I] = [q | k | v]
@@ -144,7 +144,7 @@ Status DitBlock::attn_fused(const BlockRows& r, const TensorView& h, const Tenso
   LS_TRY(be_.qk_norm_rope(k, w_.attn.k_norm, r.rope, kEps));
   AttentionParams ap;
   ap.kv_tile = kv_tile;
-  LS_TRY(be_.attention(q, k, v, o.unflatten_last(H, Dh), ap));
+  LS_TRY(attention_all_keys(be_, q, k, v, o.unflatten_last(H, Dh), ap, int8_scratch));
   LS_TRY(linear_lora(be_, o, w_.attn.out_proj, nullptr, h));
   return be_.gated_add(r.x, h, t_.gate_msa, r.mod_rows);
 }
@@ -160,7 +160,7 @@ Status DitBlock::mlp(const BlockRows& r, int64_t a, int64_t b, const TensorView&
 
 Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, const TensorView& x, const TensorView& h,
                      const TensorView& qkv, const TensorView& o, const TensorView& u, const TensorView& act,
-                     int64_t kv_tile) {
+                     int64_t kv_tile, const TensorView& int8_scratch) {
   const int64_t I = cfg.inner(), H = cfg.heads, Dh = cfg.head_dim;
   // x = Attention(norm1(x)) + x
   LS_TRY(be.rms_norm(x, w.norm1, kEps, h));
@@ -172,7 +172,7 @@ Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, co
   LS_TRY(be.qk_norm_rope(k, w.attn.k_norm, TensorView(), kEps));
   AttentionParams ap;
   ap.kv_tile = kv_tile;
-  LS_TRY(be.attention(q, k, v, o.unflatten_last(H, Dh), ap));
+  LS_TRY(attention_all_keys(be, q, k, v, o.unflatten_last(H, Dh), ap, int8_scratch));
   LS_TRY(linear_lora(be, o, w.attn.out_proj, nullptr, h));
   LS_TRY(be.add(x, h));  // bf16(x + attn), commutative with ComfyUI's attn + x
   // x = MLP(norm2(x)) + x

@@ -93,9 +93,10 @@ class DitBlock {
   Status attn_q(const BlockRows& r, int64_t a, int64_t b, const TensorView& h, const TensorView& q) const;
   Status attn_out(const BlockRows& r, int64_t a, int64_t b, const TensorView& o, const TensorView& h) const;
   // Stock attention over all S rows with the fused qkv projection.
-  //   scratch h bf16 [S, D], qkv bf16 [S, 3I], o bf16 [S, I]
+  //   scratch h bf16 [S, D], qkv bf16 [S, 3I], o bf16 [S, I]; int8_scratch: with attention
+  //   int8, int8_all_scratch_bytes(S, H, Dh) bytes (backend.h attention_all_keys), else unused.
   Status attn_fused(const BlockRows& r, const TensorView& h, const TensorView& qkv, const TensorView& o,
-                    int64_t kv_tile) const;
+                    int64_t kv_tile, const TensorView& int8_scratch = {}) const;
   // MLP half for rows [a, b): norm2, modulate, fc1, SwiGLU, fc2, gated add into x.
   //   scratch h bf16 [n, D], u bf16 [n, 2F], act bf16 [n, F]
   // An int8 fc2 takes u itself (Backend::linear with swiglu_input: the fp32 swiglu of the
@@ -116,6 +117,6 @@ class DitBlock {
 //   x bf16 [L, D] in place; scratch h [L, D], qkv [L, 3I], o [L, I], u [L, 2F], act [L, F]
 Status refiner_block(Backend& be, const H3Config& cfg, const BlockWeights& w, const TensorView& x, const TensorView& h,
                      const TensorView& qkv, const TensorView& o, const TensorView& u, const TensorView& act,
-                     int64_t kv_tile);
+                     int64_t kv_tile, const TensorView& int8_scratch = {});
 
 }  // namespace ls::h3

@@ -81,6 +81,169 @@ bool quantisable_linear(const H3Config& cfg, const std::string& linear) {
 
 // ---- detection ------------------------------------------------------------------------
 
+namespace {
+
+// One quantised layer <m> being detected: its tensors (null where absent) and the two
+// refusals, each naming the layer.
+struct QuantLayer {
+  const std::string& pre;
+  const std::string& m;
+  const TensorInfo* w;
+  const TensorInfo* sc;
+  const TensorInfo* cq;
+  const TensorInfo* is;
+  Error bad(const std::string& msg) const {
+    return make_error(ErrorCode::invalid_file, "quantised layer " + pre + m + ": " + msg);
+  }
+  Error unsupported(const std::string& msg) const {
+    return make_error(ErrorCode::unsupported, "quantised layer " + pre + m + ": " + msg);
+  }
+};
+
+// What <m>.comfy_quant says (stored into lq.comfy_quant*), or without one what the
+// weight's dtype implies (fp8 files may carry none).
+struct QuantFields {
+  std::string format;
+  int64_t group = 256;
+  bool convrot = false;
+};
+Expected<QuantFields> quant_fields(const QuantLayer& l, LinearQuant& lq, const TensorBytesReader& read) {
+  const std::string& pre = l.pre;
+  const std::string& m = l.m;
+  const TensorInfo* cq = l.cq;
+  const TensorInfo* w = l.w;
+  QuantFields q;
+  if (cq) {
+    if (cq->dtype != DType::u8 && cq->dtype != DType::i8)
+      return l.bad("comfy_quant is stored as " + std::string(dtype_name(cq->dtype)) + ", expected U8 (JSON bytes)");
+    if (cq->shape.size() != 1) return l.bad("comfy_quant has shape " + shape_string(cq->shape) + ", expected [len]");
+    lq.comfy_quant_dtype = cq->dtype;
+    const std::vector<uint8_t> bytes = read(pre + m + ".comfy_quant");
+    lq.comfy_quant.assign(bytes.begin(), bytes.end());
+    nlohmann::json j = nlohmann::json::parse(lq.comfy_quant, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+      return l.bad("comfy_quant is not a JSON object: '" + lq.comfy_quant.substr(0, 80) + "'");
+    auto f = j.find("format");
+    if (f == j.end() || !f->is_string()) return l.bad("comfy_quant has no \"format\" string: " + j.dump());
+    q.format = f->get<std::string>();
+    // convrot / convrot_groupsize / full_precision_matrix_mult at the top level or under "params".
+    auto field = [&](const char* name) -> const nlohmann::json* {
+      if (auto it = j.find(name); it != j.end()) return &*it;
+      if (auto p = j.find("params"); p != j.end() && p->is_object())
+        if (auto it = p->find(name); it != p->end()) return &*it;
+      return nullptr;
+    };
+    if (const nlohmann::json* c = field("convrot")) {
+      if (!c->is_boolean()) return l.bad("comfy_quant \"convrot\" is not a boolean: " + j.dump());
+      q.convrot = c->get<bool>();
+    }
+    if (const nlohmann::json* g = field("convrot_groupsize")) {
+      if (!g->is_number_integer()) return l.bad("comfy_quant \"convrot_groupsize\" is not an integer: " + j.dump());
+      q.group = g->get<int64_t>();
+    }
+    if (const nlohmann::json* fp = field("full_precision_matrix_mult"); fp && fp->is_boolean() && fp->get<bool>())
+      return l.unsupported("comfy_quant asks for full_precision_matrix_mult (dequantise and run in bf16), "
+                           "which LayerStream does not implement");
+  } else if (w->dtype == DType::f8e4m3) {
+    q.format = "float8_e4m3fn";
+  } else if (w->dtype == DType::i8) {
+    return l.bad("int8 weight without " + pre + m + ".comfy_quant: the ConvRot rotation and group are unknown");
+  } else {
+    return l.bad("has a " + std::string(l.sc ? "weight_scale" : "input_scale") + " but its weight is " +
+                 dtype_name(w->dtype) + " and there is no comfy_quant saying how it is quantised");
+  }
+  return q;
+}
+
+// The weight format of a comfy_quant format name (only the two the engine runs).
+Expected<WeightFormat> weight_format_of(const QuantLayer& l, const QuantFields& q) {
+  if (q.format == "int8_tensorwise") {
+    if (!q.convrot)
+      return l.unsupported("int8_tensorwise without ConvRot rotation is not supported (LayerStream runs the "
+                           "ConvRot files: \"convrot\": true)");
+    return WeightFormat::int8_convrot;
+  }
+  if (q.format == "float8_e4m3fn") return WeightFormat::fp8_e4m3;
+  static const std::set<std::string> known = {"float8_e5m2",  "nvfp4",          "mxfp8",
+                                              "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16"};
+  return l.unsupported((known.count(q.format) ? "format '" : "unknown format '") + q.format +
+                       "' is not supported (supported: int8_tensorwise with convrot, float8_e4m3fn)");
+}
+
+// The int8 ConvRot layer's group and per-row scales [N, 1] | [N] (no input scale).
+Status check_int8_scales(const QuantLayer& l, LinearQuant& lq, int64_t group, int64_t N, int64_t K) {
+  const TensorInfo* sc = l.sc;
+  if (!hadamard_group_ok(group) || K % group != 0)
+    return l.bad("ConvRot group " + std::to_string(group) + " must be a power of 4 (4 .. " +
+                 std::to_string(kMaxHadamardGroup) + ") dividing the weight's " + std::to_string(K) + " input features");
+  lq.group = group;
+  if (!sc) return l.bad("int8 weight without " + l.pre + l.m + ".weight_scale (f32 [" + std::to_string(N) + ", 1])");
+  if (sc->dtype != DType::f32) return l.bad("weight_scale is " + std::string(dtype_name(sc->dtype)) + ", expected F32");
+  const bool per_row = sc->shape == std::vector<int64_t>{N, 1} || sc->shape == std::vector<int64_t>{N};
+  if (!per_row)
+    return l.bad("weight_scale has shape " + shape_string(sc->shape) + ", expected [" + std::to_string(N) +
+                 ", 1] (one scale per output row of the " + shape_string(l.w->shape) + " weight)" +
+                 (numel_of(sc->shape) == 1 ? "; a per-tensor scale is not supported with ConvRot" : ""));
+  lq.scale_shape = sc->shape;
+  if (l.is) return l.bad("an int8 layer has an input_scale (activations are quantised per row)");
+  return Status();
+}
+
+// The fp8 layer's per-tensor weight scale and optional static input scale (read here).
+Status check_fp8_scales(const QuantLayer& l, LinearQuant& lq, const TensorBytesReader& read) {
+  const TensorInfo* sc = l.sc;
+  const TensorInfo* is = l.is;
+  if (!sc) return l.bad("fp8 weight without " + l.pre + l.m + ".weight_scale (f32 scalar)");
+  if (sc->dtype != DType::f32) return l.bad("weight_scale is " + std::string(dtype_name(sc->dtype)) + ", expected F32");
+  if (numel_of(sc->shape) != 1 || sc->shape.size() > 1)
+    return l.bad("weight_scale has shape " + shape_string(sc->shape) +
+                 ", expected a per-tensor scalar ([] or [1]; per-row fp8 scales are not supported)");
+  lq.scale_shape = sc->shape;
+  if (is) {
+    if (is->dtype != DType::f32 || numel_of(is->shape) != 1 || is->shape.size() > 1)
+      return l.bad("input_scale is " + std::string(dtype_name(is->dtype)) + " " + shape_string(is->shape) +
+                   ", expected an F32 scalar");
+    const std::vector<uint8_t> b = read(l.pre + l.m + ".input_scale");
+    LS_CHECK(b.size() == 4);
+    float v;
+    std::memcpy(&v, b.data(), 4);
+    if (!(std::isfinite(v) && v > 0.0f))
+      return l.bad("input_scale is " + std::to_string(v) + ", expected a positive finite number");
+    lq.has_input_scale = true;
+    lq.input_scale_shape = is->shape;
+    lq.input_scale = v;
+  }
+  return Status();
+}
+
+// One quantised layer <m>: its format, where it may run, its weight and scales.
+Expected<LinearQuant> detect_linear(const H3Config& cfg, const QuantLayer& l, const TensorBytesReader& read) {
+  const std::string& m = l.m;
+  const TensorInfo* w = l.w;
+  if (!w) return l.bad("has quantisation tensors but no " + l.pre + m + ".weight");
+  LinearQuant lq;
+  LS_ASSIGN_OR_RETURN(const QuantFields q, quant_fields(l, lq, read));
+  LS_ASSIGN_OR_RETURN(lq.format, weight_format_of(l, q));
+  if (!quantisable_linear(cfg, m))
+    return l.unsupported(std::string("LayerStream runs quantised weights only in the block linears "
+                                     "(attn.qkv_proj, attn.out_proj, mlp.fc1, mlp.fc2 of the DiT and refiner "
+                                     "blocks) and blocks.N.adaln_proj.linear of the unpruned form") +
+                         (cfg.curve_form() && ends_with(m, "adaln_proj.linear")
+                              ? " (this file is in the curve form: its AdaLN input is fp32)"
+                              : ""));
+  if (w->shape.size() != 2) return l.bad("weight has shape " + shape_string(w->shape) + ", expected [N, K]");
+  const int64_t N = w->shape[0], K = w->shape[1];
+  const DType want = lq.format == WeightFormat::int8_convrot ? DType::i8 : DType::f8e4m3;
+  if (w->dtype != want)
+    return l.bad("weight is stored as " + std::string(dtype_name(w->dtype)) + ", but comfy_quant says " + q.format +
+                 " (" + dtype_safetensors_name(want) + ")");
+  if (lq.format == WeightFormat::int8_convrot) LS_TRY(check_int8_scales(l, lq, q.group, N, K));
+  else LS_TRY(check_fp8_scales(l, lq, read));
+  return lq;
+}
+
+}  // namespace
+
 Expected<QuantLayout> detect_quant_layout(const H3Config& cfg, const std::vector<TensorInfo>& tensors,
                                           const TensorBytesReader& read) {
   const std::string& pre = cfg.key_prefix;
@@ -99,12 +262,6 @@ Expected<QuantLayout> detect_quant_layout(const H3Config& cfg, const std::vector
     auto it = keys.find(k);
     return it == keys.end() ? nullptr : it->second;
   };
-  auto bad = [&](const std::string& m, const std::string& msg) {
-    return make_error(ErrorCode::invalid_file, "quantised layer " + pre + m + ": " + msg);
-  };
-  auto unsupported = [&](const std::string& m, const std::string& msg) {
-    return make_error(ErrorCode::unsupported, "quantised layer " + pre + m + ": " + msg);
-  };
 
   // The quantised layers: every <m>.comfy_quant, every <m>.weight_scale, and every
   // I8 / F8_E4M3 <m>.weight.
@@ -119,119 +276,9 @@ Expected<QuantLayout> detect_quant_layout(const H3Config& cfg, const std::vector
 
   QuantLayout q;
   for (const std::string& m : layers) {
-    const TensorInfo* w = info(m + ".weight");
-    const TensorInfo* sc = info(m + ".weight_scale");
-    const TensorInfo* cq = info(m + ".comfy_quant");
-    const TensorInfo* is = info(m + ".input_scale");
-    if (!w) return bad(m, "has quantisation tensors but no " + pre + m + ".weight");
-    LinearQuant lq;
-    // The format: from the JSON, else from the weight's dtype (fp8 files may carry none).
-    std::string format;
-    int64_t group = 256;
-    bool convrot = false;
-    if (cq) {
-      if (cq->dtype != DType::u8 && cq->dtype != DType::i8)
-        return bad(m, "comfy_quant is stored as " + std::string(dtype_name(cq->dtype)) + ", expected U8 (JSON bytes)");
-      if (cq->shape.size() != 1) return bad(m, "comfy_quant has shape " + shape_string(cq->shape) + ", expected [len]");
-      lq.comfy_quant_dtype = cq->dtype;
-      const std::vector<uint8_t> bytes = read(pre + m + ".comfy_quant");
-      lq.comfy_quant.assign(bytes.begin(), bytes.end());
-      nlohmann::json j = nlohmann::json::parse(lq.comfy_quant, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object())
-        return bad(m, "comfy_quant is not a JSON object: '" + lq.comfy_quant.substr(0, 80) + "'");
-      auto f = j.find("format");
-      if (f == j.end() || !f->is_string()) return bad(m, "comfy_quant has no \"format\" string: " + j.dump());
-      format = f->get<std::string>();
-      // convrot / convrot_groupsize / full_precision_matrix_mult at the top level or under "params".
-      auto field = [&](const char* name) -> const nlohmann::json* {
-        if (auto it = j.find(name); it != j.end()) return &*it;
-        if (auto p = j.find("params"); p != j.end() && p->is_object())
-          if (auto it = p->find(name); it != p->end()) return &*it;
-        return nullptr;
-      };
-      if (const nlohmann::json* c = field("convrot")) {
-        if (!c->is_boolean()) return bad(m, "comfy_quant \"convrot\" is not a boolean: " + j.dump());
-        convrot = c->get<bool>();
-      }
-      if (const nlohmann::json* g = field("convrot_groupsize")) {
-        if (!g->is_number_integer()) return bad(m, "comfy_quant \"convrot_groupsize\" is not an integer: " + j.dump());
-        group = g->get<int64_t>();
-      }
-      if (const nlohmann::json* fp = field("full_precision_matrix_mult"); fp && fp->is_boolean() && fp->get<bool>())
-        return unsupported(m, "comfy_quant asks for full_precision_matrix_mult (dequantise and run in bf16), "
-                              "which LayerStream does not implement");
-    } else if (w->dtype == DType::f8e4m3) {
-      format = "float8_e4m3fn";
-    } else if (w->dtype == DType::i8) {
-      return bad(m, "int8 weight without " + pre + m + ".comfy_quant: the ConvRot rotation and group are unknown");
-    } else {
-      return bad(m, "has a " + std::string(sc ? "weight_scale" : "input_scale") + " but its weight is " +
-                        dtype_name(w->dtype) + " and there is no comfy_quant saying how it is quantised");
-    }
-
-    if (format == "int8_tensorwise") {
-      if (!convrot)
-        return unsupported(m, "int8_tensorwise without ConvRot rotation is not supported (LayerStream runs the "
-                              "ConvRot files: \"convrot\": true)");
-      lq.format = WeightFormat::int8_convrot;
-    } else if (format == "float8_e4m3fn") {
-      lq.format = WeightFormat::fp8_e4m3;
-    } else {
-      static const std::set<std::string> known = {"float8_e5m2",    "nvfp4",          "mxfp8",
-                                                  "convrot_w4a4",   "asym_w4a8_int8", "awq_w4a16"};
-      return unsupported(m, (known.count(format) ? "format '" : "unknown format '") + format +
-                                "' is not supported (supported: int8_tensorwise with convrot, float8_e4m3fn)");
-    }
-    if (!quantisable_linear(cfg, m))
-      return unsupported(m, std::string("LayerStream runs quantised weights only in the block linears "
-                                        "(attn.qkv_proj, attn.out_proj, mlp.fc1, mlp.fc2 of the DiT and refiner "
-                                        "blocks) and blocks.N.adaln_proj.linear of the unpruned form") +
-                                (cfg.curve_form() && ends_with(m, "adaln_proj.linear")
-                                     ? " (this file is in the curve form: its AdaLN input is fp32)"
-                                     : ""));
-    if (w->shape.size() != 2) return bad(m, "weight has shape " + shape_string(w->shape) + ", expected [N, K]");
-    const int64_t N = w->shape[0], K = w->shape[1];
-    const DType want = lq.format == WeightFormat::int8_convrot ? DType::i8 : DType::f8e4m3;
-    if (w->dtype != want)
-      return bad(m, "weight is stored as " + std::string(dtype_name(w->dtype)) + ", but comfy_quant says " + format +
-                        " (" + dtype_safetensors_name(want) + ")");
-    if (lq.format == WeightFormat::int8_convrot) {
-      if (!hadamard_group_ok(group) || K % group != 0)
-        return bad(m, "ConvRot group " + std::to_string(group) + " must be a power of 4 (4 .. " +
-                          std::to_string(kMaxHadamardGroup) + ") dividing the weight's " + std::to_string(K) +
-                          " input features");
-      lq.group = group;
-      if (!sc) return bad(m, "int8 weight without " + pre + m + ".weight_scale (f32 [" + std::to_string(N) + ", 1])");
-      if (sc->dtype != DType::f32) return bad(m, "weight_scale is " + std::string(dtype_name(sc->dtype)) + ", expected F32");
-      const bool per_row = sc->shape == std::vector<int64_t>{N, 1} || sc->shape == std::vector<int64_t>{N};
-      if (!per_row)
-        return bad(m, "weight_scale has shape " + shape_string(sc->shape) + ", expected [" + std::to_string(N) +
-                          ", 1] (one scale per output row of the " + shape_string(w->shape) + " weight)" +
-                          (numel_of(sc->shape) == 1 ? "; a per-tensor scale is not supported with ConvRot" : ""));
-      lq.scale_shape = sc->shape;
-      if (is) return bad(m, "an int8 layer has an input_scale (activations are quantised per row)");
-    } else {
-      if (!sc) return bad(m, "fp8 weight without " + pre + m + ".weight_scale (f32 scalar)");
-      if (sc->dtype != DType::f32) return bad(m, "weight_scale is " + std::string(dtype_name(sc->dtype)) + ", expected F32");
-      if (numel_of(sc->shape) != 1 || sc->shape.size() > 1)
-        return bad(m, "weight_scale has shape " + shape_string(sc->shape) +
-                          ", expected a per-tensor scalar ([] or [1]; per-row fp8 scales are not supported)");
-      lq.scale_shape = sc->shape;
-      if (is) {
-        if (is->dtype != DType::f32 || numel_of(is->shape) != 1 || is->shape.size() > 1)
-          return bad(m, "input_scale is " + std::string(dtype_name(is->dtype)) + " " + shape_string(is->shape) +
-                            ", expected an F32 scalar");
-        const std::vector<uint8_t> b = read(pre + m + ".input_scale");
-        LS_CHECK(b.size() == 4);
-        float v;
-        std::memcpy(&v, b.data(), 4);
-        if (!(std::isfinite(v) && v > 0.0f))
-          return bad(m, "input_scale is " + std::to_string(v) + ", expected a positive finite number");
-        lq.has_input_scale = true;
-        lq.input_scale_shape = is->shape;
-        lq.input_scale = v;
-      }
-    }
+    const QuantLayer l{pre, m, info(m + ".weight"), info(m + ".weight_scale"), info(m + ".comfy_quant"),
+                       info(m + ".input_scale")};
+    LS_ASSIGN_OR_RETURN(LinearQuant lq, detect_linear(cfg, l, read));
     q.linears.emplace(m, std::move(lq));
   }
   // ComfyUI loads the whole model with its mixed-precision ops when any layer carries a

@@ -1,0 +1,83 @@
+// INT8 attention helpers shared by every backend and the executor (backend.h;
+// docs/int8-attention.md §5): the byte layout of prepared keys, and the one-call form
+// (statistics, prepare, attention over all keys) used by the stock path and the refiner.
+#include <string>
+
+#include "backend/backend.h"
+
+namespace ls {
+
+namespace {
+
+constexpr int64_t kAlign = 256;
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+int64_t ld_of(int64_t n) { return align_up(n, 64); }
+
+struct Parts {
+  int64_t k8, sk, v8t, sv, total;
+};
+Parts parts(int64_t n, int64_t H, int64_t Dh) {
+  Parts p{};
+  p.k8 = 0;
+  p.sk = align_up(p.k8 + n * H * Dh, kAlign);
+  p.v8t = align_up(p.sk + n * H * 4, kAlign);
+  p.sv = align_up(p.v8t + H * Dh * ld_of(n), kAlign);
+  p.total = align_up(p.sv + H * Dh * 4, kAlign);
+  return p;
+}
+
+}  // namespace
+
+Int8Keys Int8Keys::slice(int64_t a, int64_t b) const {
+  LS_CHECK_MSG(a >= 0 && a <= b && b <= keys() && (a % 16 == 0 || a == b),
+               "int8 keys slice [" + std::to_string(a) + ", " + std::to_string(b) + ") of " +
+                   std::to_string(keys()) + " keys (the start must be a multiple of 16)");
+  Int8Keys s = *this;
+  s.k8 = k8.slice_rows(a, b);
+  s.sk = sk.slice_rows(a, b);
+  s.v8t.data = static_cast<int8_t*>(v8t.data) + a;
+  s.v8t.shape[2] = b - a;
+  return s;
+}
+
+int64_t int8_keys_bytes(int64_t n, int64_t H, int64_t Dh) { return parts(n, H, Dh).total; }
+
+int64_t int8_all_scratch_bytes(int64_t Mk, int64_t H, int64_t Dh) {
+  return align_up(int8_stats_bytes(H, Dh), kAlign) + int8_keys_bytes(Mk, H, Dh);
+}
+
+Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device dev) {
+  const Parts p = parts(n, H, Dh);
+  char* b = static_cast<char*>(bytes);
+  Int8Keys k;
+  k.k8 = TensorView(b + p.k8, DType::i8, {n, H, Dh}, dev);
+  k.sk = TensorView(b + p.sk, DType::f32, {n, H}, dev);
+  const int64_t ld = ld_of(n);
+  k.v8t = TensorView(b + p.v8t, DType::i8, {H, Dh, ld}, dev);
+  k.v8t.shape[2] = n;  // strides {Dh * ld, ld, 1} kept
+  k.sv = TensorView(b + p.sv, DType::f32, {H, Dh}, dev);
+  return k;
+}
+
+Status attention_int8_all(Backend& be, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const AttentionParams& p, const TensorView& scratch) {
+  const int64_t Mk = k.size(0), H = k.size(1), Dh = k.size(2);
+  const int64_t need = int8_all_scratch_bytes(Mk, H, Dh);
+  LS_CHECK_MSG(!scratch.empty() && scratch.is_contiguous() && scratch.nbytes() >= need,
+               "int8 attention scratch " + scratch.shape_str() + " is smaller than " + std::to_string(need) +
+                   " bytes");
+  char* base = static_cast<char*>(scratch.data);
+  const TensorView stats(base, DType::f32, {3, H, Dh}, scratch.device);
+  const Int8Keys keys = int8_keys_view(base + align_up(int8_stats_bytes(H, Dh), kAlign), Mk, H, Dh, scratch.device);
+  LS_TRY(be.int8_key_stats(k, v, stats, /*reset=*/true));
+  LS_TRY(be.int8_prepare(k, v, stats, keys));
+  return be.attention_int8(q, keys, out, p);
+}
+
+Status attention_all_keys(Backend& be, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const AttentionParams& p, const TensorView& scratch) {
+  if (be.numerics().attention == AttentionAlgorithm::int8) return attention_int8_all(be, q, k, v, out, p, scratch);
+  return be.attention(q, k, v, out, p);
+}
+
+}  // namespace ls

@@ -1,0 +1,253 @@
+// CPU INT8 attention: the reference of AttentionAlgorithm::int8 (docs/int8-attention.md,
+// the contract; backend.h, the interface). The element arithmetic is
+// src/backend/int8_attention_math.h, shared with the CUDA kernels.
+//
+//   int8_key_stats  stats[0|1|2, h, c] = max k / min k / max |v| over the keys given,
+//                   merged with max/min into the previous values unless reset.
+//   int8_prepare    per key row and head: y = R(fl32(k - mu)), sk = row_scale(max |y|),
+//                   k8 = quant(y, sk); v8t[h, c, j] = quant(v, sv_c); sv from the stats.
+//   attention_int8  per (query, head): y = R(q), sq = row_scale(max |y|), q8 = quant(y, sq),
+//                   a = fl32(sq * cs); the tile fold of §4.4 with integer tile sums (P.V of p8,
+//                   the row sum of pl).
+// Every result element depends only on its own row (query, key) or channel, so any
+// slicing of queries, any chunking of keys into calls (state carried) and any thread
+// count give the same bytes. Parallel over (head, query) for attention, over keys for
+// prepare; a tile's keys are walked in chunks of kChunk (scores recomputed bit for bit
+// in the second walk: not a numerics setting), the int32 sums are exact in any order.
+// No allocation: per item state lives on the stack (Dh <= kMaxHeadDim).
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/simd.h"
+#include "backend/int8_attention_math.h"
+#include "core/thread_pool.h"
+
+namespace ls::cpu {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kChunk = 256;
+
+bool power_of_two(int64_t d) { return d >= 2 && (d & (d - 1)) == 0; }
+
+Status check_head_dim(const char* op, int64_t Dh) {
+  if (!power_of_two(Dh) || Dh > kMaxHeadDim)
+    return make_error(ErrorCode::unsupported, std::string("cpu ") + op + ": int8 attention needs a power-of-two head dim in [2, " +
+                                                  std::to_string(kMaxHeadDim) + "] (the Hadamard rotation); got " +
+                                                  std::to_string(Dh));
+  return Status();
+}
+
+Status check_bf16_keys(const char* op, const TensorView& k, const TensorView& v) {
+  if (k.dtype != DType::bf16 || v.dtype != DType::bf16)
+    return unsupported_dtypes(op, std::string("k=") + dtype_name(k.dtype) + " v=" + dtype_name(v.dtype), "k, v bf16");
+  LS_CHECK_MSG(k.ndim == 3 && v.ndim == 3 && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
+                   v.size(2) == k.size(2) && k.inner_contiguous() && v.inner_contiguous(),
+               std::string(op) + ": k, v must be [n, H, Dh] with contiguous rows; got " + k.shape_str() + ", " +
+                   v.shape_str());
+  return check_head_dim(op, k.size(2));
+}
+
+void check_keys(const Int8Keys& keys, int64_t H, int64_t Dh) {
+  const int64_t n = keys.keys();
+  LS_CHECK_MSG(keys.k8.dtype == DType::i8 && keys.k8.ndim == 3 && keys.k8.size(1) == H && keys.k8.size(2) == Dh &&
+                   keys.k8.inner_contiguous(),
+               "int8 keys: k8 must be i8 [n, H, Dh]; got " + keys.k8.shape_str());
+  LS_CHECK_MSG(keys.sk.dtype == DType::f32 && keys.sk.ndim == 2 && keys.sk.size(0) == n && keys.sk.size(1) == H &&
+                   keys.sk.inner_contiguous(),
+               "int8 keys: sk must be f32 [n, H]; got " + keys.sk.shape_str());
+  LS_CHECK_MSG(keys.v8t.dtype == DType::i8 && keys.v8t.ndim == 3 && keys.v8t.size(0) == H && keys.v8t.size(1) == Dh &&
+                   keys.v8t.size(2) == n && keys.v8t.stride[2] == 1 && keys.v8t.stride[1] >= n &&
+                   keys.v8t.stride[1] % 16 == 0 && keys.v8t.stride[0] >= Dh * keys.v8t.stride[1],
+               "int8 keys: v8t must be i8 [H, Dh, n] with keys contiguous and a row stride ld >= n, ld % 16 == 0; got " +
+                   keys.v8t.shape_str() + " with ld " + std::to_string(keys.v8t.stride[1]));
+  LS_CHECK_MSG(keys.sv.dtype == DType::f32 && keys.sv.ndim == 2 && keys.sv.size(0) == H && keys.sv.size(1) == Dh &&
+                   keys.sv.is_contiguous(),
+               "int8 keys: sv must be f32 [H, Dh]; got " + keys.sv.shape_str());
+}
+
+inline float bf16_at(const TensorView& t, int64_t r, int64_t h, int64_t c) {
+  return widen_scalar<uint16_t>(static_cast<const uint16_t*>(t.at(r, h))[c]);
+}
+
+// Per (query, head): q8, a (docs §4.1).
+void quantise_query(const uint16_t* qr, int64_t Dh, float cs, int8_t* q8, float* a) {
+  float y[kMaxHeadDim];
+  for (int64_t c = 0; c < Dh; ++c) y[c] = widen_scalar<uint16_t>(qr[c]);
+  i8a::rotate(y, static_cast<int>(Dh));
+  float amax = 0.0f;
+  for (int64_t c = 0; c < Dh; ++c) amax = lq::max_nan_ignoring(amax, lq::abs(y[c]));
+  const float sq = i8a::row_scale(amax);
+  for (int64_t c = 0; c < Dh; ++c) q8[c] = i8a::quant(y[c], sq);
+  *a = lq::mul(sq, cs);
+}
+
+inline int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t n) {
+  int32_t s = 0;
+  for (int64_t c = 0; c < n; ++c) s += static_cast<int32_t>(a[c]) * static_cast<int32_t>(b[c]);
+  return s;
+}
+
+}  // namespace
+
+Status cpu_op_int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) {
+  LS_TRY(require_host("int8_key_stats", {&k, &v, &stats}));
+  LS_TRY(check_bf16_keys("int8_key_stats", k, v));
+  const int64_t n = k.size(0), H = k.size(1), Dh = k.size(2);
+  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) == 3 && stats.size(1) == H &&
+                   stats.size(2) == Dh && stats.is_contiguous(),
+               "int8_key_stats: stats must be a contiguous f32 [3, H, Dh]; got " + stats.shape_str());
+  float* st = stats.ptr<float>();
+  const int64_t HD = H * Dh;
+  const float inf = std::numeric_limits<float>::infinity();
+  parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t c = 0; c < Dh; ++c) {
+        float kmax = reset ? -inf : st[h * Dh + c], kmin = reset ? inf : st[HD + h * Dh + c];
+        float vabs = reset ? 0.0f : st[2 * HD + h * Dh + c];
+        for (int64_t j = 0; j < n; ++j) {
+          const float kv = bf16_at(k, j, h, c), vv = lq::abs(bf16_at(v, j, h, c));
+          kmax = kv > kmax ? kv : kmax;
+          kmin = kv < kmin ? kv : kmin;
+          vabs = vv > vabs ? vv : vabs;
+        }
+        st[h * Dh + c] = kmax;
+        st[HD + h * Dh + c] = kmin;
+        st[2 * HD + h * Dh + c] = vabs;
+      }
+  });
+  return Status();
+}
+
+Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats, const Int8Keys& keys) {
+  LS_TRY(require_host("int8_prepare", {&k, &v, &stats, &keys.k8, &keys.sk, &keys.v8t, &keys.sv}));
+  LS_TRY(check_bf16_keys("int8_prepare", k, v));
+  const int64_t n = k.size(0), H = k.size(1), Dh = k.size(2), HD = H * Dh;
+  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) == 3 && stats.size(1) == H &&
+                   stats.size(2) == Dh && stats.is_contiguous(),
+               "int8_prepare: stats must be a contiguous f32 [3, H, Dh]; got " + stats.shape_str());
+  LS_CHECK_MSG(keys.keys() == n, "int8_prepare: " + std::to_string(n) + " keys into prepared keys of " +
+                                     std::to_string(keys.keys()));
+  check_keys(keys, H, Dh);
+  const float* st = stats.ptr<float>();
+  float* sv = keys.sv.ptr<float>();
+  for (int64_t i = 0; i < HD; ++i) sv[i] = i8a::row_scale(st[2 * HD + i]);
+  const int64_t ld = keys.v8t.stride[1], hs = keys.v8t.stride[0];
+  int8_t* v8t = keys.v8t.ptr<int8_t>();
+  parallel_for(n, std::max<int64_t>(1, 4096 / HD), [&](int64_t j0, int64_t j1) {
+    float y[kMaxHeadDim];
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t c = 0; c < Dh; ++c) {
+          const float mu = lq::mul(0.5f, lq::add(st[h * Dh + c], st[HD + h * Dh + c]));
+          y[c] = lq::sub(bf16_at(k, j, h, c), mu);
+        }
+        i8a::rotate(y, static_cast<int>(Dh));
+        float amax = 0.0f;
+        for (int64_t c = 0; c < Dh; ++c) amax = lq::max_nan_ignoring(amax, lq::abs(y[c]));
+        const float s = i8a::row_scale(amax);
+        static_cast<float*>(keys.sk.at(j))[h] = s;
+        int8_t* k8 = static_cast<int8_t*>(keys.k8.at(j, h));
+        for (int64_t c = 0; c < Dh; ++c) k8[c] = i8a::quant(y[c], s);
+        for (int64_t c = 0; c < Dh; ++c) v8t[h * hs + c * ld + j] = i8a::quant(bf16_at(v, j, h, c), sv[h * Dh + c]);
+      }
+  });
+  return Status();
+}
+
+Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out, const AttentionParams& p) {
+  LS_TRY(require_host("attention_int8", {&q, &out, &p.state, &keys.k8, &keys.sk, &keys.v8t, &keys.sv}));
+  if (q.dtype != DType::bf16 || out.dtype != DType::bf16)
+    return unsupported_dtypes("attention_int8",
+                              std::string("q=") + dtype_name(q.dtype) + " out=" + dtype_name(out.dtype),
+                              "q, out bf16");
+  LS_CHECK_MSG(q.ndim == 3 && out.ndim == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+                   out.size(2) == q.size(2) && q.inner_contiguous() && out.inner_contiguous(),
+               "attention_int8 wants q, out [Mq, H, Dh]; got " + q.shape_str() + ", " + out.shape_str());
+  const int64_t Mq = q.size(0), H = q.size(1), Dh = q.size(2), Mk = keys.keys();
+  LS_TRY(check_head_dim("attention_int8", Dh));
+  check_keys(keys, H, Dh);
+  if (p.kv_tile <= 0 || p.kv_tile > kInt8MaxKvTile)
+    return make_error(ErrorCode::invalid_argument, "attention_int8: kv_tile must be in [1, " +
+                                                       std::to_string(kInt8MaxKvTile) + "]; got " +
+                                                       std::to_string(p.kv_tile));
+  LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
+  LS_CHECK_MSG(Mk > 0, "attention_int8 over zero keys");
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const float cs = i8a::score_factor(scale, static_cast<int>(Dh));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t ld = keys.v8t.stride[1], hs = keys.v8t.stride[0];
+  const int8_t* v8t = keys.v8t.ptr<int8_t>();
+  const float* sv = keys.sv.ptr<float>();
+  float* state = p.state.empty() ? nullptr : p.state.ptr<float>();
+  const int64_t work = std::max<int64_t>(1, 2 * Mk * Dh);
+  parallel_for(H * Mq, std::max<int64_t>(1, (1 << 18) / work), [&](int64_t b, int64_t e) {
+    int8_t q8[kMaxHeadDim];
+    float acc[kMaxHeadDim];
+    int32_t ot[kMaxHeadDim];
+    uint8_t p8[kChunk];
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t h = idx / Mq, i = idx % Mq;
+      float a = 0.0f;
+      quantise_query(static_cast<const uint16_t*>(q.at(i, h)), Dh, cs, q8, &a);
+      float* st = state ? state + (i * H + h) * (Dh + kAttentionStateExtra) : nullptr;
+      float m = neg_inf, l = 0.0f;
+      if (p.state_in) {
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = st[c];
+        m = st[Dh];
+        l = st[Dh + 1];
+      } else {
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = 0.0f;
+      }
+      auto score = [&](int64_t j) {
+        const int32_t d = dot_i8(q8, static_cast<const int8_t*>(keys.k8.at(j, h)), Dh);
+        return lq::mul(lq::mul(a, static_cast<const float*>(keys.sk.at(j))[h]), static_cast<float>(d));
+      };
+      for (int64_t t0 = 0; t0 < Mk; t0 += p.kv_tile) {
+        const int64_t t1 = std::min(Mk, t0 + p.kv_tile);
+        float m_new = m;
+        for (int64_t j = t0; j < t1; ++j) {
+          const float s = score(j);
+          m_new = s > m_new ? s : m_new;
+        }
+        const float alpha = m == neg_inf ? 0.0f : i8a::exp2e(lq::sub(m, m_new));
+        int64_t lt = 0;  // sum of pl (int64: kv_tile up to 65536)
+        for (int64_t c = 0; c < Dh; ++c) ot[c] = 0;
+        for (int64_t c0 = t0; c0 < t1; c0 += kChunk) {
+          const int64_t c1 = std::min(t1, c0 + kChunk);
+          for (int64_t j = c0; j < c1; ++j) {
+            int pj = 0, plj = 0;
+            i8a::p8_pl(lq::sub(score(j), m_new), &pj, &plj);
+            p8[j - c0] = static_cast<uint8_t>(pj);
+            lt += plj;
+          }
+          for (int64_t c = 0; c < Dh; ++c) {
+            const int8_t* vr = v8t + h * hs + c * ld + c0;
+            int32_t sum = 0;
+            for (int64_t j = 0; j < c1 - c0; ++j) sum += static_cast<int32_t>(p8[j]) * static_cast<int32_t>(vr[j]);
+            ot[c] += sum;
+          }
+        }
+        l = lq::add(lq::mul(l, alpha), lq::mul(static_cast<float>(lt), i8a::kPlInvScale));
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::add(lq::mul(acc[c], alpha), static_cast<float>(ot[c]));
+        m = m_new;
+      }
+      if (!p.finalize) {
+        for (int64_t c = 0; c < Dh; ++c) st[c] = acc[c];
+        st[Dh] = m;
+        st[Dh + 1] = l;
+        continue;
+      }
+      uint16_t* o = static_cast<uint16_t*>(out.at(i, h));
+      for (int64_t c = 0; c < Dh; ++c) o[c] = f32_to_bf16(lq::div(lq::mul(acc[c], sv[h * Dh + c]), l));
+    }
+  });
+  return Status();
+}
+
+}  // namespace ls::cpu

@@ -1,0 +1,551 @@
+// CUDA INT8 attention, the portable kernels (AttentionAlgorithm::int8; docs/int8-attention.md
+// is the contract, src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
+// m16n8k32 s8.s8 for Q.K, u8.s8 for P.V), head dim 128, kv_tile 128. Every element
+// operation is the shared arithmetic of backend/int8_attention_math.h (the _rn intrinsics),
+// the integer sums are exact, and the fp32 fold runs once per 128-key tile in the CPU's
+// order, so the bytes equal the CPU reference's (tests/cuda/test_attention_int8_cuda.cpp).
+//
+//   int8_key_stats  grid (columns / 128, row groups): each thread one (head, channel)
+//                   column over a strided set of rows, merged into stats with float
+//                   max/min by compare-and-swap (exact, order-free). reset: an init kernel first.
+//   int8_prepare    sv per channel; one warp per (key, head) row: lane l holds channels
+//                   4l..4l+3, the rotation's strides 1, 2 in registers and 4..64 by
+//                   shuffles (the same adds as the CPU, in the same stage order); V through a
+//                   32-key shared-memory transpose into v8t[h, c, j].
+//   attention_int8  a CTA of 4 warps x 16 queries of one head; per 128-key tile: K (k8, sk)
+//                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
+//                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes: the
+//                   fragment loads hit 32 distinct banks), Q.K by 64 mma (16 n-tiles x 4
+//                   k-steps of 32), scores s = fl32(fl32(a * sk) * float(d)), the tile max over
+//                   the quad, alpha, p8, integer row sums, P.V by 64 mma (16 channel tiles x
+//                   4 k-steps) into int32, then the fold. The keys of a 32-key group are loaded
+//                   into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
+//                   16+4t+{2,3} (n-tiles 0..3, column pair t), so each thread's Q.K accumulators
+//                   ARE its P.V A fragment (keys 4t..4t+3 and 16+4t..16+4t+3): no shuffles.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/ops.cuh"
+#include "backend/int8_attention_math.h"
+
+namespace ls::cuda {
+namespace {
+
+constexpr int kDh = 128;        // the head dim of these kernels
+constexpr int kTile = 128;      // keys per tile = kv_tile (the fold granularity)
+constexpr int kWarps = 4;       // warps per CTA, 16 queries each
+constexpr int kRowPad = 144;    // shared-memory row stride in bytes (128 + 16)
+
+__device__ __forceinline__ void atomic_max_f(float* a, float v) {
+  int* ai = reinterpret_cast<int*>(a);
+  int old = *ai;
+  while (v > __int_as_float(old)) {
+    const int assumed = old;
+    old = atomicCAS(ai, assumed, __float_as_int(v));
+    if (old == assumed) break;
+  }
+}
+__device__ __forceinline__ void atomic_min_f(float* a, float v) {
+  int* ai = reinterpret_cast<int*>(a);
+  int old = *ai;
+  while (v < __int_as_float(old)) {
+    const int assumed = old;
+    old = atomicCAS(ai, assumed, __float_as_int(v));
+    if (old == assumed) break;
+  }
+}
+
+__global__ void stats_init(float* st, int64_t HD) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= HD) return;
+  st[i] = -INFINITY;
+  st[HD + i] = INFINITY;
+  st[2 * HD + i] = 0.0f;
+}
+
+// k, v: bf16 rows of H * Dh elements (row strides ks, vs); columns HD = H * Dh.
+__global__ void stats_kernel(const uint16_t* k, int64_t ks, const uint16_t* v, int64_t vs, int64_t n, int64_t HD,
+                             float* st) {
+  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (col >= HD) return;
+  float kmax = -INFINITY, kmin = INFINITY, vabs = 0.0f;
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    const float kv = bf16_bits_to_f32(k[j * ks + col]);
+    const float vv = lq::abs(bf16_bits_to_f32(v[j * vs + col]));
+    kmax = kv > kmax ? kv : kmax;
+    kmin = kv < kmin ? kv : kmin;
+    vabs = vv > vabs ? vv : vabs;
+  }
+  atomic_max_f(st + col, kmax);
+  atomic_min_f(st + HD + col, kmin);
+  atomic_max_f(st + 2 * HD + col, vabs);
+}
+
+__global__ void sv_kernel(const float* st, int64_t HD, float* sv) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < HD) sv[i] = i8a::row_scale(st[2 * HD + i]);
+}
+
+// x[e] is channel 4 * lane + e of a 128-vector held by the warp: x <- R x (docs §3).
+__device__ __forceinline__ void rotate_warp(float x[4], int lane) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (i8a::negative_sign(4 * lane + e)) x[e] = -x[e];
+  {  // stride 1: (0, 1), (2, 3)
+    const float a0 = x[0], b0 = x[1], a1 = x[2], b1 = x[3];
+    x[0] = lq::add(a0, b0), x[1] = lq::sub(a0, b0), x[2] = lq::add(a1, b1), x[3] = lq::sub(a1, b1);
+  }
+  {  // stride 2: (0, 2), (1, 3)
+    const float a0 = x[0], b0 = x[2], a1 = x[1], b1 = x[3];
+    x[0] = lq::add(a0, b0), x[2] = lq::sub(a0, b0), x[1] = lq::add(a1, b1), x[3] = lq::sub(a1, b1);
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {  // strides 4, 8, ..., 64: lane bit m
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
+      x[e] = upper ? lq::sub(p, x[e]) : lq::add(x[e], p);
+    }
+  }
+}
+
+// Quantise the warp's rotated row: returns the scale, writes the 4 int8 of this lane packed.
+__device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* packed) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) amax = lq::max_nan_ignoring(amax, lq::abs(y[e]));
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) amax = lq::max_nan_ignoring(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  const float s = i8a::row_scale(amax);
+  uint32_t w = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) w |= static_cast<uint32_t>(static_cast<uint8_t>(i8a::quant(y[e], s))) << (8 * e);
+  *packed = w;
+  return s;
+}
+
+// One warp per (key j, head h): k8[j, h, :] and sk[j, h].
+__global__ void prepare_k_kernel(const uint16_t* k, int64_t ks, int64_t n, int H, const float* st, int8_t* k8,
+                                 float* sk) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;  // j * H + h
+  if (row >= n * H) return;
+  const int64_t j = row / H;
+  const int h = static_cast<int>(row % H);
+  const int64_t HD = static_cast<int64_t>(H) * kDh;
+  float y[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int c = 4 * lane + e;
+    const float mu = lq::mul(0.5f, lq::add(st[h * kDh + c], st[HD + h * kDh + c]));
+    y[e] = lq::sub(bf16_bits_to_f32(k[j * ks + h * kDh + c]), mu);
+  }
+  rotate_warp(y, lane);
+  uint32_t w;
+  const float s = quant_row_warp(y, &w);
+  reinterpret_cast<uint32_t*>(k8 + row * kDh)[lane] = w;
+  if (lane == 0) sk[row] = s;
+}
+
+// V of 32 keys x 128 channels of one head through shared memory into v8t[h, c, j0..j0+31].
+__global__ void prepare_v_kernel(const uint16_t* v, int64_t vs, int64_t n, const float* sv, int8_t* v8t, int64_t ld,
+                                 int64_t hs) {
+  __shared__ int8_t t[kDh][32 + 4];
+  const int h = blockIdx.y, c = threadIdx.x;  // 128 threads: one channel each
+  const int64_t j0 = blockIdx.x * 32LL;
+  const float s = sv[h * kDh + c];
+  for (int jj = 0; jj < 32; ++jj) {
+    const int64_t j = j0 + jj;
+    t[c][jj] = j < n ? i8a::quant(bf16_bits_to_f32(v[j * vs + h * kDh + c]), s) : 0;
+  }
+  __syncthreads();
+  int8_t* dst = v8t + h * hs + c * ld + j0;
+  const int64_t m = n - j0 < 32 ? n - j0 : 32;
+  for (int jj = 0; jj < m; ++jj) dst[jj] = t[c][jj];
+}
+
+// ---- the attention kernel ------------------------------------------------------------------
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct AttnArgs {
+  const uint16_t* q;
+  int64_t q_rs, q_hs;  // q row / head strides (elements)
+  const int8_t* k8;
+  int64_t k8_rs;       // k8 row stride (elements): H * Dh for a contiguous [n, H, Dh]
+  const float* sk;
+  int64_t sk_rs;       // sk row stride: H
+  const int8_t* v8t;
+  int64_t v_hs, v_ld;  // v8t head stride, row stride (ld)
+  const float* sv;
+  uint16_t* out;
+  int64_t o_rs, o_hs;
+  float* state;        // f32 [Mq, H, Dh + 8] or null
+  int64_t Mq, Mk;
+  int H;
+  float cs;            // score factor fl32(fl32(scale * log2e) / Dh)
+  bool state_in, finalize;
+};
+
+// The key of column c of n-tile nt (0..15) of a tile: see the file comment.
+__device__ __forceinline__ int key_of(int nt, int c) {
+  const int grp = nt >> 2, ntl = nt & 3, t = c >> 1, e = c & 1;
+  return grp * 32 + (ntl >> 1) * 16 + 4 * t + (ntl & 1) * 2 + e;
+}
+
+// cp.async of 16 (or 4) bytes; zero-filled when !valid (src then names a safe address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// One stage of shared memory: a K tile [128 keys][144 B], a V^T tile [128 channels][144 B]
+// (keys along the row) and the tile's 128 key scales.
+constexpr int kStageBytes = kTile * kRowPad + kDh * kRowPad + kTile * 4;
+
+__global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* sQ = smem + 2 * kStageBytes;  // [warps][16 rows][144 B]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.y;
+  const int64_t q0 = blockIdx.x * static_cast<int64_t>(kWarps * 16) + warp * 16;
+  // Tile loads into stage st (two stages: the next tile lands while this one computes).
+  // K rows past nk and V bytes never read are zero-filled or ignored: the V bytes past nk
+  // inside ld are copied but multiply p8 = 0.
+  auto load_tile = [&](int st, int64_t t0) {
+    unsigned char* sK = smem + st * kStageBytes;
+    unsigned char* sV = sK + kTile * kRowPad;
+    float* sSk = reinterpret_cast<float*>(sV + kDh * kRowPad);
+    const int nk = a.Mk - t0 < kTile ? static_cast<int>(a.Mk - t0) : kTile;
+    for (int idx = tid; idx < kTile * 8; idx += kWarps * 32) {
+      const int r = idx >> 3, piece = idx & 7;
+      const bool ok = r < nk;
+      cp_async16(sK + r * kRowPad + 16 * piece, ok ? a.k8 + (t0 + r) * a.k8_rs + h * kDh + 16 * piece : a.k8, ok);
+    }
+    for (int idx = tid; idx < kDh * 8; idx += kWarps * 32) {
+      const int c = idx >> 3, piece = idx & 7;
+      const bool ok = 16 * piece < nk;
+      cp_async16(sV + c * kRowPad + 16 * piece, ok ? a.v8t + h * a.v_hs + c * a.v_ld + t0 + 16 * piece : a.v8t, ok);
+    }
+    for (int j = tid; j < kTile; j += kWarps * 32)
+      cp_async4(sSk + j, j < nk ? a.sk + (t0 + j) * a.sk_rs + h : a.sk, j < nk);
+  };
+  load_tile(0, 0);
+  cp_async_commit();
+  // ---- Q: rotate, quantise (per row, the warp together), into this warp's smem rows.
+  unsigned char* myQ = sQ + warp * 16 * kRowPad;
+  float arow[2] = {0.0f, 0.0f};  // a of rows g, g + 8
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = q0 + r;
+    float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (i < a.Mq) {
+      const uint16_t* qr = a.q + i * a.q_rs + h * a.q_hs + 4 * lane;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[e] = bf16_bits_to_f32(qr[e]);
+    }
+    rotate_warp(y, lane);
+    uint32_t w;
+    const float s = quant_row_warp(y, &w);
+    reinterpret_cast<uint32_t*>(myQ + r * kRowPad)[lane] = w;
+    const float ar = lq::mul(s, a.cs);
+    if (r == g) arow[0] = ar;
+    if (r == g + 8) arow[1] = ar;
+  }
+  __syncwarp();
+  uint32_t qa[4][4];  // A fragments, k-steps of 32 channels
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    qa[ks][0] = *reinterpret_cast<const uint32_t*>(myQ + g * kRowPad + 32 * ks + 4 * t);
+    qa[ks][1] = *reinterpret_cast<const uint32_t*>(myQ + (g + 8) * kRowPad + 32 * ks + 4 * t);
+    qa[ks][2] = *reinterpret_cast<const uint32_t*>(myQ + g * kRowPad + 32 * ks + 16 + 4 * t);
+    qa[ks][3] = *reinterpret_cast<const uint32_t*>(myQ + (g + 8) * kRowPad + 32 * ks + 16 + 4 * t);
+  }
+  // ---- the state of rows g (index 0) and g + 8 (index 1): channels 8 ct + 2 t + e.
+  float acc[16][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int64_t rows[2] = {q0 + g, q0 + g + 8};
+  const int64_t SW = kDh + kAttentionStateExtra;
+#pragma unroll
+  for (int ct = 0; ct < 16; ++ct)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[ct][e] = 0.0f;
+  if (a.state_in) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      if (rows[rr] >= a.Mq) continue;
+      const float* st = a.state + (rows[rr] * a.H + h) * SW;
+#pragma unroll
+      for (int ct = 0; ct < 16; ++ct) {
+        acc[ct][2 * rr] = st[8 * ct + 2 * t];
+        acc[ct][2 * rr + 1] = st[8 * ct + 2 * t + 1];
+      }
+      m[rr] = st[kDh];
+      l[rr] = st[kDh + 1];
+    }
+  }
+  // ---- the tiles
+  int stage = 0;
+  for (int64_t t0 = 0; t0 < a.Mk; t0 += kTile, stage ^= 1) {
+    const int nk = a.Mk - t0 < kTile ? static_cast<int>(a.Mk - t0) : kTile;
+    cp_async_wait_all();
+    __syncthreads();  // tile t0 is in `stage`; every thread is done with the other stage
+    if (t0 + kTile < a.Mk) load_tile(stage ^ 1, t0 + kTile);
+    cp_async_commit();
+    const unsigned char* sK = smem + stage * kStageBytes;
+    const unsigned char* sV = sK + kTile * kRowPad;
+    const float* sSk = reinterpret_cast<const float*>(sV + kDh * kRowPad);
+    // Q.K: sc[nt][0..3] = d of (row g, key key_of(nt, 2t)), (g, key_of(nt, 2t+1)), (g+8, ..), (g+8, ..)
+    int sc[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
+      const unsigned char* kr = sK + key_of(nt, g) * kRowPad;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 4 * t);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 16 + 4 * t);
+        mma_s8(sc[nt], qa[ks], b0, b1);
+      }
+    }
+    // Scores, tile max (rows g, g + 8: the quad's 4 threads share them).
+    float s[16][4];
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
+        float v = -INFINITY;
+        if (key < nk) v = lq::mul(lq::mul(arow[rr], sSk[key]), __int2float_rn(sc[nt][e]));
+        s[nt][e] = v;
+        tmax[rr] = v > tmax[rr] ? v : tmax[rr];
+      }
+    float alpha[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 1));
+      tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 2));
+      const float m_new = tmax[rr] > m[rr] ? tmax[rr] : m[rr];
+      alpha[rr] = m[rr] == -INFINITY ? 0.0f : i8a::exp2e(lq::sub(m[rr], m_new));
+      m[rr] = m_new;
+    }
+    // p8, the integer row sums, the P A fragments (k-step = 32-key group).
+    uint32_t pa[4][4];
+    int lt[2] = {0, 0};
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      uint32_t w[4] = {0, 0, 0, 0};  // a0: (g, 4t..), a1: (g+8, 4t..), a2: (g, 16+4t..), a3: (g+8, 16+4t..)
+#pragma unroll
+      for (int ntl = 0; ntl < 4; ++ntl) {
+        const int nt = grp * 4 + ntl;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e >> 1;
+          int p = 0, pl = 0;
+          if (s[nt][e] != -INFINITY) i8a::p8_pl(lq::sub(s[nt][e], m[rr]), &p, &pl);
+          lt[rr] += pl;  // <= 128 * 255 * 2^14 < 2^31
+          const int reg = (ntl >> 1) * 2 + rr;            // 16+ half for ntl 2, 3
+          const int byte = (ntl & 1) * 2 + (e & 1);         // 4t + {0,1} | 4t + {2,3}
+          w[reg] |= static_cast<uint32_t>(p) << (8 * byte);
+        }
+      }
+      pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 1);
+      lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 2);
+      l[rr] = lq::add(lq::mul(l[rr], alpha[rr]), lq::mul(__int2float_rn(lt[rr]), i8a::kPlInvScale));
+    }
+    // P.V into int32, then the fold.
+#pragma unroll
+    for (int ct = 0; ct < 16; ++ct) {
+      int ot[4] = {0, 0, 0, 0};
+      const unsigned char* vr = sV + (8 * ct + g) * kRowPad;
+#pragma unroll
+      for (int grp = 0; grp < 4; ++grp) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 4 * t);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 16 + 4 * t);
+        mma_u8s8(ot, pa[grp], b0, b1);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[ct][e] = lq::add(lq::mul(acc[ct][e], alpha[e >> 1]), __int2float_rn(ot[e]));
+    }
+  }
+  // ---- out or state
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (rows[rr] >= a.Mq) continue;
+    if (!a.finalize) {
+      float* st = a.state + (rows[rr] * a.H + h) * SW;
+#pragma unroll
+      for (int ct = 0; ct < 16; ++ct) {
+        st[8 * ct + 2 * t] = acc[ct][2 * rr];
+        st[8 * ct + 2 * t + 1] = acc[ct][2 * rr + 1];
+      }
+      if (t == 0) st[kDh] = m[rr], st[kDh + 1] = l[rr];
+      continue;
+    }
+    uint16_t* o = a.out + rows[rr] * a.o_rs + h * a.o_hs;
+#pragma unroll
+    for (int ct = 0; ct < 16; ++ct) {
+      const int c = 8 * ct + 2 * t;
+      const float o0 = lq::div(lq::mul(acc[ct][2 * rr], a.sv[h * kDh + c]), l[rr]);
+      const float o1 = lq::div(lq::mul(acc[ct][2 * rr + 1], a.sv[h * kDh + c + 1]), l[rr]);
+      *reinterpret_cast<uint32_t*>(o + c) =
+          static_cast<uint32_t>(f32_to_bf16_bits(o0)) | (static_cast<uint32_t>(f32_to_bf16_bits(o1)) << 16);
+    }
+  }
+}
+
+constexpr size_t kAttnSmem = 2 * static_cast<size_t>(kStageBytes) + static_cast<size_t>(kWarps) * 16 * kRowPad;
+
+Status check_bf16_kv(const char* op, const TensorView& k, const TensorView& v) {
+  if (k.dtype != DType::bf16 || v.dtype != DType::bf16)
+    return unsupported(op, std::string("needs bf16 k, v; got ") + dtype_name(k.dtype) + ", " + dtype_name(v.dtype));
+  LS_CHECK_MSG(k.ndim == 3 && v.ndim == 3 && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
+                   v.size(2) == k.size(2) && k.inner_contiguous() && v.inner_contiguous() &&
+                   k.stride[1] == k.size(2) && v.stride[1] == v.size(2),
+               std::string(op) + ": k, v must be [n, H, Dh] with contiguous heads; got " + k.shape_str() + ", " +
+                   v.shape_str());
+  if (k.size(2) != kDh)
+    return unsupported(op, "the CUDA int8 attention kernels take head dim 128 only; got " + std::to_string(k.size(2)));
+  return Status();
+}
+
+void check_keys(const Int8Keys& keys, int64_t H) {
+  const int64_t n = keys.keys();
+  LS_CHECK_MSG(keys.k8.dtype == DType::i8 && keys.k8.ndim == 3 && keys.k8.size(1) == H && keys.k8.size(2) == kDh &&
+                   keys.k8.stride[2] == 1 && keys.k8.stride[1] == kDh && keys.k8.stride[0] % 16 == 0 &&
+                   aligned16(keys.k8.data),
+               "int8 keys: k8 must be i8 [n, H, 128], 16-byte aligned rows; got " + keys.k8.shape_str());
+  LS_CHECK_MSG(keys.sk.dtype == DType::f32 && keys.sk.ndim == 2 && keys.sk.size(0) == n && keys.sk.size(1) == H &&
+                   keys.sk.stride[1] == 1,
+               "int8 keys: sk must be f32 [n, H]; got " + keys.sk.shape_str());
+  LS_CHECK_MSG(keys.v8t.dtype == DType::i8 && keys.v8t.ndim == 3 && keys.v8t.size(0) == H &&
+                   keys.v8t.size(1) == kDh && keys.v8t.size(2) == n && keys.v8t.stride[2] == 1 &&
+                   keys.v8t.stride[1] >= n && keys.v8t.stride[1] % 16 == 0 && keys.v8t.stride[0] % 16 == 0 &&
+                   aligned16(keys.v8t.data),
+               "int8 keys: v8t must be i8 [H, 128, n] with ld >= n, ld % 16 == 0, 16-byte aligned; got " +
+                   keys.v8t.shape_str());
+  LS_CHECK_MSG(keys.sv.dtype == DType::f32 && keys.sv.ndim == 2 && keys.sv.size(0) == H && keys.sv.size(1) == kDh &&
+                   keys.sv.is_contiguous(),
+               "int8 keys: sv must be f32 [H, 128]; got " + keys.sv.shape_str());
+}
+
+}  // namespace
+
+Status cuda_op_int8_key_stats(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
+                              bool reset) {
+  LS_TRY(check_bf16_kv("int8_key_stats", k, v));
+  const int64_t n = k.size(0), H = k.size(1), HD = H * kDh;
+  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) == 3 && stats.size(1) == H &&
+                   stats.size(2) == kDh && stats.is_contiguous(),
+               "int8_key_stats: stats must be a contiguous f32 [3, H, 128]; got " + stats.shape_str());
+  const unsigned cols = static_cast<unsigned>(div_up(HD, 128));
+  if (reset) {
+    stats_init<<<cols, 128, 0, ctx.stream>>>(stats.ptr<float>(), HD);
+    LS_CUDA_CHECK_LAUNCH();
+  }
+  if (n == 0) return Status();
+  const unsigned groups = static_cast<unsigned>(std::min<int64_t>(div_up(n, 64), 256));
+  stats_kernel<<<dim3(cols, groups), 128, 0, ctx.stream>>>(k.ptr<const uint16_t>(), k.stride[0], v.ptr<const uint16_t>(),
+                                                           v.stride[0], n, HD, stats.ptr<float>());
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
+                            const Int8Keys& keys) {
+  LS_TRY(check_bf16_kv("int8_prepare", k, v));
+  const int64_t n = k.size(0), H = k.size(1), HD = H * kDh;
+  LS_CHECK_MSG(keys.keys() == n, "int8_prepare: " + std::to_string(n) + " keys into prepared keys of " +
+                                     std::to_string(keys.keys()));
+  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.is_contiguous() && stats.numel() == 3 * HD,
+               "int8_prepare: stats must be a contiguous f32 [3, H, 128]; got " + stats.shape_str());
+  check_keys(keys, H);
+  LS_CHECK_MSG(keys.k8.stride[0] == HD && keys.sk.stride[0] == H, "int8_prepare writes contiguous k8 and sk");
+  sv_kernel<<<static_cast<unsigned>(div_up(HD, 128)), 128, 0, ctx.stream>>>(stats.ptr<const float>(), HD,
+                                                                            keys.sv.ptr<float>());
+  LS_CUDA_CHECK_LAUNCH();
+  if (n == 0) return Status();
+  const int64_t warps = n * H;
+  prepare_k_kernel<<<static_cast<unsigned>(div_up(warps * 32, 256)), 256, 0, ctx.stream>>>(
+      k.ptr<const uint16_t>(), k.stride[0], n, static_cast<int>(H), stats.ptr<const float>(), keys.k8.ptr<int8_t>(),
+      keys.sk.ptr<float>());
+  LS_CUDA_CHECK_LAUNCH();
+  prepare_v_kernel<<<dim3(static_cast<unsigned>(div_up(n, 32)), static_cast<unsigned>(H)), kDh, 0, ctx.stream>>>(
+      v.ptr<const uint16_t>(), v.stride[0], n, keys.sv.ptr<const float>(), keys.v8t.ptr<int8_t>(), keys.v8t.stride[1],
+      keys.v8t.stride[0]);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                              const AttentionParams& p) {
+  if (q.dtype != DType::bf16 || out.dtype != DType::bf16)
+    return unsupported("attention_int8", "needs bf16 q, out; got " + q.shape_str() + ", " + out.shape_str());
+  LS_CHECK_MSG(q.ndim == 3 && out.ndim == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+                   out.size(2) == q.size(2) && q.inner_contiguous() && out.inner_contiguous(),
+               "attention_int8 wants q, out [Mq, H, Dh]; got " + q.shape_str() + ", " + out.shape_str());
+  const int64_t Mq = q.size(0), H = q.size(1), Dh = q.size(2), Mk = keys.keys();
+  if (Dh != kDh)
+    return unsupported("attention_int8", "the CUDA int8 attention kernel takes head dim 128 only; got " +
+                                             std::to_string(Dh));
+  if (p.kv_tile != kTile)
+    return make_error(ErrorCode::invalid_argument,
+                      "attention_int8: the CUDA int8 kernels fold once per 128-key tile: kv_tile must be 128; got " +
+                          std::to_string(p.kv_tile));
+  check_keys(keys, H);
+  LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
+  LS_CHECK_MSG(Mk > 0, "attention_int8 over zero keys");
+  LS_CHECK_MSG((out.stride[0] % 2 == 0) && (out.stride[1] % 2 == 0) &&
+                   (reinterpret_cast<uintptr_t>(out.data) & 3u) == 0,
+               "attention_int8: out rows must be 4-byte aligned");
+  if (Mq == 0) return Status();
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  AttnArgs a{};
+  a.q = q.ptr<const uint16_t>(), a.q_rs = q.stride[0], a.q_hs = q.stride[1];
+  a.k8 = keys.k8.ptr<const int8_t>(), a.k8_rs = keys.k8.stride[0];
+  a.sk = keys.sk.ptr<const float>(), a.sk_rs = keys.sk.stride[0];
+  a.v8t = keys.v8t.ptr<const int8_t>(), a.v_hs = keys.v8t.stride[0], a.v_ld = keys.v8t.stride[1];
+  a.sv = keys.sv.ptr<const float>();
+  a.out = out.ptr<uint16_t>(), a.o_rs = out.stride[0], a.o_hs = out.stride[1];
+  a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
+  a.Mq = Mq, a.Mk = Mk, a.H = static_cast<int>(H);
+  a.cs = i8a::score_factor(scale, static_cast<int>(Dh));
+  a.state_in = p.state_in, a.finalize = p.finalize;
+  if (ctx.max_smem_optin < kAttnSmem)
+    return unsupported("attention_int8", "the kernel needs " + std::to_string(kAttnSmem) +
+                                             " bytes of shared memory per block; this device allows " +
+                                             std::to_string(ctx.max_smem_optin));
+  LS_CUDA_CHECK(cudaFuncSetAttribute(attention_int8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kAttnSmem)));
+  const dim3 grid(static_cast<unsigned>(div_up(Mq, kWarps * 16)), static_cast<unsigned>(H));
+  attention_int8_kernel<<<grid, kWarps * 32, kAttnSmem, ctx.stream>>>(a);
+  LS_CUDA_CHECK_LAUNCH();
+  return Status();
+}
+
+}  // namespace ls::cuda

@@ -1,0 +1,218 @@
+// CUDA INT8 attention (attention_int8.cu) against the CPU reference (docs/int8-attention.md):
+// the key statistics, the prepared keys (k8, sk, v8t, sv) and the attention output are the
+// CPU's BYTES (every op is IEEE-defined, the integer sums exact, the fold in the CPU's
+// order at kv_tile 128); and the CUDA results are plan-invariant: query slicings (1-row
+// slices, a last slice of 1 row), streamed key chunks carrying the state, chunks prepared
+// on their own, all memcmp-equal to one call. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "core/dtype.h"
+
+namespace ls {
+namespace {
+
+struct Env {
+  std::unique_ptr<Backend> cpu, cuda;
+  std::unique_ptr<Arena> arena;
+};
+
+Env* env() {
+  static Env* e = []() -> Env* {
+    Numerics n;
+    n.attention = AttentionAlgorithm::int8;
+    auto c = make_backend("cuda", n, {});
+    if (!c.ok()) return nullptr;
+    auto* r = new Env;
+    r->cuda = std::move(*c);
+    r->cpu = make_cpu_backend();
+    EXPECT_TRUE(r->cpu->set_numerics(n, {}).ok());
+    auto a = Arena::create(r->cuda->memory(), 2ull << 30);
+    if (!a.ok()) return nullptr;
+    r->arena = std::move(*a);
+    return r;
+  }();
+  return e;
+}
+
+#define NEED_GPU()                                           \
+  Env* E = env();                                            \
+  if (E == nullptr) GTEST_SKIP() << "no CUDA device here";   \
+  Arena::Scope scope_(*E->arena)
+
+std::vector<uint8_t> host_bytes(const TensorView& t) {
+  std::vector<uint8_t> b(static_cast<size_t>(t.numel() * t.elem_size()));
+  TensorView h = TensorView::contiguous(b.data(), t.dtype, t.shape.data(), t.ndim);
+  LS_CHECK(env()->cuda->copy(h, t).ok());
+  return b;
+}
+std::vector<uint8_t> cpu_bytes(const TensorView& t) {
+  std::vector<uint8_t> b(static_cast<size_t>(t.numel() * t.elem_size()));
+  TensorView h = TensorView::contiguous(b.data(), t.dtype, t.shape.data(), t.ndim);
+  LS_CHECK(env()->cpu->copy(h, t).ok());
+  return b;
+}
+
+// bf16 [n, H, 128] on host and device; K with two outlier channels (offset 12).
+struct Pair {
+  std::vector<uint16_t> host;
+  TensorView h, d;
+};
+Pair make(int64_t n, int64_t H, uint32_t seed, bool outliers) {
+  Pair p;
+  p.host.resize(static_cast<size_t>(n * H * 128));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t i = 0; i < p.host.size(); ++i) {
+    const int64_t c = static_cast<int64_t>(i % 128);
+    p.host[i] = f32_to_bf16(nd(rng) + (outliers && (c == 1 || c == 67) ? 12.0f : 0.0f));
+  }
+  p.h = TensorView(p.host.data(), DType::bf16, {n, H, 128});
+  auto d = env()->arena->alloc(DType::bf16, {n, H, 128}, "test bf16");
+  LS_CHECK(d.ok());
+  p.d = *d;
+  LS_CHECK(env()->cuda->copy(p.d, p.h).ok());
+  return p;
+}
+
+struct Keys {
+  std::vector<uint8_t> host;
+  Int8Keys h, d;
+  TensorView hstats, dstats;
+  std::vector<float> hs;
+};
+Keys keys_for(int64_t n, int64_t H) {
+  Keys k;
+  const int64_t bytes = int8_keys_bytes(n, H, 128);
+  k.host.assign(static_cast<size_t>(bytes + 256), 0);
+  void* hb = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(k.host.data()) + 255) / 256 * 256);
+  k.h = int8_keys_view(hb, n, H, 128, Device{});
+  auto d = env()->arena->alloc(DType::u8, {bytes}, "test keys");
+  LS_CHECK(d.ok());
+  k.d = int8_keys_view(d->data, n, H, 128, d->device);
+  k.hs.assign(static_cast<size_t>(3 * H * 128), 0.0f);
+  k.hstats = TensorView(k.hs.data(), DType::f32, {3, H, 128});
+  auto s = env()->arena->alloc(DType::f32, {3, H, 128}, "test stats");
+  LS_CHECK(s.ok());
+  k.dstats = *s;
+  return k;
+}
+
+std::vector<uint8_t> v8t_rows(const Int8Keys& k, bool device) {  // the n used bytes of every (h, c) row
+  const int64_t H = k.v8t.size(0), n = k.v8t.size(2);
+  TensorView rows(k.v8t.data, DType::i8, {H * 128, n}, k.v8t.device);
+  rows.stride[0] = k.v8t.stride[1];
+  std::vector<uint8_t> b(static_cast<size_t>(H * 128 * n));
+  TensorView h(b.data(), DType::i8, {H * 128, n});
+  LS_CHECK((device ? env()->cuda : env()->cpu)->copy(h, rows).ok());
+  return b;
+}
+
+AttentionParams tile128() {
+  AttentionParams p;
+  p.kv_tile = 128;
+  return p;
+}
+
+TEST(Int8AttentionCuda, EqualsTheCpuReferenceBytes) {
+  NEED_GPU();
+  for (const auto& [Mq, Mk, H] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{97, 1025, 2}, {64, 300, 3}, {1, 1, 1}}) {
+    SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk));
+    Pair q = make(Mq, H, 1, true), k = make(Mk, H, 2, true), v = make(Mk, H, 3, false);
+    Keys K = keys_for(Mk, H);
+    ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, true).ok());
+    ASSERT_TRUE(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
+    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+    EXPECT_EQ(host_bytes(K.dstats), cpu_bytes(K.hstats)) << "statistics";
+    EXPECT_EQ(host_bytes(K.d.k8), cpu_bytes(K.h.k8)) << "k8";
+    EXPECT_EQ(host_bytes(K.d.sk), cpu_bytes(K.h.sk)) << "sk";
+    EXPECT_EQ(host_bytes(K.d.sv), cpu_bytes(K.h.sv)) << "sv";
+    EXPECT_EQ(v8t_rows(K.d, true), v8t_rows(K.h, false)) << "v8t";
+    std::vector<uint16_t> oh(static_cast<size_t>(Mq * H * 128));
+    TensorView out_h(oh.data(), DType::bf16, {Mq, H, 128});
+    ASSERT_TRUE(E->cpu->attention_int8(q.h, K.h, out_h, tile128()).ok());
+    auto od = E->arena->alloc(DType::bf16, {Mq, H, 128}, "out");
+    ASSERT_TRUE(od.ok());
+    ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *od, tile128()).ok());
+    const std::vector<uint8_t> got = host_bytes(*od), want = cpu_bytes(out_h);
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); i += 2) differ += std::memcmp(&got[i], &want[i], 2) != 0;
+    EXPECT_EQ(differ, 0) << "of " << got.size() / 2 << " outputs";
+    int64_t nonzero = 0;
+    for (uint16_t x : oh) nonzero += (x & 0x7fff) != 0;
+    EXPECT_GT(nonzero, Mq * H * 64);
+  }
+}
+
+TEST(Int8AttentionCuda, SlicingsAndStreamedChunksGiveTheSameBytes) {
+  NEED_GPU();
+  const int64_t Mq = 200, Mk = 700, H = 2;
+  Pair q = make(Mq, H, 11, true), k = make(Mk, H, 12, true), v = make(Mk, H, 13, false);
+  Keys K = keys_for(Mk, H);
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, true).ok());
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, false).ok());
+  ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+  auto ref = E->arena->alloc(DType::bf16, {Mq, H, 128}, "ref");
+  ASSERT_TRUE(ref.ok());
+  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
+  const std::vector<uint8_t> want = host_bytes(*ref);
+  for (const std::vector<int64_t>& cuts :
+       {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
+    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
+    ASSERT_TRUE(o.ok());
+    for (size_t i = 0; i + 1 < cuts.size(); ++i)
+      ASSERT_TRUE(E->cuda->attention_int8(q.d.slice_rows(cuts[i], cuts[i + 1]), K.d,
+                                          o->slice_rows(cuts[i], cuts[i + 1]), tile128())
+                      .ok());
+    EXPECT_EQ(host_bytes(*o), want) << "query slicing";
+  }
+  for (const int64_t chunk : {int64_t{128}, int64_t{256}, int64_t{512}}) {
+    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "chunked");
+    auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+    ASSERT_TRUE(o.ok() && st.ok());
+    for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
+      const int64_t c1 = std::min(Mk, c0 + chunk);
+      // Each chunk prepared into its own buffer (the offload path) and, alternately, a
+      // slice of the one prepared set.
+      Keys part = keys_for(c1 - c0, H);
+      ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part.d).ok());
+      AttentionParams p = tile128();
+      p.state = *st;
+      p.state_in = c0 > 0;
+      p.finalize = c1 == Mk;
+      const Int8Keys& use = (c0 / chunk) % 2 == 0 ? part.d : K.d.slice(c0, c1);
+      ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
+    }
+    EXPECT_EQ(host_bytes(*o), want) << "chunks of " << chunk;
+  }
+}
+
+TEST(Int8AttentionCuda, Refusals) {
+  NEED_GPU();
+  EXPECT_EQ(E->cuda->numerics().attention, AttentionAlgorithm::int8);
+  EXPECT_EQ(E->cuda->numerics().kv_tile, 128);
+  Numerics n;
+  n.attention = AttentionAlgorithm::int8;
+  n.kv_tile = 1024;
+  auto b = make_backend("cuda", n, {});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message.find("kv_tile must be 128"), std::string::npos) << b.error().message;
+  n.kv_tile = 0;
+  auto c = make_backend("cuda", n, {});
+  ASSERT_TRUE(c.ok());
+  const Status s = (*c)->set_model_head_dim(64);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("head dim 64"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace ls
