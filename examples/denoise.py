@@ -3,10 +3,25 @@ denoiser call on the same inputs, and the output fingerprint, which equals the C
 example's and `layerstream forward --inputs`'s (tests/python/test_denoise.py runs it).
 
     PYTHONPATH=build/python python3 examples/denoise.py     prints "output hash %016x"
-"""
-import numpy as np
 
-import layerstream
+Needs numpy, in the same python3 the package was built for (CMake's Python3_EXECUTABLE,
+printed by the configure step; Debian: python3-numpy). Run it with that interpreter.
+"""
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    raise SystemExit("examples/denoise.py needs numpy, which %s (python %d.%d) does not have: install it "
+                     "(Debian: apt-get install python3-numpy; or pip install numpy) or run the example with the "
+                     "python3 that has it and that the layerstream package was built for"
+                     % (sys.executable, sys.version_info[0], sys.version_info[1]))
+try:
+    import layerstream
+except ImportError as e:
+    raise SystemExit("examples/denoise.py: cannot import layerstream with %s (%s): build the target "
+                     "layerstream_py for this python3 (cmake -DPython3_EXECUTABLE=%s) and set "
+                     "PYTHONPATH=build/python" % (sys.executable, e, sys.executable))
 
 
 def fill(n, salt):

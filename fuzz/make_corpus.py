@@ -10,6 +10,8 @@ header length into the padding, duplicate name, deep nesting).
 fuzz_h3_detect: safetensors headers (JSON text; the target builds the data section):
 the committed tiny checkpoints' headers and variants (key prefix, config override in
 the metadata, a missing block, curve form).
+fuzz_cli_inputs: whole safetensors files as the CLI reads them (--inputs, --mask,
+--keyframe, --text, --ref) for the tiny preset, and one with five-dimensional tensors.
 Deterministic: running it again gives the same bytes.
 """
 import json
@@ -111,6 +113,22 @@ def h3_seeds():
     write(t, "empty", b"{}")
 
 
+def cli_inputs_seeds():
+    """The CLI's input files for the tiny preset (latents 24 / 32, text_dim 96) and the
+    target's 5-frame 64x64 clip (T 2, Hl = Wl = 4, A 8, L 4)."""
+    t = "fuzz_cli_inputs"
+    write(t, "inputs", st_file([("video", "F32", [24, 2, 4, 4]), ("audio", "F32", [32, 2, 8]),
+                                ("text", "F32", [4, 96])]))
+    write(t, "mask", st_file([("video_mask", "F32", [2, 4, 4]), ("audio_mask", "F32", [2, 8])]))
+    write(t, "keyframe", st_file([("video", "F32", [24, 1, 4, 4]), ("audio", "F32", [32, 2, 3])],
+                                 {"pixel_frame": "2"}))
+    write(t, "keyframe_bf16", st_file([("video", "BF16", [24, 1, 4, 4])]))
+    write(t, "text", st_file([("text", "BF16", [1, 4, 96]), ("negative", "F32", [4, 96])]))
+    write(t, "five_dims", st_file([("video", "F32", [1, 1, 1, 1, 1]), ("text", "F32", [1, 1, 1, 1, 1]),
+                                   ("negative", "F32", [1, 1, 1, 1, 1])]))
+
+
 if __name__ == "__main__":
     safetensors_seeds()
     h3_seeds()
+    cli_inputs_seeds()

@@ -209,9 +209,10 @@ TEST(H3Detect, ErrorsNameTheProblem) {
 
 TEST(H3Detect, MetadataOverrides) {
   const auto t = infos(h3_tensor_specs(preset("tiny")));
-  auto d = detect_h3_config(t, R"({"num_layers": 1, "gate_compress": false, "adaln_curve_grid": null})");
+  auto d = detect_h3_config(t, R"({"num_layers": 2, "gate_compress": false, "adaln_curve_grid": null})");
   ASSERT_TRUE(d.ok()) << d.error().message;
-  EXPECT_EQ(d->num_layers, 1);
+  EXPECT_EQ(d->num_layers, 2);
+  EXPECT_FALSE(d->gate_compress);
   EXPECT_FALSE(detect_h3_config(t, "[1,2]").ok());
   EXPECT_FALSE(detect_h3_config(t, R"({"num_layers": "two"})").ok());
   EXPECT_FALSE(detect_h3_config(t, R"({"patch_size": [1, 4, 4]})").ok());
@@ -221,6 +222,24 @@ TEST(H3Detect, MetadataOverrides) {
   Status v = validate_h3_tensors(*wrong, t);
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.message().find("video_patch_proj.weight"), std::string::npos);
+}
+
+// Issue 28, item 7: overrides are bounded before any arithmetic, and a block count that
+// disagrees with the tensors is refused (it used to run the first N blocks silently).
+TEST(H3Detect, MetadataOverridesBoundedBeforeUse) {
+  const auto t = infos(h3_tensor_specs(preset("tiny")));  // 2 blocks
+  auto one = detect_h3_config(t, R"({"num_layers": 1})");
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.error().message.find("num_layers is 1 but the file holds 2 DiT blocks"), std::string::npos)
+      << one.error().message;
+  for (const char* j : {R"({"latents_dim": 9223372036854775807})", R"({"num_layers": 2147483647})",
+                        R"({"hidden_size": -5})", R"({"audio_latents_dim": 18446744073709551615})",
+                        R"({"pdd_heads": 1000000})", R"({"adaln_curve_grid": 4611686018427387904})",
+                        R"({"attention_head_dim": 0})"}) {
+    auto d = detect_h3_config(t, j);
+    ASSERT_FALSE(d.ok()) << j;
+    EXPECT_NE(d.error().message.find("outside"), std::string::npos) << j << ": " << d.error().message;
+  }
 }
 
 TEST(H3Validate, FirstWrongTensorNamed) {

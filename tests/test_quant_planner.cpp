@@ -1,7 +1,7 @@
 // The planner's answer for quantised 50-block H3 models at S = 111,274 (a 15 s, 1 MP clip)
 // under the CUDA profile (issue 14's memory target): the int8 ConvRot model stays
 // all-resident inside --vram-budget 24GiB (what `layerstream info --vram-budget 24GiB`
-// prints for such a file, and what tools/device_bench_quant.sh runs), the bf16 model
+// prints for such a file, and what tools/device/quant_linear_bench.sh runs), the bf16 model
 // does not; blocks of different layouts (the _skip_edges files) are counted block by block.
 #include <gtest/gtest.h>
 

@@ -28,7 +28,7 @@ if [ -z "$cxx" ] || [ -z "$cc" ]; then
   exit 2
 fi
 
-targets=(fuzz_safetensors fuzz_h3_detect)
+targets=(fuzz_safetensors fuzz_h3_detect fuzz_cli_inputs)
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAYERSTREAM_FUZZ=ON -DLAYERSTREAM_TESTS=OFF -DLAYERSTREAM_BENCH=OFF \

@@ -8,6 +8,7 @@
 
 #include "api/memory_request.h"
 #include "api/session.h"
+#include "core/printable.h"
 #include "io/output_file.h"
 
 namespace ls::tools {
@@ -142,16 +143,12 @@ Expected<float> flag_float32(const FlagText& f, const FloatRange& r, float def) 
   return parse_float32(f.name, f.text, r);
 }
 
-Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path) {
-  std::vector<std::pair<std::string, std::string>> seen;  // flag, resolved path
-  for (const auto& [flag, path] : flag_and_path) {
-    LS_ASSIGN_OR_RETURN(io::OutputTarget t, io::check_output_path(path, flag));
-    for (const auto& [f2, r2] : seen)
-      if (r2 == t.resolved && !t.write_through)
-        return make_error(ErrorCode::invalid_argument, f2 + " and " + flag + " name the same file (" + path + ")");
-    seen.emplace_back(flag, t.resolved);
-  }
-  return Status();
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path,
+                          const std::vector<std::pair<std::string, std::string>>& inputs) {
+  std::vector<io::NamedPath> outs, ins;
+  for (const auto& [flag, path] : flag_and_path) outs.push_back({flag, path});
+  for (const auto& [flag, path] : inputs) ins.push_back({flag, path});
+  return io::check_outputs_against_inputs(outs, ins);
 }
 
 int exit_code_for(const Error& e) {
@@ -159,7 +156,9 @@ int exit_code_for(const Error& e) {
 }
 
 int report_error(std::string_view command, const Error& e) {
-  std::fprintf(stderr, "%.*s: error: %s\n", static_cast<int>(command.size()), command.data(), e.message.c_str());
+  // The CLI's error sink: file bytes quoted in the message are escaped here, in one place.
+  std::fprintf(stderr, "%.*s: error: %s\n", static_cast<int>(command.size()), command.data(),
+               printable_text(e.message).c_str());
   return exit_code_for(e);
 }
 

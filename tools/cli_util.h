@@ -173,8 +173,11 @@ Expected<NumericsChoice> numerics_from_flags_and_env(std::string_view command, c
 Expected<std::vector<std::string>> parse_devices(std::string_view flag, std::string_view text);
 
 // Checks every output path given with io::check_output_path before any work starts (an
-// empty path, `-o ''`, is refused), and that no two of them are the same file.
-Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path);
+// empty path, `-o ''`, is refused), that no two of them are the same file, and that none
+// is one of the run's input files (flag, path as given: --model, --lora FILE[:S], ...),
+// compared by device and inode after links (io::check_outputs_against_inputs).
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_and_path,
+                          const std::vector<std::pair<std::string, std::string>>& inputs = {});
 
 // Exit codes of every command (docs/checkpoints.md, README "Exit codes"): 0 ok; 2 a
 // usage error (bad or contradictory flags, caught before any file is opened or any work

@@ -36,6 +36,7 @@
 #include <map>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@
 #include "model/h3/torch_random.h"
 #include "tools/command.h"
 #include "tools/cli_util.h"
+#include "tools/inputs.h"
+#include "tools/interrupt.h"
+#include "io/output_file.h"
 #include "tools/memory_plot.h"
 #include "tools/progress.h"
 #include "tools/report.h"
@@ -72,64 +76,22 @@ struct ForwardOptions {
   bool no_prefetch = false, keep_prefetch = false, kv_offload = false, residual_offload = false;
 };
 
-// fp32 tensor `name` of `file` with the expected shape; empty name -> not required.
-Expected<std::vector<float>> read_f32(const SafetensorsReader& file, const std::string& name,
-                                      const std::vector<int64_t>& shape) {
-  const SafetensorsEntry* e = file.find(name);
-  if (!e) return make_error(ErrorCode::invalid_file, file.path() + ": no tensor \"" + name + "\"");
-  if (e->dtype != DType::f32 || e->shape != shape) {
-    std::string want = "[";
-    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
-    want += "]";
-    return make_error(ErrorCode::invalid_file, file.path() + ": \"" + name + "\" is " + file.view(*e).shape_str() +
-                                                   ", expected f32 " + want);
-  }
-  const auto* p = static_cast<const float*>(file.data(*e));
-  return std::vector<float>(p, p + e->numel());
-}
-
+// A --keyframe FILE[@FRAME|@last]: the file through the shared loader (tools/inputs.h),
+// the frame from @FRAME, @last, the file's "pixel_frame" metadata, or 0.
 Expected<h3::Keyframe> load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::ClipGeometry& g) {
   std::string path = arg, frame;
   if (auto at = arg.rfind('@'); at != std::string::npos) path = arg.substr(0, at), frame = arg.substr(at + 1);
   LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(path));
-  h3::Keyframe k;
-  const SafetensorsEntry* v = file->find("video");
-  // No "video" but an "audio": an audio-only keyframe (ComfyUI's AddGuide with audio only).
-  if ((v && v->shape.size() != 4) || (!v && !file->find("audio")))
-    return make_error(ErrorCode::invalid_file,
-                      path + ": a keyframe file needs \"video\" f32 [C, T, Hl, Wl] and/or \"audio\" f32 [C, 2, A]");
-  if (v) {
-    k.video.T = v->shape[1], k.video.Hl = v->shape[2], k.video.Wl = v->shape[3];
-    LS_ASSIGN_OR_RETURN(k.video.data, read_f32(*file, "video", {cfg.latents_dim, k.video.T, g.Hl, g.Wl}));
-  }
-  if (const SafetensorsEntry* a = file->find("audio")) {
-    if (a->shape.size() != 3) return make_error(ErrorCode::invalid_file, path + ": \"audio\" must be f32 [C, 2, A]");
-    k.audio.A = a->shape[2];
-    LS_ASSIGN_OR_RETURN(k.audio.data, read_f32(*file, "audio", {cfg.audio_latents_dim, 2, k.audio.A}));
-  }
+  std::optional<std::string> meta_frame;
+  LS_ASSIGN_OR_RETURN(h3::Keyframe k, load_forward_keyframe(*file, cfg, g, meta_frame));
   if (frame == "last") {
     k.pixel_frame = g.frames - 1;
   } else if (!frame.empty()) {
     LS_ASSIGN_OR_RETURN(k.pixel_frame, parse_int("--keyframe frame", frame, 0, g.frames - 1));
-  } else if (auto it = file->metadata().find("pixel_frame"); it != file->metadata().end()) {
-    LS_ASSIGN_OR_RETURN(k.pixel_frame, parse_int(path + " metadata pixel_frame", it->second, 0, g.frames - 1));
+  } else if (meta_frame) {
+    LS_ASSIGN_OR_RETURN(k.pixel_frame, parse_int(path + " metadata pixel_frame", *meta_frame, 0, g.frames - 1));
   }
   return k;
-}
-
-Status load_mask(const std::string& path, const h3::ClipGeometry& g, h3::Conditioning& c) {
-  LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(path));
-  const bool hv = file->find("video_mask") != nullptr, ha = file->find("audio_mask") != nullptr;
-  if (!hv && !ha)
-    return Status(make_error(ErrorCode::invalid_file, path + ": a mask file holds \"video_mask\" f32 [T, Hl, Wl] and/or "
-                                                             "\"audio_mask\" f32 [2, A]"));
-  if (hv) {
-    LS_ASSIGN_OR_RETURN(c.video_mask, read_f32(*file, "video_mask", {g.T, g.Hl, g.Wl}));
-  }
-  if (ha) {
-    LS_ASSIGN_OR_RETURN(c.audio_mask, read_f32(*file, "audio_mask", {2, g.A}));
-  }
-  return Status();
 }
 
 // The planner's prediction for the run (exec::plan_memory, every memory mode): the mode,
@@ -155,161 +117,174 @@ nlohmann::json memory_plan_json(const exec::PlanResult& r) {
 }
 
 int fail(const Error& e) { return report_error(kCmd, e); }
-int usage(const std::string& msg) { return fail({ErrorCode::invalid_argument, msg}); }
 
-int run_forward(const ForwardOptions& o) {
-  // ---- flags: every refusal here is a usage error (exit 2), before any file is opened ----
+// ---- parse -> validate -> run -> report (issue 27 item 4) -----------------------------
+// Each step returns an Error whose code decides the exit (invalid_argument and
+// out_of_budget: 2, the rest 1; tools/cli_util.h exit_code_for).
+
+Error usage_error(const std::string& msg) { return {ErrorCode::invalid_argument, msg}; }
+
+// Flag combinations: every refusal a usage error, before any number is read.
+Status check_flag_combinations(const ForwardOptions& o, api::MemoryRequest* memory_request) {
   if (o.model.given() == o.preset.given())
-    return usage("give exactly one of --model FILE or --preset NAME (synthetic weights)");
+    return usage_error("give exactly one of --model FILE or --preset NAME (synthetic weights)");
   if (o.random_weights && !o.preset.given())
-    return usage("--random-weights needs --preset tiny|small|h3 (the shapes to make)");
+    return usage_error("--random-weights needs --preset tiny|small|h3 (the shapes to make)");
   if (o.weights_seed.given() && o.model.given())
-    return usage("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset");
-  if (o.blocks.given() && o.model.given()) return usage("--blocks goes with --preset (a file has its own blocks)");
+    return usage_error("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset");
+  if (o.blocks.given() && o.model.given()) return usage_error("--blocks goes with --preset (a file has its own blocks)");
   // The memory flags: one request, the library's one validation (api::resolve_memory,
   // the same rules and messages at every door).
-  api::MemoryRequest memory_request;
   const MemoryFlags memory_flags{&o.vram_budget, &o.budget,    &o.mlp_chunk,      &o.attn_chunk,
                                  &o.final_chunk, &o.kv_chunk,  &o.resident_blocks, &o.slots,
                                  o.kv_offload,   o.residual_offload, o.no_prefetch, o.keep_prefetch};
-  if (auto m = memory_from_flags(memory_flags, &memory_request); !m.ok()) return fail(m.error());
+  if (auto m = memory_from_flags(memory_flags, memory_request); !m.ok()) return m.error();
+  if (o.devices.given() && o.device.given())
+    return usage_error("--device and --devices are exclusive: --devices lists every rank's device");
+  return Status();
+}
 
-  auto frames = flag_int(o.frames, range::frames, 0);
-  auto width = flag_int(o.width, range::width, 0);
-  auto height = flag_int(o.height, range::height, 0);
-  auto L = flag_int(o.text_tokens, range::text_tokens, 0);
-  auto seed = flag_int(o.seed, range::seed, 0);
-  auto wseed = flag_int(o.weights_seed, range::seed, 0);
-  auto threads = flag_int(o.threads, range::threads, 0);
-  auto mlp = flag_int(o.mlp_chunk, range::chunk, 0);
-  auto attn = flag_int(o.attn_chunk, range::chunk, 0);
-  auto fin = flag_int(o.final_chunk, range::chunk, 0);
-  auto kv = flag_int(o.kv_tile, range::kv_tile, 1);  // not given: the device's (below)
-  auto kvc = flag_int(o.kv_chunk, range::kv_chunk, 0);
-  auto rb = flag_int(o.resident_blocks, range::resident_blocks, -1);
-  auto sl = flag_int(o.slots, range::slots, 2);
-  auto nb = flag_int(o.blocks, range::blocks, 0);
-  for (const auto* e : {&frames, &width, &height, &L, &seed, &wseed, &threads, &mlp, &attn, &fin, &kv, &kvc, &rb, &sl, &nb})
-    if (!e->ok()) return fail(e->error());
-  auto sigma = flag_float32(o.sigma, range::sigma, 0.0f);
-  if (!sigma.ok()) return fail(sigma.error());
-  auto budget = flag_size(o.budget, range::budget, 0);
-  if (!budget.ok()) return fail(budget.error());
-  auto vram_budget = flag_size(o.vram_budget, range::budget, 0);
-  if (!vram_budget.ok()) return fail(vram_budget.error());
-  const std::string device = o.device.given() ? o.device.text : "cpu";
+// The flags' numbers (the one strict parser, tools/cli_util.h).
+struct ForwardArgs {
+  int64_t frames = 0, width = 0, height = 0, text_tokens = 0, seed = 0, weights_seed = 0, threads = 0, blocks = 0;
+  int64_t kv_tile = 0, resident_blocks = -1;
+  float sigma = 0;
+  uint64_t budget = 0, vram_budget = 0;
+  exec::PlanKnobs knobs;
+  exec::Residency residency;
+};
+
+Expected<ForwardArgs> parse_args(const ForwardOptions& o) {
+  ForwardArgs a;
+  LS_ASSIGN_OR_RETURN(a.frames, flag_int(o.frames, range::frames, 0));
+  LS_ASSIGN_OR_RETURN(a.width, flag_int(o.width, range::width, 0));
+  LS_ASSIGN_OR_RETURN(a.height, flag_int(o.height, range::height, 0));
+  LS_ASSIGN_OR_RETURN(a.text_tokens, flag_int(o.text_tokens, range::text_tokens, 0));
+  LS_ASSIGN_OR_RETURN(a.seed, flag_int(o.seed, range::seed, 0));
+  LS_ASSIGN_OR_RETURN(a.weights_seed, flag_int(o.weights_seed, range::seed, 0));
+  LS_ASSIGN_OR_RETURN(a.threads, flag_int(o.threads, range::threads, 0));
+  LS_ASSIGN_OR_RETURN(a.knobs.mlp_chunk_tokens, flag_int(o.mlp_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(a.knobs.attn_chunk_tokens, flag_int(o.attn_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(a.knobs.final_chunk_tokens, flag_int(o.final_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(a.kv_tile, flag_int(o.kv_tile, range::kv_tile, 1));  // not given: the device's (0 below)
+  LS_ASSIGN_OR_RETURN(a.knobs.kv_chunk_rows, flag_int(o.kv_chunk, range::kv_chunk, 0));
+  LS_ASSIGN_OR_RETURN(a.resident_blocks, flag_int(o.resident_blocks, range::resident_blocks, -1));
+  LS_ASSIGN_OR_RETURN(a.residency.slots, flag_int(o.slots, range::slots, 2));
+  LS_ASSIGN_OR_RETURN(a.blocks, flag_int(o.blocks, range::blocks, 0));
+  LS_ASSIGN_OR_RETURN(a.sigma, flag_float32(o.sigma, range::sigma, 0.0f));
+  LS_ASSIGN_OR_RETURN(a.budget, flag_size(o.budget, range::budget, 0));
+  LS_ASSIGN_OR_RETURN(a.vram_budget, flag_size(o.vram_budget, range::budget, 0));
+  a.knobs.kv_tile = o.kv_tile.given() ? a.kv_tile : 0;  // 0: the device's (Session::resolve_kv_tile)
+  a.knobs.kv_offload = o.kv_offload;
+  a.knobs.residual_offload = o.residual_offload;
+  a.residency.resident_blocks = a.resident_blocks;
+  return a;
+}
+
+// Every output path, and that none is another output or one of the input files.
+Status check_outputs(const ForwardOptions& o) {
   std::vector<std::pair<std::string, std::string>> outputs;
   for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
     if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
-  if (Status s = check_output_paths(outputs); !s.ok()) return fail(s.error());
+  std::vector<std::pair<std::string, std::string>> inputs;  // an output naming one would replace it
+  if (o.model.given()) inputs.emplace_back("--model", o.model.text);
+  for (const std::string& l : o.lora.loras) inputs.emplace_back("--lora", l);
+  for (const std::string& k : o.keyframes) inputs.emplace_back("--keyframe", k);
+  if (o.inputs.given()) inputs.emplace_back("--inputs", o.inputs.text);
+  if (o.mask.given()) inputs.emplace_back("--mask", o.mask.text);
+  return check_output_paths(outputs, inputs);
+}
 
-  exec::PlanKnobs knobs;
-  knobs.mlp_chunk_tokens = *mlp;
-  knobs.attn_chunk_tokens = *attn;
-  knobs.final_chunk_tokens = *fin;
-  knobs.kv_tile = *kv;
-  knobs.kv_offload = o.kv_offload;
-  knobs.kv_chunk_rows = *kvc;
-  knobs.residual_offload = o.residual_offload;
-  exec::Residency residency;
-  residency.resident_blocks = *rb;
-  residency.slots = *sl;
-  set_num_threads(static_cast<int>(*threads));
-
-  // The backend first: what a flag means can depend on it (the chain: api::Session).
-  // Numerics (every bit-changing setting): flags, then developer variables, resolved by
-  // the backend; printed, and stored in the report and the output file.
-  auto nc = numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? *kv : 0);
-  if (!nc.ok()) return fail(nc.error());
-  // --devices: one backend per sequence-parallel rank (docs/multi-gpu.md).
-  std::vector<std::string> rank_devices;
-  if (o.devices.given()) {
-    if (o.device.given()) return usage("--device and --devices are exclusive: --devices lists every rank's device");
+// The backend(s) first: what a flag means can depend on it (the chain: api::Session).
+// Numerics (every bit-changing setting): flags, then developer variables, resolved by
+// the backend; printed, and stored in the report and the output file.
+Expected<std::unique_ptr<api::Session>> open_session(const ForwardOptions& o, const ForwardArgs& a,
+                                                     const api::MemoryRequest& memory_request, NumericsChoice& nc) {
+  LS_ASSIGN_OR_RETURN(nc, numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? a.kv_tile : 0));
+  std::vector<std::string> rank_devices{o.device.given() ? o.device.text : "cpu"};
+  if (o.devices.given()) {  // one backend per sequence-parallel rank (docs/multi-gpu.md)
     auto d = parse_devices("--devices", o.devices.text);
-    if (!d.ok()) return usage(d.error().message);
+    if (!d.ok()) return usage_error(d.error().message);
     rank_devices = std::move(*d);
-  } else {
-    rank_devices = {o.device.given() ? o.device.text : "cpu"};
   }
-  auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
-  if (!opened.ok()) return fail(opened.error());
-  api::Session& session = **opened;
-  if (Status s = api::check_memory_device(memory_request, session.device_is_cpu(), api::kFlagNames); !s.ok())
-    return fail(s.error());
-  if (!o.kv_tile.given()) knobs.kv_tile = 0;  // the device's (Session::resolve_kv_tile)
-
-  // Weights.
+  LS_ASSIGN_OR_RETURN(auto session, api::Session::open_backends(rank_devices, nc.numerics, nc.diagnostics));
+  LS_TRY(api::check_memory_device(memory_request, session->device_is_cpu(), api::kFlagNames));
   api::WeightsSpec weights;
   if (o.model.given()) {
     weights.model_path = o.model.text;
   } else {
     weights.preset = o.preset.text;
-    weights.weights_seed = static_cast<uint64_t>(*wseed);
-    if (o.blocks.given()) weights.blocks = *nb;
+    weights.weights_seed = static_cast<uint64_t>(a.weights_seed);
+    if (o.blocks.given()) weights.blocks = a.blocks;
   }
-  if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok()) return usage(ws.message());
-  if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
+  if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok())
+    return usage_error(ws.message());
+  LS_TRY(session->load_weights(weights));
   // After the weights: attention auto resolves per model (Session::load_weights), so this
   // line names the algorithm that runs.
-  std::printf("[LayerStream] numerics: %s\n", describe(session.backend().numerics()).c_str());
-  const h3::H3TensorSource* src = &session.source();
-  if (!weights.loras.empty() || weights.precision != "preserve" || session.config().quant.any())
-    std::printf("[LayerStream] weights: %s\n", src->describe().c_str());  // LoRAs, formats, "lossy"
-  const h3::H3Config& cfg = session.config();
-  if (o.slots.given() && *rb >= cfg.num_layers)
-    return usage("--slots has no effect: --resident-blocks " + std::to_string(*rb) + " keeps all " +
-                 std::to_string(cfg.num_layers) + " blocks resident, so nothing streams");
+  std::printf("[LayerStream] numerics: %s\n", describe(session->backend().numerics()).c_str());
+  if (!weights.loras.empty() || weights.precision != "preserve" || session->config().quant.any())
+    std::printf("[LayerStream] weights: %s\n", session->source().describe().c_str());  // LoRAs, formats, "lossy"
+  const int64_t layers = session->config().num_layers;
+  if (o.slots.given() && a.resident_blocks >= layers)
+    return usage_error("--slots has no effect: --resident-blocks " + std::to_string(a.resident_blocks) +
+                       " keeps all " + std::to_string(layers) + " blocks resident, so nothing streams");
+  return session;
+}
 
-  // Conditioning and plan: everything that can be refused is refused before any work.
-  auto geom = h3::clip_geometry(*frames, *width, *height, *L);
-  if (!geom.ok()) return fail(geom.error());
+// The run's conditioning and inputs: everything that can be refused is refused here,
+// before any work (shapes of --inputs, --keyframe and --mask files included).
+struct ForwardInputsAndCond {
   h3::Conditioning cond;
-  cond.geometry = *geom;
-  cond.seed = static_cast<uint64_t>(*seed);
-  for (const auto& k : o.keyframes) {
-    auto kf = load_keyframe(k, cfg, *geom);
-    if (!kf.ok()) return fail(kf.error());
-    cond.keyframes.push_back(std::move(*kf));
-  }
-  if (o.mask.given())
-    if (Status s = load_mask(o.mask.text, *geom, cond); !s.ok()) return fail(s.error());
-  if (cfg.pdd_heads > 1) cond.sample_sigmas = {1.0f, *sigma, 0.0f};  // one-call stand-in schedule
-  // Caller-given inputs (--inputs): shapes checked before any work.
-  const h3::ClipGeometry& g = *geom;
   std::vector<float> video, audio, text;
-  if (o.inputs.given()) {
-    auto file = SafetensorsReader::open(o.inputs.text);
-    if (!file.ok()) return fail(file.error());
-    auto v = read_f32(**file, "video", {cfg.latents_dim, g.T, g.Hl, g.Wl});
-    if (!v.ok()) return fail(v.error());
-    auto a = read_f32(**file, "audio", {cfg.audio_latents_dim, 2, g.A});
-    if (!a.ok()) return fail(a.error());
-    auto t = read_f32(**file, "text", {g.text_tokens, cfg.text_dim});
-    if (!t.ok()) return fail(t.error());
-    video = std::move(*v), audio = std::move(*a), text = std::move(*t);
+};
+Expected<ForwardInputsAndCond> load_conditioning(const ForwardOptions& o, const ForwardArgs& a,
+                                                 const h3::H3Config& cfg) {
+  ForwardInputsAndCond in;
+  LS_ASSIGN_OR_RETURN(const h3::ClipGeometry g, h3::clip_geometry(a.frames, a.width, a.height, a.text_tokens));
+  in.cond.geometry = g;
+  in.cond.seed = static_cast<uint64_t>(a.seed);
+  for (const auto& k : o.keyframes) {
+    LS_ASSIGN_OR_RETURN(h3::Keyframe kf, load_keyframe(k, cfg, g));
+    in.cond.keyframes.push_back(std::move(kf));
   }
+  if (o.mask.given()) {
+    LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(o.mask.text));
+    LS_TRY(load_mask(*file, g, in.cond));
+  }
+  if (cfg.pdd_heads > 1) in.cond.sample_sigmas = {1.0f, a.sigma, 0.0f};  // one-call stand-in schedule
+  if (o.inputs.given()) {  // caller-given inputs, shapes checked now
+    LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(o.inputs.text));
+    LS_ASSIGN_OR_RETURN(ForwardInputs f, load_forward_inputs(*file, cfg, g));
+    in.video = std::move(f.video), in.audio = std::move(f.audio), in.text = std::move(f.text);
+  } else {  // seeded inputs: PyTorch's CPU randn (video seed, audio seed + 1, text seed + 2)
+    in.video = h3::torch_cpu_randn(in.cond.seed, cfg.latents_dim * g.T * g.Hl * g.Wl);
+    in.audio = h3::torch_cpu_randn(in.cond.seed + 1, cfg.audio_latents_dim * 2 * g.A);
+    in.text = h3::torch_cpu_randn(in.cond.seed + 2, g.text_tokens * cfg.text_dim);
+  }
+  return in;
+}
+
+api::MemorySpec memory_spec(const ForwardOptions& o, const ForwardArgs& a) {
   api::MemorySpec memory;
   memory.mode = o.vram_budget.given() ? api::MemoryMode::total_budget
                 : o.budget.given()    ? api::MemoryMode::activation_budget
                                       : api::MemoryMode::knobs;
-  memory.knobs = knobs;
-  memory.residency = residency;
-  memory.activation_budget = *budget;
-  memory.total_budget = *vram_budget;
+  memory.knobs = a.knobs;
+  memory.residency = a.residency;
+  memory.activation_budget = a.budget;
+  memory.total_budget = a.vram_budget;
   memory.prefetch = !o.no_prefetch;
   memory.adaptive_slots = !o.keep_prefetch;
-  auto run_plan = session.plan(cond, {*sigma}, memory);
-  if (!run_plan.ok()) return fail(run_plan.error());
-  nlohmann::json vram_budget_json;  // null unless --vram-budget
-  uint64_t budget_line = 0;         // the memory plot's budget line
-  if (run_plan->budget) {
-    std::printf("[LayerStream] %s\n", run_plan->budget->describe().c_str());
-    vram_budget_json = budget_plan_json(*run_plan->budget);
-    std::fflush(stdout);
-    budget_line = *vram_budget;
-  }
-  const exec::Plan* plan = &run_plan->plan;
+  return memory;
+}
 
+// The denoiser call (engine, progress, the call) and the non-finite check of its output:
+// an error (nothing written) unless --allow-nonfinite. `nonfinite` gets the count.
+Expected<exec::ForwardResult> run_call(const ForwardOptions& o, api::Session& session, const api::RunPlan& run_plan,
+                                       const ForwardInputsAndCond& in, float sigma, int64_t& nonfinite) {
+  const h3::H3Config& cfg = session.config();
+  const h3::ClipGeometry& g = in.cond.geometry;
   std::unique_ptr<Progress> bar;
   exec::EngineOptions eo;
   eo.check_finite = !o.allow_nonfinite;
@@ -317,21 +292,14 @@ int run_forward(const ForwardOptions& o) {
   eo.progress = [&bar](int64_t done, int64_t) {
     if (bar) bar->set_done(done);
   };
-  if (Status s = session.create_engine(*run_plan, eo); !s.ok()) return fail(s.error());
-
-  // Seeded inputs (unless --inputs gave them).
-  if (!o.inputs.given()) {
-    video = h3::torch_cpu_randn(cond.seed, cfg.latents_dim * g.T * g.Hl * g.Wl);
-    audio = h3::torch_cpu_randn(cond.seed + 1, cfg.audio_latents_dim * 2 * g.A);
-    text = h3::torch_cpu_randn(cond.seed + 2, g.text_tokens * cfg.text_dim);
-  }
+  LS_TRY(session.create_engine(run_plan, eo));
   api::DenoiseCall call;
-  call.cond = &cond;
-  call.text = TensorView(text.data(), DType::f32, {g.text_tokens, cfg.text_dim});
-  call.video = TensorView(video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
-  call.audio = TensorView(audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A});
-  call.sigma = *sigma;
-  call.plan = plan;
+  call.cond = &in.cond;
+  call.text = TensorView(const_cast<float*>(in.text.data()), DType::f32, {g.text_tokens, cfg.text_dim});
+  call.video = TensorView(const_cast<float*>(in.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
+  call.audio = TensorView(const_cast<float*>(in.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
+  call.sigma = sigma;
+  call.plan = &run_plan.plan;
   bool forward_begun = false;
   call.before_forward = [&]() {
     forward_begun = true;
@@ -345,40 +313,43 @@ int run_forward(const ForwardOptions& o) {
       e.message += e.message.find("--allow-nonfinite") == std::string::npos
                        ? " (nothing written; --allow-nonfinite writes the output anyway)"
                        : " (nothing written)";
-    return fail(e);
+    return e;
   }
   if (bar) bar->finish();
-
-  // Non-finite outputs: an error (exit 1, nothing written) unless --allow-nonfinite.
   const int64_t bad_v = count_nonfinite(r->video.data(), r->video.size());
   const int64_t bad_a = count_nonfinite(r->audio.data(), r->audio.size());
-  if (bad_v + bad_a > 0) {
-    const std::string what = std::to_string(bad_v + bad_a) + " non-finite values (NaN or inf) in the output (video " +
+  nonfinite = bad_v + bad_a;
+  if (nonfinite > 0) {
+    const std::string what = std::to_string(nonfinite) + " non-finite values (NaN or inf) in the output (video " +
                              std::to_string(bad_v) + " of " + std::to_string(r->video.size()) + ", audio " +
                              std::to_string(bad_a) + " of " + std::to_string(r->audio.size()) + ")";
     if (!o.allow_nonfinite)
-      return fail({ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"});
+      return Error{ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"};
     std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
   }
-  const uint64_t hash = r->hash();
-  const std::string hash_hex = hex64(hash);
+  return r;
+}
 
-  // Only what determines the tensors' bytes: the weights, the inputs and the numerics
-  // settings. No plan, budget, residency or timing: files of different memory settings
-  // are byte-identical (`cmp`); those go to the --json report.
+// Only what determines the tensors' bytes: the weights, the inputs and the numerics
+// settings. No plan, budget, residency or timing: files of different memory settings
+// are byte-identical (`cmp`); those go to the --json report.
+std::map<std::string, std::string> output_metadata(const ForwardOptions& o, const api::Session& session,
+                                                   const h3::Conditioning& cond, const exec::Plan& plan, float sigma,
+                                                   int64_t seed) {
+  const h3::ClipGeometry& g = cond.geometry;
   char sigma_text[32];
-  std::snprintf(sigma_text, sizeof sigma_text, "%.9g", static_cast<double>(*sigma));
+  std::snprintf(sigma_text, sizeof sigma_text, "%.9g", static_cast<double>(sigma));
   std::map<std::string, std::string> meta = {{"format", "layerstream-forward"},
                                              {"sigma", sigma_text},
-                                             {"seed", std::to_string(*seed)},
+                                             {"seed", std::to_string(seed)},
                                              {"frames", std::to_string(g.frames)},
                                              {"width", std::to_string(g.width)},
                                              {"height", std::to_string(g.height)},
                                              {"text_tokens", std::to_string(g.text_tokens)},
-                                             {"kv_tile", std::to_string(plan->kv_tile)},
+                                             {"kv_tile", std::to_string(plan.kv_tile)},
                                              {"backend", backend_kind(session.backend().name())},
-        {"numerics", describe(session.backend().numerics())},
-                                             {"weights", src->describe()}};
+                                             {"numerics", describe(session.backend().numerics())},
+                                             {"weights", session.source().describe()}};
   if (!o.keyframes.empty()) {
     std::string k;
     for (const auto& a : o.keyframes) k += (k.empty() ? "" : ";") + a;
@@ -386,49 +357,135 @@ int run_forward(const ForwardOptions& o) {
   }
   if (o.mask.given()) meta["mask"] = o.mask.text;
   if (o.inputs.given()) meta["inputs"] = o.inputs.text;
-  if (o.output.given()) {
-    Status w = write_safetensors(
-        o.output.text,
-        {{"video", TensorView(r->video.data(), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
-         {"audio", TensorView(r->audio.data(), DType::f32, {cfg.audio_latents_dim, 2, g.A})}},
-        meta);
-    if (!w.ok()) return fail(w.error());
-  }
-  std::printf("%s\n", r->report.status_line().c_str());
+  return meta;
+}
+
+// What the report needs besides the session.
+struct ForwardOutcome {
+  const ForwardArgs* args = nullptr;
+  const NumericsChoice* numerics = nullptr;
+  const ForwardInputsAndCond* in = nullptr;
+  const api::RunPlan* run_plan = nullptr;
+  const exec::ForwardResult* result = nullptr;
+  int64_t nonfinite = 0;
+  nlohmann::json vram_budget_json;  // null unless --vram-budget
+};
+
+// The outputs, staged to temporary files and published together (a signal before or
+// during the writes leaves no file of this run; -o and --json are one run's), then the
+// status lines. Returns the exit code.
+int report(const ForwardOptions& o, const api::Session& session, const ForwardOutcome& out,
+           const RunInterrupt& interrupt) {
+  const h3::H3Config& cfg = session.config();
+  const h3::ClipGeometry& g = out.in->cond.geometry;
+  const exec::ForwardResult& r = *out.result;
+  const exec::Plan& plan = out.run_plan->plan;
+  const std::string hash_hex = hex64(r.hash());
+  const uint64_t budget_line = out.run_plan->budget ? out.args->vram_budget : 0;  // the memory plot's line
   // cudaMemGetInfo's view: what the device lost between before create() and the
   // fullest moment sampled (after create, refinement, precompute and the forward),
   // including the CUDA context's lazily created pieces and allocator rounding.
   const uint64_t driver_used = session.driver_used_bytes();
+  {
+    RunInterrupt::Writing writing;
+    io::StagedOutputs staged;
+    const auto interrupted = [&]() {
+      (void)fail({ErrorCode::io, std::string(interrupt.pending() == SIGINT ? "interrupted (SIGINT)" : "terminated") +
+                                     " while writing the outputs; nothing was written"});
+      return interrupt.exit_code();  // the staged files are removed on the way out
+    };
+    const auto stage = [&](const FlagText& f, const char* what, const auto& write) -> int {
+      auto where = staged.add(f.text, what);
+      if (!where.ok()) return fail(where.error());
+      if (Status w = write(*where); !w.ok()) return fail(w.error());
+      return interrupt.pending() ? interrupted() : 0;
+    };
+    if (o.output.given())
+      if (int rc = stage(o.output, "-o", [&](const std::string& path) {
+            return write_safetensors(
+                path,
+                {{"video", TensorView(const_cast<float*>(r.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
+                 {"audio", TensorView(const_cast<float*>(r.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A})}},
+                output_metadata(o, session, out.in->cond, plan, out.args->sigma, out.args->seed));
+          }))
+        return rc;
+    if (o.memory_plot.given())
+      if (int rc = stage(o.memory_plot, "--memory-plot", [&](const std::string& path) {
+            MemoryPlotInput in;
+            in.title = "forward, S " + std::to_string(plan.sizes.S) + ", " + session.backend().name() +
+                       (budget_line ? ", --vram-budget " + format_bytes(budget_line) : std::string());
+            in.samples = r.report.memory;
+            in.budget_bytes = budget_line;
+            in.predicted_peak_bytes =
+                out.vram_budget_json.is_null() ? 0 : out.vram_budget_json["predicted_peak_bytes"].get<uint64_t>();
+            return write_memory_plot(path, in);
+          }))
+        return rc;
+    if (o.json.given())
+      if (int rc = stage(o.json, "--json", [&](const std::string& path) {
+            nlohmann::json j = nlohmann::json::parse(r.report.to_json());
+            j["command"] = "forward";
+            j["version"] = version_json();
+            j["numerics"] = session.backend().numerics();
+            j["numerics_from_env"] = out.numerics->from_env;
+            j["output_hash"] = hash_hex;
+            j["nonfinite_values"] = out.nonfinite;
+            j["driver_used_bytes"] = driver_used;
+            j["plan"] = plan_json(plan);
+            j["vram_budget"] = out.vram_budget_json;
+            j["memory_plan"] = memory_plan_json(*out.run_plan);
+            j["weights"] = session.source().describe();
+            if (o.output.given()) j["output"] = o.output.text;
+            return write_json_file(path, j);
+          }))
+        return rc;
+    if (Status p = staged.publish(); !p.ok()) return fail(p.error());
+  }
+  std::printf("%s\n", r.report.status_line().c_str());
   if (session.has_driver_memory_info())
     std::printf("[LayerStream] device memory (driver): %s used by this run at most; LayerStream's arenas peaked at %s\n",
-                format_bytes(driver_used).c_str(), format_bytes(r->report.device_peak_bytes).c_str());
+                format_bytes(driver_used).c_str(), format_bytes(r.report.device_peak_bytes).c_str());
   std::printf("[LayerStream] output hash %s (FNV-1a 64 of the velocities)\n", hash_hex.c_str());
-  if (o.memory_plot.given()) {
-    MemoryPlotInput in;
-    in.title = "forward, S " + std::to_string(plan->sizes.S) + ", " + session.backend().name() +
-               (budget_line ? ", --vram-budget " + format_bytes(budget_line) : std::string());
-    in.samples = r->report.memory;
-    in.budget_bytes = budget_line;
-    in.predicted_peak_bytes = vram_budget_json.is_null() ? 0 : vram_budget_json["predicted_peak_bytes"].get<uint64_t>();
-    if (Status w = write_memory_plot(o.memory_plot.text, in); !w.ok()) return fail(w.error());
-  }
-  if (o.json.given()) {
-    nlohmann::json j = nlohmann::json::parse(r->report.to_json());
-    j["command"] = "forward";
-    j["version"] = version_json();
-    j["numerics"] = session.backend().numerics();
-    j["numerics_from_env"] = nc->from_env;
-    j["output_hash"] = hash_hex;
-    j["nonfinite_values"] = bad_v + bad_a;
-    j["driver_used_bytes"] = driver_used;
-    j["plan"] = plan_json(*plan);
-    j["vram_budget"] = vram_budget_json;
-    j["memory_plan"] = memory_plan_json(*run_plan);
-    j["weights"] = src->describe();
-    if (o.output.given()) j["output"] = o.output.text;
-    if (Status w = write_json_file(o.json.text, j); !w.ok()) return fail(w.error());
+  if (interrupt.pending()) {
+    std::fprintf(stderr, "%s: interrupted while publishing the outputs: they are complete (all of this run)\n", kCmd);
+    return interrupt.exit_code();
   }
   return 0;
+}
+
+int run_forward(const ForwardOptions& o) {
+  // ^C / SIGTERM: end at once before the outputs are written, deferred while writing.
+  const RunInterrupt interrupt(kCmd);
+  // parse + validate: flags, numbers, output paths (usage errors, exit 2, before any file is opened)
+  api::MemoryRequest memory_request;
+  if (Status s = check_flag_combinations(o, &memory_request); !s.ok()) return fail(s.error());
+  auto args = parse_args(o);
+  if (!args.ok()) return fail(args.error());
+  if (Status s = check_outputs(o); !s.ok()) return fail(s.error());
+  set_num_threads(static_cast<int>(args->threads));
+  // run: backend, weights, conditioning, plan (refusals before any work), the call
+  NumericsChoice nc;
+  auto session = open_session(o, *args, memory_request, nc);
+  if (!session.ok()) return fail(session.error());
+  auto in = load_conditioning(o, *args, (*session)->config());
+  if (!in.ok()) return fail(in.error());
+  auto run_plan = (*session)->plan(in->cond, {args->sigma}, memory_spec(o, *args));
+  if (!run_plan.ok()) return fail(run_plan.error());
+  ForwardOutcome out;
+  if (run_plan->budget) {
+    std::printf("[LayerStream] %s\n", run_plan->budget->describe().c_str());
+    out.vram_budget_json = budget_plan_json(*run_plan->budget);
+    std::fflush(stdout);
+  }
+  auto r = run_call(o, **session, *run_plan, *in, args->sigma, out.nonfinite);
+  if (!r.ok()) return fail(r.error());
+  // report: the outputs and the status lines
+  out.args = &*args;
+  out.numerics = &nc;
+  out.in = &*in;
+  out.run_plan = &*run_plan;
+  out.result = &*r;
+  return report(o, **session, out, interrupt);
 }
 
 CommandRun setup(CLI::App& sub) {
@@ -456,7 +513,8 @@ CommandRun setup(CLI::App& sub) {
                "0");
   add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
-               "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
+               "keys per attention tile: a numerics setting (1024 on the CPU and with --attention native; 8192 on "
+               "CUDA with hopper or cudnn attention, which auto picks)", "the device's");
   add_numerics_flags(sub, o->numerics);
   add_lora_flags(sub, o->lora);
   add_weight_flags(sub, o->wflags);

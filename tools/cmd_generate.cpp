@@ -36,6 +36,9 @@
 #include "tools/progress.h"
 #include "tools/report.h"
 #include "tools/cli_util.h"
+#include "tools/inputs.h"
+#include "tools/interrupt.h"
+#include "io/output_file.h"
 
 namespace ls::tools {
 namespace {
@@ -57,29 +60,11 @@ struct GenerateOptions {
   FlagText device, threads;
   FlagText devices;  // --devices: sequence-parallel ranks (docs/multi-gpu.md)
   FlagText json, output, memory_plot;
+  FlagText comfy_latents;  // --comfyui-latents PREFIX: PREFIX.video.latent + PREFIX.audio.latent
   bool quiet = false, allow_nonfinite = false;
 };
 
 int fail(const Error& e) { return report_error(kCmd, e); }
-int fail(const std::string& msg) { return fail(Error{ErrorCode::invalid_argument, msg}); }
-
-// A float tensor of a safetensors file as fp32 values, with its shape checked.
-Expected<std::vector<float>> read_f32(const SafetensorsReader& f, const std::string& name, int ndim,
-                                      std::vector<int64_t>& shape) {
-  const SafetensorsEntry* e = f.find(name);
-  if (!e) return make_error(ErrorCode::invalid_file, f.path() + " has no tensor \"" + name + "\"");
-  if (e->dtype != DType::f32 && e->dtype != DType::bf16 && e->dtype != DType::f16)
-    return make_error(ErrorCode::invalid_file, f.path() + ": tensor \"" + name + "\" must be F32, BF16 or F16 (is " +
-                                                   dtype_safetensors_name(e->dtype) + ")");
-  if (static_cast<int>(e->shape.size()) != ndim)
-    return make_error(ErrorCode::invalid_file, f.path() + ": tensor \"" + name + "\" must have " + std::to_string(ndim) +
-                                                   " dimensions (has " + std::to_string(e->shape.size()) + ")");
-  shape = e->shape;
-  std::vector<float> out(static_cast<size_t>(e->numel()));
-  const void* data = f.data(*e);
-  for (int64_t i = 0; i < e->numel(); ++i) out[static_cast<size_t>(i)] = load_as_f32(data, e->dtype, i);
-  return out;
-}
 
 // "FILE" or "FILE@FRAME" (FRAME: a pixel frame index or "last").
 struct KeyframeArg {
@@ -105,38 +90,10 @@ Expected<KeyframeArg> parse_keyframe_arg(const std::string& arg) {
   return k;
 }
 
-Status load_video_latent(const SafetensorsReader& f, const h3::H3Config& cfg, h3::VideoLatent& out) {
-  std::vector<int64_t> shape;
-  LS_ASSIGN_OR_RETURN(out.data, read_f32(f, "video", 4, shape));
-  if (shape[0] != cfg.latents_dim)
-    return make_error(ErrorCode::invalid_file, f.path() + ": \"video\" has " + std::to_string(shape[0]) +
-                                                   " channels; the model's video latents have " +
-                                                   std::to_string(cfg.latents_dim));
-  out.T = shape[1];
-  out.Hl = shape[2];
-  out.Wl = shape[3];
-  return {};
-}
-
-Status load_audio_latent(const SafetensorsReader& f, const h3::H3Config& cfg, h3::AudioLatent& out) {
-  std::vector<int64_t> shape;
-  LS_ASSIGN_OR_RETURN(out.data, read_f32(f, "audio", 3, shape));
-  if (shape[0] != cfg.audio_latents_dim || shape[1] != 2)
-    return make_error(ErrorCode::invalid_file, f.path() + ": \"audio\" must be [" + std::to_string(cfg.audio_latents_dim) +
-                                                   ", 2, A]");
-  out.A = shape[2];
-  return {};
-}
-
 Status load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::ClipGeometry& g, h3::Keyframe& kf) {
   LS_ASSIGN_OR_RETURN(KeyframeArg ka, parse_keyframe_arg(arg));
   LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(ka.path));
-  LS_TRY(load_video_latent(*file, cfg, kf.video));
-  if (kf.video.Hl != g.Hl || kf.video.Wl != g.Wl)
-    return make_error(ErrorCode::invalid_file, ka.path + ": keyframe latent is " + std::to_string(kf.video.Hl) + "x" +
-                                                   std::to_string(kf.video.Wl) + " but the clip's latent is " +
-                                                   std::to_string(g.Hl) + "x" + std::to_string(g.Wl));
-  if (file->find("audio")) LS_TRY(load_audio_latent(*file, cfg, kf.audio));
+  LS_TRY(load_generate_keyframe(*file, cfg, g, kf));
   if (ka.last) {
     kf.pixel_frame = g.frames - 1;
   } else if (ka.frame) {
@@ -154,18 +111,9 @@ Status load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::
   return {};
 }
 
-Status load_reference(const std::string& path, const h3::H3Config& cfg, h3::Reference& ref) {
+Status load_reference_file(const std::string& path, const h3::H3Config& cfg, h3::Reference& ref) {
   LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(path));
-  const bool has_v = file->find("video") != nullptr, has_a = file->find("audio") != nullptr;
-  if (!has_v && !has_a)
-    return make_error(ErrorCode::invalid_file, path + ": a reference needs a \"video\" and/or an \"audio\" tensor");
-  if (has_v) LS_TRY(load_video_latent(*file, cfg, ref.video));
-  if (has_a) LS_TRY(load_audio_latent(*file, cfg, ref.audio));
-  ref.kind = has_v && has_a ? h3::ReferenceKind::video_audio
-             : has_a        ? h3::ReferenceKind::audio
-             : ref.video.T == 1 ? h3::ReferenceKind::image
-                                : h3::ReferenceKind::video;
-  return {};
+  return load_reference(*file, cfg, ref);
 }
 
 std::string first_difference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -201,409 +149,535 @@ VramUse vram_use(const sample::GenerateResult& r) {
   return u;
 }
 
-int run_generate(const GenerateOptions& o) {
-  // ---- flags: every refusal here is a usage error (exit 2), before any file is opened ----
+// ---- parse -> validate -> run -> report (issue 27 item 4) -----------------------------
+// One GenerateRun carries the command from its parsed flags to its results; each step
+// returns an Error whose code decides the exit (invalid_argument and out_of_budget: 2,
+// the rest 1; tools/cli_util.h exit_code_for).
+
+struct GenerateRun {
+  explicit GenerateRun(const GenerateOptions& opts) : o(opts) {}
+  const GenerateOptions& o;
+  // parsed flags
+  bool builtin = false, any_chunk = false, guided = false;
+  int64_t steps = 4, frames = 22, width = 256, height = 256, text_tokens = 32, threads = 0, kv_tile = 1;
+  uint64_t seed = 0, weights_seed = 0, budget = 0, vram_budget = 0;
+  double cfg_scale = 1.0;
+  exec::PlanKnobs knobs;
+  NumericsChoice nc;
+  api::MemoryRequest memory_request;  // the memory flags as the library's one request
+  // the session and the run's inputs
+  std::unique_ptr<api::Session> session;
+  std::unique_ptr<SafetensorsReader> text_file;
+  std::vector<float> standin_pos, standin_neg;
+  TensorView text_view, negative_view;
+  int64_t L = 0;
+  h3::Conditioning cond;
+  sample::Schedule sched;
+  std::optional<api::RunPlan> run_plan;
+  std::vector<RunSpec> runs;
+  std::vector<sample::GeneratePlans> plans;
+  // while running (the engine's progress callback reads these)
+  Progress* progress = nullptr;
+  int64_t forwards_begun = 0;
+  // results
+  std::vector<sample::GenerateResult> results;
+  int64_t nonfinite = 0;
+  bool identical = true;
+  nlohmann::json comparison;
+
+  const h3::H3Config& cfg() const { return session->config(); }
+  const std::optional<exec::BudgetPlan>& vram_plan() const { return run_plan->budget; }
+};
+
+Error usage_error(const std::string& msg) { return {ErrorCode::invalid_argument, msg}; }
+
+// Flag combinations: every refusal a usage error, before any number is read.
+Status check_flag_combinations(const GenerateOptions& o, api::MemoryRequest* memory_request) {
   const bool builtin = !o.model.given() && !o.preset.given();
-  if (o.model.given() && o.preset.given()) return fail("give --model or --preset, not both");
-  if (!builtin && !o.output.given()) return fail("-o OUT.safetensors is required with --model or --preset");
+  if (o.model.given() && o.preset.given()) return usage_error("give --model or --preset, not both");
+  if (!builtin && !o.output.given()) return usage_error("-o OUT.safetensors is required with --model or --preset");
   if (o.weights_seed.given() && o.model.given())
-    return fail("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset or "
-                "the built-in demonstration");
+    return usage_error("--weights-seed has no effect with --model (a file has its own weights): it goes with --preset "
+                       "or the built-in demonstration");
   if (o.text_tokens.given() && o.text.given())
-    return fail("--text-tokens has no effect with --text (the file's \"text\" gives L): leave it out");
-  const bool any_chunk = o.mlp_chunk.given() || o.attn_chunk.given() || o.final_chunk.given();
-  // The memory flags: one request, the library's one validation (api::resolve_memory).
-  api::MemoryRequest memory_request;
+    return usage_error("--text-tokens has no effect with --text (the file's \"text\" gives L): leave it out");
+  // The memory flags: one request, the library's one validation (api::resolve_memory,
+  // the same rules and messages at every door).
   MemoryFlags memory_flags;
   memory_flags.vram_budget = &o.vram_budget, memory_flags.budget = &o.budget;
   memory_flags.mlp_chunk = &o.mlp_chunk, memory_flags.attn_chunk = &o.attn_chunk;
   memory_flags.final_chunk = &o.final_chunk;
-  if (auto m = memory_from_flags(memory_flags, &memory_request); !m.ok()) return fail(m.error().message);
+  if (auto m = memory_from_flags(memory_flags, memory_request); !m.ok()) return m.error();
   if (o.vram_budget.given() && builtin)
-    return fail("--vram-budget needs --model or --preset (the built-in demonstration compares fixed stock and "
-                "sliced plans)");
+    return usage_error("--vram-budget needs --model or --preset (the built-in demonstration compares fixed stock and "
+                       "sliced plans)");
+  if (o.comfy_latents.given() && builtin)
+    return usage_error("--comfyui-latents needs --model or --preset (the built-in demonstration writes no latents)");
+  if (o.devices.given() && o.device.given())
+    return usage_error("--device and --devices are exclusive: --devices lists every rank's device");
+  return Status();
+}
 
-  auto steps = flag_int(o.steps, range::steps, 4);
-  auto seed_i = flag_int(o.seed, range::seed, 0);
-  auto wseed_i = flag_int(o.weights_seed, range::seed, 0);
-  auto frames = flag_int(o.frames, range::frames, 22);
-  auto width = flag_int(o.width, range::width, 256);
-  auto height = flag_int(o.height, range::height, 256);
-  auto text_tokens = flag_int(o.text_tokens, range::text_tokens, 32);
-  auto mlp = flag_int(o.mlp_chunk, range::chunk, 0);
-  auto attn = flag_int(o.attn_chunk, range::chunk, 0);
-  auto fin = flag_int(o.final_chunk, range::chunk, 0);
-  auto kv = flag_int(o.kv_tile, range::kv_tile, 1);  // not given: the device's (below)
-  auto threads = flag_int(o.threads, range::threads, 0);
-  for (const auto* e : {&steps, &seed_i, &wseed_i, &frames, &width, &height, &text_tokens, &mlp, &attn, &fin, &kv, &threads})
-    if (!e->ok()) return fail(e->error());
-  auto cfg_scale = flag_float(o.cfg, range::cfg, 1.0);
-  if (!cfg_scale.ok()) return fail(cfg_scale.error());
-  auto budget_b = flag_size(o.budget, range::budget, 0);
-  if (!budget_b.ok()) return fail(budget_b.error());
-  auto vram_b = flag_size(o.vram_budget, range::budget, 0);
-  if (!vram_b.ok()) return fail(vram_b.error());
-  const uint64_t budget = *budget_b;
-  const uint64_t seed = static_cast<uint64_t>(*seed_i), wseed = static_cast<uint64_t>(*wseed_i);
-  exec::PlanKnobs knobs;
-  knobs.mlp_chunk_tokens = *mlp;
-  knobs.attn_chunk_tokens = *attn;
-  knobs.final_chunk_tokens = *fin;
-  knobs.kv_tile = *kv;
-  if (o.threads.given()) set_num_threads(static_cast<int>(*threads));
+// The flags' numbers (the one strict parser, tools/cli_util.h).
+Status parse_args(GenerateRun& r) {
+  const GenerateOptions& o = r.o;
+  r.builtin = !o.model.given() && !o.preset.given();
+  r.any_chunk = o.mlp_chunk.given() || o.attn_chunk.given() || o.final_chunk.given();
+  int64_t seed = 0, wseed = 0;
+  LS_ASSIGN_OR_RETURN(r.steps, flag_int(o.steps, range::steps, 4));
+  LS_ASSIGN_OR_RETURN(seed, flag_int(o.seed, range::seed, 0));
+  LS_ASSIGN_OR_RETURN(wseed, flag_int(o.weights_seed, range::seed, 0));
+  LS_ASSIGN_OR_RETURN(r.frames, flag_int(o.frames, range::frames, 22));
+  LS_ASSIGN_OR_RETURN(r.width, flag_int(o.width, range::width, 256));
+  LS_ASSIGN_OR_RETURN(r.height, flag_int(o.height, range::height, 256));
+  LS_ASSIGN_OR_RETURN(r.text_tokens, flag_int(o.text_tokens, range::text_tokens, 32));
+  LS_ASSIGN_OR_RETURN(r.knobs.mlp_chunk_tokens, flag_int(o.mlp_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(r.knobs.attn_chunk_tokens, flag_int(o.attn_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(r.knobs.final_chunk_tokens, flag_int(o.final_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(r.kv_tile, flag_int(o.kv_tile, range::kv_tile, 1));  // not given: the device's (0 below)
+  LS_ASSIGN_OR_RETURN(r.threads, flag_int(o.threads, range::threads, 0));
+  LS_ASSIGN_OR_RETURN(r.cfg_scale, flag_float(o.cfg, range::cfg, 1.0));
+  LS_ASSIGN_OR_RETURN(r.budget, flag_size(o.budget, range::budget, 0));
+  LS_ASSIGN_OR_RETURN(r.vram_budget, flag_size(o.vram_budget, range::budget, 0));
+  r.seed = static_cast<uint64_t>(seed), r.weights_seed = static_cast<uint64_t>(wseed);
+  r.knobs.kv_tile = o.kv_tile.given() ? r.kv_tile : 0;  // 0: the device's (Session::resolve_kv_tile)
+  r.guided = !sample::cfg_is_one(r.cfg_scale);
+  return Status();
+}
+
+// Every output path, and that none is another output or one of the input files.
+Status check_outputs(const GenerateOptions& o) {
   std::vector<std::pair<std::string, std::string>> outputs;
   for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
     if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
-  if (Status s = check_output_paths(outputs); !s.ok()) return fail(s.error());
-
-  // ---- the backend (its default kv_tile is a numerics input of the plans) ----
-  // The chain (backend, weights, budget -> residency + knobs, engine) is api::Session's.
-  // Numerics (every bit-changing setting): flags, then developer variables, resolved by
-  // the backend; printed, and stored in the report and the output file.
-  auto nc = numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? *kv : 0);
-  if (!nc.ok()) return fail(nc.error());
-  // --devices: one backend per sequence-parallel rank (docs/multi-gpu.md).
-  std::vector<std::string> rank_devices;
-  if (o.devices.given()) {
-    if (o.device.given()) return fail("--device and --devices are exclusive: --devices lists every rank's device");
-    auto d = parse_devices("--devices", o.devices.text);
-    if (!d.ok()) return fail(d.error());
-    rank_devices = std::move(*d);
-  } else {
-    rank_devices = {o.device.given() ? o.device.text : "cpu"};
+  if (o.comfy_latents.given()) {
+    outputs.emplace_back("--comfyui-latents", o.comfy_latents.text + ".video.latent");
+    outputs.emplace_back("--comfyui-latents", o.comfy_latents.text + ".audio.latent");
   }
-  auto opened = api::Session::open_backends(rank_devices, nc->numerics, nc->diagnostics);
-  if (!opened.ok()) return fail(opened.error());
-  api::Session& session = **opened;
-  if (Status s = api::check_memory_device(memory_request, session.device_is_cpu(), api::kFlagNames); !s.ok())
-    return fail(s.message());
-  if (!o.kv_tile.given()) knobs.kv_tile = 0;  // the device's (Session::resolve_kv_tile)
+  std::vector<std::pair<std::string, std::string>> inputs;  // an output naming one would replace it
+  if (o.model.given()) inputs.emplace_back("--model", o.model.text);
+  for (const std::string& l : o.lora.loras) inputs.emplace_back("--lora", l);
+  for (const std::string& k : o.keyframes) inputs.emplace_back("--keyframe", k);
+  if (o.text.given()) inputs.emplace_back("--text", o.text.text);
+  for (const std::string& r : o.refs) inputs.emplace_back("--ref", r);
+  return check_output_paths(outputs, inputs);
+}
 
-  // ---- weights ----
-  std::string preset_name = builtin ? "tiny" : o.preset.text;
+// The backend(s) (its default kv_tile is a numerics input of the plans), then the
+// weights. Numerics (every bit-changing setting): flags, then developer variables,
+// resolved by the backend; printed, and stored in the report and the output file.
+Status open_session(GenerateRun& r) {
+  const GenerateOptions& o = r.o;
+  LS_ASSIGN_OR_RETURN(r.nc, numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? r.kv_tile : 0));
+  std::vector<std::string> rank_devices{o.device.given() ? o.device.text : "cpu"};
+  if (o.devices.given()) {  // one backend per sequence-parallel rank (docs/multi-gpu.md)
+    auto d = parse_devices("--devices", o.devices.text);
+    if (!d.ok()) return d.error();
+    rank_devices = std::move(*d);
+  }
+  LS_ASSIGN_OR_RETURN(r.session, api::Session::open_backends(rank_devices, r.nc.numerics, r.nc.diagnostics));
+  LS_TRY(api::check_memory_device(r.memory_request, r.session->device_is_cpu(), api::kFlagNames));
   api::WeightsSpec weights;
   if (o.model.given()) {
     weights.model_path = o.model.text;
   } else {
-    weights.preset = preset_name;
-    weights.weights_seed = wseed;
+    weights.preset = r.builtin ? "tiny" : o.preset.text;
+    weights.weights_seed = r.weights_seed;
   }
-  if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok()) return fail(ws.message());
-  if (Status s = session.load_weights(weights); !s.ok()) return fail(s.error());
+  if (Status ws = apply_weight_flags(o.lora, o.wflags, o.model.given(), weights); !ws.ok())
+    return usage_error(ws.message());
+  LS_TRY(r.session->load_weights(weights));
   // After the weights: attention auto resolves per model (Session::load_weights), so this
   // line names the algorithm that runs.
-  std::printf("[LayerStream] numerics: %s\n", describe(session.backend().numerics()).c_str());
-  const h3::H3TensorSource* source = &session.source();
-  const h3::H3Config& cfg = session.config();
+  std::printf("[LayerStream] numerics: %s\n", describe(r.session->backend().numerics()).c_str());
+  return Status();
+}
 
-  // ---- text states ----
-  std::unique_ptr<SafetensorsReader> text_file;
-  TensorView text_view, negative_view;
-  std::vector<float> standin_pos, standin_neg;
-  const bool guided = !sample::cfg_is_one(*cfg_scale);
-  int64_t L = 0;
-  if (o.text.given()) {
-    auto f = SafetensorsReader::open(o.text.text);
-    if (!f.ok()) return fail(f.error());
-    text_file = std::move(f).value();
-    const SafetensorsEntry* e = text_file->find("text");
-    if (!e) return fail(Error{ErrorCode::invalid_file, o.text.text + " has no tensor \"text\" (text states [L, text_dim])"});
-    text_view = text_file->view(*e);
-    if (const SafetensorsEntry* n = text_file->find("negative")) negative_view = text_file->view(*n);
-    // ComfyUI's cross_attn is [1, L, text_dim]: a leading batch of one is accepted.
-    for (TensorView* v : {&text_view, &negative_view})
-      if (!v->empty() && v->ndim == 3 && v->size(0) == 1) *v = TensorView(v->data, v->dtype, {v->size(1), v->size(2)});
-    if (text_view.ndim != 2 || (!negative_view.empty() && negative_view.ndim != 2))
-      return fail(Error{ErrorCode::invalid_file,
-                        o.text.text + ": \"text\" and \"negative\" must be [L, text_dim] (or [1, L, text_dim])"});
-    L = text_view.size(0);
-  } else {
-    L = *text_tokens;
-    standin_pos = sample::standin_text_states(seed, 0, L, cfg.text_dim);
-    text_view = TensorView(standin_pos.data(), DType::f32, {L, cfg.text_dim});
-    if (guided) {
-      standin_neg = sample::standin_text_states(seed, 1, L, cfg.text_dim);
-      negative_view = TensorView(standin_neg.data(), DType::f32, {L, cfg.text_dim});
-    }
+// Text states: the --text file (views into it) or seeded stand-ins (a negative one too
+// when guided).
+Status load_text(GenerateRun& r) {
+  const int64_t text_dim = r.cfg().text_dim;
+  if (r.o.text.given()) {
+    LS_ASSIGN_OR_RETURN(r.text_file, SafetensorsReader::open(r.o.text.text));
+    LS_ASSIGN_OR_RETURN(TextViews tv, load_text_states(*r.text_file));
+    r.text_view = tv.text, r.negative_view = tv.negative;
+    r.L = r.text_view.size(0);
+    return Status();
   }
+  r.L = r.text_tokens;
+  r.standin_pos = sample::standin_text_states(r.seed, 0, r.L, text_dim);
+  r.text_view = TensorView(r.standin_pos.data(), DType::f32, {r.L, text_dim});
+  if (r.guided) {
+    r.standin_neg = sample::standin_text_states(r.seed, 1, r.L, text_dim);
+    r.negative_view = TensorView(r.standin_neg.data(), DType::f32, {r.L, text_dim});
+  }
+  return Status();
+}
 
-  // ---- geometry, conditioning ----
-  auto geom = h3::clip_geometry(*frames, *width, *height, L);
-  if (!geom.ok()) return fail(geom.error());
-  h3::Conditioning cond;
-  cond.geometry = *geom;
-  for (const std::string& k : o.keyframes) {
+// Geometry, keyframes, references and the schedule.
+Status make_conditioning(GenerateRun& r) {
+  LS_ASSIGN_OR_RETURN(const h3::ClipGeometry g, h3::clip_geometry(r.frames, r.width, r.height, r.L));
+  r.cond.geometry = g;
+  for (const std::string& k : r.o.keyframes) {
     h3::Keyframe kf;
-    if (Status s = load_keyframe(k, cfg, *geom, kf); !s.ok()) return fail(s.error());
-    cond.keyframes.push_back(std::move(kf));
+    LS_TRY(load_keyframe(k, r.cfg(), g, kf));
+    r.cond.keyframes.push_back(std::move(kf));
   }
-  for (const std::string& r : o.refs) {
+  for (const std::string& path : r.o.refs) {
     h3::Reference ref;
-    if (Status s = load_reference(r, cfg, ref); !s.ok()) return fail(s.error());
-    cond.refs.push_back(std::move(ref));
+    LS_TRY(load_reference_file(path, r.cfg(), ref));
+    r.cond.refs.push_back(std::move(ref));
   }
-  auto sched = sample::make_simple_schedule(*steps, cond.shift_video, cond.shift_audio);
-  if (!sched.ok()) return fail(sched.error());
+  LS_ASSIGN_OR_RETURN(r.sched, sample::make_simple_schedule(r.steps, r.cond.shift_video, r.cond.shift_audio));
+  return Status();
+}
 
-  // ---- memory: --vram-budget (one total for weights, tables, activations and
-  // workspace, planned for the longer prompt), --budget, or the slice flags ----
+// Memory (--vram-budget: one total for weights, tables, activations and workspace,
+// planned for the longer prompt; --budget; or the slice flags), then the runs and their
+// plans: made (and checked against a budget) before any work.
+Status plan_runs(GenerateRun& r) {
   sample::GenerateRequest base;
-  base.cond = cond;
-  base.text = text_view;
-  base.negative = negative_view;
-  base.sigmas = sched->video;
-  base.cfg = *cfg_scale;
-  base.seed = seed;
+  base.cond = r.cond;
+  base.text = r.text_view;
+  base.negative = r.negative_view;
+  base.sigmas = r.sched.video;
+  base.cfg = r.cfg_scale;
+  base.seed = r.seed;
   api::MemorySpec memory;
-  memory.mode = o.vram_budget.given() ? api::MemoryMode::total_budget
-                : budget > 0          ? api::MemoryMode::activation_budget
-                                      : api::MemoryMode::knobs;
-  memory.knobs = knobs;
-  memory.activation_budget = budget;
-  memory.total_budget = *vram_b;
-  auto run_plan = session.plan_sampling(base, memory);
-  if (!run_plan.ok()) return fail(run_plan.error());
-  api::Session::apply(*run_plan, base);
-  knobs = run_plan->knobs;
-  const std::optional<exec::BudgetPlan>& vram_plan = run_plan->budget;
-
-  // ---- the runs: their plans are made (and checked against a budget) before any work ----
-  std::vector<RunSpec> runs;
-  if (builtin) {
+  memory.mode = r.o.vram_budget.given() ? api::MemoryMode::total_budget
+                : r.budget > 0          ? api::MemoryMode::activation_budget
+                                        : api::MemoryMode::knobs;
+  memory.knobs = r.knobs;
+  memory.activation_budget = r.budget;
+  memory.total_budget = r.vram_budget;
+  LS_ASSIGN_OR_RETURN(r.run_plan, r.session->plan_sampling(base, memory));
+  api::Session::apply(*r.run_plan, base);
+  r.knobs = r.run_plan->knobs;
+  if (r.builtin) {
     RunSpec stock{"stock", base};
     stock.req.knobs = exec::PlanKnobs{};
-    stock.req.knobs.kv_tile = knobs.kv_tile;
+    stock.req.knobs.kv_tile = r.knobs.kv_tile;
     stock.req.budget_bytes = 0;
     RunSpec sliced{"sliced", base};
-    if (!any_chunk && budget == 0) {
+    if (!r.any_chunk && r.budget == 0) {
       // The demonstration's slices: 128 rows, which leaves a short last slice (S = 554
       // at the default clip: 4 x 128 + 42).
       sliced.req.knobs.mlp_chunk_tokens = 128;
       sliced.req.knobs.attn_chunk_tokens = 128;
       sliced.req.knobs.final_chunk_tokens = 128;
     }
-    runs.push_back(std::move(stock));
-    runs.push_back(std::move(sliced));
+    r.runs.push_back(std::move(stock));
+    r.runs.push_back(std::move(sliced));
   } else {
-    runs.push_back(RunSpec{"run", base});
+    r.runs.push_back(RunSpec{"run", base});
   }
-  std::vector<sample::GeneratePlans> plans;
-  for (const RunSpec& r : runs) {
-    auto p = session.plan_generation(r.req);
-    if (!p.ok()) return fail(p.error());
-    plans.push_back(std::move(p).value());
+  for (const RunSpec& run : r.runs) {
+    LS_ASSIGN_OR_RETURN(sample::GeneratePlans p, r.session->plan_generation(run.req));
+    r.plans.push_back(std::move(p));
   }
+  return Status();
+}
 
-  // ---- engine ----
-  Progress* progress = nullptr;  // the current run's display
-  int64_t forwards_begun = 0;    // of the current run
-  exec::EngineOptions eopts;
-  eopts.check_finite = !o.allow_nonfinite;
-  eopts.record_memory = o.memory_plot.given();
-  // Blocks done in the current forward, placed after the forwards before it.
-  eopts.progress = [&](int64_t done, int64_t) {
-    if (progress) progress->set_done((forwards_begun - 1) * cfg.num_layers + done);
-  };
-  if (Status s = session.create_engine(*run_plan, eopts); !s.ok()) return fail(s.error());
-
-  // ---- header ----
-  const h3::ClipGeometry& g = *geom;
-  std::printf("model: %s%s\n", source->describe().c_str(),
-              builtin ? " (built-in: no --model/--preset given; tiny H3-shaped model, synthetic weights)" : "");
+void print_header(const GenerateRun& r) {
+  const h3::ClipGeometry& g = r.cond.geometry;
+  std::printf("model: %s%s\n", r.session->source().describe().c_str(),
+              r.builtin ? " (built-in: no --model/--preset given; tiny H3-shaped model, synthetic weights)" : "");
   std::printf("backend: %s; clip: %lld frames %lldx%lld, L %lld -> latent T %lld, %lldx%lld, audio A %lld; S %lld\n",
-              session.backend().name().c_str(), static_cast<long long>(g.frames), static_cast<long long>(g.width),
-              static_cast<long long>(g.height), static_cast<long long>(L), static_cast<long long>(g.T),
+              r.session->backend().name().c_str(), static_cast<long long>(g.frames), static_cast<long long>(g.width),
+              static_cast<long long>(g.height), static_cast<long long>(r.L), static_cast<long long>(g.T),
               static_cast<long long>(g.Hl), static_cast<long long>(g.Wl), static_cast<long long>(g.A),
-              static_cast<long long>(plans[0].positive.sizes.S));
-  std::printf("schedule: simple, %lld steps, euler, cfg %g%s, seed %llu\n", static_cast<long long>(*steps), *cfg_scale,
-              guided ? " (negative prompt)" : " (one forward per step)", static_cast<unsigned long long>(seed));
-  std::printf("  video sigma (shift %g): %s\n", cond.shift_video, sample::format_sigmas(sched->video).c_str());
-  std::printf("  audio sigma (shift %g): %s\n", cond.shift_audio, sample::format_sigmas(sched->audio).c_str());
-  if (vram_plan) std::printf("vram %s\n", vram_plan->describe().c_str());
-  for (size_t i = 0; i < runs.size(); ++i)
-    std::printf("plan%s%s: %s\n", runs.size() > 1 ? " " : "", runs.size() > 1 ? runs[i].label.c_str() : "",
-                plans[i].positive.describe().c_str());
+              static_cast<long long>(r.plans[0].positive.sizes.S));
+  std::printf("schedule: simple, %lld steps, euler, cfg %g%s, seed %llu\n", static_cast<long long>(r.steps),
+              r.cfg_scale, r.guided ? " (negative prompt)" : " (one forward per step)",
+              static_cast<unsigned long long>(r.seed));
+  std::printf("  video sigma (shift %g): %s\n", r.cond.shift_video, sample::format_sigmas(r.sched.video).c_str());
+  std::printf("  audio sigma (shift %g): %s\n", r.cond.shift_audio, sample::format_sigmas(r.sched.audio).c_str());
+  if (r.vram_plan()) std::printf("vram %s\n", r.vram_plan()->describe().c_str());
+  for (size_t i = 0; i < r.runs.size(); ++i)
+    std::printf("plan%s%s: %s\n", r.runs.size() > 1 ? " " : "", r.runs.size() > 1 ? r.runs[i].label.c_str() : "",
+                r.plans[i].positive.describe().c_str());
   std::fflush(stdout);
+}
 
-  // ---- run ----
-  std::vector<sample::GenerateResult> results;
-  int64_t nonfinite = 0;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const int64_t forwards = *steps * (guided ? 2 : 1);
-    std::unique_ptr<Progress> bar;
-    if (!o.quiet) bar = std::make_unique<Progress>(runs[i].label, "block passes", forwards * cfg.num_layers);
-    progress = bar.get();
-    forwards_begun = 0;
-    sample::GenerateHooks hooks;
-    hooks.on_forward_begin = [&](int64_t step, sample::Prompt p, float sigma) {
-      ++forwards_begun;
-      if (!progress) return;
-      progress->set_done((forwards_begun - 1) * cfg.num_layers);  // the forwards before this one are done
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "step %lld/%lld sigma %.6g%s", static_cast<long long>(step + 1),
-                    static_cast<long long>(*steps), static_cast<double>(sigma),
-                    p == sample::Prompt::negative ? " (negative)" : "");
-      progress->set_detail(buf);
-    };
-    auto res = session.generate(runs[i].req, hooks);
-    progress = nullptr;
-    if (!res.ok()) {
-      if (bar) bar->abandon();
-      Error e = res.error();
-      if (e.code == ErrorCode::nonfinite)
+// One run (a whole sampling), its progress display, its non-finite check (an error,
+// nothing written, unless --allow-nonfinite) and its status lines.
+Status run_one(GenerateRun& r, const RunSpec& run) {
+  const int64_t layers = r.cfg().num_layers;
+  const int64_t forwards = r.steps * (r.guided ? 2 : 1);
+  std::unique_ptr<Progress> bar;
+  if (!r.o.quiet) bar = std::make_unique<Progress>(run.label, "block passes", forwards * layers);
+  r.progress = bar.get();
+  r.forwards_begun = 0;
+  sample::GenerateHooks hooks;
+  hooks.on_forward_begin = [&](int64_t step, sample::Prompt p, float sigma) {
+    ++r.forwards_begun;
+    if (!r.progress) return;
+    r.progress->set_done((r.forwards_begun - 1) * layers);  // the forwards before this one are done
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "step %lld/%lld sigma %.6g%s", static_cast<long long>(step + 1),
+                  static_cast<long long>(r.steps), static_cast<double>(sigma),
+                  p == sample::Prompt::negative ? " (negative)" : "");
+    r.progress->set_detail(buf);
+  };
+  auto res = r.session->generate(run.req, hooks);
+  r.progress = nullptr;
+  if (!res.ok()) {
+    if (bar) bar->abandon();
+    Error e = res.error();
+    if (e.code == ErrorCode::nonfinite)
       e.message += e.message.find("--allow-nonfinite") == std::string::npos
                        ? " (nothing written; --allow-nonfinite writes the output anyway)"
                        : " (nothing written)";
-      return fail(e);
-    }
-    if (bar) bar->finish();
-    // Non-finite latents: an error (exit 1, nothing written) unless --allow-nonfinite.
-    const int64_t bad_v = count_nonfinite(res->video.data(), res->video.size());
-    const int64_t bad_a = count_nonfinite(res->audio.data(), res->audio.size());
-    nonfinite = std::max(nonfinite, bad_v + bad_a);
-    if (bad_v + bad_a > 0) {
-      const std::string what = std::to_string(bad_v + bad_a) + " non-finite values (NaN or inf) in the " +
-                               runs[i].label + " latents (video " + std::to_string(bad_v) + " of " +
-                               std::to_string(res->video.size()) + ", audio " + std::to_string(bad_a) + " of " +
-                               std::to_string(res->audio.size()) + ")";
-      if (!o.allow_nonfinite)
-        return fail({ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"});
-      std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
-    }
-    std::printf("%s\n", generate_status_line(runs[i].label, *res).c_str());
-    if (vram_plan) {
-      const VramUse u = vram_use(*res);
-      std::printf("vram: LayerStream device peak %s of the %s budget (predicted %s); streamed block weights %s "
-                  "over %zu forwards\n",
-                  format_bytes(u.peak).c_str(), format_bytes(vram_plan->budget_bytes).c_str(),
-                  format_bytes(vram_plan->predicted_peak_bytes).c_str(), format_bytes(u.weight_copies).c_str(),
-                  res->forwards.size());
-    }
-    std::fflush(stdout);
-    results.push_back(std::move(res).value());
+    return e;
   }
+  if (bar) bar->finish();
+  const int64_t bad_v = count_nonfinite(res->video.data(), res->video.size());
+  const int64_t bad_a = count_nonfinite(res->audio.data(), res->audio.size());
+  r.nonfinite = std::max(r.nonfinite, bad_v + bad_a);
+  if (bad_v + bad_a > 0) {
+    const std::string what = std::to_string(bad_v + bad_a) + " non-finite values (NaN or inf) in the " + run.label +
+                             " latents (video " + std::to_string(bad_v) + " of " + std::to_string(res->video.size()) +
+                             ", audio " + std::to_string(bad_a) + " of " + std::to_string(res->audio.size()) + ")";
+    if (!r.o.allow_nonfinite)
+      return Error{ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"};
+    std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
+  }
+  std::printf("%s\n", generate_status_line(run.label, *res).c_str());
+  if (const auto& vp = r.vram_plan()) {
+    const VramUse u = vram_use(*res);
+    std::printf("vram: LayerStream device peak %s of the %s budget (predicted %s); streamed block weights %s "
+                "over %zu forwards\n",
+                format_bytes(u.peak).c_str(), format_bytes(vp->budget_bytes).c_str(),
+                format_bytes(vp->predicted_peak_bytes).c_str(), format_bytes(u.weight_copies).c_str(),
+                res->forwards.size());
+  }
+  std::fflush(stdout);
+  r.results.push_back(std::move(res).value());
+  return Status();
+}
 
-  // ---- built-in demonstration: memory saved and the byte comparison ----
-  bool identical = true;
-  nlohmann::json comparison;
-  if (builtin) {
-    const sample::GenerateResult& a = results[0];
-    const sample::GenerateResult& b = results[1];
-    const RunPeaks pa = run_peaks(a), pb = run_peaks(b);
-    const double saved = pa.measured > 0 ? 100.0 * (1.0 - static_cast<double>(pb.measured) / static_cast<double>(pa.measured)) : 0.0;
-    std::printf("memory: stock plan activation peak %s, sliced plan %s (measured): %s less (%.1f %%)\n",
-                format_bytes(pa.measured).c_str(), format_bytes(pb.measured).c_str(),
-                format_bytes(pa.measured > pb.measured ? pa.measured - pb.measured : 0).c_str(), saved);
-    const bool same_v = same_bytes(a.video, b.video), same_a = same_bytes(a.audio, b.audio);
-    identical = same_v && same_a;
-    const std::string fp_v = hex64(fnv1a64(b.video.data(), b.video.size() * 4));
-    const std::string fp_a = hex64(fnv1a64(b.audio.data(), b.audio.size() * 4));
-    if (identical) {
-      std::printf("byte-compare stock vs sliced: identical (video %zu B fnv1a64 %s, audio %zu B fnv1a64 %s)\n",
-                  b.video.size() * 4, fp_v.c_str(), b.audio.size() * 4, fp_a.c_str());
-    } else {
-      std::printf("byte-compare stock vs sliced: DIFFERENT (video first difference: %s; audio first difference: %s)\n",
-                  first_difference(a.video, b.video).c_str(), first_difference(a.audio, b.audio).c_str());
-    }
-    comparison = {{"identical", identical},
+// The engine, then every run.
+Status run_all(GenerateRun& r) {
+  exec::EngineOptions eopts;
+  eopts.check_finite = !r.o.allow_nonfinite;
+  eopts.record_memory = r.o.memory_plot.given();
+  // Blocks done in the current forward, placed after the forwards before it.
+  const int64_t layers = r.cfg().num_layers;
+  eopts.progress = [&r, layers](int64_t done, int64_t) {
+    if (r.progress) r.progress->set_done((r.forwards_begun - 1) * layers + done);
+  };
+  LS_TRY(r.session->create_engine(*r.run_plan, eopts));
+  print_header(r);
+  for (const RunSpec& run : r.runs) LS_TRY(run_one(r, run));
+  return Status();
+}
+
+// The built-in demonstration: memory saved and the byte comparison of the two runs.
+void compare_builtin(GenerateRun& r) {
+  const sample::GenerateResult& a = r.results[0];
+  const sample::GenerateResult& b = r.results[1];
+  const RunPeaks pa = run_peaks(a), pb = run_peaks(b);
+  const double saved =
+      pa.measured > 0 ? 100.0 * (1.0 - static_cast<double>(pb.measured) / static_cast<double>(pa.measured)) : 0.0;
+  std::printf("memory: stock plan activation peak %s, sliced plan %s (measured): %s less (%.1f %%)\n",
+              format_bytes(pa.measured).c_str(), format_bytes(pb.measured).c_str(),
+              format_bytes(pa.measured > pb.measured ? pa.measured - pb.measured : 0).c_str(), saved);
+  const bool same_v = same_bytes(a.video, b.video), same_a = same_bytes(a.audio, b.audio);
+  r.identical = same_v && same_a;
+  const std::string fp_v = hex64(fnv1a64(b.video.data(), b.video.size() * 4));
+  const std::string fp_a = hex64(fnv1a64(b.audio.data(), b.audio.size() * 4));
+  if (r.identical) {
+    std::printf("byte-compare stock vs sliced: identical (video %zu B fnv1a64 %s, audio %zu B fnv1a64 %s)\n",
+                b.video.size() * 4, fp_v.c_str(), b.audio.size() * 4, fp_a.c_str());
+  } else {
+    std::printf("byte-compare stock vs sliced: DIFFERENT (video first difference: %s; audio first difference: %s)\n",
+                first_difference(a.video, b.video).c_str(), first_difference(a.audio, b.audio).c_str());
+  }
+  r.comparison = {{"identical", r.identical},
                   {"video_identical", same_v},
                   {"audio_identical", same_a},
                   {"stock_measured_peak_bytes", pa.measured},
                   {"sliced_measured_peak_bytes", pb.measured},
                   {"saved_percent", saved}};
-  }
+}
 
-  // ---- outputs ----
-  const sample::GenerateResult& out = results.back();
-  if (o.output.given()) {
-    // Only what determines the latents' bytes: the weights, the inputs and the numerics
-    // settings. No plan, budget, residency or timing: files of different memory settings
-    // are byte-identical (`cmp`); those go to the --json report.
-    char cfg_text[32];
-    std::snprintf(cfg_text, sizeof cfg_text, "%.15g", *cfg_scale);
-    std::map<std::string, std::string> meta{
-        {"format", "layerstream-latents"},
-        {"producer", "layerstream generate"},
-        {"model", source->describe()},
-        {"steps", std::to_string(*steps)},
-        {"cfg", cfg_text},
-        {"seed", std::to_string(seed)},
-        {"sigmas", sample::format_sigmas(sched->video)},
-        {"frames", std::to_string(g.frames)},
-        {"width", std::to_string(g.width)},
-        {"height", std::to_string(g.height)},
-        {"text_tokens", std::to_string(L)},
-        {"kv_tile", std::to_string(out.plan.kv_tile)},
-        {"backend", backend_kind(session.backend().name())},
-        {"numerics", describe(session.backend().numerics())},
-    };
-    if (o.text.given()) meta["text"] = o.text.text;
-    auto joined = [](const std::vector<std::string>& v) {
-      std::string r;
-      for (const auto& a : v) r += (r.empty() ? "" : ";") + a;
-      return r;
-    };
-    if (!o.keyframes.empty()) meta["keyframes"] = joined(o.keyframes);
-    if (!o.refs.empty()) meta["refs"] = joined(o.refs);
-    std::vector<NamedTensor> tensors{
+// -o's metadata: only what determines the latents' bytes (the weights, the inputs and
+// the numerics settings). No plan, budget, residency or timing: files of different
+// memory settings are byte-identical (`cmp`); those go to the --json report.
+std::map<std::string, std::string> latents_metadata(const GenerateRun& r) {
+  const h3::ClipGeometry& g = r.cond.geometry;
+  char cfg_text[32];
+  std::snprintf(cfg_text, sizeof cfg_text, "%.15g", r.cfg_scale);
+  std::map<std::string, std::string> meta{
+      {"format", "layerstream-latents"},
+      {"producer", "layerstream generate"},
+      {"model", r.session->source().describe()},
+      {"steps", std::to_string(r.steps)},
+      {"cfg", cfg_text},
+      {"seed", std::to_string(r.seed)},
+      {"sigmas", sample::format_sigmas(r.sched.video)},
+      {"frames", std::to_string(g.frames)},
+      {"width", std::to_string(g.width)},
+      {"height", std::to_string(g.height)},
+      {"text_tokens", std::to_string(r.L)},
+      {"kv_tile", std::to_string(r.results.back().plan.kv_tile)},
+      {"backend", backend_kind(r.session->backend().name())},
+      {"numerics", describe(r.session->backend().numerics())},
+  };
+  if (r.o.text.given()) meta["text"] = r.o.text.text;
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& a : v) s += (s.empty() ? "" : ";") + a;
+    return s;
+  };
+  if (!r.o.keyframes.empty()) meta["keyframes"] = joined(r.o.keyframes);
+  if (!r.o.refs.empty()) meta["refs"] = joined(r.o.refs);
+  return meta;
+}
+
+// ComfyUI's SaveLatent format, which its LoadLatent reads: "latent_tensor" (the latent
+// with a batch of one) and an empty "latent_format_version_0" (no legacy 1/0.18215
+// scaling). H3's LATENT is a NestedTensor (video, audio) that SaveLatent cannot store,
+// so each stream gets its own file, as VAEDecode / VAEDecodeAudio take them.
+Status write_comfyui_latent(const std::string& path, const float* data, size_t bytes,
+                            const std::vector<int64_t>& shape) {
+  SafetensorsWriter w(path, "--comfyui-latents");
+  w.set_metadata("format", "layerstream-latents (ComfyUI LoadLatent)");
+  w.set_metadata("producer", "layerstream generate");
+  LS_TRY(w.declare("latent_tensor", DType::f32, shape));
+  LS_TRY(w.declare("latent_format_version_0", DType::f32, {0}));
+  LS_TRY(w.begin());
+  LS_TRY(w.write_tensor("latent_tensor", data, bytes));
+  LS_TRY(w.write_tensor("latent_format_version_0", nullptr, 0));
+  return w.commit();
+}
+
+nlohmann::json report_json(const GenerateRun& r) {
+  const h3::H3Config& cfg = r.cfg();
+  const h3::ClipGeometry& g = r.cond.geometry;
+  nlohmann::json j;
+  j["command"] = "generate";
+  j["version"] = version_json();
+  j["numerics"] = r.session->backend().numerics();
+  j["numerics_from_env"] = r.nc.from_env;
+  j["nonfinite_values"] = r.nonfinite;
+  j["model"] = r.session->source().describe();
+  j["builtin"] = r.builtin;
+  j["backend"] = r.session->backend().name();
+  j["config"] = {{"hidden", cfg.hidden}, {"num_layers", cfg.num_layers}, {"heads", cfg.heads},
+                 {"head_dim", cfg.head_dim}, {"ffn", cfg.ffn}, {"text_dim", cfg.text_dim}};
+  j["clip"] = {{"frames", g.frames}, {"width", g.width}, {"height", g.height}, {"T", g.T}, {"Hl", g.Hl},
+               {"Wl", g.Wl}, {"A", g.A}, {"text_tokens", r.L}, {"S", r.plans[0].positive.sizes.S},
+               {"keyframes", r.cond.keyframes.size()}, {"references", r.cond.refs.size()}};
+  j["schedule"] = {{"scheduler", "simple"}, {"sampler", "euler"}, {"steps", r.steps},
+                   {"shift_video", r.cond.shift_video}, {"shift_audio", r.cond.shift_audio},
+                   {"video_sigmas", r.sched.video}, {"audio_sigmas", r.sched.audio}};
+  j["cfg"] = r.cfg_scale;
+  j["seed"] = r.seed;
+  nlohmann::json rj = nlohmann::json::array();
+  for (size_t i = 0; i < r.runs.size(); ++i) rj.push_back(run_json(r.runs[i].label, r.results[i]));
+  j["runs"] = rj;
+  if (r.builtin) j["comparison"] = r.comparison;
+  if (const auto& vp = r.vram_plan()) {
+    const VramUse u = vram_use(r.results.back());
+    j["vram_budget"] = budget_plan_json(*vp);
+    j["vram_budget"]["device_peak_bytes"] = u.peak;
+    j["vram_budget"]["weight_copy_bytes"] = u.weight_copies;
+  }
+  if (r.o.output.given() && r.identical) j["output"] = r.o.output.text;
+  return j;
+}
+
+// The outputs, staged to temporary files and published together (a signal before or
+// during the writes leaves no file of this run; -o and --json are one run's). Returns
+// the exit code.
+int write_outputs(const GenerateRun& r, const RunInterrupt& interrupt) {
+  const GenerateOptions& o = r.o;
+  const h3::H3Config& cfg = r.cfg();
+  const h3::ClipGeometry& g = r.cond.geometry;
+  const sample::GenerateResult& out = r.results.back();
+  RunInterrupt::Writing writing;
+  io::StagedOutputs staged;
+  const auto stage = [&](const std::string& path, const char* what, const auto& write) -> int {
+    auto where = staged.add(path, what);
+    if (!where.ok()) return fail(where.error());
+    if (Status s = write(*where); !s.ok()) return fail(s.error());
+    if (!interrupt.pending()) return 0;
+    (void)fail(Error{ErrorCode::io, std::string(interrupt.pending() == SIGINT ? "interrupted (SIGINT)" : "terminated") +
+                                        " while writing the outputs; nothing was written"});
+    return interrupt.exit_code();  // the staged files are removed on the way out
+  };
+  std::string wrote_line;
+  if (o.output.given() && !r.identical)
+    std::fprintf(stderr, "%s: not writing %s: the stock and sliced outputs differ\n", kCmd, o.output.text.c_str());
+  if (o.output.given() && r.identical) {
+    const std::vector<NamedTensor> tensors{
         {"video", TensorView(const_cast<float*>(out.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl})},
         {"audio", TensorView(const_cast<float*>(out.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A})},
     };
-    if (!identical) {
-      std::fprintf(stderr, "%s: not writing %s: the stock and sliced outputs differ\n", kCmd, o.output.text.c_str());
-    } else if (Status s = write_safetensors(o.output.text, tensors, meta); !s.ok()) {
-      return fail(s.error());
-    } else {
-      std::printf("wrote %s (video fp32 [%lld, %lld, %lld, %lld], audio fp32 [%lld, 2, %lld])\n", o.output.text.c_str(),
+    if (int rc = stage(o.output.text, "-o",
+                       [&](const std::string& p) { return write_safetensors(p, tensors, latents_metadata(r)); }))
+      return rc;
+    char line[512];
+    std::snprintf(line, sizeof line, "(video fp32 [%lld, %lld, %lld, %lld], audio fp32 [%lld, 2, %lld])",
                   static_cast<long long>(cfg.latents_dim), static_cast<long long>(g.T), static_cast<long long>(g.Hl),
                   static_cast<long long>(g.Wl), static_cast<long long>(cfg.audio_latents_dim),
                   static_cast<long long>(g.A));
-    }
+    wrote_line = "wrote " + o.output.text + " " + line;
+  }
+  if (o.comfy_latents.given() && r.identical) {
+    if (int rc = stage(o.comfy_latents.text + ".video.latent", "--comfyui-latents", [&](const std::string& p) {
+          return write_comfyui_latent(p, out.video.data(), out.video.size() * sizeof(float),
+                                      {1, cfg.latents_dim, g.T, g.Hl, g.Wl});  // 5-D, as ComfyUI holds it
+        }))
+      return rc;
+    if (int rc = stage(o.comfy_latents.text + ".audio.latent", "--comfyui-latents", [&](const std::string& p) {
+          return write_comfyui_latent(p, out.audio.data(), out.audio.size() * sizeof(float),
+                                      {1, cfg.audio_latents_dim, 2, g.A});
+        }))
+      return rc;
   }
   if (o.memory_plot.given()) {
     MemoryPlotInput in;
+    const auto& vp = r.vram_plan();
     in.title = "generate, " + std::to_string(out.forwards.size()) + " forwards, S " + std::to_string(out.plan.sizes.S) +
-               ", " + session.backend().name() +
-               (vram_plan ? ", --vram-budget " + format_bytes(vram_plan->budget_bytes) : std::string());
+               ", " + r.session->backend().name() +
+               (vp ? ", --vram-budget " + format_bytes(vp->budget_bytes) : std::string());
     for (const sample::ForwardRecord& f : out.forwards)
       in.samples.insert(in.samples.end(), f.report.memory.begin(), f.report.memory.end());
-    in.budget_bytes = vram_plan ? vram_plan->budget_bytes : 0;
-    in.predicted_peak_bytes = vram_plan ? vram_plan->predicted_peak_bytes : 0;
-    if (Status s = write_memory_plot(o.memory_plot.text, in); !s.ok()) return fail(s.error());
+    in.budget_bytes = vp ? vp->budget_bytes : 0;
+    in.predicted_peak_bytes = vp ? vp->predicted_peak_bytes : 0;
+    if (int rc = stage(o.memory_plot.text, "--memory-plot",
+                       [&](const std::string& p) { return write_memory_plot(p, in); }))
+      return rc;
   }
-  if (o.json.given()) {
-    nlohmann::json j;
-    j["command"] = "generate";
-    j["version"] = version_json();
-    j["numerics"] = session.backend().numerics();
-    j["numerics_from_env"] = nc->from_env;
-    j["nonfinite_values"] = nonfinite;
-    j["model"] = source->describe();
-    j["builtin"] = builtin;
-    j["backend"] = session.backend().name();
-    j["config"] = {{"hidden", cfg.hidden}, {"num_layers", cfg.num_layers}, {"heads", cfg.heads},
-                   {"head_dim", cfg.head_dim}, {"ffn", cfg.ffn}, {"text_dim", cfg.text_dim}};
-    j["clip"] = {{"frames", g.frames}, {"width", g.width}, {"height", g.height}, {"T", g.T}, {"Hl", g.Hl},
-                 {"Wl", g.Wl}, {"A", g.A}, {"text_tokens", L}, {"S", plans[0].positive.sizes.S},
-                 {"keyframes", cond.keyframes.size()}, {"references", cond.refs.size()}};
-    j["schedule"] = {{"scheduler", "simple"}, {"sampler", "euler"}, {"steps", *steps}, {"shift_video", cond.shift_video},
-                     {"shift_audio", cond.shift_audio}, {"video_sigmas", sched->video}, {"audio_sigmas", sched->audio}};
-    j["cfg"] = *cfg_scale;
-    j["seed"] = seed;
-    nlohmann::json rj = nlohmann::json::array();
-    for (size_t i = 0; i < runs.size(); ++i) rj.push_back(run_json(runs[i].label, results[i]));
-    j["runs"] = rj;
-    if (builtin) j["comparison"] = comparison;
-    if (vram_plan) {
-      const VramUse u = vram_use(results.back());
-      j["vram_budget"] = budget_plan_json(*vram_plan);
-      j["vram_budget"]["device_peak_bytes"] = u.peak;
-      j["vram_budget"]["weight_copy_bytes"] = u.weight_copies;
-    }
-    if (o.output.given() && identical) j["output"] = o.output.text;
-    if (Status s = write_json_file(o.json.text, j); !s.ok()) return fail(s.error());
+  if (o.json.given())
+    if (int rc = stage(o.json.text, "--json", [&](const std::string& p) { return write_json_file(p, report_json(r)); }))
+      return rc;
+  if (Status s = staged.publish(); !s.ok()) return fail(s.error());
+  if (!wrote_line.empty()) std::printf("%s\n", wrote_line.c_str());
+  if (interrupt.pending()) {
+    std::fprintf(stderr, "%s: interrupted while publishing the outputs: they are complete (all of this run)\n", kCmd);
+    return interrupt.exit_code();
   }
-  return identical ? 0 : 1;
+  return r.identical ? 0 : 1;
+}
+
+int run_generate(const GenerateOptions& o) {
+  // ^C / SIGTERM: end at once before the outputs are written, deferred while writing.
+  const RunInterrupt interrupt(kCmd);
+  GenerateRun r(o);
+  // parse + validate: flags, numbers, output paths (usage errors, exit 2, before any file is opened)
+  if (Status s = check_flag_combinations(o, &r.memory_request); !s.ok()) return fail(s.error());
+  if (Status s = parse_args(r); !s.ok()) return fail(s.error());
+  if (o.threads.given()) set_num_threads(static_cast<int>(r.threads));
+  if (Status s = check_outputs(o); !s.ok()) return fail(s.error());
+  // run: backend + weights, text, conditioning, plans (refusals before any work), the runs
+  for (Status (*step)(GenerateRun&) : {open_session, load_text, make_conditioning, plan_runs, run_all})
+    if (Status s = step(r); !s.ok()) return fail(s.error());
+  if (r.builtin) compare_builtin(r);
+  // report: the outputs
+  return write_outputs(r, interrupt);
 }
 
 CommandRun setup_generate(CLI::App& sub) {
@@ -632,7 +706,8 @@ CommandRun setup_generate(CLI::App& sub) {
                "0");
   add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
   add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
-               "keys per attention tile: a numerics setting (1024 on the CPU, 8192 with CUDA + cuDNN)", "the device's");
+               "keys per attention tile: a numerics setting (1024 on the CPU and with --attention native; 8192 on "
+               "CUDA with hopper or cudnn attention, which auto picks)", "the device's");
   add_numerics_flags(sub, o->numerics);
   add_lora_flags(sub, o->lora);
   add_weight_flags(sub, o->wflags);
@@ -655,6 +730,10 @@ CommandRun setup_generate(CLI::App& sub) {
   add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
                 "draw the device memory over every forward by phase and block (SVG)");
   add_text_flag(sub, "-o,--output", o->output, "FILE", "output latents (.safetensors); required with --model/--preset");
+  add_text_flag(sub, "--comfyui-latents", o->comfy_latents, "PREFIX",
+                "also write the latents as ComfyUI .latent files for its LoadLatent node: PREFIX.video.latent "
+                "(\"latent_tensor\" [1, 24, T, Hl, Wl]) and PREFIX.audio.latent ([1, 32, 2, A]); decode them with "
+                "VAEDecode and VAEDecodeAudio (README, \"From a prompt to an mp4\")");
   sub.add_flag("-q,--quiet", o->quiet, "no progress display");
   return [o]() { return run_generate(*o); };
 }

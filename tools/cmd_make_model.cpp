@@ -49,39 +49,50 @@ int usage_error(const std::string& msg) {
   return kExitUsage;
 }
 
-int run_make_model(const MakeModelOptions& o) {
+// What the flags ask for: the config, its weight layout and the seed. Every refusal is
+// a usage error (exit 2) but a bad output path (check_output_path's code).
+struct ModelPlan {
+  h3::H3Config cfg;
+  h3::SyntheticFormat format = h3::SyntheticFormat::bf16;
+  std::vector<int64_t> bf16_blocks;
+  uint64_t seed = 0;
+};
+
+Error usage(const std::string& msg) { return {ErrorCode::invalid_argument, msg}; }
+
+Expected<ModelPlan> plan_model(const MakeModelOptions& o) {
+  ModelPlan m;
   auto preset = h3::h3_preset(o.preset.text);
-  if (!preset.ok()) return usage_error(preset.error().message);
-  h3::H3Config cfg = *preset;
+  if (!preset.ok()) return usage(preset.error().message);
+  h3::H3Config& cfg = m.cfg;
+  cfg = *preset;
   if (o.blocks.given()) {
     auto n = flag_int(o.blocks, range::blocks, 0);
-    if (!n.ok()) return usage_error(n.error().message);
+    if (!n.ok()) return usage(n.error().message);
     cfg.num_layers = *n;
   }
   if (o.pdd_heads.given()) {
     auto n = flag_int(o.pdd_heads, range::pdd_heads, 1);
-    if (!n.ok()) return usage_error(n.error().message);
+    if (!n.ok()) return usage(n.error().message);
     cfg.pdd_heads = *n;
   }
   auto seed_i = flag_int(o.seed, range::seed, 0);
-  if (!seed_i.ok()) return usage_error(seed_i.error().message);
-  const uint64_t seed_v = static_cast<uint64_t>(*seed_i);
-  const uint64_t* seed = &seed_v;
+  if (!seed_i.ok()) return usage(seed_i.error().message);
+  m.seed = static_cast<uint64_t>(*seed_i);
   // The output path, before any work (a directory, FIFO or missing folder is refused now).
-  if (auto t = io::check_output_path(o.output.text, "-o"); !t.ok())
-    return report_error("layerstream make-model", t.error());
+  if (auto t = io::check_output_path(o.output.text, "-o"); !t.ok()) return t.error();
   if (o.adaln_curve) cfg = h3::h3_curve_form(cfg);
   cfg.gate_compress = o.gate_compress;
-  if (Status st = h3::check_h3_config(cfg); !st.ok()) return usage_error(st.message());
-  h3::SyntheticFormat format = h3::SyntheticFormat::bf16;
+  if (Status st = h3::check_h3_config(cfg); !st.ok()) return usage(st.message());
+  h3::SyntheticFormat& format = m.format;
   if (o.format.given()) {
     auto f = h3::parse_synthetic_format(o.format.text);
-    if (!f.ok()) return usage_error(f.error().message);
+    if (!f.ok()) return usage(f.error().message);
     format = *f;
   }
   // Blocks of different layouts: --skip-edges (the community int8 "_skip_edges" builds:
   // blocks 0, 1, L-2, L-1 in bf16) and / or --bf16-blocks LIST.
-  std::vector<int64_t> bf16_blocks;
+  std::vector<int64_t>& bf16_blocks = m.bf16_blocks;
   if (o.bf16_blocks.given()) {
     const std::string& t = o.bf16_blocks.text;
     size_t a = 0;
@@ -91,7 +102,7 @@ int run_make_model(const MakeModelOptions& o) {
       char* end = nullptr;
       const long long v = std::strtoll(item.c_str(), &end, 10);
       if (item.empty() || end != item.c_str() + item.size() || v < 0)
-        return usage_error("--bf16-blocks: '" + t + "' is not a comma-separated list of block indices");
+        return usage("--bf16-blocks: '" + t + "' is not a comma-separated list of block indices");
       bf16_blocks.push_back(static_cast<int64_t>(v));
       a = b + 1;
     }
@@ -99,17 +110,23 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.skip_edges) {
     if (format == h3::SyntheticFormat::int8_convrot) format = h3::SyntheticFormat::int8_convrot_skip_edges;
     else if (format != h3::SyntheticFormat::int8_convrot_skip_edges)
-      return usage_error("--skip-edges keeps blocks 0, 1, L-2, L-1 of an int8-convrot model in bf16; use it with "
+      return usage("--skip-edges keeps blocks 0, 1, L-2, L-1 of an int8-convrot model in bf16; use it with "
                          "--format int8-convrot (for other formats: --bf16-blocks LIST)");
   }
   if (!bf16_blocks.empty() && format == h3::SyntheticFormat::bf16)
-    return usage_error("--bf16-blocks needs a quantised --format (int8-convrot, int8-convrot-full or fp8)");
+    return usage("--bf16-blocks needs a quantised --format (int8-convrot, int8-convrot-full or fp8)");
   {
     auto q = h3::synthetic_quant_layout(cfg, format, bf16_blocks);
-    if (!q.ok()) return usage_error(q.error().message);
+    if (!q.ok()) return usage(q.error().message);
     cfg.quant = std::move(q).value();
   }
+  return m;
+}
 
+// Streams every tensor into the file (pieces of at most kPieceBytes, one reused buffer),
+// with progress on stderr for large models. Returns the exit code.
+int write_model(const MakeModelOptions& o, const ModelPlan& m) {
+  const h3::H3Config& cfg = m.cfg;
   // File order: by decreasing element size (fp32 before bf16), otherwise the table's
   // order, so every tensor is aligned to its element size in the file and can be used
   // in place from the mapping.
@@ -127,19 +144,19 @@ int run_make_model(const MakeModelOptions& o) {
   w.set_metadata("format", "pt");
   w.set_metadata("layerstream.kind", "synthetic H3 checkpoint (make-model)");
   w.set_metadata("layerstream.preset", o.preset.text);
-  w.set_metadata("layerstream.seed", std::to_string(*seed));
+  w.set_metadata("layerstream.seed", std::to_string(m.seed));
   w.set_metadata("layerstream.version", LS_VERSION);
   w.set_metadata("layerstream.config", h3::h3_config_json(cfg));
-  w.set_metadata("layerstream.format", h3::synthetic_format_name(format));
+  w.set_metadata("layerstream.format", h3::synthetic_format_name(m.format));
   for (const auto& s : specs)
     if (Status st = w.declare(s.name, s.dtype, s.shape); !st.ok()) return usage_error(st.message());
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "layerstream make-model: error: %s\n", msg.c_str());
     return kExitRuntime;  // the writer's destructor removes the temporary file
   };
+  // ^C / SIGTERM from before the temporary file exists: stop cleanly, the output untouched.
+  const InterruptScope interrupt;
   if (Status st = w.begin(); !st.ok()) return fail(st.message());
-
-  const InterruptScope interrupt;  // ^C / SIGTERM: stop cleanly, the output untouched
 
   const bool progress = !o.quiet && total >= (256ull << 20);
   const bool tty = isatty(fileno(stderr)) != 0;
@@ -160,14 +177,14 @@ int run_make_model(const MakeModelOptions& o) {
     if (s.dtype == DType::f8e4m3) {
       h3::TensorSpec plain = s;
       plain.dtype = DType::bf16;
-      fp8_scale = h3::synthetic_fp8_weight_scale(plain, *seed);
+      fp8_scale = h3::synthetic_fp8_weight_scale(plain, m.seed);
       fp8_scale_p = &fp8_scale;
     }
     if (static_cast<uint64_t>(per_piece * esz) > buf.size()) buf.resize(static_cast<size_t>(per_piece * esz));
     for (int64_t a = 0; a < n; a += per_piece) {
       if (interrupt.interrupted()) return fail("interrupted; nothing was written to " + o.output.text);
       const int64_t cnt = std::min(per_piece, n - a);
-      h3::fill_synthetic_tensor(cfg, s, *seed, a, cnt, buf.data(), fp8_scale_p);
+      h3::fill_synthetic_tensor(cfg, s, m.seed, a, cnt, buf.data(), fp8_scale_p);
       if (Status st = w.write(buf.data(), static_cast<size_t>(cnt * esz)); !st.ok()) return fail(st.message());
       written += static_cast<uint64_t>(cnt * esz);
       if (progress) {
@@ -188,12 +205,12 @@ int run_make_model(const MakeModelOptions& o) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (progress && tty) std::fprintf(stderr, "\n");
   std::printf("wrote %s: preset %s, seed %llu, %zu tensors, %llu parameters, %s in %.1f s\n  %s\n", o.output.text.c_str(),
-              o.preset.text.c_str(), static_cast<unsigned long long>(*seed), specs.size(), static_cast<unsigned long long>(params),
+              o.preset.text.c_str(), static_cast<unsigned long long>(m.seed), specs.size(), static_cast<unsigned long long>(params),
               format_bytes(total).c_str(), secs, h3::h3_config_summary(cfg).c_str());
   if (cfg.quant.any()) {
-    std::printf("  format %s: %zu quantised linears", h3::synthetic_format_name(format), cfg.quant.linears.size());
-    std::vector<int64_t> kept = bf16_blocks;
-    if (format == h3::SyntheticFormat::int8_convrot_skip_edges)
+    std::printf("  format %s: %zu quantised linears", h3::synthetic_format_name(m.format), cfg.quant.linears.size());
+    std::vector<int64_t> kept = m.bf16_blocks;
+    if (m.format == h3::SyntheticFormat::int8_convrot_skip_edges)
       for (int64_t b : h3::skip_edges_blocks(cfg.num_layers)) kept.push_back(b);
     std::sort(kept.begin(), kept.end());
     kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
@@ -202,6 +219,12 @@ int run_make_model(const MakeModelOptions& o) {
     std::printf("\n");
   }
   return 0;
+}
+
+int run_make_model(const MakeModelOptions& o) {
+  auto m = plan_model(o);
+  if (!m.ok()) return report_error("layerstream make-model", m.error());
+  return write_model(o, *m);
 }
 
 CommandRun setup_make_model(CLI::App& sub) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/arena.h"  // format_bytes
+#include "io/mapping_guard.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
 #include "model/h3/checkpoint.h"
@@ -52,7 +53,13 @@ int run_merge_lora(const MergeLoraOptions& o) {
     if (!f.ok()) return usage(f.error().message);
     files.push_back(*f);
   }
-  if (auto t = io::check_output_path(o.output.text, "-o"); !t.ok()) return report_error("layerstream merge-lora", t.error());
+  {
+    // The output may be neither the model nor a LoRA (writing it would replace the input).
+    std::vector<std::pair<std::string, std::string>> inputs{{"--model", o.model.text}};
+    for (const std::string& a : o.loras) inputs.emplace_back("--lora", a);
+    if (Status s = check_output_paths({{"-o", o.output.text}}, inputs); !s.ok())
+      return report_error("layerstream merge-lora", s.error());
+  }
   auto src = h3::open_h3_checkpoint(o.model.text);
   if (!src.ok()) return report_error("layerstream merge-lora", src.error());
   const SafetensorsReader& file = (*src)->file();
@@ -81,8 +88,9 @@ int run_merge_lora(const MergeLoraOptions& o) {
     Status st = s != nullptr ? w.declare(e.name, s->dtype, s->shape) : w.declare(e.name, e.dtype, e.shape);
     if (!st.ok()) return usage(st.message());
   }
+  // ^C / SIGTERM from before the temporary file exists: stop cleanly, the output untouched.
+  const InterruptScope interrupt;
   if (Status st = w.begin(); !st.ok()) return report_error("layerstream merge-lora", st.error());
-  const InterruptScope interrupt;  // ^C / SIGTERM: stop cleanly, the output untouched
   uint64_t bytes = 0;
   size_t done = 0;
   for (const SafetensorsEntry& e : file.entries()) {
@@ -105,6 +113,9 @@ int run_merge_lora(const MergeLoraOptions& o) {
     }
     if (!st.ok()) return report_error("layerstream merge-lora", st.error());
   }
+  // The model or a LoRA truncated while it was read (io/mapping_guard.h): the zeros read
+  // in its place are not published.
+  if (Status st = io::check_mapped_files(); !st.ok()) return report_error("layerstream merge-lora", st.error());
   if (Status st = w.commit(); !st.ok()) return report_error("layerstream merge-lora", st.error());
   std::printf("wrote %s: %s, %zu tensors merged in %s, %s\n", o.output.text.c_str(), lora_desc.c_str(), patched,
               lora::merge_dtype_name(dtype), format_bytes(bytes).c_str());

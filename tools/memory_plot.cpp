@@ -149,67 +149,64 @@ std::string header(const std::string& title, const std::string& desc) {
 
 }  // namespace
 
-std::string memory_plot_svg(const MemoryPlotInput& in) {
-  const std::string title = in.title.empty() ? std::string("LayerStream device memory") : in.title;
-  const size_t n = in.samples.size();
-  if (n == 0) {
-    return header(title, "no memory samples were recorded") +
-           svg_text(kWidth / 2, kHeight / 2, "no memory samples were recorded", "text-anchor=\"middle\" font-size=\"16\"") +
-           "</svg>\n";
-  }
+namespace {
 
-  // Stacked tops per kind and sample; which kinds appear at all.
-  std::vector<std::vector<uint64_t>> top(kNumKinds, std::vector<uint64_t>(n));
-  std::vector<uint64_t> kind_max(kNumKinds, 0);
+// The stacked kinds per sample: the top of each kind's band, each kind's largest value,
+// the peak and where it was.
+struct Stack {
+  std::vector<std::vector<uint64_t>> top;
+  std::vector<uint64_t> kind_max;
   uint64_t peak = 0;
   size_t peak_at = 0;
+  int kinds = 0;  // kinds drawn ("other" only when it occurs)
+};
+
+Stack stack_of(const std::vector<exec::MemorySample>& samples) {
+  const size_t n = samples.size();
+  Stack st;
+  st.top.assign(kNumKinds, std::vector<uint64_t>(n));
+  st.kind_max.assign(kNumKinds, 0);
   for (size_t i = 0; i < n; ++i) {
-    const std::vector<uint64_t> k = kinds_of(in.samples[i]);
+    const std::vector<uint64_t> k = kinds_of(samples[i]);
     uint64_t acc = 0;
     for (int j = 0; j < kNumKinds; ++j) {
       acc += k[j];
-      top[j][i] = acc;
-      kind_max[j] = std::max(kind_max[j], k[j]);
+      st.top[j][i] = acc;
+      st.kind_max[j] = std::max(st.kind_max[j], k[j]);
     }
-    if (acc > peak) peak = acc, peak_at = i;
+    if (acc > st.peak) st.peak = acc, st.peak_at = i;
   }
-  const bool has_other = kind_max[kOther] > 0;
-  const int kinds = has_other ? kNumKinds : kNumKinds - 1;
+  st.kinds = st.kind_max[kOther] > 0 ? kNumKinds : kNumKinds - 1;
+  return st;
+}
 
-  const double ymax = std::max<double>({1.0, static_cast<double>(peak), static_cast<double>(in.budget_bytes),
-                                        static_cast<double>(in.predicted_peak_bytes)}) * 1.06;
-  const Ticks t = ticks_for(ymax);
-  auto Y = [&](double bytes) { return kTop + kPlotH - bytes / ymax * kPlotH; };
-  const double cw = kPlotW / static_cast<double>(n);
-  auto X = [&](size_t i) { return kLeft + cw * static_cast<double>(i); };
+// Bytes and sample index to picture coordinates.
+struct Frame {
+  size_t n = 0;
+  double ymax = 1, cw = 1;
+  double Y(double bytes) const { return kTop + kPlotH - bytes / ymax * kPlotH; }
+  double X(size_t i) const { return kLeft + cw * static_cast<double>(i); }
+};
 
-  const exec::MemorySample& ps = in.samples[peak_at];
-  const std::string where =
-      ps.block >= 0 ? "block " + std::to_string(ps.block) + " " + ps.phase : ps.phase;
-  std::string desc = "Stacked device memory per kind over " + std::to_string(n) + " phase samples; peak held " +
-                     size_text(peak) + " (" + where + ")";
-  if (in.budget_bytes) desc += "; budget " + size_text(in.budget_bytes);
-  if (in.predicted_peak_bytes) desc += "; predicted peak " + size_text(in.predicted_peak_bytes);
-  std::string s = header(title, desc);
-  // 16 px bold unless the title would run past the picture (about 0.62 em per character).
-  const double title_px = std::clamp((kWidth - kLeft - 10) / (0.62 * static_cast<double>(title.size())), 10.0, 16.0);
-  s += svg_text(kLeft, 26, title, "font-size=\"" + num(title_px) + "\" font-weight=\"bold\"");
-  s += svg_text(kLeft, 46, desc.substr(desc.find("peak held")), "font-size=\"12\" fill=\"#444444\"");
-
-  // Grid and y axis.
-  s += "<g stroke=\"#e4e4e4\" stroke-width=\"1\">\n";
-  for (double v = t.step; v < ymax; v += t.step)
-    s += "<line x1=\"" + num(kLeft) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(kLeft + kPlotW) + "\" y2=\"" +
-         num(Y(v)) + "\"/>\n";
+// Grid and y axis.
+std::string y_axis(const Frame& f, const Ticks& t) {
+  std::string s = "<g stroke=\"#e4e4e4\" stroke-width=\"1\">\n";
+  for (double v = t.step; v < f.ymax; v += t.step)
+    s += "<line x1=\"" + num(kLeft) + "\" y1=\"" + num(f.Y(v)) + "\" x2=\"" + num(kLeft + kPlotW) + "\" y2=\"" +
+         num(f.Y(v)) + "\"/>\n";
   s += "</g>\n<g font-size=\"11\" fill=\"#333333\" text-anchor=\"end\">\n";
-  for (double v = 0; v < ymax; v += t.step) s += svg_text(kLeft - 6, Y(v) + 4, tick_label(v, t.unit));
+  for (double v = 0; v < f.ymax; v += t.step) s += svg_text(kLeft - 6, f.Y(v) + 4, tick_label(v, t.unit));
   s += "</g>\n";
   s += svg_text(18, kTop + kPlotH / 2, "device memory (1024-based)",
                 "font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 18 " + num(kTop + kPlotH / 2) + ")\"");
+  return s;
+}
 
-  // The stacked areas: one closed step path per kind, from its top down to the kind below.
-  s += "<g stroke=\"none\">\n";
-  for (int j = 0; j < kinds; ++j) {
+// The stacked areas: one closed step path per kind, from its top down to the kind below.
+std::string stacked_areas(const Frame& f, const Stack& st) {
+  const size_t n = f.n;
+  std::string s = "<g stroke=\"none\">\n";
+  for (int j = 0; j < st.kinds; ++j) {
     // "M x,y L x,y ...": appended piece by piece (a few thousand points for 50 blocks).
     std::string d;
     auto to = [&d](char op, double x, double y) {
@@ -219,29 +216,35 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
       d += ',';
       d += num(y);
     };
-    auto up = [&](size_t i) { return Y(static_cast<double>(top[j][i])); };
-    auto low = [&](size_t i) { return Y(j == 0 ? 0.0 : static_cast<double>(top[j - 1][i])); };
-    to('M', X(0), up(0));
+    auto up = [&](size_t i) { return f.Y(static_cast<double>(st.top[j][i])); };
+    auto low = [&](size_t i) { return f.Y(j == 0 ? 0.0 : static_cast<double>(st.top[j - 1][i])); };
+    to('M', f.X(0), up(0));
     for (size_t i = 0; i < n; ++i) {
-      to('L', X(i + 1), up(i));
-      if (i + 1 < n) to('L', X(i + 1), up(i + 1));
+      to('L', f.X(i + 1), up(i));
+      if (i + 1 < n) to('L', f.X(i + 1), up(i + 1));
     }
-    to('L', X(n), low(n - 1));
+    to('L', f.X(n), low(n - 1));
     for (size_t i = n; i-- > 0;) {
-      to('L', X(i), low(i));
-      if (i > 0) to('L', X(i), low(i - 1));
+      to('L', f.X(i), low(i));
+      if (i > 0) to('L', f.X(i), low(i - 1));
     }
     d += " Z";
     s += "<path class=\"kind\" data-kind=\"" + escape(kKinds[j].name) + "\" fill=\"" + kKinds[j].color +
          "\" fill-opacity=\"0.9\" d=\"" + d + "\"/>\n";
   }
   s += "</g>\n";
+  return s;
+}
 
-  // x axis: a tick and the block number where a block's first phase starts (thinned to
-  // keep labels apart); faint lines where a new forward starts (the block index falls).
-  s += "<g stroke=\"#555555\" stroke-width=\"1\">\n<line x1=\"" + num(kLeft) + "\" y1=\"" + num(kTop + kPlotH) +
-       "\" x2=\"" + num(kLeft + kPlotW) + "\" y2=\"" + num(kTop + kPlotH) + "\"/>\n<line x1=\"" + num(kLeft) +
-       "\" y1=\"" + num(kTop) + "\" x2=\"" + num(kLeft) + "\" y2=\"" + num(kTop + kPlotH) + "\"/>\n</g>\n";
+// x axis: a tick and the block number where a block's first phase starts (thinned to
+// keep labels apart); faint lines where a new forward starts (the block index falls).
+std::string x_axis(const Frame& f, const std::vector<exec::MemorySample>& samples) {
+  const size_t n = f.n;
+  const double cw = f.cw;
+  std::string s = "<g stroke=\"#555555\" stroke-width=\"1\">\n<line x1=\"" + num(kLeft) + "\" y1=\"" +
+                  num(kTop + kPlotH) + "\" x2=\"" + num(kLeft + kPlotW) + "\" y2=\"" + num(kTop + kPlotH) +
+                  "\"/>\n<line x1=\"" + num(kLeft) + "\" y1=\"" + num(kTop) + "\" x2=\"" + num(kLeft) + "\" y2=\"" +
+                  num(kTop + kPlotH) + "\"/>\n</g>\n";
   std::string labels, marks;
   // Wide columns (short runs): each column also names its phase.
   const bool wide = cw >= 34;
@@ -249,19 +252,19 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
   int64_t prev_block = -1;  // the last block seen in the current forward
   int forwards = 1;
   for (size_t i = 0; i < n; ++i) {
-    const exec::MemorySample& m = in.samples[i];
+    const exec::MemorySample& m = samples[i];
     // A new forward: its embedding, or a block index that falls (samples without one).
     if (i > 0 && (m.phase == "embed" || (m.block >= 0 && m.block < prev_block))) {
       ++forwards;
       prev_block = -1;
-      marks += "<line x1=\"" + num(X(i)) + "\" y1=\"" + num(kTop) + "\" x2=\"" + num(X(i)) + "\" y2=\"" +
+      marks += "<line x1=\"" + num(f.X(i)) + "\" y1=\"" + num(kTop) + "\" x2=\"" + num(f.X(i)) + "\" y2=\"" +
                num(kTop + kPlotH) + "\" stroke=\"#bbbbbb\" stroke-dasharray=\"2,3\"/>\n";
     }
-    if (wide) labels += svg_text(X(i) + cw / 2, kTop + kPlotH + 14, short_phase(m.phase),
+    if (wide) labels += svg_text(f.X(i) + cw / 2, kTop + kPlotH + 14, short_phase(m.phase),
                                  "text-anchor=\"middle\" font-size=\"10\" fill=\"#666666\"");
     if (m.block < 0 || m.block == prev_block) continue;
     prev_block = m.block;
-    const double x = X(i);
+    const double x = f.X(i);
     marks += "<line x1=\"" + num(x) + "\" y1=\"" + num(kTop + kPlotH) + "\" x2=\"" + num(x) + "\" y2=\"" +
              num(kTop + kPlotH + (wide ? 18 : 4)) + "\" stroke=\"#555555\"/>\n";
     if (x - last_label >= 26) {
@@ -274,11 +277,15 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
   std::string xl = "DiT block (each block's phases in run order: attention, MLP)";
   if (forwards > 1) xl += "; " + std::to_string(forwards) + " forwards, dotted lines between them";
   s += svg_text(kLeft + kPlotW / 2, kTop + kPlotH + (wide ? 48 : 38), xl, "text-anchor=\"middle\" font-size=\"12\"");
+  return s;
+}
 
-  // Budget (solid) and the planner's predicted peak (dashed), labelled at the right end.
+// Budget (solid) and the planner's predicted peak (dashed), labelled at the right end.
+std::string budget_lines(const Frame& f, const MemoryPlotInput& in) {
+  std::string s;
   double budget_label_y = -1;
   if (in.budget_bytes) {
-    const double y = Y(static_cast<double>(in.budget_bytes));
+    const double y = f.Y(static_cast<double>(in.budget_bytes));
     s += "<line class=\"budget\" x1=\"" + num(kLeft) + "\" y1=\"" + num(y) + "\" x2=\"" + num(kLeft + kPlotW) +
          "\" y2=\"" + num(y) + "\" stroke=\"#D55E00\" stroke-width=\"2\"/>\n";
     budget_label_y = y - 5;
@@ -286,7 +293,7 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
                   "text-anchor=\"end\" fill=\"#D55E00\" font-weight=\"bold\" " + std::string(kHalo));
   }
   if (in.predicted_peak_bytes) {
-    const double y = Y(static_cast<double>(in.predicted_peak_bytes));
+    const double y = f.Y(static_cast<double>(in.predicted_peak_bytes));
     s += "<line class=\"predicted\" x1=\"" + num(kLeft) + "\" y1=\"" + num(y) + "\" x2=\"" + num(kLeft + kPlotW) +
          "\" y2=\"" + num(y) + "\" stroke=\"#000000\" stroke-width=\"1.5\" stroke-dasharray=\"7,4\"/>\n";
     // Above the line, unless that collides with the budget's label: then below it.
@@ -294,8 +301,15 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
     if (budget_label_y >= 0 && std::fabs(ly - budget_label_y) < 14) ly = y + 15;
     s += svg_text(kLeft + 6, ly, "predicted peak " + size_text(in.predicted_peak_bytes), "fill=\"#000000\" " + std::string(kHalo));
   }
+  return s;
+}
 
-  // Legend: top of the stack first; each kind with its largest value over the run.
+// Legend: top of the stack first; each kind with its largest value over the run.
+std::string legend(const Stack& st, const MemoryPlotInput& in, const std::string& where) {
+  const std::vector<uint64_t>& kind_max = st.kind_max;
+  const int kinds = st.kinds;
+  const uint64_t peak = st.peak;
+  std::string s;
   const double lx = kLeft + kPlotW + 18;
   double ly = kTop + 4;
   s += "<g font-size=\"12\" fill=\"#222222\">\n";
@@ -322,6 +336,44 @@ std::string memory_plot_svg(const MemoryPlotInput& in) {
   }
   s += svg_text(lx, ly + 6, "peak held " + size_text(peak), "font-weight=\"bold\"");
   s += svg_text(lx, ly + 22, "at " + where, "fill=\"#444444\"");
+  return s;
+}
+
+}  // namespace
+
+std::string memory_plot_svg(const MemoryPlotInput& in) {
+  const std::string title = in.title.empty() ? std::string("LayerStream device memory") : in.title;
+  const size_t n = in.samples.size();
+  if (n == 0) {
+    return header(title, "no memory samples were recorded") +
+           svg_text(kWidth / 2, kHeight / 2, "no memory samples were recorded", "text-anchor=\"middle\" font-size=\"16\"") +
+           "</svg>\n";
+  }
+  const Stack st = stack_of(in.samples);
+  Frame f;
+  f.n = n;
+  f.ymax = std::max<double>({1.0, static_cast<double>(st.peak), static_cast<double>(in.budget_bytes),
+                             static_cast<double>(in.predicted_peak_bytes)}) * 1.06;
+  f.cw = kPlotW / static_cast<double>(n);
+  const Ticks t = ticks_for(f.ymax);
+
+  const exec::MemorySample& ps = in.samples[st.peak_at];
+  const std::string where =
+      ps.block >= 0 ? "block " + std::to_string(ps.block) + " " + ps.phase : ps.phase;
+  std::string desc = "Stacked device memory per kind over " + std::to_string(n) + " phase samples; peak held " +
+                     size_text(st.peak) + " (" + where + ")";
+  if (in.budget_bytes) desc += "; budget " + size_text(in.budget_bytes);
+  if (in.predicted_peak_bytes) desc += "; predicted peak " + size_text(in.predicted_peak_bytes);
+  std::string s = header(title, desc);
+  // 16 px bold unless the title would run past the picture (about 0.62 em per character).
+  const double title_px = std::clamp((kWidth - kLeft - 10) / (0.62 * static_cast<double>(title.size())), 10.0, 16.0);
+  s += svg_text(kLeft, 26, title, "font-size=\"" + num(title_px) + "\" font-weight=\"bold\"");
+  s += svg_text(kLeft, 46, desc.substr(desc.find("peak held")), "font-size=\"12\" fill=\"#444444\"");
+  s += y_axis(f, t);
+  s += stacked_areas(f, st);
+  s += x_axis(f, in.samples);
+  s += budget_lines(f, in);
+  s += legend(st, in, where);
   s += "</g>\n</svg>\n";
   return s;
 }

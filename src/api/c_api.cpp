@@ -14,6 +14,7 @@
 #include "api/c_api_params.h"
 #include "api/report_json.h"
 #include "core/hash.h"
+#include "core/printable.h"
 #include "core/thread_pool.h"
 
 namespace ls::capi {
@@ -35,12 +36,14 @@ ls_status to_status(ErrorCode c) {
   return LS_INVALID_ARGUMENT;
 }
 
+// The C API's error sink (and so the Python package's, which raises this text): file
+// bytes quoted in a message are escaped here (core/printable.h).
 ls_status fail(ls_engine* e, const Error& err) {
-  (e ? e->error : g_last_error) = err.message;
+  (e ? e->error : g_last_error) = ls::printable_text(err.message);
   return to_status(err.code);
 }
 ls_status fail(ls_engine* e, ls_status s, const std::string& msg) {
-  (e ? e->error : g_last_error) = msg;
+  (e ? e->error : g_last_error) = ls::printable_text(msg);
   return s;
 }
 

@@ -1,5 +1,7 @@
 #include "api/session.h"
 
+#include "io/mapping_guard.h"
+
 #include "model/h3/quant.h"
 #include "model/lora_source.h"
 
@@ -113,7 +115,7 @@ Status Session::load_weights(const WeightsSpec& spec) {
   LS_TRY(backend_->set_model_head_dim(src->cfg().head_dim));
   for (const auto& p : peers_) LS_TRY(p->set_model_head_dim(src->cfg().head_dim));
   source_ = std::move(src);
-  return {};
+  return io::check_mapped_files();  // a file truncated while it was validated or merged
 }
 
 int64_t Session::resolve_kv_tile(int64_t kv_tile) const {
@@ -193,7 +195,9 @@ Expected<sample::GenerateResult> Session::generate(const sample::GenerateRequest
   LS_CHECK(engine_ != nullptr);
   sample::GenerateRequest r = req;
   r.knobs.ranks = ranks();  // every plan of the session is one rank's
-  return sample::generate(*engine_, r, hooks);
+  LS_ASSIGN_OR_RETURN(sample::GenerateResult out, sample::generate(*engine_, r, hooks));
+  LS_TRY(io::check_mapped_files());  // a weights file truncated under us (io/mapping_guard.h)
+  return out;
 }
 
 Expected<uint64_t> Session::minimum_budget(const h3::Conditioning& cond, const std::vector<float>& sigmas,
@@ -219,7 +223,7 @@ Status Session::create_engine(const RunPlan& rp, exec::EngineOptions options) {
   for (const auto& p : peers_) options.peer_backends.push_back(p.get());
   LS_ASSIGN_OR_RETURN(engine_, exec::Engine::create(*source_, *backend_, options));
   sample_driver_memory();
-  return {};
+  return io::check_mapped_files();  // resident weights copied from a truncated file
 }
 
 void Session::drop_engine() { engine_.reset(); }
@@ -258,6 +262,8 @@ Expected<exec::ForwardResult> Session::denoise(const DenoiseCall& call, DenoiseT
   LS_ASSIGN_OR_RETURN(exec::ForwardResult r,
                       engine_->forward(*call.cond, *text, call.video, call.audio, call.sigma, *call.plan, call.outputs));
   sample_driver_memory();
+  // A weights file truncated under us read as zeros: nothing computed from it leaves.
+  LS_TRY(io::check_mapped_files());
   return r;
 }
 

@@ -152,6 +152,68 @@ Expected<OutputTarget> check_output_path(const std::string& path, std::string_vi
   return t;
 }
 
+namespace {
+
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileId& o) const { return dev == o.dev && ino == o.ino; }
+};
+
+// The file `path` names after every link, if it exists and is not a character device.
+bool file_id(const std::string& path, FileId& id) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISCHR(st.st_mode)) return false;
+  id = {st.st_dev, st.st_ino};
+  return true;
+}
+
+}  // namespace
+
+Status check_outputs_against_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  struct Seen {
+    FileId id;
+    const NamedPath* p;
+  };
+  std::vector<Seen> ins;
+  for (const NamedPath& in : inputs) {
+    FileId id;
+    if (in.path.empty()) continue;
+    if (file_id(in.path, id)) {
+      ins.push_back({id, &in});
+      continue;
+    }
+    // FILE:STRENGTH, FILE@FRAME: the text before the suffix.
+    const size_t cut = in.path.find_last_of(":@");
+    if (cut != std::string::npos && cut > 0 && file_id(in.path.substr(0, cut), id)) ins.push_back({id, &in});
+  }
+  std::vector<std::pair<std::string, const NamedPath*>> seen_resolved;  // outputs so far
+  std::vector<Seen> outs;
+  for (const NamedPath& out : outputs) {
+    LS_ASSIGN_OR_RETURN(OutputTarget t, check_output_path(out.path, out.flag));
+    if (t.write_through) continue;
+    for (const auto& [r, prev] : seen_resolved)
+      if (r == t.resolved)
+        return make_error(ErrorCode::invalid_argument,
+                          prev->flag + " and " + out.flag + " name the same file (" + out.path + ")");
+    seen_resolved.emplace_back(t.resolved, &out);
+    FileId id;
+    if (!file_id(t.resolved, id)) continue;  // a new file: no input can be it
+    for (const Seen& in : ins)
+      if (in.id == id)
+        return make_error(ErrorCode::invalid_argument,
+                          "refusing to write " + out.flag + " " + out.path + ": it is the same file as " +
+                              in.p->flag + " " + in.p->path +
+                              " (an input of this run; writing it would replace the input): give another output path");
+    for (const Seen& o : outs)
+      if (o.id == id)
+        return make_error(ErrorCode::invalid_argument,
+                          o.p->flag + " and " + out.flag + " name the same file (" + out.path + ")");
+    outs.push_back({id, &out});
+  }
+  return {};
+}
+
 Status write_output_file(const std::string& path, std::string_view bytes, std::string_view what) {
   LS_ASSIGN_OR_RETURN(OutputTarget t, check_output_path(path, what));
   const std::string where = label(what, path);
@@ -217,6 +279,53 @@ Status write_output_file(const std::string& path, std::string_view bytes, std::s
     (void)::fsync(dfd);
     ::close(dfd);
   }
+  return {};
+}
+
+StagedOutputs::~StagedOutputs() {
+  if (published_) return;
+  for (const Item& it : items_)
+    if (!it.write_through) ::unlink(it.tmp.c_str());
+}
+
+Expected<std::string> StagedOutputs::add(const std::string& path, std::string_view what) {
+  LS_ASSIGN_OR_RETURN(OutputTarget t, check_output_path(path, what));
+  Item it;
+  it.path = path;
+  it.what = std::string(what);
+  it.target = t.resolved;
+  it.write_through = t.write_through;
+  it.tmp = t.write_through ? t.resolved : temp_name(t.resolved);
+  items_.push_back(it);
+  return it.write_through ? path : it.tmp;
+}
+
+Status StagedOutputs::publish() {
+  if (published_) return make_error(ErrorCode::invalid_argument, "StagedOutputs::publish() called twice");
+  // Every staged file must exist (the caller wrote it) before any target changes.
+  for (const Item& it : items_) {
+    struct stat st {};
+    if (!it.write_through && ::lstat(it.tmp.c_str(), &st) != 0)
+      return make_error(ErrorCode::io, "cannot write " + label(it.what, it.path) + ": its temporary file " + it.tmp +
+                                           " was not written");
+  }
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    if (it.write_through) continue;
+    if (::rename(it.tmp.c_str(), it.target.c_str()) != 0) {
+      int e = errno;
+      // The ones before are in place; the rest are removed by the destructor.
+      for (size_t k = 0; k < i; ++k) items_[k].write_through = true;  // renamed: nothing to remove
+      return make_error(ErrorCode::io, "cannot rename " + it.tmp + " to " + it.target + " (" +
+                                           label(it.what, it.path) + "): " + std::strerror(e));
+    }
+    int dfd = ::open(parent_dir(it.target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      (void)::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+  published_ = true;
   return {};
 }
 

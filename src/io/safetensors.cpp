@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/arena.h"  // format_bytes
+#include "io/mapping_guard.h"
 #include "io/output_file.h"
 
 namespace ls {
@@ -183,7 +184,10 @@ int64_t SafetensorsEntry::numel() const {
 }
 
 SafetensorsReader::~SafetensorsReader() {
-  if (map_) munmap(map_, size_);
+  if (map_) {
+    io::unguard_mapping(map_);
+    munmap(map_, size_);
+  }
 }
 
 namespace {
@@ -242,8 +246,10 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
                           " bytes, shorter than the 8-byte header length that starts a safetensors file");
   }
   // Read-only private mapping: the weights are used in place, never copied; pages come
-  // in as they are touched. A file truncated by someone else while mapped would fault
-  // on access (SIGBUS): safetensors files are treated as immutable while open.
+  // in as they are touched. A file truncated by someone else while mapped faults on
+  // access (SIGBUS): the mapping is guarded (io/mapping_guard.h), so such a fault reads
+  // zeros and marks the file, and io::check_mapped_files() turns that into an error
+  // naming it wherever results leave LayerStream.
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_errno = errno;
   ::close(fd);  // the mapping keeps the file alive
@@ -256,6 +262,7 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
   r->map_ = map;
   r->size_ = size;
   r->base_ = static_cast<const unsigned char*>(map);
+  io::guard_mapping(map, size, path);
   return parse(std::move(r));
 }
 

@@ -1,6 +1,8 @@
 // LoRA key mapping, validation and merge; see lora.h for the rules and the arithmetic.
 #include "model/lora.h"
 
+#include "io/finite_scan.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -324,6 +326,10 @@ Expected<LoraSet> LoraSet::open(const std::vector<LoraFile>& files, const std::v
       return make_error(ErrorCode::unsupported, "LoRA " + f.path + ": tensor " + reader->unsupported_tensors()[0] +
                                                     " has a dtype this loader cannot read");
     if (reader->entries().empty()) return make_error(ErrorCode::invalid_file, "LoRA " + f.path + " holds no tensors");
+    // Factors, diffs and alphas in one pass (LoRA files are small): a NaN or inf here is
+    // refused at load on every weight format (issue 28, item 4: merged into an int8 / fp8
+    // layer, it used to vanish in the requantisation and give finite output).
+    for (const SafetensorsEntry& e : reader->entries()) LS_TRY(io::require_finite(*reader, e, "LoRA " + f.path));
     LS_ASSIGN_OR_RETURN(const auto groups, group_keys(*reader, f.path));
     std::map<std::string, std::string> target_key;  // target -> the base that patches it (duplicates)
     auto claim = [&](const std::string& target, const std::string& base) -> Status {

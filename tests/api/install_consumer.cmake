@@ -34,7 +34,9 @@ run("pkg-config --variable=libdir" pkg-config --variable=libdir layerstream)
 string(STRIP "${last_out}" libdir)
 separate_arguments(cflags UNIX_COMMAND "${cflags}")
 separate_arguments(libs UNIX_COMMAND "${libs}")
+# No -rpath and no LD_LIBRARY_PATH here: the .pc file's Libs carry the rpath (issue 28).
 run("cc (pkg-config)" ${CC} -std=c11 -Wall -Wextra -pedantic -Werror ${cflags} ${SRC}/main.c -o ${WORK}/consumer-pc
-    ${libs} -Wl,-rpath,${libdir})
+    ${libs})
+set(ENV{LD_LIBRARY_PATH} "")
 run("run (pkg-config)" ${WORK}/consumer-pc)
 message(STATUS "pkg-config consumer: ${last_out}")

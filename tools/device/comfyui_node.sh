@@ -32,7 +32,7 @@
 #   native parts are not built: Kitchen INT8 attention is then unavailable in this ComfyUI and it runs
 #   with --disable-dynamic-vram (the legacy ModelPatcher); docs/comfyui.md says what that leaves out.
 #   The .deps/ folder (Debian headers: CLI, nlohmann, pybind11, dlpack, googletest) is carried too
-#   (tools/device_build.sh).
+#   (tools/device/build.sh).
 #
 # Usage (device, repository root; the run tool's $OUT collects the results):
 #   [STAGE=.stage] [SIZES=small,large] [OUT=...] tools/device/comfyui_node.sh

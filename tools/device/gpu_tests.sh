@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test (ctest label "cuda": tests/cuda/*) of this tree on the GPU machine, built
-# there (Release, CUDA sm_90, the carried Debian headers as tools/device_build.sh says), plus
+# there (Release, CUDA sm_90, the carried Debian headers as tools/device/build.sh says), plus
 # the CPU fingerprint and the CUDA CLI hash at H3 width for the record. Logs under $OUT, a
 # short table last. Usage (GPU machine, carry [".deps"]): tools/device/gpu_tests.sh [build-dir]
 set -uo pipefail

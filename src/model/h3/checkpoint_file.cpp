@@ -1,8 +1,11 @@
 // H3FileSource: an H3 safetensors checkpoint, memory-mapped (see checkpoint.h).
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "model/h3/checkpoint.h"
+
+#include "io/finite_scan.h"
 
 namespace ls::h3 {
 
@@ -56,6 +59,28 @@ Expected<std::unique_ptr<H3FileSource>> open_h3_checkpoint(const std::string& pa
   cfg->quant = std::move(quant).value();
   Status valid = validate_h3_tensors(*cfg, infos, opts.allow_dtype_conversion || cfg->quant.mixed_ops);
   if (!valid.ok()) return prefixed(valid.error());
+  // A quantised checkpoint's vectors and scalars (norm weights, biases, rope.inv_freq,
+  // the weight and input scales) in one pass: its runs quantise the activations that
+  // feed the int8 / fp8 GEMMs per row, which maps NaN to 0 and clamps inf, so a
+  // non-finite value in what multiplies those activations element-wise would give a
+  // finite, wrong output instead of the run's non-finite error (issue 28, item 4).
+  // The time embedder and the AdaLN curve table are scanned too: they feed the AdaLN
+  // linears, which int8-convrot-full files quantise. Other matrices are not: a NaN in a
+  // float linear's weights reaches the residual stream through its output and the
+  // engine's check names the block and phase, and an fp8 NaN weight reaches its GEMM's
+  // output the same way (int8 has none). So the scan reads a few megabytes, not the
+  // checkpoint. Unquantised files need none: every NaN reaches the engine's check.
+  if (cfg->quant.any()) {
+    const std::string& prefix = cfg->key_prefix;
+    // Vector-like: at most one dimension above 1 (int8 weight scales are [N, 1]).
+    const auto scanned = [&](const SafetensorsEntry& e) {
+      if (e.dtype != DType::f32 && e.dtype != DType::bf16 && e.dtype != DType::f16) return false;
+      if (std::count_if(e.shape.begin(), e.shape.end(), [](int64_t d) { return d > 1; }) <= 1) return true;
+      return e.name.rfind(prefix + "time_embedder.", 0) == 0 || e.name == prefix + "adaln_t_table";
+    };
+    for (const SafetensorsEntry& e : file->entries())
+      if (scanned(e)) LS_TRY(io::require_finite(*file, e, path));
+  }
 
   auto src = std::unique_ptr<H3FileSource>(new H3FileSource());
   src->cfg_ = std::move(cfg).value();

@@ -146,6 +146,19 @@ Expected<ClipGeometry> clip_geometry(int64_t frames, int64_t width, int64_t heig
   // A = round(F / 24 * 40) = round(5F / 3); 5F/3 never ends in .5, so floor((10F + 3) / 6).
   g.A = (10 * g.frames + 3) / 6;
   g.text_tokens = text_tokens;
+  // An absurd clip is a usage error here, before any per-token table is allocated
+  // (issue 28, item 9: a 386 M-token dry run took 65 s and 6 GB to fail). The bound is
+  // far above any clip H3 can sample (15 s of 1920x1088 is 0.2 M tokens, 1000 frames of
+  // 3840x2176 about 2.4 M); every factor is bounded above, so the product cannot overflow.
+  const int64_t video_tokens = g.T * (g.Hl / 2) * (g.Wl / 2);
+  const int64_t tokens = video_tokens + 2 * g.A + g.text_tokens;
+  if (tokens > kMaxClipTokens)
+    return make_error(ErrorCode::invalid_argument,
+                      "the clip is too large: " + std::to_string(g.frames) + " frames of " + std::to_string(width) +
+                          "x" + std::to_string(height) + " with " + std::to_string(text_tokens) + " text tokens is " +
+                          std::to_string(tokens) + " tokens (video " + std::to_string(video_tokens) +
+                          "); LayerStream plans at most " + std::to_string(kMaxClipTokens) +
+                          " (2^24) tokens per clip: use fewer frames or a smaller size");
   return g;
 }
 

@@ -142,6 +142,9 @@ struct ClipGeometry {
   int64_t audio_rows() const { return 2 * A; }
   int64_t tokens() const { return text_tokens + audio_rows() + video_tokens(); }  // S for t2va
 };
+// The most tokens (video rows + 2 x audio frames + text) a clip may have: clip_geometry
+// refuses more (invalid_argument) before anything is sized by it.
+inline constexpr int64_t kMaxClipTokens = int64_t{1} << 24;
 // Snaps frames up to the 17j+5 grid; width/height must be positive multiples of 32.
 Expected<ClipGeometry> clip_geometry(int64_t frames, int64_t width, int64_t height, int64_t text_tokens);
 

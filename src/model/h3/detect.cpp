@@ -68,37 +68,72 @@ Status apply_overrides(H3Config& c, const std::string& json_text) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return make_error(ErrorCode::invalid_file, "checkpoint metadata config.transformer is not a JSON object");
-  const std::pair<const char*, int64_t*> ints[] = {
-      {"hidden_size", &c.hidden},
-      {"num_layers", &c.num_layers},
-      {"token_refiner_num_layers", &c.refiner_layers},
-      {"num_attention_heads", &c.heads},
-      {"attention_head_dim", &c.head_dim},
-      {"ffn_hidden_size", &c.ffn},
-      {"latents_dim", &c.latents_dim},
-      {"audio_latents_dim", &c.audio_latents_dim},
-      {"text_dim", &c.text_dim},
-      {"timestep_input_dim", &c.timestep_input_dim},
-      {"time_embed_hidden_size", &c.time_embed_hidden},
-      {"time_embed_dim", &c.time_embed_dim},
-      {"rope_inv_freq_len", &c.rope_inv_freq_len},
-      {"pdd_heads", &c.pdd_heads},
+  // Every value is bounded BEFORE it is used in any arithmetic or allocation (issue 28,
+  // item 7: latents_dim 2^63-1 overflowed, num_layers 2^31-1 allocated the tensor table
+  // before validation). The bounds are far above any H3 (the 33 B model: hidden 6144,
+  // 48 blocks) and keep every product of two of them inside int64.
+  constexpr int64_t kDim = int64_t{1} << 20;  // widths (hidden, ffn, text_dim, ...)
+  struct Field {
+    const char* key;
+    int64_t* dst;
+    int64_t lo, hi;
   };
-  for (const auto& [key, dst] : ints) {
-    auto it = j.find(key);
+  const Field ints[] = {
+      {"hidden_size", &c.hidden, 1, kDim},
+      {"num_layers", &c.num_layers, 1, 1000},
+      {"token_refiner_num_layers", &c.refiner_layers, 0, 1000},
+      {"num_attention_heads", &c.heads, 1, 4096},
+      {"attention_head_dim", &c.head_dim, 1, 4096},
+      {"ffn_hidden_size", &c.ffn, 1, kDim},
+      {"latents_dim", &c.latents_dim, 1, 65536},
+      {"audio_latents_dim", &c.audio_latents_dim, 1, 65536},
+      {"text_dim", &c.text_dim, 1, kDim},
+      {"timestep_input_dim", &c.timestep_input_dim, 1, kDim},
+      {"time_embed_hidden_size", &c.time_embed_hidden, 1, kDim},
+      {"time_embed_dim", &c.time_embed_dim, 1, kDim},
+      {"rope_inv_freq_len", &c.rope_inv_freq_len, 1, 4096},
+      {"pdd_heads", &c.pdd_heads, 1, 64},
+  };
+  const auto out_of_range = [](const std::string& key, const nlohmann::json& v, int64_t lo, int64_t hi) {
+    return make_error(ErrorCode::invalid_file, "checkpoint metadata config.transformer." + key + " is " + v.dump() +
+                                                   ", outside " + std::to_string(lo) + ".." + std::to_string(hi));
+  };
+  // An integer in [lo, hi] (an unsigned JSON number above INT64_MAX is out of range too).
+  // (nlohmann holds every non-negative integer as unsigned.) lo >= 0 here.
+  const auto bounded = [](const nlohmann::json& v, int64_t lo, int64_t hi) {
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      return u >= static_cast<uint64_t>(lo) && u <= static_cast<uint64_t>(hi);
+    }
+    const int64_t x = v.get<int64_t>();
+    return x >= lo && x <= hi;
+  };
+  const int64_t blocks_in_file = c.num_layers;  // counted from the tensors by the caller
+  for (const Field& f : ints) {
+    auto it = j.find(f.key);
     if (it == j.end()) continue;
     if (!it->is_number_integer())
       return make_error(ErrorCode::invalid_file,
-                        std::string("checkpoint metadata config.transformer.") + key + " is not an integer");
-    *dst = it->get<int64_t>();
+                        std::string("checkpoint metadata config.transformer.") + f.key + " is not an integer");
+    if (!bounded(*it, f.lo, f.hi)) return out_of_range(f.key, *it, f.lo, f.hi);
+    *f.dst = it->get<int64_t>();
   }
+  // A block count that disagrees with the file's blocks.N.* tensors: refused, not run
+  // with the first N blocks (issue 28: num_layers 1 on a 2-block file ran one block).
+  if (blocks_in_file > 0 && c.num_layers != blocks_in_file)
+    return make_error(ErrorCode::invalid_file,
+                      "checkpoint metadata config.transformer.num_layers is " + std::to_string(c.num_layers) +
+                          " but the file holds " + std::to_string(blocks_in_file) + " DiT blocks (blocks.0 .. blocks." +
+                          std::to_string(blocks_in_file - 1) + "): the metadata and the tensors disagree");
   if (auto it = j.find("adaln_curve_grid"); it != j.end()) {
     if (it->is_null())
       c.adaln_curve_grid = 0;
-    else if (it->is_number_integer())
-      c.adaln_curve_grid = it->get<int64_t>();
-    else
+    else if (!it->is_number_integer())
       return make_error(ErrorCode::invalid_file, "checkpoint metadata config.transformer.adaln_curve_grid is not an integer");
+    else if (!bounded(*it, 2, kDim))
+      return out_of_range("adaln_curve_grid", *it, 2, kDim);
+    else
+      c.adaln_curve_grid = it->get<int64_t>();
   }
   if (auto it = j.find("gate_compress"); it != j.end()) {
     if (!it->is_boolean())

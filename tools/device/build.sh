@@ -2,7 +2,7 @@
 # Builds LayerStream with CUDA on the GPU machine, which lacks Debian's header
 # packages: they travel in .deps/ (carried, git-ignored; made by copying
 # /usr/include/CLI, /usr/include/nlohmann and /usr/src/googletest from a Debian box).
-# Usage (device): tools/device_build.sh [build-dir] [extra cmake args...]
+# Usage (device): tools/device/build.sh [build-dir] [extra cmake args...]
 set -euo pipefail
 B=${1:-build-gpu}; shift || true
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAYERSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -5,14 +5,14 @@
 # stripped) or built here when build-bin is absent (carry [".deps"]).
 # Runs the streaming op tests, the executor streaming tests, the parity harness, then a
 # short bench_budget at full width with few blocks. Logs under $OUT; a table last.
-# Usage (device): tools/device_stream_check.sh [blocks for the short bench, default 3]
+# Usage (device): tools/device/weight_streaming.sh [blocks for the short bench, default 3]
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-stream-out}
 mkdir -p "$OUT"
 BIN=build-bin
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 if [ ! -x $BIN/layerstream ]; then
-  tools/device_build.sh build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  tools/device/build.sh build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   mkdir -p $BIN && cp build-gpu/layerstream build-gpu/bench/bench_budget build-gpu/tests/test_streaming_ops \
     build-gpu/tests/test_exec_streaming_cuda build-gpu/tests/test_backend_ops build-gpu/tests/test_attention_cudnn $BIN/
 fi

@@ -5,7 +5,7 @@
 # -DLAYERSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90, Release, stripped). The golden
 # tests find their files under /work/main, so the tree is linked there. Logs under
 # $OUT, one line per executable last.
-# Usage (device): tools/device_issue4_tests.sh [executable ...]
+# Usage (device): tools/device/cuda_tests.sh [executable ...]
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-issue4-out}
 mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 5's benchmark in one call on a 2-GPU machine (kind nvidia-h200-x2), with
-# binaries carried in build-bin (see tools/device_stream_check.sh), or on one GPU
+# binaries carried in build-bin (see tools/device/weight_streaming.sh), or on one GPU
 # running the two halves one after the other:
 #   GPU 0: S = 111,274 (362 frames, 1024x1024, 500 text tokens): unlimited, 24G, 12G, 8G
 #   GPU 1: S = 111,274: 6G, 4G, 3G; then S = 38,402 (124 frames, 1344x768, 500 text
@@ -55,7 +55,7 @@ if m:
         r = dict(r, S=m["S"])
         if "forward_seconds" in r and m["unlimited_forward_seconds"]: r["x_unlimited"] = r["forward_seconds"] / m["unlimited_forward_seconds"]
         m_runs.append(r)
-res = {"command": "tools/device_budget_bench.sh (kind nvidia-h200-x2)", "reference_hash_s111k": ref,
+res = {"command": "tools/device/budget_sweep.sh (kind nvidia-h200-x2)", "reference_hash_s111k": ref,
        "min_total_budget_bytes_s111k": a["min_total_budget_bytes"] if a else None,
        "min_total_budget_bytes_s38k": m["min_total_budget_bytes"] if m else None,
        "s111k": runs, "s38k": m_runs}

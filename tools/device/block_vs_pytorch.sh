@@ -8,7 +8,7 @@
 #      bring back; removed at the end).
 #   2. bench/pytorch_block.py --from $DUMP: times PyTorch's block on them, then the error
 #      of ours, PyTorch default and ComfyUI priority against fp64 at 2048 sampled rows.
-# Usage (device): [S=111274] [ROWS=2048] [BENCH_ARGS="--op-times"] tools/device_block_compare.sh
+# Usage (device): [S=111274] [ROWS=2048] [BENCH_ARGS="--op-times"] tools/device/block_vs_pytorch.sh
 #   -> $OUT/cuda_block.{json,log}, $OUT/pytorch_block.{json,log}
 # Exit status: 0 pass; 1 the error rule failed; 2 a program failed.
 set -uo pipefail

@@ -4,7 +4,7 @@
 # then the block benchmark and the PyTorch baseline side by side. Logs go to $OUT
 # (test.log, bench.json, torch.json, summary.txt); a short table is printed last.
 # Usage (on the GPU machine, carry [".deps"]):
-#   tools/device_cuda_check.sh [S list, e.g. 32768,111274] [gtest filter] [bench iters]
+#   tools/device/cuda_parity_and_block_bench.sh [S list, e.g. 32768,111274] [gtest filter] [bench iters]
 # TORCH=0 skips the PyTorch baseline (its table then uses a torch.json already in $OUT).
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-cuda-out}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 26 on the GPU machine: builds the INT8 attention test and benchmark (Release, CUDA
-# sm_90, the carried headers as tools/device_build.sh) and runs them; logs under $OUT.
-# Usage (device, repository root): tools/device_int8.sh [S]
+# sm_90, the carried headers as tools/device/build.sh) and runs them; logs under $OUT.
+# Usage (device, repository root): tools/device/int8_attention.sh [S]
 set -uo pipefail
 S=${1:-111274}
 OUT=${OUT:-/tmp/out}

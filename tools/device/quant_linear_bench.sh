@@ -2,7 +2,7 @@
 # Issue 14's benchmark in one device call (kind nvidia-h200, < 9 min of device time), with
 # binaries built elsewhere (carry ["build-bin"]: layerstream and bench_linear_quant from a
 # -DLAYERSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLAYERSTREAM_BENCH=ON build, stripped)
-# or built here when build-bin is absent (carry [".deps"]; tools/device_build.sh).
+# or built here when build-bin is absent (carry [".deps"]; tools/device/build.sh).
 #
 # S = 111,274 (362 frames, 1024x1024, 500 text tokens, sigma 0.9), synthetic weights
 # (--random-weights: generated on the host CPU per run, about 20-40 s for 50 blocks on 16
@@ -18,7 +18,7 @@
 #      512x384, 64 text tokens: as .dev/s5run3.sh, which used 2 blocks)
 # Each step runs only while the time left (LIMIT seconds, default 530) covers its estimate;
 # a skipped step says so in the JSON. Everything lands in $OUT/quant_bench.json (+ logs).
-# Usage (device): tools/device_bench_quant.sh
+# Usage (device): tools/device/quant_linear_bench.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-quant-out}
 mkdir -p "$OUT"
@@ -27,7 +27,7 @@ LIMIT=${LIMIT:-530}
 BIN=build-bin
 T0=$SECONDS
 if [ ! -x $BIN/layerstream ] || [ ! -x $BIN/bench_linear_quant ]; then
-  tools/device_build.sh build-gpu -DLAYERSTREAM_BENCH=ON >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  tools/device/build.sh build-gpu -DLAYERSTREAM_BENCH=ON >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   mkdir -p $BIN && cp build-gpu/layerstream build-gpu/bench/bench_linear_quant $BIN/
 fi
 L=$BIN/layerstream
@@ -97,7 +97,7 @@ def run(j):
     return {k: j.get(k) for k in ("wall_seconds", "device_peak_bytes", "predicted_peak_bytes", "measured_peak_bytes",
                                   "resident_blocks", "streamed_blocks", "slots", "pcie_weight_bytes", "device_weight_bytes",
                                   "attn_slice", "mlp_slice", "output_hash", "weights")}
-res = {"command": "tools/device_bench_quant.sh (kind nvidia-h200)", "S": 111274}
+res = {"command": "tools/device/quant_linear_bench.sh (kind nvidia-h200)", "S": 111274}
 lq = load("linear_quant.json")
 res["linear_quant"] = lq
 res["block1"] = {f: run(load(f"block1_{f}.json")) for f in ("bf16", "int8", "fp8", "precfp8")}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 12 part 2 (numerics as explicit parameters) on the GPU machine: builds with CUDA
-# (headers from the carried .deps/, as tools/device_build.sh), then runs, each binary in
+# (headers from the carried .deps/, as tools/device/build.sh), then runs, each binary in
 # its own process so one abort cannot hide the rest:
 #   tests/cuda/*            (test_backend_ops, test_streaming_ops, test_attention_cudnn,
 #                            test_exec_streaming_cuda, test_real_width_invariance,
@@ -10,7 +10,7 @@
 #   test_golden_ops, test_golden_forward, test_numerics, test_fingerprints (CPU sections)
 # and a `layerstream info --vram-budget` + the CLI's developer-variable mapping smoke.
 # Logs under $OUT (build.log, <test>.log, summary.txt); a short summary is printed last.
-# Usage (device, carry [".deps"]): tools/device_numerics_check.sh [build-dir] [gtest filter]
+# Usage (device, carry [".deps"]): tools/device/numerics_paths.sh [build-dir] [gtest filter]
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-numerics-out}
 mkdir -p "$OUT"

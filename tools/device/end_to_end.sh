@@ -3,11 +3,11 @@
 # CUDA, CUDA parity), then the engine's `forward` on the GPU at real H3 width (2 blocks,
 # synthetic weights) under several plans, byte-compared with cmp, and the block
 # benchmark with the alternative attention kernels. Logs under $OUT; table last.
-# Usage (GPU machine, carry [".deps"]): tools/device_final.sh
+# Usage (GPU machine, carry [".deps"]): tools/device/end_to_end.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-final}; mkdir -p "$OUT"
 B=build-gpu; t0=$(date +%s)
-tools/device_build.sh $B >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
+tools/device/build.sh $B >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(($(date +%s) - t0)) s"
 ctest --test-dir $B -j8 --timeout 400 --output-on-failure >"$OUT/ctest.log" 2>&1
 tail -25 "$OUT/ctest.log"

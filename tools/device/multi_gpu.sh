@@ -17,7 +17,7 @@
 #      within 5 % under 8 GiB per GPU, every hash identical to one GPU's.
 # The 50-block synthetic weights take ~66 GiB of host memory (made once per process);
 # each step fits one 10-minute device call: STEP=1|2|3|4 runs one (default: all).
-# Usage (device): [STEP=3] [GPUS=1,2,4] tools/device_multi_gpu.sh
+# Usage (device): [STEP=3] [GPUS=1,2,4] tools/device/multi_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-multi-gpu-out}
 mkdir -p "$OUT"
@@ -25,7 +25,7 @@ BIN=build-bin
 STEP=${STEP:-all}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 if [ ! -x $BIN/layerstream ]; then
-  tools/device_build.sh build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  tools/device/build.sh build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   mkdir -p $BIN && cp build-gpu/layerstream build-gpu/bench/bench_multi_gpu build-gpu/tests/test_ulysses_nccl $BIN/
 fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/summary.txt"

@@ -9,8 +9,8 @@
 #   tests.log             every test executable's output
 #   golden_issue10.tar.gz the regenerated tests/data/golden (commit it: tar -xzf into
 #                         tests/data/golden, then check `git diff --stat`)
-# C++ headers come from the carried .deps/ (tools/device_build.sh).
-# Usage (device, carry [".deps"]):  bash tools/device_issue10.sh [gen|build|test|all]
+# C++ headers come from the carried .deps/ (tools/device/build.sh).
+# Usage (device, carry [".deps"]):  bash tools/device/golden_regenerate.sh [gen|build|test|all]
 #   all (default) does the three in order; on a warm machine the steps can be run as
 #   separate calls (the build folder and $GOLD survive between calls).
 set -uo pipefail
