@@ -7,7 +7,7 @@
 //           budget | explicit knobs                   exec/planner.h): residency + Plan
 //   -> Plan -> Engine::create -> refine text -> precompute AdaLN -> prepare -> forward
 //
-// The C API (include/layerstream/layerstream.h, src/api/c_api.cpp), `layerstream
+// The C API (include/layerstream/layerstream.h, src/api/c_api*.cpp), `layerstream
 // forward`, `layerstream generate` and bench_budget all call it; none of them repeats
 // the chain. The steps are separate calls (open_backend, load_weights, plan,
 // create_engine, denoise) so a front-end can refuse its own flags between them in the
