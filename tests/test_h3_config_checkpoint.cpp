@@ -190,12 +190,19 @@ TEST(H3Checkpoint, MetadataOverrideAndUnusedKeys) {
   H3Config cfg = *h3_preset("tiny");
   H3SyntheticSource syn(cfg, 3);
   const std::string path = temp_path("meta.safetensors");
-  // "config": {"transformer": {"num_layers": 1}} limits the model to one block; block
-  // 1's tensors become unused keys.
+  // "config": {"transformer": {"num_layers": 1}} on a file with two blocks: the metadata and
+  // the tensors disagree, refused naming both (issue 28 item 7; it used to run one block and
+  // leave block 1's tensors as unused keys).
   write_source(syn, path, "", "", "", DType::bf16, {{"config", R"({"transformer": {"num_layers": 1}})"}});
   auto f = open_h3_checkpoint(path);
-  ASSERT_TRUE(f.ok()) << f.error().message;
-  EXPECT_EQ((*f)->cfg().num_layers, 1);
-  EXPECT_EQ((*f)->unused_keys().size(), 10u);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("num_layers is 1 but the file holds 2 DiT blocks"), std::string::npos)
+      << f.error().message;
+  // Metadata that agrees with the tensors is taken, and nothing is left unused.
+  write_source(syn, path, "", "", "", DType::bf16, {{"config", R"({"transformer": {"num_layers": 2}})"}});
+  auto g = open_h3_checkpoint(path);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_EQ((*g)->cfg().num_layers, 2);
+  EXPECT_EQ((*g)->unused_keys().size(), 0u);
   std::remove(path.c_str());
 }
