@@ -151,12 +151,9 @@ def _audio_cond(z, Ca, what):
     return _host_f32(z[0]), s[3]
 
 
-def precheck(x, context):
-    """The checks of build_request that need no engine (issue 25: the engine is opened only
-    for calls it can run): the latent list, batch 1 (stock's ValueError), bf16 compute, the
-    latent grid. Raises ValueError / Unsupported as build_request does; returns None."""
-    import torch
-
+def _latent_pair(x):
+    """ComfyUI's [video, audio] latent list as (video, audio), batch 1: Unsupported for another
+    shape, stock's ValueError for a batch > 1."""
     if not isinstance(x, (list, tuple)) or len(x) != 2:
         raise Unsupported("the input is not the [video, audio] latent list")
     video, audio = x[0], x[1]
@@ -165,6 +162,16 @@ def precheck(x, context):
             list(_shape(video)), list(_shape(audio))))
     if video.shape[0] != 1 or audio.shape[0] != 1:
         raise ValueError(BATCH_ERROR)
+    return video, audio
+
+
+def precheck(x, context):
+    """The checks of build_request that need no engine (issue 25: the engine is opened only
+    for calls it can run): the latent list, batch 1 (stock's ValueError), bf16 compute, the
+    latent grid. Raises ValueError / Unsupported as build_request does; returns None."""
+    import torch
+
+    video, audio = _latent_pair(x)
     if context is None or context.ndim != 3 or context.shape[0] != 1:
         raise Unsupported("the text context is missing or not [1, L, width]")
     if context.dtype != torch.bfloat16 or video.dtype != torch.bfloat16 or audio.dtype != torch.bfloat16:
@@ -184,14 +191,7 @@ def build_request(model, info, x, timestep, context, transformer_options, payloa
     Unsupported where the engine cannot give ComfyUI's answer."""
     import torch
 
-    if not isinstance(x, (list, tuple)) or len(x) != 2:
-        raise Unsupported("the input is not the [video, audio] latent list")
-    video, audio = x[0], x[1]
-    if video.ndim != 5 or audio.ndim != 4:
-        raise Unsupported("latents of shapes {} and {} are not [1, C, T, H, W] and [1, Ca, 2, A]".format(
-            list(_shape(video)), list(_shape(audio))))
-    if video.shape[0] != 1 or audio.shape[0] != 1:
-        raise ValueError(BATCH_ERROR)
+    video, audio = _latent_pair(x)
     C, Ca, hidden = int(info["latents_dim"]), int(info["audio_latents_dim"]), int(info["hidden"])
     _, c_in, T, Hl, Wl = _shape(video)
     _, ca_in, two, A = _shape(audio)
