@@ -7,7 +7,8 @@
 // compared byte for byte on the GPU (cuda::count_unequal), since they must be equal.
 // Inputs: counter-hashed approximate normal(0, 1) bf16 with two outlier channels in K (+12).
 // Each timed call after one warm-up; the median and the best of --reps.
-//   bench_int8_kernels [--s N] [--reps R] [--out FILE.json]
+//   bench_int8_kernels [--s N] [--reps R] [--out FILE.json] [--variants] [--no-portable] [--no-bf16]
+// (--variants: also the Hopper kernel's other code variants, attention_hopper_int8.cuh.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/attention_hopper_int8.cuh"
 #include "backend/cuda/cuda_ext.h"
 #include "../bench_json.h"
 #include "core/arena.h"
@@ -46,9 +48,26 @@ void check(const Status& s, const char* what) {
 
 int main(int argc, char** argv) {
   int64_t S = 111274, reps = 3;
+  bool variants = false, portable = true, bf16 = true;
   std::string out = "bench_int8_kernels.json";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--variants") {
+      variants = true;
+      continue;
+    }
+    if (a == "--no-portable") {
+      portable = false;
+      continue;
+    }
+    if (a == "--no-bf16") {
+      bf16 = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "missing value after %s\n", a.c_str());
+      return 2;
+    }
     if (a == "--s") S = std::atoll(argv[i + 1]);
     else if (a == "--reps") reps = std::max<int64_t>(1, std::atoll(argv[i + 1]));
     else if (a == "--out") out = argv[i + 1];
@@ -56,6 +75,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
+    ++i;
   }
   const int64_t H = 56, Dh = 128, I = H * Dh;
   Numerics n;
@@ -145,13 +165,25 @@ int main(int argc, char** argv) {
   });
   std::printf("int8 statistics + prepare     median %9.2f ms\n", 1e3 * prep.median);
   const std::string auto_kernel = cuda::int8_attention_kernel(b);
+  // --variants: every code variant of the Hopper kernel (attention_hopper_int8.cuh), the
+  // default last (its output is the one compared with the portable kernel's).
+  if (variants && auto_kernel == "hopper")
+    for (int var = 0; var < 4; ++var) {
+      if (var == cuda::kInt8HopperDefaultVariant) continue;
+      cuda::attention_hopper_int8_set_variant(var);
+      row("int8_hopper_variant" + std::to_string(var), describe(b.numerics()),
+          time([&]() { return b.attention_int8(q, keys, o_h, p); }));
+    }
+  cuda::attention_hopper_int8_set_variant(cuda::kInt8HopperDefaultVariant);
   row("int8_" + auto_kernel, describe(b.numerics()), time([&]() { return b.attention_int8(q, keys, o_h, p); }));
-  check(cuda::set_int8_attention_kernel(b, "portable"), "portable");
-  row("int8_portable", describe(b.numerics()), time([&]() { return b.attention_int8(q, keys, o_p, p); }));
-  check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
+  if (portable) {
+    check(cuda::set_int8_attention_kernel(b, "portable"), "portable");
+    row("int8_portable", describe(b.numerics()), time([&]() { return b.attention_int8(q, keys, o_p, p); }));
+    check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
+  }
   // The two int8 outputs, byte for byte.
   int64_t unequal = -1;
-  {
+  if (portable) {
     std::vector<int64_t> zero{0};
     check(b.copy(counter, TensorView(zero.data(), DType::f64, {1})), "counter");
     const TensorView a2(o_h.data, DType::bf16, {S, I}, o_h.device), b2(o_p.data, DType::bf16, {S, I}, o_p.device);
@@ -163,6 +195,7 @@ int main(int argc, char** argv) {
   std::printf("int8 %s vs portable: %lld of %lld outputs differ\n", auto_kernel.c_str(), static_cast<long long>(unequal),
               static_cast<long long>(S * I));
   for (const AttentionAlgorithm a : {AttentionAlgorithm::hopper, AttentionAlgorithm::cudnn}) {
+    if (!bf16) break;
     Numerics nb;
     nb.attention = a;
     if (!b.set_numerics(nb, {}).ok()) {
@@ -190,5 +223,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_int8_kernels: cannot write %s\n", out.c_str());
     return 1;
   }
-  return unequal == 0 ? 0 : 3;
+  return !portable || unequal == 0 ? 0 : 3;
 }

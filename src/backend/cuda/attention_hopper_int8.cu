@@ -49,15 +49,14 @@
 // Speed: bench/results/issue26/README.md (S = 111,274, 56 x 128 on the H200).
 #include "backend/cuda/attention_hopper_int8.cuh"
 
-#include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the runtime)
-#include <cuda_runtime.h>
-
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/hopper_pipeline.cuh"
 #include "backend/int8_attention_math.h"
 
 namespace ls::cuda {
@@ -88,6 +87,7 @@ struct Args {
   float cs;  // i8a::score_factor(scale, 128)
   float* state;
   bool state_in, finalize;
+  int variant;  // attention_hopper_int8_set_variant (the same bytes; benchmarks compare their speed)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -95,35 +95,19 @@ struct Args {
 #endif
 
 #ifdef LS_HOPPER8_DEVICE
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
+// The pipeline primitives: hopper_pipeline.cuh (shared with the bf16 kernel).
+using hopper::fence_regs;
+using hopper::mbar_arrive;
+using hopper::mbar_expect_tx;
+using hopper::mbar_init;
+using hopper::mbar_wait;
+using hopper::sched_arrive;
+using hopper::sched_wait;
+using hopper::smem_u32;
+using hopper::tma_load_3d;
+using hopper::wgmma_commit;
+using hopper::wgmma_fence;
+using hopper::wgmma_wait;
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
@@ -132,27 +116,9 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(int32_t (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-// Shared-memory matrix descriptor, 128-byte swizzle, K-major (the bf16 kernel's smem_desc):
-// 8-row groups 1024 bytes apart; a k-step of 32 bytes lies inside one swizzled row.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
-  d |= static_cast<uint64_t>(1) << 16;
-  d |= static_cast<uint64_t>(1024 >> 4) << 32;
-  d |= static_cast<uint64_t>(1) << 62;
-  return d;
-}
+// K-major 128-byte-swizzled tiles: 8-row groups 1024 bytes apart; a k-step of 32 bytes lies
+// inside one swizzled row (the leading offset unused).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return hopper::smem_desc(addr, 16, 1024); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
@@ -179,8 +145,6 @@ __device__ __forceinline__ void wgmma_u8s8_rs(int32_t (&d)[64], const uint32_t (
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
-__device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
-__device__ __forceinline__ void sched_arrive(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); }
 __device__ __forceinline__ void wg_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory"); }
 
 // §4.1 for the 64 rows of consumer warpgroup cw: one warp per row (16 rows per warp), q8
@@ -368,16 +332,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto softmax = [&](int s, int nk, float (&alpha)[2]) {
     float tv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
+    // float(d): by the 1.5 2^23 trick (IADD + FADD, the FMA and ALU pipes) or by I2F (variant
+    // bit 1: the conversion unit, idle otherwise). Exact either way (|d| < 2^22).
+    const auto scores = [&](auto cvt) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      float skx, sky;
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
-      tv[4 * j + 0] = __fmul_rn(__fmul_rn(c_r[0], skx), small_int_to_float(sc[4 * j + 0]));
-      tv[4 * j + 1] = __fmul_rn(__fmul_rn(c_r[0], sky), small_int_to_float(sc[4 * j + 1]));
-      tv[4 * j + 2] = __fmul_rn(__fmul_rn(c_r[1], skx), small_int_to_float(sc[4 * j + 2]));
-      tv[4 * j + 3] = __fmul_rn(__fmul_rn(c_r[1], sky), small_int_to_float(sc[4 * j + 3]));
-    }
+      for (int j = 0; j < 16; ++j) {
+        float skx, sky;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
+        tv[4 * j + 0] = __fmul_rn(__fmul_rn(c_r[0], skx), cvt(sc[4 * j + 0]));
+        tv[4 * j + 1] = __fmul_rn(__fmul_rn(c_r[0], sky), cvt(sc[4 * j + 1]));
+        tv[4 * j + 2] = __fmul_rn(__fmul_rn(c_r[1], skx), cvt(sc[4 * j + 2]));
+        tv[4 * j + 3] = __fmul_rn(__fmul_rn(c_r[1], sky), cvt(sc[4 * j + 3]));
+      }
+    };
+    if (a.variant & 2) scores([](int32_t x) { return __int2float_rn(x); });
+    else scores([](int32_t x) { return small_int_to_float(x); });
     if (nk < kN) {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
@@ -449,14 +419,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // acc = fl32(fl32(acc * alpha) + float(ot)) (the multiplication skipped where every alpha
   // of the warp is 1: x * 1 = x).
-  const auto fold = [&](const float (&al)[2]) {
+  // float(ot) by I2F, or by the 1.5 2^23 trick (variant bit 0; |ot| < 2^22).
+  const auto fold_with = [&](const float (&al)[2], auto cvt) {
     if (__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(F[i], __int2float_rn(I[i]));
+      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(F[i], cvt(I[i]));
     } else {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(__fmul_rn(F[i], al[(i / 2) % 2]), __int2float_rn(I[i]));
+      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(__fmul_rn(F[i], al[(i / 2) % 2]), cvt(I[i]));
     }
+  };
+  const auto fold = [&](const float (&al)[2]) {
+    if (a.variant & 1) fold_with(al, [](int32_t x) { return small_int_to_float(x); });
+    else fold_with(al, [](int32_t x) { return __int2float_rn(x); });
   };
   const auto release = [&](uint32_t bar) {
     __syncwarp();
@@ -566,31 +541,12 @@ __global__ void int8_attention_kernel(const __grid_constant__ CUtensorMap, const
 
 // ---- host ---------------------------------------------------------------------------
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encoder(std::string& why) {
-  static std::once_flag once;
-  static EncodeTiled fn = nullptr;
-  static std::string err;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
-      err = std::string("the driver has no cuTensorMapEncodeTiled (") + cudaGetErrorString(e) + ")";
-    else
-      fn = reinterpret_cast<EncodeTiled>(f);
-  });
-  why = err;
-  return fn;
-}
+using hopper::EncodeTiled;
 
 std::string encode(CUtensorMap* map, CUtensorMapDataType type, int rank, const void* ptr, const cuuint64_t* dims,
                    const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swz, const char* name) {
   std::string why;
-  const EncodeTiled enc = encoder(why);
+  const EncodeTiled enc = hopper::tensor_map_encoder(&why);
   if (enc == nullptr) return "attention hopper int8: " + why;
   const cuuint32_t estr[3] = {1, 1, 1};
   const CUresult r = enc(map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr), dims, strides, box, estr,
@@ -604,7 +560,11 @@ std::string encode(CUtensorMap* map, CUtensorMapDataType type, int rank, const v
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
+std::atomic<int> g_variant{kInt8HopperDefaultVariant};
+
 }  // namespace
+
+void attention_hopper_int8_set_variant(int variant) { g_variant = variant & 3; }
 
 std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& keys, const TensorView& out,
                              const AttentionParams& p) {
@@ -680,6 +640,7 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
   a.state_in = p.state_in;
   a.finalize = p.finalize;
+  a.variant = g_variant.load();
   constexpr int kSmem = smem_bytes();
   if (ctx.max_smem_optin < static_cast<size_t>(kSmem))
     return make_error(ErrorCode::unsupported, "attention hopper int8: needs " + std::to_string(kSmem) +
