@@ -7,8 +7,7 @@
 // compared byte for byte on the GPU (cuda::count_unequal), since they must be equal.
 // Inputs: counter-hashed approximate normal(0, 1) bf16 with two outlier channels in K (+12).
 // Each timed call after one warm-up; the median and the best of --reps.
-//   bench_int8_kernels [--s N] [--reps R] [--out FILE.json] [--variants] [--no-portable] [--no-bf16]
-// (--variants: also the Hopper kernel's other code variants, attention_hopper_int8.cuh.)
+//   bench_int8_kernels [--s N] [--reps R] [--out FILE.json] [--no-portable] [--no-bf16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,7 +17,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/attention_hopper_int8.cuh"
 #include "backend/cuda/cuda_ext.h"
 #include "../bench_json.h"
 #include "core/arena.h"
@@ -48,14 +46,10 @@ void check(const Status& s, const char* what) {
 
 int main(int argc, char** argv) {
   int64_t S = 111274, reps = 3;
-  bool variants = false, portable = true, bf16 = true;
+  bool portable = true, bf16 = true;
   std::string out = "bench_int8_kernels.json";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--variants") {
-      variants = true;
-      continue;
-    }
     if (a == "--no-portable") {
       portable = false;
       continue;
@@ -165,16 +159,6 @@ int main(int argc, char** argv) {
   });
   std::printf("int8 statistics + prepare     median %9.2f ms\n", 1e3 * prep.median);
   const std::string auto_kernel = cuda::int8_attention_kernel(b);
-  // --variants: every code variant of the Hopper kernel (attention_hopper_int8.cuh), the
-  // default last (its output is the one compared with the portable kernel's).
-  if (variants && auto_kernel == "hopper")
-    for (int var = 0; var < 4; ++var) {
-      if (var == cuda::kInt8HopperDefaultVariant) continue;
-      cuda::attention_hopper_int8_set_variant(var);
-      row("int8_hopper_variant" + std::to_string(var), describe(b.numerics()),
-          time([&]() { return b.attention_int8(q, keys, o_h, p); }));
-    }
-  cuda::attention_hopper_int8_set_variant(cuda::kInt8HopperDefaultVariant);
   row("int8_" + auto_kernel, describe(b.numerics()), time([&]() { return b.attention_int8(q, keys, o_h, p); }));
   if (portable) {
     check(cuda::set_int8_attention_kernel(b, "portable"), "portable");

@@ -49,7 +49,6 @@
 // Speed: bench/results/issue26/README.md (S = 111,274, 56 x 128 on the H200).
 #include "backend/cuda/attention_hopper_int8.cuh"
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -87,7 +86,6 @@ struct Args {
   float cs;  // i8a::score_factor(scale, 128)
   float* state;
   bool state_in, finalize;
-  int variant;  // attention_hopper_int8_set_variant (the same bytes; benchmarks compare their speed)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -332,22 +330,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto softmax = [&](int s, int nk, float (&alpha)[2]) {
     float tv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
-    // float(d): by the 1.5 2^23 trick (IADD + FADD, the FMA and ALU pipes) or by I2F (variant
-    // bit 1: the conversion unit, idle otherwise). Exact either way (|d| < 2^22).
-    const auto scores = [&](auto cvt) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        float skx, sky;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
-        tv[4 * j + 0] = __fmul_rn(__fmul_rn(c_r[0], skx), cvt(sc[4 * j + 0]));
-        tv[4 * j + 1] = __fmul_rn(__fmul_rn(c_r[0], sky), cvt(sc[4 * j + 1]));
-        tv[4 * j + 2] = __fmul_rn(__fmul_rn(c_r[1], skx), cvt(sc[4 * j + 2]));
-        tv[4 * j + 3] = __fmul_rn(__fmul_rn(c_r[1], sky), cvt(sc[4 * j + 3]));
-      }
-    };
-    if (a.variant & 2) scores([](int32_t x) { return __int2float_rn(x); });
-    else scores([](int32_t x) { return small_int_to_float(x); });
+    for (int j = 0; j < 16; ++j) {
+      float skx, sky;
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
+      tv[4 * j + 0] = __fmul_rn(__fmul_rn(c_r[0], skx), small_int_to_float(sc[4 * j + 0]));
+      tv[4 * j + 1] = __fmul_rn(__fmul_rn(c_r[0], sky), small_int_to_float(sc[4 * j + 1]));
+      tv[4 * j + 2] = __fmul_rn(__fmul_rn(c_r[1], skx), small_int_to_float(sc[4 * j + 2]));
+      tv[4 * j + 3] = __fmul_rn(__fmul_rn(c_r[1], sky), small_int_to_float(sc[4 * j + 3]));
+    }
     if (nk < kN) {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
@@ -419,19 +411,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // acc = fl32(fl32(acc * alpha) + float(ot)) (the multiplication skipped where every alpha
   // of the warp is 1: x * 1 = x).
-  // float(ot) by I2F, or by the 1.5 2^23 trick (variant bit 0; |ot| < 2^22).
-  const auto fold_with = [&](const float (&al)[2], auto cvt) {
+  const auto fold = [&](const float (&al)[2]) {
     if (__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(F[i], cvt(I[i]));
+      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(F[i], __int2float_rn(I[i]));
     } else {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(__fmul_rn(F[i], al[(i / 2) % 2]), cvt(I[i]));
+      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(__fmul_rn(F[i], al[(i / 2) % 2]), __int2float_rn(I[i]));
     }
-  };
-  const auto fold = [&](const float (&al)[2]) {
-    if (a.variant & 1) fold_with(al, [](int32_t x) { return small_int_to_float(x); });
-    else fold_with(al, [](int32_t x) { return __int2float_rn(x); });
   };
   const auto release = [&](uint32_t bar) {
     __syncwarp();
@@ -560,11 +547,7 @@ std::string encode(CUtensorMap* map, CUtensorMapDataType type, int rank, const v
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
-std::atomic<int> g_variant{kInt8HopperDefaultVariant};
-
 }  // namespace
-
-void attention_hopper_int8_set_variant(int variant) { g_variant = variant & 3; }
 
 std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& keys, const TensorView& out,
                              const AttentionParams& p) {
@@ -640,7 +623,6 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
   a.state_in = p.state_in;
   a.finalize = p.finalize;
-  a.variant = g_variant.load();
   constexpr int kSmem = smem_bytes();
   if (ctx.max_smem_optin < static_cast<size_t>(kSmem))
     return make_error(ErrorCode::unsupported, "attention hopper int8: needs " + std::to_string(kSmem) +

@@ -36,15 +36,7 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
 // said "" (checked again: unsupported with that message otherwise).
 Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
                              const AttentionParams& p);
-
-// Code variants of the kernel, all with the same bytes (tests/cuda/test_attention_int8_cuda.cpp
-// checks each), for benchmarks (bench/int8/bench_int8_kernels.cpp): bit 0 converts the
-// integer P V by the 1.5 2^23 trick instead of I2F, bit 1 the integer scores by I2F instead of
-// the trick. Process-wide; kInt8HopperDefaultVariant unless set.
-inline constexpr int kInt8HopperDefaultVariant = 0;
-void attention_hopper_int8_set_variant(int variant);
 #else
-inline void attention_hopper_int8_set_variant(int) {}
 inline bool attention_hopper_int8_built() { return false; }
 inline std::string int8_hopper_fits(bool, const TensorView&, const Int8Keys&, const TensorView&,
                                     const AttentionParams&) {
