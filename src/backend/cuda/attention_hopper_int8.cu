@@ -46,7 +46,14 @@
 // streamed chunks (multiples of 128 keys) carrying the state (f32 [Mq, H, 136], the CPU
 // reference's layout: acc in channel order, [128] m, [129] l) give one call's bytes.
 //
-// Speed: bench/results/issue26/README.md (S = 111,274, 56 x 128 on the H200).
+// Speed (H200, S = 111,274, 56 x 128, bench/results/issue26/ run 5): 346 TOP/s by the bf16
+// FLOP count (1.03 s), the portable kernel 117, the bf16 Hopper kernel 606 in the same run.
+// Bound by instruction issue in the softmax: ~21 issued instructions per score (float(d) 2,
+// two FMUL, the max, t, the clamp, rint and f 3, five FFMA, 2^n 2, p8 1, pl 2, P's bytes
+// 0.75) plus ~2.5 for the fold, ~49 % of the measured 6,324 SM cycles per 128 x 128 block
+// pair; the rest are stalls of two consumer warps per scheduler. Converting d or the
+// integer P V by I2F instead of the 1.5 2^23 trick (or the reverse) gained nothing (run 6).
+// The contract needs >= 17 per score whatever the kernel: <= ~1,000 TOP/s on this chip.
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <cmath>
