@@ -141,18 +141,7 @@ using HopperArgs = AttnCommonArgs;
 
 #ifdef LS_HOPPER_DEVICE
 // The pipeline primitives: hopper_pipeline.cuh (shared with the int8 kernel).
-using hopper::fence_regs;
-using hopper::mbar_arrive;
-using hopper::mbar_expect_tx;
-using hopper::mbar_init;
-using hopper::mbar_wait;
-using hopper::sched_arrive;
-using hopper::sched_wait;
-using hopper::smem_desc;
-using hopper::smem_u32;
-using hopper::wgmma_commit;
-using hopper::wgmma_fence;
-using hopper::wgmma_wait;
+using namespace hopper;  // NOLINT: the primitives by their plain names
 // One TMA box {64 head dims, 1 head, 128 rows} at (d0, h, row0) into smem, completing
 // on bar (rows outside the tensor are zero-filled and still count as bytes).
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int d0, int h, int row0, uint32_t bar) {

@@ -101,18 +101,7 @@ struct Args {
 
 #ifdef LS_HOPPER8_DEVICE
 // The pipeline primitives: hopper_pipeline.cuh (shared with the bf16 kernel).
-using hopper::fence_regs;
-using hopper::mbar_arrive;
-using hopper::mbar_expect_tx;
-using hopper::mbar_init;
-using hopper::mbar_wait;
-using hopper::sched_arrive;
-using hopper::sched_wait;
-using hopper::smem_u32;
-using hopper::tma_load_3d;
-using hopper::wgmma_commit;
-using hopper::wgmma_fence;
-using hopper::wgmma_wait;
+using namespace hopper;  // NOLINT: the primitives by their plain names
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
