@@ -198,46 +198,46 @@ TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
 TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
   NEED_GPU();
   for (const int64_t H : {int64_t{2}, int64_t{4}}) {
-  SCOPED_TRACE("H " + std::to_string(H));
-  const int64_t Mq = 200, Mk = 700;
-  Pair q = make(Mq, H, 11, true), k = make(Mk, H, 12, true), v = make(Mk, H, 13, false);
-  Keys K = keys_for(Mk, H);
-  ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, true).ok());
-  ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, false).ok());
-  ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
-  auto ref = E->arena->alloc(DType::bf16, {Mq, H, 128}, "ref");
-  ASSERT_TRUE(ref.ok());
-  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
-  const std::vector<uint8_t> want = host_bytes(*ref);
-  for (const std::vector<int64_t>& cuts :
-       {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
-    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
-    ASSERT_TRUE(o.ok());
-    for (size_t i = 0; i + 1 < cuts.size(); ++i)
-      ASSERT_TRUE(E->cuda->attention_int8(q.d.slice_rows(cuts[i], cuts[i + 1]), K.d,
-                                          o->slice_rows(cuts[i], cuts[i + 1]), tile128())
-                      .ok());
-    EXPECT_EQ(host_bytes(*o), want) << "query slicing";
-  }
-  for (const int64_t chunk : {int64_t{128}, int64_t{256}, int64_t{512}}) {
-    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "chunked");
-    auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
-    ASSERT_TRUE(o.ok() && st.ok());
-    for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
-      const int64_t c1 = std::min(Mk, c0 + chunk);
-      // Each chunk prepared into its own buffer (the offload path) and, alternately, a
-      // slice of the one prepared set.
-      Keys part = keys_for(c1 - c0, H);
-      ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part.d).ok());
-      AttentionParams p = tile128();
-      p.state = *st;
-      p.state_in = c0 > 0;
-      p.finalize = c1 == Mk;
-      const Int8Keys& use = (c0 / chunk) % 2 == 0 ? part.d : K.d.slice(c0, c1);
-      ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
+    SCOPED_TRACE("H " + std::to_string(H));
+    const int64_t Mq = 200, Mk = 700;
+    Pair q = make(Mq, H, 11, true), k = make(Mk, H, 12, true), v = make(Mk, H, 13, false);
+    Keys K = keys_for(Mk, H);
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, true).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, false).ok());
+    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+    auto ref = E->arena->alloc(DType::bf16, {Mq, H, 128}, "ref");
+    ASSERT_TRUE(ref.ok());
+    ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
+    const std::vector<uint8_t> want = host_bytes(*ref);
+    for (const std::vector<int64_t>& cuts :
+         {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
+      auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
+      ASSERT_TRUE(o.ok());
+      for (size_t i = 0; i + 1 < cuts.size(); ++i)
+        ASSERT_TRUE(E->cuda->attention_int8(q.d.slice_rows(cuts[i], cuts[i + 1]), K.d,
+                                            o->slice_rows(cuts[i], cuts[i + 1]), tile128())
+                        .ok());
+      EXPECT_EQ(host_bytes(*o), want) << "query slicing";
     }
-    EXPECT_EQ(host_bytes(*o), want) << "chunks of " << chunk;
-  }
+    for (const int64_t chunk : {int64_t{128}, int64_t{256}, int64_t{512}}) {
+      auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "chunked");
+      auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+      ASSERT_TRUE(o.ok() && st.ok());
+      for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
+        const int64_t c1 = std::min(Mk, c0 + chunk);
+        // Each chunk prepared into its own buffer (the offload path) and, alternately, a
+        // slice of the one prepared set.
+        Keys part = keys_for(c1 - c0, H);
+        ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part.d).ok());
+        AttentionParams p = tile128();
+        p.state = *st;
+        p.state_in = c0 > 0;
+        p.finalize = c1 == Mk;
+        const Int8Keys& use = (c0 / chunk) % 2 == 0 ? part.d : K.d.slice(c0, c1);
+        ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
+      }
+      EXPECT_EQ(host_bytes(*o), want) << "chunks of " << chunk;
+    }
   }
 }
 
