@@ -222,6 +222,20 @@ struct Inputs {
 TensorView chunk(const Weights& w, int c) { return w.table.cols(c * D, (c + 1) * D); }  // bf16 [3, D]
 
 // h = modulate(rms_norm(x)) for rows of x (in place in h).
+// Attention over all keys: attention int8 (issue 26) runs its statistics + prepare + attention
+// through attention_all_keys with scratch from the arena (as the engine's stock path), every
+// other algorithm b.attention.
+void attend(Backend& b, Arena& ar, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+            const AttentionParams& ap) {
+  if (b.numerics().attention != AttentionAlgorithm::int8) {
+    ok(b.attention(q, k, v, o, ap), "attention");
+    return;
+  }
+  Arena::Scope s(ar);
+  TensorView scratch = take(ar, DType::u8, {int8_all_scratch_bytes(k.size(0), k.size(1), k.size(2))}, "int8 scratch");
+  ok(attention_all_keys(b, q, k, v, o, ap, scratch), "attention int8");
+}
+
 void norm_mod(Backend& b, const Weights& w, const TensorView& x, const TensorView& rows, const TensorView& norm_w,
               int shift_chunk, const TensorView& h) {
   ok(b.rms_norm_modulate(x, norm_w, 1e-5f, chunk(w, shift_chunk), chunk(w, shift_chunk + 1), rows, h),
@@ -257,7 +271,7 @@ void block_stock(Backend& b, Arena& ar, const Weights& w, const Inputs& in, cons
     ok(b.qk_norm_rope(q, w.qn, in.rope, 1e-5f), "q norm");
     ok(b.qk_norm_rope(k, w.kn, in.rope, 1e-5f), "k norm");
     TensorView o = take(ar, DType::bf16, {S, H, Dh}, "attn out");
-    ok(b.attention(q, k, v, o, ap), "attention");
+    attend(b, ar, q, k, v, o, ap);
     ok(b.gemm(o.flatten_last2(), w.out, nullptr, h), "out_proj");
     ok(b.gated_add(in.x, h, chunk(w, 2), in.rows), "gated_add msa");
   }
@@ -289,7 +303,7 @@ void block_sliced(Backend& b, Arena& ar, const Weights& w, const Inputs& in, con
     ok(b.gemm(h, w.qkv.slice_rows(0, I), nullptr, q.flatten_last2()), "q proj");
     ok(b.qk_norm_rope(q, w.qn, in.rope.slice_rows(a, e), 1e-5f), "q norm");
     TensorView o = take(ar, DType::bf16, {n, H, Dh}, "attn out");
-    ok(b.attention(q, k, v, o, ap), "attention");
+    attend(b, ar, q, k, v, o, ap);
     ok(b.gemm(o.flatten_last2(), w.out, nullptr, h), "out_proj");
     ok(b.gated_add(x, h, chunk(w, 2), rows), "gated_add msa");
   }
@@ -370,7 +384,10 @@ int main(int argc, char** argv) {
   // Arena: weights + inputs + a stock block at maxS + a saved residual, with slack.
   const size_t weights_bytes = static_cast<size_t>((3 * I * D + D * I + 2 * F * D + D * F + 3 * 6 * D + 2 * D + 2 * Dh) * 2);
   const size_t per_token = static_cast<size_t>((D * 3 /*x, saved, stock result*/ + P * 2 + 2 + D + 3 * I + I + 2 * F + F) * 2 + 4);
-  const size_t capacity = weights_bytes + per_token * static_cast<size_t>(maxS) + (size_t{1} << 30);
+  const size_t int8_scratch = b.numerics().attention == AttentionAlgorithm::int8
+                                  ? static_cast<size_t>(int8_all_scratch_bytes(maxS, H, Dh))
+                                  : 0;  // attend(): the prepared keys of all S
+  const size_t capacity = weights_bytes + per_token * static_cast<size_t>(maxS) + int8_scratch + (size_t{1} << 30);
   auto arena_r = Arena::create(b.memory(), capacity);
   if (!arena_r.ok()) die(arena_r.error().message);
   Arena& ar = **arena_r;
@@ -530,7 +547,7 @@ int main(int argc, char** argv) {
       if (!gemm_only) {
       std::vector<double> ta;
       for (int i = 0; i < warmup + iters; ++i) {
-        const double t = seconds_of(b, [&] { ok(b.attention(q, k, v, o, ap), "attention"); });
+        const double t = seconds_of(b, [&] { attend(b, ar, q, k, v, o, ap); });
         if (i >= warmup) ta.push_back(t);
       }
       const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * Dh * H;

@@ -152,15 +152,19 @@ BackendDescription cuda_description(CudaBuild build) {
       .head_dims = {128},
       .with = "with the hopper attention kernel",
       .quantum_unit = "CTAs"};
-  // [int8 attention] the portable mma.sync kernels (attention_int8.cu, sm_80+): head dim 128,
-  // kv_tile 128 only (they fold the fp32 state once per 128-key tile); no query blocks to
-  // pad; 126 TOP/s by the bf16 FLOP count at S = 111,274 on the H200
-  // (bench/results/h200_int8_portable_attention.json). Never auto's choice.
+  // [int8 attention] head dim 128, kv_tile 128 only (the kernels fold the fp32 state once per
+  // 128-key tile). Where the build has the sm_90a kernels the CUDA backend runs the Hopper
+  // kernel (attention_hopper_int8.cu) on sm_90 GPUs, else the portable mma.sync kernel
+  // (attention_int8.cu, sm_80+); the same bytes either way. On the H200 at S = 111,274, by the
+  // bf16 FLOP count: 346 TOP/s Hopper, 117 portable (one run, bench/results/issue26/run5).
+  // No row quantum (the contract has none; a slice's last 128-query CTA is padded, a small
+  // cost kept out of the plans). Never auto's choice.
   const AttentionEntry int8{.algorithm = AttentionAlgorithm::int8,
                             .default_kv_tile = kInt8DefaultKvTile,
-                            .tflops = 126.0,
+                            .tflops = build.hopper ? 346.0 : 117.0,
                             .head_dims = {128},
-                            .with = "with the int8 attention kernel"};
+                            .with = build.hopper ? "with the int8 attention kernel (Hopper on sm_90, else portable)"
+                                                 : "with the int8 attention kernel"};
   d.algorithms = {native, cudnn, hopper, int8};
   d.auto_order = {AttentionAlgorithm::cudnn, AttentionAlgorithm::native};
   d.rates_source = "measured on the H200, PCIe Gen5";

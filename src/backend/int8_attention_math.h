@@ -30,6 +30,12 @@ constexpr float kExp2Min = -125.0f;         // exp2c(t) = 0 below this
 // no host object: E (exp2e) = fl32(ln2^k / k!); P255 (exp2p255) = fl32(255 * E_k) (one
 // rounding of the product of 255 and the float E_k).
 
+// The coefficients as named scalars (the Hopper kernel evaluates the same polynomial inline).
+constexpr float kE0 = 0x1p+0f, kE1 = 0x1.62e430p-1f, kE2 = 0x1.ebfbe0p-3f, kE3 = 0x1.c6b08ep-5f,
+                kE4 = 0x1.3b2ab6p-7f, kE5 = 0x1.5d87fep-10f;
+constexpr float kP0 = 0x1.fe0000p+7f, kP1 = 0x1.61814cp+7f, kP2 = 0x1.ea0fe4p+5f, kP3 = 0x1.c4e9dep+3f,
+                kP4 = 0x1.39ef8cp+1f, kP5 = 0x1.5c2a76p-2f;
+
 LQ_HD bool negative_sign(int c) { return ((static_cast<uint32_t>(c) * 2654435761u) >> 31) != 0; }
 
 // x[0..Dh) <- R x (Dh a power of two). In place.
@@ -69,13 +75,9 @@ LQ_HD float exp2c(float t, float c0, float c1, float c2, float c3, float c4, flo
   return lq::mul(p, lq::pow2i(static_cast<int>(nf)));  // exact: the result is normal
 }
 // alpha = exp2e(m - m_new)
-LQ_HD float exp2e(float t) {
-  return exp2c(t, 0x1p+0f, 0x1.62e430p-1f, 0x1.ebfbe0p-3f, 0x1.c6b08ep-5f, 0x1.3b2ab6p-7f, 0x1.5d87fep-10f);
-}
+LQ_HD float exp2e(float t) { return exp2c(t, kE0, kE1, kE2, kE3, kE4, kE5); }
 // 255 * 2^t (before p8's rounding)
-LQ_HD float exp2p255(float t) {
-  return exp2c(t, 0x1.fe0000p+7f, 0x1.61814cp+7f, 0x1.ea0fe4p+5f, 0x1.c4e9dep+3f, 0x1.39ef8cp+1f, 0x1.5c2a76p-2f);
-}
+LQ_HD float exp2p255(float t) { return exp2c(t, kP0, kP1, kP2, kP3, kP4, kP5); }
 
 LQ_HD int p8(float t) {
   const float r = lq::rint(exp2p255(t));

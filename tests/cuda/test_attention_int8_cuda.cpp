@@ -1,9 +1,12 @@
-// CUDA INT8 attention (attention_int8.cu) against the CPU reference (docs/int8-attention.md):
-// the key statistics, the prepared keys (k8, sk, v8t, sv) and the attention output are the
-// CPU's BYTES (every op is IEEE-defined, the integer sums exact, the fold in the CPU's
-// order at kv_tile 128); and the CUDA results are plan-invariant: query slicings (1-row
-// slices, a last slice of 1 row), streamed key chunks carrying the state, chunks prepared
-// on their own, all memcmp-equal to one call. Skips without a GPU.
+// CUDA INT8 attention against the CPU reference (docs/int8-attention.md), for BOTH kernels:
+// the portable one (attention_int8.cu, forced by cuda::set_int8_attention_kernel) and what
+// the backend runs by default (on an sm_90 GPU of a build with the Hopper kernels, the Hopper
+// kernel attention_hopper_int8.cu for head counts that are multiples of 4; asserted). The key
+// statistics, the prepared keys (k8, sk, v8t, sv) and the attention output are the CPU's
+// BYTES (every op is IEEE-defined, the integer sums exact, the fold in the CPU's order at
+// kv_tile 128); and the CUDA results are plan-invariant: query slicings (1-row slices, a
+// last slice of 1 row), streamed key chunks carrying the state, chunks prepared on their
+// own, all memcmp-equal to one call. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "backend/backend.h"
+#include "backend/cuda/cuda_ext.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 
@@ -122,10 +128,46 @@ AttentionParams tile128() {
   return p;
 }
 
-TEST(Int8AttentionCuda, EqualsTheCpuReferenceBytes) {
+// The kernel under test: "auto" (the backend's choice) or "portable".
+class Int8Kernel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (env() != nullptr) {
+      ASSERT_TRUE(cuda::set_int8_attention_kernel(*env()->cuda, GetParam()).ok());
+    }
+  }
+  void TearDown() override {
+    if (env() != nullptr) {
+      ASSERT_TRUE(cuda::set_int8_attention_kernel(*env()->cuda, "auto").ok());
+    }
+  }
+};
+
+// The Hopper kernel is what auto runs on an sm_90 GPU of a build that has it (so the "auto"
+// cases below with H % 4 == 0 test it there), and the hook gives the portable one.
+TEST(Int8AttentionCuda, AutoRunsTheHopperKernelOnSm90) {
   NEED_GPU();
-  for (const auto& [Mq, Mk, H] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{97, 1025, 2}, {64, 300, 3}, {1, 1, 1}}) {
-    SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk));
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, cuda::device_index(*E->cuda)), cudaSuccess);
+#ifdef LAYERSTREAM_HOPPER_ATTENTION
+  const bool hopper = prop.major == 9 && prop.minor == 0;
+#else
+  const bool hopper = false;
+#endif
+  EXPECT_EQ(cuda::int8_attention_kernel(*E->cuda), hopper ? "hopper" : "portable") << prop.name;
+  ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "portable").ok());
+  EXPECT_EQ(cuda::int8_attention_kernel(*E->cuda), "portable");
+  ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
+  EXPECT_FALSE(cuda::set_int8_attention_kernel(*E->cuda, "fast").ok());
+  std::printf("[ info ] %s: attention int8 runs the %s kernel\n", prop.name, cuda::int8_attention_kernel(*E->cuda).c_str());
+}
+
+TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
+  NEED_GPU();
+  // H % 4 == 0 reaches the Hopper kernel under auto on sm_90; H = 2, 3, 1 the portable one.
+  for (const auto& [Mq, Mk, H] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {97, 1025, 2}, {64, 300, 3}, {1, 1, 1}, {97, 1025, 4}, {300, 700, 8}, {1, 1, 4}, {130, 129, 4}, {257, 2000, 12}}) {
+    SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk) + " H " + std::to_string(H));
     Pair q = make(Mq, H, 1, true), k = make(Mk, H, 2, true), v = make(Mk, H, 3, false);
     Keys K = keys_for(Mk, H);
     ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, true).ok());
@@ -153,47 +195,80 @@ TEST(Int8AttentionCuda, EqualsTheCpuReferenceBytes) {
   }
 }
 
-TEST(Int8AttentionCuda, SlicingsAndStreamedChunksGiveTheSameBytes) {
+TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
   NEED_GPU();
-  const int64_t Mq = 200, Mk = 700, H = 2;
-  Pair q = make(Mq, H, 11, true), k = make(Mk, H, 12, true), v = make(Mk, H, 13, false);
-  Keys K = keys_for(Mk, H);
-  ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, true).ok());
-  ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, false).ok());
-  ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
-  auto ref = E->arena->alloc(DType::bf16, {Mq, H, 128}, "ref");
-  ASSERT_TRUE(ref.ok());
-  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
-  const std::vector<uint8_t> want = host_bytes(*ref);
-  for (const std::vector<int64_t>& cuts :
-       {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
-    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
-    ASSERT_TRUE(o.ok());
-    for (size_t i = 0; i + 1 < cuts.size(); ++i)
-      ASSERT_TRUE(E->cuda->attention_int8(q.d.slice_rows(cuts[i], cuts[i + 1]), K.d,
-                                          o->slice_rows(cuts[i], cuts[i + 1]), tile128())
-                      .ok());
-    EXPECT_EQ(host_bytes(*o), want) << "query slicing";
-  }
-  for (const int64_t chunk : {int64_t{128}, int64_t{256}, int64_t{512}}) {
-    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "chunked");
-    auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
-    ASSERT_TRUE(o.ok() && st.ok());
-    for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
-      const int64_t c1 = std::min(Mk, c0 + chunk);
-      // Each chunk prepared into its own buffer (the offload path) and, alternately, a
-      // slice of the one prepared set.
-      Keys part = keys_for(c1 - c0, H);
-      ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part.d).ok());
-      AttentionParams p = tile128();
-      p.state = *st;
-      p.state_in = c0 > 0;
-      p.finalize = c1 == Mk;
-      const Int8Keys& use = (c0 / chunk) % 2 == 0 ? part.d : K.d.slice(c0, c1);
-      ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
+  for (const int64_t H : {int64_t{2}, int64_t{4}}) {
+    SCOPED_TRACE("H " + std::to_string(H));
+    const int64_t Mq = 200, Mk = 700;
+    Pair q = make(Mq, H, 11, true), k = make(Mk, H, 12, true), v = make(Mk, H, 13, false);
+    Keys K = keys_for(Mk, H);
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, true).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, false).ok());
+    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+    auto ref = E->arena->alloc(DType::bf16, {Mq, H, 128}, "ref");
+    ASSERT_TRUE(ref.ok());
+    ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
+    const std::vector<uint8_t> want = host_bytes(*ref);
+    for (const std::vector<int64_t>& cuts :
+         {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
+      auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
+      ASSERT_TRUE(o.ok());
+      for (size_t i = 0; i + 1 < cuts.size(); ++i)
+        ASSERT_TRUE(E->cuda->attention_int8(q.d.slice_rows(cuts[i], cuts[i + 1]), K.d,
+                                            o->slice_rows(cuts[i], cuts[i + 1]), tile128())
+                        .ok());
+      EXPECT_EQ(host_bytes(*o), want) << "query slicing";
     }
-    EXPECT_EQ(host_bytes(*o), want) << "chunks of " << chunk;
+    for (const int64_t chunk : {int64_t{128}, int64_t{256}, int64_t{512}}) {
+      auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "chunked");
+      auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+      ASSERT_TRUE(o.ok() && st.ok());
+      for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
+        const int64_t c1 = std::min(Mk, c0 + chunk);
+        // Each chunk prepared into its own buffer (the offload path) and, alternately, a
+        // slice of the one prepared set.
+        Keys part = keys_for(c1 - c0, H);
+        ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part.d).ok());
+        AttentionParams p = tile128();
+        p.state = *st;
+        p.state_in = c0 > 0;
+        p.finalize = c1 == Mk;
+        const Int8Keys& use = (c0 / chunk) % 2 == 0 ? part.d : K.d.slice(c0, c1);
+        ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
+      }
+      EXPECT_EQ(host_bytes(*o), want) << "chunks of " << chunk;
+    }
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Int8Kernel, ::testing::Values(std::string("auto"), std::string("portable")),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// The two kernels give each other's bytes at a size with many 128-key tiles, a partial last
+// tile and a partial last query block (H = 8: the Hopper kernel under auto on sm_90).
+TEST(Int8AttentionCuda, HopperAndPortableKernelsGiveTheSameBytes) {
+  NEED_GPU();
+  const int64_t Mq = 1000, Mk = 4100, H = 8;
+  Pair q = make(Mq, H, 21, true), k = make(Mk, H, 22, true), v = make(Mk, H, 23, false);
+  Keys K = keys_for(Mk, H);
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
+  ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+  auto a = E->arena->alloc(DType::bf16, {Mq, H, 128}, "auto");
+  auto b = E->arena->alloc(DType::bf16, {Mq, H, 128}, "portable");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "portable").ok());
+  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *b, tile128()).ok());
+  ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
+  const std::vector<uint8_t> y = host_bytes(*b);
+  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *a, tile128()).ok());
+  const std::vector<uint8_t> x = host_bytes(*a);
+  int64_t differ = 0, nonzero = 0;
+  for (size_t i = 0; i < x.size(); i += 2) {
+    differ += std::memcmp(&x[i], &y[i], 2) != 0;
+    nonzero += (x[i] | (x[i + 1] & 0x7f)) != 0;
+  }
+  EXPECT_EQ(differ, 0) << "of " << x.size() / 2 << " outputs";
+  EXPECT_GT(nonzero, Mq * H * 64);
 }
 
 TEST(Int8AttentionCuda, Refusals) {

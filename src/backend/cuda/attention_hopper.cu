@@ -107,6 +107,7 @@
 
 #include "backend/cuda/attention_args.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/hopper_pipeline.cuh"
 
 namespace ls::cuda {
 namespace {
@@ -139,36 +140,12 @@ using HopperArgs = AttnCommonArgs;
 #endif
 
 #ifdef LS_HOPPER_DEVICE
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
+// The pipeline primitives: hopper_pipeline.cuh (shared with the int8 kernel).
+using namespace hopper;  // NOLINT: the primitives by their plain names
 // One TMA box {64 head dims, 1 head, 128 rows} at (d0, h, row0) into smem, completing
 // on bar (rows outside the tensor are zero-filled and still count as bytes).
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int d0, int h, int row0, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(row0), "r"(bar)
-      : "memory");
+  hopper::tma_load_3d(dst, map, d0, h, row0, bar);
 }
 // The same box into the same shared-memory offset of every CTA of the cluster in mask,
 // completing on the barrier at the same offset in each.
@@ -194,33 +171,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 // Every thread of both CTAs (not warp-aligned: the producer warp's lanes arrive apart).
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accesses to the accumulators across a wgmma boundary.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
-// leading and stride byte offsets (all >> 4), 128-byte swizzle (mode 1 in bits 62-63).
-// K-major tiles (Q, K): 8-row groups 1024 bytes apart (SBO); the leading offset is unused
-// because a k-step of 16 elements (32 bytes) lies inside one 128-byte swizzled row.
-// MN-major V (keys x head dims): 8-key groups 1024 bytes apart (SBO), the two 64-wide
-// halves of the head dim half_bytes(kN) apart (LBO).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
-  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16;
-  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32;
-  d |= static_cast<uint64_t>(1) << 62;
-  return d;
 }
 
 // 2^x by the MUFU instruction alone, subnormal results flushed to zero.
@@ -340,13 +290,7 @@ struct KeyWalk {
 };
 
 // Named barriers 1 and 2 order the two consumer warpgroups' GEMM issues (kPingpong):
-// warpgroup w waits on barrier 1 + w before it issues, then arrives on the other's, so
-// one warpgroup's softmax runs while the other's GEMMs hold the tensor cores
-// (FlashAttention-3's inter-warpgroup ping-pong). Scheduling only: the same arithmetic.
-__device__ __forceinline__ void sched_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
-__device__ __forceinline__ void sched_arrive(int cw) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
-}
+// hopper::sched_wait / sched_arrive (hopper_pipeline.cuh).
 
 // Kernel configurations (attention_hopper() maps the schedule numbers onto them):
 //   kN      keys per block: 128, or 176 (spills: see the file comment)
@@ -766,24 +710,12 @@ __global__ void attention_hopper_kernel(const __grid_constant__ CUtensorMap, con
 
 // ---- host ---------------------------------------------------------------------------
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+using hopper::EncodeTiled;
 
 // cuTensorMapEncodeTiled from the driver through the runtime (no link to libcuda).
 Expected<EncodeTiled> encoder() {
-  static std::once_flag once;
-  static EncodeTiled fn = nullptr;
-  static std::string why;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
-      why = std::string("the driver has no cuTensorMapEncodeTiled (") + cudaGetErrorString(e) + ")";
-    else
-      fn = reinterpret_cast<EncodeTiled>(f);
-  });
+  std::string why;
+  const EncodeTiled fn = hopper::tensor_map_encoder(&why);
   if (fn == nullptr) return make_error(ErrorCode::unsupported, "attention hopper: " + why);
   return fn;
 }

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/attention_cudnn.cuh"
 #include "backend/cuda/attention_hopper.cuh"
+#include "backend/cuda/attention_hopper_int8.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ext.h"
@@ -151,6 +152,7 @@ class CudaBackend final : public Backend {
     ctx_.device = device;
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.max_smem_optin = prop.sharedMemPerBlockOptin;
+    sm_90_ = prop.major == 9 && prop.minor == 0;
     LS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     LS_CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_stream_, cudaStreamNonBlocking));
     // Fences only order work, they never time it: no timing makes record/wait cheaper.
@@ -426,11 +428,26 @@ class CudaBackend final : public Backend {
     DeviceGuard g(ctx_.device);
     return cuda_op_int8_prepare(ctx_, k, v, stats, keys);
   }
+  // Attention int8 (docs/int8-attention.md): the Hopper kernel (attention_hopper_int8.cu) on
+  // sm_90 where the build has it and the call fits it (int8_hopper_fits: H % 4 == 0, aligned
+  // rows), else the portable kernel (attention_int8.cu). Both give the CPU reference's bytes
+  // (tests/cuda/test_attention_int8_cuda.cpp), so the choice is no numerics setting;
+  // cuda::set_int8_attention_kernel (cuda_ext.h) forces the portable one for tests and benches.
   Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
                         const AttentionParams& p) override {
     DeviceGuard g(ctx_.device);
+    if (int8_hopper_fits(q, keys, out, p)) return attention_hopper_int8(ctx_, q, keys, out, p);
     return cuda_op_attention_int8(ctx_, q, keys, out, p);
   }
+  bool int8_hopper_fits(const TensorView& q, const Int8Keys& keys, const TensorView& out,
+                        const AttentionParams& p) const {
+    return !int8_portable_ && attention_hopper_int8_built() && cuda::int8_hopper_fits(sm_90_, q, keys, out, p).empty();
+  }
+  // "hopper" where calls of head dim 128 with H % 4 == 0 run the Hopper kernel, else "portable".
+  std::string int8_kernel() const {
+    return !int8_portable_ && attention_hopper_int8_built() && sm_90_ ? "hopper" : "portable";
+  }
+  void set_int8_portable(bool portable) { int8_portable_ = portable; }
   Expected<int64_t> count_nonfinite(const TensorView& t) override {
     DeviceGuard g(ctx_.device);
     return cuda_op_count_nonfinite(ctx_, t);
@@ -529,6 +546,8 @@ class CudaBackend final : public Backend {
   std::array<cudaEvent_t, kFences> fences_{};
   cudaEvent_t interop_event_ = nullptr;  // wait_external / signal_external (recorded, then waited on at once)
   std::string prop_name_;
+  bool sm_90_ = false;          // compute capability 9.0 (the Hopper kernels)
+  bool int8_portable_ = false;  // set_int8_attention_kernel("portable")
 };
 
 }  // namespace
@@ -584,6 +603,19 @@ cudaStream_t compute_stream(Backend& b) {
 int device_index(Backend& b) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   return c ? c->context().device : -1;
+}
+Status set_int8_attention_kernel(Backend& b, const std::string& kernel) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return make_error(ErrorCode::invalid_argument, "set_int8_attention_kernel: not a CUDA backend");
+  if (kernel != "auto" && kernel != "portable")
+    return make_error(ErrorCode::invalid_argument,
+                      "set_int8_attention_kernel: '" + kernel + "' (auto or portable)");
+  c->set_int8_portable(kernel == "portable");
+  return Status();
+}
+std::string int8_attention_kernel(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c ? c->int8_kernel() : "";
 }
 std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out) {

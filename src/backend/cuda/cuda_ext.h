@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -78,6 +79,14 @@ class Event {
 cudaStream_t compute_stream(Backend& b);
 // The device index of a CUDA backend (-1 when `b` is not one).
 int device_index(Backend& b);
+
+// Attention int8's kernel (docs/int8-attention.md §7): "auto" (the default: the Hopper
+// kernel on sm_90 where the build has it and the call fits, else the portable kernel) or
+// "portable" (always the portable mma.sync kernel). Both give the same bytes; this exists so
+// that tests and benchmarks can run each on the same GPU. int8_attention_kernel names what
+// auto runs on this backend: "hopper" or "portable" ("" when `b` is not a CUDA backend).
+Status set_int8_attention_kernel(Backend& b, const std::string& kernel);
+std::string int8_attention_kernel(Backend& b);
 
 // The cuBLASLt algorithm pinned for a GEMM key, as text (for logs and benchmarks):
 // "algo 66 tile 20 stages 5 splitk 1 red 0 swizzle 0 custom 0 cluster 2 ws 0".
