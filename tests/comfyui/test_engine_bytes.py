@@ -13,22 +13,10 @@ import torch
 
 ls = pytest.importorskip("layerstream")
 
-import fake_comfy  # noqa: E402
 from layerstream_h3 import node, wrapper  # noqa: E402
 
 C, T, HL, WL, CA, A, L = 24, 2, 4, 4, 32, 8, 6  # tiny preset; 5 frames of 64x64
 KIND = "diffusion_model"
-
-
-@pytest.fixture
-def comfy(monkeypatch):
-    import sys
-    for name, mod in fake_comfy.modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    from layerstream_h3 import wrapper
-    wrapper.drop_cached_engine()
-    yield fake_comfy
-    wrapper.drop_cached_engine()
 
 
 def tiny_factory(settings, budget, **lora_kw):
