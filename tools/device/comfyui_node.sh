@@ -31,8 +31,13 @@
 # pybind11, dlpack, googletest) is carried too (tools/device/build.sh).
 #
 # Usage (device, repository root; the run tool's $OUT collects the results):
-#   [STAGE=.stage] [SIZES=small,large] [OUT=...] [GPU_TEST=1] [HEAD_FLOOR=1] tools/device/comfyui_node.sh
-# Writes $OUT/comfyui_node.log (this output) and $OUT/comfyui_node_<plan>.json (every case,
+#   [STAGE=.stage] [SIZES=small,large] [OUT=...] [PLANS="legacy ck_flag dynamic kitchen_alone"]
+#   [ENGINE=0] [KITCHEN=0] [GPU_TEST=1] [HEAD_FLOOR=1] tools/device/comfyui_node.sh
+# PLANS picks the ComfyUI processes (comfyui_node_bench.plan; "repeat" and "repeat_det", the
+# latter with --deterministic, run stock again and again); ENGINE=0 skips the engine build (the
+# node then runs without the engine; make-model comes from a carried CPU build of the CLI,
+# $STAGE/layerstream-cpu); KITCHEN=0 skips Kitchen's _C.
+# Writes $OUT/comfyui_node.log (this output) and $OUT/comfyui_node_<name>.json (every case,
 # every comparison); prints a summary per process. About 4-5 minutes on an H200 with the
 # builds; each process skips the cases that would start after its time share and lists them.
 # GPU_TEST=1 adds the GPU budget test, HEAD_FLOOR=1 the fp32 head GEMM's row-invariance floor
@@ -50,6 +55,7 @@ exec > >(tee "$OUT/comfyui_node.log") 2>&1
 stamp() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
 PY=$(command -v python3)
+echo "$( . /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"), $(gcc --version 2>/dev/null | head -1), nvcc $(nvcc --version 2>/dev/null | grep -o "release [0-9.]*")"
 python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
 for f in "$STAGE/comfyui.tar.xz" "$STAGE/pydeps.tar.xz"; do
   [ -f "$f" ] || { echo "missing $f: stage ComfyUI and its Python packages first (see this script's header)"; exit 2; }
@@ -59,7 +65,7 @@ done
 #    package (CUDA sm_90, only the targets this run needs), and Comfy Kitchen's _C
 rm -rf "$W" && mkdir -p "$W/ComfyUI" || exit 4
 tar -xJf "$STAGE/comfyui.tar.xz" -C "$W/ComfyUI" && tar -xJf "$STAGE/pydeps.tar.xz" -C "$W" || exit 4
-if [ ! -x build-gpu/layerstream ] || ! ls build-gpu/python/layerstream/_C*.so >/dev/null 2>&1; then
+if [ "${ENGINE:-1}" = 1 ] && { [ ! -x build-gpu/layerstream ] || ! ls build-gpu/python/layerstream/_C*.so >/dev/null 2>&1; }; then
   stamp "configure + build (layerstream, layerstream_py)"
   ( cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAYERSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DLAYERSTREAM_EXTRA_INCLUDE="$ROOT/.deps/include" -DLAYERSTREAM_GTEST_SOURCE="$ROOT/.deps/googletest" \
@@ -107,7 +113,7 @@ CMAKE
     timeout "${KITCHEN_SECONDS:-150}" cmake --build "$b/build" -j16 >> "$OUT/kitchen.log" 2>&1 &&
     cp "$b/build/_C.abi3.so" "$CKDIR/" || { grep -E "error|Error|rror:" "$OUT/kitchen.log" | head -12; return 1; }
 }
-kitchen_c > "$OUT/kitchen_step.log" 2>&1 &
+if [ "${KITCHEN:-1}" = 1 ]; then kitchen_c > "$OUT/kitchen_step.log" 2>&1 & else (exit 1) & fi
 CK_BUILD=$!
 # comfy_aimdo's native part, staged (plain C, built where the sources are reachable)
 AIMDO=0
@@ -117,12 +123,17 @@ if [ -f "$STAGE/aimdo.so" ]; then
 fi
 echo "comfy_aimdo native part: $([ $AIMDO = 1 ] && echo "loads" || echo "not staged or does not load")"
 [ -n "${LS_BUILD:-}" ] && { wait "$LS_BUILD" || { grep -E "error|Error" "$OUT/build.log" | head -30; tail -20 "$OUT/configure.log"; exit 3; }; }
-stamp "engine built"
-build-gpu/layerstream --version
-export PYTHONPATH=$ROOT/build-gpu/python${PYTHONPATH:+:$PYTHONPATH}
-python3 -c 'import layerstream; print(layerstream.version())' || exit 3
+LSCLI=build-gpu/layerstream
+if [ "${ENGINE:-1}" = 1 ]; then
+  stamp "engine built"
+  export PYTHONPATH=$ROOT/build-gpu/python${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c 'import layerstream; print(layerstream.version())' || exit 3
+else  # ENGINE=0: no engine in ComfyUI (the node says so); make-model from a carried CPU build of the CLI
+  LSCLI=$STAGE/layerstream-cpu
+fi
+$LSCLI --version
 if wait "$CK_BUILD"; then CK=1; else CK=0; fi
-cat "$OUT/kitchen_step.log"
+[ -f "$OUT/kitchen_step.log" ] && cat "$OUT/kitchen_step.log"
 stamp "Comfy Kitchen _C: $([ $CK = 1 ] && echo built || echo "NOT built (log: kitchen.log)")"
 if [ $CK = 1 ]; then
   PYTHONPATH=$W/pydeps:$PYTHONPATH python3 -c 'import comfy_kitchen, comfy_kitchen.backends.cuda as c; print("comfy_kitchen cuda backend:", c._EXT_ERROR or "loaded", "; int8 attention available:", comfy_kitchen.int8_attention_is_available())' || CK=0
@@ -132,7 +143,7 @@ fi
 mkdir -p "$W/ComfyUI/custom_nodes" "$W/ComfyUI/models/diffusion_models"
 ln -sfn "$ROOT/comfyui/layerstream_h3" "$W/ComfyUI/custom_nodes/layerstream_h3"
 CKPT=$W/ComfyUI/models/diffusion_models/ls_h3_2blocks.safetensors
-build-gpu/layerstream make-model --preset h3 --blocks 2 -q -o "$CKPT" || exit 5
+$LSCLI make-model --preset h3 --blocks 2 -q -o "$CKPT" || exit 5
 TEXT_DIM=$(python3 - "$CKPT" <<'PY'
 import json, struct, sys
 with open(sys.argv[1], "rb") as f:
@@ -144,19 +155,23 @@ PY
 stamp "checkpoint $(du -h "$CKPT" | cut -f1), text_dim $TEXT_DIM"
 
 # 3. ComfyUI's executor, one process per plan (comfyui_node_bench.plan)
-bench() {  # plan, sizes, time share (s), ComfyUI arguments...
-  local plan=$1 sizes=$2 share=$3; shift 3
+bench() {  # name (of the JSON), plan, sizes, time share (s), ComfyUI arguments...
+  local name=$1 plan=$2 sizes=$3 share=$4; shift 4
   PYTHONPATH=$W/pydeps:$PYTHONPATH timeout $((share + 60)) python3 tools/device/comfyui_node_bench.py \
     --comfy "$W/ComfyUI" --unet ls_h3_2blocks.safetensors --text-dim "$TEXT_DIM" --plan "$plan" --sizes "$sizes" \
-    --budget-seconds "$share" --json "$OUT/comfyui_node_$plan.json" -- "$@"
-  stamp "plan $plan done (rc $?)"
+    --budget-seconds "$share" --json "$OUT/comfyui_node_$name.json" -- "$@"
+  stamp "$name (plan $plan) done (rc $?)"
 }
-bench legacy "${SIZES:-small,large}" "${LEGACY_SECONDS:-130}" --disable-dynamic-vram
-[ $CK = 1 ] && bench ck_flag small 25 --disable-dynamic-vram --use-ck-attention
-[ $AIMDO = 1 ] && bench dynamic small 30
+# PLANS: which processes run (run 3: the first three and kitchen_alone; run 4: repeat and repeat_det)
+PLANS=" ${PLANS:-legacy ck_flag dynamic kitchen_alone} "
+[[ $PLANS == *" legacy "* ]] && bench legacy legacy "${SIZES:-small,large}" "${LEGACY_SECONDS:-130}" --disable-dynamic-vram
+[[ $PLANS == *" ck_flag "* ]] && [ $CK = 1 ] && bench ck_flag ck_flag small 25 --disable-dynamic-vram --use-ck-attention
+[[ $PLANS == *" dynamic "* ]] && [ $AIMDO = 1 ] && bench dynamic dynamic small 30
+[[ $PLANS == *" repeat "* ]] && bench repeat repeat small 30 --disable-dynamic-vram
+[[ $PLANS == *" repeat_det "* ]] && bench repeat_det repeat small 30 --disable-dynamic-vram --deterministic
 
 # 4. Comfy Kitchen's INT8 attention against PyTorch SDPA alone, S = 111,274, 56 x 128
-if [ $CK = 1 ]; then
+if [ $CK = 1 ] && [[ $PLANS == *" kitchen_alone "* ]]; then
   PYTHONPATH=$W/pydeps:$PYTHONPATH timeout 60 python3 - <<'PY' | tee "$OUT/kitchen_attention.txt"
 import torch, torch.nn.functional as F, comfy_kitchen
 torch.manual_seed(0)

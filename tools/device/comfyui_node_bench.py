@@ -55,12 +55,13 @@ class LSBenchCond:
     def INPUT_TYPES(cls):
         return {"required": {"seed": ("INT", {"default": 0, "min": 0, "max": 1 << 31}),
                              "tokens": ("INT", {"default": 64, "min": 1, "max": 4096}),
-                             "width": ("INT", {"default": 4096, "min": 1, "max": 1 << 16})}}
+                             "width": ("INT", {"default": 4096, "min": 1, "max": 1 << 16})},
+                "optional": {"nonce": ("INT", {"default": 0, "min": 0, "max": 1 << 20})}}
     RETURN_TYPES = ("CONDITIONING",)
     FUNCTION = "make"
     CATEGORY = "LayerStream/bench"
 
-    def make(self, seed, tokens, width):
+    def make(self, seed, tokens, width, nonce=0):  # nonce: a new output object (cache miss), same values
         g = torch.Generator().manual_seed(seed)
         return ([[torch.randn((1, tokens, width), generator=g) * 0.5, {}]],)
 
@@ -91,6 +92,10 @@ class LSBenchTap:
                     else (list(out) if isinstance(out, (list, tuple)) else [out])
                 if sum(p.numel() for p in parts) <= 8 << 20:
                     rec["out"] = [p.detach().cpu().clone() for p in parts]
+                    x, ctx = args[0], args[3] if len(args) > 3 else kwargs.get("c_crossattn")
+                    xs = x.unbind() if getattr(x, "is_nested", False) or type(x).__name__ == "NestedTensor" else [x]
+                    rec["in"] = {"x": [p.detach().cpu().clone() for p in xs],
+                                 "context": [ctx.detach().cpu().clone()] if ctx is not None else []}
             except Exception:  # noqa: BLE001 - a form this tap does not know: no per-call output
                 pass
             calls.append(rec)
@@ -264,8 +269,10 @@ def prompt(case, unet, text_dim):
     """An API prompt for one case (dict)."""
     p = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet, "weight_dtype": "default"}},
-        "4": {"class_type": "LSBenchCond", "inputs": {"seed": 11, "tokens": case["L"], "width": text_dim}},
-        "5": {"class_type": "LSBenchCond", "inputs": {"seed": 12, "tokens": case["L"], "width": text_dim}},
+        "4": {"class_type": "LSBenchCond", "inputs": {"seed": 11, "tokens": case["L"], "width": text_dim,
+                                                       "nonce": case.get("nonce") or 0}},
+        "5": {"class_type": "LSBenchCond", "inputs": {"seed": 12, "tokens": case["L"], "width": text_dim,
+                                                       "nonce": case.get("nonce") or 0}},
         "6": {"class_type": "EmptyMiniMaxH3LatentAV",
               "inputs": {"width": case["w"], "height": case["h"], "length": case["frames"]}},
         "3": {"class_type": "LSBenchTap", "inputs": {"model": ["1", 0], "tag": case["tag"]}},
@@ -306,7 +313,7 @@ def run_case(execution, executor, case, unet, text_dim):
         raise RuntimeError("execution failed: " + (msgs[0][1].get("exception_message", "?") if msgs else "?"))
     calls = store.calls.get(case["tag"], [])
     out = {"tag": case["tag"], "wall_seconds": wall, "step_seconds": [c["seconds"] for c in calls],
-           "call_outputs": [c.get("out") for c in calls],
+           "call_outputs": [c.get("out") for c in calls], "call_inputs": [c.get("in") for c in calls],
            "torch_peak_bytes": max((c["torch_peak"] for c in calls), default=None)}
     m = store.models.get(case["tag"])
     w = None
@@ -376,11 +383,17 @@ def plan(name, sizes):
                  ("small_sliced", "small", 1.0, sliced, None, "small_stock"),
                  ("small_engine", "small", 1.0, engine, None, "small_stock"),
                  ("small_stock_again", "small", 1.0, None, None, "small_stock")]
+    elif name == "repeat":  # stock again and again: which part of the first run differs (run 3's finding)
+        rows += [("small_stock", "small", 1.0, None, None, None),
+                 ("small_stock_2", "small", 1.0, None, None, "small_stock"),  # the cached CONDITIONING again
+                 ("small_stock_fresh", "small", 1.0, None, None, "small_stock", 1),  # new CONDITIONING objects
+                 ("small_stock_fresh_vs_2", "small", 1.0, None, None, None),
+                 ("small_sliced_fresh", "small", 1.0, sliced, None, "small_stock_fresh", 2)]
     elif name == "ck_flag":  # --use-ck-attention: ComfyUI's global attention is Kitchen's INT8
         rows += [("small_stock", "small", 1.0, None, None, None),
                  ("small_engine", "small", 1.0, engine, None, "small_stock"),
                  ("small_engine_pt", "small", 1.0, engine, PT, "small_stock")]
-    return [r for r in rows if r[1] in sizes]
+    return [tuple(r) + (None,) * (7 - len(r)) for r in rows if r[1] in sizes]
 
 
 def engine_figures(r):
@@ -416,9 +429,11 @@ def compare(cases, done, lat):
     """One row per case run: its step time against its size's stock, torch.equal / relative L2
     / where it differs against its reference, the node's run figures and attention line."""
     rows = []
-    for tag, size, cfg, node, attention, ref in cases:
+    for tag, size, cfg, node, attention, ref, _ in cases:
         if tag.endswith("_vs_again"):
             tag, ref = size + "_sliced", size + "_stock_again"
+        if tag.endswith("_vs_2"):
+            tag, ref = size + "_stock_fresh", size + "_stock_2"
         r, st = done.get(tag), done.get(size + "_stock")
         if r is None:
             continue
@@ -437,6 +452,10 @@ def compare(cases, done, lat):
                 if first:
                     row["first_differing_call"] = "{} of {} ({})".format(first[0] + 1, len(a), where_they_differ(
                         a[first[0]], b[first[0]]))
+                    ia = (r.get("call_inputs") or [None] * (first[0] + 1))[first[0]]
+                    ib = ((done.get(ref) or {}).get("call_inputs") or [None] * (first[0] + 1))[first[0]]
+                    if ia and ib:  # that call's inputs: the latent x and the refined text context
+                        row["that_calls_inputs_equal"] = {k: equal(ia[k], ib[k]) for k in ("x", "context")}
             if ref in done and ref != size + "_stock":
                 rr = done[ref]
                 row["vs_ref_time"] = step / med(rr["step_seconds"][1:] or rr["step_seconds"])
@@ -451,7 +470,7 @@ def main():
     ap.add_argument("--comfy", required=True)
     ap.add_argument("--unet", required=True, help="file name under models/diffusion_models")
     ap.add_argument("--text-dim", type=int, required=True)
-    ap.add_argument("--plan", default="legacy", choices=("legacy", "dynamic", "ck_flag"))
+    ap.add_argument("--plan", default="legacy", choices=("legacy", "dynamic", "ck_flag", "repeat"))
     ap.add_argument("--sizes", default="small,large")
     ap.add_argument("--json", required=True)
     ap.add_argument("--budget-seconds", type=float, default=400.0, help="skip cases once this much time is spent")
@@ -470,13 +489,13 @@ def main():
     results = {"plan": a.plan, "comfy_args": a.comfy_args, "cases": {}, "skipped": [], "errors": {},
                "torch": torch.__version__, "device": torch.cuda.get_device_name()}
     cases = plan(a.plan, a.sizes.split(","))
-    for tag, size, cfg, node, attention, _ in cases:
-        if tag.endswith("_vs_again"):
+    for tag, size, cfg, node, attention, _, nonce in cases:
+        if tag.endswith("_vs_again") or tag.endswith("_vs_2"):
             continue
         if time.perf_counter() - t_start > a.budget_seconds:
             results["skipped"].append(tag)
             continue
-        case = dict(SIZES[size], tag=tag, cfg=cfg, node=node, attention=attention)
+        case = dict(SIZES[size], tag=tag, cfg=cfg, node=node, attention=attention, nonce=nonce)
         print("\n== {} (S from {}x{}x{}, L {}, cfg {}, {} steps){}{}".format(
             tag, case["w"], case["h"], case["frames"], case["L"], cfg, case["steps"],
             " node " + json.dumps(node) if node else " stock",
@@ -498,6 +517,7 @@ def main():
     results["rows"] = rows
     for r in results["cases"].values():
         r.pop("call_outputs", None)
+        r.pop("call_inputs", None)
     results["seconds"] = time.perf_counter() - t_start
     with open(a.json, "w") as f:
         json.dump(results, f, indent=1, default=str)
