@@ -136,7 +136,7 @@ if wait "$CK_BUILD"; then CK=1; else CK=0; fi
 [ -f "$OUT/kitchen_step.log" ] && cat "$OUT/kitchen_step.log"
 stamp "Comfy Kitchen _C: $([ $CK = 1 ] && echo built || echo "NOT built (log: kitchen.log)")"
 if [ $CK = 1 ]; then
-  PYTHONPATH=$W/pydeps:$PYTHONPATH python3 -c 'import comfy_kitchen, comfy_kitchen.backends.cuda as c; print("comfy_kitchen cuda backend:", c._EXT_ERROR or "loaded", "; int8 attention available:", comfy_kitchen.int8_attention_is_available())' || CK=0
+  PYTHONPATH=$W/pydeps${PYTHONPATH:+:$PYTHONPATH} python3 -c 'import comfy_kitchen, comfy_kitchen.backends.cuda as c; print("comfy_kitchen cuda backend:", c._EXT_ERROR or "loaded", "; int8 attention available:", comfy_kitchen.int8_attention_is_available())' || CK=0
 fi
 
 # 2. the checkpoint
@@ -157,7 +157,7 @@ stamp "checkpoint $(du -h "$CKPT" | cut -f1), text_dim $TEXT_DIM"
 # 3. ComfyUI's executor, one process per plan (comfyui_node_bench.plan)
 bench() {  # name (of the JSON), plan, sizes, time share (s), ComfyUI arguments...
   local name=$1 plan=$2 sizes=$3 share=$4; shift 4
-  PYTHONPATH=$W/pydeps:$PYTHONPATH timeout $((share + 60)) python3 tools/device/comfyui_node_bench.py \
+  PYTHONPATH=$W/pydeps${PYTHONPATH:+:$PYTHONPATH} timeout $((share + 60)) python3 tools/device/comfyui_node_bench.py \
     --comfy "$W/ComfyUI" --unet ls_h3_2blocks.safetensors --text-dim "$TEXT_DIM" --plan "$plan" --sizes "$sizes" \
     --budget-seconds "$share" --json "$OUT/comfyui_node_$name.json" -- "$@"
   stamp "$name (plan $plan) done (rc $?)"
@@ -172,7 +172,7 @@ PLANS=" ${PLANS:-legacy ck_flag dynamic kitchen_alone} "
 
 # 4. Comfy Kitchen's INT8 attention against PyTorch SDPA alone, S = 111,274, 56 x 128
 if [ $CK = 1 ] && [[ $PLANS == *" kitchen_alone "* ]]; then
-  PYTHONPATH=$W/pydeps:$PYTHONPATH timeout 60 python3 - <<'PY' | tee "$OUT/kitchen_attention.txt"
+  PYTHONPATH=$W/pydeps${PYTHONPATH:+:$PYTHONPATH} timeout 60 python3 - <<'PY' | tee "$OUT/kitchen_attention.txt"
 import torch, torch.nn.functional as F, comfy_kitchen
 torch.manual_seed(0)
 S, H, D, dev = 111_274, 56, 128, torch.device("cuda")
