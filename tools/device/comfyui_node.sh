@@ -38,8 +38,8 @@
 # node then runs without the engine; make-model comes from a carried CPU build of the CLI,
 # $STAGE/layerstream-cpu); KITCHEN=0 skips Kitchen's _C.
 # Writes $OUT/comfyui_node.log (this output) and $OUT/comfyui_node_<name>.json (every case,
-# every comparison); prints a summary per process. About 4-5 minutes on an H200 with the
-# builds; each process skips the cases that would start after its time share and lists them.
+# every comparison); prints a summary per process. 188 s on an H200 with the builds (run 3);
+# each process skips the cases that would start after its time share and lists them.
 # GPU_TEST=1 adds the GPU budget test, HEAD_FLOOR=1 the fp32 head GEMM's row-invariance floor
 # (both measured in bench/results/issue25/run2, so off by default).
 set -uo pipefail

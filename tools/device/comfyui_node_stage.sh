@@ -23,8 +23,9 @@
 #                    plain C with funchook + distorm; no CUDA headers), when FUNCHOOK and
 #                    DISTORM are given
 # nvcc (the CUDA toolkit's, 12.8 or newer), gcc, cmake, ninja and xz are needed. The CUDA
-# compile is the long part (a few minutes a file on two cores; objects already in
-# $OBJ, default /tmp/ls-kitchen-obj, are kept).
+# compile is the long part (about 25 minutes for the 20 files on a busy 2-core machine, the
+# largest sage_attn_launcher.cu 8 minutes; objects already in $OBJ, default
+# /tmp/ls-kitchen-obj, are kept).
 set -euo pipefail
 [ $# -ge 5 ] || { sed -n 2,27p "$0"; exit 2; }
 DEST=$1 COMFY=$2 TORCHSDE=$3 KITCHEN=$4 AIMDO=$5 FUNCHOOK=${6:-} DISTORM=${7:-}
