@@ -57,9 +57,7 @@ copied), at these revisions:
 
 import copy
 import json
-import math
 import struct
-import sys
 import types
 import uuid
 

@@ -178,7 +178,6 @@ def test_slices_do_not_change_a_byte(comfy, bf16_file):
     video, audio, ctx = inputs(seed=5)
     outs = []
     for mlp, attn in ((0, 0), (64, 32), (16, 48)):
-        from layerstream_h3 import wrapper
         wrapper.drop_cached_engine()
         m, seen, _ = probed(comfy, bf16_file, mlp_chunk=mlp, attn_chunk=attn)
         comfy.run_step(m, video, audio, 0.7, ctx, comfy.make_payload())
