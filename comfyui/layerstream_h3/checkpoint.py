@@ -68,15 +68,21 @@ def _read_tensor_bytes(path, data_start, entry, limit=4096):
         return f.read(b - a)
 
 
-def probe(path):
-    """The engine's probe of the checkpoint (a dict: runnable, reason, status, config,
-    format, census, layers, clip_grid), or None when the layerstream package (with
-    probe_checkpoint) is not importable."""
+def engine_function(name):
+    """The layerstream package's function `name`, or None when the package is not importable
+    (not installed, or its library does not load) or is a build without that function."""
     try:
         import layerstream
     except Exception:
         return None
-    fn = getattr(layerstream, "probe_checkpoint", None)
+    return getattr(layerstream, name, None)
+
+
+def probe(path):
+    """The engine's probe of the checkpoint (a dict: runnable, reason, status, config,
+    format, census, layers, clip_grid), or None when the layerstream package (with
+    probe_checkpoint) is not importable."""
+    fn = engine_function("probe_checkpoint")
     if fn is None:
         return None
     try:

@@ -142,6 +142,16 @@ def _tensor_problem(t, what):
     return None
 
 
+def _refused(plan, key, checks):
+    """Refuses key with the reason of the first (condition, reason) in checks that holds;
+    True when one did."""
+    for bad, reason in checks:
+        if bad:
+            plan.refuse(reason, key)
+            return True
+    return False
+
+
 def _entry(key, patch, plan):
     """The Entry of one patch, or None (refused: recorded in plan, or skipped)."""
     if not isinstance(patch, (tuple, list)) or len(patch) < 2:
@@ -152,14 +162,9 @@ def _entry(key, patch, plan):
     strength_model = patch[2] if len(patch) > 2 else 1.0
     offset = patch[3] if len(patch) > 3 else None
     function = patch[4] if len(patch) > 4 else None
-    if not key.startswith("diffusion_model."):
-        plan.refuse("patches outside the diffusion model", key)
-        return None
-    if offset is not None:
-        plan.refuse("offset patches (a slice of a fused weight)", key)
-        return None
-    if function is not None:
-        plan.refuse("patches with a function", key)
+    if _refused(plan, key, ((not key.startswith("diffusion_model."), "patches outside the diffusion model"),
+                            (offset is not None, "offset patches (a slice of a fused weight)"),
+                            (function is not None, "patches with a function"))):
         return None
     try:
         strength_model = float(strength_model)
@@ -185,17 +190,9 @@ def _entry(key, patch, plan):
             return None
         w = tuple(weights) + (None,) * (6 - len(weights))
         up, down, alpha, mid, dora, reshape = w[:6]
-        if mid is not None:
-            plan.refuse("LoCon mid weights", key)
-            return None
-        if dora is not None:
-            plan.refuse("DoRA (dora_scale)", key)
-            return None
-        if reshape is not None:
-            plan.refuse("enlarging LoRAs (reshape_weight)", key)
-            return None
-        if not key.endswith(".weight"):
-            plan.refuse("a LoRA pair on a bias", key)
+        if _refused(plan, key, ((mid is not None, "LoCon mid weights"), (dora is not None, "DoRA (dora_scale)"),
+                                (reshape is not None, "enlarging LoRAs (reshape_weight)"),
+                                (not key.endswith(".weight"), "a LoRA pair on a bias"))):
             return None
         for t, what in ((up, "LoRA up"), (down, "LoRA down")):
             p = _tensor_problem(t, what)

@@ -32,6 +32,8 @@ package imports without it.
 
 import struct
 
+from .checkpoint import engine_function
+
 VISUAL_COND_TIMESTEP = 0.999  # model.py defaults of the payload's aug strengths
 AUDIO_COND_TIMESTEP = 1.0
 BATCH_ERROR = "MiniMax H3 supports batch size 1"  # the ValueError stock _forward raises
@@ -98,11 +100,7 @@ def _engine_grid(frames, width, height):
     """The engine's own clip grid (layerstream.clip_geometry, the C API's ls_clip_geometry),
     or None without the engine library (the formulas above answer then). A clip the engine
     refuses (beyond its ranges) is Unsupported with its message."""
-    try:
-        import layerstream
-    except Exception:
-        return None
-    fn = getattr(layerstream, "clip_geometry", None)
+    fn = engine_function("clip_geometry")
     if fn is None:
         return None
     try:

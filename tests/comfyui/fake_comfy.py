@@ -57,9 +57,7 @@ copied), at these revisions:
 
 import copy
 import json
-import math
 import struct
-import sys
 import types
 import uuid
 
@@ -378,12 +376,12 @@ def make_patcher(path=None, dynamic=True, state_keys=False, **model_kw):
 class WeightAdapterBase:
     name = "base"
 
+    def __init__(self, loaded_keys, weights):
+        self.loaded_keys, self.weights = loaded_keys, weights
+
 
 class LoRAAdapter(WeightAdapterBase):
     name = "lora"
-
-    def __init__(self, loaded_keys, weights):
-        self.loaded_keys, self.weights = loaded_keys, weights
 
     @classmethod
     def load(cls, x, lora, alpha, dora_scale, loaded_keys=None):
@@ -411,9 +409,6 @@ class LoRAAdapter(WeightAdapterBase):
 class LoHaAdapter(WeightAdapterBase):
     """Stands in for the adapters the engine does not take (loads hada_w1_a ... as ComfyUI's LoHa)."""
     name = "loha"
-
-    def __init__(self, loaded_keys, weights):
-        self.loaded_keys, self.weights = loaded_keys, weights
 
     @classmethod
     def load(cls, x, lora, alpha, dora_scale, loaded_keys=None):

@@ -13,22 +13,10 @@ import torch
 
 ls = pytest.importorskip("layerstream")
 
-import fake_comfy  # noqa: E402
 from layerstream_h3 import node, wrapper  # noqa: E402
 
 C, T, HL, WL, CA, A, L = 24, 2, 4, 4, 32, 8, 6  # tiny preset; 5 frames of 64x64
 KIND = "diffusion_model"
-
-
-@pytest.fixture
-def comfy(monkeypatch):
-    import sys
-    for name, mod in fake_comfy.modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    from layerstream_h3 import wrapper
-    wrapper.drop_cached_engine()
-    yield fake_comfy
-    wrapper.drop_cached_engine()
 
 
 def tiny_factory(settings, budget, **lora_kw):
@@ -190,7 +178,6 @@ def test_slices_do_not_change_a_byte(comfy, bf16_file):
     video, audio, ctx = inputs(seed=5)
     outs = []
     for mlp, attn in ((0, 0), (64, 32), (16, 48)):
-        from layerstream_h3 import wrapper
         wrapper.drop_cached_engine()
         m, seen, _ = probed(comfy, bf16_file, mlp_chunk=mlp, attn_chunk=attn)
         comfy.run_step(m, video, audio, 0.7, ctx, comfy.make_payload())

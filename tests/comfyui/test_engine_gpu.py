@@ -30,16 +30,6 @@ KIND = "diffusion_model"
 DEV = "cuda:0"
 
 
-@pytest.fixture
-def comfy(monkeypatch):
-    import sys
-    for name, mod in fake_comfy.modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    wrapper.drop_cached_engine()
-    yield fake_comfy
-    wrapper.drop_cached_engine()
-
-
 def model_file(tmp_path, preset, *extra):
     tool = os.environ.get("LS_TOOL") or shutil.which("layerstream")
     if not tool or not os.path.exists(tool):
