@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_args.h"
 #include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
@@ -63,23 +64,15 @@ int main(int argc, char** argv) {
   std::string device = "cuda", json_path;
   int64_t M = 32768, S = 111274;
   int iters = 5, warmup = 2;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--device") device = next();
-    else if (a == "--M") M = std::stoll(next());
-    else if (a == "--S") S = std::stoll(next());
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--json") json_path = next();
-    else if (a == "--help" || a == "-h") {
-      std::puts("bench_gemm_pins [--device cuda] [--M 32768] [--S 111274] [--iters 5] [--warmup 2] [--json F]");
-      return 0;
-    } else die("unknown argument " + a + " (see --help)");
-  }
+  bench::Flags("bench_gemm_pins",
+               "bench_gemm_pins [--device cuda] [--M 32768] [--S 111274] [--iters 5] [--warmup 2] [--json F]\n", 1)
+      .text("--device", device)
+      .integer("--M", M)
+      .integer("--S", S)
+      .integer("--iters", iters)
+      .integer("--warmup", warmup)
+      .text("--json", json_path)
+      .parse(argc, argv);
   if (M < 1 || S < 1 || iters < 1 || warmup < 0) die("--M, --S, --iters must be >= 1, --warmup >= 0");
   // The developer variables (LAYERSTREAM_GEMM_CANDIDATE, LAYERSTREAM_GEMM_VERBOSE, ...)
   // are read here and handed to the backend as numerics (src/ reads no environment).

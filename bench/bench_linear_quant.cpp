@@ -33,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/linear_quant_bench.cuh"
+#include "bench_args.h"
 #include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
@@ -86,22 +87,14 @@ int main(int argc, char** argv) {
   int64_t M = 8192, S = 111274;
   int iters = 5, warmup = 2;
   std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--M") M = std::stoll(next());
-    else if (a == "--S") S = std::stoll(next());
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--json") json_path = next();
-    else if (a == "--help" || a == "-h") {
-      std::puts("bench_linear_quant [--M 8192] [--S 111274] [--iters 5] [--warmup 2] [--json F]");
-      return 0;
-    } else die("unknown argument " + a + " (see --help)");
-  }
+  bench::Flags("bench_linear_quant", "bench_linear_quant [--M 8192] [--S 111274] [--iters 5] [--warmup 2] [--json F]\n",
+               1)
+      .integer("--M", M)
+      .integer("--S", S)
+      .integer("--iters", iters)
+      .integer("--warmup", warmup)
+      .text("--json", json_path)
+      .parse(argc, argv);
   if (M < 1 || S < 1 || iters < 1 || warmup < 0) die("--M, --S, --iters must be >= 1, --warmup >= 0");
   Numerics numerics;
   Diagnostics diagnostics;

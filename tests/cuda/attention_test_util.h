@@ -1,12 +1,17 @@
 // The attention tests' shared parity harness (test_attention_cudnn.cpp,
-// test_attention_hopper.cpp): an fp64 reference attention and the relative L2 distance
-// from it. The tests hold each GPU path to "within 2x the CPU reference's distance from
-// fp64" (DESIGN.md §4), so both need exactly this reference.
+// test_attention_hopper.cpp, test_backend_ops.cpp): an fp64 reference attention, the
+// relative L2 distance from it, one parity run (the GPU path within 2x the CPU
+// reference's distance from fp64, DESIGN.md §4), its query-slice check, random q, k, v
+// inputs and the streamed-keys chunking.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -53,6 +58,99 @@ inline double rel_l2(const HostBuf& got, const HostBuf& ref64) {
     den += r * r;
   }
   return std::sqrt(num / den);
+}
+
+struct AttentionCase {
+  int64_t Mq, Mk, H, Dh, kv_tile;
+  float qscale;  // the queries' scale: larger peaks the softmax
+};
+
+// One parity run's device inputs and output (the query-slice check reuses them).
+struct AttentionParity {
+  DevBuf dq, dkv, dout;
+  TensorView dk, dv;  // strided column slices of dkv
+  AttentionParams p;
+  HostBuf got;
+  double e_gpu = 0, e_cpu = 0;  // rel L2 vs fp64 of the device output and of the CPU reference
+  bool ran = false;             // the device call ran (false after a fatal failure)
+};
+
+// The backend's attention (whatever path G->cuda runs now) on case c vs the CPU reference
+// and fp64: q from `seed`, K and V strided column slices of one fused [Mk, 2 W] buffer
+// from seed + 1 (as in the block). Checks the guard bytes around the output, NaN/inf
+// agreement with the CPU reference, and the error within 2x the CPU reference's; prints
+// both errors. `what` names the path in messages.
+inline void attention_parity(Gpu* G, const AttentionCase& c, uint32_t seed, const std::string& what,
+                             AttentionParity& r) {
+  const int64_t W = c.H * c.Dh;
+  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, seed, c.qscale);
+  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, seed + 1, 1.0f);
+  HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
+  for (int64_t j = 0; j < c.Mk; ++j) {
+    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
+    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
+  }
+  r.p = AttentionParams{};
+  r.p.kv_tile = c.kv_tile;
+  HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
+  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, r.p).ok());
+  HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
+  r.dq = dev_from(G, q), r.dkv = dev_from(G, kv), r.dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
+  r.dk = r.dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), r.dv = r.dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
+  Status s = G->cuda->attention(r.dq.v, r.dk, r.dv, r.dout.v, r.p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  r.got = download(G, r.dout.v);
+  r.ran = true;
+  expect_guards(G, r.dout, what.c_str());
+  expect_close(r.got, ref, 1 << 20, 1e30, (what + " (NaN/inf only)").c_str());
+  r.e_gpu = rel_l2(r.got, ref64), r.e_cpu = rel_l2(ref, ref64);
+  std::printf("  %s Mq=%lld Mk=%lld H=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 %.3e cpu %.3e\n", what.c_str(),
+              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
+              static_cast<long long>(c.Dh), static_cast<long long>(c.kv_tile), r.e_gpu, r.e_cpu);
+  EXPECT_LE(r.e_gpu, 2.0 * r.e_cpu + 1e-7) << what << " error above 2x the plain bf16 reference's";
+}
+
+// Query slices of the parity run (1 row, the last row, a middle range) give the rows of
+// the whole call (memcmp), writing nothing outside their output.
+inline void expect_query_slices_same(Gpu* G, const AttentionParity& r, const std::string& what) {
+  const int64_t Mq = r.got.v.shape[0], H = r.got.v.shape[1], Dh = r.got.v.shape[2];
+  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {Mq - 1, Mq}};
+  if (Mq > 2) slices.push_back({Mq / 3, Mq - Mq / 4});
+  for (auto [a, b] : slices) {
+    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, H, Dh});
+    ASSERT_TRUE(G->cuda->attention(r.dq.v.slice_rows(a, b), r.dk, r.dv, o2.v, r.p).ok());
+    expect_guards(G, o2, (what + " (slice)").c_str());
+    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(r.got, a, b))) << what << " query rows " << a << ".." << b;
+  }
+}
+
+// Random bf16 q [Mq, H, Dh] (scale qscale, from `seed`), k and v [Mk, H, Dh] (seed + 1,
+// seed + 2), on the device.
+struct QkvInputs {
+  DevBuf dq, dk, dv;
+};
+inline QkvInputs qkv_inputs(Gpu* G, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh, uint32_t seed, float qscale) {
+  const HostBuf q = random_buf(DType::bf16, {Mq, H, Dh}, seed, qscale);
+  const HostBuf k = random_buf(DType::bf16, {Mk, H, Dh}, seed + 1, 1.0f);
+  const HostBuf v = random_buf(DType::bf16, {Mk, H, Dh}, seed + 2, 1.0f);
+  return QkvInputs{dev_from(G, q), dev_from(G, k), dev_from(G, v)};
+}
+
+// Streamed keys (AttentionParams::state): the keys k, v fed in chunks of 3, 1 and the
+// remaining tiles of p.kv_tile (the last one short), the fp32 merge state carried in
+// `state`, the output written by the last chunk. The first failing call's Status.
+inline Status attention_key_chunks(Gpu* G, const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& state, const AttentionParams& p) {
+  const int64_t bounds[] = {0, 3 * p.kv_tile, 4 * p.kv_tile, k.shape[0]};
+  for (int c = 0; c < 3; ++c) {
+    AttentionParams pc = p;
+    pc.state = state;
+    pc.state_in = c > 0;
+    pc.finalize = c == 2;
+    LS_TRY(G->cuda->attention(q, k.slice_rows(bounds[c], bounds[c + 1]), v.slice_rows(bounds[c], bounds[c + 1]), out,
+                              pc));
+  }
+  return Status::ok_status();
 }
 
 }  // namespace ls::cudatest

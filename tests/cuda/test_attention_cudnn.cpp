@@ -64,48 +64,17 @@ Status cudnn_probe(Gpu* G) {
   return st;
 }
 
-struct Case {
-  int64_t Mq, Mk, H, Dh, kv_tile;
-  float qscale;
-};
+using Case = AttentionCase;
 
 // Parity vs the CPU reference and fp64, with K and V as strided column slices of one
 // fused buffer (as in the block), guard bytes around the output, and query slices.
 void check_case(Gpu* G, const Case& c) {
   SCOPED_TRACE("cudnn attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
                std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
-  const int64_t W = c.H * c.Dh;
-  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, 190, c.qscale);
-  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 191, 1.0f);
-  HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
-  for (int64_t j = 0; j < c.Mk; ++j) {
-    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
-    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
-  }
-  AttentionParams p;
-  p.kv_tile = c.kv_tile;
-  HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
-  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
-  HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
-  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
-  TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
-  Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  HostBuf got = download(G, dout.v);
-  expect_guards(G, dout, "cudnn attention");
-  expect_close(got, ref, 1 << 20, 1e30, "cudnn attention (NaN/inf only)");
-  const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
-  std::printf("  cudnn attention Mq=%lld Mk=%lld H=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 cudnn %.3e cpu %.3e\n",
-              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
-              static_cast<long long>(c.Dh), static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
-  EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "cudnn attention error above 2x the plain bf16 reference's";
-  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
-  if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
-  for (auto [a, b] : slices) {
-    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, c.Dh});
-    ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
-    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "query rows " << a << ".." << b;
-  }
+  AttentionParity r;
+  attention_parity(G, c, 190, "cudnn attention", r);
+  if (!r.ran) return;
+  expect_query_slices_same(G, r, "cudnn attention");
 }
 
 TEST(CudnnAttention, Parity) {
@@ -178,10 +147,8 @@ TEST(CudnnAttention, StreamedKeysSameBytes) {
   LS_NEED_CUDNN();
   const int64_t Mq = 2100, Mk = 2900, H = 3, Dh = 64, kv_tile = 256;
   CudnnScope scope(G, H, Dh);
-  HostBuf q = random_buf(DType::bf16, {Mq, H, Dh}, 220, 2.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, Dh}, 221, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, Dh}, 222, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const QkvInputs in = qkv_inputs(G, Mq, Mk, H, Dh, 220, 2.0f);
+  const DevBuf &dq = in.dq, &dk = in.dk, &dv = in.dv;
   DevBuf whole = dev_buf(G, DType::bf16, {Mq, H, Dh}), parts = dev_buf(G, DType::bf16, {Mq, H, Dh});
   DevBuf native = dev_buf(G, DType::bf16, {Mq, H, Dh});
   AttentionParams p;
@@ -190,17 +157,8 @@ TEST(CudnnAttention, StreamedKeysSameBytes) {
   ASSERT_TRUE(s.ok()) << s.message();
   auto state = G->arena->alloc(DType::f32, {Mq, H, Dh + kAttentionStateExtra}, "attention state");
   ASSERT_TRUE(state.ok());
-  // Chunks of 3, 1 and the remaining tiles (the last one short).
-  const int64_t bounds[] = {0, 3 * kv_tile, 4 * kv_tile, Mk};
-  for (int c = 0; c < 3; ++c) {
-    AttentionParams pc = p;
-    pc.state = *state;
-    pc.state_in = c > 0;
-    pc.finalize = c == 2;
-    s = G->cuda->attention(dq.v, dk.v.slice_rows(bounds[c], bounds[c + 1]), dv.v.slice_rows(bounds[c], bounds[c + 1]),
-                           parts.v, pc);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
+  s = attention_key_chunks(G, dq.v, dk.v, dv.v, parts.v, *state, p);
+  ASSERT_TRUE(s.ok()) << s.message();
   HostBuf a = download(G, whole.v), b = download(G, parts.v);
   EXPECT_FALSE(same_bytes(host_rows(a, 0, 1), host_rows(a, 1, 2))) << "output rows should differ";
   expect_guards(G, parts, "cudnn attention (streamed keys)");

@@ -69,45 +69,16 @@ constexpr int kClusterSchedules[] = {20, 23};
 void check_case(Gpu* G, const Case& c) {
   SCOPED_TRACE("hopper attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
                std::to_string(c.H) + " kv_tile=" + std::to_string(c.kv_tile));
-  const int64_t W = c.H * kDh;
-  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, kDh}, 190, c.qscale);
-  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 191, 1.0f);
-  HostBuf k(DType::bf16, {c.Mk, c.H, kDh}), v(DType::bf16, {c.Mk, c.H, kDh});
-  for (int64_t j = 0; j < c.Mk; ++j) {
-    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
-    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
-  }
-  AttentionParams p;
-  p.kv_tile = c.kv_tile;
-  HostBuf ref(DType::bf16, {c.Mq, c.H, kDh});
-  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
-  HostBuf ref64 = attention_f64(q, k, v, c.H, kDh);
-  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, kDh});
-  TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, kDh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, kDh);
-  Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  HostBuf got = download(G, dout.v);
-  expect_guards(G, dout, "hopper attention");
-  expect_close(got, ref, 1 << 20, 1e30, "hopper attention (NaN/inf only)");
-  const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
-  std::printf("  hopper attention Mq=%lld Mk=%lld H=%lld kv_tile=%lld: rel L2 vs fp64 hopper %.3e cpu %.3e\n",
-              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
-              static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
+  AttentionParity r;
+  attention_parity(G, AttentionCase{c.Mq, c.Mk, c.H, kDh, c.kv_tile, c.qscale}, 190, "hopper attention", r);
+  if (!r.ran) return;
   if (c.Mk > 1) {  // one key: out = v exactly, on every path
-    EXPECT_GT(e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
+    EXPECT_GT(r.e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
   }
-  EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "hopper attention error above 2x the plain bf16 reference's";
   if (c.Mq > 1) {
-    EXPECT_FALSE(same_bytes(host_rows(got, 0, 1), host_rows(got, 1, 2))) << "output rows should differ";
+    EXPECT_FALSE(same_bytes(host_rows(r.got, 0, 1), host_rows(r.got, 1, 2))) << "output rows should differ";
   }
-  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
-  if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
-  for (auto [a, b] : slices) {
-    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, kDh});
-    ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
-    expect_guards(G, o2, "hopper attention (slice)");
-    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "query rows " << a << ".." << b;
-  }
+  expect_query_slices_same(G, r, "hopper attention");
 }
 
 TEST(HopperAttention, Parity) {
@@ -148,10 +119,8 @@ TEST(HopperAttention, ParityOtherConfigurations) {
 TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
   LS_NEED_HOPPER();
   const int64_t Mq = 300, Mk = 3000, H = 2;
-  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 230, 3.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 231, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 232, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const QkvInputs in = qkv_inputs(G, Mq, Mk, H, kDh, 230, 3.0f);
+  const DevBuf &dq = in.dq, &dk = in.dk, &dv = in.dv;
   // The outputs of one call per kv_tile, in order, under the schedule in force.
   const auto run_tiles = [&](std::initializer_list<int64_t> tiles, std::vector<HostBuf>& outs) {
     for (int64_t kv_tile : tiles) {
@@ -228,10 +197,8 @@ TEST(HopperAttention, QuerySliceInvarianceH3) {
 // slice of one row.
 void check_streamed_keys(Gpu* G) {
   const int64_t Mq = 2100, Mk = 2900, H = 3, kv_tile = 256;
-  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 220, 2.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 221, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 222, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const QkvInputs in = qkv_inputs(G, Mq, Mk, H, kDh, 220, 2.0f);
+  const DevBuf &dq = in.dq, &dk = in.dk, &dv = in.dv;
   DevBuf whole = dev_buf(G, DType::bf16, {Mq, H, kDh}), parts = dev_buf(G, DType::bf16, {Mq, H, kDh});
   AttentionParams p;
   p.kv_tile = kv_tile;
@@ -239,32 +206,16 @@ void check_streamed_keys(Gpu* G) {
   ASSERT_TRUE(s.ok()) << s.message();
   auto state = G->arena->alloc(DType::f32, {Mq, H, kDh + kAttentionStateExtra}, "attention state");
   ASSERT_TRUE(state.ok());
-  // Chunks of 3, 1 and the remaining tiles (the last one short).
-  const int64_t bounds[] = {0, 3 * kv_tile, 4 * kv_tile, Mk};
-  for (int c = 0; c < 3; ++c) {
-    AttentionParams pc = p;
-    pc.state = *state;
-    pc.state_in = c > 0;
-    pc.finalize = c == 2;
-    s = G->cuda->attention(dq.v, dk.v.slice_rows(bounds[c], bounds[c + 1]), dv.v.slice_rows(bounds[c], bounds[c + 1]),
-                           parts.v, pc);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
+  s = attention_key_chunks(G, dq.v, dk.v, dv.v, parts.v, *state, p);
+  ASSERT_TRUE(s.ok()) << s.message();
   HostBuf a = download(G, whole.v), b = download(G, parts.v);
   EXPECT_FALSE(same_bytes(host_rows(a, 0, 1), host_rows(a, 1, 2))) << "output rows should differ";
   expect_guards(G, parts, "hopper attention (streamed keys)");
   EXPECT_TRUE(same_bytes(a, b)) << "streamed keys differ from one call";
   // One query row, streamed.
   DevBuf one = dev_buf(G, DType::bf16, {1, H, kDh});
-  for (int c = 0; c < 3; ++c) {
-    AttentionParams pc = p;
-    pc.state = state->slice_rows(0, 1);
-    pc.state_in = c > 0;
-    pc.finalize = c == 2;
-    s = G->cuda->attention(dq.v.slice_rows(1500, 1501), dk.v.slice_rows(bounds[c], bounds[c + 1]),
-                           dv.v.slice_rows(bounds[c], bounds[c + 1]), one.v, pc);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
+  s = attention_key_chunks(G, dq.v.slice_rows(1500, 1501), dk.v, dv.v, one.v, state->slice_rows(0, 1), p);
+  ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_TRUE(same_bytes(download(G, one.v), host_rows(a, 1500, 1501))) << "one streamed query row";
 }
 
@@ -288,10 +239,8 @@ TEST(HopperAttention, StreamedKeysSameBytes) {
 TEST(HopperAttention, SchedulesSameBytes) {
   LS_NEED_HOPPER();
   const int64_t Mq = 1000, Mk = 5000, H = 4;
-  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 240, 2.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 241, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 242, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const QkvInputs in = qkv_inputs(G, Mq, Mk, H, kDh, 240, 2.0f);
+  const DevBuf &dq = in.dq, &dk = in.dk, &dv = in.dv;
   const auto run = [&](int schedule) {
     const ScopedSchedule use(schedule);
     DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});

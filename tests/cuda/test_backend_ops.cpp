@@ -451,46 +451,17 @@ TEST(CudaOps, GemmPinnedSliceInvariance) {
 
 TEST(CudaOps, AttentionParity) {
   LS_NEED_GPU();
-  struct Case {
-    int64_t Mq, Mk, H, Dh, kv_tile;
-    float qscale;
-  };
-  const Case cases[] = {{97, 1025, 2, 128, 1024, 1.0f}, {1, 1, 2, 128, 1024, 1.0f},  {1025, 97, 1, 128, 64, 3.0f},
-                        {97, 1025, 2, 128, 100, 3.0f},  {97, 300, 3, 64, 128, 2.0f}, {33, 77, 2, 32, 1024, 1.0f}};
-  for (const Case& c : cases) {
+  const AttentionCase cases[] = {{97, 1025, 2, 128, 1024, 1.0f}, {1, 1, 2, 128, 1024, 1.0f},
+                                 {1025, 97, 1, 128, 64, 3.0f},   {97, 1025, 2, 128, 100, 3.0f},
+                                 {97, 300, 3, 64, 128, 2.0f},    {33, 77, 2, 32, 1024, 1.0f}};
+  for (const AttentionCase& c : cases) {
     SCOPED_TRACE("attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
                  std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
-    const int64_t W = c.H * c.Dh;
-    HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, 90, c.qscale);
-    HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 91, 1.0f);
-    HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
-    for (int64_t j = 0; j < c.Mk; ++j) {
-      std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
-      std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
-    }
-    AttentionParams p;
-    p.kv_tile = c.kv_tile;
-    HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
-    ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
-    HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
-    DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
-    TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
-    Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
-    ASSERT_TRUE(s.ok()) << s.message();
-    HostBuf got = download(G, dout.v);
-    expect_guards(G, dout, "attention");
-    expect_close(got, ref, 1 << 20, 1e30, "attention (NaN/inf only)");
-    const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
-    std::printf("  attention Mq=%lld Mk=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 cuda %.3e cpu %.3e\n",
-                static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.Dh),
-                static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
-    EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "cuda attention error above 2x the plain bf16 reference's";
+    AttentionParity r;
+    attention_parity(G, c, 90, "attention", r);
+    if (!r.ran) continue;
     // Query slices give the same bytes.
-    for (auto [a, b] : slices_of(c.Mq)) {
-      DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, c.Dh});
-      ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
-      EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "attention query rows " << a << ".." << b;
-    }
+    expect_query_slices_same(G, r, "attention");
   }
 }
 
