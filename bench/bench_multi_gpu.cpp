@@ -35,40 +35,27 @@ namespace {
 
 using namespace ls;
 
-[[noreturn]] void die(const std::string& m) {
-  std::fprintf(stderr, "bench_multi_gpu: %s\n", m.c_str());
-  std::exit(2);
-}
+[[noreturn]] void die(const std::string& m) { bench::die("bench_multi_gpu", 2, m); }
 
-struct Args {
-  std::string preset = "h3", json;
-  int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500, repeat = 2;
-  float sigma = 0.9f;
+struct Args : bench::ModelClipArgs {
+  std::string json;
+  int64_t repeat = 2;
   std::vector<int> gpus = {1, 2, 4};
   std::vector<std::string> budgets = {"unlimited", "8G"};
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  bench::Flags(
+  bench::Flags f(
       "bench_multi_gpu",
-      "bench_multi_gpu: one denoiser call of the whole model on N GPUs (sequence parallel, issue 16)\n"
-      "  --preset NAME       tiny | small | h3 (default h3)\n"
-      "  --blocks N          fewer blocks at full width (default: the preset's)\n"
-      "  --frames/--width/--height/--text-tokens  clip (default 362 1024 1024 500: S = 111,274)\n"
-      "  --sigma X           the call's sigma (default 0.9)\n"
-      "  --gpus LIST         GPU counts (default 1,2,4; each must divide the heads)\n"
-      "  --budgets LIST      total device budgets PER GPU: unlimited, 8G, ... (default unlimited,8G)\n"
-      "  --repeat N          forwards per configuration, the last one timed (default 2)\n"
-      "  --json FILE         write the results\n",
-      2)
-      .text("--preset", a.preset)
-      .integer("--blocks", a.blocks)
-      .integer("--frames", a.frames)
-      .integer("--width", a.width)
-      .integer("--height", a.height)
-      .integer("--text-tokens", a.text_tokens)
-      .real("--sigma", a.sigma)
+      std::string("bench_multi_gpu: one denoiser call of the whole model on N GPUs (sequence parallel, issue 16)\n") +
+          bench::kModelClipUsage +
+          "  --gpus LIST         GPU counts (default 1,2,4; each must divide the heads)\n"
+          "  --budgets LIST      total device budgets PER GPU: unlimited, 8G, ... (default unlimited,8G)\n"
+          "  --repeat N          forwards per configuration, the last one timed (default 2)\n"
+          "  --json FILE         write the results\n",
+      2);
+  bench::add_model_clip(f, a)
       .with("--repeat", [&](const std::string& v) { a.repeat = std::max<int64_t>(1, std::stoll(v)); })
       .with("--gpus",
             [&](const std::string& v) {

@@ -1,14 +1,18 @@
 // What the whole-forward golden tests share (test_golden_forward.cpp, the bf16 model on
 // every backend; test_quant_golden.cpp, the quantised files): host copies of the views
-// the engine reports, a golden file's tensors by name, and the conditioning every case
-// records in its "case" metadata.
+// the engine reports, a golden file's tensors by name, the conditioning every case
+// records in its "case" metadata, and the sliced-plan check.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "exec/engine.h"
+#include "exec/plan.h"
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
 #include "reference/golden_compare.h"
@@ -55,6 +59,26 @@ inline Expected<h3::Conditioning> case_conditioning(const nlohmann::json& cj) {
   cond.audio_scale = cj["audio_scale"];
   if (cj.contains("seed")) cond.seed = cj["seed"].get<uint64_t>();
   return cond;
+}
+
+// A sliced plan (two-pass attention in 7-row query slices, the MLP in 13-row and the head
+// in 5-row slices: awkward sizes) gives the bytes of the stock plan's output `stock` on
+// the golden inputs too (DESIGN.md §1). forward(plan): the case's forward under `plan`.
+template <typename Forward>
+void expect_sliced_plan_same(const h3::H3Config& cfg, const h3::Conditioning& cond, const exec::ForwardResult& stock,
+                             const Forward& forward) {
+  exec::PlanKnobs knobs;
+  knobs.attn_chunk_tokens = 7;
+  knobs.mlp_chunk_tokens = 13;
+  knobs.final_chunk_tokens = 5;
+  auto plan = exec::make_plan(cfg, cond, knobs);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  Expected<exec::ForwardResult> sliced = forward(*plan);
+  ASSERT_TRUE(sliced.ok()) << sliced.error().message;
+  ASSERT_EQ(sliced->video.size(), stock.video.size());
+  ASSERT_EQ(sliced->audio.size(), stock.audio.size());
+  EXPECT_EQ(0, std::memcmp(sliced->video.data(), stock.video.data(), stock.video.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(sliced->audio.data(), stock.audio.data(), stock.audio.size() * sizeof(float)));
 }
 
 }  // namespace ls::golden

@@ -33,8 +33,7 @@ struct StateCase {
 };
 
 std::string case_name(const StateCase& c) {
-  return "Mq" + std::to_string(c.Mq) + "_Mk" + std::to_string(c.Mk) + "_H" + std::to_string(c.H) + "_Dh" +
-         std::to_string(c.Dh) + "_tile" + std::to_string(c.kv_tile);
+  return test::sizes_name({{"Mq", c.Mq}, {"Mk", c.Mk}, {"H", c.H}, {"Dh", c.Dh}, {"tile", c.kv_tile}});
 }
 
 void PrintTo(const StateCase& c, std::ostream* os) { *os << case_name(c); }

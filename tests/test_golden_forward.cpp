@@ -277,18 +277,9 @@ TEST_P(GoldenForward, MatchesPyTorch) {
 
   // A sliced plan (two-pass attention, sliced MLP and head, awkward slice sizes) gives
   // the stock plan's bytes on the golden inputs too (DESIGN.md §1).
-  exec::PlanKnobs knobs;
-  knobs.attn_chunk_tokens = 7;
-  knobs.mlp_chunk_tokens = 13;
-  knobs.final_chunk_tokens = 5;
-  auto sliced_plan = exec::make_plan(cfg, cond, knobs);
-  ASSERT_TRUE(sliced_plan.ok()) << sliced_plan.error().message;
-  auto sliced = (*engine)->forward(cond, *text, vv, av, sigma, *sliced_plan);
-  ASSERT_TRUE(sliced.ok()) << sliced.error().message;
-  ASSERT_EQ(sliced->video.size(), out->video.size());
-  ASSERT_EQ(sliced->audio.size(), out->audio.size());
-  EXPECT_EQ(0, std::memcmp(sliced->video.data(), out->video.data(), out->video.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(sliced->audio.data(), out->audio.data(), out->audio.size() * sizeof(float)));
+  golden::expect_sliced_plan_same(cfg, cond, *out, [&](const exec::Plan& p) {
+    return (*engine)->forward(cond, *text, vv, av, sigma, p);
+  });
 }
 
 // The golden checkpoints load through the normal path and detect to the generator's

@@ -114,17 +114,9 @@ TEST_P(QuantGolden, WholeForwardWithinTheRule) {
   compare(g, "out.audio", std::vector<double>(out->audio.begin(), out->audio.end()));
 
   // Sliced (two-pass attention, awkward slices): the stock plan's bytes (DESIGN.md §1).
-  exec::PlanKnobs knobs;
-  knobs.attn_chunk_tokens = 7;
-  knobs.mlp_chunk_tokens = 13;
-  knobs.final_chunk_tokens = 5;
-  auto sp = exec::make_plan(cfg, cond, knobs);
-  ASSERT_TRUE(sp.ok()) << sp.error().message;
-  auto sliced = (*engine)->forward(cond, *text, vv, av, sigma, *sp);
-  ASSERT_TRUE(sliced.ok()) << sliced.error().message;
-  ASSERT_EQ(sliced->video.size(), out->video.size());
-  EXPECT_EQ(0, std::memcmp(sliced->video.data(), out->video.data(), out->video.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(sliced->audio.data(), out->audio.data(), out->audio.size() * sizeof(float)));
+  golden::expect_sliced_plan_same(cfg, cond, *out, [&](const exec::Plan& p) {
+    return (*engine)->forward(cond, *text, vv, av, sigma, p);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantGolden, ::testing::Values("int8", "fp8"));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,16 +125,29 @@ inline void expect_query_slices_same(Gpu* G, const AttentionParity& r, const std
   }
 }
 
+// attention_parity, then its query slices, under a trace naming the case.
+inline void check_attention_case(Gpu* G, const AttentionCase& c, uint32_t seed, const std::string& what,
+                                 AttentionParity& r) {
+  SCOPED_TRACE(what + " Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" + std::to_string(c.H) +
+               " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
+  attention_parity(G, c, seed, what, r);
+  if (!r.ran) return;
+  expect_query_slices_same(G, r, what);
+}
+
 // Random bf16 q [Mq, H, Dh] (scale qscale, from `seed`), k and v [Mk, H, Dh] (seed + 1,
 // seed + 2), on the device.
 struct QkvInputs {
+  HostBuf q, k, v;  // the uploads' sources, kept alive with the device copies
   DevBuf dq, dk, dv;
 };
 inline QkvInputs qkv_inputs(Gpu* G, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh, uint32_t seed, float qscale) {
-  const HostBuf q = random_buf(DType::bf16, {Mq, H, Dh}, seed, qscale);
-  const HostBuf k = random_buf(DType::bf16, {Mk, H, Dh}, seed + 1, 1.0f);
-  const HostBuf v = random_buf(DType::bf16, {Mk, H, Dh}, seed + 2, 1.0f);
-  return QkvInputs{dev_from(G, q), dev_from(G, k), dev_from(G, v)};
+  QkvInputs in;
+  in.q = random_buf(DType::bf16, {Mq, H, Dh}, seed, qscale);
+  in.k = random_buf(DType::bf16, {Mk, H, Dh}, seed + 1, 1.0f);
+  in.v = random_buf(DType::bf16, {Mk, H, Dh}, seed + 2, 1.0f);
+  in.dq = dev_from(G, in.q), in.dk = dev_from(G, in.k), in.dv = dev_from(G, in.v);
+  return in;
 }
 
 // Streamed keys (AttentionParams::state): the keys k, v fed in chunks of 3, 1 and the
@@ -151,6 +165,125 @@ inline Status attention_key_chunks(Gpu* G, const TensorView& q, const TensorView
                               pc));
   }
   return Status::ok_status();
+}
+
+// Inputs for timing at real sizes: a fused qkv [S, 3 H Dh] of 2048 random rows (seed 300)
+// uploaded once and replicated on the device (the times do not depend on the values),
+// q, k, v its head-strided column slices, and an output [S, H, Dh]. nullopt (and a
+// failure) when the arena is too small or a copy fails.
+struct TimingInputs {
+  TensorView q, k, v, out;
+};
+inline std::optional<TimingInputs> timing_inputs(Gpu* G, int64_t S, int64_t H, int64_t Dh) {
+  const int64_t I = H * Dh;
+  auto qkv = G->arena->alloc(DType::bf16, {S, 3 * I}, "qkv");
+  auto out = G->arena->alloc(DType::bf16, {S, H, Dh}, "out");
+  if (!qkv.ok() || !out.ok()) {
+    ADD_FAILURE() << "arena too small for S = " << S;
+    return std::nullopt;
+  }
+  const int64_t seed_rows = 2048;
+  HostBuf seed = random_buf(DType::bf16, {seed_rows, 3 * I}, 300, 1.0f);
+  bool copied = G->cuda->copy(qkv->slice_rows(0, seed_rows), seed.v).ok();
+  for (int64_t have = seed_rows; copied && have < S;) {
+    const int64_t n = std::min(have, S - have);
+    copied = G->cuda->copy(qkv->slice_rows(have, have + n), qkv->slice_rows(0, n)).ok();
+    have += n;
+  }
+  if (!copied) {
+    ADD_FAILURE() << "filling the timing inputs failed";
+    return std::nullopt;
+  }
+  return TimingInputs{qkv->cols(0, I).unflatten_last(H, Dh), qkv->cols(I, 2 * I).unflatten_last(H, Dh),
+                      qkv->cols(2 * I, 3 * I).unflatten_last(H, Dh), *out};
+}
+
+// Elements differing between device views x and y ([rows, H, Dh]), counted on the device.
+inline uint64_t count_diff(Gpu* G, const TensorView& x, const TensorView& y) {
+  HostBuf zero(DType::f64, {1});
+  LS_CHECK(G->cuda->copy(G->counter, zero.v).ok());
+  LS_CHECK(cuda::count_unequal(*G->cuda, x.flatten_last2(), y.flatten_last2(), G->counter).ok());
+  return *download(G, G->counter).v.ptr<uint64_t>();
+}
+
+// A fused qkv [S, 3 H Dh] of random rows (seed) on the device, q, k, v its head-strided
+// column slices (the block's layout), and two outputs [S, H, Dh]: a whole call's and
+// its slices'. nullopt (and a failure) when the arena is too small.
+struct SliceInputs {
+  HostBuf host;  // the upload's source
+  DevBuf qkv;
+  TensorView q, k, v, full, part;
+};
+inline std::optional<SliceInputs> slice_inputs(Gpu* G, int64_t S, int64_t H, int64_t Dh, uint32_t seed) {
+  const int64_t I = H * Dh;
+  SliceInputs r;
+  r.host = random_buf(DType::bf16, {S, 3 * I}, seed, 1.0f);
+  r.qkv = dev_from(G, r.host);
+  r.q = r.qkv.v.cols(0, I).unflatten_last(H, Dh), r.k = r.qkv.v.cols(I, 2 * I).unflatten_last(H, Dh),
+  r.v = r.qkv.v.cols(2 * I, 3 * I).unflatten_last(H, Dh);
+  auto full = G->arena->alloc(DType::bf16, {S, H, Dh}, "full");
+  auto part = G->arena->alloc(DType::bf16, {S, H, Dh}, "part");
+  if (!full.ok() || !part.ok()) {
+    ADD_FAILURE() << "arena too small for S = " << S;
+    return std::nullopt;
+  }
+  r.full = *full, r.part = *part;
+  return r;
+}
+
+// H3 width (S = 12289 queries, 56 heads x 128, random rows from `seed`) under p: rows of
+// the whole call differ from each other, and 4096-row slices, slices of 97 and of 1 row
+// (first, last, middle) give its bytes (compared on the device). r: the inputs and
+// outputs, for more checks.
+inline void check_query_slices_h3(Gpu* G, const AttentionParams& p, uint32_t seed, std::optional<SliceInputs>& r) {
+  const int64_t S = 12289;
+  r = slice_inputs(G, S, 56, 128, seed);
+  ASSERT_TRUE(r.has_value());
+  const TensorView &q = r->q, &k = r->k, &v = r->v, &full = r->full, &part = r->part;
+  Status s = G->cuda->attention(q, k, v, full, p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_NE(count_diff(G, full.slice_rows(0, 1), full.slice_rows(1, 2)), 0u) << "output rows should differ";
+  for (int64_t a = 0; a < S; a += 4096) {
+    const int64_t b = std::min(S, a + 4096);
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part.slice_rows(a, b), p).ok());
+  }
+  EXPECT_EQ(count_diff(G, full, part), 0u) << "4096-row slices";
+  for (auto [a, b] : std::vector<std::pair<int64_t, int64_t>>{{5000, 5097}, {S - 97, S}, {S - 1, S}, {0, 1}, {777, 778}}) {
+    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part.slice_rows(a, b), p).ok());
+    EXPECT_EQ(count_diff(G, full.slice_rows(a, b), part.slice_rows(a, b)), 0u) << "rows " << a << ".." << b;
+  }
+}
+
+// Streamed keys vs one call, the case both attention paths check: Mq 2100 queries (scale
+// 2), Mk 2900 keys (seeds 220-222), H heads of Dh, kv_tile 256. `whole` from one call,
+// `parts` from attention_key_chunks with the fp32 state `state`; a, b their bytes. Checks
+// that rows of the whole call differ and the guard bytes around `parts`.
+struct StreamedKeys {
+  QkvInputs in;
+  AttentionParams p;
+  DevBuf whole, parts;
+  TensorView state;
+  HostBuf a, b;
+  bool ran = false;
+};
+inline void streamed_keys(Gpu* G, int64_t H, int64_t Dh, const std::string& what, StreamedKeys& r) {
+  const int64_t Mq = 2100, Mk = 2900;
+  r.in = qkv_inputs(G, Mq, Mk, H, Dh, 220, 2.0f);
+  r.p = AttentionParams{};
+  r.p.kv_tile = 256;
+  const QkvInputs& in = r.in;
+  r.whole = dev_buf(G, DType::bf16, {Mq, H, Dh}), r.parts = dev_buf(G, DType::bf16, {Mq, H, Dh});
+  Status s = G->cuda->attention(in.dq.v, in.dk.v, in.dv.v, r.whole.v, r.p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto state = G->arena->alloc(DType::f32, {Mq, H, Dh + kAttentionStateExtra}, "attention state");
+  ASSERT_TRUE(state.ok());
+  r.state = *state;
+  s = attention_key_chunks(G, in.dq.v, in.dk.v, in.dv.v, r.parts.v, r.state, r.p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  r.a = download(G, r.whole.v), r.b = download(G, r.parts.v);
+  EXPECT_FALSE(same_bytes(host_rows(r.a, 0, 1), host_rows(r.a, 1, 2))) << "output rows should differ";
+  expect_guards(G, r.parts, (what + " (streamed keys)").c_str());
+  r.ran = true;
 }
 
 }  // namespace ls::cudatest

@@ -455,13 +455,8 @@ TEST(CudaOps, AttentionParity) {
                                  {1025, 97, 1, 128, 64, 3.0f},   {97, 1025, 2, 128, 100, 3.0f},
                                  {97, 300, 3, 64, 128, 2.0f},    {33, 77, 2, 32, 1024, 1.0f}};
   for (const AttentionCase& c : cases) {
-    SCOPED_TRACE("attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
-                 std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
     AttentionParity r;
-    attention_parity(G, c, 90, "attention", r);
-    if (!r.ran) continue;
-    // Query slices give the same bytes.
-    expect_query_slices_same(G, r, "attention");
+    check_attention_case(G, c, 90, "attention", r);  // and its query slices: the same bytes
   }
 }
 
@@ -505,14 +500,11 @@ TEST(CudaOps, AttentionVariantsAgree) {
 // Real H3 width: 56 heads x 128 in a fused qkv buffer, query slices at 8192-token scale.
 TEST(CudaOps, AttentionQuerySliceInvarianceLarge) {
   LS_NEED_GPU();
-  const int64_t S = 12289, H = 56, Dh = 128, I = H * Dh;
-  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 95, 1.0f);
-  DevBuf d = dev_from(G, qkv);
-  TensorView q = d.v.cols(0, I).unflatten_last(H, Dh), k = d.v.cols(I, 2 * I).unflatten_last(H, Dh),
-             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, Dh);
-  auto full = G->arena->alloc(DType::bf16, {S, H, Dh}, "full");
-  auto part = G->arena->alloc(DType::bf16, {S, H, Dh}, "part");
-  ASSERT_TRUE(full.ok() && part.ok());
+  const int64_t S = 12289;
+  const std::optional<SliceInputs> in = slice_inputs(G, S, 56, 128, 95);
+  ASSERT_TRUE(in.has_value());
+  const TensorView &q = in->q, &k = in->k, &v = in->v;
+  const TensorView *full = &in->full, *part = &in->part;
   AttentionParams p;
   ASSERT_TRUE(G->cuda->attention(q, k, v, *full, p).ok());
   for (int64_t a = 0; a < S; a += 8192) {
@@ -520,11 +512,7 @@ TEST(CudaOps, AttentionQuerySliceInvarianceLarge) {
     ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
   }
   ASSERT_TRUE(G->cuda->attention(q.slice_rows(S - 1, S), k, v, part->slice_rows(S - 1, S), p).ok());
-  HostBuf zero(DType::f64, {1});
-  ASSERT_TRUE(G->cuda->copy(G->counter, zero.v).ok());
-  ASSERT_TRUE(cuda::count_unequal(*G->cuda, full->flatten_last2(), part->flatten_last2(), G->counter).ok());
-  HostBuf cnt = download(G, G->counter);
-  EXPECT_EQ(*cnt.v.ptr<uint64_t>(), 0u);
+  EXPECT_EQ(count_diff(G, *full, *part), 0u);
 }
 
 // cuda_ext.h: pinned host buffer, side stream and events (for the streaming executor).
