@@ -57,15 +57,15 @@ void fill(Backend& b, const TensorView& v, uint32_t seed, float sd) {
 
 int main(int argc, char** argv) {
   std::string device = "cuda";
-  bench::TimingArgs t;
-  t.M = 32768;
+  bench::TimingArgs timing;
+  timing.M = 32768;
   bench::Flags f("bench_gemm_pins",
                  "bench_gemm_pins [--device cuda] [--M 32768] [--S 111274] [--iters 5] [--warmup 2] [--json F]\n", 1);
-  bench::add_timing(f.text("--device", device), t).parse(argc, argv);
-  bench::check_timing(f, t);
-  const int64_t M = t.M, S = t.S;
-  const int iters = t.iters, warmup = t.warmup;
-  const std::string& json_path = t.json;
+  bench::add_timing(f.text("--device", device), timing).parse(argc, argv);
+  bench::check_timing(f, timing);
+  const int64_t M = timing.M, S = timing.S;
+  const int iters = timing.iters, warmup = timing.warmup;
+  const std::string& json_path = timing.json;
   std::vector<std::string> from_env;
   const std::unique_ptr<Backend> be = bench::developer_backend(f, device, from_env);
   Backend& b = *be;

@@ -79,14 +79,14 @@ double median_ms(Backend& b, int warmup, int iters, const std::function<Status()
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::TimingArgs t;
-  t.M = 8192;
+  bench::TimingArgs timing;
+  timing.M = 8192;
   bench::Flags f("bench_linear_quant", "bench_linear_quant [--M 8192] [--S 111274] [--iters 5] [--warmup 2] [--json F]\n", 1);
-  bench::add_timing(f, t).parse(argc, argv);
-  bench::check_timing(f, t);
-  const int64_t M = t.M, S = t.S;
-  const int iters = t.iters, warmup = t.warmup;
-  const std::string& json_path = t.json;
+  bench::add_timing(f, timing).parse(argc, argv);
+  bench::check_timing(f, timing);
+  const int64_t M = timing.M, S = timing.S;
+  const int iters = timing.iters, warmup = timing.warmup;
+  const std::string& json_path = timing.json;
   std::vector<std::string> from_env;
   const std::unique_ptr<Backend> be = bench::developer_backend(f, "cuda", from_env);
   Backend& b = *be;

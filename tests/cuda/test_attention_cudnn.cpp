@@ -162,10 +162,10 @@ TEST(CudnnAttention, ThroughputH3) {
     if (quick && S != 111274) continue;
     Arena::Scope per_size(*G->arena);
     CudnnScope scope(G, H, Dh);
-    const std::optional<TimingInputs> t = timing_inputs(G, S, H, Dh);
-    ASSERT_TRUE(t.has_value());
-    const TensorView &q = t->q, &k = t->k, &v = t->v;
-    const TensorView* out = &t->out;
+    const std::optional<TimingInputs> inputs = timing_inputs(G, S, H, Dh);
+    ASSERT_TRUE(inputs.has_value());
+    const TensorView &q = inputs->q, &k = inputs->k, &v = inputs->v;
+    const TensorView* out = &inputs->out;
     const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(H * Dh);
     for (const std::string path : {"cudnn", "native"}) {
       for (int64_t kv_tile : {int64_t{1024}, int64_t{2048}, int64_t{8192}, S}) {

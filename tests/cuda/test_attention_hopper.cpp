@@ -261,10 +261,10 @@ TEST(HopperAttention, ThroughputH3) {
   const int64_t S = std::getenv("LAYERSTREAM_HOPPER_BENCH_S") ? std::atoll(std::getenv("LAYERSTREAM_HOPPER_BENCH_S")) : 111274;
   const int64_t slice =
       std::getenv("LAYERSTREAM_HOPPER_BENCH_SLICE") ? std::atoll(std::getenv("LAYERSTREAM_HOPPER_BENCH_SLICE")) : 16384;
-  const std::optional<TimingInputs> t = timing_inputs(G, S, H, kDh);
-  ASSERT_TRUE(t.has_value());
-  const TensorView &q = t->q, &k = t->k, &v = t->v;
-  const TensorView* out = &t->out;
+  const std::optional<TimingInputs> inputs = timing_inputs(G, S, H, kDh);
+  ASSERT_TRUE(inputs.has_value());
+  const TensorView &q = inputs->q, &k = inputs->k, &v = inputs->v;
+  const TensorView* out = &inputs->out;
   const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(H * kDh);
   std::string json = "{\"S\": " + std::to_string(S) + ", \"H\": 56, \"Dh\": 128, \"causal\": false, \"slice\": " +
                      std::to_string(slice) + ", \"runs\": [";
