@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "api/session.h"
+#include "bench_args.h"
 #include "bench_json.h"
 #include "core/arena.h"  // format_bytes
 #include "model/h3/torch_random.h"
@@ -45,62 +46,38 @@ namespace {
 
 using namespace ls;
 
-[[noreturn]] void die(const std::string& m) {
-  std::fprintf(stderr, "bench_budget: %s\n", m.c_str());
-  std::exit(2);
-}
+[[noreturn]] void die(const std::string& m) { bench::die("bench_budget", 2, m); }
 
-struct Args {
-  std::string preset = "h3", device = "cuda", json, reference_hash;
+struct Args : bench::ModelClipArgs {
+  std::string device = "cuda", json, reference_hash;
   bool profile = false;
-  int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500;
   int64_t kv_tile = 0;  // 0: the backend's default_kv_tile()
-  float sigma = 0.9f;
   std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf(
-          "bench_budget: the whole model, one denoiser call per total device budget (issue 5)\n"
-          "  --preset NAME       tiny | small | h3 (default h3)\n"
-          "  --blocks N          fewer blocks at full width (default: the preset's)\n"
-          "  --frames/--width/--height/--text-tokens  clip (default 362 1024 1024 500: S = 111,274)\n"
-          "  --sigma X           the call's sigma (default 0.9)\n"
-          "  --kv-tile N         keys per attention tile (default: the device's; 8192 with CUDA + cuDNN)\n"
-          "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default unlimited,24G,12G,8G,6G,4G,3G);\n"
-          "                      SIZE:keep-prefetch keeps two block slots where the planner would take one,\n"
-          "                      SIZE:no-prefetch uses one whatever the budget\n"
-          "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
-          "  --device D          cuda | cuda:N | cpu (default cuda)\n"
-          "  --json FILE         write the results\n"
-          "  --profile 1         synchronise at phase boundaries and report seconds per phase (diagnostic)\n");
-      std::exit(0);
-    }
-    if (i + 1 >= argc) die("missing value after " + k);
-    const std::string v = argv[++i];
-    try {
-      if (k == "--preset") a.preset = v;
-      else if (k == "--blocks") a.blocks = std::stoll(v);
-      else if (k == "--frames") a.frames = std::stoll(v);
-      else if (k == "--width") a.width = std::stoll(v);
-      else if (k == "--height") a.height = std::stoll(v);
-      else if (k == "--text-tokens") a.text_tokens = std::stoll(v);
-      else if (k == "--sigma") a.sigma = std::stof(v);
-      else if (k == "--kv-tile") a.kv_tile = std::stoll(v);
-      else if (k == "--budgets") a.budgets = bench::split_commas(v);
-      else if (k == "--reference-hash") a.reference_hash = v;
-      else if (k == "--device") a.device = v;
-      else if (k == "--json") a.json = v;
-      else if (k == "--profile") a.profile = v == "1";
-      else die("unknown option " + k + " (see --help)");
-    } catch (const std::exception&) {
-      die("bad value '" + v + "' for " + k);
-    }
-  }
+  bench::Flags f("bench_budget",
+                 std::string("bench_budget: the whole model, one denoiser call per total device budget (issue 5)\n") +
+                     bench::kModelClipUsage +
+                     "  --kv-tile N         keys per attention tile (default: the device's; 8192 with CUDA + cuDNN)\n"
+                     "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default "
+                     "unlimited,24G,12G,8G,6G,4G,3G);\n"
+                     "                      SIZE:keep-prefetch keeps two block slots where the planner would take one,\n"
+                     "                      SIZE:no-prefetch uses one whatever the budget\n"
+                     "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
+                     "  --device D          cuda | cuda:N | cpu (default cuda)\n"
+                     "  --json FILE         write the results\n"
+                     "  --profile 1         synchronise at phase boundaries and report seconds per phase (diagnostic)\n",
+                 2);
+  bench::add_model_clip(f, a)
+      .integer("--kv-tile", a.kv_tile)
+      .list("--budgets", a.budgets)
+      .text("--reference-hash", a.reference_hash)
+      .text("--device", a.device)
+      .text("--json", a.json)
+      .with("--profile", [&](const std::string& v) { a.profile = v == "1"; })
+      .parse(argc, argv);
   return a;
 }
 

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_args.h"
 #include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
@@ -34,13 +35,8 @@ using namespace ls;
 
 constexpr int64_t D = 5376, I = 7168, F = 14336;
 
-[[noreturn]] void die(const std::string& m) {
-  std::fprintf(stderr, "bench_gemm_pins: %s\n", m.c_str());
-  std::exit(1);
-}
-void ok(const Status& s, const char* what) {
-  if (!s.ok()) die(std::string(what) + ": " + s.message());
-}
+[[noreturn]] void die(const std::string& m) { bench::die("bench_gemm_pins", 1, m); }
+void ok(const Status& s, const char* what) { if (!s.ok()) die(std::string(what) + ": " + s.message()); }
 
 // 256 random rows uploaded, then repeated down the view by device copies.
 void fill(Backend& b, const TensorView& v, uint32_t seed, float sd) {
@@ -60,38 +56,19 @@ void fill(Backend& b, const TensorView& v, uint32_t seed, float sd) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cuda", json_path;
-  int64_t M = 32768, S = 111274;
-  int iters = 5, warmup = 2;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--device") device = next();
-    else if (a == "--M") M = std::stoll(next());
-    else if (a == "--S") S = std::stoll(next());
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--json") json_path = next();
-    else if (a == "--help" || a == "-h") {
-      std::puts("bench_gemm_pins [--device cuda] [--M 32768] [--S 111274] [--iters 5] [--warmup 2] [--json F]");
-      return 0;
-    } else die("unknown argument " + a + " (see --help)");
-  }
-  if (M < 1 || S < 1 || iters < 1 || warmup < 0) die("--M, --S, --iters must be >= 1, --warmup >= 0");
-  // The developer variables (LAYERSTREAM_GEMM_CANDIDATE, LAYERSTREAM_GEMM_VERBOSE, ...)
-  // are read here and handed to the backend as numerics (src/ reads no environment).
-  Numerics numerics;
-  Diagnostics diagnostics;
+  std::string device = "cuda";
+  bench::TimingArgs timing;
+  timing.M = 32768;
+  bench::Flags f("bench_gemm_pins",
+                 "bench_gemm_pins [--device cuda] [--M 32768] [--S 111274] [--iters 5] [--warmup 2] [--json F]\n", 1);
+  bench::add_timing(f.text("--device", device), timing).parse(argc, argv);
+  bench::check_timing(f, timing);
+  const int64_t M = timing.M, S = timing.S;
+  const int iters = timing.iters, warmup = timing.warmup;
+  const std::string& json_path = timing.json;
   std::vector<std::string> from_env;
-  const Status vars = apply_developer_variables([](const char* n) -> const char* { return std::getenv(n); },
-                                                &numerics, &diagnostics, &from_env);
-  if (!vars.ok()) die(vars.message());
-  auto be = make_backend(device, numerics, diagnostics);
-  if (!be.ok()) die(be.error().message);
-  Backend& b = **be;
+  const std::unique_ptr<Backend> be = bench::developer_backend(f, device, from_env);
+  Backend& b = *be;
   struct G {
     const char* name;
     int64_t N, K;
@@ -99,13 +76,9 @@ int main(int argc, char** argv) {
   const G gs[] = {{"qkv", 3 * I, D}, {"out_proj", D, I}, {"fc1", 2 * F, D}, {"fc2", D, F}};
   size_t bytes = std::max<size_t>(b.workspace_bytes(), 256) + (size_t{64} << 20);
   for (const G& g : gs) bytes += static_cast<size_t>((g.N * g.K + M * g.K + M * g.N) * 2) + 4096;
-  auto arena = Arena::create(b.memory(), bytes);
-  if (!arena.ok()) die(arena.error().message);
-  Arena& ar = **arena;
-  auto take = [&](DType t, std::initializer_list<int64_t> dims, const char* what) {
-    auto r = ar.alloc(t, dims, what);
-    if (!r.ok()) die(r.error().message);
-    return r.value();
+  bench::BenchArena scratch(f, b, bytes);
+  const auto take = [&](DType t, std::initializer_list<int64_t> dims, const char* what) {
+    return scratch.take(t, dims, what);
   };
   ok(b.set_workspace(take(DType::u8, {static_cast<int64_t>(std::max<size_t>(b.workspace_bytes(), 256))}, "ws")),
      "set_workspace");

@@ -33,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/linear_quant_bench.cuh"
+#include "bench_args.h"
 #include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
@@ -43,13 +44,8 @@ using namespace ls;
 
 constexpr int64_t D = 5376, I = 7168, F = 14336;
 
-[[noreturn]] void die(const std::string& m) {
-  std::fprintf(stderr, "bench_linear_quant: %s\n", m.c_str());
-  std::exit(1);
-}
-void ok(const Status& s, const char* what) {
-  if (!s.ok()) die(std::string(what) + ": " + s.message());
-}
+[[noreturn]] void die(const std::string& m) { bench::die("bench_linear_quant", 1, m); }
+void ok(const Status& s, const char* what) { if (!s.ok()) die(std::string(what) + ": " + s.message()); }
 
 // 256 random rows uploaded, then repeated down the view by device copies. gen(i) gives
 // element i of the first rows as the storage type's bytes.
@@ -83,35 +79,17 @@ double median_ms(Backend& b, int warmup, int iters, const std::function<Status()
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t M = 8192, S = 111274;
-  int iters = 5, warmup = 2;
-  std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--M") M = std::stoll(next());
-    else if (a == "--S") S = std::stoll(next());
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--json") json_path = next();
-    else if (a == "--help" || a == "-h") {
-      std::puts("bench_linear_quant [--M 8192] [--S 111274] [--iters 5] [--warmup 2] [--json F]");
-      return 0;
-    } else die("unknown argument " + a + " (see --help)");
-  }
-  if (M < 1 || S < 1 || iters < 1 || warmup < 0) die("--M, --S, --iters must be >= 1, --warmup >= 0");
-  Numerics numerics;
-  Diagnostics diagnostics;
+  bench::TimingArgs timing;
+  timing.M = 8192;
+  bench::Flags f("bench_linear_quant", "bench_linear_quant [--M 8192] [--S 111274] [--iters 5] [--warmup 2] [--json F]\n", 1);
+  bench::add_timing(f, timing).parse(argc, argv);
+  bench::check_timing(f, timing);
+  const int64_t M = timing.M, S = timing.S;
+  const int iters = timing.iters, warmup = timing.warmup;
+  const std::string& json_path = timing.json;
   std::vector<std::string> from_env;
-  const Status vars = apply_developer_variables([](const char* n) -> const char* { return std::getenv(n); },
-                                                &numerics, &diagnostics, &from_env);
-  if (!vars.ok()) die(vars.message());
-  auto be = make_backend("cuda", numerics, diagnostics);
-  if (!be.ok()) die(be.error().message);
-  Backend& b = **be;
+  const std::unique_ptr<Backend> be = bench::developer_backend(f, "cuda", from_env);
+  Backend& b = *be;
 
   struct Lin {
     const char* name;
@@ -126,14 +104,11 @@ int main(int argc, char** argv) {
     // weights bf16 + i8 + e4m3, x bf16 [M, 2K], q [M, K], y bf16, acc 4 bytes [M, N]
     bytes += N * K * 4 + m * K * 4 + m * K * 3 + m * N * 2 + m * N * 4 + N * 8 + m * 4 + (size_t{1} << 17);
   }
-  auto arena = Arena::create(b.memory(), bytes);
-  if (!arena.ok()) die(arena.error().message);
-  Arena& ar = **arena;
-  auto take = [&](DType t, std::initializer_list<int64_t> dims, const char* what) {
-    auto r = ar.alloc(t, dims, what);
-    if (!r.ok()) die(r.error().message);
-    return r.value();
+  bench::BenchArena scratch(f, b, bytes);
+  const auto take = [&](DType t, std::initializer_list<int64_t> dims, const char* what) {
+    return scratch.take(t, dims, what);
   };
+  Arena& ar = scratch.arena();
   ok(b.set_workspace(take(DType::u8, {static_cast<int64_t>(ws)}, "workspace")), "set_workspace");
 
   nlohmann::json out;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_args.h"
 #include "bench_json.h"
 #include "core/arena.h"  // format_bytes
 #include "exec/engine.h"
@@ -34,57 +35,36 @@ namespace {
 
 using namespace ls;
 
-[[noreturn]] void die(const std::string& m) {
-  std::fprintf(stderr, "bench_multi_gpu: %s\n", m.c_str());
-  std::exit(2);
-}
+[[noreturn]] void die(const std::string& m) { bench::die("bench_multi_gpu", 2, m); }
 
-struct Args {
-  std::string preset = "h3", json;
-  int64_t blocks = 0, frames = 362, width = 1024, height = 1024, text_tokens = 500, repeat = 2;
-  float sigma = 0.9f;
+struct Args : bench::ModelClipArgs {
+  std::string json;
+  int64_t repeat = 2;
   std::vector<int> gpus = {1, 2, 4};
   std::vector<std::string> budgets = {"unlimited", "8G"};
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf(
-          "bench_multi_gpu: one denoiser call of the whole model on N GPUs (sequence parallel, issue 16)\n"
-          "  --preset NAME       tiny | small | h3 (default h3)\n"
-          "  --blocks N          fewer blocks at full width (default: the preset's)\n"
-          "  --frames/--width/--height/--text-tokens  clip (default 362 1024 1024 500: S = 111,274)\n"
-          "  --sigma X           the call's sigma (default 0.9)\n"
+  bench::Flags f(
+      "bench_multi_gpu",
+      std::string("bench_multi_gpu: one denoiser call of the whole model on N GPUs (sequence parallel, issue 16)\n") +
+          bench::kModelClipUsage +
           "  --gpus LIST         GPU counts (default 1,2,4; each must divide the heads)\n"
           "  --budgets LIST      total device budgets PER GPU: unlimited, 8G, ... (default unlimited,8G)\n"
           "  --repeat N          forwards per configuration, the last one timed (default 2)\n"
-          "  --json FILE         write the results\n");
-      std::exit(0);
-    }
-    if (i + 1 >= argc) die("missing value after " + k);
-    const std::string v = argv[++i];
-    try {
-      if (k == "--preset") a.preset = v;
-      else if (k == "--blocks") a.blocks = std::stoll(v);
-      else if (k == "--frames") a.frames = std::stoll(v);
-      else if (k == "--width") a.width = std::stoll(v);
-      else if (k == "--height") a.height = std::stoll(v);
-      else if (k == "--text-tokens") a.text_tokens = std::stoll(v);
-      else if (k == "--sigma") a.sigma = std::stof(v);
-      else if (k == "--repeat") a.repeat = std::max<int64_t>(1, std::stoll(v));
-      else if (k == "--gpus") {
-        a.gpus.clear();
-        for (const auto& g : bench::split_commas(v)) a.gpus.push_back(std::stoi(g));
-      } else if (k == "--budgets") a.budgets = bench::split_commas(v);
-      else if (k == "--json") a.json = v;
-      else die("unknown option " + k + " (see --help)");
-    } catch (const std::exception&) {
-      die("bad value '" + v + "' for " + k);
-    }
-  }
+          "  --json FILE         write the results\n",
+      2);
+  bench::add_model_clip(f, a)
+      .with("--repeat", [&](const std::string& v) { a.repeat = std::max<int64_t>(1, std::stoll(v)); })
+      .with("--gpus",
+            [&](const std::string& v) {
+              a.gpus.clear();
+              for (const auto& g : bench::split_commas(v)) a.gpus.push_back(std::stoi(g));
+            })
+      .list("--budgets", a.budgets)
+      .text("--json", a.json)
+      .parse(argc, argv);
   return a;
 }
 

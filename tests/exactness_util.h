@@ -191,6 +191,25 @@ inline Inputs random_inputs(std::mt19937_64& rng, const h3::H3Config& cfg, const
   return in;
 }
 
+// A fixed three-block case (the engine and phase tests): a tiny config (not varied), a
+// 9-frame 64x64 clip with `text_tokens` tokens sampled at {1, 0.8, 0}, random inputs,
+// all drawn from `seed`.
+struct SmallCase {
+  h3::H3Config cfg;
+  h3::Conditioning cond;
+  Inputs in;
+};
+inline SmallCase small_case(uint64_t seed, int64_t text_tokens) {
+  std::mt19937_64 rng(seed);
+  SmallCase c;
+  c.cfg = tiny_cfg(rng, false);
+  c.cfg.num_layers = 3;
+  c.cond = clip(9, 64, 64, text_tokens);
+  c.cond.sample_sigmas = {1.0f, 0.8f, 0.0f};
+  c.in = random_inputs(rng, c.cfg, c.cond);
+  return c;
+}
+
 inline bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

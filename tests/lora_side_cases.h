@@ -145,36 +145,16 @@ struct LoraSetup {
 inline LoraSetup lora_setup(uint64_t seed, quant::Kind kind, int64_t layers, const std::string& device,
                             const std::string& lora_path, const LoraSpec& spec) {
   LoraSetup s;
-  auto be = make_backend(device);
-  if (!be.ok()) {
-    ADD_FAILURE() << be.error().message;
-    return s;
-  }
-  s.be = std::move(*be);
+  s.be = ls::test::streaming_backend(device);
+  if (!s.be) return s;
   s.c = quant::quant_case(seed, kind, layers, device != "cpu");
   write_lora(lora_path, s.c.cfg, spec, seed * 101 + 5);
   s.src = lora_source(s.c.cfg, seed, {lora::LoraFile{lora_path, 0.8}});
   if (!s.src) return s;
   const h3::H3Config plain_cfg = s.c.cfg;
   s.c.cfg = s.src->cfg();
-  if (const Status t = ls::test::use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
-    ADD_FAILURE() << t.error().message;
-    return s;
-  }
-  exec::PlanKnobs sk;
-  sk.kv_tile = s.c.kv_tile;
-  auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
-  if (!stock.ok()) {
-    ADD_FAILURE() << stock.error().message;
-    return s;
-  }
-  s.stock = *stock;
-  s.ref = quant::run_on(*s.src, s.c, *s.be, exec::Residency{}, s.stock);
-  s.ok = s.ref.ok && ls::test::sum_abs(s.ref.r.video) > 0.0 && ls::test::sum_abs(s.ref.r.audio) > 0.0;
-  if (!s.ok) {
-    ADD_FAILURE() << "the all-resident stock run failed or gave all-zero outputs";
-    return s;
-  }
+  s.ok = ls::test::stock_run(*s.src, s.c, *s.be, s.stock, s.ref);
+  if (!s.ok) return s;
   h3::H3SyntheticSource without(plain_cfg, seed);
   h3::H3Config keep = s.c.cfg;
   s.c.cfg = plain_cfg;
@@ -189,18 +169,7 @@ inline void check_lora_knobs(LoraSetup& su, uint64_t seed, int variants) {
   ls::test::StreamingCase& c = su.c;
   SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg) + ", kv_tile " +
                std::to_string(c.kv_tile) + ", " + su.src->describe());
-  const int64_t S = su.stock.sizes.S, L = c.cfg.num_layers, tr = su.stock.sizes.target_rows;
-  std::mt19937_64 rng(seed * 31 + 7);
-  for (int v = 0; v < variants; ++v) {
-    const ls::test::KnobDraw d = ls::test::draw_knobs(rng, v, S, L, tr, c.kv_tile, /*pin_edge_residency=*/true);
-    const exec::Residency& res = d.res;
-    const exec::PlanKnobs& k = d.k;
-    auto p = exec::make_plan(c.cfg, c.cond, k);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " +
-                             std::to_string(res.slots) + ", plan " + p->describe();
-    ls::test::expect_same(su.ref, quant::run_on(*su.src, c, *su.be, res, *p), what);
-  }
+  ls::test::check_knob_draws(*su.src, c, *su.be, su.stock, su.ref, seed, variants);
 }
 
 // Every plan_total_budget plan from the minimum to all-resident: the same bytes, and what
@@ -208,26 +177,9 @@ inline void check_lora_knobs(LoraSetup& su, uint64_t seed, int variants) {
 // min_steps: how many different budget steps the sweep must reach (a model whose weights
 // are mostly AdaLN tensors, which the precompute holds one at a time, may reach only one).
 inline void check_lora_budgets(LoraSetup& su, int budgets, size_t min_steps = 2) {
-  ls::test::StreamingCase& c = su.c;
-  const exec::BudgetOptions bo = ls::test::budget_options(c, *su.be);
-  const std::optional<ls::test::BudgetSpan> span = ls::test::budget_span(c, bo);
-  ASSERT_TRUE(span.has_value());
   std::set<std::string> steps;
-  for (int i = 0; i <= budgets; ++i) {
-    const uint64_t budget = span->lo + (span->hi - span->lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
-    auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
-    ASSERT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
-    exec::Residency res;
-    res.resident_blocks = bp->resident_blocks;
-    res.slots = bp->prefetch ? 2 : 1;
-    const ls::test::StreamingRun got = quant::run_on(*su.src, c, *su.be, res, bp->activations);
-    ls::test::expect_same(su.ref, got, bp->describe());
-    if (got.ok) {
-      EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << bp->describe();
-    }
-    EXPECT_LE(bp->predicted_peak_bytes, budget);
-    steps.insert(bp->step);
-  }
+  ls::test::sweep_budgets(*su.src, su.c, *su.be, su.ref, budgets, steps);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_GE(steps.size(), min_steps);
 }
 

@@ -112,63 +112,24 @@ struct QuantSetup {
   bool ok = false;
 };
 
-// One engine over `src`: refine, precompute, forward (ls::test::run_streaming for any source).
-inline ls::test::StreamingRun run_on(const h3::H3TensorSource& src, ls::test::StreamingCase& c, Backend& be, const exec::Residency& res,
-                          const exec::Plan& plan) {
-  ls::test::StreamingRun out;
-  exec::EngineOptions eo;
-  eo.residency = res;
-  eo.residency.release_source = false;
-  auto e = exec::Engine::create(src, be, eo);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
-  if (!e.ok()) return out;
-  auto t = (*e)->refine_text(c.in.text_view(c.cfg, c.cond));
-  EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
-  if (!t.ok()) return out;
-  Status s = (*e)->precompute_adaln({c.sigma}, c.cond);
-  EXPECT_TRUE(s.ok()) << s.message();
-  if (!s.ok()) return out;
-  auto r = (*e)->forward(c.cond, *t, c.in.video_view(c.cfg, c.cond), c.in.audio_view(c.cfg, c.cond), c.sigma, plan);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  if (!r.ok()) return out;
-  EXPECT_LE(r->report.measured_peak_bytes, r->report.predicted_peak_bytes);
-  out.r = std::move(*r);
-  out.ok = true;
-  return out;
+// One engine over `src`: refine, precompute, forward (ls::test::run_streaming_on).
+inline ls::test::StreamingRun run_on(const h3::H3TensorSource& src, ls::test::StreamingCase& c, Backend& be,
+                                     const exec::Residency& res, const exec::Plan& plan) {
+  return ls::test::run_streaming_on(src, c, be, res, plan);
 }
 
 inline QuantSetup quant_setup(uint64_t seed, Kind kind, int64_t layers, const std::string& device) {
   QuantSetup s;
-  auto be = make_backend(device);
-  if (!be.ok()) {
-    ADD_FAILURE() << be.error().message;
-    return s;
-  }
-  s.be = std::move(*be);
+  s.be = ls::test::streaming_backend(device);
+  if (!s.be) return s;
   s.c = quant_case(seed, kind, layers, device != "cpu");
   if (kind == Kind::fp8_convert || kind == Kind::fp8_dynamic) {
     s.wrapped = h3::fp8_convert_source(std::make_unique<h3::H3SyntheticSource>(s.c.cfg, seed), kind == Kind::fp8_dynamic);
     s.c.cfg = s.wrapped->cfg();  // the planner counts the fp8 bytes
   }
-  if (const Status t = ls::test::use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
-    ADD_FAILURE() << t.error().message;
-    return s;
-  }
   const h3::H3TensorSource& src = s.wrapped ? *s.wrapped : *s.c.src;
-  exec::PlanKnobs sk;
-  sk.kv_tile = s.c.kv_tile;
-  auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
-  if (!stock.ok()) {
-    ADD_FAILURE() << stock.error().message;
-    return s;
-  }
-  s.stock = *stock;
-  s.ref = run_on(src, s.c, *s.be, exec::Residency{}, s.stock);
-  s.ok = s.ref.ok && ls::test::sum_abs(s.ref.r.video) > 0.0 && ls::test::sum_abs(s.ref.r.audio) > 0.0;
-  if (!s.ok) {
-    ADD_FAILURE() << "the all-resident stock run failed or gave all-zero outputs";
-    return s;
-  }
+  s.ok = ls::test::stock_run(src, s.c, *s.be, s.stock, s.ref);
+  if (!s.ok) return s;
   // Not vacuous: the quantised model is not the bf16 one (its linears really ran quantised).
   h3::H3Config plain = s.c.cfg;
   plain.quant = h3::QuantLayout();
@@ -183,39 +144,20 @@ inline void check_knobs(uint64_t seed, Kind kind, int64_t layers, int variants, 
   QuantSetup su = quant_setup(seed, kind, layers, device);
   ASSERT_TRUE(su.ok);
   ls::test::StreamingCase& c = su.c;
-  const h3::H3TensorSource& src = su.wrapped ? *su.wrapped : *c.src;
   SCOPED_TRACE(std::string(kind_name(kind)) + ", case seed " + std::to_string(seed) + ": " +
                h3::h3_config_summary(c.cfg) + ", kv_tile " + std::to_string(c.kv_tile));
-  const int64_t S = su.stock.sizes.S, L = c.cfg.num_layers, tr = su.stock.sizes.target_rows;
-  std::mt19937_64 rng(seed * 31 + 7);
-  for (int v = 0; v < variants; ++v) {
-    const ls::test::KnobDraw d = ls::test::draw_knobs(rng, v, S, L, tr, c.kv_tile, /*pin_edge_residency=*/true);
-    const exec::Residency& res = d.res;
-    const exec::PlanKnobs& k = d.k;
-    auto p = exec::make_plan(c.cfg, c.cond, k);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +
-                             ", plan " + p->describe();
-    ls::test::expect_same(su.ref, run_on(src, c, *su.be, res, *p), what);
-  }
+  ls::test::check_knob_draws(su.wrapped ? *su.wrapped : *c.src, c, *su.be, su.stock, su.ref, seed, variants);
 }
 
 inline void check_budgets(uint64_t seed, Kind kind, int64_t layers, int budgets, const std::string& device) {
   QuantSetup su = quant_setup(seed, kind, layers, device);
   ASSERT_TRUE(su.ok);
   ASSERT_FALSE(su.wrapped) << "budget sweeps run on StreamingCase sources";
-  ls::test::StreamingCase& c = su.c;
-  SCOPED_TRACE(std::string(kind_name(kind)) + ", case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg));
-  const exec::BudgetOptions bo = ls::test::budget_options(c, *su.be);
-  const std::optional<ls::test::BudgetSpan> span = ls::test::budget_span(c, bo);
-  ASSERT_TRUE(span.has_value());
+  SCOPED_TRACE(std::string(kind_name(kind)) + ", case seed " + std::to_string(seed) + ": " +
+               h3::h3_config_summary(su.c.cfg));
   std::set<std::string> steps;
-  for (int i = 0; i <= budgets; ++i) {
-    const uint64_t budget = span->lo + (span->hi - span->lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
-    const std::optional<exec::BudgetPlan> bp = ls::test::check_budget_run(c, *su.be, su.ref, bo, budget);
-    ASSERT_TRUE(bp.has_value());
-    steps.insert(bp->step);
-  }
+  ls::test::sweep_budgets(*su.c.src, su.c, *su.be, su.ref, budgets, steps);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_GE(steps.size(), 2u);  // the sweep reached more than one kind of plan
 }
 

@@ -76,13 +76,15 @@ struct StreamingRun {
   bool ok = false;
 };
 
-// One engine, refine, precompute, forward.
-inline StreamingRun run_streaming(StreamingCase& c, Backend& be, const exec::Residency& res, const exec::Plan& plan) {
+// One engine over `src` (the case's source, or a wrapper of it: an fp8 conversion, a
+// LoRA), refine, precompute, forward.
+inline StreamingRun run_streaming_on(const h3::H3TensorSource& src, StreamingCase& c, Backend& be,
+                                     const exec::Residency& res, const exec::Plan& plan) {
   StreamingRun out;
   exec::EngineOptions eo;
   eo.residency = res;
   eo.residency.release_source = false;  // several engines share the source
-  auto e = exec::Engine::create(*c.src, be, eo);
+  auto e = exec::Engine::create(src, be, eo);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
   if (!e.ok()) return out;
   auto t = (*e)->refine_text(c.in.text_view(c.cfg, c.cond));
@@ -90,6 +92,7 @@ inline StreamingRun run_streaming(StreamingCase& c, Backend& be, const exec::Res
   if (!t.ok()) return out;
   Status s = (*e)->precompute_adaln({c.sigma}, c.cond);
   EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return out;
   auto r = (*e)->forward(c.cond, *t, c.in.video_view(c.cfg, c.cond), c.in.audio_view(c.cfg, c.cond), c.sigma, plan);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
   if (!r.ok()) return out;
@@ -97,6 +100,11 @@ inline StreamingRun run_streaming(StreamingCase& c, Backend& be, const exec::Res
   out.r = std::move(*r);
   out.ok = true;
   return out;
+}
+
+// The same over the case's own source.
+inline StreamingRun run_streaming(StreamingCase& c, Backend& be, const exec::Residency& res, const exec::Plan& plan) {
+  return run_streaming_on(*c.src, c, be, res, plan);
 }
 
 inline void expect_same(const StreamingRun& ref, const StreamingRun& got, const std::string& what) {
@@ -134,16 +142,46 @@ inline void expect_deferred(const Backend& be) {
   }
 }
 
+// The backend for `device` (make_streaming_backend); null after a reported failure.
+inline std::unique_ptr<Backend> streaming_backend(const std::string& device) {
+  auto be = make_streaming_backend(device);
+  if (!be.ok()) {
+    ADD_FAILURE() << be.error().message;
+    return nullptr;
+  }
+  return std::move(*be);
+}
+
+// The case's kv_tile made the backend's (a plan's kv_tile must be), the stock plan, and
+// the all-resident stock run over `src` that every other run is compared with. False
+// after a reported failure, or when the stock run gave all-zero outputs.
+inline bool stock_run(const h3::H3TensorSource& src, StreamingCase& c, Backend& be, exec::Plan& stock,
+                      StreamingRun& ref) {
+  if (const Status t = use_kv_tile(be, c.kv_tile); !t.ok()) {
+    ADD_FAILURE() << t.error().message;
+    return false;
+  }
+  exec::PlanKnobs sk;
+  sk.kv_tile = c.kv_tile;
+  sk.int8_attention = runs_int8(be);
+  auto p = exec::make_plan(c.cfg, c.cond, sk);
+  if (!p.ok()) {
+    ADD_FAILURE() << p.error().message;
+    return false;
+  }
+  stock = *p;
+  ref = run_streaming_on(src, c, be, exec::Residency{}, stock);
+  const bool ok = ref.ok && sum_abs(ref.r.video) > 0.0 && sum_abs(ref.r.audio) > 0.0;
+  if (!ok) ADD_FAILURE() << "the all-resident stock run failed or gave all-zero outputs";
+  return ok;
+}
+
 // int8: the backend runs attention int8 (set before the case's kv_tile).
 inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, int64_t layers, bool wide,
                                       bool all_modes = false, bool int8 = false) {
   StreamingSetup s;
-  auto be = make_streaming_backend(device);
-  if (!be.ok()) {
-    ADD_FAILURE() << be.error().message;
-    return s;
-  }
-  s.be = std::move(*be);
+  s.be = streaming_backend(device);
+  if (!s.be) return s;
   if (int8) {
     Numerics n = s.be->numerics();
     n.attention = AttentionAlgorithm::int8;
@@ -154,23 +192,7 @@ inline StreamingSetup streaming_setup(uint64_t seed, const std::string& device, 
     }
   }
   s.c = make_streaming_case(seed, layers, wide, is_gpu(device), all_modes, int8);
-  // The case's kv_tile is the backend's (a plan's kv_tile must be).
-  if (const Status t = use_kv_tile(*s.be, s.c.kv_tile); !t.ok()) {
-    ADD_FAILURE() << t.error().message;
-    return s;
-  }
-  exec::PlanKnobs sk;
-  sk.kv_tile = s.c.kv_tile;
-  sk.int8_attention = runs_int8(*s.be);
-  auto stock = exec::make_plan(s.c.cfg, s.c.cond, sk);
-  if (!stock.ok()) {
-    ADD_FAILURE() << stock.error().message;
-    return s;
-  }
-  s.stock = *stock;
-  s.ref = run_streaming(s.c, *s.be, exec::Residency{}, s.stock);
-  s.ok = s.ref.ok && sum_abs(s.ref.r.video) > 0.0 && sum_abs(s.ref.r.audio) > 0.0;
-  if (!s.ok) ADD_FAILURE() << "the all-resident stock run failed or gave all-zero outputs";
+  s.ok = stock_run(*s.c.src, s.c, *s.be, s.stock, s.ref);
   return s;
 }
 
@@ -212,6 +234,26 @@ inline KnobDraw draw_knobs(std::mt19937_64& rng, int v, int64_t S, int64_t L, in
   return d;
 }
 
+// A knob run's name in failure messages.
+inline std::string knobs_what(const exec::Residency& res, const exec::Plan& p) {
+  return "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) + ", plan " +
+         p.describe();
+}
+
+// `variants` draws of draw_knobs with pin_edge_residency over `src` (the quantised and
+// LoRA sweeps): each plan gives the bytes of the stock run `ref`.
+inline void check_knob_draws(const h3::H3TensorSource& src, StreamingCase& c, Backend& be, const exec::Plan& stock,
+                             const StreamingRun& ref, uint64_t seed, int variants) {
+  const int64_t S = stock.sizes.S, L = c.cfg.num_layers, tr = stock.sizes.target_rows;
+  std::mt19937_64 rng(seed * 31 + 7);
+  for (int v = 0; v < variants; ++v) {
+    const KnobDraw d = draw_knobs(rng, v, S, L, tr, c.kv_tile, /*pin_edge_residency=*/true);
+    auto p = exec::make_plan(c.cfg, c.cond, d.k);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    expect_same(ref, run_streaming_on(src, c, be, d.res, *p), knobs_what(d.res, *p));
+  }
+}
+
 inline void check_streaming_knobs(uint64_t seed, const std::string& device, int64_t layers, bool wide, int variants,
                                   bool all_modes = false, bool int8 = false) {
   StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes, int8);
@@ -248,8 +290,7 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
     k.int8_attention = runs_int8(*be);
     auto p = exec::make_plan(c.cfg, c.cond, k);
     ASSERT_TRUE(p.ok()) << p.error().message;
-    const std::string what = "resident " + std::to_string(res.resident_blocks) + ", slots " + std::to_string(res.slots) +
-                             ", plan " + p->describe();
+    const std::string what = knobs_what(res, *p);
     const StreamingRun got = run_streaming(c, *be, res, *p);
     expect_same(ref, got, what);
     if (!got.ok) continue;
@@ -327,8 +368,9 @@ inline std::optional<BudgetSpan> budget_span(const StreamingCase& c, const exec:
 // outputs with the stock run `ref` by memcmp; what the engine held on the device at its
 // fullest stays within the plan, and the plan within the budget. Returns the plan
 // (nullopt after a reported planning failure).
-inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backend& be, const StreamingRun& ref,
-                                                        const exec::BudgetOptions& bo, uint64_t budget) {
+inline std::optional<exec::BudgetPlan> check_budget_run(const h3::H3TensorSource& src, StreamingCase& c, Backend& be,
+                                                        const StreamingRun& ref, const exec::BudgetOptions& bo,
+                                                        uint64_t budget) {
   auto bp = exec::plan_total_budget(c.cfg, c.cond, budget, bo);
   EXPECT_TRUE(bp.ok()) << "budget " << budget << ": " << bp.error().message;
   if (!bp.ok()) return std::nullopt;
@@ -336,7 +378,7 @@ inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backen
   res.resident_blocks = bp->resident_blocks;
   res.slots = bp->prefetch ? 2 : 1;
   const std::string what = bp->describe();
-  const StreamingRun got = run_streaming(c, be, res, bp->activations);
+  const StreamingRun got = run_streaming_on(src, c, be, res, bp->activations);
   expect_same(ref, got, what);
   if (got.ok) {
     EXPECT_LE(got.r.report.device_peak_bytes, bp->predicted_peak_bytes) << what;
@@ -345,28 +387,40 @@ inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backen
   return std::move(bp).value();
 }
 
+// The same over the case's own source.
+inline std::optional<exec::BudgetPlan> check_budget_run(StreamingCase& c, Backend& be, const StreamingRun& ref,
+                                                        const exec::BudgetOptions& bo, uint64_t budget) {
+  return check_budget_run(*c.src, c, be, ref, bo, budget);
+}
+
+// `budgets` + 1 budgets evenly from the planner's minimum to the all-resident peak, each
+// planned, run over `src` and compared with the stock run `ref` (check_budget_run); the
+// steps the plans took go to `steps` (a sweep shows it reached several).
+inline void sweep_budgets(const h3::H3TensorSource& src, StreamingCase& c, Backend& be, const StreamingRun& ref,
+                          int budgets, std::set<std::string>& steps) {
+  const exec::BudgetOptions bo = budget_options(c, be);
+  const std::optional<BudgetSpan> span = budget_span(c, bo);
+  ASSERT_TRUE(span.has_value());
+  for (int i = 0; i <= budgets; ++i) {
+    const uint64_t budget = span->lo + (span->hi - span->lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
+    const std::optional<exec::BudgetPlan> bp = check_budget_run(src, c, be, ref, bo, budget);
+    ASSERT_TRUE(bp.has_value());
+    steps.insert(bp->step);
+  }
+}
+
 // Budgets: every plan_total_budget plan from the minimum to all-resident.
 inline void check_streaming_budgets(uint64_t seed, const std::string& device, int64_t layers, bool wide, int budgets,
                                     bool all_modes = false, bool int8 = false) {
   StreamingSetup su = streaming_setup(seed, device, layers, wide, all_modes, int8);
   ASSERT_TRUE(su.ok);
-  StreamingCase& c = su.c;
-  Backend* const be = su.be.get();
-  const StreamingRun& ref = su.ref;
-  SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(c.cfg));
-  const exec::BudgetOptions bo = budget_options(c, *be);
-  const std::optional<BudgetSpan> span = budget_span(c, bo);
-  ASSERT_TRUE(span.has_value());
+  SCOPED_TRACE("case seed " + std::to_string(seed) + ": " + h3::h3_config_summary(su.c.cfg));
   std::set<std::string> steps;
-  for (int i = 0; i <= budgets; ++i) {
-    const uint64_t budget = span->lo + (span->hi - span->lo) * static_cast<uint64_t>(i) / static_cast<uint64_t>(budgets);
-    const std::optional<exec::BudgetPlan> bp = check_budget_run(c, *be, ref, bo, budget);
-    ASSERT_TRUE(bp.has_value());
-    steps.insert(bp->step);
-  }
+  sweep_budgets(*su.c.src, su.c, *su.be, su.ref, budgets, steps);
+  if (::testing::Test::HasFatalFailure()) return;
   // Not vacuous: the sweep reached more than one kind of plan.
   EXPECT_GE(steps.size(), 2u);
-  expect_deferred(*be);
+  expect_deferred(*su.be);
 }
 
 }  // namespace ls::test

@@ -22,21 +22,11 @@ using ls_api_test::Inputs;
 using ls_api_test::make_inputs;
 using ls_api_test::tiny;
 
-struct Out {
-  std::vector<float> video, audio;
-  uint64_t hash = 0;
-};
+using ls_api_test::Out;
 
 Out denoise(ls_engine* e, const Inputs& in, float sigma = 0.7f) {
-  Out o;
-  o.video.resize(in.shape.video_count), o.audio.resize(in.shape.audio_count);
-  ls_denoise_params d;
-  ls_denoise_params_init(&d);
-  d.clip = &in.clip, d.video = in.video.data(), d.audio = in.audio.data(), d.text = in.text.data(), d.sigma = sigma;
-  d.video_out = o.video.data(), d.video_out_count = o.video.size();
-  d.audio_out = o.audio.data(), d.audio_out_count = o.audio.size();
-  EXPECT_EQ(ls_engine_denoise(e, &d), LS_OK) << ls_engine_last_error(e);
-  o.hash = ls_engine_output_hash(e);
+  Out o = ls_api_test::denoise_call(e, in, sigma);
+  EXPECT_EQ(o.status, LS_OK) << ls_engine_last_error(e);
   return o;
 }
 
@@ -197,9 +187,7 @@ TEST(Api, RefinedTextGivesTheSameBytes) {
   auto e = tiny();
   Inputs in = make_inputs(e.get());
   const Out a = denoise(e.get(), in);
-  ls_model_info m;
-  ls_model_info_init(&m);
-  ASSERT_EQ(ls_engine_model_info(e.get(), &m), LS_OK);
+  const ls_model_info& m = in.info;
   std::vector<uint16_t> refined(static_cast<size_t>(in.clip.text_tokens * m.hidden));
   ASSERT_EQ(ls_engine_refine_text(e.get(), in.text.data(), in.clip.text_tokens, refined.data(), refined.size()), LS_OK)
       << ls_engine_last_error(e.get());
@@ -283,9 +271,7 @@ TEST(Api, TensorInputsGiveThePointerBytes) {
   auto e = tiny();
   Inputs in = make_inputs(e.get());
   const Out ref = denoise(e.get(), in);
-  ls_model_info info;
-  ls_model_info_init(&info);
-  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const ls_model_info& info = in.info;
   const int64_t C = info.latents_dim, T = in.shape.T, H = in.shape.Hl, W = in.shape.Wl;
   // video as bf16 (the inputs are bf16-exact), with a leading 1; audio strided (every
   // other float of a larger buffer); text as f32 with column-major strides.
@@ -326,9 +312,7 @@ TEST(Api, TensorRefusals) {
   Inputs in = make_inputs(e.get());
   Out o;
   o.video.resize(in.shape.video_count), o.audio.resize(in.shape.audio_count);
-  ls_model_info info;
-  ls_model_info_init(&info);
-  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const ls_model_info& info = in.info;
   const int64_t C = info.latents_dim, T = in.shape.T, H = in.shape.Hl, W = in.shape.Wl;
   ls_tensor v = host(in.video.data(), LS_DTYPE_F32, {C, T, H, W});
   auto call = [&](auto tweak) {
@@ -391,9 +375,7 @@ TEST(Api, TensorRefusals) {
 TEST(Api, KeyframeAndMaskTensorsEqualPointerForms) {
   auto e = tiny();
   Inputs in = make_inputs(e.get());
-  ls_model_info info;
-  ls_model_info_init(&info);
-  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const ls_model_info& info = in.info;
   const int64_t C = info.latents_dim, T = in.shape.T, H = in.shape.Hl, W = in.shape.Wl;
   std::vector<float> kvid(static_cast<size_t>(C * H * W)), mask(static_cast<size_t>(T * H * W));
   fill(kvid, 7);

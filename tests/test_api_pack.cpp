@@ -32,26 +32,14 @@ using ls_api_test::fill;
 using ls_api_test::tiny;
 using ls_api_test::make_inputs;
 
-struct Out {
-  std::vector<float> video, audio;
-  uint64_t hash = 0;
-  ls_status status = LS_OK;
-};
+using ls_api_test::Out;
 
 // One denoise; `size` < sizeof: an older caller's struct; output_masks < 0: the default.
 Out denoise(ls_engine* e, const Call& c, int output_masks = -1, uint32_t size = sizeof(ls_denoise_params)) {
-  Out o;
-  o.video.resize(c.shape.video_count), o.audio.resize(c.shape.audio_count);
-  ls_denoise_params d;
-  ls_denoise_params_init(&d);
-  d.size = size;
-  d.clip = &c.clip, d.video = c.video.data(), d.audio = c.audio.data(), d.text = c.text.data(), d.sigma = 0.7f;
-  d.video_out = o.video.data(), d.video_out_count = o.video.size();
-  d.audio_out = o.audio.data(), d.audio_out_count = o.audio.size();
-  if (output_masks >= 0) d.output_masks = output_masks;
-  o.status = ls_engine_denoise(e, &d);
-  o.hash = ls_engine_output_hash(e);
-  return o;
+  return ls_api_test::denoise_call(e, c, 0.7f, [&](ls_denoise_params& d) {
+    d.size = size;
+    if (output_masks >= 0) d.output_masks = output_masks;
+  });
 }
 
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
@@ -103,9 +91,7 @@ TEST(ApiPack, OutputMasksDefaultsOnAndOffIsUnmasked) {
 TEST(ApiPack, AudioOnlyKeyframesInBothForms) {
   auto e = tiny();
   Call c = make_inputs(e.get());
-  ls_model_info info;
-  ls_model_info_init(&info);
-  ASSERT_EQ(ls_engine_model_info(e.get(), &info), LS_OK);
+  const ls_model_info& info = c.info;
   const Out plain = denoise(e.get(), c);
   ASSERT_EQ(plain.status, LS_OK);
   const int64_t Ak = 3;

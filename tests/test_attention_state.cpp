@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_state_cases.h"
 #include "backend/backend.h"
 #include "test_cpu_ops_util.h"
 
@@ -32,8 +33,7 @@ struct StateCase {
 };
 
 std::string case_name(const StateCase& c) {
-  return "Mq" + std::to_string(c.Mq) + "_Mk" + std::to_string(c.Mk) + "_H" + std::to_string(c.H) + "_Dh" +
-         std::to_string(c.Dh) + "_tile" + std::to_string(c.kv_tile);
+  return test::sizes_name({{"Mq", c.Mq}, {"Mk", c.Mk}, {"H", c.H}, {"Dh", c.Dh}, {"tile", c.kv_tile}});
 }
 
 void PrintTo(const StateCase& c, std::ostream* os) { *os << case_name(c); }
@@ -210,43 +210,22 @@ TEST(AttentionStateErrors, MalformedSettingsAreInvalidArgument) {
   Inputs in(c, 9);
   HostTensor out(DType::bf16, {c.Mq, c.H, c.Dh});
   HostTensor state(DType::f32, {c.Mq, c.H, c.Dh + kAttentionStateExtra});
-  auto code_of = [&](const AttentionParams& p, int64_t keys) {
-    const Status s = cpu()->attention(in.q, in.k.slice_rows(0, keys), in.v.slice_rows(0, keys), out, p);
-    if (!s.ok()) std::printf("  expected failure: %s\n", s.message().c_str());
-    return s.ok() ? std::string("ok") : std::string(to_string(s.error().code));
+  const auto call = [&](const AttentionParams& p, int64_t keys) {
+    return cpu()->attention(in.q, in.k.slice_rows(0, keys), in.v.slice_rows(0, keys), out, p);
   };
-  const std::string invalid = to_string(ErrorCode::invalid_argument);
-  AttentionParams p;
-  p.kv_tile = c.kv_tile;
-  p.state = state;
-  p.finalize = false;
-  EXPECT_EQ(code_of(p, 40), invalid) << "a non-final chunk of 40 keys with kv_tile 16";
-  EXPECT_EQ(code_of(p, 32), "ok");
-
   HostTensor narrow(DType::f32, {c.Mq, c.H, c.Dh + kAttentionStateExtra - 1});
   HostTensor wrong_rows(DType::f32, {c.Mq + 1, c.H, c.Dh + kAttentionStateExtra});
   HostTensor wrong_heads(DType::f32, {c.Mq, c.H + 1, c.Dh + kAttentionStateExtra});
   HostTensor bf16_state(DType::bf16, {c.Mq, c.H, c.Dh + kAttentionStateExtra});
   HostTensor flat(DType::f32, {c.Mq, c.H * (c.Dh + kAttentionStateExtra)});
   HostTensor wide(DType::f32, {c.Mq, c.H, 2 * (c.Dh + kAttentionStateExtra)});
-  const TensorView strided = wide.view().cols(0, c.Dh + kAttentionStateExtra);  // rows not packed
-  const std::vector<const TensorView*> bad_states = {&narrow.view(), &wrong_rows.view(), &wrong_heads.view(),
-                                                     &bf16_state.view(), &flat.view(), &strided};
-  for (const TensorView* bad : bad_states) {
-    for (bool fin : {false, true}) {
-      AttentionParams b = p;
-      b.state = *bad;
-      b.finalize = fin;
-      EXPECT_EQ(code_of(b, 32), invalid) << "state " << bad->shape_str() << " finalize " << fin;
-    }
-  }
-  AttentionParams no_state;
-  no_state.kv_tile = c.kv_tile;
-  no_state.state_in = true;
-  EXPECT_EQ(code_of(no_state, 32), invalid) << "state_in without a state";
-  no_state.state_in = false;
-  no_state.finalize = false;
-  EXPECT_EQ(code_of(no_state, 32), invalid) << "!finalize without a state";
+  test::expect_state_refusals(call, state, c.kv_tile,
+                              {{narrow.view(), "narrow"},
+                               {wrong_rows.view(), "extra row"},
+                               {wrong_heads.view(), "extra head"},
+                               {bf16_state.view(), "bf16"},
+                               {flat.view(), "2-d"},
+                               {wide.view().cols(0, c.Dh + kAttentionStateExtra), "strided rows"}});
   EXPECT_TRUE(state.guards_intact() && out.guards_intact());
 }
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "file_test_util.h"
 #include "io/safetensors.h"
 
 namespace {
@@ -27,27 +28,14 @@ struct Result {
   std::string out, err;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using ls::test::read_all;
 
 bool exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
-class CliGenerate : public ::testing::Test {
+class CliGenerate : public ls::test::TempDirTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ls_cli_generate_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    const std::string cmd = "rm -rf '" + dir_ + "'";
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
-  }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  CliGenerate() : TempDirTest("ls_cli_generate") {}
+  std::string path(const std::string& name) const { return file(name); }
 
   Result run(const std::string& args) {
     Result r;
@@ -55,8 +43,8 @@ class CliGenerate : public ::testing::Test {
     const std::string cmd = std::string(LS_TOOL_PATH) + " generate " + args + " > '" + out + "' 2> '" + err + "'";
     const int status = std::system(cmd.c_str());
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
+    r.out = read_all(out);
+    r.err = read_all(err);
     return r;
   }
 
@@ -72,8 +60,6 @@ class CliGenerate : public ::testing::Test {
     EXPECT_TRUE(ls::write_safetensors(p, ts).ok());
     return p;
   }
-
-  std::string dir_;
 };
 
 // The tensors of an output file as raw bytes, checked for shape, dtype and content.
@@ -118,7 +104,7 @@ TEST_F(CliGenerate, BuiltinDemonstration) {
   // 22 frames at 256x256: T 7, latent 16x16, A 37.
   const std::string bytes = latents_bytes(path("out.safetensors"), {24, 7, 16, 16}, {32, 2, 37});
   EXPECT_EQ(bytes.size(), (24u * 7 * 16 * 16 + 32 * 2 * 37) * 4);
-  const nlohmann::json j = nlohmann::json::parse(read_file(path("report.json")));
+  const nlohmann::json j = nlohmann::json::parse(read_all(path("report.json")));
   EXPECT_TRUE(j["comparison"]["identical"].get<bool>());
   ASSERT_EQ(j["runs"].size(), 2u);
   EXPECT_TRUE(j["runs"][0]["plan"]["stock"].get<bool>());
@@ -187,7 +173,7 @@ TEST_F(CliGenerate, VramBudgetsGiveIdenticalLatents) {
     EXPECT_NE(r.out.find("vram budget "), std::string::npos) << r.out;  // the plan, before the run
     EXPECT_NE(r.out.find("vram: LayerStream device peak "), std::string::npos) << r.out;
     EXPECT_TRUE(latents_bytes(out, {24, 2, 8, 8}, {32, 2, 8}) == bref) << "budget " << b << " changed the latents";
-    const nlohmann::json j = nlohmann::json::parse(read_file(js));
+    const nlohmann::json j = nlohmann::json::parse(read_all(js));
     ASSERT_TRUE(j.contains("vram_budget")) << j.dump();
     EXPECT_LE(j["vram_budget"]["device_peak_bytes"].get<uint64_t>(),
               j["vram_budget"]["predicted_peak_bytes"].get<uint64_t>());
@@ -247,9 +233,9 @@ TEST_F(CliGenerate, BadInputsFailCleanly) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("-o"), std::string::npos) << r.err;
   // Nothing half-written (no temporary file) left behind in the folder either.
-  const std::string listing_cmd = "ls '" + dir_ + "' | grep -c tmp > '" + path("count.txt") + "'";
+  const std::string listing_cmd = "ls '" + dir_.string() + "' | grep -c tmp > '" + path("count.txt") + "'";
   (void)std::system(listing_cmd.c_str());
-  EXPECT_EQ(read_file(path("count.txt")), "0\n");
+  EXPECT_EQ(read_all(path("count.txt")), "0\n");
 }
 
 TEST_F(CliGenerate, TextWithBatchDimension) {

@@ -20,6 +20,13 @@ using namespace ls;
 
 namespace {
 
+// n values of nd (in draw order).
+std::vector<float> random_values(std::mt19937& rng, std::normal_distribution<float>& nd, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
 class CliLora : public test::TempDirTest {
  protected:
   CliLora() : TempDirTest("ls_cli_lora") {}
@@ -32,33 +39,19 @@ class CliLora : public test::TempDirTest {
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& s : h3::h3_tensor_specs(cfg)) shapes[s.name] = s.shape;
     lora_ = file("lora.safetensors");
-    SafetensorsWriter w(lora_);
     std::mt19937 rng(5);
     std::normal_distribution<float> nd(0.0f, 0.1f);
-    struct Piece {
-      std::string name;
-      std::vector<int64_t> shape;
-    };
-    std::vector<Piece> pieces;
+    test::NamedTensors pieces;
     const int64_t r = 3;
     auto add_pair = [&](const std::string& layer, const std::string& key, const char* up, const char* down) {
       const auto& s = shapes.at(layer + ".weight");
-      pieces.push_back({key + up, {s[0], r}});
-      pieces.push_back({key + down, {r, s[1]}});
+      pieces.push_back({key + up, {DType::bf16, {s[0], r}, random_values(rng, nd, s[0] * r)}});
+      pieces.push_back({key + down, {DType::bf16, {r, s[1]}, random_values(rng, nd, r * s[1])}});
     };
     add_pair("blocks.0.attn.qkv_proj", "diffusion_model.blocks.0.attn.qkv_proj", ".lora_B.weight", ".lora_A.weight");
     add_pair("blocks.1.mlp.fc1", "lora_unet_blocks_1_mlp_fc1", ".lora_up.weight", ".lora_down.weight");
-    pieces.push_back({"lora_unet_blocks_1_mlp_fc1.alpha", {}});
-    for (const auto& p : pieces) ASSERT_TRUE(w.declare(p.name, DType::bf16, p.shape).ok());
-    ASSERT_TRUE(w.begin().ok());
-    for (const auto& p : pieces) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      std::vector<uint16_t> v(static_cast<size_t>(n));
-      for (auto& x : v) x = f32_to_bf16(p.shape.empty() ? 2.0f : nd(rng));
-      ASSERT_TRUE(w.write_tensor(p.name, v.data(), v.size() * 2).ok());
-    }
-    ASSERT_TRUE(w.commit().ok());
+    pieces.push_back({"lora_unet_blocks_1_mlp_fc1.alpha", {DType::bf16, {}, {2.0f}}});
+    ASSERT_NO_FATAL_FAILURE(test::write_tensors(lora_, pieces));
   }
   std::string base_, lora_;
   const std::string clip_ = " --frames 22 --width 64 --height 64 --text-tokens 8 --sigma 0.7 --seed 3";
@@ -145,27 +138,19 @@ TEST_F(CliLora, PddBankLoraEqualsTheBankedCheckpoint) {
   const int64_t n = 4, pv = cfg.video_patch_dim(), pa = cfg.audio_latents_dim, D = cfg.hidden;
   const std::string pdd = file("pdd.safetensors");
   {
-    SafetensorsWriter w(pdd);
     std::mt19937 rng(9);
     std::normal_distribution<float> nd(0.0f, 0.02f);
-    struct Piece {
-      std::string name;
-      std::vector<int64_t> shape;
-    };
-    const std::vector<Piece> pieces = {{"diffusion_model.final_layer.video_out.set_weight", {n * pv, D}},
-                                       {"diffusion_model.final_layer.video_out.set_bias", {n * pv}},
-                                       {"diffusion_model.final_layer.audio_out.set_weight", {n * pa, D}},
-                                       {"diffusion_model.final_layer.audio_out.set_bias", {n * pa}}};
-    for (const auto& p : pieces) ASSERT_TRUE(w.declare(p.name, DType::f32, p.shape).ok());
-    ASSERT_TRUE(w.begin().ok());
-    for (const auto& p : pieces) {
+    test::NamedTensors pieces;
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"diffusion_model.final_layer.video_out.set_weight", {n * pv, D}},
+             {"diffusion_model.final_layer.video_out.set_bias", {n * pv}},
+             {"diffusion_model.final_layer.audio_out.set_weight", {n * pa, D}},
+             {"diffusion_model.final_layer.audio_out.set_bias", {n * pa}}}) {
       int64_t c = 1;
-      for (int64_t d : p.shape) c *= d;
-      std::vector<float> v(static_cast<size_t>(c));
-      for (auto& x : v) x = nd(rng);
-      ASSERT_TRUE(w.write_tensor(p.name, v.data(), v.size() * 4).ok());
+      for (int64_t d : shape) c *= d;
+      pieces.push_back({name, {DType::f32, shape, random_values(rng, nd, c)}});
     }
-    ASSERT_TRUE(w.commit().ok());
+    ASSERT_NO_FATAL_FAILURE(test::write_tensors(pdd, pieces));
   }
   const std::string l = " --lora " + lora_ + ":0.6 --lora " + pdd;
   const std::string merged = file("pdd_merged.safetensors");

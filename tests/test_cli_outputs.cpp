@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "file_test_util.h"
 #include "io/safetensors.h"
 
 using ls::test::run_tool;
@@ -26,28 +27,19 @@ using ls::test::ToolRun;
 
 namespace {
 
-class CliOutputs : public ::testing::Test {
+class CliOutputs : public ls::test::TempDirTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ls_cli_outputs_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  CliOutputs() : TempDirTest("ls_cli_outputs") {}
+  std::string path(const std::string& name) const { return file(name); }
   // Files left in the folder (a failed run leaves neither its output nor a temporary).
   size_t files() const {
     size_t n = 0;
     for (const auto& e : std::filesystem::directory_iterator(dir_)) n += e.is_regular_file();
     return n;
   }
-  std::string dir_;
 };
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string slurp(const std::string& p) { return ls::test::read_all(p); }
 
 const std::string kForward = "forward --preset tiny --frames 22 --width 64 --height 64 --text-tokens 8 --sigma 0.8 --seed 5";
 const std::string kGenerate = "generate --preset tiny --steps 2 --frames 22 --width 64 --height 64 --seed 3";

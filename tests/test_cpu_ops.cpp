@@ -114,14 +114,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{5, 3, 15, DType::bf16, DType::bf16, DType::f32, true, DType::f32},
                       GemmCase{2, 2, 1, DType::f32, DType::bf16, DType::bf16, false, DType::f32}),
     [](const ::testing::TestParamInfo<GemmCase>& param_info) {
-      // built by appending (GCC 12 warns falsely on "literal" + std::string&&)
       const GemmCase& c = param_info.param;
-      std::string n = "M";
-      n += std::to_string(c.M);
-      n += "_N";
-      n += std::to_string(c.N);
-      n += "_K";
-      n += std::to_string(c.K);
+      std::string n = test::sizes_name({{"M", c.M}, {"N", c.N}, {"K", c.K}});
       n += std::string("_") + dtype_name(c.x) + "_" + dtype_name(c.w) + "_to_" + dtype_name(c.out);
       n += c.has_bias ? std::string("_bias_") + dtype_name(c.bias) : std::string("_nobias");
       return n;
@@ -681,15 +675,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, CpuAttention,
                                            AttnCase{9, 1025, 2, 32}, AttnCase{5, 300, 1, 17}),
                          [](const ::testing::TestParamInfo<AttnCase>& param_info) {
                            const AttnCase& c = param_info.param;
-                           std::string n = "Mq";
-                           n += std::to_string(c.Mq);
-                           n += "_Mk";
-                           n += std::to_string(c.Mk);
-                           n += "_H";
-                           n += std::to_string(c.H);
-                           n += "_Dh";
-                           n += std::to_string(c.Dh);
-                           return n;
+                           return test::sizes_name({{"Mq", c.Mq}, {"Mk", c.Mk}, {"H", c.H}, {"Dh", c.Dh}});
                          });
 
 TEST(CpuAttentionTiles, AnyKvTileMatchesTheStatement) {

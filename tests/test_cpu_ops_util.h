@@ -1,7 +1,7 @@
 // Helpers shared by tests/test_cpu_ops*.cpp: host tensors with guard bytes, seeded
-// fills, element access in double, row-wise memcmp, and the error statistics used for
+// fills, element access in double, row-wise memcmp, the error statistics used for
 // the "at most 2x the error of a plain same-precision implementation" checks
-// (DESIGN.md §4).
+// (DESIGN.md §4), and parameterised cases' names.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,8 @@
 #include <cstring>
 #include <initializer_list>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -19,6 +21,18 @@
 #include "core/tensor.h"
 
 namespace ls::test {
+
+// A parameterised case's name from its sizes: {{"M", 97}, {"N", 23}} -> "M97_N23" (built by
+// appending: GCC 12 warns falsely on "literal" + std::string&&).
+inline std::string sizes_name(std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  std::string n;
+  for (const auto& [key, value] : sizes) {
+    if (!n.empty()) n += "_";
+    n += key;
+    n += std::to_string(value);
+  }
+  return n;
+}
 
 // A host buffer holding one contiguous tensor, with kGuard bytes of a known pattern on
 // both sides so an op that writes out of bounds is caught (ggml test-backend-ops style).

@@ -55,22 +55,9 @@ class PoisonedSource final : public h3::H3TensorSource {
   TensorView view_;
 };
 
-struct Case {
-  h3::H3Config cfg;
-  h3::Conditioning cond;
-  Inputs in;
-};
+using Case = SmallCase;
 
-Case make_case() {
-  std::mt19937_64 rng(11);
-  Case c;
-  c.cfg = tiny_cfg(rng, false);
-  c.cfg.num_layers = 3;
-  c.cond = clip(9, 64, 64, 5);
-  c.cond.sample_sigmas = {1.0f, 0.8f, 0.0f};
-  c.in = random_inputs(rng, c.cfg, c.cond);
-  return c;
-}
+Case make_case() { return small_case(11, 5); }
 
 struct RunResult {
   Expected<exec::ForwardResult> r = make_error(ErrorCode::not_found, "not run");

@@ -70,22 +70,9 @@ TEST(ExecFences, HandlesComeFromAPoolAndGoBack) {
   EXPECT_EQ(be->fences_held(), 0);
 }
 
-struct Case {
-  h3::H3Config cfg;
-  h3::Conditioning cond;
-  Inputs in;
-};
+using Case = SmallCase;
 
-Case make_case(uint64_t seed = 5) {
-  std::mt19937_64 rng(seed);
-  Case c;
-  c.cfg = tiny_cfg(rng, false);
-  c.cfg.num_layers = 3;
-  c.cond = clip(9, 64, 64, 9);
-  c.cond.sample_sigmas = {1.0f, 0.8f, 0.0f};
-  c.in = random_inputs(rng, c.cfg, c.cond);
-  return c;
-}
+Case make_case(uint64_t seed = 5) { return small_case(seed, 9); }
 
 // A backend whose numerics say kv_tile `tile` (every other field the default).
 std::unique_ptr<Backend> cpu_with_tile(int64_t tile) {

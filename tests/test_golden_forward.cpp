@@ -36,6 +36,7 @@
 #include "model/h3/checkpoint.h"
 #include "model/h3/layout.h"
 #include "model/h3/torch_random.h"
+#include "golden_forward_util.h"
 #include "reference/golden_compare.h"
 
 namespace ls {
@@ -43,19 +44,7 @@ namespace {
 
 using golden::Err;
 
-// Host copy (float64) of a 1-4-D view with a possibly strided outer dimension.
-std::vector<double> host_f64(const TensorView& t) {
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(t.numel()));
-  const int64_t rows = t.ndim == 0 ? 1 : t.size(0);
-  const int64_t inner = rows == 0 ? 0 : t.numel() / rows;
-  for (int64_t r = 0; r < rows; ++r) {
-    // Inner dims contiguous within a row (true for every view the engine reports).
-    const void* row = t.ndim == 0 ? t.data : t.at(r);
-    for (int64_t i = 0; i < inner; ++i) out.push_back(load_as_f64(row, t.dtype, i));
-  }
-  return out;
-}
+using golden::host_f64;
 
 struct CaseResult {
   std::map<std::string, std::vector<double>> got;  // engine intermediates + outputs
@@ -140,37 +129,23 @@ TEST_P(GoldenForward, MatchesPyTorch) {
   ASSERT_TRUE(engine.ok()) << engine.error().message;
 
   // ---- inputs ----
-  auto view_of = [&](const std::string& n) {
-    const SafetensorsEntry* e = g.find(n);
-    LS_CHECK_MSG(e != nullptr, "golden lacks " + n);
-    return g.view(*e);
-  };
-  auto floats = [&](const std::string& n) {
-    std::vector<double> d = golden::to_f64(view_of(n));
-    return std::vector<float>(d.begin(), d.end());
-  };
+  auto view_of = [&](const std::string& n) { return golden::view_of(g, n); };
+  auto floats = [&](const std::string& n) { return golden::floats(g, n); };
   const TensorView text_states = view_of("in.text_states");
   EXPECT_GT(golden::sum_squares(golden::to_f64(text_states)), 0.0);
   auto text = (*engine)->refine_text(text_states);
   ASSERT_TRUE(text.ok()) << text.error().message;
 
-  h3::Conditioning cond;
-  auto geo = h3::clip_geometry(cj["frames"], cj["width"], cj["height"], cj["L"]);
-  ASSERT_TRUE(geo.ok()) << geo.error().message;
-  cond.geometry = *geo;
+  auto base = golden::case_conditioning(cj);
+  ASSERT_TRUE(base.ok()) << base.error().message;
+  h3::Conditioning cond = std::move(*base);
   ASSERT_EQ(cond.geometry.T, cj["T"].get<int64_t>());
   ASSERT_EQ(cond.geometry.A, cj["A"].get<int64_t>());
-  cond.vis_aug = cj["vis_aug"];
-  cond.aud_aug = cj["aud_aug"];
-  cond.shift_video = cj["shift_v"];
-  cond.shift_audio = cj["shift_a"];
-  cond.audio_scale = cj["audio_scale"];
   if (const SafetensorsEntry* e = g.find("in.text_tags")) {
     TensorView t = g.view(*e);
     const int8_t* p = t.ptr<const int8_t>();
     cond.text_token_tags.assign(p, p + t.numel());
   }
-  if (cj.contains("seed")) cond.seed = cj["seed"].get<uint64_t>();
   // Condition latents, and PyTorch's own noise draws for them (torch.randn(rows.shape)
   // from the reseeded CPU generator), handed in through h3::ConditionNoise.
   auto audio_of = [&](const std::string& n) {
@@ -302,18 +277,9 @@ TEST_P(GoldenForward, MatchesPyTorch) {
 
   // A sliced plan (two-pass attention, sliced MLP and head, awkward slice sizes) gives
   // the stock plan's bytes on the golden inputs too (DESIGN.md §1).
-  exec::PlanKnobs knobs;
-  knobs.attn_chunk_tokens = 7;
-  knobs.mlp_chunk_tokens = 13;
-  knobs.final_chunk_tokens = 5;
-  auto sliced_plan = exec::make_plan(cfg, cond, knobs);
-  ASSERT_TRUE(sliced_plan.ok()) << sliced_plan.error().message;
-  auto sliced = (*engine)->forward(cond, *text, vv, av, sigma, *sliced_plan);
-  ASSERT_TRUE(sliced.ok()) << sliced.error().message;
-  ASSERT_EQ(sliced->video.size(), out->video.size());
-  ASSERT_EQ(sliced->audio.size(), out->audio.size());
-  EXPECT_EQ(0, std::memcmp(sliced->video.data(), out->video.data(), out->video.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(sliced->audio.data(), out->audio.data(), out->audio.size() * sizeof(float)));
+  golden::expect_sliced_plan_same(cfg, cond, *out, [&](const exec::Plan& p) {
+    return (*engine)->forward(cond, *text, vv, av, sigma, p);
+  });
 }
 
 // The golden checkpoints load through the normal path and detect to the generator's

@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -169,6 +170,23 @@ class GoldenOps : public ::testing::TestWithParam<std::string> {
     return false;
   }
 
+  // Every case of `op` (exactly `count` of them; 0: any number, EveryOpCovered asks for
+  // one): `run` runs the op on the case's inputs and returns its Status and output, which
+  // is then compared with PyTorch's (check, max_differing).
+  using OpRun = std::function<std::pair<Status, TensorView>(const nlohmann::json& j, const std::string& c)>;
+  void run_cases(const std::string& op, size_t count, double max_differing, const OpRun& run) {
+    const std::vector<nlohmann::json> cs = cases_of(op);
+    if (count > 0) {
+      ASSERT_EQ(cs.size(), count) << op;
+    }
+    for (const auto& j : cs) {
+      const std::string c = j["case"];
+      const auto [s, out] = run(j, c);
+      if (!ran(s, c)) continue;
+      check(c, out, max_differing);
+    }
+  }
+
   // Cases of one op from the file's "cases" list.
   std::vector<nlohmann::json> cases_of(const std::string& op) const {
     std::vector<nlohmann::json> out;
@@ -201,95 +219,64 @@ TEST_P(GoldenOps, Gemm) {
   }
 }
 
+// The elementwise and row ops, in place where the op is (the input then holds the output).
 TEST_P(GoldenOps, RmsNorm) {
-  for (const auto& j : cases_of("rms_norm")) {
-    std::string c = j["case"];
+  run_cases("rms_norm", 0, 0.01, [&](const nlohmann::json& j, const std::string& c) {
     TensorView x = input(c, "x"), w = input(c, "w"), out = like_out(c);
-    Status s = backend_->rms_norm(x, w, j["eps"].get<float>(), out);
-    if (!ran(s, c)) continue;
-    check(c, out, 0.01);
-  }
+    return std::pair{backend_->rms_norm(x, w, j["eps"].get<float>(), out), out};
+  });
 }
 
 TEST_P(GoldenOps, Modulate) {
-  auto cs = cases_of("modulate");
-  ASSERT_EQ(cs.size(), 3u);
-  for (const auto& j : cs) {
-    std::string c = j["case"];
+  run_cases("modulate", 3, 0.01, [&](const nlohmann::json&, const std::string& c) {
     TensorView in = input(c, "in"), shift = input(c, "shift"), scale = input(c, "scale"), rows = input(c, "rows");
     TensorView out = like_out(c);
-    Status s = backend_->modulate(in, shift, scale, rows, out);
-    if (!ran(s, c)) continue;
-    check(c, out, 0.01);
-  }
+    return std::pair{backend_->modulate(in, shift, scale, rows, out), out};
+  });
 }
 
 TEST_P(GoldenOps, GatedAdd) {
-  auto cs = cases_of("gated_add");
-  ASSERT_EQ(cs.size(), 2u);
-  for (const auto& j : cs) {
-    std::string c = j["case"];
+  run_cases("gated_add", 2, 0.01, [&](const nlohmann::json&, const std::string& c) {
     TensorView x = input(c, "x"), y = input(c, "y"), gate = input(c, "gate"), rows = input(c, "rows");
-    Status s = backend_->gated_add(x, y, gate, rows);  // in place on x
-    if (!ran(s, c)) continue;
-    check(c, x, 0.01);
-  }
+    return std::pair{backend_->gated_add(x, y, gate, rows), x};  // in place on x
+  });
 }
 
 TEST_P(GoldenOps, Add) {
-  for (const auto& j : cases_of("add")) {
-    std::string c = j["case"];
+  run_cases("add", 0, 0.01, [&](const nlohmann::json&, const std::string& c) {
     TensorView x = input(c, "x"), y = input(c, "y");
-    Status s = backend_->add(x, y);  // in place on x
-    if (!ran(s, c)) continue;
-    check(c, x, 0.01);
-  }
+    return std::pair{backend_->add(x, y), x};  // in place on x
+  });
 }
 
 TEST_P(GoldenOps, QkNormRope) {
-  auto cs = cases_of("qk_norm_rope");
-  ASSERT_EQ(cs.size(), 3u);
-  for (const auto& j : cs) {
-    std::string c = j["case"];
+  run_cases("qk_norm_rope", 3, 0.01, [&](const nlohmann::json& j, const std::string& c) {
     TensorView x = input(c, "x"), w = input(c, "w");
     TensorView rope;
     if (has(c, "rope")) rope = input(c, "rope");  // else: empty view = no rotation
-    Status s = backend_->qk_norm_rope(x, w, rope, j["eps"].get<float>());  // in place
-    if (!ran(s, c)) continue;
-    check(c, x, 0.01);
-  }
+    return std::pair{backend_->qk_norm_rope(x, w, rope, j["eps"].get<float>()), x};  // in place
+  });
 }
 
 TEST_P(GoldenOps, Swiglu) {
-  for (const auto& j : cases_of("swiglu")) {
-    std::string c = j["case"];
+  run_cases("swiglu", 0, 0.01, [&](const nlohmann::json&, const std::string& c) {
     TensorView u = input(c, "u"), out = like_out(c);
-    Status s = backend_->swiglu(u, out);
-    if (!ran(s, c)) continue;
-    check(c, out, 0.01);
-  }
+    return std::pair{backend_->swiglu(u, out), out};
+  });
 }
 
 TEST_P(GoldenOps, Silu) {
-  for (const auto& j : cases_of("silu")) {
-    std::string c = j["case"];
+  run_cases("silu", 0, -1.0, [&](const nlohmann::json&, const std::string& c) {
     TensorView x = input(c, "x");
-    Status s = backend_->silu(x);  // in place, fp32
-    if (!ran(s, c)) continue;
-    check(c, x);
-  }
+    return std::pair{backend_->silu(x), x};  // in place, fp32
+  });
 }
 
 TEST_P(GoldenOps, TimeEmbedding) {
-  auto cs = cases_of("time_embedding");
-  ASSERT_EQ(cs.size(), 2u);
-  for (const auto& j : cs) {
-    std::string c = j["case"];
+  run_cases("time_embedding", 2, -1.0, [&](const nlohmann::json&, const std::string& c) {
     TensorView t = input(c, "t"), out = like_out(c);
-    Status s = backend_->time_embedding(t, out);
-    if (!ran(s, c)) continue;
-    check(c, out);
-  }
+    return std::pair{backend_->time_embedding(t, out), out};
+  });
 }
 
 TEST_P(GoldenOps, ConvertIsBitExact) {

@@ -174,6 +174,19 @@ int64_t count_distinct(const std::vector<uint16_t>& v) {
   return std::unique(s.begin(), s.end()) - s.begin();
 }
 
+// Row ranges [0, 1), [1, M/3), [M/3, M/3 + 1), [M/3 + 1, M) (the empty ones skipped) of an
+// M-row op with N outputs a row: run(a, b) gives the rows of the whole call `full`.
+template <typename Run>
+void expect_row_ranges_same(const Run& run, const std::vector<uint16_t>& full, int64_t M, int64_t N) {
+  const int64_t cuts[] = {0, 1, M / 3, M / 3 + 1, M};
+  for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+    const int64_t a = std::min(cuts[i], M), b = std::min(cuts[i + 1], M);
+    if (a >= b) continue;
+    const std::vector<uint16_t> part = run(a, b);
+    EXPECT_EQ(0, std::memcmp(part.data(), full.data() + a * N, part.size() * 2)) << "M " << M << " rows " << a << ".." << b;
+  }
+}
+
 // ---- the op through the backend ---------------------------------------------------------------
 struct Int8Case {
   int64_t M, N, K, G;
@@ -272,13 +285,7 @@ TEST(LinearQuantCpu, Int8RowPartitionAndThreadInvariance) {
       Int8Data d({M, 70, 512, 256, swiglu, 1}, static_cast<uint32_t>(M + swiglu));
       const std::vector<uint16_t> full = d.run(0, M);
       ASSERT_GT(count_distinct(full), 20);
-      const int64_t cuts[] = {0, 1, M / 3, M / 3 + 1, M};
-      for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
-        const int64_t a = std::min(cuts[i], M), b = std::min(cuts[i + 1], M);
-        if (a >= b) continue;
-        const std::vector<uint16_t> part = d.run(a, b);
-        EXPECT_EQ(0, std::memcmp(part.data(), full.data() + a * 70, part.size() * 2)) << "M " << M << " rows " << a << ".." << b;
-      }
+      expect_row_ranges_same([&](int64_t a, int64_t b) { return d.run(a, b); }, full, M, 70);
       // single rows
       for (int64_t r : {int64_t{0}, M / 2, M - 1}) {
         const std::vector<uint16_t> one = d.run(r, r + 1);
@@ -415,13 +422,7 @@ TEST(LinearQuantCpu, Fp8RowPartitionAndThreadInvariance) {
       Fp8Data d(M, 50, 200, 1.0f, dyn, 1, static_cast<uint32_t>(M * 3 + dyn));
       const std::vector<uint16_t> full = d.run(0, M);
       ASSERT_GT(count_distinct(full), 20);
-      const int64_t cuts[] = {0, 1, M / 3, M / 3 + 1, M};
-      for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
-        const int64_t a = std::min(cuts[i], M), b = std::min(cuts[i + 1], M);
-        if (a >= b) continue;
-        const std::vector<uint16_t> part = d.run(a, b);
-        EXPECT_EQ(0, std::memcmp(part.data(), full.data() + a * 50, part.size() * 2)) << "M " << M << " rows " << a << ".." << b;
-      }
+      expect_row_ranges_same([&](int64_t a, int64_t b) { return d.run(a, b); }, full, M, 50);
       set_num_threads(1);
       const std::vector<uint16_t> again = d.run(0, M);
       set_num_threads(0);
@@ -503,19 +504,21 @@ TEST(LinearQuantCpu, Refusals) {
   std::vector<uint16_t> wb(static_cast<size_t>(N * K));
   std::vector<float> s4(4, 0.01f), s1(1, 0.01f), s3(3, 0.01f);
   std::vector<int32_t> bi(4);
-  auto i8w = [&](int64_t k, int64_t g, std::vector<float>& s) {
+  // A weight of `format` over w with the scales s (one per row, or one).
+  auto weight = [](WeightFormat format, const TensorView& w, std::vector<float>& s) {
     LinearWeight lw;
-    lw.format = WeightFormat::int8_convrot;
-    lw.w = TensorView(wi.data(), DType::i8, {N, k});
+    lw.format = format;
+    lw.w = w;
     lw.scale = TensorView(s.data(), DType::f32, {static_cast<int64_t>(s.size())});
+    return lw;
+  };
+  auto i8w = [&](int64_t k, int64_t g, std::vector<float>& s) {
+    LinearWeight lw = weight(WeightFormat::int8_convrot, TensorView(wi.data(), DType::i8, {N, k}), s);
     lw.group = g;
     return lw;
   };
   auto f8w = [&](std::vector<float>& s, float is) {
-    LinearWeight lw;
-    lw.format = WeightFormat::fp8_e4m3;
-    lw.w = TensorView(wf.data(), DType::f8e4m3, {N, K});
-    lw.scale = TensorView(s.data(), DType::f32, {static_cast<int64_t>(s.size())});
+    LinearWeight lw = weight(WeightFormat::fp8_e4m3, TensorView(wf.data(), DType::f8e4m3, {N, K}), s);
     lw.input_scale = is;
     return lw;
   };

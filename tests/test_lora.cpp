@@ -20,32 +20,9 @@ using namespace ls::lora;
 
 namespace {
 
-struct T {
-  DType dtype = DType::f32;
-  std::vector<int64_t> shape;
-  std::vector<float> values;  // stored with dtype's rounding
-};
+using T = test::TensorValues;  // stored with dtype's rounding
 
-void write_file(const std::string& path, const std::map<std::string, T>& tensors) {
-  SafetensorsWriter w(path);
-  for (const auto& [name, t] : tensors) ASSERT_TRUE(w.declare(name, t.dtype, t.shape).ok());
-  ASSERT_TRUE(w.begin().ok());
-  for (const auto& [name, t] : tensors) {
-    std::vector<unsigned char> bytes(t.values.size() * static_cast<size_t>(dtype_size(t.dtype)));
-    if (dtype_is_float(t.dtype))  // other dtypes (refusal tests) are written as zero bytes
-      for (size_t i = 0; i < t.values.size(); ++i) store_from_f32(bytes.data(), t.dtype, static_cast<int64_t>(i), t.values[i]);
-    ASSERT_TRUE(w.write_tensor(name, bytes.data(), bytes.size()).ok());
-  }
-  ASSERT_TRUE(w.commit().ok());
-}
-
-std::vector<float> randoms(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& f : v) f = nd(rng);
-  return v;
-}
+using test::randoms;
 
 class Lora : public test::TempDirTest {
  protected:
@@ -90,7 +67,7 @@ class Lora : public test::TempDirTest {
     std::string name = std::to_string(n_files_++);
     name += ".safetensors";  // (built in steps: GCC 12 warns falsely on "l" + to_string(n) + ...)
     const std::string p = file(name);
-    write_file(p, tensors);
+    test::write_tensors(p, tensors);
     return LoraSet::open({LoraFile{p, strength}}, specs_);
   }
   h3::H3Config cfg_;
@@ -188,8 +165,8 @@ TEST_F(Lora, RowRangesGiveTheWholeMergesRows) {
 // left (one rounding to bf16 at the end), so the order can matter in the last bits.
 TEST_F(Lora, ChainedLorasApplyInOrderWithOneFinalRounding) {
   const std::string a = file("a.safetensors"), b = file("b.safetensors");
-  write_file(a, pair("blocks.1.mlp.fc2", 2, ".lora_up.weight", ".lora_down.weight", 11));
-  write_file(b, pair("blocks.1.mlp.fc2", 3, ".lora_up.weight", ".lora_down.weight", 21));
+  test::write_tensors(a, pair("blocks.1.mlp.fc2", 2, ".lora_up.weight", ".lora_down.weight", 11));
+  test::write_tensors(b, pair("blocks.1.mlp.fc2", 3, ".lora_up.weight", ".lora_down.weight", 21));
   auto ab = LoraSet::open({LoraFile{a, 1.0}, LoraFile{b, 0.5}}, specs_);
   ASSERT_TRUE(ab.ok()) << ab.status().message();
   EXPECT_EQ(ab->patch_count(), 2u);

@@ -23,42 +23,13 @@ using namespace ls;
 
 namespace {
 
-struct T {
-  DType dtype = DType::f32;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
+using T = test::TensorValues;  // stored with dtype's rounding
 
-void write_file(const std::string& path, const std::map<std::string, T>& tensors) {
-  SafetensorsWriter w(path);
-  for (const auto& [name, t] : tensors) ASSERT_TRUE(w.declare(name, t.dtype, t.shape).ok()) << name;
-  ASSERT_TRUE(w.begin().ok());
-  for (const auto& [name, t] : tensors) {
-    std::vector<unsigned char> bytes(t.values.size() * static_cast<size_t>(dtype_size(t.dtype)));
-    for (size_t i = 0; i < t.values.size(); ++i) store_from_f32(bytes.data(), t.dtype, static_cast<int64_t>(i), t.values[i]);
-    ASSERT_TRUE(w.write_tensor(name, bytes.data(), bytes.size()).ok()) << name;
-  }
-  ASSERT_TRUE(w.commit().ok());
-}
-
-std::vector<float> randoms(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& f : v) f = nd(rng);
-  return v;
-}
+using test::randoms;
 
 class LoraPdd : public test::TempDirTest {
  protected:
   LoraPdd() : TempDirTest("ls_lora_pdd") {}
-  void SetUp() override {
-    TempDirTest::SetUp();
-    cfg_ = *h3::h3_preset("tiny");
-    pv_ = cfg_.video_patch_dim();
-    pa_ = cfg_.audio_latents_dim;
-    D_ = cfg_.hidden;
-  }
   // The four set tensors of an n-head bank (f32 values; row block 0 a full head, the others
   // small offsets, as the released banks are), keyed as Kijai's converted files name them.
   std::map<std::string, T> bank(int64_t nv, int64_t na, uint32_t seed, bool biases = true) const {
@@ -75,7 +46,7 @@ class LoraPdd : public test::TempDirTest {
   }
   std::string put(const std::map<std::string, T>& tensors) {
     const std::string p = file(std::to_string(files_++) + ".safetensors");
-    write_file(p, tensors);
+    test::write_tensors(p, tensors);
     return p;
   }
   Expected<std::unique_ptr<lora::LoraSource>> wrap(const std::vector<lora::LoraFile>& files, lora::MergeDtype dt,
@@ -89,8 +60,8 @@ class LoraPdd : public test::TempDirTest {
     EXPECT_FALSE(s.ok());
     return s.ok() ? std::string() : s.error().message;
   }
-  h3::H3Config cfg_;
-  int64_t pv_ = 0, pa_ = 0, D_ = 0;
+  const h3::H3Config cfg_ = *h3::h3_preset("tiny");
+  const int64_t pv_ = cfg_.video_patch_dim(), pa_ = cfg_.audio_latents_dim, D_ = cfg_.hidden;
   int files_ = 0;
 };
 

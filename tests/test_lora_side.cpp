@@ -19,6 +19,57 @@ using ls::test::quant::Kind;
 
 namespace {
 
+// Wrapping cfg's synthetic model (seed) with the LoRA files (each at strength 1; the side
+// path for quantised targets unless !side_path) is refused: its message ("" and a failure
+// when it is accepted).
+std::string wrap_refusal(const h3::H3Config& cfg, uint64_t seed, const std::vector<std::string>& paths,
+                         bool side_path = true) {
+  auto inner = std::make_unique<h3::H3SyntheticSource>(cfg, seed);
+  std::vector<lora::LoraFile> files;
+  for (const auto& p : paths) files.push_back({p, 1.0});
+  auto set = lora::LoraSet::open(files, inner->specs());
+  if (!set.ok()) {
+    ADD_FAILURE() << set.error().message;
+    return "";
+  }
+  auto s = lora::LoraSource::wrap(std::move(inner), std::move(*set), lora::MergeDtype::f32, side_path);
+  if (s.ok()) {
+    ADD_FAILURE() << "the LoRA was accepted";
+    return "";
+  }
+  return s.error().message;
+}
+
+bool has(const std::string& msg, const std::string& what) { return msg.find(what) != std::string::npos; }
+
+// Two LoRAs (at paths a and b, seeds 1 and 2) of rank `rank` on `linear` of block `block`
+// alone: summed, a rank above kLoraSideMaxRank when 2 rank > 256.
+void write_two_loras(const h3::H3Config& cfg, int64_t block, const std::string& linear, int64_t rank,
+                     const std::string& a, const std::string& b) {
+  LoraSpec spec;
+  spec.blocks = {block};
+  spec.linears = {linear};
+  spec.rank_lo = spec.rank_hi = rank;
+  write_lora(a, cfg, spec, 1);
+  write_lora(b, cfg, spec, 2);
+}
+
+// A LoRA file (at `path`) of one full-rank patch "<layer>.diff" (0.01 everywhere) of a
+// quantised weight: wrapping cfg's synthetic model (seed) with it is refused, naming it.
+void expect_full_rank_patch_refused(const h3::H3Config& cfg, uint64_t seed, const std::string& layer,
+                                    const std::string& path) {
+  const std::vector<h3::TensorSpec> specs = h3::h3_tensor_specs(cfg);
+  const h3::TensorSpec* w = nullptr;
+  for (const auto& t : specs)
+    if (t.name == layer + ".weight") w = &t;
+  ASSERT_NE(w, nullptr) << layer;
+  ASSERT_NO_FATAL_FAILURE(test::write_tensors(
+      path, test::NamedTensors{
+                {layer + ".diff", {DType::f32, w->shape, std::vector<float>(static_cast<size_t>(w->numel()), 0.01f)}}}));
+  const std::string m = wrap_refusal(cfg, seed, {path});
+  EXPECT_TRUE(has(m, "full-rank patch of " + layer + ".weight")) << m;
+}
+
 std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t n, float scale) {
   std::normal_distribution<float> nd(0.0f, scale);
   std::vector<uint16_t> v(n);
@@ -295,87 +346,23 @@ TEST_F(LoraSideModel, ModelMatchesScalarReferenceSidePath) {
 TEST_F(LoraSideModel, MalformedCasesAreRefusedByName) {
   test::StreamingCase c = test::quant::quant_case(7, Kind::int8, 2, false);
   // Rank above kLoraSideMaxRank on one layer (two LoRAs of rank 130 summed).
-  LoraSpec big;
-  big.blocks = {1};
-  big.linears = {"mlp.fc1"};
-  big.rank_lo = big.rank_hi = 130;
-  write_lora(file("big1"), c.cfg, big, 1);
-  write_lora(file("big2"), c.cfg, big, 2);
-  {
-    auto inner = std::make_unique<h3::H3SyntheticSource>(c.cfg, 7);
-    auto set = lora::LoraSet::open({{file("big1"), 1.0}, {file("big2"), 1.0}}, inner->specs());
-    ASSERT_TRUE(set.ok());
-    auto s = lora::LoraSource::wrap(std::move(inner), std::move(*set), lora::MergeDtype::f32);
-    ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.error().message.find("blocks.N.mlp.fc1 (quantised) add up to rank 260"), std::string::npos)
-        << s.error().message;
-  }
+  write_two_loras(c.cfg, 1, "mlp.fc1", 130, file("big1"), file("big2"));
+  const std::string m = wrap_refusal(c.cfg, 7, {file("big1"), file("big2")});
+  EXPECT_TRUE(has(m, "blocks.N.mlp.fc1 (quantised) add up to rank 260")) << m;
   // merge-lora (no side path) refuses a quantised target, naming it.
-  {
-    auto inner = std::make_unique<h3::H3SyntheticSource>(c.cfg, 7);
-    auto set = lora::LoraSet::open({{file("big1"), 1.0}}, inner->specs());
-    ASSERT_TRUE(set.ok());
-    auto s = lora::LoraSource::wrap(std::move(inner), std::move(*set), lora::MergeDtype::f32, /*side_path=*/false);
-    ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.error().message.find("blocks.1.mlp.fc1.weight, stored as i8"), std::string::npos) << s.error().message;
-    EXPECT_NE(s.error().message.find("--lora"), std::string::npos) << s.error().message;
-  }
+  const std::string mm = wrap_refusal(c.cfg, 7, {file("big1")}, /*side_path=*/false);
+  EXPECT_TRUE(has(mm, "blocks.1.mlp.fc1.weight, stored as i8")) << mm;
+  EXPECT_TRUE(has(mm, "--lora")) << mm;
   // A full-rank .diff on a quantised weight.
-  {
-    const std::vector<h3::TensorSpec> specs = h3::h3_tensor_specs(c.cfg);
-    const h3::TensorSpec* w = nullptr;
-    for (const auto& t : specs)
-      if (t.name == "blocks.0.attn.out_proj.weight") w = &t;
-    ASSERT_NE(w, nullptr);
-    SafetensorsWriter wr(file("diff"));
-    ASSERT_TRUE(wr.declare("blocks.0.attn.out_proj.diff", DType::f32, w->shape).ok());
-    ASSERT_TRUE(wr.begin().ok());
-    std::vector<float> z(static_cast<size_t>(w->numel()), 0.01f);
-    ASSERT_TRUE(wr.write_tensor("blocks.0.attn.out_proj.diff", z.data(), z.size() * 4).ok());
-    ASSERT_TRUE(wr.commit().ok());
-    auto inner = std::make_unique<h3::H3SyntheticSource>(c.cfg, 7);
-    auto set = lora::LoraSet::open({{file("diff"), 1.0}}, inner->specs());
-    ASSERT_TRUE(set.ok()) << set.error().message;
-    auto s = lora::LoraSource::wrap(std::move(inner), std::move(*set), lora::MergeDtype::f32);
-    ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.error().message.find("full-rank patch of blocks.0.attn.out_proj.weight"), std::string::npos)
-        << s.error().message;
-  }
+  expect_full_rank_patch_refused(c.cfg, 7, "blocks.0.attn.out_proj", file("diff"));
   // A full-rank patch on a quantised AdaLN linear (the int8-full files) is refused like one
   // on a block linear; rank above the limit on one AdaLN linear too.
   {
     test::StreamingCase f = test::quant::quant_case(9, Kind::int8_full, 2, false);
-    const std::vector<h3::TensorSpec> specs = h3::h3_tensor_specs(f.cfg);
-    const h3::TensorSpec* w = nullptr;
-    for (const auto& t : specs)
-      if (t.name == "blocks.1.adaln_proj.linear.weight") w = &t;
-    ASSERT_NE(w, nullptr);
-    SafetensorsWriter wr(file("adiff"));
-    ASSERT_TRUE(wr.declare("blocks.1.adaln_proj.linear.diff", DType::f32, w->shape).ok());
-    ASSERT_TRUE(wr.begin().ok());
-    std::vector<float> z(static_cast<size_t>(w->numel()), 0.01f);
-    ASSERT_TRUE(wr.write_tensor("blocks.1.adaln_proj.linear.diff", z.data(), z.size() * 4).ok());
-    ASSERT_TRUE(wr.commit().ok());
-    auto inner = std::make_unique<h3::H3SyntheticSource>(f.cfg, 9);
-    auto set = lora::LoraSet::open({{file("adiff"), 1.0}}, inner->specs());
-    ASSERT_TRUE(set.ok()) << set.error().message;
-    auto s = lora::LoraSource::wrap(std::move(inner), std::move(*set), lora::MergeDtype::f32);
-    ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.error().message.find("full-rank patch of blocks.1.adaln_proj.linear.weight"), std::string::npos)
-        << s.error().message;
-    LoraSpec abig;
-    abig.blocks = {0};
-    abig.linears = {"adaln_proj.linear"};
-    abig.rank_lo = abig.rank_hi = 200;
-    write_lora(file("abig1"), f.cfg, abig, 1);
-    write_lora(file("abig2"), f.cfg, abig, 2);
-    auto inner2 = std::make_unique<h3::H3SyntheticSource>(f.cfg, 9);
-    auto set2 = lora::LoraSet::open({{file("abig1"), 1.0}, {file("abig2"), 1.0}}, inner2->specs());
-    ASSERT_TRUE(set2.ok());
-    auto s2 = lora::LoraSource::wrap(std::move(inner2), std::move(*set2), lora::MergeDtype::f32);
-    ASSERT_FALSE(s2.ok());
-    EXPECT_NE(s2.error().message.find("blocks.0.adaln_proj.linear (quantised) add up to rank 400"), std::string::npos)
-        << s2.error().message;
+    expect_full_rank_patch_refused(f.cfg, 9, "blocks.1.adaln_proj.linear", file("adiff"));
+    write_two_loras(f.cfg, 0, "adaln_proj.linear", 200, file("abig1"), file("abig2"));
+    const std::string ma = wrap_refusal(f.cfg, 9, {file("abig1"), file("abig2")});
+    EXPECT_TRUE(has(ma, "blocks.0.adaln_proj.linear (quantised) add up to rank 400")) << ma;
   }
 }
 

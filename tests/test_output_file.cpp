@@ -261,17 +261,12 @@ TEST_F(OutputFileTest, InterruptedWriteLeavesNothing) {
   const std::string fresh = file("fresh.json");
   const std::string existing = file("existing.json");
   write_all(existing, "previous");
-  struct rlimit old {};
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  auto old_handler = signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 1u << 16;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
   const std::string big(1u << 20, 'z');
-  Status s1 = io::write_output_file(fresh, big, "--json");
-  Status s2 = io::write_output_file(existing, big, "--json");
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
-  signal(SIGXFSZ, old_handler);
+  Status s1, s2;
+  ASSERT_NO_FATAL_FAILURE(test::with_file_size_limit(1u << 16, [&] {
+    s1 = io::write_output_file(fresh, big, "--json");
+    s2 = io::write_output_file(existing, big, "--json");
+  }));
   EXPECT_TRUE(has(s1, "disk full or file size limit")) << s1.message();
   EXPECT_TRUE(has(s2, "disk full or file size limit")) << s2.message();
   EXPECT_FALSE(fs::exists(fresh));

@@ -29,6 +29,7 @@
 #include "exec/plan.h"
 #include "model/h3/checkpoint.h"
 #include "model/h3/quant_census.h"
+#include "golden_forward_util.h"
 #include "reference/golden_compare.h"
 
 namespace ls {
@@ -36,16 +37,7 @@ namespace {
 
 using golden::Err;
 
-std::vector<double> host_f64(const TensorView& t) {
-  std::vector<double> out;
-  const int64_t rows = t.ndim == 0 ? 1 : t.size(0);
-  const int64_t inner = rows == 0 ? 0 : t.numel() / rows;
-  for (int64_t r = 0; r < rows; ++r) {
-    const void* row = t.ndim == 0 ? t.data : t.at(r);
-    for (int64_t i = 0; i < inner; ++i) out.push_back(load_as_f64(row, t.dtype, i));
-  }
-  return out;
-}
+using golden::host_f64;
 
 void compare(const SafetensorsReader& g, const std::string& name, const std::vector<double>& a) {
   const SafetensorsEntry* te = g.find(name);
@@ -95,27 +87,12 @@ TEST_P(QuantGolden, WholeForwardWithinTheRule) {
   };
   auto engine = exec::Engine::create(**src, **be, opts);
   ASSERT_TRUE(engine.ok()) << engine.error().message;
-  auto view_of = [&](const std::string& n) {
-    const SafetensorsEntry* e = g.find(n);
-    LS_CHECK_MSG(e != nullptr, "golden lacks " + n);
-    return g.view(*e);
-  };
-  auto floats = [&](const std::string& n) {
-    std::vector<double> d = golden::to_f64(view_of(n));
-    return std::vector<float>(d.begin(), d.end());
-  };
-  auto text = (*engine)->refine_text(view_of("in.text_states"));
+  auto floats = [&](const std::string& n) { return golden::floats(g, n); };
+  auto text = (*engine)->refine_text(golden::view_of(g, "in.text_states"));
   ASSERT_TRUE(text.ok()) << text.error().message;
-  h3::Conditioning cond;
-  auto geo = h3::clip_geometry(cj["frames"], cj["width"], cj["height"], cj["L"]);
-  ASSERT_TRUE(geo.ok()) << geo.error().message;
-  cond.geometry = *geo;
-  cond.vis_aug = cj["vis_aug"];
-  cond.aud_aug = cj["aud_aug"];
-  cond.shift_video = cj["shift_v"];
-  cond.shift_audio = cj["shift_a"];
-  cond.audio_scale = cj["audio_scale"];
-  if (cj.contains("seed")) cond.seed = cj["seed"].get<uint64_t>();
+  auto base = golden::case_conditioning(cj);
+  ASSERT_TRUE(base.ok()) << base.error().message;
+  const h3::Conditioning cond = std::move(*base);
   const float sigma = floats("in.sigma")[0];
   std::vector<float> video = floats("in.video"), audio = floats("in.audio");
   const TensorView vv(video.data(), DType::f32, {cfg.latents_dim, cond.geometry.T, cond.geometry.Hl, cond.geometry.Wl});
@@ -137,17 +114,9 @@ TEST_P(QuantGolden, WholeForwardWithinTheRule) {
   compare(g, "out.audio", std::vector<double>(out->audio.begin(), out->audio.end()));
 
   // Sliced (two-pass attention, awkward slices): the stock plan's bytes (DESIGN.md §1).
-  exec::PlanKnobs knobs;
-  knobs.attn_chunk_tokens = 7;
-  knobs.mlp_chunk_tokens = 13;
-  knobs.final_chunk_tokens = 5;
-  auto sp = exec::make_plan(cfg, cond, knobs);
-  ASSERT_TRUE(sp.ok()) << sp.error().message;
-  auto sliced = (*engine)->forward(cond, *text, vv, av, sigma, *sp);
-  ASSERT_TRUE(sliced.ok()) << sliced.error().message;
-  ASSERT_EQ(sliced->video.size(), out->video.size());
-  EXPECT_EQ(0, std::memcmp(sliced->video.data(), out->video.data(), out->video.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(sliced->audio.data(), out->audio.data(), out->audio.size() * sizeof(float)));
+  golden::expect_sliced_plan_same(cfg, cond, *out, [&](const exec::Plan& p) {
+    return (*engine)->forward(cond, *text, vv, av, sigma, p);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantGolden, ::testing::Values("int8", "fp8"));

@@ -21,15 +21,14 @@
 namespace ls {
 namespace {
 
-namespace fs = std::filesystem;
-
-class SafetensorsTest : public test::TempDirTest {
- protected:
-  SafetensorsTest() : TempDirTest("ls_safetensors") {}
-};
-
 using ls::test::read_all;
 using ls::test::write_all;
+namespace fs = std::filesystem;
+
+// Each test in a fresh temporary folder.
+struct SafetensorsTest : test::TempDirTest {
+  SafetensorsTest() : TempDirTest("ls_safetensors") {}
+};
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -591,27 +590,23 @@ TEST_F(SafetensorsTest, InterruptedWriterLeavesNoFileAndKeepsExisting) {
   EXPECT_FALSE(fs::exists(fresh));
   EXPECT_EQ(read_all(existing), "previous content");
   EXPECT_EQ(listing(), std::vector<std::string>{"existing.safetensors"});
-  // A failed commit (tensors incomplete) is the same: nothing published.
-  {
+  // A writer of one tensor "a" of 64 bytes over `existing`, n of them written: commit()'s answer.
+  const auto commit_a = [&](size_t n) {
     SafetensorsWriter w(existing);
-    ASSERT_TRUE(w.declare("a", DType::u8, {64}).ok());
-    ASSERT_TRUE(w.begin().ok());
-    ASSERT_TRUE(w.write(a.data(), 63).ok());
-    Status s = w.commit();
-    ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.message().find("commit() with tensors incomplete: tensor 'a' has 63 of 64 bytes"), std::string::npos)
-        << s.message();
-  }
+    EXPECT_TRUE(w.declare("a", DType::u8, {64}).ok());
+    EXPECT_TRUE(w.begin().ok());
+    EXPECT_TRUE(w.write(a.data(), n).ok());
+    return w.commit();
+  };
+  // A failed commit (tensors incomplete) is the same: nothing published.
+  const Status s = commit_a(63);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("commit() with tensors incomplete: tensor 'a' has 63 of 64 bytes"), std::string::npos)
+      << s.message();
   EXPECT_EQ(read_all(existing), "previous content");
   EXPECT_EQ(listing(), std::vector<std::string>{"existing.safetensors"});
   // And a committed writer replaces the file.
-  {
-    SafetensorsWriter w(existing);
-    ASSERT_TRUE(w.declare("a", DType::u8, {64}).ok());
-    ASSERT_TRUE(w.begin().ok());
-    ASSERT_TRUE(w.write(a.data(), 64).ok());
-    ASSERT_TRUE(w.commit().ok());
-  }
+  ASSERT_TRUE(commit_a(64).ok());
   auto r = SafetensorsReader::open(existing);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(std::memcmp((*r)->data(*(*r)->find("a")), a.data(), 64), 0);
@@ -704,22 +699,14 @@ TEST_F(SafetensorsTest, DiskFullIsAnErrorAndLeavesNothing) {
   const std::string path = file("full.safetensors");
   write_all(path, "keep me");
   std::vector<uint8_t> big = pattern_bytes(3u << 20, 50);
-  struct rlimit old {};
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  auto old_handler = signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 1u << 20;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
   Status s;
-  {
+  ASSERT_NO_FATAL_FAILURE(test::with_file_size_limit(1u << 20, [&] {
     SafetensorsWriter w(path);
     Status d = w.declare("big", DType::u8, {static_cast<int64_t>(big.size())});
     s = d.ok() ? w.begin() : d;
     if (s.ok()) s = w.write(big.data(), big.size());
     if (s.ok()) s = w.commit();
-  }
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
-  signal(SIGXFSZ, old_handler);
+  }));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("disk full or file size limit"), std::string::npos) << s.message();
   EXPECT_TRUE(s.error().code == ErrorCode::io);

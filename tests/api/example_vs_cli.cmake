@@ -3,25 +3,23 @@
 #   cmake -DEXAMPLE=... -DTOOL=... -DWORK=dir -P example_vs_cli.cmake
 file(MAKE_DIRECTORY ${WORK})
 set(inputs ${WORK}/example_inputs.safetensors)
-execute_process(COMMAND ${EXAMPLE} ${inputs} OUTPUT_VARIABLE ex RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "example failed (${rc}): ${err}")
-endif()
-string(REGEX MATCH "output hash ([0-9a-f]+)" _ "${ex}")
-set(h_example ${CMAKE_MATCH_1})
-execute_process(COMMAND ${TOOL} forward -q --preset tiny --frames 22 --width 64 --height 64 --text-tokens 8
-                        --sigma 0.7 --inputs ${inputs}
-                OUTPUT_VARIABLE cli RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "layerstream forward failed (${rc}): ${err}")
-endif()
-string(REGEX MATCH "output hash ([0-9a-f]+)" _ "${cli}")
-set(h_cli ${CMAKE_MATCH_1})
+
+# Runs the command in ARGN (`what` names it in the failure message; a failed run is
+# fatal) and sets out_var to the output hash it prints ("" when none).
+function(output_hash_of out_var what)
+  execute_process(COMMAND ${ARGN} OUTPUT_VARIABLE out RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}): ${err}")
+  endif()
+  string(REGEX MATCH "output hash ([0-9a-f]+)" _ "${out}")
+  set(${out_var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+
+set(forward ${TOOL} forward -q --preset tiny --frames 22 --width 64 --height 64 --text-tokens 8 --sigma 0.7)
+output_hash_of(h_example "example" ${EXAMPLE} ${inputs})
+output_hash_of(h_cli "layerstream forward" ${forward} --inputs ${inputs})
 # Without --inputs the CLI's seeded inputs give another hash: the file was really read.
-execute_process(COMMAND ${TOOL} forward -q --preset tiny --frames 22 --width 64 --height 64 --text-tokens 8
-                        --sigma 0.7 OUTPUT_VARIABLE seeded)
-string(REGEX MATCH "output hash ([0-9a-f]+)" _ "${seeded}")
-set(h_seeded ${CMAKE_MATCH_1})
+output_hash_of(h_seeded "layerstream forward (seeded)" ${forward})
 if(h_example STREQUAL "" OR NOT h_example STREQUAL h_cli)
   message(FATAL_ERROR "example hash '${h_example}' != forward --inputs hash '${h_cli}'")
 endif()

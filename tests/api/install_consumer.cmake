@@ -1,6 +1,6 @@
 # ctest api_install_consumer: `cmake --install` into a temporary prefix, then a tiny
-# consumer project built twice against it: with find_package(layerstream) and with
-# pkg-config (layerstream.pc). Both must build and run.
+# consumer project (examples/denoise.c) built twice against it: with
+# find_package(layerstream) and with pkg-config (layerstream.pc). Both must build and run.
 #   cmake -DBUILD=build-dir -DSRC=tests/api/consumer -DWORK=dir -DCC=cc -P install_consumer.cmake
 file(REMOVE_RECURSE ${WORK})
 set(prefix ${WORK}/prefix)
@@ -35,7 +35,7 @@ string(STRIP "${last_out}" libdir)
 separate_arguments(cflags UNIX_COMMAND "${cflags}")
 separate_arguments(libs UNIX_COMMAND "${libs}")
 # No -rpath and no LD_LIBRARY_PATH here: the .pc file's Libs carry the rpath (issue 28).
-run("cc (pkg-config)" ${CC} -std=c11 -Wall -Wextra -pedantic -Werror ${cflags} ${SRC}/main.c -o ${WORK}/consumer-pc
+run("cc (pkg-config)" ${CC} -std=c11 -Wall -Wextra -pedantic -Werror ${cflags} ${SRC}/../../../examples/denoise.c -o ${WORK}/consumer-pc
     ${libs})
 set(ENV{LD_LIBRARY_PATH} "")
 run("run (pkg-config)" ${WORK}/consumer-pc)

@@ -64,48 +64,13 @@ Status cudnn_probe(Gpu* G) {
   return st;
 }
 
-struct Case {
-  int64_t Mq, Mk, H, Dh, kv_tile;
-  float qscale;
-};
+using Case = AttentionCase;
 
 // Parity vs the CPU reference and fp64, with K and V as strided column slices of one
 // fused buffer (as in the block), guard bytes around the output, and query slices.
 void check_case(Gpu* G, const Case& c) {
-  SCOPED_TRACE("cudnn attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
-               std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
-  const int64_t W = c.H * c.Dh;
-  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, 190, c.qscale);
-  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 191, 1.0f);
-  HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
-  for (int64_t j = 0; j < c.Mk; ++j) {
-    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
-    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
-  }
-  AttentionParams p;
-  p.kv_tile = c.kv_tile;
-  HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
-  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
-  HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
-  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
-  TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
-  Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  HostBuf got = download(G, dout.v);
-  expect_guards(G, dout, "cudnn attention");
-  expect_close(got, ref, 1 << 20, 1e30, "cudnn attention (NaN/inf only)");
-  const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
-  std::printf("  cudnn attention Mq=%lld Mk=%lld H=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 cudnn %.3e cpu %.3e\n",
-              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
-              static_cast<long long>(c.Dh), static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
-  EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "cudnn attention error above 2x the plain bf16 reference's";
-  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
-  if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
-  for (auto [a, b] : slices) {
-    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, c.Dh});
-    ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
-    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "query rows " << a << ".." << b;
-  }
+  AttentionParity r;
+  check_attention_case(G, c, 190, "cudnn attention", r);
 }
 
 TEST(CudnnAttention, Parity) {
@@ -138,35 +103,9 @@ TEST(CudnnAttention, KvTileVariants) {
 // the bytes of the whole call.
 TEST(CudnnAttention, QuerySliceInvarianceH3) {
   LS_NEED_CUDNN();
-  const int64_t S = 12289, H = 56, Dh = 128, I = H * Dh;
-  CudnnScope scope(G, H, Dh);
-  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 195, 1.0f);
-  DevBuf d = dev_from(G, qkv);
-  TensorView q = d.v.cols(0, I).unflatten_last(H, Dh), k = d.v.cols(I, 2 * I).unflatten_last(H, Dh),
-             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, Dh);
-  auto full = G->arena->alloc(DType::bf16, {S, H, Dh}, "full");
-  auto part = G->arena->alloc(DType::bf16, {S, H, Dh}, "part");
-  ASSERT_TRUE(full.ok() && part.ok());
-  AttentionParams p;
-  Status s = G->cuda->attention(q, k, v, *full, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  auto count_diff = [&](const TensorView& x, const TensorView& y) {
-    HostBuf zero(DType::f64, {1});
-    LS_CHECK(G->cuda->copy(G->counter, zero.v).ok());
-    LS_CHECK(cuda::count_unequal(*G->cuda, x.flatten_last2(), y.flatten_last2(), G->counter).ok());
-    return *download(G, G->counter).v.ptr<uint64_t>();
-  };
-  // The output is not trivially constant: rows differ from each other.
-  EXPECT_NE(count_diff(full->slice_rows(0, 1), full->slice_rows(1, 2)), 0u);
-  for (int64_t a = 0; a < S; a += 4096) {
-    const int64_t b = std::min(S, a + 4096);
-    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
-  }
-  EXPECT_EQ(count_diff(*full, *part), 0u) << "4096-row slices";
-  for (auto [a, b] : std::vector<std::pair<int64_t, int64_t>>{{5000, 5097}, {S - 97, S}, {S - 1, S}, {0, 1}, {777, 778}}) {
-    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
-    EXPECT_EQ(count_diff(full->slice_rows(a, b), part->slice_rows(a, b)), 0u) << "rows " << a << ".." << b;
-  }
+  CudnnScope scope(G, 56, 128);
+  std::optional<SliceInputs> r;
+  check_query_slices_h3(G, AttentionParams{}, 195, r);
 }
 
 // Streamed keys (AttentionParams::state): the keys fed in chunks of whole tiles, the fp32
@@ -176,39 +115,19 @@ TEST(CudnnAttention, QuerySliceInvarianceH3) {
 // path's state handling is unreachable: the test then skips, saying so.
 TEST(CudnnAttention, StreamedKeysSameBytes) {
   LS_NEED_CUDNN();
-  const int64_t Mq = 2100, Mk = 2900, H = 3, Dh = 64, kv_tile = 256;
+  const int64_t H = 3, Dh = 64;
   CudnnScope scope(G, H, Dh);
-  HostBuf q = random_buf(DType::bf16, {Mq, H, Dh}, 220, 2.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, Dh}, 221, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, Dh}, 222, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
-  DevBuf whole = dev_buf(G, DType::bf16, {Mq, H, Dh}), parts = dev_buf(G, DType::bf16, {Mq, H, Dh});
-  DevBuf native = dev_buf(G, DType::bf16, {Mq, H, Dh});
-  AttentionParams p;
-  p.kv_tile = kv_tile;
-  Status s = G->cuda->attention(dq.v, dk.v, dv.v, whole.v, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  auto state = G->arena->alloc(DType::f32, {Mq, H, Dh + kAttentionStateExtra}, "attention state");
-  ASSERT_TRUE(state.ok());
-  // Chunks of 3, 1 and the remaining tiles (the last one short).
-  const int64_t bounds[] = {0, 3 * kv_tile, 4 * kv_tile, Mk};
-  for (int c = 0; c < 3; ++c) {
-    AttentionParams pc = p;
-    pc.state = *state;
-    pc.state_in = c > 0;
-    pc.finalize = c == 2;
-    s = G->cuda->attention(dq.v, dk.v.slice_rows(bounds[c], bounds[c + 1]), dv.v.slice_rows(bounds[c], bounds[c + 1]),
-                           parts.v, pc);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  HostBuf a = download(G, whole.v), b = download(G, parts.v);
-  EXPECT_FALSE(same_bytes(host_rows(a, 0, 1), host_rows(a, 1, 2))) << "output rows should differ";
-  expect_guards(G, parts, "cudnn attention (streamed keys)");
-  if (!same_bytes(a, b)) {
+  StreamedKeys r;
+  streamed_keys(G, H, Dh, "cudnn attention", r);
+  if (!r.ran) return;
+  const HostBuf& b = r.b;
+  if (!same_bytes(r.a, b)) {
+    DevBuf native = dev_buf(G, DType::bf16, {r.in.dq.v.shape[0], H, Dh});
+    Status s;
     {
       const ScopedNumerics use_native(*G->cuda, attention_numerics("native"));
       s = use_native.status();
-      if (s.ok()) s = G->cuda->attention(dq.v, dk.v, dv.v, native.v, p);
+      if (s.ok()) s = G->cuda->attention(r.in.dq.v, r.in.dk.v, r.in.dv.v, native.v, r.p);
     }
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_TRUE(same_bytes(download(G, native.v), b)) << "streamed keys give neither path's bytes of one call";
@@ -236,26 +155,17 @@ TEST(CudnnAttention, WorkspaceTooSmallIsAStatus) {
 // Throughput at H3 sizes. Random rows are uploaded once and replicated on the device.
 TEST(CudnnAttention, ThroughputH3) {
   LS_NEED_CUDNN();
-  const int64_t H = 56, Dh = 128, I = H * Dh;
+  const int64_t H = 56, Dh = 128;
   // LAYERSTREAM_CUDNN_BENCH_QUICK=1: only S = 111274, the cuDNN path at kv_tile 1024 and 8192.
   const bool quick = std::getenv("LAYERSTREAM_CUDNN_BENCH_QUICK") != nullptr;
   for (int64_t S : {32768, 111274}) {
     if (quick && S != 111274) continue;
     Arena::Scope per_size(*G->arena);
     CudnnScope scope(G, H, Dh);
-    auto qkv = G->arena->alloc(DType::bf16, {S, 3 * I}, "qkv");
-    auto out = G->arena->alloc(DType::bf16, {S, H, Dh}, "out");
-    ASSERT_TRUE(qkv.ok() && out.ok()) << "arena too small for S = " << S;
-    const int64_t seed_rows = 2048;
-    HostBuf seed = random_buf(DType::bf16, {seed_rows, 3 * I}, 300, 1.0f);
-    ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(0, seed_rows), seed.v).ok());
-    for (int64_t have = seed_rows; have < S;) {
-      const int64_t n = std::min(have, S - have);
-      ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(have, have + n), qkv->slice_rows(0, n)).ok());
-      have += n;
-    }
-    TensorView q = qkv->cols(0, I).unflatten_last(H, Dh), k = qkv->cols(I, 2 * I).unflatten_last(H, Dh),
-               v = qkv->cols(2 * I, 3 * I).unflatten_last(H, Dh);
+    const std::optional<TimingInputs> inputs = timing_inputs(G, S, H, Dh);
+    ASSERT_TRUE(inputs.has_value());
+    const TensorView &q = inputs->q, &k = inputs->k, &v = inputs->v;
+    const TensorView* out = &inputs->out;
     const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(H * Dh);
     for (const std::string path : {"cudnn", "native"}) {
       for (int64_t kv_tile : {int64_t{1024}, int64_t{2048}, int64_t{8192}, S}) {

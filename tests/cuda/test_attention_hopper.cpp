@@ -69,44 +69,14 @@ constexpr int kClusterSchedules[] = {20, 23};
 void check_case(Gpu* G, const Case& c) {
   SCOPED_TRACE("hopper attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
                std::to_string(c.H) + " kv_tile=" + std::to_string(c.kv_tile));
-  const int64_t W = c.H * kDh;
-  HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, kDh}, 190, c.qscale);
-  HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 191, 1.0f);
-  HostBuf k(DType::bf16, {c.Mk, c.H, kDh}), v(DType::bf16, {c.Mk, c.H, kDh});
-  for (int64_t j = 0; j < c.Mk; ++j) {
-    std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
-    std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
-  }
-  AttentionParams p;
-  p.kv_tile = c.kv_tile;
-  HostBuf ref(DType::bf16, {c.Mq, c.H, kDh});
-  ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
-  HostBuf ref64 = attention_f64(q, k, v, c.H, kDh);
-  DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, kDh});
-  TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, kDh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, kDh);
-  Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  HostBuf got = download(G, dout.v);
-  expect_guards(G, dout, "hopper attention");
-  expect_close(got, ref, 1 << 20, 1e30, "hopper attention (NaN/inf only)");
-  const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
-  std::printf("  hopper attention Mq=%lld Mk=%lld H=%lld kv_tile=%lld: rel L2 vs fp64 hopper %.3e cpu %.3e\n",
-              static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.H),
-              static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
+  AttentionParity r;
+  check_attention_case(G, AttentionCase{c.Mq, c.Mk, c.H, kDh, c.kv_tile, c.qscale}, 190, "hopper attention", r);
+  if (!r.ran) return;
   if (c.Mk > 1) {  // one key: out = v exactly, on every path
-    EXPECT_GT(e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
+    EXPECT_GT(r.e_cpu, 0.0) << "the reference should carry bf16 rounding error (inputs trivial?)";
   }
-  EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "hopper attention error above 2x the plain bf16 reference's";
   if (c.Mq > 1) {
-    EXPECT_FALSE(same_bytes(host_rows(got, 0, 1), host_rows(got, 1, 2))) << "output rows should differ";
-  }
-  std::vector<std::pair<int64_t, int64_t>> slices = {{0, 1}, {c.Mq - 1, c.Mq}};
-  if (c.Mq > 2) slices.push_back({c.Mq / 3, c.Mq - c.Mq / 4});
-  for (auto [a, b] : slices) {
-    DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, kDh});
-    ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
-    expect_guards(G, o2, "hopper attention (slice)");
-    EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "query rows " << a << ".." << b;
+    EXPECT_FALSE(same_bytes(host_rows(r.got, 0, 1), host_rows(r.got, 1, 2))) << "output rows should differ";
   }
 }
 
@@ -148,12 +118,12 @@ TEST(HopperAttention, ParityOtherConfigurations) {
 TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
   LS_NEED_HOPPER();
   const int64_t Mq = 300, Mk = 3000, H = 2;
-  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 230, 3.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 231, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 232, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
-  // The outputs of one call per kv_tile, in order, under the schedule in force.
-  const auto run_tiles = [&](std::initializer_list<int64_t> tiles, std::vector<HostBuf>& outs) {
+  const QkvInputs in = qkv_inputs(G, Mq, Mk, H, kDh, 230, 3.0f);
+  const DevBuf &dq = in.dq, &dk = in.dk, &dv = in.dv;
+  // One call per kv_tile, in order, under the schedule in force: the first three (multiples
+  // of the key block) give the same bytes, the fourth walks other blocks.
+  const auto check_tiles = [&](const std::string& what, const std::vector<int64_t>& tiles,
+                               std::vector<HostBuf>& outs) {
     for (int64_t kv_tile : tiles) {
       DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
       AttentionParams p;
@@ -162,22 +132,19 @@ TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
       ASSERT_TRUE(s.ok()) << "kv_tile " << kv_tile << ": " << s.message();
       outs.push_back(download(G, o.v));
     }
+    ASSERT_EQ(outs.size(), 4u);
+    for (size_t i : {1, 2})
+      EXPECT_TRUE(same_bytes(outs[0], outs[i])) << what << "kv_tile " << tiles[0] << " vs " << tiles[i];
+    EXPECT_FALSE(same_bytes(outs[0], outs[3]))
+        << what << "kv_tile " << tiles[3] << " walks other blocks and should round differently";
   };
-  std::vector<HostBuf> outs;
-  run_tiles({128, 1024, 8192, 100}, outs);
-  ASSERT_EQ(outs.size(), 4u);
-  EXPECT_TRUE(same_bytes(outs[0], outs[1])) << "kv_tile 128 vs 1024";
-  EXPECT_TRUE(same_bytes(outs[0], outs[2])) << "kv_tile 128 vs 8192";
-  EXPECT_FALSE(same_bytes(outs[0], outs[3])) << "kv_tile 100 walks other blocks and should round differently";
+  std::vector<HostBuf> outs, outs176;
+  check_tiles("", {128, 1024, 8192, 100}, outs);
   // Blocks of 176 keys (configuration 7): multiples of 176 agree; 1000 (5 blocks of 176
   // and one of 120 per tile) walks other blocks.
   const ScopedSchedule use(7);
-  std::vector<HostBuf> outs176;
-  run_tiles({176, 1760, 8800, 1000}, outs176);
-  ASSERT_EQ(outs176.size(), 4u);
-  EXPECT_TRUE(same_bytes(outs176[0], outs176[1])) << "176-key blocks: kv_tile 176 vs 1760";
-  EXPECT_TRUE(same_bytes(outs176[0], outs176[2])) << "176-key blocks: kv_tile 176 vs 8800";
-  EXPECT_FALSE(same_bytes(outs176[0], outs176[3])) << "176-key blocks: kv_tile 1000 walks other blocks";
+  check_tiles("176-key blocks: ", {176, 1760, 8800, 1000}, outs176);
+  ASSERT_TRUE(outs.size() == 4u && outs176.size() == 4u);
   EXPECT_FALSE(same_bytes(outs176[0], outs[0])) << "176-key blocks should round differently from 128-key blocks";
 }
 
@@ -185,41 +152,20 @@ TEST(HopperAttention, KvTileMultiplesOf128SameBytes) {
 // the bytes of the whole call (compared on the device).
 TEST(HopperAttention, QuerySliceInvarianceH3) {
   LS_NEED_HOPPER();
-  const int64_t S = 12289, H = 56, I = H * kDh;
-  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 195, 1.0f);
-  DevBuf d = dev_from(G, qkv);
-  TensorView q = d.v.cols(0, I).unflatten_last(H, kDh), k = d.v.cols(I, 2 * I).unflatten_last(H, kDh),
-             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, kDh);
-  auto full = G->arena->alloc(DType::bf16, {S, H, kDh}, "full");
-  auto part = G->arena->alloc(DType::bf16, {S, H, kDh}, "part");
-  ASSERT_TRUE(full.ok() && part.ok());
   AttentionParams p;
   p.kv_tile = G->cuda->default_kv_tile();
-  Status s = G->cuda->attention(q, k, v, *full, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  auto count_diff = [&](const TensorView& x, const TensorView& y) {
-    HostBuf zero(DType::f64, {1});
-    LS_CHECK(G->cuda->copy(G->counter, zero.v).ok());
-    LS_CHECK(cuda::count_unequal(*G->cuda, x.flatten_last2(), y.flatten_last2(), G->counter).ok());
-    return *download(G, G->counter).v.ptr<uint64_t>();
-  };
-  EXPECT_NE(count_diff(full->slice_rows(0, 1), full->slice_rows(1, 2)), 0u) << "output rows should differ";
-  for (int64_t a = 0; a < S; a += 4096) {
-    const int64_t b = std::min(S, a + 4096);
-    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
-  }
-  EXPECT_EQ(count_diff(*full, *part), 0u) << "4096-row slices";
-  for (auto [a, b] : std::vector<std::pair<int64_t, int64_t>>{{5000, 5097}, {S - 97, S}, {S - 1, S}, {0, 1}, {777, 778}}) {
-    ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
-    EXPECT_EQ(count_diff(full->slice_rows(a, b), part->slice_rows(a, b)), 0u) << "rows " << a << ".." << b;
-  }
+  std::optional<SliceInputs> r;
+  check_query_slices_h3(G, p, 195, r);
+  if (::testing::Test::HasFatalFailure()) return;
+  const TensorView &q = r->q, &k = r->k, &v = r->v;
+  const TensorView *full = &r->full, *part = &r->part;
   // The hopper kernel is its own algorithm: its bytes differ from the native kernel's.
   {
     const ScopedNumerics native(*G->cuda, attention_numerics("native"));
     ASSERT_TRUE(native.status().ok());
     ASSERT_TRUE(G->cuda->attention(q.slice_rows(0, 97), k, v, part->slice_rows(0, 97), p).ok());
   }
-  EXPECT_NE(count_diff(full->slice_rows(0, 97), part->slice_rows(0, 97)), 0u)
+  EXPECT_NE(count_diff(G, full->slice_rows(0, 97), part->slice_rows(0, 97)), 0u)
       << "hopper gave the native kernel's bytes: is the hopper path reached at all?";
 }
 
@@ -227,45 +173,17 @@ TEST(HopperAttention, QuerySliceInvarianceH3) {
 // state carried in p.state, give the bytes of one call over all keys, also for a query
 // slice of one row.
 void check_streamed_keys(Gpu* G) {
-  const int64_t Mq = 2100, Mk = 2900, H = 3, kv_tile = 256;
-  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 220, 2.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 221, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 222, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
-  DevBuf whole = dev_buf(G, DType::bf16, {Mq, H, kDh}), parts = dev_buf(G, DType::bf16, {Mq, H, kDh});
-  AttentionParams p;
-  p.kv_tile = kv_tile;
-  Status s = G->cuda->attention(dq.v, dk.v, dv.v, whole.v, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  auto state = G->arena->alloc(DType::f32, {Mq, H, kDh + kAttentionStateExtra}, "attention state");
-  ASSERT_TRUE(state.ok());
-  // Chunks of 3, 1 and the remaining tiles (the last one short).
-  const int64_t bounds[] = {0, 3 * kv_tile, 4 * kv_tile, Mk};
-  for (int c = 0; c < 3; ++c) {
-    AttentionParams pc = p;
-    pc.state = *state;
-    pc.state_in = c > 0;
-    pc.finalize = c == 2;
-    s = G->cuda->attention(dq.v, dk.v.slice_rows(bounds[c], bounds[c + 1]), dv.v.slice_rows(bounds[c], bounds[c + 1]),
-                           parts.v, pc);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  HostBuf a = download(G, whole.v), b = download(G, parts.v);
-  EXPECT_FALSE(same_bytes(host_rows(a, 0, 1), host_rows(a, 1, 2))) << "output rows should differ";
-  expect_guards(G, parts, "hopper attention (streamed keys)");
-  EXPECT_TRUE(same_bytes(a, b)) << "streamed keys differ from one call";
+  const int64_t H = 3;
+  StreamedKeys r;
+  streamed_keys(G, H, kDh, "hopper attention", r);
+  if (!r.ran) return;
+  EXPECT_TRUE(same_bytes(r.a, r.b)) << "streamed keys differ from one call";
   // One query row, streamed.
   DevBuf one = dev_buf(G, DType::bf16, {1, H, kDh});
-  for (int c = 0; c < 3; ++c) {
-    AttentionParams pc = p;
-    pc.state = state->slice_rows(0, 1);
-    pc.state_in = c > 0;
-    pc.finalize = c == 2;
-    s = G->cuda->attention(dq.v.slice_rows(1500, 1501), dk.v.slice_rows(bounds[c], bounds[c + 1]),
-                           dv.v.slice_rows(bounds[c], bounds[c + 1]), one.v, pc);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  EXPECT_TRUE(same_bytes(download(G, one.v), host_rows(a, 1500, 1501))) << "one streamed query row";
+  const Status s = attention_key_chunks(G, r.in.dq.v.slice_rows(1500, 1501), r.in.dk.v, r.in.dv.v, one.v,
+                                        r.state.slice_rows(0, 1), r.p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(same_bytes(download(G, one.v), host_rows(r.a, 1500, 1501))) << "one streamed query row";
 }
 
 TEST(HopperAttention, StreamedKeysSameBytes) {
@@ -288,10 +206,8 @@ TEST(HopperAttention, StreamedKeysSameBytes) {
 TEST(HopperAttention, SchedulesSameBytes) {
   LS_NEED_HOPPER();
   const int64_t Mq = 1000, Mk = 5000, H = 4;
-  HostBuf q = random_buf(DType::bf16, {Mq, H, kDh}, 240, 2.0f);
-  HostBuf k = random_buf(DType::bf16, {Mk, H, kDh}, 241, 1.0f);
-  HostBuf v = random_buf(DType::bf16, {Mk, H, kDh}, 242, 1.0f);
-  DevBuf dq = dev_from(G, q), dk = dev_from(G, k), dv = dev_from(G, v);
+  const QkvInputs in = qkv_inputs(G, Mq, Mk, H, kDh, 240, 2.0f);
+  const DevBuf &dq = in.dq, &dk = in.dk, &dv = in.dv;
   const auto run = [&](int schedule) {
     const ScopedSchedule use(schedule);
     DevBuf o = dev_buf(G, DType::bf16, {Mq, H, kDh});
@@ -341,23 +257,14 @@ TEST(HopperAttention, OtherHeadDimsAreAStatus) {
 // Prints a table; LAYERSTREAM_HOPPER_BENCH_JSON=path also writes it as JSON.
 TEST(HopperAttention, ThroughputH3) {
   LS_NEED_HOPPER();
-  const int64_t H = 56, I = H * kDh;
+  const int64_t H = 56;
   const int64_t S = std::getenv("LAYERSTREAM_HOPPER_BENCH_S") ? std::atoll(std::getenv("LAYERSTREAM_HOPPER_BENCH_S")) : 111274;
   const int64_t slice =
       std::getenv("LAYERSTREAM_HOPPER_BENCH_SLICE") ? std::atoll(std::getenv("LAYERSTREAM_HOPPER_BENCH_SLICE")) : 16384;
-  auto qkv = G->arena->alloc(DType::bf16, {S, 3 * I}, "qkv");
-  auto out = G->arena->alloc(DType::bf16, {S, H, kDh}, "out");
-  ASSERT_TRUE(qkv.ok() && out.ok()) << "arena too small for S = " << S;
-  const int64_t seed_rows = 2048;
-  HostBuf seed = random_buf(DType::bf16, {seed_rows, 3 * I}, 300, 1.0f);
-  ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(0, seed_rows), seed.v).ok());
-  for (int64_t have = seed_rows; have < S;) {
-    const int64_t n = std::min(have, S - have);
-    ASSERT_TRUE(G->cuda->copy(qkv->slice_rows(have, have + n), qkv->slice_rows(0, n)).ok());
-    have += n;
-  }
-  TensorView q = qkv->cols(0, I).unflatten_last(H, kDh), k = qkv->cols(I, 2 * I).unflatten_last(H, kDh),
-             v = qkv->cols(2 * I, 3 * I).unflatten_last(H, kDh);
+  const std::optional<TimingInputs> inputs = timing_inputs(G, S, H, kDh);
+  ASSERT_TRUE(inputs.has_value());
+  const TensorView &q = inputs->q, &k = inputs->k, &v = inputs->v;
+  const TensorView* out = &inputs->out;
   const double flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(H * kDh);
   std::string json = "{\"S\": " + std::to_string(S) + ", \"H\": 56, \"Dh\": 128, \"causal\": false, \"slice\": " +
                      std::to_string(slice) + ", \"runs\": [";

@@ -451,46 +451,12 @@ TEST(CudaOps, GemmPinnedSliceInvariance) {
 
 TEST(CudaOps, AttentionParity) {
   LS_NEED_GPU();
-  struct Case {
-    int64_t Mq, Mk, H, Dh, kv_tile;
-    float qscale;
-  };
-  const Case cases[] = {{97, 1025, 2, 128, 1024, 1.0f}, {1, 1, 2, 128, 1024, 1.0f},  {1025, 97, 1, 128, 64, 3.0f},
-                        {97, 1025, 2, 128, 100, 3.0f},  {97, 300, 3, 64, 128, 2.0f}, {33, 77, 2, 32, 1024, 1.0f}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE("attention Mq=" + std::to_string(c.Mq) + " Mk=" + std::to_string(c.Mk) + " H=" +
-                 std::to_string(c.H) + " Dh=" + std::to_string(c.Dh) + " kv_tile=" + std::to_string(c.kv_tile));
-    const int64_t W = c.H * c.Dh;
-    HostBuf q = random_buf(DType::bf16, {c.Mq, c.H, c.Dh}, 90, c.qscale);
-    HostBuf kv = random_buf(DType::bf16, {c.Mk, 2 * W}, 91, 1.0f);
-    HostBuf k(DType::bf16, {c.Mk, c.H, c.Dh}), v(DType::bf16, {c.Mk, c.H, c.Dh});
-    for (int64_t j = 0; j < c.Mk; ++j) {
-      std::memcpy(k.v.at(j), kv.v.at(j, 0), static_cast<size_t>(W * 2));
-      std::memcpy(v.v.at(j), kv.v.at(j, W), static_cast<size_t>(W * 2));
-    }
-    AttentionParams p;
-    p.kv_tile = c.kv_tile;
-    HostBuf ref(DType::bf16, {c.Mq, c.H, c.Dh});
-    ASSERT_TRUE(G->cpu->attention(q.v, k.v, v.v, ref.v, p).ok());
-    HostBuf ref64 = attention_f64(q, k, v, c.H, c.Dh);
-    DevBuf dq = dev_from(G, q), dkv = dev_from(G, kv), dout = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
-    TensorView dk = dkv.v.cols(0, W).unflatten_last(c.H, c.Dh), dv = dkv.v.cols(W, 2 * W).unflatten_last(c.H, c.Dh);
-    Status s = G->cuda->attention(dq.v, dk, dv, dout.v, p);
-    ASSERT_TRUE(s.ok()) << s.message();
-    HostBuf got = download(G, dout.v);
-    expect_guards(G, dout, "attention");
-    expect_close(got, ref, 1 << 20, 1e30, "attention (NaN/inf only)");
-    const double e_gpu = rel_l2(got, ref64), e_cpu = rel_l2(ref, ref64);
-    std::printf("  attention Mq=%lld Mk=%lld Dh=%lld kv_tile=%lld: rel L2 vs fp64 cuda %.3e cpu %.3e\n",
-                static_cast<long long>(c.Mq), static_cast<long long>(c.Mk), static_cast<long long>(c.Dh),
-                static_cast<long long>(c.kv_tile), e_gpu, e_cpu);
-    EXPECT_LE(e_gpu, 2.0 * e_cpu + 1e-7) << "cuda attention error above 2x the plain bf16 reference's";
-    // Query slices give the same bytes.
-    for (auto [a, b] : slices_of(c.Mq)) {
-      DevBuf o2 = dev_buf(G, DType::bf16, {b - a, c.H, c.Dh});
-      ASSERT_TRUE(G->cuda->attention(dq.v.slice_rows(a, b), dk, dv, o2.v, p).ok());
-      EXPECT_TRUE(same_bytes(download(G, o2.v), host_rows(got, a, b))) << "attention query rows " << a << ".." << b;
-    }
+  const AttentionCase cases[] = {{97, 1025, 2, 128, 1024, 1.0f}, {1, 1, 2, 128, 1024, 1.0f},
+                                 {1025, 97, 1, 128, 64, 3.0f},   {97, 1025, 2, 128, 100, 3.0f},
+                                 {97, 300, 3, 64, 128, 2.0f},    {33, 77, 2, 32, 1024, 1.0f}};
+  for (const AttentionCase& c : cases) {
+    AttentionParity r;
+    check_attention_case(G, c, 90, "attention", r);  // and its query slices: the same bytes
   }
 }
 
@@ -534,14 +500,11 @@ TEST(CudaOps, AttentionVariantsAgree) {
 // Real H3 width: 56 heads x 128 in a fused qkv buffer, query slices at 8192-token scale.
 TEST(CudaOps, AttentionQuerySliceInvarianceLarge) {
   LS_NEED_GPU();
-  const int64_t S = 12289, H = 56, Dh = 128, I = H * Dh;
-  HostBuf qkv = random_buf(DType::bf16, {S, 3 * I}, 95, 1.0f);
-  DevBuf d = dev_from(G, qkv);
-  TensorView q = d.v.cols(0, I).unflatten_last(H, Dh), k = d.v.cols(I, 2 * I).unflatten_last(H, Dh),
-             v = d.v.cols(2 * I, 3 * I).unflatten_last(H, Dh);
-  auto full = G->arena->alloc(DType::bf16, {S, H, Dh}, "full");
-  auto part = G->arena->alloc(DType::bf16, {S, H, Dh}, "part");
-  ASSERT_TRUE(full.ok() && part.ok());
+  const int64_t S = 12289;
+  const std::optional<SliceInputs> in = slice_inputs(G, S, 56, 128, 95);
+  ASSERT_TRUE(in.has_value());
+  const TensorView &q = in->q, &k = in->k, &v = in->v;
+  const TensorView *full = &in->full, *part = &in->part;
   AttentionParams p;
   ASSERT_TRUE(G->cuda->attention(q, k, v, *full, p).ok());
   for (int64_t a = 0; a < S; a += 8192) {
@@ -549,11 +512,7 @@ TEST(CudaOps, AttentionQuerySliceInvarianceLarge) {
     ASSERT_TRUE(G->cuda->attention(q.slice_rows(a, b), k, v, part->slice_rows(a, b), p).ok());
   }
   ASSERT_TRUE(G->cuda->attention(q.slice_rows(S - 1, S), k, v, part->slice_rows(S - 1, S), p).ok());
-  HostBuf zero(DType::f64, {1});
-  ASSERT_TRUE(G->cuda->copy(G->counter, zero.v).ok());
-  ASSERT_TRUE(cuda::count_unequal(*G->cuda, full->flatten_last2(), part->flatten_last2(), G->counter).ok());
-  HostBuf cnt = download(G, G->counter);
-  EXPECT_EQ(*cnt.v.ptr<uint64_t>(), 0u);
+  EXPECT_EQ(count_diff(G, *full, *part), 0u);
 }
 
 // cuda_ext.h: pinned host buffer, side stream and events (for the streaming executor).

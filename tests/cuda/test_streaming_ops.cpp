@@ -19,9 +19,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "attention_state_cases.h"
+#include "attention_test_util.h"
 #include "backend/cuda/attention_cudnn.cuh"
 #include "cuda_test_util.h"
 
@@ -130,33 +133,24 @@ Status run_chunked(Backend& b, const TensorView& q, const TensorView& k, const T
   return Status();
 }
 
-// fp64 reference: softmax(scale q k^T) v, no roundings.
+// The rel L2 distance of `got` from the fp64 reference (attention_test_util.h) of q, k, v.
 double rel_l2_vs_f64(const HostBuf& got, const HostBuf& q, const HostBuf& k, const HostBuf& v) {
-  const int64_t Mq = q.v.shape[0], H = q.v.shape[1], Dh = q.v.shape[2], Mk = k.v.shape[0];
-  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
-  std::vector<double> s(static_cast<size_t>(Mk));
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < Mq; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < Mk; ++j) {
-        double d = 0;
-        for (int64_t e = 0; e < Dh; ++e)
-          d += static_cast<double>(q.get((i * H + h) * Dh + e)) * k.get((j * H + h) * Dh + e);
-        s[static_cast<size_t>(j)] = d * scale;
-        mx = std::max(mx, d * scale);
-      }
-      double l = 0;
-      for (int64_t j = 0; j < Mk; ++j) l += (s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx));
-      for (int64_t e = 0; e < Dh; ++e) {
-        double o = 0;
-        for (int64_t j = 0; j < Mk; ++j) o += s[static_cast<size_t>(j)] * v.get((j * H + h) * Dh + e);
-        const double r = o / l, g = got.get((i * H + h) * Dh + e);
-        num += (g - r) * (g - r);
-        den += r * r;
-      }
-    }
-  return std::sqrt(num / den);
+  return rel_l2(got, attention_f64(q, k, v, q.v.shape[1], q.v.shape[2]));
+}
+
+// The bytes of one call over all keys, with the default variant (nullopt after a
+// reported failure).
+std::optional<HostBuf> one_call(Gpu* G, const AttnInputs& in, const StateCase& c) {
+  VariantScope dflt(nullptr);
+  AttentionParams p;
+  p.kv_tile = c.kv_tile;
+  DevBuf whole = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
+  const Status s = G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p);
+  if (!s.ok()) {
+    ADD_FAILURE() << case_name(c) << ": " << s.message();
+    return std::nullopt;
+  }
+  return download(G, whole.v);
 }
 
 // ---- chunked attention: bytes of one call -------------------------------------------
@@ -165,15 +159,9 @@ TEST(CudaStreaming, ChunkedAttentionEqualsOneCall) {
   for (const StateCase& c : kCases) {
     Arena::Scope scope(*G->arena);
     AttnInputs in = make_inputs(G, c, static_cast<uint32_t>(c.Mq * 7 + c.Mk));
-    AttentionParams p;
-    p.kv_tile = c.kv_tile;
-    DevBuf whole = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
-    {
-      VariantScope dflt(nullptr);  // one call with the default variant
-      Status s = G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p);
-      ASSERT_TRUE(s.ok()) << case_name(c) << ": " << s.message();
-    }
-    const HostBuf ref = download(G, whole.v);
+    const std::optional<HostBuf> whole = one_call(G, in, c);
+    ASSERT_TRUE(whole.has_value());
+    const HostBuf& ref = *whole;
     for (const char* variant : kVariants) {
       VariantScope vs(variant);
       for (const auto& tiles : kChunkings) {
@@ -232,10 +220,8 @@ TEST(CudaStreaming, ChunkedAttentionQuerySlices) {
   for (const StateCase& c : kCases) {
     Arena::Scope scope(*G->arena);
     AttnInputs in = make_inputs(G, c, static_cast<uint32_t>(c.Mq * 5 + c.H));
-    AttentionParams p;
-    p.kv_tile = c.kv_tile;
-    DevBuf whole = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
-    ASSERT_TRUE(G->cuda->attention(in.dq.v, in.dk, in.dv, whole.v, p).ok());
+    const std::optional<HostBuf> whole = one_call(G, in, c);
+    ASSERT_TRUE(whole.has_value());
     DevBuf out = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
     const TensorView state = device_state(G, c.Mq, c.H, c.Dh, 0);
     int64_t a = 0, n = 1;
@@ -247,7 +233,7 @@ TEST(CudaStreaming, ChunkedAttentionQuerySlices) {
       a = b;
       n = 2 * n + 1;
     }
-    EXPECT_TRUE(same_bytes(download(G, out.v), download(G, whole.v)))
+    EXPECT_TRUE(same_bytes(download(G, out.v), *whole))
         << case_name(c) << ": query slices with their own states differ from one call";
     expect_guards(G, out, "query-sliced chunked attention");
   }
@@ -366,18 +352,9 @@ TEST(CudaStreaming, AttentionStateErrors) {
   AttnInputs in = make_inputs(G, c, 41);
   DevBuf out = dev_buf(G, DType::bf16, {c.Mq, c.H, c.Dh});
   const TensorView state = device_state(G, c.Mq, c.H, c.Dh, 0);
-  auto code_of = [&](const AttentionParams& p, int64_t keys) {
-    const Status s = G->cuda->attention(in.dq.v, in.dk.slice_rows(0, keys), in.dv.slice_rows(0, keys), out.v, p);
-    if (!s.ok()) std::printf("  expected failure: %s\n", s.message().c_str());
-    return s.ok() ? std::string("ok") : std::string(to_string(s.error().code));
+  const auto call = [&](const AttentionParams& p, int64_t keys) {
+    return G->cuda->attention(in.dq.v, in.dk.slice_rows(0, keys), in.dv.slice_rows(0, keys), out.v, p);
   };
-  const std::string invalid = to_string(ErrorCode::invalid_argument);
-  AttentionParams p;
-  p.kv_tile = c.kv_tile;
-  p.state = state;
-  p.finalize = false;
-  EXPECT_EQ(code_of(p, 40), invalid) << "a non-final chunk of 40 keys with kv_tile 16";
-  EXPECT_EQ(code_of(p, 32), "ok");
   const int64_t Wd = c.Dh + kAttentionStateExtra;
   auto dev = [&](DType t, std::initializer_list<int64_t> dims) {
     auto v = G->arena->alloc(t, dims, "bad state");
@@ -385,29 +362,16 @@ TEST(CudaStreaming, AttentionStateErrors) {
     return *v;
   };
   HostBuf host_state(DType::f32, {c.Mq, c.H, Wd});
-  const std::vector<std::pair<TensorView, std::string>> bad = {
-      {dev(DType::f32, {c.Mq, c.H, Wd - 1}), "narrow"},
-      {dev(DType::f32, {c.Mq + 1, c.H, Wd}), "extra row"},
-      {dev(DType::f32, {c.Mq, c.H + 1, Wd}), "extra head"},
-      {dev(DType::bf16, {c.Mq, c.H, Wd}), "bf16"},
-      {dev(DType::f32, {c.Mq, c.H * Wd}), "2-d"},
-      {dev(DType::f32, {c.Mq, c.H, 2 * Wd}).cols(0, Wd), "strided rows"},
-      {host_state.v, "host memory"},
-  };
-  for (const auto& [view, what] : bad)
-    for (bool fin : {false, true}) {
-      AttentionParams b = p;
-      b.state = view;
-      b.finalize = fin;
-      EXPECT_EQ(code_of(b, 32), invalid) << "state " << what << " " << view.shape_str() << " finalize " << fin;
-    }
-  AttentionParams none;
-  none.kv_tile = c.kv_tile;
-  none.state_in = true;
-  EXPECT_EQ(code_of(none, 32), invalid) << "state_in without a state";
-  none.state_in = false;
-  none.finalize = false;
-  EXPECT_EQ(code_of(none, 32), invalid) << "!finalize without a state";
+  test::expect_state_refusals(call, state, c.kv_tile,
+                              {
+                                  {dev(DType::f32, {c.Mq, c.H, Wd - 1}), "narrow"},
+                                  {dev(DType::f32, {c.Mq + 1, c.H, Wd}), "extra row"},
+                                  {dev(DType::f32, {c.Mq, c.H + 1, Wd}), "extra head"},
+                                  {dev(DType::bf16, {c.Mq, c.H, Wd}), "bf16"},
+                                  {dev(DType::f32, {c.Mq, c.H * Wd}), "2-d"},
+                                  {dev(DType::f32, {c.Mq, c.H, 2 * Wd}).cols(0, Wd), "strided rows"},
+                                  {host_state.v, "host memory"},
+                              });
   expect_guards(G, out, "attention error cases");
 }
 

@@ -100,18 +100,16 @@ def run(j):
 res = {"command": "tools/device/quant_linear_bench.sh (kind nvidia-h200)", "S": 111274}
 lq = load("linear_quant.json")
 res["linear_quant"] = lq
+def add_x_bf16(runs):  # each format's wall time over bf16's, where both ran
+    b = runs.get("bf16") or {}
+    for f in ("int8", "fp8", "precfp8"):
+        r = runs.get(f) or {}
+        if "wall_seconds" in r and "wall_seconds" in b:
+            r["x_bf16"] = r["wall_seconds"] / b["wall_seconds"]
 res["block1"] = {f: run(load(f"block1_{f}.json")) for f in ("bf16", "int8", "fp8", "precfp8")}
-b = res["block1"].get("bf16") or {}
-for f in ("int8", "fp8", "precfp8"):
-    r = res["block1"].get(f) or {}
-    if "wall_seconds" in r and "wall_seconds" in b:
-        r["x_bf16"] = r["wall_seconds"] / b["wall_seconds"]
+add_x_bf16(res["block1"])
 res["blocks50_vram_budget_24GiB"] = {f: run(load(f"blocks50_{f}.json")) for f in ("int8", "fp8", "bf16", "precfp8")}
-b = res["blocks50_vram_budget_24GiB"].get("bf16") or {}
-for f in ("int8", "fp8", "precfp8"):
-    r = res["blocks50_vram_budget_24GiB"].get(f) or {}
-    if "wall_seconds" in r and "wall_seconds" in b:
-        r["x_bf16"] = r["wall_seconds"] / b["wall_seconds"]
+add_x_bf16(res["blocks50_vram_budget_24GiB"])
 def load_st(path):  # safetensors, f32 tensors only (the velocities), no packages needed
     import array, struct
     with open(path, "rb") as fh:
