@@ -205,18 +205,50 @@ int main(int argc, char** argv) {
   const std::vector<Run> ref = run_sigmas(*session, clip, a, sigmas);
   std::printf("  (%.1f s since start)\n", secs());
 
-  struct Variant {
-    std::string name;
-    std::vector<Run> runs;
+  // The table and the JSON are written after every variant, so a run cut short keeps
+  // what it measured.
+  std::ostringstream head;
+  head << "{\"bench\": \"bench_drift\", \"preset\": \"" << a.preset << "\", \"blocks\": " << blocks << ", \"S\": " << sizes->S
+       << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
+       << ", \"text_tokens\": " << a.text_tokens << ", \"budget\": \"" << a.budget << "\", \"device\": \""
+       << bench::json_escape(backend->name()) << "\", \"reference_numerics\": \"" << bench::json_escape(ref[0].numerics)
+       << "\", \"reference\": [";
+  for (size_t s = 0; s < sigmas.size(); ++s)
+    head << (s ? ", " : "") << "{\"sigma\": " << a.sigmas[s] << ", \"hash\": \"" << ref[s].hash
+         << "\", \"forward_seconds\": " << ref[s].seconds << "}";
+  head << "], \"variants\": [";
+  std::string body;
+  std::vector<std::string> table;
+  auto add = [&](const std::string& name, const std::vector<Run>& runs) {
+    std::ostringstream js;
+    js << (body.empty() ? "" : ", ") << "{\"name\": \"" << name << "\", \"numerics\": \""
+       << bench::json_escape(runs[0].numerics) << "\", \"sigmas\": [";
+    for (size_t s = 0; s < sigmas.size(); ++s) {
+      const Drift d = drift(ref[s], runs[s]);
+      char line[256];
+      std::snprintf(line, sizeof line, "%s | %s | %.3e | %.3e | %.3e | %.3e | %.3f", name.c_str(), a.sigmas[s].c_str(),
+                    d.rel_video, d.rel_audio, d.rel_all, d.max_abs, runs[s].seconds);
+      table.push_back(line);
+      std::printf("  %s\n", line);
+      js << (s ? ", " : "") << "{\"sigma\": " << a.sigmas[s] << ", \"rel_l2_video\": " << d.rel_video
+         << ", \"rel_l2_audio\": " << d.rel_audio << ", \"rel_l2_both\": " << d.rel_all << ", \"max_abs\": " << d.max_abs
+         << ", \"hash\": \"" << runs[s].hash << "\", \"forward_seconds\": " << runs[s].seconds << "}";
+    }
+    js << "]}";
+    body += js.str();
+    std::ostringstream doc;
+    doc << head.str() << body << "], \"total_seconds\": " << secs() << "}\n";
+    if (!a.json.empty() && !bench::write_json_text(a.json, doc.str())) die("cannot write " + a.json);
+    std::fflush(stdout);
   };
-  std::vector<Variant> variants;
+
   for (const std::string& v : a.variants) {
     if (v != "int8") continue;
     Numerics n;
     n.attention = AttentionAlgorithm::int8;
     if (Status st = backend->set_numerics(n, backend->diagnostics()); !st.ok()) die("attention int8: " + st.error().message);
     std::printf("int8 (bf16 weights, attention int8):\n");
-    variants.push_back({"int8 attention", run_sigmas(*session, clip, a, sigmas)});
+    add("int8 attention", run_sigmas(*session, clip, a, sigmas));
     std::printf("  (%.1f s since start)\n", secs());
     Numerics back;  // the default again (auto), resolved for the model's head dim
     if (Status st = backend->set_numerics(back, backend->diagnostics()); !st.ok()) die("default numerics: " + st.error().message);
@@ -233,39 +265,14 @@ int main(int argc, char** argv) {
       die("the fp8 run's numerics (" + describe(backend->numerics()) + ") are not the reference's (" +
           describe(default_numerics) + ")");
     std::printf("fp8 (--precision fp8 weights, default attention):\n");
-    variants.push_back({"fp8 weights (--precision fp8)", run_sigmas(*session, clip, a, sigmas)});
+    add("fp8 weights (--precision fp8)", run_sigmas(*session, clip, a, sigmas));
     std::printf("  (%.1f s since start)\n", secs());
   }
 
-  std::ostringstream js;
-  js << "{\"bench\": \"bench_drift\", \"preset\": \"" << a.preset << "\", \"blocks\": " << blocks << ", \"S\": " << sizes->S
-     << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
-     << ", \"text_tokens\": " << a.text_tokens << ", \"budget\": \"" << a.budget << "\", \"device\": \""
-     << bench::json_escape(backend->name()) << "\", \"reference_numerics\": \"" << bench::json_escape(ref[0].numerics)
-     << "\", \"reference\": [";
-  for (size_t s = 0; s < sigmas.size(); ++s)
-    js << (s ? ", " : "") << "{\"sigma\": " << a.sigmas[s] << ", \"hash\": \"" << ref[s].hash
-       << "\", \"forward_seconds\": " << ref[s].seconds << "}";
-  js << "], \"variants\": [";
   std::printf("\nrelative L2 of the velocities against the reference (%s), %" PRId64 " blocks, S = %" PRId64 "\n",
               ref[0].numerics.c_str(), blocks, sizes->S);
   std::printf("variant | sigma | video | audio | both | max abs | forward s\n");
-  for (size_t vi = 0; vi < variants.size(); ++vi) {
-    const Variant& v = variants[vi];
-    js << (vi ? ", " : "") << "{\"name\": \"" << v.name << "\", \"numerics\": \"" << bench::json_escape(v.runs[0].numerics)
-       << "\", \"sigmas\": [";
-    for (size_t s = 0; s < sigmas.size(); ++s) {
-      const Drift d = drift(ref[s], v.runs[s]);
-      std::printf("%s | %s | %.3e | %.3e | %.3e | %.3e | %.3f\n", v.name.c_str(), a.sigmas[s].c_str(), d.rel_video,
-                  d.rel_audio, d.rel_all, d.max_abs, v.runs[s].seconds);
-      js << (s ? ", " : "") << "{\"sigma\": " << a.sigmas[s] << ", \"rel_l2_video\": " << d.rel_video
-         << ", \"rel_l2_audio\": " << d.rel_audio << ", \"rel_l2_both\": " << d.rel_all << ", \"max_abs\": " << d.max_abs
-         << ", \"hash\": \"" << v.runs[s].hash << "\", \"forward_seconds\": " << v.runs[s].seconds << "}";
-    }
-    js << "]}";
-  }
-  js << "], \"total_seconds\": " << secs() << "}\n";
-  if (!a.json.empty() && !bench::write_json_text(a.json, js.str())) die("cannot write " + a.json);
+  for (const std::string& l : table) std::printf("%s\n", l.c_str());
   std::printf("total %.1f s\n", secs());
   return 0;
 }

@@ -185,7 +185,9 @@ def kitchen_anchor(k):
     return out
 
 
-def kitchen_int8_attention(q, k, v, scale=None, return_details=False):
+def kitchen_int8_attention(q, k, v, scale=None, return_details=False, p_running_max=False):
+    """Kitchen's algorithm (module docstring). p_running_max: an ablation, P quantised
+    against the running maximum m_new instead of the tile's own (not Kitchen's)."""
     q, k, v = (t.detach().cpu().float() for t in (q, k, v))
     H, Mq, D0 = q.shape
     Mk = k.shape[1]
@@ -240,7 +242,10 @@ def kitchen_int8_attention(q, k, v, scale=None, return_details=False):
         ts = torch.where(tile_m < m, x, torch.ones_like(x))
         d = d * o_scale[..., None]
         acc = acc * o_scale[..., None]
-        p = torch.exp2(_fma32(st, sct, (-tile_m)[..., None].expand_as(st)))
+        p_ref = torch.maximum(m, tile_m) if p_running_max else tile_m
+        if p_running_max:  # the tile's contribution then needs no rescaling
+            ts = torch.ones_like(ts)
+        p = torch.exp2(_fma32(st, sct, (-p_ref)[..., None].expand_as(st)))
         n = j1 - j0
         if n < cta_k:  # the last tile's keys past Mk: probability 0
             p = torch.nn.functional.pad(p, (0, cta_k - n))
