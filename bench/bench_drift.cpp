@@ -108,52 +108,6 @@ struct Run {
   double seconds = 0;
 };
 
-// One engine for the session's weights and backend numerics, one denoiser call per sigma.
-std::vector<Run> run_sigmas(api::Session& session, const Clip& clip, const Args& a, const std::vector<float>& sigmas) {
-  const h3::H3Config& cfg = session.config();
-  const auto& g = clip.cond.geometry;
-  api::MemorySpec memory;
-  if (a.budget != "unlimited") {
-    auto v = exec::parse_byte_size(a.budget);
-    if (!v.ok()) die(v.error().message);
-    memory.total_budget = *v;
-  } else {
-    memory.total_budget = 1ull << 50;
-  }
-  memory.mode = api::MemoryMode::total_budget;
-  memory.knobs.kv_tile = session.resolve_kv_tile(0);  // the backend's numerics now (they change between variants)
-  auto rp = session.plan(clip.cond, sigmas, memory);
-  if (!rp.ok()) die("plan: " + rp.error().message);
-  exec::EngineOptions eo;
-  eo.residency.release_source = false;  // the next engine (another numerics) reuses the host weights
-  if (Status st = session.create_engine(*rp, eo); !st.ok()) die("engine: " + st.error().message);
-  std::vector<Run> runs;
-  for (float sigma : sigmas) {
-    api::DenoiseCall call;
-    call.cond = &clip.cond;
-    call.text = TensorView(const_cast<float*>(clip.text.data()), DType::f32, {g.text_tokens, cfg.text_dim});
-    call.video = TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
-    call.audio = TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
-    call.sigma = sigma;
-    call.plan = &rp->plan;
-    call.precompute_sigmas = {sigma};
-    auto r = session.denoise(call);
-    if (!r.ok()) die("denoise at sigma " + std::to_string(sigma) + ": " + r.error().message);
-    Run run;
-    run.hash = bench::hex16(r->hash());
-    run.video = std::move(r->video);
-    run.audio = std::move(r->audio);
-    run.numerics = describe(session.backend().numerics());
-    run.plan = rp->budget ? rp->budget->describe() : std::string();
-    run.seconds = r->report.wall_seconds;
-    std::printf("  sigma %.2f: %s, forward %.3f s, hash %s\n", sigma, run.numerics.c_str(), run.seconds, run.hash.c_str());
-    std::fflush(stdout);
-    runs.push_back(std::move(run));
-  }
-  session.drop_engine();
-  return runs;
-}
-
 struct Drift {
   double rel_video, rel_audio, rel_all, max_abs;
 };
@@ -174,6 +128,74 @@ Drift drift(const Run& ref, const Run& x) {
   return {std::sqrt(nv / dv), std::sqrt(na / da), std::sqrt((nv + na) / (dv + da)), mx};
 }
 
+// One engine for the session's weights and backend numerics, one denoiser call per sigma.
+// A failure (printed) returns what ran before it; the caller records the variant as failed.
+// With `ref`, each sigma's drift against ref is printed as soon as its run ends (a run cut
+// short by a time limit keeps the rows it finished).
+std::vector<Run> run_sigmas(api::Session& session, const Clip& clip, const Args& a, const std::vector<float>& sigmas,
+                            double (*clock)(), const std::vector<Run>* ref = nullptr) {
+  const h3::H3Config& cfg = session.config();
+  const auto& g = clip.cond.geometry;
+  api::MemorySpec memory;
+  if (a.budget != "unlimited") {
+    auto v = exec::parse_byte_size(a.budget);
+    if (!v.ok()) die(v.error().message);
+    memory.total_budget = *v;
+  } else {
+    memory.total_budget = 1ull << 50;
+  }
+  memory.mode = api::MemoryMode::total_budget;
+  memory.knobs.kv_tile = session.resolve_kv_tile(0);  // the backend's numerics now (they change between variants)
+  std::printf("  engine at %.1f s\n", clock());
+  auto rp = session.plan(clip.cond, sigmas, memory);
+  if (!rp.ok()) {
+    std::printf("  FAILED: plan: %s\n", rp.error().message.c_str());
+    return {};
+  }
+  exec::EngineOptions eo;
+  eo.residency.release_source = false;  // the next engine (another numerics) reuses the host weights
+  if (Status st = session.create_engine(*rp, eo); !st.ok()) {
+    std::printf("  FAILED: engine: %s\n", st.error().message.c_str());
+    return {};
+  }
+  std::printf("  engine ready at %.1f s\n", clock());
+  std::fflush(stdout);
+  std::vector<Run> runs;
+  for (float sigma : sigmas) {
+    api::DenoiseCall call;
+    call.cond = &clip.cond;
+    call.text = TensorView(const_cast<float*>(clip.text.data()), DType::f32, {g.text_tokens, cfg.text_dim});
+    call.video = TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
+    call.audio = TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
+    call.sigma = sigma;
+    call.plan = &rp->plan;
+    call.precompute_sigmas = {sigma};
+    auto r = session.denoise(call);
+    if (!r.ok()) {
+      std::printf("  FAILED: denoise at sigma %.2f: %s\n", sigma, r.error().message.c_str());
+      break;
+    }
+    Run run;
+    run.hash = bench::hex16(r->hash());
+    run.video = std::move(r->video);
+    run.audio = std::move(r->audio);
+    run.numerics = describe(session.backend().numerics());
+    run.plan = rp->budget ? rp->budget->describe() : std::string();
+    run.seconds = r->report.wall_seconds;
+    std::printf("  sigma %.2f: %s, forward %.3f s, hash %s (at %.1f s)\n", sigma, run.numerics.c_str(), run.seconds,
+                run.hash.c_str(), clock());
+    if (ref != nullptr && runs.size() < ref->size()) {
+      const Drift d = drift((*ref)[runs.size()], run);
+      std::printf("  sigma %.2f: rel L2 vs reference: video %.3e audio %.3e both %.3e, max abs %.3e\n", sigma, d.rel_video,
+                  d.rel_audio, d.rel_all, d.max_abs);
+    }
+    std::fflush(stdout);
+    runs.push_back(std::move(run));
+  }
+  session.drop_engine();
+  return runs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,8 +208,8 @@ int main(int argc, char** argv) {
   api::WeightsSpec weights;
   weights.preset = a.preset;
   weights.blocks = a.blocks;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  static const auto t0 = std::chrono::steady_clock::now();
+  double (*secs)() = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
 
   std::unique_ptr<api::Session> session = std::move(*opened);
   if (Status st = session->load_weights(weights); !st.ok()) die(st.error().message);
@@ -202,7 +224,8 @@ int main(int argc, char** argv) {
   std::printf("reference (bf16 weights, default attention):\n");
   std::fflush(stdout);
   const Numerics default_numerics = backend->numerics();
-  const std::vector<Run> ref = run_sigmas(*session, clip, a, sigmas);
+  const std::vector<Run> ref = run_sigmas(*session, clip, a, sigmas, secs);
+  if (ref.size() != sigmas.size()) die("the reference run failed");
   std::printf("  (%.1f s since start)\n", secs());
 
   // The table and the JSON are written after every variant, so a run cut short keeps
@@ -220,6 +243,10 @@ int main(int argc, char** argv) {
   std::string body;
   std::vector<std::string> table;
   auto add = [&](const std::string& name, const std::vector<Run>& runs) {
+    if (runs.size() != sigmas.size()) {
+      table.push_back(name + " | FAILED (see the log) | | | | |");
+      return;
+    }
     std::ostringstream js;
     js << (body.empty() ? "" : ", ") << "{\"name\": \"" << name << "\", \"numerics\": \""
        << bench::json_escape(runs[0].numerics) << "\", \"sigmas\": [";
@@ -246,9 +273,13 @@ int main(int argc, char** argv) {
     if (v != "int8") continue;
     Numerics n;
     n.attention = AttentionAlgorithm::int8;
-    if (Status st = backend->set_numerics(n, backend->diagnostics()); !st.ok()) die("attention int8: " + st.error().message);
     std::printf("int8 (bf16 weights, attention int8):\n");
-    add("int8 attention", run_sigmas(*session, clip, a, sigmas));
+    if (Status st = backend->set_numerics(n, backend->diagnostics()); !st.ok()) {
+      std::printf("  FAILED: attention int8: %s\n", st.error().message.c_str());
+      add("int8 attention", {});
+    } else {
+      add("int8 attention", run_sigmas(*session, clip, a, sigmas, secs, &ref));
+    }
     std::printf("  (%.1f s since start)\n", secs());
     Numerics back;  // the default again (auto), resolved for the model's head dim
     if (Status st = backend->set_numerics(back, backend->diagnostics()); !st.ok()) die("default numerics: " + st.error().message);
@@ -265,7 +296,7 @@ int main(int argc, char** argv) {
       die("the fp8 run's numerics (" + describe(backend->numerics()) + ") are not the reference's (" +
           describe(default_numerics) + ")");
     std::printf("fp8 (--precision fp8 weights, default attention):\n");
-    add("fp8 weights (--precision fp8)", run_sigmas(*session, clip, a, sigmas));
+    add("fp8 weights (--precision fp8)", run_sigmas(*session, clip, a, sigmas, secs, &ref));
     std::printf("  (%.1f s since start)\n", secs());
   }
 
