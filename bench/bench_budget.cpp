@@ -38,6 +38,7 @@
 
 #include "api/session.h"
 #include "bench_args.h"
+#include "bench_clip.h"
 #include "bench_json.h"
 #include "core/arena.h"  // format_bytes
 #include "model/h3/torch_random.h"
@@ -45,6 +46,7 @@
 namespace {
 
 using namespace ls;
+using bench::Clip;
 
 [[noreturn]] void die(const std::string& m) { bench::die("bench_budget", 2, m); }
 
@@ -81,20 +83,10 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-struct Clip {
-  h3::Conditioning cond;
-  std::vector<float> video, audio, text;
-};
-
 Clip make_clip(const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
-  auto g = h3::clip_geometry(frames, w, h, L);
-  if (!g.ok()) die(g.error().message);
-  Clip c;
-  c.cond.geometry = *g;
-  c.video = h3::torch_cpu_randn(0, cfg.latents_dim * g->T * g->Hl * g->Wl);
-  c.audio = h3::torch_cpu_randn(1, cfg.audio_latents_dim * 2 * g->A);
-  c.text = h3::torch_cpu_randn(2, g->text_tokens * cfg.text_dim);
-  return c;
+  auto c = bench::make_clip(cfg, frames, w, h, L);
+  if (!c.ok()) die(c.error().message);
+  return std::move(*c);
 }
 
 struct Outcome {
@@ -108,7 +100,6 @@ struct Outcome {
 Expected<Outcome> run_once(api::Session& session, const Clip& clip, float sigma, const api::RunPlan& rp,
                            bool profile = false) {
   const h3::H3Config& cfg = session.config();
-  const auto& g = clip.cond.geometry;
   Outcome o;
   const auto t0 = std::chrono::steady_clock::now();
   exec::EngineOptions eo;
@@ -117,10 +108,7 @@ Expected<Outcome> run_once(api::Session& session, const Clip& clip, float sigma,
   LS_TRY(session.create_engine(rp, eo));
   const auto t1 = std::chrono::steady_clock::now();
   api::DenoiseCall call;
-  call.cond = &clip.cond;
-  call.text = TensorView(const_cast<float*>(clip.text.data()), DType::f32, {g.text_tokens, cfg.text_dim});
-  call.video = TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
-  call.audio = TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
+  bench::set_inputs(call, clip, cfg);
   call.sigma = sigma;
   call.plan = &rp.plan;
   api::DenoiseTimes times;

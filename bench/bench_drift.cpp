@@ -26,12 +26,14 @@
 #include <vector>
 
 #include "api/session.h"
+#include "bench_clip.h"
 #include "bench_json.h"
 #include "model/h3/torch_random.h"
 
 namespace {
 
 using namespace ls;
+using bench::Clip;
 
 [[noreturn]] void die(const std::string& m) {
   std::fprintf(stderr, "bench_drift: %s\n", m.c_str());
@@ -86,20 +88,10 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-struct Clip {
-  h3::Conditioning cond;
-  std::vector<float> video, audio, text;
-};
-
 Clip make_clip(const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
-  auto g = h3::clip_geometry(frames, w, h, L);
-  if (!g.ok()) die(g.error().message);
-  Clip c;
-  c.cond.geometry = *g;
-  c.video = h3::torch_cpu_randn(0, cfg.latents_dim * g->T * g->Hl * g->Wl);
-  c.audio = h3::torch_cpu_randn(1, cfg.audio_latents_dim * 2 * g->A);
-  c.text = h3::torch_cpu_randn(2, g->text_tokens * cfg.text_dim);
-  return c;
+  auto c = bench::make_clip(cfg, frames, w, h, L);
+  if (!c.ok()) die(c.error().message);
+  return std::move(*c);
 }
 
 struct Run {
@@ -135,7 +127,6 @@ Drift drift(const Run& ref, const Run& x) {
 std::vector<Run> run_sigmas(api::Session& session, const Clip& clip, const Args& a, const std::vector<float>& sigmas,
                             double (*clock)(), const std::vector<Run>* ref = nullptr) {
   const h3::H3Config& cfg = session.config();
-  const auto& g = clip.cond.geometry;
   api::MemorySpec memory;
   if (a.budget != "unlimited") {
     auto v = exec::parse_byte_size(a.budget);
@@ -163,10 +154,7 @@ std::vector<Run> run_sigmas(api::Session& session, const Clip& clip, const Args&
   std::vector<Run> runs;
   for (float sigma : sigmas) {
     api::DenoiseCall call;
-    call.cond = &clip.cond;
-    call.text = TensorView(const_cast<float*>(clip.text.data()), DType::f32, {g.text_tokens, cfg.text_dim});
-    call.video = TensorView(const_cast<float*>(clip.video.data()), DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
-    call.audio = TensorView(const_cast<float*>(clip.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
+    bench::set_inputs(call, clip, cfg);
     call.sigma = sigma;
     call.plan = &rp->plan;
     call.precompute_sigmas = {sigma};

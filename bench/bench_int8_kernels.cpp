@@ -18,7 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ext.h"
-#include "../bench_json.h"
+#include "bench_json.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 
