@@ -23,7 +23,7 @@
 #include "exec/budget_plan.h"
 #include "sample/generate.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 // Output fingerprints are ls::fnv1a64 (core/hash.h), printed with hex64.
 std::string hex64(uint64_t v);
@@ -67,4 +67,4 @@ int64_t count_nonfinite(const float* p, size_t n);
 // name, which do not change a bit of the output.
 std::string backend_kind(const std::string& backend_name);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -31,21 +31,21 @@
 #include "io/safetensors.h"
 #include "sample/generate.h"
 #include "sample/schedule.h"
-#include "tools/command.h"
-#include "tools/memory_plot.h"
-#include "tools/progress.h"
-#include "tools/report.h"
-#include "tools/cli_util.h"
-#include "tools/inputs.h"
-#include "tools/interrupt.h"
+#include "cli/command.h"
+#include "cli/memory_plot.h"
+#include "cli/progress.h"
+#include "cli/report.h"
+#include "cli/cli_util.h"
+#include "cli/inputs.h"
+#include "cli/interrupt.h"
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 constexpr const char* kCmd = "layerstream generate";
 
-// Numbers are taken as text and parsed by the one strict parser (tools/cli_util.h), so
+// Numbers are taken as text and parsed by the one strict parser (cli/cli_util.h), so
 // that a bad value is exit code 2 with a message naming the flag and its range.
 struct GenerateOptions {
   LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
@@ -152,7 +152,7 @@ VramUse vram_use(const sample::GenerateResult& r) {
 // ---- parse -> validate -> run -> report (issue 27 item 4) -----------------------------
 // One GenerateRun carries the command from its parsed flags to its results; each step
 // returns an Error whose code decides the exit (invalid_argument and out_of_budget: 2,
-// the rest 1; tools/cli_util.h exit_code_for).
+// the rest 1; cli/cli_util.h exit_code_for).
 
 struct GenerateRun {
   explicit GenerateRun(const GenerateOptions& opts) : o(opts) {}
@@ -218,7 +218,7 @@ Status check_flag_combinations(const GenerateOptions& o, api::MemoryRequest* mem
   return Status();
 }
 
-// The flags' numbers (the one strict parser, tools/cli_util.h).
+// The flags' numbers (the one strict parser, cli/cli_util.h).
 Status parse_args(GenerateRun& r) {
   const GenerateOptions& o = r.o;
   r.builtin = !o.model.given() && !o.preset.given();
@@ -744,4 +744,4 @@ LS_REGISTER_COMMAND(g_generate, "generate",
                     setup_generate);
 
 }  // namespace
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -45,16 +45,16 @@
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/h3/torch_random.h"
-#include "tools/command.h"
-#include "tools/cli_util.h"
-#include "tools/inputs.h"
-#include "tools/interrupt.h"
+#include "cli/command.h"
+#include "cli/cli_util.h"
+#include "cli/inputs.h"
+#include "cli/interrupt.h"
 #include "io/output_file.h"
-#include "tools/memory_plot.h"
-#include "tools/progress.h"
-#include "tools/report.h"
+#include "cli/memory_plot.h"
+#include "cli/progress.h"
+#include "cli/report.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 constexpr const char* kCmd = "layerstream forward";
@@ -76,7 +76,7 @@ struct ForwardOptions {
   bool no_prefetch = false, keep_prefetch = false, kv_offload = false, residual_offload = false;
 };
 
-// A --keyframe FILE[@FRAME|@last]: the file through the shared loader (tools/inputs.h),
+// A --keyframe FILE[@FRAME|@last]: the file through the shared loader (cli/inputs.h),
 // the frame from @FRAME, @last, the file's "pixel_frame" metadata, or 0.
 Expected<h3::Keyframe> load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::ClipGeometry& g) {
   std::string path = arg, frame;
@@ -120,7 +120,7 @@ int fail(const Error& e) { return report_error(kCmd, e); }
 
 // ---- parse -> validate -> run -> report (issue 27 item 4) -----------------------------
 // Each step returns an Error whose code decides the exit (invalid_argument and
-// out_of_budget: 2, the rest 1; tools/cli_util.h exit_code_for).
+// out_of_budget: 2, the rest 1; cli/cli_util.h exit_code_for).
 
 Error usage_error(const std::string& msg) { return {ErrorCode::invalid_argument, msg}; }
 
@@ -144,7 +144,7 @@ Status check_flag_combinations(const ForwardOptions& o, api::MemoryRequest* memo
   return Status();
 }
 
-// The flags' numbers (the one strict parser, tools/cli_util.h).
+// The flags' numbers (the one strict parser, cli/cli_util.h).
 struct ForwardArgs {
   int64_t frames = 0, width = 0, height = 0, text_tokens = 0, seed = 0, weights_seed = 0, threads = 0, blocks = 0;
   int64_t kv_tile = 0, resident_blocks = -1;
@@ -560,4 +560,4 @@ CommandRun setup(CLI::App& sub) {
 LS_REGISTER_COMMAND(forward_cmd, "forward", "one H3 denoiser call on seeded inputs; writes both velocities", setup);
 
 }  // namespace
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -1,4 +1,4 @@
-// Small helpers shared by the tools/cmd_*.cpp subcommands: ONE strict parser for every
+// Small helpers shared by the cli/cmd_*.cpp subcommands: ONE strict parser for every
 // numeric flag and ONE range per quantity, shared by every command (issue 11) and by
 // every door of the library (the C API, Python, the node: src/core/ranges.h, issue 28).
 //
@@ -35,7 +35,7 @@
 #include "core/status.h"
 
 
-namespace ls::tools {
+namespace ls::cli {
 
 // The range types, the range of every quantity and the grammar are the library's (the ONE
 // table every door consults, src/core/ranges.h): range::frames is ls::ranges::frames.
@@ -192,4 +192,4 @@ int exit_code_for(const Error& e);
 // Prints "<command>: error: <message>" on stderr and returns exit_code_for(e).
 int report_error(std::string_view command, const Error& e);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

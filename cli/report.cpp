@@ -1,4 +1,4 @@
-#include "tools/report.h"
+#include "cli/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "core/arena.h"  // format_bytes
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 
 std::string hex64(uint64_t v) {
@@ -113,4 +113,4 @@ std::string backend_kind(const std::string& name) {
   return e == std::string::npos ? name : name.substr(0, e);
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -1,4 +1,4 @@
-#include "cli_util.h"  // (not "tools/...": tests/test_cli_parse.cpp compiles this file in)
+#include "cli_util.h"  // (not "cli/...": tests/test_cli_parse.cpp compiles this file in)
 
 #include <charconv>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "core/printable.h"
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 // The long name of "-o,--output" ("--output"), else the first name.
@@ -273,4 +273,4 @@ Expected<std::vector<std::string>> parse_devices(std::string_view flag, std::str
   return d;
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli
