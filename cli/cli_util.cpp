@@ -238,6 +238,14 @@ void add_plan_flags(CLI::App& app, RunFlags& o) {
                 "activation memory budget: the largest slices that fit (not with the chunk flags)");
 }
 
+void add_report_flags(CLI::App& app, RunFlags& o, const std::string& json_help, const std::string& plot_help) {
+  app.add_flag("--allow-nonfinite", o.allow_nonfinite,
+               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
+               "fails (exit 1) naming the first block and phase, and writes nothing");
+  add_text_flag(app, "--json", o.json, "FILE", json_help);
+  add_text_flag(app, "--memory-plot", o.memory_plot, "FILE.svg", plot_help);
+}
+
 void add_device_flags(CLI::App& app, RunFlags& o) {
   add_text_flag(app, "--device", o.device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
   add_text_flag(app, "--devices", o.devices, "LIST",

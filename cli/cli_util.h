@@ -179,6 +179,9 @@ Expected<std::vector<std::string>> rank_devices(const RunFlags& o);
 void add_plan_flags(CLI::App& app, RunFlags& o);
 // --device, --devices (sequence-parallel ranks) and --threads.
 void add_device_flags(CLI::App& app, RunFlags& o);
+// --allow-nonfinite, --json FILE and --memory-plot FILE.svg (their help: the command's
+// report and plot).
+void add_report_flags(CLI::App& app, RunFlags& o, const std::string& json_help, const std::string& plot_help);
 // Puts what the flags give into `spec` (model_file: --model was given). invalid_argument
 // (exit 2) naming the flag: a malformed --lora, an unknown --lora-dtype or --precision,
 // --lora-dtype without --lora, --format with a model file.

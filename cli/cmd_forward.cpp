@@ -495,12 +495,8 @@ CommandRun setup(CLI::App& sub) {
                "with --kv-offload: keys per streamed K/V chunk, a multiple of --kv-tile (0 = about 4096)", "0");
   sub.add_flag("--residual-offload", o->residual_offload,
                "manual: the residual stream in pinned host memory (needs --attn-chunk)");
-  sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
-               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
-               "fails (exit 1) naming the first block and phase, and writes nothing");
-  add_text_flag(sub, "--json", o->json, "FILE", "write the run report (plan, peaks, PCIe bytes, time, output hash, version)");
-  add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
-                "draw the device memory over the run by phase and block (SVG)");
+  add_report_flags(sub, *o, "write the run report (plan, peaks, PCIe bytes, time, output hash, version)",
+                   "draw the device memory over the run by phase and block (SVG)");
   add_device_flags(sub, *o);
   sub.add_flag("-q,--quiet", o->quiet, "no progress display");
   add_text_flag(sub, "-o,--output", o->output, "FILE",

@@ -671,12 +671,8 @@ CommandRun setup_generate(CLI::App& sub) {
                 "keeps what fits resident, streams the rest of the blocks, offloads K/V and the residual only when "
                 "nothing else fits; refused before any work when too small, naming the minimum (--model/--preset)");
   add_device_flags(sub, *o);
-  sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
-               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
-               "fails (exit 1) naming the first block and phase, and writes nothing");
-  add_text_flag(sub, "--json", o->json, "FILE", "write the full run report as JSON (with the version)");
-  add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
-                "draw the device memory over every forward by phase and block (SVG)");
+  add_report_flags(sub, *o, "write the full run report as JSON (with the version)",
+                   "draw the device memory over every forward by phase and block (SVG)");
   add_text_flag(sub, "-o,--output", o->output, "FILE", "output latents (.safetensors); required with --model/--preset");
   add_text_flag(sub, "--comfyui-latents", o->comfy_latents, "PREFIX",
                 "also write the latents as ComfyUI .latent files for its LoadLatent node: PREFIX.video.latent "
