@@ -1,4 +1,4 @@
-// libFuzzer target: the CLI's input-file loaders (tools/inputs.h), as `forward --inputs /
+// libFuzzer target: the CLI's input-file loaders (cli/inputs.h), as `forward --inputs /
 // --keyframe / --mask` and `generate --text / --keyframe / --ref` run them on a file.
 //
 // The input is a whole safetensors file (read from memory, SafetensorsReader::from_bytes);
@@ -14,7 +14,7 @@
 
 #include "io/safetensors.h"
 #include "model/h3/config.h"
-#include "tools/inputs.h"
+#include "cli/inputs.h"
 
 namespace {
 
@@ -50,18 +50,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (own.ok() && own->tokens() < 100000) geoms.push_back(*own);
   }
   for (const ls::h3::ClipGeometry& geom : geoms) {
-    (void)ls::tools::load_forward_inputs(f, cfg, geom);
+    (void)ls::cli::load_forward_inputs(f, cfg, geom);
     std::optional<std::string> frame;
-    (void)ls::tools::load_forward_keyframe(f, cfg, geom, frame);
+    (void)ls::cli::load_forward_keyframe(f, cfg, geom, frame);
     ls::h3::Conditioning c;
     c.geometry = geom;
-    (void)ls::tools::load_mask(f, geom, c);
+    (void)ls::cli::load_mask(f, geom, c);
     ls::h3::Keyframe kf;
-    (void)ls::tools::load_generate_keyframe(f, cfg, geom, kf);
+    (void)ls::cli::load_generate_keyframe(f, cfg, geom, kf);
   }
   ls::h3::Reference ref;
-  (void)ls::tools::load_reference(f, cfg, ref);
-  auto t = ls::tools::load_text_states(f);
+  (void)ls::cli::load_reference(f, cfg, ref);
+  auto t = ls::cli::load_text_states(f);
   if (t.ok()) {
     check_view(t->text);
     check_view(t->negative);

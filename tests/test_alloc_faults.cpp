@@ -295,7 +295,7 @@ TEST(AllocFaults, CliExitsOneWithNoOutputFile) {
     std::remove(out.c_str());
     std::remove(json.c_str());
     const CliResult first = run_cli(dir, args, 1);
-    ASSERT_NE(first.code, 0) << "the CLI ignored LAYERSTREAM_TEST_FAIL_ALLOC=1 (tools/main.cpp maps it onto "
+    ASSERT_NE(first.code, 0) << "the CLI ignored LAYERSTREAM_TEST_FAIL_ALLOC=1 (cli/main.cpp maps it onto "
                                 "ls::testing::arm_allocation_fault)";
     int64_t k = 1;
     for (;; ++k) {

@@ -212,7 +212,7 @@ TEST_F(CliOutputs, JsonReportsCarryTheVersion) {
   }
 }
 
-// --memory-plot FILE.svg draws the device memory of the run (the renderer: tools/memory_plot.cpp).
+// --memory-plot FILE.svg draws the device memory of the run (the renderer: cli/memory_plot.cpp).
 TEST_F(CliOutputs, MemoryPlotIsWritten) {
   const ToolRun f = run_tool(kForward + " -q --memory-plot " + path("f.svg"));
   ASSERT_EQ(f.code, 0) << f.out;

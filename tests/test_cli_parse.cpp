@@ -1,4 +1,4 @@
-// The CLI's one numeric-flag parser (tools/cli_util.h), tested directly: what it takes,
+// The CLI's one numeric-flag parser (cli/cli_util.h), tested directly: what it takes,
 // what it refuses (empty, hex, '+', spaces, signs, non-finite, out of range, decimal
 // units) and that every message names the flag, the range and the text. The commands'
 // use of it is tested on the built binary in test_cli_flags.cpp.
@@ -7,9 +7,9 @@
 #include <string>
 
 // tools/ is not a library: the one translation unit under test is compiled in here.
-#include "../tools/cli_util.cpp"
+#include "../cli/cli_util.cpp"
 
-using namespace ls::tools;
+using namespace ls::cli;
 
 namespace {
 

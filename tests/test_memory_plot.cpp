@@ -1,4 +1,4 @@
-// The --memory-plot renderer (tools/memory_plot.h): the SVG is well-formed XML (checked
+// The --memory-plot renderer (cli/memory_plot.h): the SVG is well-formed XML (checked
 // by a small parser below), self-contained (no script, no external reference), has one
 // filled path per kind of memory, puts the budget line at the height of a stack that
 // reaches exactly the budget and the predicted peak halfway when it is half the budget,
@@ -17,12 +17,12 @@
 #include <vector>
 
 // The renderer lives in the CLI (tools/), which is no library: compile it into this test.
-#include "../tools/memory_plot.cpp"
+#include "../cli/memory_plot.cpp"
 
 namespace {
 
 using ls::exec::MemorySample;
-using ls::tools::MemoryPlotInput;
+using ls::cli::MemoryPlotInput;
 
 constexpr uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
 
@@ -211,7 +211,7 @@ TEST(MemoryPlot, WellFormedSelfContainedOnePathPerKind) {
   in.samples = run_samples(12, 100 * MiB);
   in.budget_bytes = 4 * GiB;
   in.predicted_peak_bytes = held_peak(in.samples) + 10 * MiB;
-  const std::string svg = ls::tools::memory_plot_svg(in);
+  const std::string svg = ls::cli::memory_plot_svg(in);
   const Xml x = parse_xml(svg);
   ASSERT_TRUE(x.ok) << x.error;
   EXPECT_EQ(x.root, "svg");
@@ -248,7 +248,7 @@ TEST(MemoryPlot, WellFormedSelfContainedOnePathPerKind) {
 
   MemoryPlotInput more = in;
   more.samples[3].held += 50 * MiB;  // 50 MiB the kinds do not name
-  const Xml y = parse_xml(ls::tools::memory_plot_svg(more));
+  const Xml y = parse_xml(ls::cli::memory_plot_svg(more));
   ASSERT_TRUE(y.ok) << y.error;
   ASSERT_EQ(select(y, "path", "kind").size(), 7u);
   EXPECT_EQ(select(y, "path", "kind").back()->attrs.at("data-kind"), "arena headroom");
@@ -263,7 +263,7 @@ TEST(MemoryPlot, BudgetLineAtTheHeightOfAStackThatReachesIt) {
   const uint64_t peak = held_peak(in.samples);
   in.budget_bytes = peak;
   in.predicted_peak_bytes = peak / 2;
-  const Xml x = parse_xml(ls::tools::memory_plot_svg(in));
+  const Xml x = parse_xml(ls::cli::memory_plot_svg(in));
   ASSERT_TRUE(x.ok) << x.error;
   double top = 1e9, zero = -1e9;
   for (const auto* p : select(x, "path", "kind"))
@@ -282,7 +282,7 @@ TEST(MemoryPlot, BudgetLineAtTheHeightOfAStackThatReachesIt) {
   MemoryPlotInput none = in;
   none.budget_bytes = 0;
   none.predicted_peak_bytes = 0;
-  const Xml y = parse_xml(ls::tools::memory_plot_svg(none));
+  const Xml y = parse_xml(ls::cli::memory_plot_svg(none));
   ASSERT_TRUE(y.ok) << y.error;
   EXPECT_TRUE(select(y, "line", "budget").empty());
   EXPECT_TRUE(select(y, "line", "predicted").empty());
@@ -303,7 +303,7 @@ TEST(MemoryPlot, StackedHeightsFollowTheSamples) {
   b.held = 200 * MiB;
   MemoryPlotInput in;
   in.samples = {a, b};
-  const Xml x = parse_xml(ls::tools::memory_plot_svg(in));
+  const Xml x = parse_xml(ls::cli::memory_plot_svg(in));
   ASSERT_TRUE(x.ok) << x.error;
   const Element* w = nullptr;
   const Element* act = nullptr;
@@ -333,14 +333,14 @@ TEST(MemoryPlot, EmptySamplesAreAClearErrorAndNoFile) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("ls_plot_" + std::to_string(getpid()) + "_empty.svg")).string();
   std::filesystem::remove(path);
-  const ls::Status s = ls::tools::write_memory_plot(path, in);
+  const ls::Status s = ls::cli::write_memory_plot(path, in);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().code, ls::ErrorCode::not_found);  // a run-time condition: exit 1
   EXPECT_NE(s.error().message.find("no memory samples"), std::string::npos) << s.error().message;
   EXPECT_NE(s.error().message.find(path), std::string::npos) << s.error().message;
   EXPECT_FALSE(std::filesystem::exists(path));
   // The SVG text itself still renders (a preview never breaks): it says there is nothing.
-  const std::string svg = ls::tools::memory_plot_svg(in);
+  const std::string svg = ls::cli::memory_plot_svg(in);
   const Xml x = parse_xml(svg);
   ASSERT_TRUE(x.ok) << x.error;
   EXPECT_TRUE(select(x, "path", "kind").empty());
@@ -353,10 +353,10 @@ TEST(MemoryPlot, WritesTheSvgToTheFile) {
   in.samples = run_samples(3, 10 * MiB);
   const std::string path =
       (std::filesystem::temp_directory_path() / ("ls_plot_" + std::to_string(getpid()) + "_write.svg")).string();
-  ASSERT_TRUE(ls::tools::write_memory_plot(path, in).ok());
+  ASSERT_TRUE(ls::cli::write_memory_plot(path, in).ok());
   std::ifstream f(path, std::ios::binary);
   const std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(got, ls::tools::memory_plot_svg(in));
+  EXPECT_EQ(got, ls::cli::memory_plot_svg(in));
   std::filesystem::remove(path);
 }
 
@@ -369,7 +369,7 @@ TEST(MemoryPlot, ManyBlocksAndForwardsStayReadable) {
     in.samples.insert(in.samples.end(), v.begin(), v.end());
   }
   in.budget_bytes = 8 * GiB;
-  const std::string svg = ls::tools::memory_plot_svg(in);
+  const std::string svg = ls::cli::memory_plot_svg(in);
   const Xml x = parse_xml(svg);
   ASSERT_TRUE(x.ok) << x.error;
   std::vector<double> label_x;

@@ -184,6 +184,15 @@ struct ClipHolder {
     tensors.push_back(as_tensor(obj, false, stream, what));
     return &tensors.back()->t;
   }
+  // A keyframe's or a reference's latents from its tuple's items 1..4 (video, audio,
+  // noise_video, noise_audio); `what` names it in errors ("keyframe 0").
+  template <typename T>
+  void latents(T& t, const py::tuple& x, uintptr_t stream, const std::string& what) {
+    t.video = tensor(x[1], stream, what + " video");
+    t.audio = tensor(x[2], stream, what + " audio");
+    t.noise_video = tensor(x[3], stream, what + " noise_video");
+    t.noise_audio = tensor(x[4], stream, what + " noise_audio");
+  }
 };
 
 std::unique_ptr<ClipHolder> make_clip_values(const py::dict& d, uintptr_t stream) {
@@ -223,10 +232,7 @@ std::unique_ptr<ClipHolder> make_clip_values(const py::dict& d, uintptr_t stream
     ls_keyframe_tensors& kt = h->keyframes[i];
     ls_keyframe_tensors_init(&kt);
     kt.pixel_frame = k[0].cast<int64_t>();
-    kt.video = h->tensor(k[1], stream, w + " video");
-    kt.audio = h->tensor(k[2], stream, w + " audio");
-    kt.noise_video = h->tensor(k[3], stream, w + " noise_video");
-    kt.noise_audio = h->tensor(k[4], stream, w + " noise_audio");
+    h->latents(kt, k, stream, w);
     h->keyframe_ptrs.push_back(&kt);
   }
   c.keyframe_tensors = h->keyframe_ptrs.data();
@@ -239,10 +245,7 @@ std::unique_ptr<ClipHolder> make_clip_values(const py::dict& d, uintptr_t stream
     ls_reference_tensors& rt = h->references[i];
     ls_reference_tensors_init(&rt);
     rt.kind = static_cast<ls_reference_kind>(r[0].cast<int>());
-    rt.video = h->tensor(r[1], stream, w + " video");
-    rt.audio = h->tensor(r[2], stream, w + " audio");
-    rt.noise_video = h->tensor(r[3], stream, w + " noise_video");
-    rt.noise_audio = h->tensor(r[4], stream, w + " noise_audio");
+    h->latents(rt, r, stream, w);
     h->reference_ptrs.push_back(&rt);
   }
   c.reference_tensors = h->reference_ptrs.data();
@@ -436,22 +439,15 @@ class Engine {
     return py::bytes(out);
   }
 
-  std::string report() {
-    const char* json = nullptr;
-    std::string out;
-    call([&] {
-      ls_status st = ls_engine_report_json(e_, &json);
-      if (st == LS_OK && json) out = json;
-      return st;
-    });
-    return out;
-  }
+  std::string report() { return json_of(ls_engine_report_json); }
+  std::string call_report() { return json_of(ls_engine_call_report_json); }
 
-  std::string call_report() {
+  // A JSON text the engine keeps (ls_engine_report_json, ls_engine_call_report_json), copied.
+  std::string json_of(ls_status (*get)(ls_engine*, const char**)) {
     const char* json = nullptr;
     std::string out;
     call([&] {
-      ls_status st = ls_engine_call_report_json(e_, &json);
+      ls_status st = get(e_, &json);
       if (st == LS_OK && json) out = json;
       return st;
     });
@@ -508,10 +504,8 @@ uint64_t fingerprint(py::handle video, py::handle audio) {
                         static_cast<const float*>(a->t.data), count(a->t, "audio"));
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "LayerStream's C API (layerstream.h) for Python; use the `layerstream` package";
+// layerstream.Error and its classes, one per ls_status.
+void add_errors(py::module_& m) {
   // Errors a caller's argument causes (InvalidArgument, OutOfBudget) are also ValueErrors,
   // as Python's own argument errors are; every class is a layerstream.Error.
   g_error = PyErr_NewExceptionWithDoc("layerstream.Error",
@@ -532,12 +526,11 @@ PYBIND11_MODULE(_C, m) {
     g_status_class[static_cast<int>(st)] = cls;
     m.attr(name) = py::handle(cls);
   }
-  m.def("version", [] { return std::string(ls_version()); }, "ls_version(): the build's version line");
-  m.attr("API_VERSION") = LS_API_VERSION;
-  m.def("status_string", [](int s) { return std::string(ls_status_string(static_cast<ls_status>(s))); });
-  m.def("fingerprint", &fingerprint, py::arg("video"), py::arg("audio"),
-        "ls_fingerprint (FNV-1a 64 of the video bytes, then the audio bytes) of contiguous float32 arrays");
-  // The one size parser, range table and memory validation of every door (API 5).
+}
+
+// The one size parser, range table and memory validation of every door (API 5), and the
+// clip geometry.
+void add_doors(py::module_& m) {
   m.def(
       "parse_size",
       [](const std::string& what, const std::string& text) {
@@ -607,6 +600,19 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       py::arg("frames"), py::arg("width"), py::arg("height"), "ls_clip_geometry: the latent grid of a clip");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "LayerStream's C API (layerstream.h) for Python; use the `layerstream` package";
+  add_errors(m);
+  m.def("version", [] { return std::string(ls_version()); }, "ls_version(): the build's version line");
+  m.attr("API_VERSION") = LS_API_VERSION;
+  m.def("status_string", [](int s) { return std::string(ls_status_string(static_cast<ls_status>(s))); });
+  m.def("fingerprint", &fingerprint, py::arg("video"), py::arg("audio"),
+        "ls_fingerprint (FNV-1a 64 of the video bytes, then the audio bytes) of contiguous float32 arrays");
+  add_doors(m);
   m.def(
       "probe_checkpoint",
       [](const std::string& path) {

@@ -141,6 +141,15 @@ Status create_engine(const ls_engine_params& p, ls_engine& e) {
   return {};
 }
 
+// A C API struct zeroed with its size set (the versioned-struct protocol); false for NULL.
+template <typename T>
+bool zero_init(T* p) {
+  if (!p) return false;
+  std::memset(p, 0, sizeof *p);
+  p->size = sizeof *p;
+  return true;
+}
+
 }  // namespace
 }  // namespace ls::capi
 
@@ -179,9 +188,7 @@ uint64_t ls_fingerprint(const float* video, size_t video_n, const float* audio, 
 }
 
 void ls_numerics_init(ls_numerics* n) {
-  if (!n) return;
-  std::memset(n, 0, sizeof *n);
-  n->size = sizeof *n;
+  if (!zero_init(n)) return;
   n->attention = LS_ATTENTION_DEFAULT;
   n->kv_tile = 0;
   n->gemm_f32 = LS_GEMM_F32_LANES16;
@@ -189,9 +196,7 @@ void ls_numerics_init(ls_numerics* n) {
 }
 
 void ls_engine_params_init(ls_engine_params* p) {
-  if (!p) return;
-  std::memset(p, 0, sizeof *p);
-  p->size = sizeof *p;
+  if (!zero_init(p)) return;
   p->device = "cpu";
   p->memory_mode = LS_MEMORY_KNOBS;
   // The memory defaults are the library's (api::MemorySpec, exec::Residency): one place.
@@ -203,9 +208,7 @@ void ls_engine_params_init(ls_engine_params* p) {
 }
 
 void ls_tensor_init(ls_tensor* t) {
-  if (!t) return;
-  std::memset(t, 0, sizeof *t);
-  t->size = sizeof *t;
+  if (!zero_init(t)) return;
   t->dtype = LS_DTYPE_F32;
   t->device_type = LS_DEVICE_CPU;
 }
@@ -225,28 +228,14 @@ void ls_tensor_host(ls_tensor* t, void* data, ls_dtype dtype, int32_t ndim, cons
   }
 }
 
-void ls_keyframe_tensors_init(ls_keyframe_tensors* k) {
-  if (!k) return;
-  std::memset(k, 0, sizeof *k);
-  k->size = sizeof *k;
-}
+void ls_keyframe_tensors_init(ls_keyframe_tensors* k) { zero_init(k); }
 
-void ls_reference_tensors_init(ls_reference_tensors* r) {
-  if (!r) return;
-  std::memset(r, 0, sizeof *r);
-  r->size = sizeof *r;
-}
+void ls_reference_tensors_init(ls_reference_tensors* r) { zero_init(r); }
 
-void ls_model_info_init(ls_model_info* info) {
-  if (!info) return;
-  std::memset(info, 0, sizeof *info);
-  info->size = sizeof *info;
-}
+void ls_model_info_init(ls_model_info* info) { zero_init(info); }
 
 void ls_clip_init(ls_clip* c) {
-  if (!c) return;
-  std::memset(c, 0, sizeof *c);
-  c->size = sizeof *c;
+  if (!zero_init(c)) return;
   const ls::h3::Conditioning d;  // the library's defaults, one source of truth
   c->vis_aug = d.vis_aug;
   c->aud_aug = d.aud_aug;
@@ -256,16 +245,12 @@ void ls_clip_init(ls_clip* c) {
 }
 
 void ls_denoise_params_init(ls_denoise_params* p) {
-  if (!p) return;
-  std::memset(p, 0, sizeof *p);
-  p->size = sizeof *p;
+  if (!zero_init(p)) return;
   p->output_masks = 1;
 }
 
 void ls_generate_params_init(ls_generate_params* p) {
-  if (!p) return;
-  std::memset(p, 0, sizeof *p);
-  p->size = sizeof *p;
+  if (!zero_init(p)) return;
   p->steps = 4;
   p->cfg = 1.0;
 }
@@ -306,15 +291,11 @@ ls_status ls_engine_model_info(ls_engine* e, ls_model_info* info) {
 }
 
 void ls_clip_shape_init(ls_clip_shape* shape) {
-  if (!shape) return;
-  std::memset(shape, 0, sizeof *shape);
-  shape->size = sizeof *shape;
+  zero_init(shape);
 }
 
 void ls_memory_request_init(ls_memory_request* r) {
-  if (!r) return;
-  std::memset(r, 0, sizeof *r);
-  r->size = sizeof *r;
+  if (!zero_init(r)) return;
   r->mode = LS_MEMORY_KNOBS;
   r->vram_budget = r->activation_budget = r->prefetch = LS_UNSET;
   r->mlp_chunk = r->attn_chunk = r->final_chunk = LS_UNSET;

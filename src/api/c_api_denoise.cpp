@@ -265,9 +265,12 @@ ls_status denoise_call(ls_engine& e, const ls_denoise_params& p, TensorIO& io) {
   if (Status st = read_inputs(e, p, io, in); !st.ok()) return fail(&e, st.error());
   CallSeconds sec;
   sec.inputs = seconds_since(t_call);
+  // The call's packed layout, built once (on the planner's first use) and handed to the
+  // planner and the engine's steps.
+  const ls::exec::CallLayout layout(s.config(), in.cond, /*for_forward=*/true);
   // The plan counts the tables this call holds (the schedule's, or the call's own).
   const auto t_plan0 = std::chrono::steady_clock::now();
-  auto rp = s.plan(in.cond, in.table_sigmas, e.memory);
+  auto rp = s.plan(in.cond, in.table_sigmas, e.memory, nullptr, &layout);
   if (!rp.ok()) return fail(&e, rp.error());
   sec.plan = seconds_since(t_plan0);
   if (Status st = ensure_engine(e, *rp); !st.ok()) return fail(&e, st.error());
@@ -276,6 +279,7 @@ ls_status denoise_call(ls_engine& e, const ls_denoise_params& p, TensorIO& io) {
   if (Status st = bind_call(s.config(), io, in, call, readback); !st.ok()) return fail(&e, st.error());
   call.sigma = p.sigma;
   call.plan = &rp->plan;
+  call.layout = &layout;
   e.have_report = false;
   e.table_sigmas.clear();  // unknown until the call's precompute has succeeded
   ls::api::DenoiseTimes times;

@@ -1,4 +1,4 @@
-// JSON of plans, budget plans and the build, shared by the CLI's reports (tools/report.h
+// JSON of plans, budget plans and the build, shared by the CLI's reports (cli/report.h
 // forwards to these) and the C API's (ls_engine_plan, ls_engine_report_json), so the
 // two never drift apart. nlohmann-json; field names are part of the report format.
 #pragma once

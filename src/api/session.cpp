@@ -124,13 +124,15 @@ int64_t Session::resolve_kv_tile(int64_t kv_tile) const {
 }
 
 exec::PlanRequest Session::plan_request(const h3::Conditioning& cond, const std::vector<float>& sigmas,
-                                        const MemorySpec& memory, const h3::Conditioning* widest) const {
+                                        const MemorySpec& memory, const h3::Conditioning* widest,
+                                        const exec::CallLayout* layout) const {
   LS_CHECK(source_ != nullptr);
   exec::PlanRequest q;
   q.cfg = &config();
   q.tensors = &source_->specs();  // the dtypes the source holds (and the device would)
   q.cond = &cond;
   q.widest = widest;
+  q.layout = layout;
   q.sigmas = sigmas;
   q.mode = memory.mode;
   if (memory.mode == MemoryMode::total_budget) {
@@ -149,8 +151,9 @@ exec::PlanRequest Session::plan_request(const h3::Conditioning& cond, const std:
 }
 
 Expected<RunPlan> Session::plan(const h3::Conditioning& cond, const std::vector<float>& sigmas,
-                                const MemorySpec& memory, const h3::Conditioning* widest) const {
-  return exec::plan_memory(plan_request(cond, sigmas, memory, widest));
+                                const MemorySpec& memory, const h3::Conditioning* widest,
+                                const exec::CallLayout* layout) const {
+  return exec::plan_memory(plan_request(cond, sigmas, memory, widest, layout));
 }
 
 Expected<RunPlan> Session::plan_sampling(const sample::GenerateRequest& req, const MemorySpec& memory) const {
@@ -231,6 +234,9 @@ void Session::drop_engine() { engine_.reset(); }
 Expected<exec::ForwardResult> Session::denoise(const DenoiseCall& call, DenoiseTimes* times) {
   LS_CHECK(engine_ != nullptr && call.cond != nullptr && call.plan != nullptr);
   const auto t0 = std::chrono::steady_clock::now();
+  // One layout for the call's steps (the tables' check, the precompute, prepare, forward).
+  std::optional<exec::CallLayout> own_layout;
+  const exec::CallLayout& layout = call.layout ? *call.layout : own_layout.emplace(config(), *call.cond, /*for_forward=*/true);
   exec::RefinedText own;
   const exec::RefinedText* text = call.refined;
   // The planner counts the text refinement, the AdaLN precompute and the steps as
@@ -246,21 +252,22 @@ Expected<exec::ForwardResult> Session::denoise(const DenoiseCall& call, DenoiseT
   const std::vector<float> sigmas = call.precompute_sigmas.empty() ? std::vector<float>{call.sigma} : call.precompute_sigmas;
   // Tables are kept while they are the ones these sigmas need (the same timesteps): a
   // sampling run computes them once and its AdaLN weights cross to the device once.
-  const bool reuse = engine_->has_adaln_tables(sigmas, *call.cond);
+  const bool reuse = engine_->has_adaln_tables(sigmas, *call.cond, layout);
   if (!reuse) {
     engine_->release_activations();
-    LS_TRY(engine_->precompute_adaln(sigmas, *call.cond));
+    LS_TRY(engine_->precompute_adaln(sigmas, *call.cond, layout));
     sample_driver_memory();
   }
   if (times) times->adaln_tables_computed = !reuse;
-  LS_TRY(engine_->prepare(*call.cond, *call.plan));  // arenas and pinned buffers before the call
+  LS_TRY(engine_->prepare(*call.cond, layout, *call.plan));  // arenas and pinned buffers before the call
   sample_driver_memory();
   if (times)
     times->refine_precompute_prepare_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (call.before_forward) call.before_forward();
   LS_ASSIGN_OR_RETURN(exec::ForwardResult r,
-                      engine_->forward(*call.cond, *text, call.video, call.audio, call.sigma, *call.plan, call.outputs));
+                      engine_->forward(*call.cond, layout, *text, call.video, call.audio, call.sigma, *call.plan,
+                                       call.outputs));
   sample_driver_memory();
   // A weights file truncated under us read as zeros: nothing computed from it leaves.
   LS_TRY(io::check_mapped_files());

@@ -104,6 +104,9 @@ struct DenoiseCall {
   // already held for the same timesteps are kept (Engine::has_adaln_tables).
   std::vector<float> precompute_sigmas;
   const exec::Plan* plan = nullptr;
+  // The call's layout of *cond (exec::CallLayout, for_forward), built once per call and
+  // also handed to plan(); null: denoise() builds one for its own steps.
+  const exec::CallLayout* layout = nullptr;
   std::function<void()> before_forward;  // optional: after prepare(), just before forward()
 };
 
@@ -163,7 +166,8 @@ class Session {
   // The planner's request for `memory` on this session's model (tensors: the source's
   // table with its dtypes) and device; cond, widest and sigmas as plan() takes them.
   exec::PlanRequest plan_request(const h3::Conditioning& cond, const std::vector<float>& sigmas,
-                                 const MemorySpec& memory, const h3::Conditioning* widest = nullptr) const;
+                                 const MemorySpec& memory, const h3::Conditioning* widest = nullptr,
+                                 const exec::CallLayout* layout = nullptr) const;
 
   // Step 3: plan one conditioning (exec::plan_memory). `sigmas`: every sigma the run
   // evaluates (the schedule, or the one call's sigma): the modulation tables a total
@@ -171,8 +175,10 @@ class Session {
   // `widest`, if given, is planned instead of `cond` under a total budget (the longer
   // of two prompts: every buffer grows with S at fixed slices, so the same slices,
   // offloads and residency fit the shorter one; RunPlan::plan is then widest's).
+  // `layout`, if given, is cond's for the whole call (the same one DenoiseCall::layout
+  // hands to the engine): planned from, never rebuilt.
   Expected<RunPlan> plan(const h3::Conditioning& cond, const std::vector<float>& sigmas, const MemorySpec& memory,
-                         const h3::Conditioning* widest = nullptr) const;
+                         const h3::Conditioning* widest = nullptr, const exec::CallLayout* layout = nullptr) const;
   // A sampling run's memory choices (`layerstream generate`, ls_engine_generate): in
   // total_budget mode plan() (exec::plan_memory) over every sigma of req.sigmas, for the longer
   // of the two prompts when CFG uses a negative prompt of another length (RunPlan::plan

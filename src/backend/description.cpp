@@ -102,6 +102,7 @@ BackendDescription cpu_description() {
   // CPU backend checks it), kv_tile 128 as on CUDA so default runs compare byte for byte.
   d.algorithms.push_back(AttentionEntry{.algorithm = AttentionAlgorithm::int8,
                                         .default_kv_tile = kInt8DefaultKvTile,
+                                        .key_prepass = true,
                                         .with = "with the int8 reference attention"});
   d.auto_order = {AttentionAlgorithm::native};
   d.rates_source = "measured on the H200, PCIe Gen5";  // none measured here: they plan nothing on the CPU
@@ -163,6 +164,7 @@ BackendDescription cuda_description(CudaBuild build) {
                             .default_kv_tile = kInt8DefaultKvTile,
                             .tflops = build.hopper ? 346.0 : 117.0,
                             .head_dims = {128},
+                            .key_prepass = true,
                             .with = build.hopper ? "with the int8 attention kernel (Hopper on sm_90, else portable)"
                                                  : "with the int8 attention kernel"};
   d.algorithms = {native, cudnn, hopper, int8};

@@ -79,6 +79,11 @@ struct AttentionEntry {
   uint64_t (*workspace_of)(const Numerics& resolved, int64_t heads, int64_t head_dim) = nullptr;
   // Head dims served; empty = any the backend's op accepts.
   std::vector<int64_t> head_dims{};
+  // A key pre-pass before the queries (int8: per-head key statistics, then the keys
+  // quantised with their scales: Backend::int8_key_stats, int8_prepare): the planner
+  // counts its scratch (PlanKnobs::int8_attention) and the executor runs the pass, both
+  // asking this field, never the algorithm's name.
+  bool key_prepass = false;
   const char* with = "";           // "with cuDNN attention" (the dry run's wording)
   const char* quantum_unit = "";   // "chunks", "CTAs" (of the row quantum)
 
@@ -143,5 +148,8 @@ BackendDescription cuda_description(CudaBuild build = {});
 // The description of a backend in hand (its kind, and for CUDA its build). Implemented in
 // src/backend/registry.cpp, the one file that knows which backends were built.
 BackendDescription describe_backend(const Backend& backend);
+// The entry of the attention algorithm a backend in hand runs (its resolved numerics);
+// LS_CHECK that its description has one. Also in src/backend/registry.cpp.
+AttentionEntry resolved_attention(const Backend& backend);
 
 }  // namespace ls

@@ -106,7 +106,7 @@ std::string describe(const Numerics& n);
 
 // The developer variables of the front-ends (the CLI, the benchmarks), mapped onto the
 // struct in ONE place. The library never reads the environment: `lookup` is the caller's
-// (the C library lookup, in tools/ and bench/ only); it returns null for an unset variable, and an empty
+// (the C library lookup, in cli/ and bench/ only); it returns null for an unset variable, and an empty
 // value counts as unset. Each variable used is appended to `used` as "NAME=value":
 //   LAYERSTREAM_ATTENTION      auto|native|cudnn|hopper|int8 -> attention
 //   LAYERSTREAM_GEMM_F32       lanes16|cublaslt           -> gemm_f32

@@ -51,4 +51,12 @@ BackendDescription describe_backend(const Backend& backend) {
 #endif
 }
 
+AttentionEntry resolved_attention(const Backend& backend) {
+  const BackendDescription desc = describe_backend(backend);
+  const Numerics n = backend.numerics();
+  const AttentionEntry* e = desc.attention(n.attention);
+  LS_CHECK_MSG(e != nullptr, desc.name + " runs attention " + to_string(n.attention) + " without a description of it");
+  return *e;
+}
+
 }  // namespace ls

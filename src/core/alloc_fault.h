@@ -5,7 +5,7 @@
 //
 // Off unless armed. The library never arms it by itself (and never reads the
 // environment); tests call arm_allocation_fault(), and the CLI maps its developer
-// variable LAYERSTREAM_TEST_FAIL_ALLOC=k onto it (tools/main.cpp).
+// variable LAYERSTREAM_TEST_FAIL_ALLOC=k onto it (cli/main.cpp).
 //
 // Who counts: every MemoryResource::allocate of a non-zero size (the only raw
 // allocators: the host resource of core/arena.cpp, the CUDA backend's cudaMalloc and

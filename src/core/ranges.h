@@ -2,7 +2,7 @@
 //
 // Every numeric quantity a user can give LayerStream (a CLI flag, an ls_engine_params /
 // ls_clip / ls_memory_request field, a Python keyword, a ComfyUI node input) has one
-// entry here: its name, its range, its unit and what it means. The CLI (tools/cli_util.h),
+// entry here: its name, its range, its unit and what it means. The CLI (cli/cli_util.h),
 // the C API (src/api/c_api*.cpp: ls_engine_create, the clip, denoise, plan) and Python
 // (through the C API: ls_parse_value, ls_parse_size, ls_range_at) all consult it, so a
 // value refused at one door is refused at every door with the same message (the name is

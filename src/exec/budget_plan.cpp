@@ -473,7 +473,7 @@ DeviceProfile device_profile(const BackendDescription& b, const Numerics& n) {
   d.attention_row_quantum = e->quantum(n);
   d.throughput = b.rates;
   d.throughput.attention_tflops = e->tflops;
-  d.int8_attention = n.attention == AttentionAlgorithm::int8;  // [int8 attention] as the live profile
+  d.int8_attention = e->key_prepass;  // [int8 attention] as the live profile
   std::ostringstream ws, tile, tp;
   ws << "workspace " << format_bytes(d.workspace_bytes) << " (" << d.workspace_bytes << " bytes): " << b.workspace_note(n);
   tile << "kv_tile " << d.default_kv_tile << ": the backend's default " << e->with;

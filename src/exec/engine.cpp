@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "backend/comm.h"
+#include "backend/description.h"
 #include "core/arena.h"
 #include "core/hash.h"
 #include "exec/buffers.h"
@@ -144,13 +145,15 @@ struct Engine::Impl {
   // (Re)makes the communicator group of rank 0 and the peers (after an abort).
   Status reset_comms();
   // The forward of this rank, up to the final layer's rows (Engine::forward finishes).
-  Status forward_rank(const Conditioning& cond, const RefinedText& text, const TensorView& video, const TensorView& audio,
-                      float sigma, const Plan& plan, const ForwardOutputs& outputs, RankOut& out);
+  Status forward_rank(const Conditioning& cond, const h3::PackedLayout& lay, const RefinedText& text,
+                      const TensorView& video, const TensorView& audio, float sigma, const Plan& plan,
+                      const ForwardOutputs& outputs, RankOut& out);
   // forward_rank's steps (defined beside it).
   struct CallHost;
   struct PhaseLog;
-  Expected<CallHost> host_call(const Conditioning& cond, const RefinedText& text, const TensorView& video,
-                               const TensorView& audio, float sigma, const Plan& plan, const ForwardOutputs& outputs);
+  Expected<CallHost> host_call(const Conditioning& cond, const h3::PackedLayout& lay, const RefinedText& text,
+                               const TensorView& video, const TensorView& audio, float sigma, const Plan& plan,
+                               const ForwardOutputs& outputs);
   Status setup_rows(ForwardState& st, const PersistentSpecs& pers, const CallHost& h, Arena& arena);
   Status run_blocks(ForwardState& st, const AttnSpecs& attn, const MlpSpecs& mlp, const Plan& plan, KvOffload* kv,
                     PhaseLog& log);
@@ -197,8 +200,9 @@ Status Engine::Impl::check_plan(const SequenceSizes& sizes, const Plan& plan) co
                           ", this call S " + std::to_string(expect.sizes.S) + "): call make_plan with this conditioning");
   // kv_tile is a numerics setting (DESIGN.md §1.2): the one the backend records in every
   // report and output file must be the one the attention walks.
-  // [int8 attention] the plan holds the int8 buffers exactly when the backend runs int8.
-  const bool be_int8 = be->numerics().attention == AttentionAlgorithm::int8;
+  // [int8 attention] the plan holds the key pre-pass's buffers exactly when the backend's
+  // algorithm runs one (its description says).
+  const bool be_int8 = resolved_attention(*be).key_prepass;
   if (plan.knobs.int8_attention != be_int8)
     return make_error(ErrorCode::invalid_argument,
                       std::string("the plan was made ") + (plan.knobs.int8_attention ? "with" : "without") +
@@ -481,7 +485,7 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
     text_weight_bytes += m.weights->transient_bytes("condition_proj.weight") + m.weights->transient_bytes("condition_proj.bias");
   if (has_final_norm) text_weight_bytes += m.weights->transient_bytes("token_refiner.final_norm.weight");
   for (int64_t i = 0; i < cfg.refiner_layers; ++i) block_scratch = std::max(block_scratch, m.weights->refiner_block_scratch_bytes(i));
-  const bool int8 = be.numerics().attention == AttentionAlgorithm::int8;  // [int8 attention] its scratch counted
+  const bool int8 = resolved_attention(be).key_prepass;  // [int8 attention] the pre-pass's scratch counted
   LS_ASSIGN_OR_RETURN(auto arena,
                       Arena::create(*m.dev, refiner_peak_bytes(cfg, L, int8) + text_weight_bytes + block_scratch));
   const auto pers = refiner_persistent_buffers(cfg, L);
@@ -528,9 +532,13 @@ Expected<RefinedText> Engine::refine_text(const TensorView& text) {
 // ---- AdaLN precompute ------------------------------------------------------------------------
 
 Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond) {
+  return precompute_adaln(sigmas, cond, CallLayout(impl_->cfg, cond));
+}
+
+Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond, const CallLayout& layout) {
   Impl& m0 = *impl_;
-  LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(m0.cfg, cond, /*with_positions=*/false));
-  const std::vector<double> all = h3::schedule_timesteps(lay, cond, sigmas);
+  LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, layout.get());
+  const std::vector<double> all = h3::schedule_timesteps(*lay, cond, sigmas);
   // Every rank holds the tables on its own device (one rank after the other: cheap next
   // to the steps, and no two ranks read the source at once here).
   std::vector<Impl*> ranks{&m0};
@@ -546,11 +554,16 @@ Status Engine::precompute_adaln(const std::vector<float>& sigmas, const Conditio
 }
 
 bool Engine::has_adaln_tables(const std::vector<float>& sigmas, const Conditioning& cond) const {
+  return has_adaln_tables(sigmas, cond, CallLayout(impl_->cfg, cond));
+}
+
+bool Engine::has_adaln_tables(const std::vector<float>& sigmas, const Conditioning& cond,
+                              const CallLayout& layout) const {
   const Impl& m0 = *impl_;
   if (!m0.precomputed.precomputed) return false;
-  auto lay = h3::build_layout(m0.cfg, cond, /*with_positions=*/false);
+  auto lay = layout.get();
   if (!lay.ok()) return false;
-  const std::vector<double> all = h3::schedule_timesteps(*lay, cond, sigmas);
+  const std::vector<double> all = h3::schedule_timesteps(**lay, cond, sigmas);
   if (all.empty() || all != m0.precomputed.t) return false;
   for (const auto& p : m0.peers)
     if (!p->precomputed.precomputed || p->precomputed.t != all) return false;
@@ -611,9 +624,11 @@ Status check_io_devices(const Backend& be, const h3::H3Config& cfg, const Condit
 }
 }  // namespace
 
-Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
+Status Engine::prepare(const Conditioning& cond, const Plan& plan) { return prepare(cond, CallLayout(impl_->cfg, cond), plan); }
+
+Status Engine::prepare(const Conditioning& /*cond*/, const CallLayout& layout, const Plan& plan) {
   Impl& m = *impl_;
-  LS_ASSIGN_OR_RETURN(const SequenceSizes sizes, sequence_sizes(m.cfg, cond));
+  LS_ASSIGN_OR_RETURN(const SequenceSizes sizes, layout.sizes());
   LS_TRY(m.check_plan(sizes, plan));
   LS_TRY(m.ensure_arenas(plan));
   for (const auto& p : m.peers) LS_TRY(p->ensure_arenas(plan));
@@ -623,12 +638,28 @@ Status Engine::prepare(const Conditioning& cond, const Plan& plan) {
 Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedText& text, const TensorView& video,
                                         const TensorView& audio, float sigma, const Plan& plan,
                                         const ForwardOutputs& outputs) {
+  return forward(cond, CallLayout(impl_->cfg, cond, /*for_forward=*/true), text, video, audio, sigma, plan, outputs);
+}
+
+Expected<ForwardResult> Engine::forward(const Conditioning& cond, const CallLayout& layout, const RefinedText& text,
+                                        const TensorView& video, const TensorView& audio, float sigma, const Plan& plan,
+                                        const ForwardOutputs& outputs) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   ForwardResult res;
+  if (!(sigma > 0.0f) || !std::isfinite(sigma))
+    return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
+  // The call's layout, built (if it is not yet) before any work; the ranks' threads only read it.
+  auto positioned = [&]() -> Expected<const h3::PackedLayout*> {
+    LS_ASSIGN_OR_RETURN(const h3::PackedLayout* l, layout.get());
+    LS_CHECK_MSG(static_cast<int64_t>(l->positions.size()) == 3 * l->S,
+                 "Engine::forward needs the call's layout built for a forward (CallLayout for_forward)");
+    return l;
+  };
   if (m.peers.empty()) {
+    LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, positioned());
     RankOut out;
-    LS_TRY(m.forward_rank(cond, text, video, audio, sigma, plan, outputs, out));
+    LS_TRY(m.forward_rank(cond, *lay, text, video, audio, sigma, plan, outputs, out));
     // ---- host outputs: unpatchify, bf16, negate, masks, audio carry (device outputs:
     // done in run_final, read back for the fingerprint) ----
     LS_TRY(finish_outputs(*m.be, m.cfg, cond, *out.om, outputs.video, outputs.audio, out.vout, out.aout,
@@ -646,6 +677,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
     return make_error(ErrorCode::unsupported,
                       "with several devices the latents and outputs must be in host memory (device tensors are "
                       "supported on one device)");
+  LS_ASSIGN_OR_RETURN(const h3::PackedLayout* lay, positioned());
   std::vector<Impl*> impls{&m};
   for (const auto& p : m.peers) impls.push_back(p.get());
   const size_t N = impls.size();
@@ -654,7 +686,7 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
   std::mutex first_mu;
   int first = -1;
   auto run = [&](size_t r) {
-    Status s = impls[r]->forward_rank(cond, text, video, audio, sigma, plan, ForwardOutputs{}, outs[r]);
+    Status s = impls[r]->forward_rank(cond, *lay, text, video, audio, sigma, plan, ForwardOutputs{}, outs[r]);
     if (!s.ok()) {
       {
         std::lock_guard<std::mutex> lock(first_mu);
@@ -707,11 +739,11 @@ Expected<ForwardResult> Engine::forward(const Conditioning& cond, const RefinedT
 
 // ---- one rank's forward, in steps -------------------------------------------------------
 
-// The host side of one call (forward_rank's first step): the packed layout (built once
-// per call), timesteps, embedding inputs, output mapping, PDD heads and the modulation
+// The host side of one call (forward_rank's first step): the call's packed layout (built
+// once per call, Engine::forward), timesteps, embedding inputs, output mapping, PDD heads and the modulation
 // tables covering the call, all before any device work.
 struct Engine::Impl::CallHost {
-  h3::PackedLayout lay;
+  const h3::PackedLayout* lay = nullptr;
   h3::Timesteps ts;
   std::optional<h3::EmbedInputs> inputs;
   std::optional<OutputMapping> om;
@@ -763,20 +795,21 @@ struct Engine::Impl::PhaseLog {
   }
 };
 
-Expected<Engine::Impl::CallHost> Engine::Impl::host_call(const Conditioning& cond, const RefinedText& text,
-                                                         const TensorView& video, const TensorView& audio, float sigma,
-                                                         const Plan& plan, const ForwardOutputs& outputs) {
+Expected<Engine::Impl::CallHost> Engine::Impl::host_call(const Conditioning& cond, const h3::PackedLayout& lay,
+                                                         const RefinedText& text, const TensorView& video,
+                                                         const TensorView& audio, float sigma, const Plan& plan,
+                                                         const ForwardOutputs& outputs) {
   const int64_t D = cfg.hidden;
   CallHost h;
-  LS_ASSIGN_OR_RETURN(h.lay, h3::build_layout(cfg, cond));
-  LS_TRY(check_plan(SequenceSizes{h.lay.S, h.lay.target_rows()}, plan));
-  if (text.L != h.lay.L || (text.L > 0 && text.D != D))
+  h.lay = &lay;
+  LS_TRY(check_plan(SequenceSizes{h.lay->S, h.lay->target_rows()}, plan));
+  if (text.L != h.lay->L || (text.L > 0 && text.D != D))
     return make_error(ErrorCode::invalid_argument, "refined text has " + std::to_string(text.L) + " tokens of width " +
                                                        std::to_string(text.D) + " but the conditioning says L = " +
-                                                       std::to_string(h.lay.L) + ", hidden " + std::to_string(D));
-  h.ts = h3::layout_timesteps(h.lay, cond, sigma);
+                                                       std::to_string(h.lay->L) + ", hidden " + std::to_string(D));
+  h.ts = h3::layout_timesteps(*h.lay, cond, sigma);
   const float carry = cond.audio_scale != 1.0 ? round_bf16(h.ts.sig.sigma_a_f32 / h.ts.sig.sigma_v_f32) : 1.0f;
-  LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, h.lay, cond, video, audio, carry));
+  LS_ASSIGN_OR_RETURN(h3::EmbedInputs inputs, h3::EmbedInputs::prepare(cfg, *h.lay, cond, video, audio, carry));
   h.inputs.emplace(std::move(inputs));
   LS_TRY(check_io_devices(*be, cfg, cond, video, audio, outputs));
   h.om.emplace(output_mapping(cond, h.ts, *h.inputs));
@@ -791,7 +824,7 @@ Expected<Engine::Impl::CallHost> Engine::Impl::host_call(const Conditioning& con
 // all of [0, S) with one rank), the residual (on the device, or with residual offload in
 // pinned host memory) and the per-row tables (RoPE, modulation and final-layer rows).
 Status Engine::Impl::setup_rows(ForwardState& st, const PersistentSpecs& pers, const CallHost& h, Arena& arena) {
-  const int64_t S = h.lay.S, D = cfg.hidden, P = cfg.rope_pairs();
+  const int64_t S = h.lay->S, D = cfg.hidden, P = cfg.rope_pairs();
   st.S = S;
   st.R = rank_rows(S, ranks);
   st.row0 = std::min(S, rank * st.R);
@@ -811,7 +844,7 @@ Status Engine::Impl::setup_rows(ForwardState& st, const PersistentSpecs& pers, c
   st.final_rows = TensorView(final_rows2.data, DType::i32, {S}, final_rows2.device);
   std::vector<uint16_t> rt(static_cast<size_t>(S * P * 2));
   const TensorView inv = weights->host("rope.inv_freq");
-  h3::rope_table_rows(h.lay.positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
+  h3::rope_table_rows(h.lay->positions, inv.ptr<float>(), cfg.rope_inv_freq_len, 0, S, rt.data());
   Backend& bk = *be;
   LS_TRY(bk.copy(st.rope, TensorView(rt.data(), DType::bf16, {S, P, 2})));
   LS_TRY(bk.copy(st.mod_rows, TensorView(const_cast<int32_t*>(h.ts.mod_rows.data()), DType::i32, {S})));
@@ -891,18 +924,16 @@ void Engine::Impl::fill_report(RunReport& rep, const Plan& plan, const ForwardSt
   rep.wall_seconds = seconds_since(log.t0);
 }
 
-Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& text, const TensorView& video,
-                                  const TensorView& audio, float sigma, const Plan& plan,
+Status Engine::Impl::forward_rank(const Conditioning& cond, const h3::PackedLayout& lay, const RefinedText& text,
+                                  const TensorView& video, const TensorView& audio, float sigma, const Plan& plan,
                                   const ForwardOutputs& outputs, RankOut& out) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *this;
   Backend& bk = *m.be;
   LS_TRY(m.bind_workspace());
-  if (!(sigma > 0.0f) || !std::isfinite(sigma))
-    return make_error(ErrorCode::invalid_argument, "sigma must be a positive finite value (got " + std::to_string(sigma) + ")");
 
-  // ---- host: layout (once per call), timesteps, inputs, tables ----
-  LS_ASSIGN_OR_RETURN(CallHost h, m.host_call(cond, text, video, audio, sigma, plan, outputs));
+  // ---- host: the call's layout, timesteps, inputs, tables ----
+  LS_ASSIGN_OR_RETURN(CallHost h, m.host_call(cond, lay, text, video, audio, sigma, plan, outputs));
   const AdalnTables* tab = h.tab;
 
   // ---- the phases' buffers, from the plan ----
@@ -943,7 +974,7 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& t
   LS_TRY(m.weights->begin_forward());
 
   // ---- embed ----
-  LS_TRY(run_embed(st, embed, plan.mlp_slice, h.lay, *h.inputs, text.view(), *m.weights));
+  LS_TRY(run_embed(st, embed, plan.mlp_slice, *h.lay, *h.inputs, text.view(), *m.weights));
   LS_TRY(st.check_residual());
   log.sample("embed", -1);
   LS_TRY(log.eval_x("x.embed", -1));
@@ -962,7 +993,7 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& t
 
   // ---- final layer on the target rows [audio | video] ----
   std::vector<float> vout, aout;  // f32 [target video rows, Pv], [target audio rows, Pa]
-  LS_TRY(run_final(st, fin, plan.final_slice, h.lay, tab->final_table, *m.weights, h.pdd, *h.om, outputs.video,
+  LS_TRY(run_final(st, fin, plan.final_slice, *h.lay, tab->final_table, *m.weights, h.pdd, *h.om, outputs.video,
                    outputs.audio, vout, aout));
   log.sample("final", -1);
   LS_TRY(st.mark("final"));
@@ -971,10 +1002,10 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const RefinedText& t
 
   out.row0 = st.row0;
   out.row1 = st.row1;
-  out.sa_start = h.lay.target_audio().start;
-  out.sa_stop = h.lay.target_audio().stop;
-  out.sv_start = h.lay.target_video().start;
-  out.sv_stop = h.lay.target_video().stop;
+  out.sa_start = h.lay->target_audio().start;
+  out.sa_stop = h.lay->target_audio().stop;
+  out.sv_start = h.lay->target_video().start;
+  out.sv_stop = h.lay->target_video().stop;
   out.om.emplace(*h.om);
   m.fill_report(out.report, plan, st, log, measured);
   out.vout = std::move(vout);

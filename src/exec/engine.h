@@ -246,6 +246,17 @@ class Engine {
                                   const TensorView& audio, float sigma, const Plan& plan,
                                   const ForwardOutputs& outputs = {});
 
+  // The call's layout (CallLayout of cond, built once per call and handed to the planner
+  // and to each of these): the overloads without it build one of their own.
+  Status precompute_adaln(const std::vector<float>& sigmas, const Conditioning& cond, const CallLayout& layout);
+  bool has_adaln_tables(const std::vector<float>& sigmas, const Conditioning& cond, const CallLayout& layout) const;
+  Status prepare(const Conditioning& cond, const CallLayout& layout, const Plan& plan);
+  // `layout` built for a forward (CallLayout(cfg, cond, /*for_forward=*/true): it holds
+  // the positions).
+  Expected<ForwardResult> forward(const Conditioning& cond, const CallLayout& layout, const RefinedText& text,
+                                  const TensorView& video, const TensorView& audio, float sigma, const Plan& plan,
+                                  const ForwardOutputs& outputs = {});
+
   // Sequence-parallel ranks (1 + EngineOptions::peer_backends.size()).
   int64_t ranks() const;
 

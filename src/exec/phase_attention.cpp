@@ -30,6 +30,99 @@ Int8Keys int8_keys_of(const TensorView& bytes, int64_t n, int64_t H, int64_t Dh)
   return int8_keys_view(bytes.data, n, H, Dh, bytes.device);
 }
 
+// The device buffers of K/V offload (bf16 and int8): two chunk buffers per tensor of
+// `chunk` rows (a multiple of kv_tile, so chunks hold whole key tiles), allocated K0, V0,
+// K1, V1 (the plan lists K0, K1, V0, V1: equal sizes, so the same bytes in all); then the
+// per-slice buffers once, at the first (largest) slice of n0 rows (a shorter slice uses a
+// prefix).
+struct OffloadBuffers {
+  TensorView kc[2], vc[2];
+  TensorView h, q, o, state;  // bf16 [n, D], bf16 [n, I], bf16 [n, I], f32 [n, H (Dh + 8)]
+};
+Expected<OffloadBuffers> offload_buffers(ForwardState& st, const AttnSpecs& sp, int64_t chunk, int64_t n0) {
+  OffloadBuffers b;
+  for (int j = 0; j < 2; ++j) {
+    LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], chunk));
+    LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], chunk));
+    st.phase_kv += static_cast<uint64_t>(b.kc[j].nbytes() + b.vc[j].nbytes());
+  }
+  LS_ASSIGN_OR_RETURN(b.h, alloc_rows(st.arena, sp.h, n0));
+  LS_ASSIGN_OR_RETURN(b.q, alloc_rows(st.arena, *sp.q, n0));
+  LS_ASSIGN_OR_RETURN(b.o, alloc_rows(st.arena, sp.out, n0));
+  LS_ASSIGN_OR_RETURN(b.state, alloc_rows(st.arena, *sp.state, n0));
+  return b;
+}
+
+// Pass 1's end of chunk [k0, k1) in buffer j: compute signals computed[j]; the transfer
+// queue waits for it, copies the bf16 K and V out to the host rows and signals saved[j].
+Status copy_out_chunk(ForwardState& st, KvOffload& kv, const OffloadBuffers& b, int j, int64_t k0, int64_t k1) {
+  LS_TRY(kv.computed[j].signal(Queue::compute));
+  LS_TRY(kv.computed[j].wait(Queue::transfer));
+  LS_TRY(st.be.copy_async(kv.k_host.slice_rows(k0, k1), b.kc[j].slice_rows(0, k1 - k0), Queue::transfer));
+  LS_TRY(st.be.copy_async(kv.v_host.slice_rows(k0, k1), b.vc[j].slice_rows(0, k1 - k0), Queue::transfer));
+  LS_TRY(kv.saved[j].signal(Queue::transfer));
+  st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * st.cfg.inner() * 2);
+  return Status();
+}
+
+// n queries against chunk c of n_chunks: the fp32 state carried in from chunk c - 1 and
+// finalised on the last chunk.
+AttentionParams chunk_params(const ForwardState& st, const TensorView& state, int64_t n, int64_t kv_tile, int64_t c,
+                             int64_t n_chunks) {
+  AttentionParams ap;
+  ap.kv_tile = kv_tile;
+  ap.state = TensorView(state.data, DType::f32, {n, st.cfg.heads, st.cfg.head_dim + kAttentionStateExtra}, state.device);
+  ap.state_in = c > 0;
+  ap.finalize = c == n_chunks - 1;
+  return ap;
+}
+
+// [int8 attention] a prepared chunk of n keys as three 2-D views (k8 i8 [n, I], sk f32
+// [n, H], v8t i8 [H Dh, n]): in the device chunk buffer `keys`, or over host K/V rows
+// [k0, k1) (k8 | sk in host K's 2 n I bytes, v8t compact in host V's).
+struct Int8ChunkViews {
+  TensorView k8, sk, v8t;
+  static Int8ChunkViews device(const Int8Keys& keys, int64_t n, int64_t I, int64_t H, int64_t Dh) {
+    const Int8Keys k = keys.slice(0, n);
+    TensorView v8t(k.v8t.data, DType::i8, {H * Dh, n}, k.v8t.device);
+    v8t.stride[0] = k.v8t.stride[1];  // ld: the chunk buffer's row stride
+    return {TensorView(k.k8.data, DType::i8, {n, I}, k.k8.device), k.sk, v8t};
+  }
+  static Int8ChunkViews host(const KvOffload& kv, int64_t k0, int64_t k1, int64_t I, int64_t H, int64_t Dh) {
+    const int64_t n = k1 - k0;
+    char* hk = static_cast<char*>(kv.k_host.slice_rows(k0, k1).data);
+    char* hv = static_cast<char*>(kv.v_host.slice_rows(k0, k1).data);
+    return {TensorView(hk, DType::i8, {n, I}, kv.k_host.device), TensorView(hk + n * I, DType::f32, {n, H}, kv.k_host.device),
+            TensorView(hv, DType::i8, {H * Dh, n}, kv.v_host.device)};
+  }
+};
+
+// Pass 2 of K/V offload over the query slices `slices` (g = 0, 1 loaded before): per slice
+// its Q, then every chunk c in order from buffer j = g % 2 (wait loaded[j], attend(a, b, c,
+// j), signal used[j], load(g + 2) while one is left), then its out-projection and gated add.
+template <typename Load, typename Attend>
+Status stream_chunks(ForwardState& st, ResidualWalk& walk2, const h3::DitBlock& blk, const OffloadBuffers& bufs,
+                     KvOffload& kv, const RowRanges& slices, int64_t n_chunks, const Load& load, const Attend& attend) {
+  const int64_t total = static_cast<int64_t>(slices.size()) * n_chunks;
+  for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
+  int64_t g = 0;
+  for (const auto& [a, b] : slices) {
+    const int64_t n = b - a;
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
+    LS_TRY(blk.attn_q(r, a, b, bufs.h.slice_rows(0, n), bufs.q.slice_rows(0, n)));
+    for (int64_t c = 0; c < n_chunks; ++c, ++g) {
+      const int j = static_cast<int>(g % 2);
+      LS_TRY(kv.loaded[j].wait(Queue::compute));
+      LS_TRY(attend(a, b, c, j));
+      LS_TRY(kv.used[j].signal(Queue::compute));
+      if (g + 2 < total) LS_TRY(load(g + 2));
+    }
+    LS_TRY(blk.attn_out(r, a, b, bufs.o.slice_rows(0, n), bufs.h.slice_rows(0, n)));
+    LS_TRY(walk2.out(r, a, b));
+  }
+  return Status();
+}
+
 Status attention_stock(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t kv_tile) {
   LS_CHECK_MSG(!st.residual_offload, "stock attention reads every residual row: no residual offload");
   const int64_t S = st.S;
@@ -120,34 +213,17 @@ Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::Di
 Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
                               int64_t kv_tile, KvOffload& kv) {
   Backend& be = st.be;
-  Arena& arena = st.arena;
   const int64_t S = st.S, H = st.cfg.heads, Dh = st.cfg.head_dim, I = st.cfg.inner();
   const int64_t chunk = kv.chunk, n_chunks = (S + chunk - 1) / chunk;
   const int64_t n0 = std::min(S, slice);  // the first query slice is rows [0, n0)
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
-  // Two device chunk buffers per tensor of `chunk` rows (a multiple of kv_tile, so
-  // chunks hold whole key tiles). Allocated K0, V0, K1, V1 (the plan lists K0, K1, V0,
-  // V1: equal sizes, so the same bytes in all).
-  TensorView kc[2], vc[2];
-  for (int j = 0; j < 2; ++j) {
-    LS_ASSIGN_OR_RETURN(kc[j], alloc_rows(arena, *sp.k_chunk[j], chunk));
-    LS_ASSIGN_OR_RETURN(vc[j], alloc_rows(arena, *sp.v_chunk[j], chunk));
-    st.phase_kv += static_cast<uint64_t>(kc[j].nbytes() + vc[j].nbytes());
-  }
-  // The per-slice buffers once, at the largest slice (a shorter slice uses a prefix).
-  LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, n0));              // bf16 [n, D]
-  LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, n0));             // bf16 [n, I]
-  LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, n0));            // bf16 [n, I]
-  LS_ASSIGN_OR_RETURN(TensorView state, alloc_rows(arena, *sp.state, n0));     // f32 [n, H (Dh + 8)]
+  LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, chunk, n0));
+  const auto& [kc, vc, h, q, o, state] = bufs;
   // Queries [a, b) (in q) against chunk c (in buffer j), the state carried in from chunk
   // c - 1 and finalised into o on the last chunk.
   auto attend = [&](int64_t a, int64_t b, int64_t c, int j) -> Status {
     const int64_t n = b - a, k0 = c * chunk, k1 = std::min(S, k0 + chunk);
-    AttentionParams ap;
-    ap.kv_tile = kv_tile;
-    ap.state = TensorView(state.data, DType::f32, {n, H, Dh + kAttentionStateExtra}, state.device);
-    ap.state_in = c > 0;
-    ap.finalize = c == n_chunks - 1;
+    const AttentionParams ap = chunk_params(st, state, n, kv_tile, c, n_chunks);
     return be.attention(q.slice_rows(0, n).unflatten_last(H, Dh), kc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh),
                         vc[j].slice_rows(0, k1 - k0).unflatten_last(H, Dh), o.slice_rows(0, n).unflatten_last(H, Dh),
                         ap);
@@ -173,12 +249,7 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
                          vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh), h.slice_rows(0, b - a)));
       LS_TRY(walk1.out(r, a, b));
     }
-    LS_TRY(kv.computed[j].signal(Queue::compute));
-    LS_TRY(kv.computed[j].wait(Queue::transfer));
-    LS_TRY(be.copy_async(kv.k_host.slice_rows(k0, k1), kc[j].slice_rows(0, k1 - k0), Queue::transfer));
-    LS_TRY(be.copy_async(kv.v_host.slice_rows(k0, k1), vc[j].slice_rows(0, k1 - k0), Queue::transfer));
-    LS_TRY(kv.saved[j].signal(Queue::transfer));
-    st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+    LS_TRY(copy_out_chunk(st, kv, bufs, j, k0, k1));
     // The first query slice against chunk c, behind the copy out (both only read the buffer).
     LS_TRY(attend(0, n0, c, j));
     LS_TRY(kv.used[j].signal(Queue::compute));
@@ -195,7 +266,6 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
     LS_TRY(blk.attn_out(r, 0, n0, o, h));
     LS_TRY(walk2.out(r, 0, n0));
   }
-  const int64_t n_slices = (S + slice - 1) / slice, total = (n_slices - 1) * n_chunks;
   auto load = [&](int64_t g) -> Status {
     const int64_t c = g % n_chunks, k0 = c * chunk, k1 = std::min(S, k0 + chunk);
     const int j = static_cast<int>(g % 2);
@@ -205,22 +275,7 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
     st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
     return kv.loaded[j].signal(Queue::transfer);
   };
-  for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
-  int64_t g = 0;
-  for (const auto& [a, b] : row_slices(n0, S, slice)) {
-    const int64_t n = b - a;
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
-    LS_TRY(blk.attn_q(r, a, b, h.slice_rows(0, n), q.slice_rows(0, n)));
-    for (int64_t c = 0; c < n_chunks; ++c, ++g) {
-      const int j = static_cast<int>(g % 2);
-      LS_TRY(kv.loaded[j].wait(Queue::compute));
-      LS_TRY(attend(a, b, c, j));
-      LS_TRY(kv.used[j].signal(Queue::compute));
-      if (g + 2 < total) LS_TRY(load(g + 2));
-    }
-    LS_TRY(blk.attn_out(r, a, b, o.slice_rows(0, n), h.slice_rows(0, n)));
-    LS_TRY(walk2.out(r, a, b));
-  }
+  LS_TRY(stream_chunks(st, walk2, blk, bufs, kv, row_slices(n0, S, slice), n_chunks, load, attend));
   // With one query slice no pass-2 load follows pass 1's last copies out, and nothing
   // waits for them: they only READ the chunk buffers, so the next phase may take the
   // bytes at once. What they then write to host K/V is rewritten (in queue order) by the
@@ -249,17 +304,9 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   const int64_t n0 = std::min(S, slice);
   LS_CHECK_MSG(I % 4 == 0, "int8 K/V offload keeps the f32 key scales after k8 in host K: I % 4 == 0");
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
-  TensorView kc[2], vc[2];
+  LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, chunk, n0));
+  const auto& [kc, vc, h, q, o, state] = bufs;
   Int8Keys q8[2];
-  for (int j = 0; j < 2; ++j) {
-    LS_ASSIGN_OR_RETURN(kc[j], alloc_rows(arena, *sp.k_chunk[j], chunk));
-    LS_ASSIGN_OR_RETURN(vc[j], alloc_rows(arena, *sp.v_chunk[j], chunk));
-    st.phase_kv += static_cast<uint64_t>(kc[j].nbytes() + vc[j].nbytes());
-  }
-  LS_ASSIGN_OR_RETURN(TensorView h, alloc_rows(arena, sp.h, n0));
-  LS_ASSIGN_OR_RETURN(TensorView q, alloc_rows(arena, *sp.q, n0));
-  LS_ASSIGN_OR_RETURN(TensorView o, alloc_rows(arena, sp.out, n0));
-  LS_ASSIGN_OR_RETURN(TensorView state, alloc_rows(arena, *sp.state, n0));
   LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
   const TensorView stats = int8_stats_view(sb, H, Dh);
   for (int j = 0; j < 2; ++j) {
@@ -270,24 +317,11 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   // buffers (pass 2 streams k8, sk and v8t only; with one chunk buffer 1 is never prepared).
   q8[1].sv = q8[0].sv;
   auto rows_of = [&](int64_t c) { return std::make_pair(c * chunk, std::min(S, (c + 1) * chunk)); };
-  // The prepared chunk c (n keys) as three 2-D views on the device (buffer j) and on the host.
-  struct Views {
-    TensorView k8, sk, v8t;
-  };
-  auto device_views = [&](int j, int64_t n) {
-    const Int8Keys k = q8[j].slice(0, n);
-    TensorView v8t(k.v8t.data, DType::i8, {H * Dh, n}, k.v8t.device);
-    v8t.stride[0] = k.v8t.stride[1];  // ld: the chunk buffer's row stride
-    return Views{TensorView(k.k8.data, DType::i8, {n, I}, k.k8.device), k.sk, v8t};
-  };
+  // The prepared chunk c (n keys) on the device (buffer j) and on the host.
+  auto device_views = [&](int j, int64_t n) { return Int8ChunkViews::device(q8[j], n, I, H, Dh); };
   auto host_views = [&](int64_t c) {
     const auto [k0, k1] = rows_of(c);
-    const int64_t n = k1 - k0;
-    char* hk = static_cast<char*>(kv.k_host.slice_rows(k0, k1).data);
-    char* hv = static_cast<char*>(kv.v_host.slice_rows(k0, k1).data);
-    return Views{TensorView(hk, DType::i8, {n, I}, kv.k_host.device),
-                 TensorView(hk + n * I, DType::f32, {n, H}, kv.k_host.device),
-                 TensorView(hv, DType::i8, {H * Dh, n}, kv.v_host.device)};
+    return Int8ChunkViews::host(kv, k0, k1, I, H, Dh);
   };
   // Pass 1 (each chunk's rows in sub-slices of at most `slice` rows).
   RowRanges pass1;
@@ -306,12 +340,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
       LS_TRY(be.int8_key_stats(kr, vr, stats, a == 0));
       LS_TRY(walk1.out(r, a, b));
     }
-    LS_TRY(kv.computed[j].signal(Queue::compute));
-    LS_TRY(kv.computed[j].wait(Queue::transfer));
-    LS_TRY(be.copy_async(kv.k_host.slice_rows(k0, k1), kc[j].slice_rows(0, k1 - k0), Queue::transfer));
-    LS_TRY(be.copy_async(kv.v_host.slice_rows(k0, k1), vc[j].slice_rows(0, k1 - k0), Queue::transfer));
-    LS_TRY(kv.saved[j].signal(Queue::transfer));
-    st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
+    LS_TRY(copy_out_chunk(st, kv, bufs, j, k0, k1));
   }
   LS_TRY(walk1.finish());
   LS_TRY(st.mark("attention pass 1"));
@@ -336,7 +365,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
                            stats, q8[j].slice(0, n)));
     LS_TRY(kv.used[j].signal(Queue::compute));
     LS_TRY(kv.used[j].wait(Queue::transfer));
-    const Views d = device_views(j, n), hst = host_views(c);
+    const Int8ChunkViews d = device_views(j, n), hst = host_views(c);
     LS_TRY(be.copy_async(hst.k8, d.k8, Queue::transfer));
     LS_TRY(be.copy_async(hst.sk, d.sk, Queue::transfer));
     LS_TRY(be.copy_async(hst.v8t, d.v8t, Queue::transfer));
@@ -348,13 +377,12 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   // Pass 2: every query slice against the prepared chunks.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
                                                               /*writes=*/true));
-  const int64_t n_slices = (S + slice - 1) / slice, total = n_slices * n_chunks;
   auto load = [&](int64_t g) -> Status {
     const int64_t c = g % n_chunks;
     const auto [k0, k1] = rows_of(c);
     const int j = static_cast<int>(g % 2);
     LS_TRY(kv.used[j].wait(Queue::transfer));  // attention on the buffer's previous chunk is done
-    const Views d = device_views(j, k1 - k0), hst = host_views(c);
+    const Int8ChunkViews d = device_views(j, k1 - k0), hst = host_views(c);
     LS_TRY(be.copy_async(d.k8, hst.k8, Queue::transfer));
     LS_TRY(be.copy_async(d.sk, hst.sk, Queue::transfer));
     LS_TRY(be.copy_async(d.v8t, hst.v8t, Queue::transfer));
@@ -363,29 +391,14 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   };
   // Chunk g's prepared bytes were copied out on the transfer queue before these loads (in
   // order), and q8[j]'s last reader before them is that copy out: same queue.
-  for (int64_t g = 0; g < std::min<int64_t>(2, total); ++g) LS_TRY(load(g));
-  int64_t g = 0;
-  for (const auto& [a, b] : row_slices(0, S, slice)) {
+  auto attend = [&](int64_t a, int64_t b, int64_t c, int j) -> Status {
     const int64_t n = b - a;
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(a, b));
-    LS_TRY(blk.attn_q(r, a, b, h.slice_rows(0, n), q.slice_rows(0, n)));
-    for (int64_t c = 0; c < n_chunks; ++c, ++g) {
-      const int j = static_cast<int>(g % 2);
-      const auto [k0, k1] = rows_of(c);
-      LS_TRY(kv.loaded[j].wait(Queue::compute));
-      AttentionParams ap;
-      ap.kv_tile = kv_tile;
-      ap.state = TensorView(state.data, DType::f32, {n, H, Dh + kAttentionStateExtra}, state.device);
-      ap.state_in = c > 0;
-      ap.finalize = c == n_chunks - 1;
-      LS_TRY(be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
-                               o.slice_rows(0, n).unflatten_last(H, Dh), ap));
-      LS_TRY(kv.used[j].signal(Queue::compute));
-      if (g + 2 < total) LS_TRY(load(g + 2));
-    }
-    LS_TRY(blk.attn_out(r, a, b, o.slice_rows(0, n), h.slice_rows(0, n)));
-    LS_TRY(walk2.out(r, a, b));
-  }
+    const auto [k0, k1] = rows_of(c);
+    const AttentionParams ap = chunk_params(st, state, n, kv_tile, c, n_chunks);
+    return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
+                             o.slice_rows(0, n).unflatten_last(H, Dh), ap);
+  };
+  LS_TRY(stream_chunks(st, walk2, blk, bufs, kv, row_slices(0, S, slice), n_chunks, load, attend));
   // Nothing is left in flight that writes a phase buffer: every load was waited for by
   // the attention that read it; the last copies out were waited for by pass 2's loads.
   return walk2.finish();

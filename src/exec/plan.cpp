@@ -132,7 +132,7 @@ Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Condit
 Expected<const h3::PackedLayout*> CallLayout::get() const {
   if (built_ != nullptr) return built_;
   if (!own_) {
-    LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(*cfg_, *cond_, /*with_positions=*/false));
+    LS_ASSIGN_OR_RETURN(h3::PackedLayout lay, h3::build_layout(*cfg_, *cond_, /*with_positions=*/for_forward_));
     own_ = std::move(lay);
   }
   return &*own_;

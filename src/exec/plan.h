@@ -126,16 +126,18 @@ Expected<SequenceSizes> sequence_sizes(const h3::H3Config& cfg, const h3::Condit
 // From a layout already built.
 SequenceSizes sequence_sizes(const h3::PackedLayout& layout);
 
-// One call's packed layout (h3::build_layout), built once and shared by every planning
-// step of the call: the planner's steps (the mode's plan, its smallest budget, the
-// AdaLN table rows, the device peak) each read it instead of rebuilding it from the
-// whole conditioning. Built without positions on first use (so a geometry error comes
-// where the first step needs the layout, as before), or handed over already built (the
-// caller's, with or without positions: only row counts are read). Not thread-safe; the
-// layout (or cfg and cond) must outlive it.
+// One call's packed layout (h3::build_layout), built once and handed to every step of
+// the call: the planner's (the mode's plan, its smallest budget, the AdaLN table rows,
+// the device peak: PlanRequest::layout) and the executor's (Engine::has_adaln_tables,
+// precompute_adaln, prepare, forward), so no step rebuilds it from the whole
+// conditioning. Built on first use (a geometry error comes where the first step needs
+// the layout), with the [S, 3] positions when a forward will read it (`for_forward`;
+// planning reads row counts only), or handed over already built. Not thread-safe (a
+// call's ranks read it after its first get()); the layout (or cfg and cond) must outlive it.
 class CallLayout {
  public:
-  CallLayout(const h3::H3Config& cfg, const h3::Conditioning& cond) : cfg_(&cfg), cond_(&cond) {}
+  CallLayout(const h3::H3Config& cfg, const h3::Conditioning& cond, bool for_forward = false)
+      : cfg_(&cfg), cond_(&cond), for_forward_(for_forward) {}
   explicit CallLayout(const h3::PackedLayout& built) : built_(&built) {}
   CallLayout(const CallLayout&) = delete;
   CallLayout& operator=(const CallLayout&) = delete;
@@ -146,6 +148,7 @@ class CallLayout {
  private:
   const h3::H3Config* cfg_ = nullptr;
   const h3::Conditioning* cond_ = nullptr;
+  bool for_forward_ = false;
   const h3::PackedLayout* built_ = nullptr;
   mutable std::optional<h3::PackedLayout> own_;
 };

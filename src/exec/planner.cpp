@@ -57,10 +57,10 @@ Expected<int64_t> table_rows(const PlanRequest& q, const CallLayout& cond_layout
 // caller's PlanRequest::layout when given) and the planned conditioning's (widest's when
 // given, else the same one).
 struct Layouts {
-  CallLayout cond;
+  std::optional<CallLayout> own;
+  const CallLayout& cond;
   std::optional<CallLayout> widest;
-  explicit Layouts(const PlanRequest& q)
-      : cond(q.layout ? CallLayout(*q.layout) : CallLayout(*q.cfg, *q.cond)) {
+  explicit Layouts(const PlanRequest& q) : cond(q.layout ? *q.layout : own.emplace(*q.cfg, *q.cond)) {
     if (q.widest) widest.emplace(*q.cfg, *q.widest);
   }
   const CallLayout& planned() const { return widest ? *widest : cond; }
@@ -85,13 +85,11 @@ DeviceProfile device_profile(const Backend& backend) {
   // The resolved algorithm's query blocks and attention rate, the transfer rates: the
   // backend's description (backend/description.h).
   const BackendDescription desc = describe_backend(backend);
-  const Numerics n = backend.numerics();
-  const AttentionEntry* e = desc.attention(n.attention);
-  LS_CHECK_MSG(e != nullptr, desc.name + " runs attention " + to_string(n.attention) + " without a description of it");
-  d.attention_row_quantum = e->quantum(n);
+  const AttentionEntry e = resolved_attention(backend);
+  d.attention_row_quantum = e.quantum(backend.numerics());
   d.throughput = desc.rates;
-  d.throughput.attention_tflops = e->tflops;
-  d.int8_attention = n.attention == AttentionAlgorithm::int8;  // [int8 attention] the int8 K/V buffers are planned
+  d.throughput.attention_tflops = e.tflops;
+  d.int8_attention = e.key_prepass;  // [int8 attention] the pre-pass's buffers are planned
   d.assumed = {"throughput " + std::to_string(d.throughput.pcie_gb_per_s) + " GB/s host-to-device, " +
                std::to_string(d.throughput.d2h_gb_per_s) + " GB/s device-to-host, " +
                std::to_string(d.throughput.attention_tflops) + " TFLOP/s attention, " +

@@ -84,9 +84,9 @@ struct PlanRequest {
   // with S at fixed slices, so its plan fits the shorter one); the AdaLN tables still
   // count cond's timesteps.
   const h3::Conditioning* widest = nullptr;
-  // cond's packed layout when the caller has built it (with or without positions):
-  // planned from as it is, never rebuilt. Null: built here, once per call (CallLayout).
-  const h3::PackedLayout* layout = nullptr;
+  // cond's layout when the caller holds the call's (CallLayout: built once per call and
+  // handed to the engine too): planned from as it is, never rebuilt. Null: built here.
+  const CallLayout* layout = nullptr;
   // Every sigma the run evaluates: the AdaLN tables hold one row set per distinct
   // timestep (modulation_rows_for). Empty: no tables counted (knobs / activation modes
   // only; the total budget needs at least one sigma > 0).

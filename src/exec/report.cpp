@@ -1,6 +1,6 @@
 // RunReport's status line and JSON (engine.h). The JSON keys and their order are part
 // of the report format: the CLI's --json, the C API's report and the benchmarks parse
-// them (tools/report.cpp, src/api/c_api_denoise.cpp and c_api_calls.cpp,
+// them (cli/report.cpp, src/api/c_api_denoise.cpp and c_api_calls.cpp,
 // bench/bench_budget.cpp).
 #include <cstdio>
 #include <sstream>

@@ -6,6 +6,18 @@
 
 namespace ls::io {
 
+namespace {
+// Each of n stored values of type U whose exponent bits (mask) are all set: inf or NaN.
+template <typename U, typename Note>
+void scan_exponents(const unsigned char* p, int64_t n, U mask, const Note& note) {
+  for (int64_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, p + sizeof(U) * i, sizeof(U));
+    if ((u & mask) == mask) note(i);
+  }
+}
+}  // namespace
+
 int64_t count_nonfinite(const SafetensorsReader& file, const SafetensorsEntry& e, int64_t* first) {
   if (first) *first = -1;
   const auto* p = static_cast<const unsigned char*>(file.data(e));
@@ -15,33 +27,11 @@ int64_t count_nonfinite(const SafetensorsReader& file, const SafetensorsEntry& e
     if (bad++ == 0 && first) *first = i;
   };
   switch (e.dtype) {
-    case DType::f32:
-      for (int64_t i = 0; i < n; ++i) {
-        uint32_t u;
-        std::memcpy(&u, p + 4 * i, 4);
-        if ((u & 0x7F800000u) == 0x7F800000u) note(i);
-      }
-      break;
-    case DType::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t u;
-        std::memcpy(&u, p + 2 * i, 2);
-        if ((u & 0x7F80u) == 0x7F80u) note(i);
-      }
-      break;
-    case DType::f16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t u;
-        std::memcpy(&u, p + 2 * i, 2);
-        if ((u & 0x7C00u) == 0x7C00u) note(i);
-      }
-      break;
-    case DType::f8e4m3:  // e4m3fn: no inf; NaN is S.1111.111
-      for (int64_t i = 0; i < n; ++i)
-        if ((p[i] & 0x7Fu) == 0x7Fu) note(i);
-      break;
-    default:
-      break;
+    case DType::f32: scan_exponents<uint32_t>(p, n, 0x7F800000u, note); break;
+    case DType::bf16: scan_exponents<uint16_t>(p, n, 0x7F80u, note); break;
+    case DType::f16: scan_exponents<uint16_t>(p, n, 0x7C00u, note); break;
+    case DType::f8e4m3: scan_exponents<uint8_t>(p, n, 0x7Fu, note); break;  // e4m3fn: no inf; NaN is S.1111.111
+    default: break;
   }
   return bad;
 }

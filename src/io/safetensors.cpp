@@ -280,6 +280,159 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::from_bytes(const
   return parse(std::move(r));
 }
 
+namespace {
+
+// A tensor's bytes [begin, end) in the data section.
+struct Range {
+  uint64_t begin, end;
+  std::string name;
+};
+
+// One tensor's header entry, checked (dtype known or foreign, shape, data_offsets
+// spanning exactly its bytes inside the data section of data_size bytes); an error names
+// the tensor.
+struct HeaderTensor {
+  std::optional<DType> dtype;  // nullopt: a foreign dtype (listed as unsupported, not read)
+  std::string dtype_str;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+Expected<HeaderTensor> read_header_tensor(const std::string& path, const std::string& name, const json& v,
+                                          uint64_t data_size, const std::string& dtype_list) {
+  auto bad = [&](const std::string& msg) {
+    return make_error(ErrorCode::invalid_file, path + ": tensor " + quote_name(name) + ": " + msg);
+  };
+  if (!v.is_object()) return bad(std::string("entry is not a JSON object (it is a ") + v.type_name() + ")");
+
+  // dtype
+  auto dt = v.find("dtype");
+  if (dt == v.end()) return bad("missing \"dtype\"");
+  if (!dt->is_string()) return bad(std::string("\"dtype\" is not a string (it is a ") + dt->type_name() + ")");
+  const std::string& dtype_str = dt->get_ref<const std::string&>();
+  std::optional<DType> dtype = dtype_from_safetensors_name(dtype_str);
+  int elem_size = 0;
+  if (dtype) {
+    elem_size = dtype_size(*dtype);
+  } else {
+    for (const auto& f : kForeignDTypes)
+      if (dtype_str == f.name) elem_size = f.size;
+    if (elem_size == 0) return bad("unknown dtype " + quote_name(dtype_str) + " (supported: " + dtype_list + ")");
+  }
+
+  // shape
+  auto sh = v.find("shape");
+  if (sh == v.end()) return bad("missing \"shape\"");
+  if (!sh->is_array()) return bad(std::string("\"shape\" is not an array (it is a ") + sh->type_name() + ")");
+  std::vector<int64_t> shape;
+  bool has_zero = false;
+  for (size_t i = 0; i < sh->size(); ++i) {
+    uint64_t d = 0;
+    std::string why = read_unsigned((*sh)[i], d);
+    if (!why.empty()) return bad("shape[" + std::to_string(i) + "] " + why);
+    if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return bad("shape[" + std::to_string(i) + "] = " + std::to_string(d) + " does not fit in int64");
+    shape.push_back(static_cast<int64_t>(d));
+    has_zero = has_zero || d == 0;
+  }
+  int64_t numel = 1;
+  if (has_zero) {
+    numel = 0;  // [0, 2^62, 2^62] is an empty tensor, not an overflow
+  } else {
+    for (int64_t d : shape)
+      if (__builtin_mul_overflow(numel, d, &numel))
+        return bad("shape " + shape_text(shape) + " has more elements than int64 can count");
+  }
+  uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem_size), &nbytes))
+    return bad("byte size of " + dtype_str + " " + shape_text(shape) + " overflows 64 bits");
+
+  // data_offsets
+  auto off = v.find("data_offsets");
+  if (off == v.end()) return bad("missing \"data_offsets\"");
+  if (!off->is_array() || off->size() != 2)
+    return bad("\"data_offsets\" is not an array of two integers (it is " + json_text(*off) + ")");
+  uint64_t begin = 0, end = 0;
+  std::string why = read_unsigned((*off)[0], begin);
+  if (!why.empty()) return bad("data_offsets[0] " + why);
+  why = read_unsigned((*off)[1], end);
+  if (!why.empty()) return bad("data_offsets[1] " + why);
+  const std::string range_str = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+  if (begin > end) return bad("data_offsets " + range_str + " are not ascending");
+  if (end - begin != nbytes)
+    return bad("data_offsets " + range_str + " span " + std::to_string(end - begin) + " bytes but " + dtype_str +
+               " " + shape_text(shape) + " needs " + std::to_string(nbytes) + " bytes");
+  if (end > data_size)
+    return bad("data_offsets " + range_str + " reach past the end of the data section (" +
+               std::to_string(data_size) + " bytes; truncated file?)");
+
+  return HeaderTensor{dtype, dtype_str, std::move(shape), begin, end};
+}
+
+// Exact coverage, as the reference implementation requires: taken in offset order,
+// each tensor starts where the previous one ends, the first at 0, and the last ends
+// at the end of the file. Every byte of the data section then belongs to exactly one
+// tensor: no gap, no overlap, nothing after the last tensor. Unindexed bytes are not
+// harmless: a header length cut short by one byte (pointing into the header's space
+// padding) shifts every tensor by one byte and leaves one byte over at the end, and
+// nothing else would notice.
+Status check_coverage(const std::string& path, std::vector<Range> ranges, uint64_t data_size, const unsigned char* data,
+                      uint64_t header_len) {
+  auto invalid = [&](const std::string& msg) { return make_error(ErrorCode::invalid_file, path + ": " + msg); };
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return a.name < b.name;
+  });
+  auto span = [](uint64_t b, uint64_t e) {
+    std::string t = "[";  // appended piecewise: GCC 12 warns (-Wrestrict, falsely) on "[" + to_string(b)
+    t += std::to_string(b);
+    t += ", ";
+    t += std::to_string(e);
+    t += ")";
+    return t;
+  };
+  uint64_t cursor = 0;          // end of the bytes covered so far
+  const Range* last = nullptr;  // the last tensor holding bytes
+  for (const Range& rg : ranges) {
+    if (rg.begin < cursor) {  // then `last` is set: only a tensor with bytes moves the cursor
+      if (rg.begin == rg.end)
+        return invalid("tensor " + quote_name(rg.name) + " (empty, data_offsets [" + std::to_string(rg.begin) + ", " +
+                       std::to_string(rg.end) + "]) lies inside the bytes " + span(last->begin, last->end) +
+                       " of tensor " + quote_name(last->name) + "; each tensor must start where the previous one ends");
+      return invalid("tensor " + quote_name(rg.name) + ": bytes " + span(rg.begin, rg.end) + " overlap those of tensor " +
+                     quote_name(last->name) + " " + span(last->begin, last->end));
+    }
+    if (rg.begin > cursor)
+      return invalid("tensor " + quote_name(rg.name) + ": bytes " + span(rg.begin, rg.end) + " start " +
+                     std::to_string(rg.begin - cursor) + " bytes after " +
+                     (last ? "tensor " + quote_name(last->name) + " ends" : std::string("the start of the data section")) +
+                     ": bytes " + span(cursor, rg.begin) + " of the data section belong to no tensor (gap; a " +
+                     "safetensors data section must be covered exactly by its tensors)");
+    if (rg.end > rg.begin) last = &rg;
+    cursor = rg.end;
+  }
+  if (cursor != data_size) {  // cursor < data_size: every end was checked against it
+    const uint64_t extra = data_size - cursor;
+    std::string msg = std::to_string(extra) + " trailing bytes " + span(cursor, data_size) +
+                      " of the data section follow " +
+                      (last ? "the last tensor " + quote_name(last->name) + " (which ends at " + std::to_string(cursor) + ")"
+                            : std::string("a header that gives no tensor any bytes")) +
+                      " and belong to no tensor (a safetensors data section must be covered exactly by its tensors)";
+    // The classic cause: the header length stops inside the header's space padding,
+    // so the data section starts with those spaces and everything moves by as many bytes.
+    uint64_t spaces = 0;
+    while (spaces < extra && data[spaces] == ' ') ++spaces;
+    if (last && spaces == extra)
+      msg += "; the data section starts with " + std::to_string(extra) + " space(s): the header length (" +
+             std::to_string(header_len) + ") seems to stop inside the header's padding, which shifts every tensor by " +
+             std::to_string(extra) + " byte(s)";
+    return invalid(msg);
+  }
+  return Status();
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::parse(std::unique_ptr<SafetensorsReader> r) {
   const std::string& path = r->path_;
   auto invalid = [&](const std::string& msg) {
@@ -324,7 +477,6 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::parse(std::uniqu
   for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::f8e4m3, DType::i8, DType::i32, DType::u8})
     dtype_list += std::string(dtype_list.empty() ? "" : ", ") + dtype_safetensors_name(t);
 
-  struct Range { uint64_t begin, end; std::string name; };
   std::vector<Range> ranges;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& name = it.key();
@@ -340,142 +492,22 @@ Expected<std::unique_ptr<SafetensorsReader>> SafetensorsReader::parse(std::uniqu
       }
       continue;
     }
-    auto bad = [&](const std::string& msg) { return invalid("tensor " + quote_name(name) + ": " + msg); };
-    if (!v.is_object()) return bad(std::string("entry is not a JSON object (it is a ") + v.type_name() + ")");
-
-    // dtype
-    auto dt = v.find("dtype");
-    if (dt == v.end()) return bad("missing \"dtype\"");
-    if (!dt->is_string()) return bad(std::string("\"dtype\" is not a string (it is a ") + dt->type_name() + ")");
-    const std::string& dtype_str = dt->get_ref<const std::string&>();
-    std::optional<DType> dtype = dtype_from_safetensors_name(dtype_str);
-    int elem_size = 0;
-    if (dtype) {
-      elem_size = dtype_size(*dtype);
-    } else {
-      for (const auto& f : kForeignDTypes)
-        if (dtype_str == f.name) elem_size = f.size;
-      if (elem_size == 0) return bad("unknown dtype " + quote_name(dtype_str) + " (supported: " + dtype_list + ")");
-    }
-
-    // shape
-    auto sh = v.find("shape");
-    if (sh == v.end()) return bad("missing \"shape\"");
-    if (!sh->is_array()) return bad(std::string("\"shape\" is not an array (it is a ") + sh->type_name() + ")");
-    std::vector<int64_t> shape;
-    bool has_zero = false;
-    for (size_t i = 0; i < sh->size(); ++i) {
-      uint64_t d = 0;
-      std::string why = read_unsigned((*sh)[i], d);
-      if (!why.empty()) return bad("shape[" + std::to_string(i) + "] " + why);
-      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        return bad("shape[" + std::to_string(i) + "] = " + std::to_string(d) + " does not fit in int64");
-      shape.push_back(static_cast<int64_t>(d));
-      has_zero = has_zero || d == 0;
-    }
-    int64_t numel = 1;
-    if (has_zero) {
-      numel = 0;  // [0, 2^62, 2^62] is an empty tensor, not an overflow
-    } else {
-      for (int64_t d : shape)
-        if (__builtin_mul_overflow(numel, d, &numel))
-          return bad("shape " + shape_text(shape) + " has more elements than int64 can count");
-    }
-    uint64_t nbytes = 0;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem_size), &nbytes))
-      return bad("byte size of " + dtype_str + " " + shape_text(shape) + " overflows 64 bits");
-
-    // data_offsets
-    auto off = v.find("data_offsets");
-    if (off == v.end()) return bad("missing \"data_offsets\"");
-    if (!off->is_array() || off->size() != 2)
-      return bad("\"data_offsets\" is not an array of two integers (it is " + json_text(*off) + ")");
-    uint64_t begin = 0, end = 0;
-    std::string why = read_unsigned((*off)[0], begin);
-    if (!why.empty()) return bad("data_offsets[0] " + why);
-    why = read_unsigned((*off)[1], end);
-    if (!why.empty()) return bad("data_offsets[1] " + why);
-    const std::string range_str = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-    if (begin > end) return bad("data_offsets " + range_str + " are not ascending");
-    if (end - begin != nbytes)
-      return bad("data_offsets " + range_str + " span " + std::to_string(end - begin) + " bytes but " + dtype_str +
-                 " " + shape_text(shape) + " needs " + std::to_string(nbytes) + " bytes");
-    if (end > data_size)
-      return bad("data_offsets " + range_str + " reach past the end of the data section (" +
-                 std::to_string(data_size) + " bytes; truncated file?)");
-
-    ranges.push_back(Range{begin, end, name});
-    if (!dtype) {
-      std::string shape_s = shape_text(shape);
-      r->unsupported_.push_back(name + " (" + dtype_str + " " + shape_s + ")");
+    LS_ASSIGN_OR_RETURN(HeaderTensor t, read_header_tensor(path, name, v, data_size, dtype_list));
+    ranges.push_back(Range{t.begin, t.end, name});
+    if (!t.dtype) {
+      r->unsupported_.push_back(name + " (" + t.dtype_str + " " + shape_text(t.shape) + ")");
       continue;
     }
     SafetensorsEntry e;
     e.name = name;
-    e.dtype = *dtype;
-    e.shape = std::move(shape);
-    e.begin = begin;
-    e.end = end;
+    e.dtype = *t.dtype;
+    e.shape = std::move(t.shape);
+    e.begin = t.begin;
+    e.end = t.end;
     r->entries_.push_back(std::move(e));
   }
 
-  // Exact coverage, as the reference implementation requires: taken in offset order,
-  // each tensor starts where the previous one ends, the first at 0, and the last ends
-  // at the end of the file. Every byte of the data section then belongs to exactly one
-  // tensor: no gap, no overlap, nothing after the last tensor. Unindexed bytes are not
-  // harmless: a header length cut short by one byte (pointing into the header's space
-  // padding) shifts every tensor by one byte and leaves one byte over at the end, and
-  // nothing else would notice.
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    if (a.begin != b.begin) return a.begin < b.begin;
-    if (a.end != b.end) return a.end < b.end;
-    return a.name < b.name;
-  });
-  auto span = [](uint64_t b, uint64_t e) {
-    std::string t = "[";  // appended piecewise: GCC 12 warns (-Wrestrict, falsely) on "[" + to_string(b)
-    t += std::to_string(b);
-    t += ", ";
-    t += std::to_string(e);
-    t += ")";
-    return t;
-  };
-  uint64_t cursor = 0;          // end of the bytes covered so far
-  const Range* last = nullptr;  // the last tensor holding bytes
-  for (const Range& rg : ranges) {
-    if (rg.begin < cursor) {  // then `last` is set: only a tensor with bytes moves the cursor
-      if (rg.begin == rg.end)
-        return invalid("tensor " + quote_name(rg.name) + " (empty, data_offsets [" + std::to_string(rg.begin) + ", " +
-                       std::to_string(rg.end) + "]) lies inside the bytes " + span(last->begin, last->end) +
-                       " of tensor " + quote_name(last->name) + "; each tensor must start where the previous one ends");
-      return invalid("tensor " + quote_name(rg.name) + ": bytes " + span(rg.begin, rg.end) + " overlap those of tensor " +
-                     quote_name(last->name) + " " + span(last->begin, last->end));
-    }
-    if (rg.begin > cursor)
-      return invalid("tensor " + quote_name(rg.name) + ": bytes " + span(rg.begin, rg.end) + " start " +
-                     std::to_string(rg.begin - cursor) + " bytes after " +
-                     (last ? "tensor " + quote_name(last->name) + " ends" : std::string("the start of the data section")) +
-                     ": bytes " + span(cursor, rg.begin) + " of the data section belong to no tensor (gap; a " +
-                     "safetensors data section must be covered exactly by its tensors)");
-    if (rg.end > rg.begin) last = &rg;
-    cursor = rg.end;
-  }
-  if (cursor != data_size) {  // cursor < data_size: every end was checked against it
-    const uint64_t extra = data_size - cursor;
-    std::string msg = std::to_string(extra) + " trailing bytes " + span(cursor, data_size) +
-                      " of the data section follow " +
-                      (last ? "the last tensor " + quote_name(last->name) + " (which ends at " + std::to_string(cursor) + ")"
-                            : std::string("a header that gives no tensor any bytes")) +
-                      " and belong to no tensor (a safetensors data section must be covered exactly by its tensors)";
-    // The classic cause: the header length stops inside the header's space padding,
-    // so the data section starts with those spaces and everything moves by as many bytes.
-    uint64_t spaces = 0;
-    while (spaces < extra && bytes[r->data_start_ + spaces] == ' ') ++spaces;
-    if (last && spaces == extra)
-      msg += "; the data section starts with " + std::to_string(extra) + " space(s): the header length (" +
-             std::to_string(header_len) + ") seems to stop inside the header's padding, which shifts every tensor by " +
-             std::to_string(extra) + " byte(s)";
-    return invalid(msg);
-  }
+  LS_TRY(check_coverage(path, std::move(ranges), data_size, bytes + r->data_start_, header_len));
 
   std::sort(r->entries_.begin(), r->entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
     if (a.begin != b.begin) return a.begin < b.begin;

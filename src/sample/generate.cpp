@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "exec/planner.h"
@@ -34,11 +35,14 @@ Status check_text(const TensorView& t, const h3::H3Config& cfg, const char* what
 // One prompt's activation plan from the one planner (exec::plan_memory): the activation
 // budget mode when the request has a budget, else its knobs. The knobs' kv_tile is the
 // resolved one (Session::apply); none is defaulted here (device.default_kv_tile 0), and
-// no AdaLN tables are counted (no sigmas: only the activation plan is used).
-Expected<exec::Plan> plan_for(const h3::H3Config& cfg, const h3::Conditioning& cond, const GenerateRequest& req) {
+// no AdaLN tables are counted (no sigmas: only the activation plan is used). `layout`:
+// cond's, built once per run (Prompts).
+Expected<exec::Plan> plan_for(const h3::H3Config& cfg, const h3::Conditioning& cond, const exec::CallLayout& layout,
+                              const GenerateRequest& req) {
   exec::PlanRequest q;
   q.cfg = &cfg;
   q.cond = &cond;
+  q.layout = &layout;
   q.mode = req.budget_bytes > 0 ? exec::MemoryMode::activation_budget : exec::MemoryMode::knobs;
   q.knobs = req.knobs;
   q.budget_bytes = req.budget_bytes;
@@ -52,11 +56,12 @@ Expected<exec::Plan> plan_for(const h3::H3Config& cfg, const h3::Conditioning& c
 class EngineVelocity final : public VelocityModel {
  public:
   EngineVelocity(exec::Engine& engine, const PackedShape& shape, const h3::Conditioning* cond[2],
-                 const exec::RefinedText* text[2], const exec::Plan* plan[2], const GenerateHooks& hooks,
-                 std::vector<ForwardRecord>& records)
+                 const exec::CallLayout* layout[2], const exec::RefinedText* text[2], const exec::Plan* plan[2],
+                 const GenerateHooks& hooks, std::vector<ForwardRecord>& records)
       : engine_(engine), shape_(shape), hooks_(hooks), records_(records) {
     for (int i = 0; i < 2; ++i) {
       cond_[i] = cond[i];
+      layout_[i] = layout[i];
       text_[i] = text[i];
       plan_[i] = plan[i];
     }
@@ -64,7 +69,7 @@ class EngineVelocity final : public VelocityModel {
 
   Status velocity(std::span<const float> x, float sigma, Prompt prompt, int64_t step, std::span<float> v) override {
     const int p = static_cast<int>(prompt);
-    LS_CHECK(cond_[p] && text_[p] && plan_[p]);
+    LS_CHECK(cond_[p] && layout_[p] && text_[p] && plan_[p]);
     const h3::H3Config& cfg = engine_.config();
     const h3::ClipGeometry& g = cond_[p]->geometry;
     // The engine reads these views only.
@@ -72,7 +77,7 @@ class EngineVelocity final : public VelocityModel {
     const TensorView video(base, DType::f32, {cfg.latents_dim, g.T, g.Hl, g.Wl});
     const TensorView audio(base + shape_.video, DType::f32, {cfg.audio_latents_dim, 2, g.A});
     if (hooks_.on_forward_begin) hooks_.on_forward_begin(step, prompt, sigma);
-    LS_ASSIGN_OR_RETURN(exec::ForwardResult r, engine_.forward(*cond_[p], *text_[p], video, audio, sigma, *plan_[p]));
+    LS_ASSIGN_OR_RETURN(exec::ForwardResult r, engine_.forward(*cond_[p], *layout_[p], *text_[p], video, audio, sigma, *plan_[p]));
     LS_CHECK(static_cast<int64_t>(r.video.size()) == shape_.video && static_cast<int64_t>(r.audio.size()) == shape_.audio);
     std::copy(r.video.begin(), r.video.end(), v.begin());
     std::copy(r.audio.begin(), r.audio.end(), v.begin() + shape_.video);
@@ -85,6 +90,7 @@ class EngineVelocity final : public VelocityModel {
   exec::Engine& engine_;
   PackedShape shape_;
   const h3::Conditioning* cond_[2] = {nullptr, nullptr};
+  const exec::CallLayout* layout_[2] = {nullptr, nullptr};
   const exec::RefinedText* text_[2] = {nullptr, nullptr};
   const exec::Plan* plan_[2] = {nullptr, nullptr};
   const GenerateHooks& hooks_;
@@ -99,14 +105,17 @@ h3::Conditioning positive_cond(const GenerateRequest& req) {
   return c;
 }
 
-}  // namespace
+// A run's prompts: the positive conditioning, the negative one (CFG), and each one's
+// packed layout, built once per run and handed to the planner and to every step. Not
+// movable: the layouts point at the conditionings.
+struct Prompts {
+  h3::Conditioning pos, neg;
+  std::optional<exec::CallLayout> pos_layout, own_neg_layout;
+  const exec::CallLayout* neg_layout = nullptr;  // pos_layout's when the lengths agree
+};
 
-std::vector<float> standin_text_states(uint64_t seed, int which, int64_t L, int64_t width) {
-  TorchCpuGenerator g(seed * 2 + static_cast<uint64_t>(which));
-  return g.randn(L * width);
-}
-
-Expected<GeneratePlans> plan_generation(const h3::H3Config& cfg, const GenerateRequest& req) {
+// plan_generation into `p`, its layouts built for a forward when `for_forward`.
+Expected<GeneratePlans> plan_prompts(const h3::H3Config& cfg, const GenerateRequest& req, Prompts& p, bool for_forward) {
   LS_TRY(check_text(req.text, cfg, "prompt"));
   if (req.text.size(0) != req.cond.geometry.text_tokens)
     return make_error(ErrorCode::invalid_argument, "the prompt has " + std::to_string(req.text.size(0)) +
@@ -116,24 +125,40 @@ Expected<GeneratePlans> plan_generation(const h3::H3Config& cfg, const GenerateR
   if (!std::isfinite(req.cfg))
     return make_error(ErrorCode::invalid_argument, "--cfg must be a finite number");
   GeneratePlans out;
-  const h3::Conditioning pos = positive_cond(req);
-  LS_ASSIGN_OR_RETURN(out.positive, plan_for(cfg, pos, req));
+  p.pos = positive_cond(req);
+  p.pos_layout.emplace(cfg, p.pos, for_forward);
+  LS_ASSIGN_OR_RETURN(out.positive, plan_for(cfg, p.pos, *p.pos_layout, req));
   if (guided) {
     if (req.negative.empty())
       return make_error(ErrorCode::invalid_argument,
                         "cfg " + std::to_string(req.cfg) + " needs a negative prompt (text states \"negative\")");
     LS_TRY(check_text(req.negative, cfg, "negative prompt"));
-    out.negative_cond = pos;
+    p.neg = p.pos;
+    p.neg_layout = &*p.pos_layout;
     const int64_t Ln = req.negative.size(0);
-    if (Ln != pos.geometry.text_tokens) {
+    if (Ln != p.pos.geometry.text_tokens) {
       // Another length: another packed layout (every position shifts with L) and plan.
-      out.negative_cond.geometry.text_tokens = Ln;
-      out.negative_cond.text_token_tags.clear();  // the tags describe the positive prompt
+      p.neg.geometry.text_tokens = Ln;
+      p.neg.text_token_tags.clear();  // the tags describe the positive prompt
+      p.neg_layout = &p.own_neg_layout.emplace(cfg, p.neg, for_forward);
     }
-    LS_ASSIGN_OR_RETURN(exec::Plan np, plan_for(cfg, out.negative_cond, req));
+    LS_ASSIGN_OR_RETURN(exec::Plan np, plan_for(cfg, p.neg, *p.neg_layout, req));
+    out.negative_cond = p.neg;
     out.negative = std::move(np);
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<float> standin_text_states(uint64_t seed, int which, int64_t L, int64_t width) {
+  TorchCpuGenerator g(seed * 2 + static_cast<uint64_t>(which));
+  return g.randn(L * width);
+}
+
+Expected<GeneratePlans> plan_generation(const h3::H3Config& cfg, const GenerateRequest& req) {
+  Prompts p;
+  return plan_prompts(cfg, req, p, /*for_forward=*/false);
 }
 
 Expected<GenerateResult> generate(exec::Engine& engine, const GenerateRequest& req, const GenerateHooks& hooks) {
@@ -141,8 +166,9 @@ Expected<GenerateResult> generate(exec::Engine& engine, const GenerateRequest& r
   const h3::H3Config& cfg = engine.config();
   if (req.sigmas.size() < 2)
     return make_error(ErrorCode::invalid_argument, "the schedule needs at least one step");
-  const h3::Conditioning pos = positive_cond(req);
-  LS_ASSIGN_OR_RETURN(GeneratePlans plans, plan_generation(cfg, req));
+  Prompts p;
+  LS_ASSIGN_OR_RETURN(GeneratePlans plans, plan_prompts(cfg, req, p, /*for_forward=*/true));
+  const h3::Conditioning& pos = p.pos;
   const h3::ClipGeometry& g = pos.geometry;
   const PackedShape shape{cfg.latents_dim * g.T * g.Hl * g.Wl, cfg.audio_latents_dim * 2 * g.A};
   if (!req.initial_latent.empty() && static_cast<int64_t>(req.initial_latent.size()) != shape.total())
@@ -164,7 +190,7 @@ Expected<GenerateResult> generate(exec::Engine& engine, const GenerateRequest& r
 
   // 2. Modulation tables for every sigma of the schedule, before the first step.
   t0 = std::chrono::steady_clock::now();
-  LS_TRY(engine.precompute_adaln(req.sigmas, pos));
+  LS_TRY(engine.precompute_adaln(req.sigmas, pos, *p.pos_layout));
   res.adaln_seconds = seconds_since(t0);
 
   // 3. Noise: video then audio from one generator stream.
@@ -172,10 +198,11 @@ Expected<GenerateResult> generate(exec::Engine& engine, const GenerateRequest& r
 
   // 4. The sampler.
   t0 = std::chrono::steady_clock::now();
-  const h3::Conditioning* conds[2] = {&pos, res.guided() ? &plans.negative_cond : nullptr};
+  const h3::Conditioning* conds[2] = {&pos, res.guided() ? &p.neg : nullptr};
+  const exec::CallLayout* layouts[2] = {&*p.pos_layout, res.guided() ? p.neg_layout : nullptr};
   const exec::RefinedText* texts[2] = {&text_pos, res.guided() ? &text_neg : nullptr};
   const exec::Plan* plan_ptrs[2] = {&res.plan, res.guided() ? &*res.negative_plan : nullptr};
-  EngineVelocity model(engine, shape, conds, texts, plan_ptrs, hooks, res.forwards);
+  EngineVelocity model(engine, shape, conds, layouts, texts, plan_ptrs, hooks, res.forwards);
   SamplerOptions opts;
   opts.cfg = req.cfg;
   opts.audio_scale = pos.audio_scale;

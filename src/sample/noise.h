@@ -2,9 +2,9 @@
 // with torch.manual_seed(seed) and draws torch.randn for the video latent first, then
 // for the audio latent from the same, continuing stream).
 //
-// TorchCpuGenerator restates that generator so a stream can be continued across
-// draws (model/h3/torch_random.h has the one-shot form for condition-latent noise
-// augmentation; tests/test_sample_noise.cpp checks the two agree bit for bit):
+// TorchCpuGenerator (model/h3/torch_random.h) restates that generator so a stream can be
+// continued across draws (torch_cpu_randn there is its one-shot form, for the condition
+// latents' noise augmentation; tests/test_sample_noise.cpp checks the two agree):
 //  - MT19937 seeded with the low 32 bits of the seed (the standard initialisation);
 //  - randn(n), n >= 16: n uniforms u = (next32 & (2^24-1)) * 2^-24 (exact fp32), then
 //    Box-Muller over blocks of 16 (pairs j, j+8; radius = sqrt(-2 log(1-u_j)),
@@ -21,24 +21,14 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <vector>
+
+#include "model/h3/torch_random.h"
 
 namespace ls::sample {
 
-class TorchCpuGenerator {
- public:
-  explicit TorchCpuGenerator(uint64_t seed);
-  // torch.randn(n) (fp32, contiguous) from the current state; the state advances.
-  std::vector<float> randn(int64_t n);
-
- private:
-  float uniform24();
-  double uniform53();
-  std::mt19937 engine_;
-  bool have_cached_normal_ = false;
-  double cached_normal_ = 0.0;
-};
+// The generator (model/h3/torch_random.h, where the condition noise draws from it too).
+using TorchCpuGenerator = h3::TorchCpuGenerator;
 
 // The packed initial noise of a t2va run: fp32 [video_elems + audio_elems], video
 // noise first, audio continuing the same stream (two randn calls).

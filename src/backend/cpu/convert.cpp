@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/rows.h"
 #include "backend/cpu/simd.h"
 #include "core/thread_pool.h"
 
@@ -41,13 +42,8 @@ void for_each_row_pair(const TensorView& src, const TensorView& dst, Fn&& fn) {
   const int64_t inner = nd == 0 ? 1 : src.size(nd - 1);
   parallel_for(outer, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, inner)), [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
-      int64_t rem = o, soff = 0, doff = 0;
-      for (int i = nd - 2; i >= 0; --i) {
-        const int64_t idx = rem % src.size(i);
-        rem /= src.size(i);
-        soff += idx * src.stride[static_cast<size_t>(i)];
-        doff += idx * dst.stride[static_cast<size_t>(i)];
-      }
+      int64_t soff = 0, doff = 0;
+      row_offsets(src, dst, o, soff, doff);
       fn(static_cast<const char*>(src.data) + soff * src.elem_size(),
          static_cast<char*>(dst.data) + doff * dst.elem_size(), inner);
     }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/rows.h"
 #include "backend/cpu/pack.h"
 #include "backend/cpu/linear_quant.h"
 #include "backend/description.h"
@@ -32,13 +33,8 @@ Status cpu_op_copy(const TensorView& dst, const TensorView& src) {
   const int64_t inner = src.size(nd - 1);
   const int64_t outer = n / inner;
   for (int64_t o = 0; o < outer; ++o) {
-    int64_t rem = o, soff = 0, doff = 0;
-    for (int i = nd - 2; i >= 0; --i) {
-      const int64_t idx = rem % src.size(i);
-      rem /= src.size(i);
-      soff += idx * src.stride[static_cast<size_t>(i)];
-      doff += idx * dst.stride[static_cast<size_t>(i)];
-    }
+    int64_t soff = 0, doff = 0;
+    row_offsets(src, dst, o, soff, doff);
     std::memcpy(static_cast<char*>(dst.data) + doff * dst.elem_size(),
                 static_cast<const char*>(src.data) + soff * src.elem_size(),
                 static_cast<size_t>(inner * src.elem_size()));

@@ -467,13 +467,11 @@ cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t
   return plan;
 }
 
-Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk,
-                                int64_t hk, int64_t sv, int64_t hv, int skip, int64_t Qc, bool log) {
-  Builder b;
-  b.log = log;
-  b.tag = std::string("[") + form_name(form) + " H=" + std::to_string(H) + " Dh=" + std::to_string(Dh) +
-          " Qc=" + std::to_string(Qc) + " kv=" + std::to_string(kv) + "]";
-  if (log) std::fprintf(stderr, "cudnn attention: %s building the graph\n", b.tag.c_str());
+// The attention graph of `form` for H heads of Dh, Qc queries against kv keys (K rows of
+// stride sk, heads hk; V likewise sv, hv), built through `b` (its descriptors kept in
+// b.made; b.ok() false at the first failure).
+cudnnBackendDescriptor_t build_graph(Builder& b, GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh,
+                                     int64_t kv, int64_t sk, int64_t hk, int64_t sv, int64_t hv, int64_t Qc) {
   const int64_t q_dims[4] = {1, H, Qc, Dh}, q_str[4] = {Qc * H * Dh, Dh, H * Dh, 1};
   const int64_t v_dims[4] = {1, H, kv, Dh}, v_str[4] = {kv * sv, hv, sv, 1};
   const int64_t s_dims[4] = {1, H, Qc, kv}, s_str[4] = {H * Qc * kv, Qc * kv, kv, 1};
@@ -528,6 +526,17 @@ Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H,
         ops.data(), "set graph ops");
   b.set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "set graph handle");
   b.finalize(graph, "operation graph");
+  return graph;
+}
+
+Expected<Plan*> build_plan_form(GraphForm form, cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t kv, int64_t sk,
+                                int64_t hk, int64_t sv, int64_t hv, int skip, int64_t Qc, bool log) {
+  Builder b;
+  b.log = log;
+  b.tag = std::string("[") + form_name(form) + " H=" + std::to_string(H) + " Dh=" + std::to_string(Dh) +
+          " Qc=" + std::to_string(Qc) + " kv=" + std::to_string(kv) + "]";
+  if (log) std::fprintf(stderr, "cudnn attention: %s building the graph\n", b.tag.c_str());
+  cudnnBackendDescriptor_t graph = build_graph(b, form, handle, H, Dh, kv, sk, hk, sv, hv, Qc);
   if (!b.ok()) return cudnn_error(b.status, std::string(form_name(form)) + " graph: " + b.failed_at);
 
   // Engine configs, in order: heuristics mode A, the fallback list, then every engine the
@@ -640,6 +649,41 @@ Expected<Plan*> build_plan(cudnnHandle_t handle, int64_t H, int64_t Dh, int64_t 
                                                 "(--attention native) runs the built-in kernel instead)");
 }
 
+// The device's cuDNN handle and the plans for the full tile length and the last, shorter
+// tile (built once per graph key and kept for the process; a refused graph fails fast).
+struct TilePlans {
+  DeviceState* dev = nullptr;
+  Plan* full = nullptr;
+  Plan* last = nullptr;
+};
+Expected<TilePlans> tile_plans(const CudaContext& ctx, const TensorView& k, const TensorView& v, int64_t H, int64_t Dh,
+                               int64_t Mk, int64_t ntiles, int64_t kv_tile, int64_t q_chunk, bool log) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  TilePlans plans;
+  LS_ASSIGN_OR_RETURN(plans.dev, device_state(ctx.device, log, q_chunk));
+  DeviceState* dev = plans.dev;
+  const int forced = forced_form(ctx.numerics), skip = skipped_configs(ctx.numerics);
+  auto get = [&](int64_t kv) -> Expected<Plan*> {
+    const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip, q_chunk};
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) return it->second;
+    auto refused = g_refused.find(key);
+    if (refused != g_refused.end()) return make_error(ErrorCode::unsupported, refused->second);
+    auto built =
+        build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip, q_chunk, log);
+    if (!built.ok()) {
+      if (built.error().code == ErrorCode::unsupported) g_refused[key] = built.error().message;
+      return built.error();
+    }
+    g_plans[key] = built.value();
+    return built.value();
+  };
+  const int64_t full_len = std::min(kv_tile, Mk), last_len = Mk - (ntiles - 1) * kv_tile;
+  LS_ASSIGN_OR_RETURN(plans.full, get(full_len));
+  LS_ASSIGN_OR_RETURN(plans.last, get(last_len));
+  return plans;
+}
+
 Status run_tile(cudnnHandle_t handle, const Plan& plan, void* qs, const void* k, const void* v, void* o, void* stats,
                 float scale, void* ws) {
   cudnnBackendDescriptor_t pack = nullptr;
@@ -727,38 +771,10 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
 
   // Plans for the full tile length and (if any) the last, shorter tile.
   const int64_t ntiles = div_up(Mk, p.kv_tile);
-  DeviceState* dev = nullptr;
-  Plan* plan_full = nullptr;
-  Plan* plan_last = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto d = device_state(ctx.device, log, q_chunk);
-    if (!d.ok()) return d.error();
-    dev = d.value();
-    const int forced = forced_form(ctx.numerics), skip = skipped_configs(ctx.numerics);
-    auto get = [&](int64_t kv) -> Expected<Plan*> {
-      const PlanKey key{ctx.device, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip, q_chunk};
-      auto it = g_plans.find(key);
-      if (it != g_plans.end()) return it->second;
-      auto refused = g_refused.find(key);
-      if (refused != g_refused.end()) return make_error(ErrorCode::unsupported, refused->second);
-      auto built =
-          build_plan(dev->handle, H, Dh, kv, k.stride[0], k.stride[1], v.stride[0], v.stride[1], forced, skip, q_chunk, log);
-      if (!built.ok()) {
-        if (built.error().code == ErrorCode::unsupported) g_refused[key] = built.error().message;
-        return built.error();
-      }
-      g_plans[key] = built.value();
-      return built.value();
-    };
-    const int64_t full_len = std::min(p.kv_tile, Mk), last_len = Mk - (ntiles - 1) * p.kv_tile;
-    auto pf = get(full_len);
-    if (!pf.ok()) return pf.error();
-    plan_full = pf.value();
-    auto pl = get(last_len);
-    if (!pl.ok()) return pl.error();
-    plan_last = pl.value();
-  }
+  LS_ASSIGN_OR_RETURN(const TilePlans plans, tile_plans(ctx, k, v, H, Dh, Mk, ntiles, p.kv_tile, q_chunk, log));
+  const DeviceState* dev = plans.dev;
+  const Plan* plan_full = plans.full;
+  const Plan* plan_last = plans.last;
   const cudnnHandle_t handle = dev->handle;
   cudnnStatus_t ss = cudnnSetStream(handle, ctx.stream);
   if (ss != CUDNN_STATUS_SUCCESS) return cudnn_error(ss, "cudnnSetStream");

@@ -102,31 +102,27 @@ std::vector<TensorSpec> h3_tensor_specs(const H3Config& c) {
   add("final_layer.video_out.bias", f32, {c.pdd_heads * c.video_patch_dim()}, G::heads);
   add("final_layer.audio_out.weight", f32, {c.pdd_heads * c.audio_latents_dim, D}, G::heads);
   add("final_layer.audio_out.bias", f32, {c.pdd_heads * c.audio_latents_dim}, G::heads);
+  // A block's bf16 attention and MLP tensors (refiner and DiT blocks alike), in table
+  // order; the DiT block's gate_compress projection between the two halves.
+  auto add_block = [&](const std::string& p, G g, int64_t b, bool gate_compress) {
+    add(p + "norm1.weight", bf, {D}, g, b);
+    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, g, b);
+    add(p + "attn.q_norm.weight", bf, {Dh}, g, b);
+    add(p + "attn.k_norm.weight", bf, {Dh}, g, b);
+    add(p + "attn.out_proj.weight", bf, {D, I}, g, b);
+    if (gate_compress) add(p + "attn.to_gate_compress.weight", bf, {I, D}, G::other, b);
+    add(p + "norm2.weight", bf, {D}, g, b);
+    add(p + "mlp.fc1.weight", bf, {2 * F, D}, g, b);
+    add(p + "mlp.fc2.weight", bf, {D, F}, g, b);
+  };
   // Token refiner.
-  for (int64_t b = 0; b < c.refiner_layers; ++b) {
-    const std::string p = "token_refiner.blocks." + std::to_string(b) + ".";
-    add(p + "norm1.weight", bf, {D}, G::refiner, b);
-    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, G::refiner, b);
-    add(p + "attn.q_norm.weight", bf, {Dh}, G::refiner, b);
-    add(p + "attn.k_norm.weight", bf, {Dh}, G::refiner, b);
-    add(p + "attn.out_proj.weight", bf, {D, I}, G::refiner, b);
-    add(p + "norm2.weight", bf, {D}, G::refiner, b);
-    add(p + "mlp.fc1.weight", bf, {2 * F, D}, G::refiner, b);
-    add(p + "mlp.fc2.weight", bf, {D, F}, G::refiner, b);
-  }
+  for (int64_t b = 0; b < c.refiner_layers; ++b)
+    add_block("token_refiner.blocks." + std::to_string(b) + ".", G::refiner, b, /*gate_compress=*/false);
   if (c.refiner_layers > 0) add("token_refiner.final_norm.weight", bf, {D}, G::refiner);
   // DiT blocks.
   for (int64_t b = 0; b < c.num_layers; ++b) {
     const std::string p = "blocks." + std::to_string(b) + ".";
-    add(p + "norm1.weight", bf, {D}, G::blocks, b);
-    add(p + "attn.qkv_proj.weight", bf, {3 * I, D}, G::blocks, b);
-    add(p + "attn.q_norm.weight", bf, {Dh}, G::blocks, b);
-    add(p + "attn.k_norm.weight", bf, {Dh}, G::blocks, b);
-    add(p + "attn.out_proj.weight", bf, {D, I}, G::blocks, b);
-    if (c.gate_compress) add(p + "attn.to_gate_compress.weight", bf, {I, D}, G::other, b);
-    add(p + "norm2.weight", bf, {D}, G::blocks, b);
-    add(p + "mlp.fc1.weight", bf, {2 * F, D}, G::blocks, b);
-    add(p + "mlp.fc2.weight", bf, {D, F}, G::blocks, b);
+    add_block(p, G::blocks, b, c.gate_compress);
     add(p + "adaln_proj.linear.weight", ad, {18 * D, t}, G::adaln, b);
     add(p + "adaln_proj.linear.bias", ad, {18 * D}, G::adaln, b);
   }

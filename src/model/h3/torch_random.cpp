@@ -3,13 +3,12 @@
 #include <cmath>
 #include <random>
 
+#include "core/status.h"
+
 namespace ls::h3 {
 
 namespace {
 constexpr double kPi = 3.14159265358979323846;
-
-float uniform24(std::mt19937& g) { return static_cast<float>(g() & ((1u << 24) - 1)) * (1.0f / 16777216.0f); }
-
 }  // namespace
 
 void torch_box_muller_16(float* d) {
@@ -25,45 +24,56 @@ void torch_box_muller_16(float* d) {
   }
 }
 
-std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n) {
-  std::mt19937 gen(static_cast<uint32_t>(seed & 0xffffffffu));
-  std::vector<float> out(static_cast<size_t>(n > 0 ? n : 0));
-  if (n <= 0) return out;
+TorchCpuGenerator::TorchCpuGenerator(uint64_t seed) : engine_(static_cast<uint32_t>(seed & 0xffffffffu)) {}
+
+float TorchCpuGenerator::uniform24() {
+  return static_cast<float>(engine_() & ((1u << 24) - 1)) * (1.0f / 16777216.0f);
+}
+
+double TorchCpuGenerator::uniform53() {
+  // random64(): the first 32-bit draw is the high word.
+  const uint64_t hi = engine_();
+  const uint64_t lo = engine_();
+  const uint64_t r = (hi << 32) | lo;
+  return static_cast<double>(r & ((uint64_t{1} << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+std::vector<float> TorchCpuGenerator::randn(int64_t n) {
+  LS_CHECK(n >= 0);
+  std::vector<float> out(static_cast<size_t>(n));
   if (n >= 16) {
-    for (auto& v : out) v = uniform24(gen);
+    for (float& v : out) v = uniform24();
     for (int64_t i = 0; i + 16 <= n; i += 16) torch_box_muller_16(out.data() + i);
     if (n % 16 != 0) {
-      float* d = out.data() + n - 16;
-      for (int j = 0; j < 16; ++j) d[j] = uniform24(gen);
-      torch_box_muller_16(d);
+      float* tail = out.data() + (n - 16);
+      for (int j = 0; j < 16; ++j) tail[j] = uniform24();
+      torch_box_muller_16(tail);
     }
     return out;
   }
   // Small tensors: normal_distribution<double> per element: uniform doubles from
   // random64 (53 bits), Box-Muller in double; the second value of a pair is cached.
-  auto random64 = [&]() {
-    const uint64_t hi = gen(), lo = gen();  // first draw is the high half
-    return (hi << 32) | lo;
-  };
-  auto uniform53 = [&]() {
-    return static_cast<double>(random64() & ((uint64_t{1} << 53) - 1)) * (1.0 / 9007199254740992.0);
-  };
-  bool cached = false;
-  double cache = 0;
-  for (auto& v : out) {
-    if (cached) {
-      v = static_cast<float>(cache);
-      cached = false;
+  for (float& v : out) {
+    if (have_cached_normal_) {
+      have_cached_normal_ = false;
+      v = static_cast<float>(cached_normal_);
       continue;
     }
-    const double u1 = uniform53(), u2 = uniform53();
+    const double u1 = uniform53();
+    const double u2 = uniform53();
     const double r = std::sqrt(-2.0 * std::log1p(-u2));
     const double theta = 2.0 * kPi * u1;
-    cache = r * std::sin(theta);
-    cached = true;
+    cached_normal_ = r * std::sin(theta);
+    have_cached_normal_ = true;
     v = static_cast<float>(r * std::cos(theta));
   }
   return out;
+}
+
+std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n) {
+  if (n <= 0) return {};
+  TorchCpuGenerator g(seed);
+  return g.randn(n);
 }
 
 }  // namespace ls::h3

@@ -19,14 +19,33 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace ls::h3 {
 
+// The generator as a stream (torch.manual_seed(seed), then torch.randn calls that
+// continue it): the sampler's initial noise draws video then audio from one
+// (sample/noise.h). A fresh generator's first randn(n) is torch_cpu_randn(seed, n).
+class TorchCpuGenerator {
+ public:
+  explicit TorchCpuGenerator(uint64_t seed);
+  // torch.randn(n) (fp32, contiguous) from the current state; the state advances.
+  std::vector<float> randn(int64_t n);
+
+ private:
+  float uniform24();
+  double uniform53();
+  std::mt19937 engine_;
+  bool have_cached_normal_ = false;
+  double cached_normal_ = 0.0;
+};
+
+// torch.randn(n) of a generator seeded with `seed` (empty for n <= 0).
 std::vector<float> torch_cpu_randn(uint64_t seed, int64_t n);
 
 // The Box-Muller step above on one block of 16 uniforms, in place (pairs j, j + 8).
-// Shared with the sampler's streaming generator (src/sample/noise.cpp).
+// (TorchCpuGenerator's block transform.)
 void torch_box_muller_16(float* d);
 
 }  // namespace ls::h3

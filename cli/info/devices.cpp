@@ -1,14 +1,14 @@
 // `layerstream info --devices`: the CPU and every CUDA GPU, with the numerics `auto`
-// resolves to (tools/info/info.h).
+// resolves to (cli/info/info.h).
 #include <cstdio>
 #include <string>
 
 #include <layerstream_version.h>  // LS_BACKENDS
 
 #include "backend/backend.h"
-#include "tools/info/info.h"
+#include "cli/info/info.h"
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 
 // One entry per device: the CPU, then cuda:0, cuda:1, ... until the driver says the index
 // does not exist (each GPU is opened: a CUDA context each). The numerics are the
@@ -112,4 +112,4 @@ int run_devices(const InfoOptions& o) {
 // Any flag that describes a model, a clip or a dry run (not FILE, --json, the numerics,
 // --check, --devices): what --check and --devices refuse.
 
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

@@ -1,9 +1,9 @@
-// Helpers shared by the `info` files (tools/info/info.h).
+// Helpers shared by the `info` files (cli/info/info.h).
 #include <cstdio>
 
-#include "tools/info/info.h"
+#include "cli/info/info.h"
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 
 int usage_error(const std::string& msg) { return report_error(kCmd, {ErrorCode::invalid_argument, msg}); }
 int fail(const Error& e) { return report_error(kCmd, e); }
@@ -36,4 +36,4 @@ std::string shape_json_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

@@ -8,7 +8,7 @@
 // The loaders work on an open SafetensorsReader (fuzz/fuzz_cli_inputs.cpp feeds them
 // bytes from memory) and depend on nothing of the CLI but this file; numbers inside the
 // files (a keyframe's "pixel_frame" metadata) are returned as text for the CLI's one
-// parser (tools/cli_util.h).
+// parser (cli/cli_util.h).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include "model/h3/conditioning.h"
 #include "model/h3/config.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 // "[1, 2, 3]" (any rank).
 std::string shape_text(const std::vector<int64_t>& shape);
@@ -61,4 +61,4 @@ struct TextViews {
 };
 Expected<TextViews> load_text_states(const SafetensorsReader& f);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -19,13 +19,13 @@
 #include "model/h3/checkpoint.h"
 #include "model/lora.h"
 #include "model/lora_source.h"
-#include "tools/cli_util.h"
-#include "tools/interrupt.h"
-#include "tools/command.h"
+#include "cli/cli_util.h"
+#include "cli/interrupt.h"
+#include "cli/command.h"
 
 #include <layerstream_version.h>
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 
@@ -143,4 +143,4 @@ LS_REGISTER_COMMAND(register_merge_lora, "merge-lora",
                     "Write a checkpoint with LoRAs merged in by ComfyUI's formula (what --lora reads)", setup_merge_lora);
 
 }  // namespace
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -1,4 +1,4 @@
-#include "cli_util.h"  // (not "tools/...": tests/test_cli_parse.cpp compiles this file in)
+#include "cli_util.h"  // (not "cli/...": tests/test_cli_parse.cpp compiles this file in)
 
 #include <charconv>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "core/printable.h"
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 // The long name of "-o,--output" ("--output"), else the first name.
@@ -88,39 +88,38 @@ Expected<api::MemorySpec> memory_from_flags(const MemoryFlags& f, api::MemoryReq
   return spec;
 }
 
-CLI::Option* add_text_flag(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,
-                           const std::string& desc, const std::string& def, bool required) {
+namespace {
+// One option read as text into f: its --help type name, the "TYPE ... [default]" text shown
+// (opts_text) and whether it is required.
+CLI::Option* add_flag_as(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,
+                         const std::string& shown, const std::string& desc, const std::string& def, bool required) {
   f.name = flag_name(names);
   f.opt = app.add_option(names, f.text, desc);
-  f.opt->type_name(type)->option_text(opts_text(type, def, required));
+  f.opt->type_name(type)->option_text(opts_text(shown, def, required));
   if (required) f.opt->required();
   return f.opt;
+}
+}  // namespace
+
+CLI::Option* add_text_flag(CLI::App& app, const std::string& names, FlagText& f, const std::string& type,
+                           const std::string& desc, const std::string& def, bool required) {
+  return add_flag_as(app, names, f, type, type, desc, def, required);
 }
 
 CLI::Option* add_int_flag(CLI::App& app, const std::string& names, FlagText& f, const IntRange& r,
                           const std::string& desc, const std::string& def, bool required) {
-  f.name = flag_name(names);
-  f.opt = app.add_option(names, f.text, desc);
-  f.opt->type_name("INT")->option_text(opts_text("INT " + describe(r), def, required));
-  if (required) f.opt->required();
-  return f.opt;
+  return add_flag_as(app, names, f, "INT", "INT " + describe(r), desc, def, required);
 }
 
 CLI::Option* add_float_flag(CLI::App& app, const std::string& names, FlagText& f, const FloatRange& r,
                             const std::string& desc, const std::string& def, bool required) {
-  f.name = flag_name(names);
-  f.opt = app.add_option(names, f.text, desc);
-  f.opt->type_name("FLOAT")->option_text(opts_text("FLOAT in " + describe(r), def, required));
-  if (required) f.opt->required();
-  return f.opt;
+  return add_flag_as(app, names, f, "FLOAT", "FLOAT in " + describe(r), desc, def, required);
 }
 
 CLI::Option* add_size_flag(CLI::App& app, const std::string& names, FlagText& f, const SizeRange& r,
                            const std::string& desc, const std::string& def) {
-  f.name = flag_name(names);
-  f.opt = app.add_option(names, f.text, desc + " (bytes or K/M/G/T = KiB/MiB/GiB/TiB, 1024-based; " + describe(r) + ")");
-  f.opt->type_name("SIZE")->option_text(opts_text("SIZE", def, false));
-  return f.opt;
+  return add_flag_as(app, names, f, "SIZE", "SIZE",
+                     desc + " (bytes or K/M/G/T = KiB/MiB/GiB/TiB, 1024-based; " + describe(r) + ")", def, false);
 }
 
 Expected<int64_t> flag_int(const FlagText& f, const IntRange& r, int64_t def) {
@@ -224,6 +223,38 @@ void add_lora_flags(CLI::App& app, LoraFlags& f) {
                 "auto");
 }
 
+void add_plan_flags(CLI::App& app, RunFlags& o) {
+  add_int_flag(app, "--mlp-chunk", o.mlp_chunk, range::chunk, "rows per MLP / patch-embedding slice (0 = all)", "0");
+  add_int_flag(app, "--attn-chunk", o.attn_chunk, range::chunk,
+               "rows per attention slice, two-pass (0 = stock attention)", "0");
+  add_int_flag(app, "--final-chunk", o.final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
+  add_int_flag(app, "--kv-tile", o.kv_tile, range::kv_tile,
+               "keys per attention tile: a numerics setting (1024 on the CPU and with --attention native; 8192 on "
+               "CUDA with hopper or cudnn attention, which auto picks)", "the device's");
+  add_numerics_flags(app, o.numerics);
+  add_lora_flags(app, o.lora);
+  add_weight_flags(app, o.wflags);
+  add_size_flag(app, "--budget", o.budget, range::budget,
+                "activation memory budget: the largest slices that fit (not with the chunk flags)");
+}
+
+void add_report_flags(CLI::App& app, RunFlags& o, const std::string& json_help, const std::string& plot_help) {
+  app.add_flag("--allow-nonfinite", o.allow_nonfinite,
+               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
+               "fails (exit 1) naming the first block and phase, and writes nothing");
+  add_text_flag(app, "--json", o.json, "FILE", json_help);
+  add_text_flag(app, "--memory-plot", o.memory_plot, "FILE.svg", plot_help);
+}
+
+void add_device_flags(CLI::App& app, RunFlags& o) {
+  add_text_flag(app, "--device", o.device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
+  add_text_flag(app, "--devices", o.devices, "LIST",
+                "sequence parallel over several devices (one rank each, output bytes equal one device's): "
+                "cuda:0,cuda:1,... or cpu*N (N in-process CPU ranks); the count must divide the model's heads; "
+                "budgets are per device");
+  add_int_flag(app, "--threads", o.threads, range::threads, "CPU threads (0 = all cores)", "0");
+}
+
 void add_weight_flags(CLI::App& app, WeightFlags& f) {
   add_text_flag(app, "--format", f.format, "FORMAT",
                 "With --preset: the synthetic weights in ComfyUI's layouts: bf16, int8-convrot (the pruned int8 "
@@ -267,10 +298,33 @@ Status apply_weight_flags(const LoraFlags& lf, const WeightFlags& wf, bool model
   return Status();
 }
 
+Status slice_knobs_from_flags(const RunFlags& o, exec::PlanKnobs& knobs, int64_t& kv_tile) {
+  LS_ASSIGN_OR_RETURN(knobs.mlp_chunk_tokens, flag_int(o.mlp_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(knobs.attn_chunk_tokens, flag_int(o.attn_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(knobs.final_chunk_tokens, flag_int(o.final_chunk, range::chunk, 0));
+  LS_ASSIGN_OR_RETURN(kv_tile, flag_int(o.kv_tile, range::kv_tile, 1));
+  knobs.kv_tile = o.kv_tile.given() ? kv_tile : 0;  // 0: the device's (Session::resolve_kv_tile)
+  return Status();
+}
+
+void run_file_paths(const RunFlags& o, std::vector<std::pair<std::string, std::string>>& outputs,
+                    std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
+    if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
+  if (o.model.given()) inputs.emplace_back("--model", o.model.text);
+  for (const std::string& l : o.lora.loras) inputs.emplace_back("--lora", l);
+  for (const std::string& k : o.keyframes) inputs.emplace_back("--keyframe", k);
+}
+
+Expected<std::vector<std::string>> rank_devices(const RunFlags& o) {
+  if (o.devices.given()) return parse_devices("--devices", o.devices.text);
+  return std::vector<std::string>{o.device.given() ? o.device.text : "cpu"};
+}
+
 Expected<std::vector<std::string>> parse_devices(std::string_view flag, std::string_view text) {
   auto d = api::parse_devices(std::string(text));
   if (!d.ok()) return Error{ErrorCode::invalid_argument, std::string(flag) + " " + d.error().message};
   return d;
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -10,7 +10,7 @@
 // has any. The y axis
 // is 1024-based (KiB / MiB / GiB / TiB) with 1-2-2.5-5 ticks; it runs to the largest of
 // the peak held, the budget and the predicted peak, plus 6 %.
-#include "memory_plot.h"  // tools/memory_plot.h (same folder: tests compile this file too)
+#include "memory_plot.h"  // cli/memory_plot.h (same folder: tests compile this file too)
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@
 
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 constexpr double kWidth = 1000, kHeight = 560;
@@ -388,4 +388,4 @@ Status write_memory_plot(const std::string& path, const MemoryPlotInput& in) {
   return io::write_output_file(path, memory_plot_svg(in), "--memory-plot");
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -31,37 +31,27 @@
 #include "io/safetensors.h"
 #include "sample/generate.h"
 #include "sample/schedule.h"
-#include "tools/command.h"
-#include "tools/memory_plot.h"
-#include "tools/progress.h"
-#include "tools/report.h"
-#include "tools/cli_util.h"
-#include "tools/inputs.h"
-#include "tools/interrupt.h"
+#include "cli/command.h"
+#include "cli/memory_plot.h"
+#include "cli/progress.h"
+#include "cli/report.h"
+#include "cli/cli_util.h"
+#include "cli/inputs.h"
+#include "cli/interrupt.h"
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 constexpr const char* kCmd = "layerstream generate";
 
-// Numbers are taken as text and parsed by the one strict parser (tools/cli_util.h), so
+// Numbers are taken as text and parsed by the one strict parser (cli/cli_util.h), so
 // that a bad value is exit code 2 with a message naming the flag and its range.
-struct GenerateOptions {
-  LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
-  WeightFlags wflags;  // --format, --precision
-  NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
-  FlagText model, preset, weights_seed;
-  FlagText steps, cfg, seed;
-  FlagText frames, width, height, text_tokens;
+struct GenerateOptions : RunFlags {
+  FlagText steps, cfg;
   FlagText text;
-  std::vector<std::string> keyframes, refs;
-  FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget, vram_budget;
-  FlagText device, threads;
-  FlagText devices;  // --devices: sequence-parallel ranks (docs/multi-gpu.md)
-  FlagText json, output, memory_plot;
+  std::vector<std::string> refs;
   FlagText comfy_latents;  // --comfyui-latents PREFIX: PREFIX.video.latent + PREFIX.audio.latent
-  bool quiet = false, allow_nonfinite = false;
 };
 
 int fail(const Error& e) { return report_error(kCmd, e); }
@@ -152,7 +142,7 @@ VramUse vram_use(const sample::GenerateResult& r) {
 // ---- parse -> validate -> run -> report (issue 27 item 4) -----------------------------
 // One GenerateRun carries the command from its parsed flags to its results; each step
 // returns an Error whose code decides the exit (invalid_argument and out_of_budget: 2,
-// the rest 1; tools/cli_util.h exit_code_for).
+// the rest 1; cli/cli_util.h exit_code_for).
 
 struct GenerateRun {
   explicit GenerateRun(const GenerateOptions& opts) : o(opts) {}
@@ -218,7 +208,7 @@ Status check_flag_combinations(const GenerateOptions& o, api::MemoryRequest* mem
   return Status();
 }
 
-// The flags' numbers (the one strict parser, tools/cli_util.h).
+// The flags' numbers (the one strict parser, cli/cli_util.h).
 Status parse_args(GenerateRun& r) {
   const GenerateOptions& o = r.o;
   r.builtin = !o.model.given() && !o.preset.given();
@@ -231,16 +221,12 @@ Status parse_args(GenerateRun& r) {
   LS_ASSIGN_OR_RETURN(r.width, flag_int(o.width, range::width, 256));
   LS_ASSIGN_OR_RETURN(r.height, flag_int(o.height, range::height, 256));
   LS_ASSIGN_OR_RETURN(r.text_tokens, flag_int(o.text_tokens, range::text_tokens, 32));
-  LS_ASSIGN_OR_RETURN(r.knobs.mlp_chunk_tokens, flag_int(o.mlp_chunk, range::chunk, 0));
-  LS_ASSIGN_OR_RETURN(r.knobs.attn_chunk_tokens, flag_int(o.attn_chunk, range::chunk, 0));
-  LS_ASSIGN_OR_RETURN(r.knobs.final_chunk_tokens, flag_int(o.final_chunk, range::chunk, 0));
-  LS_ASSIGN_OR_RETURN(r.kv_tile, flag_int(o.kv_tile, range::kv_tile, 1));  // not given: the device's (0 below)
+  LS_TRY(slice_knobs_from_flags(o, r.knobs, r.kv_tile));
   LS_ASSIGN_OR_RETURN(r.threads, flag_int(o.threads, range::threads, 0));
   LS_ASSIGN_OR_RETURN(r.cfg_scale, flag_float(o.cfg, range::cfg, 1.0));
   LS_ASSIGN_OR_RETURN(r.budget, flag_size(o.budget, range::budget, 0));
   LS_ASSIGN_OR_RETURN(r.vram_budget, flag_size(o.vram_budget, range::budget, 0));
   r.seed = static_cast<uint64_t>(seed), r.weights_seed = static_cast<uint64_t>(wseed);
-  r.knobs.kv_tile = o.kv_tile.given() ? r.kv_tile : 0;  // 0: the device's (Session::resolve_kv_tile)
   r.guided = !sample::cfg_is_one(r.cfg_scale);
   return Status();
 }
@@ -248,16 +234,12 @@ Status parse_args(GenerateRun& r) {
 // Every output path, and that none is another output or one of the input files.
 Status check_outputs(const GenerateOptions& o) {
   std::vector<std::pair<std::string, std::string>> outputs;
-  for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
-    if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
+  std::vector<std::pair<std::string, std::string>> inputs;  // an output naming one would replace it
+  run_file_paths(o, outputs, inputs);
   if (o.comfy_latents.given()) {
     outputs.emplace_back("--comfyui-latents", o.comfy_latents.text + ".video.latent");
     outputs.emplace_back("--comfyui-latents", o.comfy_latents.text + ".audio.latent");
   }
-  std::vector<std::pair<std::string, std::string>> inputs;  // an output naming one would replace it
-  if (o.model.given()) inputs.emplace_back("--model", o.model.text);
-  for (const std::string& l : o.lora.loras) inputs.emplace_back("--lora", l);
-  for (const std::string& k : o.keyframes) inputs.emplace_back("--keyframe", k);
   if (o.text.given()) inputs.emplace_back("--text", o.text.text);
   for (const std::string& r : o.refs) inputs.emplace_back("--ref", r);
   return check_output_paths(outputs, inputs);
@@ -269,13 +251,8 @@ Status check_outputs(const GenerateOptions& o) {
 Status open_session(GenerateRun& r) {
   const GenerateOptions& o = r.o;
   LS_ASSIGN_OR_RETURN(r.nc, numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? r.kv_tile : 0));
-  std::vector<std::string> rank_devices{o.device.given() ? o.device.text : "cpu"};
-  if (o.devices.given()) {  // one backend per sequence-parallel rank (docs/multi-gpu.md)
-    auto d = parse_devices("--devices", o.devices.text);
-    if (!d.ok()) return d.error();
-    rank_devices = std::move(*d);
-  }
-  LS_ASSIGN_OR_RETURN(r.session, api::Session::open_backends(rank_devices, r.nc.numerics, r.nc.diagnostics));
+  LS_ASSIGN_OR_RETURN(const std::vector<std::string> devices, rank_devices(o));
+  LS_ASSIGN_OR_RETURN(r.session, api::Session::open_backends(devices, r.nc.numerics, r.nc.diagnostics));
   LS_TRY(api::check_memory_device(r.memory_request, r.session->device_is_cpu(), api::kFlagNames));
   api::WeightsSpec weights;
   if (o.model.given()) {
@@ -423,25 +400,12 @@ Status run_one(GenerateRun& r, const RunSpec& run) {
   r.progress = nullptr;
   if (!res.ok()) {
     if (bar) bar->abandon();
-    Error e = res.error();
-    if (e.code == ErrorCode::nonfinite)
-      e.message += e.message.find("--allow-nonfinite") == std::string::npos
-                       ? " (nothing written; --allow-nonfinite writes the output anyway)"
-                       : " (nothing written)";
-    return e;
+    return nothing_written(res.error());
   }
   if (bar) bar->finish();
-  const int64_t bad_v = count_nonfinite(res->video.data(), res->video.size());
-  const int64_t bad_a = count_nonfinite(res->audio.data(), res->audio.size());
-  r.nonfinite = std::max(r.nonfinite, bad_v + bad_a);
-  if (bad_v + bad_a > 0) {
-    const std::string what = std::to_string(bad_v + bad_a) + " non-finite values (NaN or inf) in the " + run.label +
-                             " latents (video " + std::to_string(bad_v) + " of " + std::to_string(res->video.size()) +
-                             ", audio " + std::to_string(bad_a) + " of " + std::to_string(res->audio.size()) + ")";
-    if (!r.o.allow_nonfinite)
-      return Error{ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"};
-    std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
-  }
+  LS_ASSIGN_OR_RETURN(const int64_t nonfinite,
+                      check_outputs_finite(kCmd, res->video, res->audio, run.label + " latents", r.o.allow_nonfinite));
+  r.nonfinite = std::max(r.nonfinite, nonfinite);
   std::printf("%s\n", generate_status_line(run.label, *res).c_str());
   if (const auto& vp = r.vram_plan()) {
     const VramUse u = vram_use(*res);
@@ -701,34 +665,14 @@ CommandRun setup_generate(CLI::App& sub) {
                  "keyframe latent FILE[@FRAME|@last]: \"video\" [C, T, Hl, Wl] (+ optional \"audio\" [C, 2, A])")
       ->type_name("FILE[@FRAME]");
   sub.add_option("--ref", o->refs, "reference latent FILE: \"video\" and/or \"audio\"")->type_name("FILE");
-  add_int_flag(sub, "--mlp-chunk", o->mlp_chunk, range::chunk, "rows per MLP / patch-embedding slice (0 = all)", "0");
-  add_int_flag(sub, "--attn-chunk", o->attn_chunk, range::chunk, "rows per attention slice, two-pass (0 = stock attention)",
-               "0");
-  add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
-  add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
-               "keys per attention tile: a numerics setting (1024 on the CPU and with --attention native; 8192 on "
-               "CUDA with hopper or cudnn attention, which auto picks)", "the device's");
-  add_numerics_flags(sub, o->numerics);
-  add_lora_flags(sub, o->lora);
-  add_weight_flags(sub, o->wflags);
-  add_size_flag(sub, "--budget", o->budget, range::budget,
-                "activation memory budget: picks the largest slices that fit (not with the chunk flags)");
+  add_plan_flags(sub, *o);
   add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,
                 "ONE device budget for everything (CUDA; weights, AdaLN tables, activations, workspace): the planner "
                 "keeps what fits resident, streams the rest of the blocks, offloads K/V and the residual only when "
                 "nothing else fits; refused before any work when too small, naming the minimum (--model/--preset)");
-  add_text_flag(sub, "--device", o->device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
-  add_text_flag(sub, "--devices", o->devices, "LIST",
-                "sequence parallel over several devices (one rank each, output bytes equal one device's): "
-                "cuda:0,cuda:1,... or cpu*N (N in-process CPU ranks); the count must divide the model's heads; "
-                "budgets are per device");
-  add_int_flag(sub, "--threads", o->threads, range::threads, "CPU threads (0 = all cores)", "0");
-  sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
-               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
-               "fails (exit 1) naming the first block and phase, and writes nothing");
-  add_text_flag(sub, "--json", o->json, "FILE", "write the full run report as JSON (with the version)");
-  add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
-                "draw the device memory over every forward by phase and block (SVG)");
+  add_device_flags(sub, *o);
+  add_report_flags(sub, *o, "write the full run report as JSON (with the version)",
+                   "draw the device memory over every forward by phase and block (SVG)");
   add_text_flag(sub, "-o,--output", o->output, "FILE", "output latents (.safetensors); required with --model/--preset");
   add_text_flag(sub, "--comfyui-latents", o->comfy_latents, "PREFIX",
                 "also write the latents as ComfyUI .latent files for its LoadLatent node: PREFIX.video.latent "
@@ -744,4 +688,4 @@ LS_REGISTER_COMMAND(g_generate, "generate",
                     setup_generate);
 
 }  // namespace
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <string>
 
-namespace ls::tools {
+namespace ls::cli {
 
 class Progress {
  public:
@@ -54,4 +54,4 @@ class Progress {
 // "0.4 s", "42 s", "3 min 20 s", "2 h 05 min".
 std::string format_duration(double seconds);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -13,23 +13,23 @@
 //        slices, predicted peak, PCIe bytes, and the smallest budget that plans. No device
 //        is opened: the CUDA backend's figures are its description's
 //        (backend/description.h, exec::device_profile) for the numerics asked (--attention / --gemm-f32 or
-//        the developer variables, tools/cli_util.h), printed as assumed.
+//        the developer variables, cli/cli_util.h), printed as assumed.
 //   ... --budget B [--device cpu|cuda] [--kv-tile N]   the planner's activation-budget mode
 //   ... --json                                the same as one JSON object on stdout
 //   layerstream info --check FILE [--json]    every tensor of a safetensors file scanned
 //        for NaN / +inf / -inf (one pass through the mapping); exit 1 when any is found
 //
-// Exit codes (tools/cli_util.h): 0 ok; 2 a usage error (flags, a budget below the
+// Exit codes (cli/cli_util.h): 0 ok; 2 a usage error (flags, a budget below the
 // minimum); 1 a file that cannot be read or is not what it should be, or --check found
 // non-finite values.
 #include <memory>
 #include <string>
 
-#include "tools/cli_util.h"
-#include "tools/command.h"
-#include "tools/info/info.h"
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "cli/info/info.h"
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 namespace {
 
 bool model_or_plan_flags(const InfoOptions& o) {
@@ -141,4 +141,4 @@ CommandRun setup_info(CLI::App& sub) {
 LS_REGISTER_COMMAND(register_info, "info", "Describe an H3 checkpoint or preset, and a clip's tokens and memory", setup_info);
 
 }  // namespace
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

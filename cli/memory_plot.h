@@ -10,7 +10,7 @@
 #include "core/status.h"
 #include "exec/engine.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 struct MemoryPlotInput {
   std::string title;                          // e.g. "forward, S 8 234, --vram-budget 4 GiB"
@@ -24,4 +24,4 @@ std::string memory_plot_svg(const MemoryPlotInput& in);
 // Writes memory_plot_svg(in) to `path` (io::write_output_file policy).
 Status write_memory_plot(const std::string& path, const MemoryPlotInput& in);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -45,38 +45,29 @@
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/h3/torch_random.h"
-#include "tools/command.h"
-#include "tools/cli_util.h"
-#include "tools/inputs.h"
-#include "tools/interrupt.h"
+#include "cli/command.h"
+#include "cli/cli_util.h"
+#include "cli/inputs.h"
+#include "cli/interrupt.h"
 #include "io/output_file.h"
-#include "tools/memory_plot.h"
-#include "tools/progress.h"
-#include "tools/report.h"
+#include "cli/memory_plot.h"
+#include "cli/progress.h"
+#include "cli/report.h"
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 constexpr const char* kCmd = "layerstream forward";
 
-struct ForwardOptions {
-  LoraFlags lora;  // --lora FILE[:STRENGTH] ..., --lora-dtype
-  WeightFlags wflags;  // --format, --precision
-  NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
-  FlagText model, preset, weights_seed, blocks;
-  FlagText frames, width, height, text_tokens, sigma, seed;
-  std::vector<std::string> keyframes;
+struct ForwardOptions : RunFlags {
+  FlagText blocks, sigma;
   FlagText mask, inputs;
-  FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget;
-  FlagText device, threads;
-  FlagText devices;  // --devices: sequence-parallel ranks (docs/multi-gpu.md)
-  FlagText output, json, memory_plot;
-  bool random_weights = false, allow_nonfinite = false, quiet = false;
-  FlagText vram_budget, resident_blocks, slots, kv_chunk;
+  bool random_weights = false;
+  FlagText resident_blocks, slots, kv_chunk;
   bool no_prefetch = false, keep_prefetch = false, kv_offload = false, residual_offload = false;
 };
 
-// A --keyframe FILE[@FRAME|@last]: the file through the shared loader (tools/inputs.h),
+// A --keyframe FILE[@FRAME|@last]: the file through the shared loader (cli/inputs.h),
 // the frame from @FRAME, @last, the file's "pixel_frame" metadata, or 0.
 Expected<h3::Keyframe> load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::ClipGeometry& g) {
   std::string path = arg, frame;
@@ -120,7 +111,7 @@ int fail(const Error& e) { return report_error(kCmd, e); }
 
 // ---- parse -> validate -> run -> report (issue 27 item 4) -----------------------------
 // Each step returns an Error whose code decides the exit (invalid_argument and
-// out_of_budget: 2, the rest 1; tools/cli_util.h exit_code_for).
+// out_of_budget: 2, the rest 1; cli/cli_util.h exit_code_for).
 
 Error usage_error(const std::string& msg) { return {ErrorCode::invalid_argument, msg}; }
 
@@ -144,7 +135,7 @@ Status check_flag_combinations(const ForwardOptions& o, api::MemoryRequest* memo
   return Status();
 }
 
-// The flags' numbers (the one strict parser, tools/cli_util.h).
+// The flags' numbers (the one strict parser, cli/cli_util.h).
 struct ForwardArgs {
   int64_t frames = 0, width = 0, height = 0, text_tokens = 0, seed = 0, weights_seed = 0, threads = 0, blocks = 0;
   int64_t kv_tile = 0, resident_blocks = -1;
@@ -163,10 +154,7 @@ Expected<ForwardArgs> parse_args(const ForwardOptions& o) {
   LS_ASSIGN_OR_RETURN(a.seed, flag_int(o.seed, range::seed, 0));
   LS_ASSIGN_OR_RETURN(a.weights_seed, flag_int(o.weights_seed, range::seed, 0));
   LS_ASSIGN_OR_RETURN(a.threads, flag_int(o.threads, range::threads, 0));
-  LS_ASSIGN_OR_RETURN(a.knobs.mlp_chunk_tokens, flag_int(o.mlp_chunk, range::chunk, 0));
-  LS_ASSIGN_OR_RETURN(a.knobs.attn_chunk_tokens, flag_int(o.attn_chunk, range::chunk, 0));
-  LS_ASSIGN_OR_RETURN(a.knobs.final_chunk_tokens, flag_int(o.final_chunk, range::chunk, 0));
-  LS_ASSIGN_OR_RETURN(a.kv_tile, flag_int(o.kv_tile, range::kv_tile, 1));  // not given: the device's (0 below)
+  LS_TRY(slice_knobs_from_flags(o, a.knobs, a.kv_tile));
   LS_ASSIGN_OR_RETURN(a.knobs.kv_chunk_rows, flag_int(o.kv_chunk, range::kv_chunk, 0));
   LS_ASSIGN_OR_RETURN(a.resident_blocks, flag_int(o.resident_blocks, range::resident_blocks, -1));
   LS_ASSIGN_OR_RETURN(a.residency.slots, flag_int(o.slots, range::slots, 2));
@@ -174,7 +162,6 @@ Expected<ForwardArgs> parse_args(const ForwardOptions& o) {
   LS_ASSIGN_OR_RETURN(a.sigma, flag_float32(o.sigma, range::sigma, 0.0f));
   LS_ASSIGN_OR_RETURN(a.budget, flag_size(o.budget, range::budget, 0));
   LS_ASSIGN_OR_RETURN(a.vram_budget, flag_size(o.vram_budget, range::budget, 0));
-  a.knobs.kv_tile = o.kv_tile.given() ? a.kv_tile : 0;  // 0: the device's (Session::resolve_kv_tile)
   a.knobs.kv_offload = o.kv_offload;
   a.knobs.residual_offload = o.residual_offload;
   a.residency.resident_blocks = a.resident_blocks;
@@ -184,12 +171,8 @@ Expected<ForwardArgs> parse_args(const ForwardOptions& o) {
 // Every output path, and that none is another output or one of the input files.
 Status check_outputs(const ForwardOptions& o) {
   std::vector<std::pair<std::string, std::string>> outputs;
-  for (const FlagText* f : {&o.output, &o.json, &o.memory_plot})
-    if (f->given()) outputs.emplace_back(f->name == "--output" ? "-o" : f->name, f->text);
   std::vector<std::pair<std::string, std::string>> inputs;  // an output naming one would replace it
-  if (o.model.given()) inputs.emplace_back("--model", o.model.text);
-  for (const std::string& l : o.lora.loras) inputs.emplace_back("--lora", l);
-  for (const std::string& k : o.keyframes) inputs.emplace_back("--keyframe", k);
+  run_file_paths(o, outputs, inputs);
   if (o.inputs.given()) inputs.emplace_back("--inputs", o.inputs.text);
   if (o.mask.given()) inputs.emplace_back("--mask", o.mask.text);
   return check_output_paths(outputs, inputs);
@@ -201,13 +184,8 @@ Status check_outputs(const ForwardOptions& o) {
 Expected<std::unique_ptr<api::Session>> open_session(const ForwardOptions& o, const ForwardArgs& a,
                                                      const api::MemoryRequest& memory_request, NumericsChoice& nc) {
   LS_ASSIGN_OR_RETURN(nc, numerics_from_flags_and_env(kCmd, o.numerics, o.kv_tile.given() ? a.kv_tile : 0));
-  std::vector<std::string> rank_devices{o.device.given() ? o.device.text : "cpu"};
-  if (o.devices.given()) {  // one backend per sequence-parallel rank (docs/multi-gpu.md)
-    auto d = parse_devices("--devices", o.devices.text);
-    if (!d.ok()) return usage_error(d.error().message);
-    rank_devices = std::move(*d);
-  }
-  LS_ASSIGN_OR_RETURN(auto session, api::Session::open_backends(rank_devices, nc.numerics, nc.diagnostics));
+  LS_ASSIGN_OR_RETURN(const std::vector<std::string> devices, rank_devices(o));
+  LS_ASSIGN_OR_RETURN(auto session, api::Session::open_backends(devices, nc.numerics, nc.diagnostics));
   LS_TRY(api::check_memory_device(memory_request, session->device_is_cpu(), api::kFlagNames));
   api::WeightsSpec weights;
   if (o.model.given()) {
@@ -282,7 +260,8 @@ api::MemorySpec memory_spec(const ForwardOptions& o, const ForwardArgs& a) {
 // The denoiser call (engine, progress, the call) and the non-finite check of its output:
 // an error (nothing written) unless --allow-nonfinite. `nonfinite` gets the count.
 Expected<exec::ForwardResult> run_call(const ForwardOptions& o, api::Session& session, const api::RunPlan& run_plan,
-                                       const ForwardInputsAndCond& in, float sigma, int64_t& nonfinite) {
+                                       const ForwardInputsAndCond& in, const exec::CallLayout& layout, float sigma,
+                                       int64_t& nonfinite) {
   const h3::H3Config& cfg = session.config();
   const h3::ClipGeometry& g = in.cond.geometry;
   std::unique_ptr<Progress> bar;
@@ -300,6 +279,7 @@ Expected<exec::ForwardResult> run_call(const ForwardOptions& o, api::Session& se
   call.audio = TensorView(const_cast<float*>(in.audio.data()), DType::f32, {cfg.audio_latents_dim, 2, g.A});
   call.sigma = sigma;
   call.plan = &run_plan.plan;
+  call.layout = &layout;
   bool forward_begun = false;
   call.before_forward = [&]() {
     forward_begun = true;
@@ -308,25 +288,10 @@ Expected<exec::ForwardResult> run_call(const ForwardOptions& o, api::Session& se
   auto r = session.denoise(call);
   if (!r.ok()) {
     if (bar) bar->abandon();
-    Error e = r.error();
-    if (forward_begun && e.code == ErrorCode::nonfinite)
-      e.message += e.message.find("--allow-nonfinite") == std::string::npos
-                       ? " (nothing written; --allow-nonfinite writes the output anyway)"
-                       : " (nothing written)";
-    return e;
+    return forward_begun ? nothing_written(r.error()) : r.error();
   }
   if (bar) bar->finish();
-  const int64_t bad_v = count_nonfinite(r->video.data(), r->video.size());
-  const int64_t bad_a = count_nonfinite(r->audio.data(), r->audio.size());
-  nonfinite = bad_v + bad_a;
-  if (nonfinite > 0) {
-    const std::string what = std::to_string(nonfinite) + " non-finite values (NaN or inf) in the output (video " +
-                             std::to_string(bad_v) + " of " + std::to_string(r->video.size()) + ", audio " +
-                             std::to_string(bad_a) + " of " + std::to_string(r->audio.size()) + ")";
-    if (!o.allow_nonfinite)
-      return Error{ErrorCode::nonfinite, what + "; nothing written (--allow-nonfinite writes the output anyway)"};
-    std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", kCmd, what.c_str());
-  }
+  LS_ASSIGN_OR_RETURN(nonfinite, check_outputs_finite(kCmd, r->video, r->audio, "output", o.allow_nonfinite));
   return r;
 }
 
@@ -469,7 +434,9 @@ int run_forward(const ForwardOptions& o) {
   if (!session.ok()) return fail(session.error());
   auto in = load_conditioning(o, *args, (*session)->config());
   if (!in.ok()) return fail(in.error());
-  auto run_plan = (*session)->plan(in->cond, {args->sigma}, memory_spec(o, *args));
+  // The call's packed layout: built once, handed to the planner and the engine's steps.
+  const exec::CallLayout layout((*session)->config(), in->cond, /*for_forward=*/true);
+  auto run_plan = (*session)->plan(in->cond, {args->sigma}, memory_spec(o, *args), nullptr, &layout);
   if (!run_plan.ok()) return fail(run_plan.error());
   ForwardOutcome out;
   if (run_plan->budget) {
@@ -477,7 +444,7 @@ int run_forward(const ForwardOptions& o) {
     out.vram_budget_json = budget_plan_json(*run_plan->budget);
     std::fflush(stdout);
   }
-  auto r = run_call(o, **session, *run_plan, *in, args->sigma, out.nonfinite);
+  auto r = run_call(o, **session, *run_plan, *in, layout, args->sigma, out.nonfinite);
   if (!r.ok()) return fail(r.error());
   // report: the outputs and the status lines
   out.args = &*args;
@@ -508,18 +475,7 @@ CommandRun setup(CLI::App& sub) {
                 "caller-given inputs instead of the seeded ones: \"video\" f32 [C, T, Hl, Wl], \"audio\" f32 "
                 "[Ca, 2, A], \"text\" f32 [L, text_dim] (raw text states), shapes matching the clip flags");
   add_text_flag(sub, "--mask", o->mask, "FILE", "inpainting mask: \"video_mask\" [T, Hl, Wl] and/or \"audio_mask\" [2, A]");
-  add_int_flag(sub, "--mlp-chunk", o->mlp_chunk, range::chunk, "rows per MLP / patch-embedding slice (0 = all)", "0");
-  add_int_flag(sub, "--attn-chunk", o->attn_chunk, range::chunk, "rows per attention slice, two-pass (0 = stock attention)",
-               "0");
-  add_int_flag(sub, "--final-chunk", o->final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
-  add_int_flag(sub, "--kv-tile", o->kv_tile, range::kv_tile,
-               "keys per attention tile: a numerics setting (1024 on the CPU and with --attention native; 8192 on "
-               "CUDA with hopper or cudnn attention, which auto picks)", "the device's");
-  add_numerics_flags(sub, o->numerics);
-  add_lora_flags(sub, o->lora);
-  add_weight_flags(sub, o->wflags);
-  add_size_flag(sub, "--budget", o->budget, range::budget,
-                "activation memory budget: the largest slices that fit (not with the chunk flags)");
+  add_plan_flags(sub, *o);
   sub.add_flag("--random-weights", o->random_weights,
                "with --preset (which implies it): synthetic weights made in host memory (a 33 B model needs ~66 GiB)");
   add_size_flag(sub, "--vram-budget", o->vram_budget, range::budget,
@@ -539,18 +495,9 @@ CommandRun setup(CLI::App& sub) {
                "with --kv-offload: keys per streamed K/V chunk, a multiple of --kv-tile (0 = about 4096)", "0");
   sub.add_flag("--residual-offload", o->residual_offload,
                "manual: the residual stream in pinned host memory (needs --attn-chunk)");
-  sub.add_flag("--allow-nonfinite", o->allow_nonfinite,
-               "write the output even when it holds NaN or inf (a warning gives the count); without it such a run "
-               "fails (exit 1) naming the first block and phase, and writes nothing");
-  add_text_flag(sub, "--json", o->json, "FILE", "write the run report (plan, peaks, PCIe bytes, time, output hash, version)");
-  add_text_flag(sub, "--memory-plot", o->memory_plot, "FILE.svg",
-                "draw the device memory over the run by phase and block (SVG)");
-  add_text_flag(sub, "--device", o->device, "DEVICE", "cpu | cuda | cuda:N", "cpu");
-  add_text_flag(sub, "--devices", o->devices, "LIST",
-                "sequence parallel over several devices (one rank each, output bytes equal one device's): "
-                "cuda:0,cuda:1,... or cpu*N (N in-process CPU ranks); the count must divide the model's heads; "
-                "budgets are per device");
-  add_int_flag(sub, "--threads", o->threads, range::threads, "CPU threads (0 = all cores)", "0");
+  add_report_flags(sub, *o, "write the run report (plan, peaks, PCIe bytes, time, output hash, version)",
+                   "draw the device memory over the run by phase and block (SVG)");
+  add_device_flags(sub, *o);
   sub.add_flag("-q,--quiet", o->quiet, "no progress display");
   add_text_flag(sub, "-o,--output", o->output, "FILE",
                 "output velocities (.safetensors); optional, the hash is always printed");
@@ -560,4 +507,4 @@ CommandRun setup(CLI::App& sub) {
 LS_REGISTER_COMMAND(forward_cmd, "forward", "one H3 denoiser call on seeded inputs; writes both velocities", setup);
 
 }  // namespace
-}  // namespace ls::tools
+}  // namespace ls::cli

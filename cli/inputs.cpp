@@ -1,12 +1,12 @@
-// The CLI's input-file loaders (tools/inputs.h).
-#include "tools/inputs.h"
+// The CLI's input-file loaders (cli/inputs.h).
+#include "cli/inputs.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/dtype.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -176,4 +176,4 @@ Expected<TextViews> load_text_states(const SafetensorsReader& f) {
   return t;
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli

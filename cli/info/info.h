@@ -1,10 +1,10 @@
 // `layerstream info`, shared by its files (one per subcommand, issue 27 item 4):
-//   tools/cmd_info.cpp         the flags, their validation and the dispatch;
-//   tools/info/describe.cpp    a checkpoint or preset, and a clip's tokens and memory;
-//   tools/info/dry_run.cpp     --vram-budget / --budget: what a budget would plan;
-//   tools/info/check.cpp       --check FILE: every tensor scanned for NaN / inf;
-//   tools/info/devices.cpp     --devices: the CPU and every CUDA GPU with its numerics.
-// What each prints is described in tools/cmd_info.cpp.
+//   cli/cmd_info.cpp         the flags, their validation and the dispatch;
+//   cli/info/describe.cpp    a checkpoint or preset, and a clip's tokens and memory;
+//   cli/info/dry_run.cpp     --vram-budget / --budget: what a budget would plan;
+//   cli/info/check.cpp       --check FILE: every tensor scanned for NaN / inf;
+//   cli/info/devices.cpp     --devices: the CPU and every CUDA GPU with its numerics.
+// What each prints is described in cli/cmd_info.cpp.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,9 @@
 #include "core/status.h"
 #include "exec/budget_plan.h"
 #include "model/h3/config.h"
-#include "tools/cli_util.h"
+#include "cli/cli_util.h"
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 
 using json = nlohmann::ordered_json;
 
@@ -57,12 +57,12 @@ std::string with_commas(int64_t v);
 std::string params_str(int64_t n);
 std::string shape_json_str(const std::vector<int64_t>& s);
 
-// --check FILE (tools/info/check.cpp).
+// --check FILE (cli/info/check.cpp).
 int run_check(const InfoOptions& o);
-// --devices (tools/info/devices.cpp).
+// --devices (cli/info/devices.cpp).
 int run_devices(const InfoOptions& o);
 
-// The dry run (tools/info/dry_run.cpp). The device planned for: a profile of plain
+// The dry run (cli/info/dry_run.cpp). The device planned for: a profile of plain
 // numbers, never an opened device.
 Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vram, const Numerics& numerics);
 // The dry run for a clip: its JSON, and the error a real run would stop with
@@ -76,7 +76,7 @@ Expected<DryRun> dry_run(const InfoOptions& o, const h3::H3Config& cfg, const st
 void print_dry_run(const json& d);
 
 // A checkpoint or preset, and with a clip its tokens, buffers, activation tables and the
-// dry run (tools/info/describe.cpp); the flags are validated by the caller.
+// dry run (cli/info/describe.cpp); the flags are validated by the caller.
 int run_describe(const InfoOptions& o, const Numerics& numerics);
 
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

@@ -1,4 +1,4 @@
-#include "tools/report.h"
+#include "cli/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "core/arena.h"  // format_bytes
 #include "io/output_file.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 
 std::string hex64(uint64_t v) {
@@ -108,9 +108,32 @@ int64_t count_nonfinite(const float* p, size_t n) {
   return c;
 }
 
+Expected<int64_t> check_outputs_finite(const char* cmd, const std::vector<float>& video, const std::vector<float>& audio,
+                                       const std::string& what, bool allow) {
+  const int64_t bad_v = count_nonfinite(video.data(), video.size());
+  const int64_t bad_a = count_nonfinite(audio.data(), audio.size());
+  const int64_t n = bad_v + bad_a;
+  if (n > 0) {
+    const std::string msg = std::to_string(n) + " non-finite values (NaN or inf) in the " + what + " (video " +
+                            std::to_string(bad_v) + " of " + std::to_string(video.size()) + ", audio " +
+                            std::to_string(bad_a) + " of " + std::to_string(audio.size()) + ")";
+    if (!allow) return Error{ErrorCode::nonfinite, msg + "; nothing written (--allow-nonfinite writes the output anyway)"};
+    std::fprintf(stderr, "%s: warning: %s; written anyway (--allow-nonfinite)\n", cmd, msg.c_str());
+  }
+  return n;
+}
+
+Error nothing_written(Error e) {
+  if (e.code == ErrorCode::nonfinite)
+    e.message += e.message.find("--allow-nonfinite") == std::string::npos
+                     ? " (nothing written; --allow-nonfinite writes the output anyway)"
+                     : " (nothing written)";
+  return e;
+}
+
 std::string backend_kind(const std::string& name) {
   const size_t e = name.find_first_of(": ");
   return e == std::string::npos ? name : name.substr(0, e);
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -1,5 +1,5 @@
 // `layerstream info --check FILE`: every tensor of any safetensors file scanned for NaN /
-// +inf / -inf (tools/info/info.h).
+// +inf / -inf (cli/info/info.h).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,9 +11,9 @@
 #include "core/printable.h"
 #include "io/mapping_guard.h"
 #include "io/safetensors.h"
-#include "tools/info/info.h"
+#include "cli/info/info.h"
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 
 namespace {
 
@@ -164,4 +164,4 @@ int run_check(const InfoOptions& o) {
   return kExitRuntime;
 }
 
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

@@ -1,4 +1,4 @@
-// Small helpers shared by the tools/cmd_*.cpp subcommands: ONE strict parser for every
+// Small helpers shared by the cli/cmd_*.cpp subcommands: ONE strict parser for every
 // numeric flag and ONE range per quantity, shared by every command (issue 11) and by
 // every door of the library (the C API, Python, the node: src/core/ranges.h, issue 28).
 //
@@ -33,9 +33,10 @@
 #include "backend/numerics.h"
 #include "model/lora.h"
 #include "core/status.h"
+#include "exec/plan.h"
 
 
-namespace ls::tools {
+namespace ls::cli {
 
 // The range types, the range of every quantity and the grammar are the library's (the ONE
 // table every door consults, src/core/ranges.h): range::frames is ls::ranges::frames.
@@ -146,6 +147,41 @@ struct WeightFlags {
   FlagText format, precision;
 };
 void add_weight_flags(CLI::App& app, WeightFlags& f);
+// The flags forward and generate share (their options structs derive from it; the
+// numbers as text for the one strict parser).
+struct RunFlags {
+  LoraFlags lora;          // --lora FILE[:STRENGTH] ..., --lora-dtype
+  WeightFlags wflags;      // --format, --precision
+  NumericsFlags numerics;  // --attention, --gemm-f32 (+ the developer variables)
+  FlagText model, preset, weights_seed;
+  FlagText frames, width, height, text_tokens, seed;
+  std::vector<std::string> keyframes;
+  FlagText mlp_chunk, attn_chunk, final_chunk, kv_tile, budget, vram_budget;
+  FlagText device, threads;
+  FlagText devices;  // --devices: sequence-parallel ranks (docs/multi-gpu.md)
+  FlagText output, json, memory_plot;
+  bool quiet = false, allow_nonfinite = false;
+};
+// RunFlags' slices into knobs (chunk tokens; knobs.kv_tile = --kv-tile, 0 when not given:
+// the device's) and --kv-tile's value into kv_tile (1 when not given).
+Status slice_knobs_from_flags(const RunFlags& o, exec::PlanKnobs& knobs, int64_t& kv_tile);
+// RunFlags' output files (-o, --json, --memory-plot) and input files (--model, --lora,
+// --keyframe) as (flag, path) pairs, for check_output_paths; a command adds its own.
+void run_file_paths(const RunFlags& o, std::vector<std::pair<std::string, std::string>>& outputs,
+                    std::vector<std::pair<std::string, std::string>>& inputs);
+// The ranks' devices: --devices' list (one backend per sequence-parallel rank,
+// docs/multi-gpu.md), else --device (cpu when not given).
+Expected<std::vector<std::string>> rank_devices(const RunFlags& o);
+// The flags forward and generate register alike, in their --help order: the slices
+// (--mlp-chunk, --attn-chunk, --final-chunk: rows per slice, 0 = none), --kv-tile (keys
+// per attention tile, a numerics setting; not given = the device's), the numerics, LoRA
+// and weight flags, and the activation --budget.
+void add_plan_flags(CLI::App& app, RunFlags& o);
+// --device, --devices (sequence-parallel ranks) and --threads.
+void add_device_flags(CLI::App& app, RunFlags& o);
+// --allow-nonfinite, --json FILE and --memory-plot FILE.svg (their help: the command's
+// report and plot).
+void add_report_flags(CLI::App& app, RunFlags& o, const std::string& json_help, const std::string& plot_help);
 // Puts what the flags give into `spec` (model_file: --model was given). invalid_argument
 // (exit 2) naming the flag: a malformed --lora, an unknown --lora-dtype or --precision,
 // --lora-dtype without --lora, --format with a model file.
@@ -192,4 +228,4 @@ int exit_code_for(const Error& e);
 // Prints "<command>: error: <message>" on stderr and returns exit_code_for(e).
 int report_error(std::string_view command, const Error& e);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

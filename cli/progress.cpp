@@ -1,10 +1,10 @@
-#include "tools/progress.h"
+#include "cli/progress.h"
 
 #include <algorithm>
 #include <cmath>
 #include <unistd.h>
 
-namespace ls::tools {
+namespace ls::cli {
 
 std::string format_duration(double s) {
   char buf[48];
@@ -111,4 +111,4 @@ void Progress::draw(bool force) {
   std::fflush(out_);
 }
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -23,7 +23,7 @@
 #include <csignal>
 #include <cstring>
 
-namespace ls::tools {
+namespace ls::cli {
 
 class InterruptScope {
  public:
@@ -128,4 +128,4 @@ class RunInterrupt {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
-}  // namespace ls::tools
+}  // namespace ls::cli

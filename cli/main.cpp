@@ -1,4 +1,4 @@
-// layerstream: the command-line front end. Subcommands live in tools/cmd_*.cpp.
+// layerstream: the command-line front end. Subcommands live in cli/cmd_*.cpp.
 //
 // Exit codes (every command): 0 ok; 2 a usage error (unknown or contradictory flags,
 // bad values, a budget below the clip's minimum), found before any work starts; 1 any
@@ -6,7 +6,7 @@
 //
 // Only the CLI reads the environment, never the library. The developer variables that
 // change numerics (LAYERSTREAM_ATTENTION, _GEMM_F32, _ATTN_VARIANT, _CUDNN_QCHUNK, ...)
-// are mapped onto ls::Numerics by tools/cli_util.h numerics_from_flags_and_env, next to
+// are mapped onto ls::Numerics by cli/cli_util.h numerics_from_flags_and_env, next to
 // the --attention / --gemm-f32 flags (add_numerics_flags), with a notice on stderr.
 // LAYERSTREAM_TEST_FAIL_ALLOC=k (a developer / test variable): the k-th allocation of the run (host arena, pinned,
 // device; counted from 1) fails as if memory were exhausted (ls::testing::
@@ -20,19 +20,19 @@
 #include <new>
 
 #include "core/alloc_fault.h"
-#include "tools/cli_util.h"
-#include "tools/command.h"
-#include "tools/report.h"
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "cli/report.h"
 
-namespace ls::tools {
+namespace ls::cli {
 std::vector<CommandInfo>& command_registry() {
   static std::vector<CommandInfo> r;
   return r;
 }
-}  // namespace ls::tools
+}  // namespace ls::cli
 
 int main(int argc, char** argv) {
-  using namespace ls::tools;
+  using namespace ls::cli;
   CLI::App app{
       "LayerStream: runs the MiniMax H3 audio-video diffusion transformer on long clips inside a fixed memory "
       "budget, with output that no memory setting changes by a single bit.\n"

@@ -1,4 +1,4 @@
-// Subcommand registry of the `layerstream` CLI. Each tools/cmd_*.cpp registers one
+// Subcommand registry of the `layerstream` CLI. Each cli/cmd_*.cpp registers one
 // subcommand with a static LS_REGISTER_COMMAND; main.cpp builds the CLI11 app from
 // the registry. A command's setup adds its options to `sub` and returns the function
 // that runs it (exit code).
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace ls::tools {
+namespace ls::cli {
 
 using CommandRun = std::function<int()>;
 using CommandSetup = std::function<CommandRun(CLI::App& sub)>;
@@ -28,7 +28,7 @@ struct CommandRegistrar {
   }
 };
 
-}  // namespace ls::tools
+}  // namespace ls::cli
 
 #define LS_REGISTER_COMMAND(var, name, description, setup) \
-  static ::ls::tools::CommandRegistrar var(name, description, setup)
+  static ::ls::cli::CommandRegistrar var(name, description, setup)

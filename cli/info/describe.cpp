@@ -2,7 +2,7 @@
 // what a checkpoint or preset holds (config, weight formats, parameters and bytes by
 // group and dtype, optionally every tensor), and for a clip its tokens, the h3-model.md
 // §6.4 buffer table, the activation arena of the stock and the sliced plan and the dry
-// run (tools/info/info.h). Built once as JSON, then printed as JSON or as text.
+// run (cli/info/info.h). Built once as JSON, then printed as JSON or as text.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -18,10 +18,10 @@
 #include "model/h3/checkpoint.h"
 #include "model/h3/memory_table.h"
 #include "model/h3/quant_census.h"
-#include "tools/info/info.h"
-#include "tools/report.h"  // plan_paths
+#include "cli/info/info.h"
+#include "cli/report.h"  // plan_paths
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 
 namespace {
 
@@ -364,4 +364,4 @@ int run_describe(const InfoOptions& o, const Numerics& numerics) {
   return d.refused ? fail(*d.refused) : 0;
 }
 
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

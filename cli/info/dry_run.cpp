@@ -1,5 +1,5 @@
 // `layerstream info ... --vram-budget B | --budget B`: a dry run of the planner
-// (tools/info/info.h). No device is opened.
+// (cli/info/info.h). No device is opened.
 #include <cstdio>
 #include <string>
 
@@ -12,15 +12,15 @@
 #include "exec/planner.h"
 #include "model/h3/layout.h"
 #include "sample/schedule.h"
-#include "tools/info/info.h"
-#include "tools/report.h"  // plan_paths
+#include "cli/info/info.h"
+#include "cli/report.h"  // plan_paths
 
-namespace ls::tools::info {
+namespace ls::cli::info {
 
 // ---- dry run: what a budget would plan -------------------------------------------------
 
 // The device a dry run plans for: a profile of plain numbers, never an opened device.
-// The numerics (tools/cli_util.h numerics_from_flags_and_env) choose the attention
+// The numerics (cli/cli_util.h numerics_from_flags_and_env) choose the attention
 // path, so the default kv_tile and the workspace; the CPU's resolution is its backend's
 // own (set_numerics: refusals included), CUDA's the documented one of a build with cuDNN.
 Expected<exec::DeviceProfile> dry_run_device(const std::string& device, bool vram, const Numerics& numerics) {
@@ -273,4 +273,4 @@ void print_dry_run(const json& d) {
 
 // ---- info --devices: what this machine and build can run on ----------------------------
 
-}  // namespace ls::tools::info
+}  // namespace ls::cli::info

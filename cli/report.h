@@ -23,7 +23,7 @@
 #include "exec/budget_plan.h"
 #include "sample/generate.h"
 
-namespace ls::tools {
+namespace ls::cli {
 
 // Output fingerprints are ls::fnv1a64 (core/hash.h), printed with hex64.
 std::string hex64(uint64_t v);
@@ -62,9 +62,17 @@ std::string version_line();
 
 // NaN and infinite values among n floats.
 int64_t count_nonfinite(const float* p, size_t n);
+// The non-finite values of a run's video and audio outputs (`what`: "output", "positive
+// latents"): their count, after a warning on stderr when `allow` (--allow-nonfinite);
+// without it, a nonfinite error naming the counts ("nothing written").
+Expected<int64_t> check_outputs_finite(const char* cmd, const std::vector<float>& video, const std::vector<float>& audio,
+                                       const std::string& what, bool allow);
+// A run that failed on a non-finite value (ErrorCode::nonfinite): its message also says
+// that nothing was written, and how to write it anyway unless it names that already.
+Error nothing_written(Error e);
 
 // The backend in a file's metadata: its kind ("cpu", "cuda"), not the device index or
 // name, which do not change a bit of the output.
 std::string backend_kind(const std::string& backend_name);
 
-}  // namespace ls::tools
+}  // namespace ls::cli

@@ -22,21 +22,21 @@
 #include "io/safetensors.h"
 #include "model/h3/config.h"
 #include "model/h3/quant.h"
-#include "tools/command.h"
-#include "tools/cli_util.h"
-#include "tools/interrupt.h"
+#include "cli/command.h"
+#include "cli/cli_util.h"
+#include "cli/interrupt.h"
 #include "io/output_file.h"
 
 #include <layerstream_version.h>
 
-namespace ls::tools {
+namespace ls::cli {
 namespace {
 
 constexpr size_t kPieceBytes = 64ull << 20;
 
 
 struct MakeModelOptions {
-  FlagText preset, blocks, pdd_heads, seed, output, format;  // numbers parsed by tools/cli_util.h (exit 2 on bad values)
+  FlagText preset, blocks, pdd_heads, seed, output, format;  // numbers parsed by cli/cli_util.h (exit 2 on bad values)
   FlagText bf16_blocks;  // "0,1,48,49": blocks left in bf16 in a quantised format
   bool skip_edges = false;
   bool adaln_curve = false;
@@ -256,4 +256,4 @@ LS_REGISTER_COMMAND(register_make_model, "make-model",
                     "Write a synthetic H3 checkpoint (deterministic weights) of a preset's dimensions", setup_make_model);
 
 }  // namespace
-}  // namespace ls::tools
+}  // namespace ls::cli
