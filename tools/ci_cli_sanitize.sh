@@ -115,7 +115,7 @@ while :; do
   absent fault.safetensors fault.json
   k=$((k + 1))
 done
-[ "$k" -gt 1 ] || fail "LAYERSTREAM_TEST_FAIL_ALLOC=1 did not fail the run: the CLI ignores it (tools/main.cpp)"
+[ "$k" -gt 1 ] || fail "LAYERSTREAM_TEST_FAIL_ALLOC=1 did not fail the run: the CLI ignores it (cli/main.cpp)"
 [ -s fault.safetensors ] || fail "the run past the last allocation wrote no file"
 echo "-- allocations 1..$((k - 1)) each failed cleanly (exit 1, no file); run $k succeeded"
 echo "ci_cli_sanitize: all CLI runs clean"
