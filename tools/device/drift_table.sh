@@ -19,7 +19,9 @@
 # 130 s more). So VARIANTS=int8 needs LIMIT >= 210, int8,fp8 about 340 (two calls:
 # VARIANTS=int8 and VARIANTS=fp8, each with its own reference). Each sigma's drift line is
 # printed as soon as that run ends, so a run cut by LIMIT keeps the rows it finished.
-# Usage (device): [VARIANTS=int8] [LIMIT=230] tools/device/drift_table.sh
+# DRIFT_ARGS adds bench_drift flags, e.g. "--budget 48G" to leave GPU memory to other work
+# running beside it (memory never changes a bit, so neither does the table).
+# Usage (device): [VARIANTS=int8] [LIMIT=230] [DRIFT_ARGS=...] tools/device/drift_table.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-drift-out}
 mkdir -p "$OUT"
@@ -33,8 +35,8 @@ if [ ! -x "$BIN/bench_drift" ]; then
   mkdir -p "$BIN" && cp build-gpu/bench/bench_drift "$BIN/"
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/summary.txt"
-echo "command: $BIN/bench_drift --preset h3 $CLIP --sigmas 0.9,0.5,0.1 --variants $VARIANTS --json drift.json" | tee -a "$OUT/summary.txt"
-timeout "$LIMIT" "$BIN/bench_drift" --preset h3 $CLIP --sigmas 0.9,0.5,0.1 --variants "$VARIANTS" \
+echo "command: $BIN/bench_drift --preset h3 $CLIP --sigmas 0.9,0.5,0.1 --variants $VARIANTS ${DRIFT_ARGS:-} --json drift.json" | tee -a "$OUT/summary.txt"
+timeout "$LIMIT" "$BIN/bench_drift" --preset h3 $CLIP --sigmas 0.9,0.5,0.1 --variants "$VARIANTS" ${DRIFT_ARGS:-} \
   --json "$OUT/drift.json" >"$OUT/drift.log" 2>&1
 echo "rc $?" | tee -a "$OUT/summary.txt"
 grep -E "^bench_drift|since start|rel L2|\| 0\.|total|FAILED" "$OUT/drift.log" | tee -a "$OUT/summary.txt"
