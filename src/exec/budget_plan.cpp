@@ -281,11 +281,16 @@ bool try_mode(const Context& c, const Mode& m, uint64_t budget, Choice* out) {
 }
 
 std::vector<Level> levels(const BudgetOptions& o) {
-  std::vector<Level> v{{false, false}};
-  if (o.ranks > 1) return v;  // offload is not supported across sequence-parallel ranks yet
-  if (o.allow_kv_offload) v.push_back({true, false});
-  if (o.allow_residual_offload) v.push_back({o.allow_kv_offload, true});
-  return v;
+  // Built in a fixed array, then copied: GCC 13 reports a false -Wstringop-overflow on
+  // push_back's reallocation path of a vector of this 2-byte struct (Release, the GPU
+  // machine's compiler).
+  Level l[3] = {{false, false}};
+  size_t n = 1;
+  if (o.ranks <= 1) {  // offload is not supported across sequence-parallel ranks yet
+    if (o.allow_kv_offload) l[n++] = {true, false};
+    if (o.allow_residual_offload) l[n++] = {o.allow_kv_offload, true};
+  }
+  return std::vector<Level>(l, l + n);
 }
 
 // The two no-offload modes, tried in order: keep blocks resident with slices of at least
