@@ -8,7 +8,7 @@
 # PyTorch's SDPA (default choice) on the same shapes. The log goes to stdout (tee it to
 # OUT); JSON under OUT (few files: the device tool returns a handful).
 # Usage (device, in the repository root, .deps/ beside it):
-#   [SCHEDULES=1,0,..] bench/attention_hopper_device.sh OUT [full|quick|diag]
+#   [SCHEDULES=1,0,..] tools/device/attention_bf16.sh OUT [full|quick|diag]
 #   full: all of it plus the real-width plan-invariance test on attention hopper;
 #   quick: no plan-invariance test; diag: the tests and the side-by-side table only.
 #   SCHEDULES: the hopper kernel schedules the table times (attention_hopper.cu; unset: the
