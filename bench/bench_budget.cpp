@@ -83,12 +83,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-Clip make_clip(const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
-  auto c = bench::make_clip(cfg, frames, w, h, L);
-  if (!c.ok()) die(c.error().message);
-  return std::move(*c);
-}
-
 struct Outcome {
   exec::ForwardResult r;
   uint64_t driver_used = 0;
@@ -133,7 +127,7 @@ int main(int argc, char** argv) {
   if (Status st = session.load_weights(weights); !st.ok()) die(st.error().message);
   const h3::H3Config* cfg = &session.config();
   const int64_t kv_tile = session.resolve_kv_tile(a.kv_tile);
-  const Clip clip = make_clip(*cfg, a.frames, a.width, a.height, a.text_tokens);
+  const Clip clip = bench::make_clip("bench_budget", *cfg, a.frames, a.width, a.height, a.text_tokens);
   auto sizes = exec::sequence_sizes(*cfg, clip.cond);
   if (!sizes.ok()) die(sizes.error().message);
   std::printf("bench_budget: %s, %" PRId64 " blocks, S = %" PRId64 " (%" PRId64 " frames %" PRId64 "x%" PRId64
@@ -150,7 +144,7 @@ int main(int argc, char** argv) {
     api::WeightsSpec one = weights;
     one.blocks = 1;
     if (Status st = warm->load_weights(one); !st.ok()) die(st.error().message);
-    const Clip warm_clip = make_clip(warm->config(), a.frames, a.width, a.height, a.text_tokens);
+    const Clip warm_clip = bench::make_clip("bench_budget", warm->config(), a.frames, a.width, a.height, a.text_tokens);
     api::MemorySpec m;
     m.knobs.kv_tile = kv_tile;
     auto rp = warm->plan(warm_clip.cond, {a.sigma}, m);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api/session.h"
+#include "bench_args.h"  // die
 #include "model/h3/torch_random.h"
 
 namespace ls::bench {
@@ -16,9 +17,10 @@ struct Clip {
   std::vector<float> video, audio, text;
 };
 
-inline Expected<Clip> make_clip(const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
+// An invalid geometry ends the benchmark: "prog: message" on stderr, exit status 2.
+inline Clip make_clip(const char* prog, const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
   auto g = h3::clip_geometry(frames, w, h, L);
-  if (!g.ok()) return g.error();
+  if (!g.ok()) die(prog, 2, g.error().message);
   Clip c;
   c.cond.geometry = *g;
   c.video = h3::torch_cpu_randn(0, cfg.latents_dim * g->T * g->Hl * g->Wl);

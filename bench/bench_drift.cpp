@@ -88,12 +88,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-Clip make_clip(const h3::H3Config& cfg, int64_t frames, int64_t w, int64_t h, int64_t L) {
-  auto c = bench::make_clip(cfg, frames, w, h, L);
-  if (!c.ok()) die(c.error().message);
-  return std::move(*c);
-}
-
 struct Run {
   std::vector<float> video, audio;
   std::string hash, numerics, plan;
@@ -201,7 +195,7 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<api::Session> session = std::move(*opened);
   if (Status st = session->load_weights(weights); !st.ok()) die(st.error().message);
-  const Clip clip = make_clip(session->config(), a.frames, a.width, a.height, a.text_tokens);
+  const Clip clip = bench::make_clip("bench_drift", session->config(), a.frames, a.width, a.height, a.text_tokens);
   auto sizes = exec::sequence_sizes(session->config(), clip.cond);
   if (!sizes.ok()) die(sizes.error().message);
   const int64_t blocks = session->config().num_layers;
