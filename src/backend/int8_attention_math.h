@@ -99,4 +99,79 @@ LQ_HD float score_factor(float scale, int Dh) {
   return lq::mul(lq::mul(scale, kLog2e), lq::div(1.0f, static_cast<float>(Dh)));  // 1/Dh exact
 }
 
+// ---- contract v2 (docs/int8-attention.md §4.3): p8 by a threshold table ----------------
+// p8(x) = #{k in 1..255 : theta_k <= x} for x <= kP8Top, where theta_k (fp32 bit patterns
+// below) are the points where rint(ex2.approx.ftz.f32(x)) steps on the NVIDIA H200
+// (sm_90), measured over every fp32 pattern by tools/device/int8_p8_table.cu. So a CUDA
+// kernel computes p8 with one MUFU.EX2 and one fp32 add (the low byte of
+// fl32(ex2(x) + 2^23)) on any GPU whose ex2 gives this table (checked exhaustively at run
+// time by the CUDA backend), and the CPU gives the same bytes by a binary search.
+// PROVISIONAL until the H200 scan lands: the thresholds of rint(fl32(2^x)) (correctly
+// rounded 2^x), computed on the host by /tmp/exp/prov.cpp.
+// The list is a macro so host (constexpr) and device (__constant__) copies come from one text.
+#define LS_I8A_P8_THRESHOLD_BITS \
+  0xBF7FFFFEu, 0x3F15C01Au, 0x3FA934F2u, 0x3FE75768u, 0x400AE00Eu, 0x401D6754u, \
+  0x402CD402u, 0x403A0A7Fu, 0x404598FFu, 0x404FDE0Cu, 0x40591BBBu, 0x4061820Au, \
+  0x406934F1u, 0x40705014u, 0x4076E92Au, 0x407D118Eu, 0x40816BAEu, 0x40842316u, \
+  0x4086B3D8u, 0x40892204u, 0x408B7112u, 0x408DA3F6u, 0x408FBD43u, 0x4091BF31u, \
+  0x4093ABB5u, 0x40958483u, 0x40974B20u, 0x409900E6u, 0x409AA70Au, 0x409C3E9Du, \
+  0x409DC89Au, 0x409F45E1u, 0x40A0B73Du, 0x40A21D67u, 0x40A37909u, 0x40A4CABBu, \
+  0x40A6130Cu, 0x40A7527Cu, 0x40A88985u, 0x40A9B893u, 0x40AAE00Eu, 0x40AC0053u, \
+  0x40AD19BCu, 0x40AE2C98u, 0x40AF3936u, 0x40B03FDBu, 0x40B140CBu, 0x40B23C42u, \
+  0x40B3327Du, 0x40B423B1u, 0x40B51012u, 0x40B5F7D0u, 0x40B6DB1Au, 0x40B7BA19u, \
+  0x40B894F8u, 0x40B96BDBu, 0x40BA3EE9u, 0x40BB0E42u, 0x40BBDA08u, 0x40BCA259u, \
+  0x40BD6754u, 0x40BE2915u, 0x40BEE7B5u, 0x40BFA34Eu, 0x40C05BFAu, 0x40C111CDu, \
+  0x40C1C4E0u, 0x40C27546u, 0x40C32315u, 0x40C3CE5Eu, 0x40C47735u, 0x40C51DABu, \
+  0x40C5C1D1u, 0x40C663B8u, 0x40C7036Eu, 0x40C7A103u, 0x40C83C86u, 0x40C8D603u, \
+  0x40C96D89u, 0x40CA0323u, 0x40CA96E0u, 0x40CB28C8u, 0x40CBB8EAu, 0x40CC474Fu, \
+  0x40CCD402u, 0x40CD5F0Du, 0x40CDE87Au, 0x40CE7053u, 0x40CEF6A1u, 0x40CF7B6Cu, \
+  0x40CFFEBDu, 0x40D0809Du, 0x40D10114u, 0x40D18029u, 0x40D1FDE4u, 0x40D27A4Cu, \
+  0x40D2F569u, 0x40D36F40u, 0x40D3E7DAu, 0x40D45F3Bu, 0x40D4D56Bu, 0x40D54A6Fu, \
+  0x40D5BE4Eu, 0x40D6310Cu, 0x40D6A2B0u, 0x40D7133Fu, 0x40D782BEu, 0x40D7F133u, \
+  0x40D85EA1u, 0x40D8CB0Fu, 0x40D93680u, 0x40D9A0F9u, 0x40DA0A7Fu, 0x40DA7316u, \
+  0x40DADAC3u, 0x40DB4188u, 0x40DBA76Au, 0x40DC0C6Eu, 0x40DC7096u, 0x40DCD3E7u, \
+  0x40DD3664u, 0x40DD9811u, 0x40DDF8F1u, 0x40DE5907u, 0x40DEB857u, 0x40DF16E3u, \
+  0x40DF74B0u, 0x40DFD1BFu, 0x40E02E14u, 0x40E089B2u, 0x40E0E49Cu, 0x40E13ED3u, \
+  0x40E1985Du, 0x40E1F139u, 0x40E2496Cu, 0x40E2A0F7u, 0x40E2F7DEu, 0x40E34E23u, \
+  0x40E3A3C7u, 0x40E3F8CEu, 0x40E44D39u, 0x40E4A10Bu, 0x40E4F446u, 0x40E546EBu, \
+  0x40E598FEu, 0x40E5EA80u, 0x40E63B73u, 0x40E68BD9u, 0x40E6DBB4u, 0x40E72B06u, \
+  0x40E779D1u, 0x40E7C815u, 0x40E815D6u, 0x40E86315u, 0x40E8AFD4u, 0x40E8FC13u, \
+  0x40E947D6u, 0x40E9931Du, 0x40E9DDEAu, 0x40EA283Fu, 0x40EA721Du, 0x40EABB85u, \
+  0x40EB0479u, 0x40EB4CFBu, 0x40EB950Cu, 0x40EBDCACu, 0x40EC23DFu, 0x40EC6AA4u, \
+  0x40ECB0FDu, 0x40ECF6ECu, 0x40ED3C71u, 0x40ED818Eu, 0x40EDC645u, 0x40EE0A96u, \
+  0x40EE4E82u, 0x40EE920Bu, 0x40EED532u, 0x40EF17F7u, 0x40EF5A5Du, 0x40EF9C63u, \
+  0x40EFDE0Cu, 0x40F01F58u, 0x40F06048u, 0x40F0A0DDu, 0x40F0E118u, 0x40F120FAu, \
+  0x40F16085u, 0x40F19FB8u, 0x40F1DE96u, 0x40F21D1Eu, 0x40F25B52u, 0x40F29932u, \
+  0x40F2D6C1u, 0x40F313FDu, 0x40F350E9u, 0x40F38D84u, 0x40F3C9D1u, 0x40F405CFu, \
+  0x40F44180u, 0x40F47CE3u, 0x40F4B7FBu, 0x40F4F2C8u, 0x40F52D4Au, 0x40F56782u, \
+  0x40F5A171u, 0x40F5DB18u, 0x40F61477u, 0x40F64D8Fu, 0x40F68661u, 0x40F6BEEEu, \
+  0x40F6F735u, 0x40F72F38u, 0x40F766F8u, 0x40F79E74u, 0x40F7D5AEu, 0x40F80CA7u, \
+  0x40F8435Eu, 0x40F879D4u, 0x40F8B00Bu, 0x40F8E602u, 0x40F91BBBu, 0x40F95135u, \
+  0x40F98672u, 0x40F9BB71u, 0x40F9F035u, 0x40FA24BBu, 0x40FA5907u, 0x40FA8D17u, \
+  0x40FAC0EDu, 0x40FAF489u, 0x40FB27ECu, 0x40FB5B15u, 0x40FB8E07u, 0x40FBC0C0u, \
+  0x40FBF342u, 0x40FC258Cu, 0x40FC57A1u, 0x40FC897Eu, 0x40FCBB27u, 0x40FCEC9Au, \
+  0x40FD1DD9u, 0x40FD4EE3u, 0x40FD7FB9u, 0x40FDB05Cu, 0x40FDE0CCu, 0x40FE1109u, \
+  0x40FE4114u, 0x40FE70EDu, 0x40FEA095u, 0x40FED00Cu, 0x40FEFF52u, 0x40FF2E68u, \
+  0x40FF5D4Eu, 0x40FF8C05u, 0x40FFBA8Du
+
+constexpr uint32_t kP8ThresholdBits[255] = {LS_I8A_P8_THRESHOLD_BITS};
+// x's ceiling: fl32(log2(255)); p8(kP8Top) = 255 (the tile's maximum key), ex2(kP8Top) < 255.5.
+constexpr float kP8Top = 0x1.ffa37cp+2f;
+// p8 of a NaN x (x is never NaN for finite inputs): the byte the device's ex2 path gives.
+constexpr int kP8NaN = 255;
+
+// Host: p8(x) by binary search over the thresholds (as floats; ordered).
+inline int p8_table(float x) {
+  if (!(x == x)) return kP8NaN;
+  int lo = 0, hi = 255;  // count of thresholds <= x lies in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;  // is theta_mid <= x ?  (theta_1 .. theta_255 at index 0 .. 254)
+    const uint32_t b = kP8ThresholdBits[mid - 1];
+    float t;
+    __builtin_memcpy(&t, &b, 4);
+    if (t <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace ls::i8a
