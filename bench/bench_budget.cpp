@@ -51,7 +51,7 @@ using bench::Clip;
 [[noreturn]] void die(const std::string& m) { bench::die("bench_budget", 2, m); }
 
 struct Args : bench::ModelClipArgs {
-  std::string device = "cuda", json, reference_hash;
+  std::string device = "cuda", json, reference_hash, attention = "auto";
   bool profile = false;
   int64_t kv_tile = 0;  // 0: the backend's default_kv_tile()
   std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
@@ -69,6 +69,8 @@ Args parse(int argc, char** argv) {
                      "                      SIZE:no-prefetch uses one whatever the budget\n"
                      "  --reference-hash H  compare outputs to this hash (else to the first budget's output)\n"
                      "  --device D          cuda | cuda:N | cpu (default cuda)\n"
+                     "  --attention A       auto | native | cudnn | hopper | int8 (default auto; a numerics setting:\n"
+                     "                      int8 changes the output bits, recorded in the JSON)\n"
                      "  --json FILE         write the results\n"
                      "  --profile 1         synchronise at phase boundaries and report seconds per phase (diagnostic)\n",
                  2);
@@ -77,6 +79,7 @@ Args parse(int argc, char** argv) {
       .list("--budgets", a.budgets)
       .text("--reference-hash", a.reference_hash)
       .text("--device", a.device)
+      .text("--attention", a.attention)
       .text("--json", a.json)
       .with("--profile", [&](const std::string& v) { a.profile = v == "1"; })
       .parse(argc, argv);
@@ -118,7 +121,13 @@ Expected<Outcome> run_once(api::Session& session, const Clip& clip, float sigma,
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  auto opened = api::Session::open_backend(a.device);
+  Numerics numerics;
+  {
+    auto attention = parse_attention(a.attention);
+    if (!attention.ok()) die(attention.error().message);
+    numerics.attention = *attention;
+  }
+  auto opened = api::Session::open_backend(a.device, numerics);
   if (!opened.ok()) die(opened.error().message);
   api::Session& session = **opened;
   api::WeightsSpec weights;
@@ -166,7 +175,7 @@ int main(int argc, char** argv) {
   js << "{\"bench\": \"bench_budget\", \"preset\": \"" << a.preset << "\", \"blocks\": " << cfg->num_layers
      << ", \"S\": " << sizes->S << ", \"frames\": " << a.frames << ", \"width\": " << a.width << ", \"height\": " << a.height
      << ", \"text_tokens\": " << a.text_tokens << ", \"sigma\": " << a.sigma << ", \"device\": \"" << bench::json_escape(session.backend().name())
-     << "\", \"kv_tile\": " << kv_tile << ", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
+     << "\", \"attention\": \"" << a.attention << "\", \"kv_tile\": " << kv_tile << ", \"min_total_budget_bytes\": " << *minimum << ", \"runs\": [";
   std::vector<std::string> table;
   // The JSON is rewritten after every budget, so a run cut short keeps what it measured.
   auto write_json = [&](bool complete) {
