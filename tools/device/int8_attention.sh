@@ -5,8 +5,11 @@
 # streaming cases, then (only if they pass) the kernels side by side (bench_int8_kernels), and
 # with BLOCK=1 the stock H3 block with attention int8 and with the default (bench_cuda_block)
 # beside PyTorch's default bf16 block (bench/pytorch_block.py, its own random weights).
+# With BUDGET=1, last, the 50-block H3 forward with attention int8 at S = 111,274 under
+# BUDGETS (default unlimited,8G,3G; bench_budget --attention int8: one denoiser call per
+# budget, every hash compared with the first).
 # Logs and JSON under $OUT; a short table last.
-#   [S=111274] [BLOCK=1] tools/device/int8_attention.sh
+#   [S=111274] [BLOCK=1] [BUDGET=1 [BUDGETS=unlimited,8G,3G]] tools/device/int8_attention.sh
 # (Issue 26 runs 5-6 ran it as bench/int8/device_run.sh; it replaced the portable kernel's
 # bench_attention_int8 script of the same name, whose numbers bench_int8_kernels also gives.)
 set -uo pipefail
@@ -19,6 +22,7 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAYERSTREAM_CUDA=ON -DC
   -DLAYERSTREAM_EXTRA_INCLUDE="$PWD/.deps/include" -DLAYERSTREAM_GTEST_SOURCE="$PWD/.deps/googletest" >"$OUT/cfg.log" 2>&1
 targets="test_attention_int8_cuda test_exec_streaming_cuda bench_int8_kernels"
 [ "${BLOCK:-0}" = 1 ] && targets="$targets bench_cuda_block"
+[ "${BUDGET:-0}" = 1 ] && targets="$targets bench_budget"
 cmake --build "$B" -j16 --target $targets >"$OUT/build.log" 2>&1
 rc=$?
 echo "build rc $rc after $(( $(date +%s) - t0 )) s"
@@ -41,5 +45,11 @@ if [ "${BLOCK:-0}" = 1 ]; then
   echo "block default rc $? ($(( $(date +%s) - t0 )) s)"; grep -E "^S=" "$OUT/block_default.log"
   PYTHONUNBUFFERED=1 timeout 200 python3 bench/pytorch_block.py --S "$S" --json "$OUT/pytorch_block.json" >"$OUT/pytorch_block.log" 2>&1
   echo "pytorch_block rc $? ($(( $(date +%s) - t0 )) s)"; tail -8 "$OUT/pytorch_block.log"
+fi
+if [ "${BUDGET:-0}" = 1 ]; then
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  timeout "${BUDGET_LIMIT:-330}" "$B"/bench/bench_budget --attention int8 --frames 362 --width 1024 --height 1024 \
+    --text-tokens 500 --budgets "${BUDGETS:-unlimited,8G,3G}" --json "$OUT/budget_int8.json" >"$OUT/budget_int8.log" 2>&1
+  echo "budget int8 rc $? ($(( $(date +%s) - t0 )) s)"; grep -E "^budget \||^[a-z0-9]+ \|" "$OUT/budget_int8.log" | tail -6
 fi
 echo "total $(( $(date +%s) - t0 )) s"
