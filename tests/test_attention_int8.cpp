@@ -1,12 +1,14 @@
 // INT8 attention on the CPU reference (AttentionAlgorithm::int8; docs/int8-attention.md,
 // backend.h). What is checked:
-//  - the element arithmetic (int8_attention_math.h) on hand-computed values: exp2c, p8,
+//  - the element arithmetic (int8_attention_math.h) on hand-computed values: exp2e, the
+//    p8 threshold table of contract v2 (sorted, its steps, near correctly rounded 2^x),
 //    the quantiser, the rotation's (Rx).(Ry) = Dh x.y;
 //  - a 1-key case computed by hand, and the whole op memcmp-equal to a plain scalar
 //    statement of the spec written here (all scores stored, no chunking, one thread);
 //  - plan invariance (memcmp): statistics accumulated over any slicing, prepare per key
 //    chunk equal to one prepare, query slicings (a last slice of 1 row), streamed key
-//    chunks carrying the fp32 state, sizes Mk = 1, 97, 1025;
+//    chunks carrying the fp32 state, kv_tile 64 and 288 (longer than the reference's
+//    256-key walk), sizes Mk = 1, 97, 1025;
 //  - accuracy against float64 attention with outlier channels in K (a bound, and the
 //    centring's effect), and the refusals (head dim, kv_tile, backend without int8).
 #include <gtest/gtest.h>
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -105,13 +108,64 @@ TEST(Int8Math, Exp2IsDefinedAndAccurate) {
   EXPECT_GT(worst, 1e-9);  // it is a polynomial, not libm
 }
 
-TEST(Int8Math, P8ByHand) {
-  EXPECT_EQ(i8a::p8(0.0f), 255);
-  EXPECT_EQ(i8a::p8(-1.0f), 128);  // 127.5 -> nearest even
-  EXPECT_EQ(i8a::p8(-2.0f), 64);   // 63.75
-  EXPECT_EQ(i8a::p8(-8.0f), 1);    // 0.996
-  EXPECT_EQ(i8a::p8(-9.0f), 0);    // 0.498
-  EXPECT_EQ(i8a::p8(-200.0f), 0);
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+// fp32 bit patterns in the order of their values (-0 and +0 adjacent): ulp distances.
+int64_t ordered(float f) {
+  const uint32_t b = bits_of(f);
+  return (b & 0x80000000u) ? -static_cast<int64_t>(b & 0x7fffffffu) : static_cast<int64_t>(b);
+}
+float unordered(int64_t o) { return float_of(o >= 0 ? static_cast<uint32_t>(o) : (0x80000000u | static_cast<uint32_t>(-o))); }
+
+TEST(Int8Math, P8ThresholdTable) {
+  // Contract v2 (§4.3): p8(x) = #{k : theta_k <= x}. The table is sorted (strictly: 255
+  // distinct steps), the tile's maximum (x = kP8Top) gives 255, -inf gives 0, and each
+  // theta_k is exactly where p8 steps from k - 1 to k.
+  EXPECT_EQ(std::size(i8a::kP8ThresholdBits), 255u);
+  for (int k = 2; k <= 255; ++k)
+    EXPECT_LT(float_of(i8a::kP8ThresholdBits[k - 2]), float_of(i8a::kP8ThresholdBits[k - 1])) << k;
+  EXPECT_LE(float_of(i8a::kP8ThresholdBits[254]), i8a::kP8Top);
+  EXPECT_EQ(i8a::p8_table(i8a::kP8Top), 255);
+  EXPECT_EQ(i8a::p8_table(-std::numeric_limits<float>::infinity()), 0);
+  EXPECT_EQ(i8a::p8_table(-200.0f), 0);
+  EXPECT_EQ(i8a::p8_table(std::numeric_limits<float>::quiet_NaN()), i8a::kP8NaN);
+  for (int k = 1; k <= 255; ++k) {
+    const float t = float_of(i8a::kP8ThresholdBits[k - 1]);
+    EXPECT_EQ(i8a::p8_table(t), k) << k;
+    EXPECT_EQ(i8a::p8_table(std::nextafter(t, -INFINITY)), k - 1) << k;
+  }
+  // The steps are those of rint(2^x) up to the device's ex2 error: against the steps of
+  // rint(fl32(2^x)) with 2^x correctly rounded (the double exp2 rounded once to fp32; a
+  // double rounding could move a step by one pattern, hence bound 2), every theta_k lies
+  // within 2 ulps. Measured: 228 equal, 26 one pattern below, 1 one pattern above.
+  int64_t worst = 0;
+  for (int k = 1; k <= 255; ++k) {
+    auto crp8 = [](float x) { return std::nearbyint(static_cast<float>(std::exp2(static_cast<double>(x)))); };
+    int64_t lo = ordered(-2.0f), hi = ordered(8.5f);  // smallest x with rint(fl32(2^x)) >= k
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (crp8(unordered(mid)) >= static_cast<float>(k)) hi = mid;
+      else lo = mid + 1;
+    }
+    const int64_t d = ordered(float_of(i8a::kP8ThresholdBits[k - 1])) - lo;
+    worst = std::max(worst, d < 0 ? -d : d);
+    EXPECT_LE(d < 0 ? -d : d, 2) << "theta_" << k;
+  }
+  EXPECT_EQ(worst, 1);  // the H200's table (bench/results/issue26/p8_table): a measured fact
+  // Familiar values, x away from the steps: p8(x) = rint(2^x).
+  EXPECT_EQ(i8a::p8_table(0.0f), 1);   // 2^0 = 1
+  EXPECT_EQ(i8a::p8_table(-1.0f), 0);  // 2^-1 = 0.5: rint -> 0 (theta_1 lies just above -1)
+  EXPECT_EQ(i8a::p8_table(1.0f), 2);
+  EXPECT_EQ(i8a::p8_table(5.0f), 32);
+  EXPECT_EQ(i8a::p8_table(7.0f), 128);
 }
 
 TEST(Int8Math, QuantiserByHand) {
@@ -173,8 +227,10 @@ TEST(Int8Attention, OneKeyByHand) {
   EXPECT_EQ(test::get(out, 1), -0.5);
 }
 
-// The spec of docs/int8-attention.md §3-4 written plainly: mu, sv, every key row, every
-// score of a tile stored, sums in key order, one query at a time.
+// The spec of docs/int8-attention.md §3-4 (contract v2) written plainly: mu, sv, every key
+// row, every score of a tile stored, p8 by counting the thresholds, sums in key order, one
+// query at a time. (-ffp-contract=off: every a * b + c below is two roundings; the contract's
+// fused steps are std::fmaf.)
 std::vector<uint16_t> scalar_reference(const Inputs& in, int64_t kv_tile) {
   const TensorView &q = in.q.view(), &k = in.k.view(), &v = in.v.view();
   const int64_t Mq = q.size(0), Mk = k.size(0), H = q.size(1), Dh = q.size(2);
@@ -220,25 +276,29 @@ std::vector<uint16_t> scalar_reference(const Inputs& in, int64_t kv_tile) {
       std::vector<float> acc(Dh, 0.0f);
       for (int64_t t0 = 0; t0 < Mk; t0 += kv_tile) {
         const int64_t t1 = std::min(Mk, t0 + kv_tile);
-        std::vector<float> s(t1 - t0);
-        float m_new = m;
+        std::vector<float> u(t1 - t0);
+        float mu_t = -INFINITY;
         for (int64_t j = t0; j < t1; ++j) {
           int d = 0;
           for (int64_t c = 0; c < Dh; ++c) d += q8[c] * k8[j][c];
-          s[j - t0] = (a * sk[j]) * static_cast<float>(d);
-          m_new = std::max(m_new, s[j - t0]);
+          u[j - t0] = sk[j] * static_cast<float>(d);
+          mu_t = std::max(mu_t, u[j - t0]);
         }
-        const float alpha = m == -INFINITY ? 0.0f : i8a::exp2e(m - m_new);
         long lt = 0;
         std::vector<long> ot(Dh, 0);
         for (int64_t j = t0; j < t1; ++j) {
-          const float e = i8a::exp2p255(s[j - t0] - m_new);
-          const int p = static_cast<int>(std::min(255.0f, std::nearbyint(e)));
-          lt += static_cast<long>(std::nearbyint(e * 16384.0f));
+          const float x = std::fmaf(a, u[j - t0] - mu_t, i8a::kP8Top);
+          int p = 0;
+          for (uint32_t tb : i8a::kP8ThresholdBits) p += float_of(tb) <= x;
+          lt += p;
           for (int64_t c = 0; c < Dh; ++c) ot[c] += p * v8[j][c];
         }
-        l = l * alpha + static_cast<float>(lt) * 0x1p-14f;
-        for (int64_t c = 0; c < Dh; ++c) acc[c] = acc[c] * alpha + static_cast<float>(ot[c]);
+        const float sT = a * mu_t;
+        const float m_new = std::max(m, sT);
+        const float alpha = m == -INFINITY ? 0.0f : i8a::exp2e(m - m_new);
+        const float beta = i8a::exp2e(sT - m_new);
+        l = std::fmaf(l, alpha, static_cast<float>(lt) * beta);
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = std::fmaf(acc[c], alpha, static_cast<float>(ot[c]) * beta);
         m = m_new;
       }
       for (int64_t c = 0; c < Dh; ++c) out[static_cast<size_t>((i * H + h) * Dh + c)] = f32_to_bf16(acc[c] * sv[c] / l);
@@ -300,51 +360,54 @@ TEST(Int8Attention, StatisticsAndPrepareAreSliceInvariant) {
 TEST(Int8Attention, QuerySlicingsAndKeyChunksGiveTheSameBytes) {
   for (const int64_t Mk : {int64_t{1}, int64_t{97}, int64_t{1025}}) {
     SCOPED_TRACE("Mk " + std::to_string(Mk));
-    const int64_t Mq = 37, H = 2, Dh = 64, tile = 64;
-    Inputs in(Mq, Mk, H, Dh, 100 + Mk);
-    HostTensor stats(DType::f32, {3, H, Dh}), ref(DType::bf16, {Mq, H, Dh});
-    KeysBuf kb(Mk, H, Dh);
-    prepare_all(in, stats, kb.keys);
-    ASSERT_TRUE(attend(in.q, kb.keys, ref, tile).ok());
-    EXPECT_GT(test::count_nonzero(ref), Mq * H * Dh / 2);
-    // Query slicings, the last slice 1 row.
-    for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 36, 37}, std::vector<int64_t>{0, 1, 2, 19, 37}}) {
-      HostTensor out(DType::bf16, {Mq, H, Dh});
-      for (size_t i = 0; i + 1 < cuts.size(); ++i)
-        ASSERT_TRUE(attend(in.q.view().slice_rows(cuts[i], cuts[i + 1]), kb.keys,
-                           out.view().slice_rows(cuts[i], cuts[i + 1]), tile)
-                        .ok());
-      EXPECT_TRUE(test::same_bytes(ref, out));
-    }
-    // Streamed keys: chunks of whole tiles, each prepared on its own (the offload path), state carried.
-    for (const int64_t chunk : {tile, 3 * tile, int64_t{1024}}) {
-      HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
-      for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
-        const int64_t c1 = std::min(Mk, c0 + chunk);
-        KeysBuf part(c1 - c0, H, Dh);
-        ASSERT_TRUE(
-            cpu()->int8_prepare(in.k.view().slice_rows(c0, c1), in.v.view().slice_rows(c0, c1), stats, part.keys).ok());
+    for (const int64_t tile : {int64_t{64}, int64_t{288}}) {
+      SCOPED_TRACE("kv_tile " + std::to_string(tile));
+      const int64_t Mq = 37, H = 2, Dh = 64;
+      Inputs in(Mq, Mk, H, Dh, 100 + Mk);
+      HostTensor stats(DType::f32, {3, H, Dh}), ref(DType::bf16, {Mq, H, Dh});
+      KeysBuf kb(Mk, H, Dh);
+      prepare_all(in, stats, kb.keys);
+      ASSERT_TRUE(attend(in.q, kb.keys, ref, tile).ok());
+      EXPECT_GT(test::count_nonzero(ref), Mq * H * Dh / 2);
+      // Query slicings, the last slice 1 row.
+      for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 36, 37}, std::vector<int64_t>{0, 1, 2, 19, 37}}) {
+        HostTensor out(DType::bf16, {Mq, H, Dh});
+        for (size_t i = 0; i + 1 < cuts.size(); ++i)
+          ASSERT_TRUE(attend(in.q.view().slice_rows(cuts[i], cuts[i + 1]), kb.keys,
+                             out.view().slice_rows(cuts[i], cuts[i + 1]), tile)
+                          .ok());
+        EXPECT_TRUE(test::same_bytes(ref, out));
+      }
+      // Streamed keys: chunks of whole tiles, each prepared on its own (the offload path), state carried.
+      for (const int64_t chunk : {tile, 3 * tile, 1024 / tile * tile}) {
+        HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
+        for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
+          const int64_t c1 = std::min(Mk, c0 + chunk);
+          KeysBuf part(c1 - c0, H, Dh);
+          ASSERT_TRUE(
+              cpu()->int8_prepare(in.k.view().slice_rows(c0, c1), in.v.view().slice_rows(c0, c1), stats, part.keys).ok());
+          AttentionParams p;
+          p.kv_tile = tile;
+          p.state = state;
+          p.state_in = c0 > 0;
+          p.finalize = c1 == Mk;
+          ASSERT_TRUE(cpu()->attention_int8(in.q, part.keys, out, p).ok());
+        }
+        EXPECT_TRUE(test::same_bytes(ref, out)) << "chunk " << chunk;
+      }
+      // Slices of one prepared set (Int8Keys::slice) as chunks.
+      if (Mk > tile) {
+        HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
         AttentionParams p;
         p.kv_tile = tile;
         p.state = state;
-        p.state_in = c0 > 0;
-        p.finalize = c1 == Mk;
-        ASSERT_TRUE(cpu()->attention_int8(in.q, part.keys, out, p).ok());
+        p.finalize = false;
+        ASSERT_TRUE(cpu()->attention_int8(in.q, kb.keys.slice(0, tile), out, p).ok());
+        p.state_in = true;
+        p.finalize = true;
+        ASSERT_TRUE(cpu()->attention_int8(in.q, kb.keys.slice(tile, Mk), out, p).ok());
+        EXPECT_TRUE(test::same_bytes(ref, out));
       }
-      EXPECT_TRUE(test::same_bytes(ref, out)) << "chunk " << chunk;
-    }
-    // Slices of one prepared set (Int8Keys::slice) as chunks.
-    if (Mk > tile) {
-      HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
-      AttentionParams p;
-      p.kv_tile = tile;
-      p.state = state;
-      p.finalize = false;
-      ASSERT_TRUE(cpu()->attention_int8(in.q, kb.keys.slice(0, tile), out, p).ok());
-      p.state_in = true;
-      p.finalize = true;
-      ASSERT_TRUE(cpu()->attention_int8(in.q, kb.keys.slice(tile, Mk), out, p).ok());
-      EXPECT_TRUE(test::same_bytes(ref, out));
     }
   }
 }

@@ -10,9 +10,12 @@
 //                             transform, strides 1, 2, ..., Dh/2 (§3)
 //   i8a::row_scale(amax)      max(fl32(amax * fl32(1/127)), 1e-30)
 //   i8a::quant(x, s)          clamp(rint(fl32(x / s)), -127, 127) (NaN -> 0)
-//   i8a::exp2e(t), exp2p255(t) the defined exp2 for t <= 0 (§4.3): coefficients E, and 255 E
-//   i8a::p8(t)                clamp(rint(exp2p255(t)), 0, 255)
+//   i8a::exp2e(t)             the defined exp2 for t <= 0 (§4.3, coefficients E): alpha, beta
 //   i8a::score_factor(scale, Dh)  cs = fl32(fl32(scale * log2e) * (1/Dh))
+//   i8a::p8_table(x)          contract v2's p8 (§4.3): #{k : theta_k <= x}, x <= kP8Top
+//   i8a::exp2p255, p8, p8_pl  contract v1's p8 and pl (the 255 E polynomial): no longer
+//                             used by the CPU reference; the CUDA kernels use them until
+//                             their v2 change lands, which removes them
 #pragma once
 
 #include <cstdint>

@@ -7,13 +7,15 @@
 //   int8_prepare    per key row and head: y = R(fl32(k - mu)), sk = row_scale(max |y|),
 //                   k8 = quant(y, sk); v8t[h, c, j] = quant(v, sv_c); sv from the stats.
 //   attention_int8  per (query, head): y = R(q), sq = row_scale(max |y|), q8 = quant(y, sq),
-//                   a = fl32(sq * cs); the tile fold of §4.4 with integer tile sums (P.V of p8,
-//                   the row sum of pl).
+//                   a = fl32(sq * cs); per tile of kv_tile keys P against the TILE's own
+//                   maximum (p8 by the threshold table, §4.3), integer tile sums (P.V and
+//                   the row sum, both of p8), folded in fp32 (§4.4, contract v2).
 // Every result element depends only on its own row (query, key) or channel, so any
 // slicing of queries, any chunking of keys into calls (state carried) and any thread
 // count give the same bytes. Parallel over (head, query) for attention, over keys for
-// prepare; a tile's keys are walked in chunks of kChunk (scores recomputed bit for bit
-// in the second walk: not a numerics setting), the int32 sums are exact in any order.
+// prepare; a tile's keys are walked in chunks of kChunk (a tile longer than kChunk
+// recomputes its scores bit for bit in the second walk: not a numerics setting), the
+// integer sums are exact in any order.
 // No allocation: per item state lives on the stack (Dh <= kMaxHeadDim).
 #include <algorithm>
 #include <cstdint>
@@ -191,6 +193,7 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
     float acc[kMaxHeadDim];
     int32_t ot[kMaxHeadDim];
     uint8_t p8[kChunk];
+    float u[kChunk];
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t h = idx / Mq, i = idx % Mq;
       float a = 0.0f;
@@ -204,27 +207,34 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
       } else {
         for (int64_t c = 0; c < Dh; ++c) acc[c] = 0.0f;
       }
-      auto score = [&](int64_t j) {
+      // u_j = fl32(sk_j * float(d_j)) (docs §4.2: float(d) exact, |d| < 2^24); the score in
+      // log2 units is a * u_j, but only the tile's largest one, sT = fl32(a * mu_T), is formed.
+      auto score_u = [&](int64_t j) {
         const int32_t d = dot_i8(q8, static_cast<const int8_t*>(keys.k8.at(j, h)), Dh);
-        return lq::mul(lq::mul(a, static_cast<const float*>(keys.sk.at(j))[h]), static_cast<float>(d));
+        return lq::mul(static_cast<const float*>(keys.sk.at(j))[h], static_cast<float>(d));
       };
       for (int64_t t0 = 0; t0 < Mk; t0 += p.kv_tile) {
         const int64_t t1 = std::min(Mk, t0 + p.kv_tile);
-        float m_new = m;
+        // A tile of at most kChunk keys (the default kv_tile 128) keeps its u for the second
+        // walk; a longer one recomputes them (the same bits: u is a fixed function of j).
+        const bool kept = t1 - t0 <= kChunk;
+        float mu = neg_inf;  // mu_T: a max of floats, exact and order-free
         for (int64_t j = t0; j < t1; ++j) {
-          const float s = score(j);
-          m_new = s > m_new ? s : m_new;
+          const float uj = score_u(j);
+          if (kept) u[j - t0] = uj;
+          mu = uj > mu ? uj : mu;
         }
-        const float alpha = m == neg_inf ? 0.0f : i8a::exp2e(lq::sub(m, m_new));
-        int64_t lt = 0;  // sum of pl (int64: kv_tile up to 65536)
+        int64_t lt = 0;  // sum of p8 (<= 255 * kv_tile: float(lt) exact up to kv_tile 65536)
         for (int64_t c = 0; c < Dh; ++c) ot[c] = 0;
         for (int64_t c0 = t0; c0 < t1; c0 += kChunk) {
           const int64_t c1 = std::min(t1, c0 + kChunk);
           for (int64_t j = c0; j < c1; ++j) {
-            int pj = 0, plj = 0;
-            i8a::p8_pl(lq::sub(score(j), m_new), &pj, &plj);
+            const float uj = kept ? u[j - t0] : score_u(j);
+            // x = fmaf(a, fl32(u - mu_T), kP8Top) <= kP8Top (= kP8Top at the tile's maximum:
+            // p8 = 255 there); p8 = #{k : theta_k <= x} (the H200's ex2 steps, §4.3).
+            const int pj = i8a::p8_table(lq::fma(a, lq::sub(uj, mu), i8a::kP8Top));
             p8[j - c0] = static_cast<uint8_t>(pj);
-            lt += plj;
+            lt += pj;
           }
           for (int64_t c = 0; c < Dh; ++c) {
             const int8_t* vr = v8t + h * hs + c * ld + c0;
@@ -233,8 +243,14 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
             ot[c] += sum;
           }
         }
-        l = lq::add(lq::mul(l, alpha), lq::mul(static_cast<float>(lt), i8a::kPlInvScale));
-        for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::add(lq::mul(acc[c], alpha), static_cast<float>(ot[c]));
+        // The fold (§4.4): the tile's integer partials scaled by beta = 2^(sT - m_new), the
+        // state by alpha = 2^(m - m_new); both by the defined exp2e (exp2e(0) = 1 exactly).
+        const float sT = lq::mul(a, mu);
+        const float m_new = sT > m ? sT : m;
+        const float alpha = m == neg_inf ? 0.0f : i8a::exp2e(lq::sub(m, m_new));
+        const float beta = i8a::exp2e(lq::sub(sT, m_new));
+        l = lq::fma(l, alpha, lq::mul(static_cast<float>(lt), beta));
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::fma(acc[c], alpha, lq::mul(static_cast<float>(ot[c]), beta));
         m = m_new;
       }
       if (!p.finalize) {
