@@ -23,37 +23,27 @@
 //     registers and 4..64 by shuffles, the CPU's adds in the CPU's stage order) into shared
 //     memory in the 128-byte swizzled layout wgmma reads; then per block, ping-pong:
 //       d   = q8 k8^T                 wgmma m64n128k32 s8 x s8 -> s32 (exact)
-//       s   = fl32(fl32(a_i sk_j) float(d))            (§4.2)
-//       m'  = max(m, max_j s); alpha = exp2e(fl32(m - m')) (0 when m = -inf)
-//       e   = exp2p255(fl32(s - m'))  (§4.3, five fmaf on the FMA pipe: below)
-//       p8  = rint(e) (low byte of fl32(e + 1.5 2^23)); pl = rint(fl32(e 2^14)) (fma(e, 2^14,
-//             1.5 2^23): e 2^14 is exact, one rounding), summed as integers (exact)
-//       l   = fl32(fl32(l alpha) + fl32(float(sum pl) 2^-14))
+//       u   = fl32(sk_j float(d))     (contract v2 §4.2; float(d) by the 1.5 2^23 trick)
+//       mu  = max_j u (masked keys of a partial last tile -inf); sT = fl32(a_i mu);
+//       m'  = max(m, sT); alpha = exp2e(fl32(m - m')) (0 when m = -inf); beta = exp2e(fl32(sT - m'))
+//       p8  = p8 of x = fmaf(a_i, fl32(u - mu), kP8Top): the low byte of fl32(ex2.approx(x) +
+//             2^23) (kTable false: the device check found ex2 = the table) or the table's
+//             binary search (kTable true); masked keys 0 (int8_p8_check.cuh)
+//       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
-//       acc = fl32(fl32(acc alpha) + float(ot))   (one block later in the pipeline, with that
-//             block's alpha; acc alpha skipped where every alpha of the warp is 1: exact)
+//       l   = fmaf(l, alpha, fl32(float(lt) beta)); acc = fmaf(acc, alpha, fl32(float(ot) beta))
+//             (one block later in the pipeline, with that block's alpha and beta; the beta
+//             product skipped where every beta of the warp is 1: fl32(y 1) = y)
 //     out = bf16(fl32(fl32(acc sv) / l)), or the state (acc, m, l) for the next chunk.
-//
-// exp2p255 inline, equal to i8a::exp2p255 for every t <= 0 that can occur: t is clamped to
-// >= -126 (for t < -125 the contract's e is 0, and the clamped e = P(f) 2^n <= 255 2^-125.5
-// gives p8 = pl = 0 as well); y = fl32(t + 1.5 2^23) holds n = rint(t) in its low bits (ties
-// to even: 1.5 2^23 is even), nf = fl32(y - 1.5 2^23) = n, f = fl32(t - nf) (exact); the five
-// fmaf; P 2^n by adding n << 23 (= bits(y) << 23 mod 2^32) to P's bits, exact because
-// P 2^n is normal for n >= -126 (P >= 180).
 //
 // Invariance: a query's bits depend on its row and the keys alone (row-local quantisation,
 // per-row state, every fold per 128-key tile), so query slicings give one call's bytes, and
 // streamed chunks (multiples of 128 keys) carrying the state (f32 [Mq, H, 136], the CPU
 // reference's layout: acc in channel order, [128] m, [129] l) give one call's bytes.
 //
-// Speed (H200, S = 111,274, 56 x 128, bench/results/issue26/ run 5): 346 TOP/s by the bf16
-// FLOP count (1.03 s), the portable kernel 117, the bf16 Hopper kernel 606 in the same run.
-// Bound by instruction issue in the softmax: ~21 issued instructions per score (float(d) 2,
-// two FMUL, the max, t, the clamp, rint and f 3, five FFMA, 2^n 2, p8 1, pl 2, P's bytes
-// 0.75) plus ~2.5 for the fold, ~49 % of the measured 6,324 SM cycles per 128 x 128 block
-// pair; the rest are stalls of two consumer warps per scheduler. Converting d or the
-// integer P V by I2F instead of the 1.5 2^23 trick (or the reverse) gained nothing (run 6).
-// The contract needs >= 17 per score whatever the kernel: <= ~1,000 TOP/s on this chip.
+// Speed: v1 (run 5) 346 TOP/s, ~24.9 issued instructions per score. v2 (SASS count, session
+// 11): ~17.7 per score in the main loop (float(d) 2, u 1, max 1, w 1, x 1, MUFU.EX2 1, byte 1,
+// PRMT 0.75, dp4a 0.25, sk loads 0.5, the fold 4, ~0.6 spill loads/stores).
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <cmath>
