@@ -46,12 +46,16 @@ void check(const Status& s, const char* what) {
 
 int main(int argc, char** argv) {
   int64_t S = 111274, reps = 3;
-  bool portable = true, bf16 = true;
+  bool portable = true, bf16 = true, table = false;
   std::string out = "bench_int8_kernels.json";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-portable") {
       portable = false;
+      continue;
+    }
+    if (a == "--table") {
+      table = true;
       continue;
     }
     if (a == "--no-bf16") {
@@ -159,10 +163,20 @@ int main(int argc, char** argv) {
   });
   std::printf("int8 statistics + prepare     median %9.2f ms\n", 1e3 * prep.median);
   const std::string auto_kernel = cuda::int8_attention_kernel(b);
-  row("int8_" + auto_kernel, describe(b.numerics()), time([&]() { return b.attention_int8(q, keys, o_h, p); }));
+  const std::string p8_path = cuda::int8_p8_path(b), p8_check = cuda::int8_p8_check_summary(b);
+  std::printf("int8 p8 path %s (check: %s)\n", p8_path.c_str(), p8_check.c_str());
+  row("int8_" + auto_kernel, describe(b.numerics()) + " p8 " + p8_path,
+      time([&]() { return b.attention_int8(q, keys, o_h, p); }));
+  if (table) {
+    check(cuda::set_int8_p8_path(b, "table"), "p8 table");
+    row("int8_" + auto_kernel + "_p8table", describe(b.numerics()) + " p8 table",
+        time([&]() { return b.attention_int8(q, keys, o_p, p); }));
+    check(cuda::set_int8_p8_path(b, "auto"), "p8 auto");
+  }
   if (portable) {
     check(cuda::set_int8_attention_kernel(b, "portable"), "portable");
-    row("int8_portable", describe(b.numerics()), time([&]() { return b.attention_int8(q, keys, o_p, p); }));
+    row("int8_portable", describe(b.numerics()) + " p8 " + p8_path,
+        time([&]() { return b.attention_int8(q, keys, o_p, p); }));
     check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
   }
   // The two int8 outputs, byte for byte.
@@ -200,7 +214,8 @@ int main(int argc, char** argv) {
   std::string json = "{\n  \"bench\": \"int8_kernels\",\n  \"device\": \"" + bench::json_escape(b.name()) +
                      "\",\n  \"S\": " + std::to_string(S) + ",\n  \"heads\": " + std::to_string(H) +
                      ",\n  \"head_dim\": " + std::to_string(Dh) + ",\n  \"reps\": " + std::to_string(reps) +
-                     ",\n  \"flop_count\": \"4 S^2 H Dh\",\n  \"int8_prepare_median_seconds\": " +
+                     ",\n  \"flop_count\": \"4 S^2 H Dh\",\n  \"int8_p8_path\": \"" + p8_path + "\",\n  \"int8_p8_check\": \"" +
+                     bench::json_escape(p8_check) + "\",\n  \"int8_prepare_median_seconds\": " +
                      std::to_string(prep.median) + ",\n  \"int8_hopper_vs_portable_unequal_outputs\": " +
                      std::to_string(unequal) + ",\n  \"runs\": [\n" + rows + "\n  ]\n}\n";
   if (!bench::write_json_text(out, json)) {

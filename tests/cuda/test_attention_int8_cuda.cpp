@@ -1,4 +1,6 @@
-// CUDA INT8 attention against the CPU reference (docs/int8-attention.md), for BOTH kernels:
+// CUDA INT8 attention against the CPU reference (docs/int8-attention.md, contract v2), for
+// BOTH p8 paths (the fast ex2 byte the device check picks, and the threshold table forced by
+// cuda::set_int8_p8_path) and BOTH kernels:
 // the portable one (attention_int8.cu, forced by cuda::set_int8_attention_kernel) and what
 // the backend runs by default (on an sm_90 GPU of a build with the Hopper kernels, the Hopper
 // kernel attention_hopper_int8.cu for head counts that are multiples of 4; asserted). The key
@@ -14,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -128,20 +131,44 @@ AttentionParams tile128() {
   return p;
 }
 
-// The kernel under test: "auto" (the backend's choice) or "portable".
-class Int8Kernel : public ::testing::TestWithParam<std::string> {
+// The kernel under test, "auto" (the backend's choice) or "portable", and the p8 path,
+// "auto" (the once-per-device check's choice: ex2 on the H200) or "table" (forced).
+using KernelPath = std::tuple<std::string, std::string>;
+class Int8Kernel : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
     if (env() != nullptr) {
-      ASSERT_TRUE(cuda::set_int8_attention_kernel(*env()->cuda, GetParam()).ok());
+      ASSERT_TRUE(cuda::set_int8_attention_kernel(*env()->cuda, std::get<0>(GetParam())).ok());
+      ASSERT_TRUE(cuda::set_int8_p8_path(*env()->cuda, std::get<1>(GetParam())).ok());
     }
   }
   void TearDown() override {
     if (env() != nullptr) {
       ASSERT_TRUE(cuda::set_int8_attention_kernel(*env()->cuda, "auto").ok());
+      ASSERT_TRUE(cuda::set_int8_p8_path(*env()->cuda, "auto").ok());
     }
   }
 };
+
+// Contract v2's p8: the check scans every pattern once per device; on the H200 (whose ex2 the
+// table was measured on) it must find 0 mismatches and pick the fast path. The hook forces
+// the table and "auto" gives the check's choice back.
+TEST(Int8AttentionCuda, P8CheckSelectsEx2OnTheH200) {
+  NEED_GPU();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, cuda::device_index(*E->cuda)), cudaSuccess);
+  const std::string path = cuda::int8_p8_path(*E->cuda);
+  std::printf("[ info ] %s: p8 check %s\n", prop.name, cuda::int8_p8_check_summary(*E->cuda).c_str());
+  EXPECT_TRUE(path == "ex2" || path == "table") << path;
+  if (std::string(prop.name).find("H200") != std::string::npos) {
+    EXPECT_EQ(path, "ex2");
+  }
+  ASSERT_TRUE(cuda::set_int8_p8_path(*E->cuda, "table").ok());
+  EXPECT_EQ(cuda::int8_p8_path(*E->cuda), "table");
+  ASSERT_TRUE(cuda::set_int8_p8_path(*E->cuda, "auto").ok());
+  EXPECT_EQ(cuda::int8_p8_path(*E->cuda), path);
+  EXPECT_FALSE(cuda::set_int8_p8_path(*E->cuda, "ex2").ok());
+}
 
 // The Hopper kernel is what auto runs on an sm_90 GPU of a build that has it (so the "auto"
 // cases below with H % 4 == 0 test it there), and the hook gives the portable one.
@@ -241,34 +268,46 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, Int8Kernel, ::testing::Values(std::string("auto"), std::string("portable")),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Kernels, Int8Kernel,
+                         ::testing::Combine(::testing::Values(std::string("auto"), std::string("portable")),
+                                            ::testing::Values(std::string("auto"), std::string("table"))),
+                         [](const ::testing::TestParamInfo<KernelPath>& i) {
+                           return std::get<0>(i.param) + "_p8" + std::get<1>(i.param);
+                         });
 
-// The two kernels give each other's bytes at a size with many 128-key tiles, a partial last
-// tile and a partial last query block (H = 8: the Hopper kernel under auto on sm_90).
-TEST(Int8AttentionCuda, HopperAndPortableKernelsGiveTheSameBytes) {
+// The two kernels and the two p8 paths give each other's bytes at a size with many 128-key
+// tiles, a partial last tile and a partial last query block (H = 8: the Hopper kernel under
+// auto on sm_90).
+TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
   NEED_GPU();
   const int64_t Mq = 1000, Mk = 4100, H = 8;
   Pair q = make(Mq, H, 21, true), k = make(Mk, H, 22, true), v = make(Mk, H, 23, false);
   Keys K = keys_for(Mk, H);
   ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
   ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
-  auto a = E->arena->alloc(DType::bf16, {Mq, H, 128}, "auto");
-  auto b = E->arena->alloc(DType::bf16, {Mq, H, 128}, "portable");
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "portable").ok());
-  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *b, tile128()).ok());
+  std::vector<std::vector<uint8_t>> outs;
+  for (const char* kernel : {"portable", "auto"})
+    for (const char* path : {"table", "auto"}) {
+      auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "out");
+      ASSERT_TRUE(o.ok());
+      ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, kernel).ok());
+      ASSERT_TRUE(cuda::set_int8_p8_path(*E->cuda, path).ok());
+      ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *o, tile128()).ok());
+      outs.push_back(host_bytes(*o));
+    }
   ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
-  const std::vector<uint8_t> y = host_bytes(*b);
-  ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *a, tile128()).ok());
-  const std::vector<uint8_t> x = host_bytes(*a);
-  int64_t differ = 0, nonzero = 0;
-  for (size_t i = 0; i < x.size(); i += 2) {
-    differ += std::memcmp(&x[i], &y[i], 2) != 0;
-    nonzero += (x[i] | (x[i + 1] & 0x7f)) != 0;
+  ASSERT_TRUE(cuda::set_int8_p8_path(*E->cuda, "auto").ok());
+  const std::vector<uint8_t>& y = outs[0];  // portable, table
+  for (size_t w = 1; w < outs.size(); ++w) {
+    const std::vector<uint8_t>& x = outs[w];
+    int64_t differ = 0, nonzero = 0;
+    for (size_t i = 0; i < x.size(); i += 2) {
+      differ += std::memcmp(&x[i], &y[i], 2) != 0;
+      nonzero += (x[i] | (x[i + 1] & 0x7f)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "run " << w << " (portable/auto table/auto) of " << x.size() / 2 << " outputs";
+    EXPECT_GT(nonzero, Mq * H * 64);
   }
-  EXPECT_EQ(differ, 0) << "of " << x.size() / 2 << " outputs";
-  EXPECT_GT(nonzero, Mq * H * 64);
 }
 
 TEST(Int8AttentionCuda, Refusals) {

@@ -23,37 +23,27 @@
 //     registers and 4..64 by shuffles, the CPU's adds in the CPU's stage order) into shared
 //     memory in the 128-byte swizzled layout wgmma reads; then per block, ping-pong:
 //       d   = q8 k8^T                 wgmma m64n128k32 s8 x s8 -> s32 (exact)
-//       s   = fl32(fl32(a_i sk_j) float(d))            (§4.2)
-//       m'  = max(m, max_j s); alpha = exp2e(fl32(m - m')) (0 when m = -inf)
-//       e   = exp2p255(fl32(s - m'))  (§4.3, five fmaf on the FMA pipe: below)
-//       p8  = rint(e) (low byte of fl32(e + 1.5 2^23)); pl = rint(fl32(e 2^14)) (fma(e, 2^14,
-//             1.5 2^23): e 2^14 is exact, one rounding), summed as integers (exact)
-//       l   = fl32(fl32(l alpha) + fl32(float(sum pl) 2^-14))
+//       u   = fl32(sk_j float(d))     (contract v2 §4.2; float(d) by the 1.5 2^23 trick)
+//       mu  = max_j u (masked keys of a partial last tile -inf); sT = fl32(a_i mu);
+//       m'  = max(m, sT); alpha = exp2e(fl32(m - m')) (0 when m = -inf); beta = exp2e(fl32(sT - m'))
+//       p8  = p8 of x = fmaf(a_i, fl32(u - mu), kP8Top): the low byte of fl32(ex2.approx(x) +
+//             2^23) (kTable false: the device check found ex2 = the table) or the table's
+//             binary search (kTable true); masked keys 0 (int8_p8_check.cuh)
+//       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
-//       acc = fl32(fl32(acc alpha) + float(ot))   (one block later in the pipeline, with that
-//             block's alpha; acc alpha skipped where every alpha of the warp is 1: exact)
+//       l   = fmaf(l, alpha, fl32(float(lt) beta)); acc = fmaf(acc, alpha, fl32(float(ot) beta))
+//             (one block later in the pipeline, with that block's alpha and beta; the beta
+//             product skipped where every beta of the warp is 1: fl32(y 1) = y)
 //     out = bf16(fl32(fl32(acc sv) / l)), or the state (acc, m, l) for the next chunk.
-//
-// exp2p255 inline, equal to i8a::exp2p255 for every t <= 0 that can occur: t is clamped to
-// >= -126 (for t < -125 the contract's e is 0, and the clamped e = P(f) 2^n <= 255 2^-125.5
-// gives p8 = pl = 0 as well); y = fl32(t + 1.5 2^23) holds n = rint(t) in its low bits (ties
-// to even: 1.5 2^23 is even), nf = fl32(y - 1.5 2^23) = n, f = fl32(t - nf) (exact); the five
-// fmaf; P 2^n by adding n << 23 (= bits(y) << 23 mod 2^32) to P's bits, exact because
-// P 2^n is normal for n >= -126 (P >= 180).
 //
 // Invariance: a query's bits depend on its row and the keys alone (row-local quantisation,
 // per-row state, every fold per 128-key tile), so query slicings give one call's bytes, and
 // streamed chunks (multiples of 128 keys) carrying the state (f32 [Mq, H, 136], the CPU
 // reference's layout: acc in channel order, [128] m, [129] l) give one call's bytes.
 //
-// Speed (H200, S = 111,274, 56 x 128, bench/results/issue26/ run 5): 346 TOP/s by the bf16
-// FLOP count (1.03 s), the portable kernel 117, the bf16 Hopper kernel 606 in the same run.
-// Bound by instruction issue in the softmax: ~21 issued instructions per score (float(d) 2,
-// two FMUL, the max, t, the clamp, rint and f 3, five FFMA, 2^n 2, p8 1, pl 2, P's bytes
-// 0.75) plus ~2.5 for the fold, ~49 % of the measured 6,324 SM cycles per 128 x 128 block
-// pair; the rest are stalls of two consumer warps per scheduler. Converting d or the
-// integer P V by I2F instead of the 1.5 2^23 trick (or the reverse) gained nothing (run 6).
-// The contract needs >= 17 per score whatever the kernel: <= ~1,000 TOP/s on this chip.
+// Speed: v1 (run 5) 346 TOP/s, ~24.9 issued instructions per score. v2 (SASS count, session
+// 11): ~17.7 per score in the main loop (float(d) 2, u 1, max 1, w 1, x 1, MUFU.EX2 1, byte 1,
+// PRMT 0.75, dp4a 0.25, sk loads 0.5, the fold 4, ~0.6 spill loads/stores).
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <cmath>
@@ -63,6 +53,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/hopper_pipeline.cuh"
+#include "backend/cuda/int8_p8_check.cuh"
 #include "backend/int8_attention_math.h"
 
 namespace ls::cuda {
@@ -196,6 +187,7 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
   }
 }
 
+template <bool kTable>
 __global__ void __launch_bounds__(kThreads, 1)
     int8_attention_kernel(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                           const __grid_constant__ CUtensorMap ts, const Args a) {
@@ -321,79 +313,72 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_u8s8_rs(I, p[kk], v_desc + static_cast<uint64_t>(2 * kk), kk > 0);
   };
-  // §4.2-4.4 on block (stage s, nk valid keys): sc becomes p8's carrier, l is folded, alpha
-  // returned for acc's fold after this block's P V.
-  const auto softmax = [&](int s, int nk, float (&alpha)[2]) {
-    float tv[64];
+  // Contract v2 §4.2-4.4 on block (stage s, nk valid keys): u = fl32(sk float(d)), the tile
+  // max mu, sT = fl32(a mu), m, alpha, beta (returned for the fold after this block's P V),
+  // and sc becomes the p8 words (byte 0 = p8 of x = fmaf(a, fl32(u - mu), kP8Top)).
+  const auto softmax = [&](int s, int nk, float (&alpha)[2], float (&beta)[2]) {
+    float uv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       float skx, sky;
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
-      tv[4 * j + 0] = __fmul_rn(__fmul_rn(c_r[0], skx), small_int_to_float(sc[4 * j + 0]));
-      tv[4 * j + 1] = __fmul_rn(__fmul_rn(c_r[0], sky), small_int_to_float(sc[4 * j + 1]));
-      tv[4 * j + 2] = __fmul_rn(__fmul_rn(c_r[1], skx), small_int_to_float(sc[4 * j + 2]));
-      tv[4 * j + 3] = __fmul_rn(__fmul_rn(c_r[1], sky), small_int_to_float(sc[4 * j + 3]));
+      uv[4 * j + 0] = __fmul_rn(skx, small_int_to_float(sc[4 * j + 0]));
+      uv[4 * j + 1] = __fmul_rn(sky, small_int_to_float(sc[4 * j + 1]));
+      uv[4 * j + 2] = __fmul_rn(skx, small_int_to_float(sc[4 * j + 2]));
+      uv[4 * j + 3] = __fmul_rn(sky, small_int_to_float(sc[4 * j + 3]));
     }
+    if (nk < kN) {  // masked keys: out of the max (and p8 = 0 below)
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (8 * j + 2 * t + (i & 1) >= nk) uv[4 * j + i] = -INFINITY;
+    }
+    float m4[2][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      m4[0][q] = fmaxf(uv[4 * q], uv[4 * q + 1]);
+      m4[1][q] = fmaxf(uv[4 * q + 2], uv[4 * q + 3]);
+    }
+#pragma unroll
+    for (int j = 4; j < 16; ++j) {
+      m4[0][j % 4] = fmaxf(m4[0][j % 4], fmaxf(uv[4 * j], uv[4 * j + 1]));
+      m4[1][j % 4] = fmaxf(m4[1][j % 4], fmaxf(uv[4 * j + 2], uv[4 * j + 3]));
+    }
+    float mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mu[r] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float sT = __fmul_rn(c_r[r], mu[r]);  // the tile's largest score (log2 units)
+      const float m_new = fmaxf(m_r[r], sT);
+      alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new));
+      beta[r] = i8a::exp2e(__fsub_rn(sT, m_new));  // exp2e(0) = 1
+      m_r[r] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        sc[4 * j + i] = static_cast<int32_t>(
+            p8dev::p8_word<kTable>(__fmaf_rn(c_r[i / 2], __fsub_rn(uv[4 * j + i], mu[i / 2]), i8a::kP8Top)));
     if (nk < kN) {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          if (8 * j + 2 * t + (i & 1) >= nk) tv[4 * j + i] = -INFINITY;
-    }
-    float m4[2][4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      m4[0][q] = fmaxf(tv[4 * q], tv[4 * q + 1]);
-      m4[1][q] = fmaxf(tv[4 * q + 2], tv[4 * q + 3]);
-    }
-#pragma unroll
-    for (int j = 4; j < 16; ++j) {
-      m4[0][j % 4] = fmaxf(m4[0][j % 4], fmaxf(tv[4 * j], tv[4 * j + 1]));
-      m4[1][j % 4] = fmaxf(m4[1][j % 4], fmaxf(tv[4 * j + 2], tv[4 * j + 3]));
-    }
-    float m_new[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      m_new[r] = fmaxf(m_r[r], mx);
-      alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new[r]));
-      m_r[r] = m_new[r];
-    }
-    uint32_t pl[2][2] = {{0u, 0u}, {0u, 0u}};
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float tt = fmaxf(__fsub_rn(tv[4 * j + i], m_new[i / 2]), -126.0f);
-        const float y = __fadd_rn(tt, kMagic);
-        const float f = __fsub_rn(tt, __fsub_rn(y, kMagic));
-        float P = i8a::kP5;
-        P = __fmaf_rn(P, f, i8a::kP4);
-        P = __fmaf_rn(P, f, i8a::kP3);
-        P = __fmaf_rn(P, f, i8a::kP2);
-        P = __fmaf_rn(P, f, i8a::kP1);
-        P = __fmaf_rn(P, f, i8a::kP0);
-        const float e = __uint_as_float(__float_as_uint(P) + (__float_as_uint(y) << 23));
-        sc[4 * j + i] = __float_as_int(__fadd_rn(e, kMagic));
-        pl[i / 2][i & 1] += __float_as_uint(__fmaf_rn(e, 16384.0f, kMagic));
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      uint32_t u = pl[r][0] + pl[r][1];
-      u += __shfl_xor_sync(0xffffffffu, u, 1);
-      u += __shfl_xor_sync(0xffffffffu, u, 2);
-      const int32_t lt = static_cast<int32_t>(u - 128u * kMagicBits);  // 128 terms of 1.5 2^23 + pl
-      Fl[r] = __fadd_rn(__fmul_rn(Fl[r], alpha[r]), __fmul_rn(__int2float_rn(lt), i8a::kPlInvScale));
+          if (8 * j + 2 * t + (i & 1) >= nk) sc[4 * j + i] = 0;
     }
   };
   // P's u8 A fragments: lane t's keys 2t, 2t + 1, 8 + 2t, 9 + 2t of each 16 are what its
-  // fragment holds there, given V^T's keys permuted within each 16 by the producer.
-  const auto pack_p = [&](uint32_t (&p)[4][4]) {
+  // fragment holds there, given V^T's keys permuted within each 16 by the producer. The low
+  // bytes of 4 words by 3 PRMT; lt (this thread's p8 sum per row) by one dp4a per word.
+  const auto pack_p = [&](uint32_t (&p)[4][4], int (&lt)[2]) {
+    lt[0] = 0;
+    lt[1] = 0;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -403,17 +388,28 @@ __global__ void __launch_bounds__(kThreads, 1)
             prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u), prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u), 0x5410u);
         p[kk][2 * half + 1] = prmt(prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u),
                                    prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
+        lt[0] = static_cast<int>(__dp4a(p[kk][2 * half], 0x01010101u, static_cast<unsigned>(lt[0])));
+        lt[1] = static_cast<int>(__dp4a(p[kk][2 * half + 1], 0x01010101u, static_cast<unsigned>(lt[1])));
       }
   };
-  // acc = fl32(fl32(acc * alpha) + float(ot)) (the multiplication skipped where every alpha
-  // of the warp is 1: x * 1 = x).
-  const auto fold = [&](const float (&al)[2]) {
-    if (__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
+  // The fold of one block (v2): l = fmaf(l, alpha, fl32(float(lt) beta)), acc = fmaf(acc,
+  // alpha, fl32(float(ot) beta)); the multiplication by beta skipped where every beta of the
+  // warp is 1 (fl32(y * 1) = y). float(ot) by the 1.5 2^23 trick (|ot| <= 255 127 128 < 2^22).
+  const auto fold = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(F[i], __int2float_rn(I[i]));
+    for (int r = 0; r < 2; ++r) {
+      int x = lt[r];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      Fl[r] = __fmaf_rn(Fl[r], al[r], __fmul_rn(__int2float_rn(x), be[r]));
+    }
+    if (__all_sync(0xffffffffu, be[0] == 1.0f && be[1] == 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(F[i], al[(i / 2) % 2], small_int_to_float(I[i]));
     } else {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fadd_rn(__fmul_rn(F[i], al[(i / 2) % 2]), __int2float_rn(I[i]));
+      for (int i = 0; i < 64; ++i)
+        F[i] = __fmaf_rn(F[i], al[(i / 2) % 2], __fmul_rn(small_int_to_float(I[i]), be[(i / 2) % 2]));
     }
   };
   const auto release = [&](uint32_t bar) {
@@ -430,19 +426,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   sched_arrive(cw);
   wgmma_wait<0>();
   fence_regs(sc);
-  float alpha[2], alpha_prev[2];
-  softmax(0, static_cast<int>(a.Mk < kN ? a.Mk : kN), alpha);
+  float alpha[2], alpha_prev[2], beta[2], beta_prev[2];
+  softmax(0, static_cast<int>(a.Mk < kN ? a.Mk : kN), alpha, beta);
   release(k_empty(0));
   alpha_prev[0] = alpha[0];
   alpha_prev[1] = alpha[1];
+  beta_prev[0] = beta[0];
+  beta_prev[1] = beta[1];
   uint32_t p[4][4];
+  int lt[2];
   int j = 1;
   for (; j < nblocks; ++j) {
     const int s = j % kStages, sp = (j - 1) % kStages;
     const int64_t b = static_cast<int64_t>(kN) * j;
     mbar_wait(k_full(s), static_cast<uint32_t>(j / kStages) & 1u);
     mbar_wait(v_ready(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
-    pack_p(p);  // P of block j - 1
+    pack_p(p, lt);  // P of block j - 1
     fence_regs(I);
     sched_wait(cw);
     wgmma_fence();
@@ -453,19 +452,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     sched_arrive(cw);
     wgmma_wait<1>();
     fence_regs(sc);
-    softmax(s, static_cast<int>(a.Mk - b < kN ? a.Mk - b : kN), alpha);
+    softmax(s, static_cast<int>(a.Mk - b < kN ? a.Mk - b : kN), alpha, beta);
     release(k_empty(s));
     wgmma_wait<0>();
     fence_regs(I);
     release(v_empty(sp));
-    fold(alpha_prev);  // block j - 1, with its own alpha
+    fold(alpha_prev, beta_prev, lt);  // block j - 1, with its own alpha, beta
     alpha_prev[0] = alpha[0];
     alpha_prev[1] = alpha[1];
+    beta_prev[0] = beta[0];
+    beta_prev[1] = beta[1];
   }
   {  // the last block's P V
     const int sp = (j - 1) % kStages;
     mbar_wait(v_ready(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
-    pack_p(p);
+    pack_p(p, lt);
     sched_wait(cw);
     wgmma_fence();
     issue_pv(sp, p);
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(I);
     release(v_empty(sp));
-    fold(alpha_prev);
+    fold(alpha_prev, beta_prev, lt);
   }
   if (a.state && !a.finalize) {
 #pragma unroll
@@ -514,6 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else
+template <bool kTable>
 __global__ void int8_attention_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const __grid_constant__ CUtensorMap, const Args) {
 #ifdef __CUDA_ARCH__
@@ -574,7 +576,7 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
 }
 
 Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
-                             const AttentionParams& p) {
+                             const AttentionParams& p, bool p8_table) {
   const std::string why = int8_hopper_fits(true, q, keys, out, p);
   if (!why.empty()) return make_error(ErrorCode::unsupported, "attention hopper int8: " + why);
   const int64_t Mq = q.size(0), H = q.size(1), Mk = keys.keys();
@@ -627,13 +629,18 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(int8_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    attr_err = cudaFuncSetAttribute(int8_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (attr_err == cudaSuccess)
+      attr_err = cudaFuncSetAttribute(int8_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   if (attr_err != cudaSuccess)
     return make_error(ErrorCode::device, std::string("attention hopper int8: shared memory opt-in: ") +
                                                cudaGetErrorString(attr_err));
   const dim3 grid(static_cast<unsigned>((Mq + kBr - 1) / kBr), static_cast<unsigned>(H));
-  int8_attention_kernel<<<grid, kThreads, kSmem, ctx.stream>>>(tk, tv, ts, a);
+  if (p8_table)
+    int8_attention_kernel<true><<<grid, kThreads, kSmem, ctx.stream>>>(tk, tv, ts, a);
+  else
+    int8_attention_kernel<false><<<grid, kThreads, kSmem, ctx.stream>>>(tk, tv, ts, a);
   const cudaError_t le = cudaGetLastError();
   if (le != cudaSuccess)
     return make_error(ErrorCode::device, std::string("attention hopper int8: launch: ") + cudaGetErrorString(le));

@@ -34,8 +34,9 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
 // bf16 [Mq, H, 128]; keys as Int8Keys; p's kv_tile (128), scale and streamed state (f32
 // [Mq, H, 136]: acc, m, l, the CPU reference's layout). Call only where int8_hopper_fits
 // said "" (checked again: unsupported with that message otherwise).
+// p8_table: p8 by the threshold table instead of the fast ex2 byte (int8_p8_check.cuh).
 Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
-                             const AttentionParams& p);
+                             const AttentionParams& p, bool p8_table);
 #else
 inline bool attention_hopper_int8_built() { return false; }
 inline std::string int8_hopper_fits(bool, const TensorView&, const Int8Keys&, const TensorView&,
@@ -44,7 +45,7 @@ inline std::string int8_hopper_fits(bool, const TensorView&, const Int8Keys&, co
          "CMAKE_CUDA_ARCHITECTURES)";
 }
 inline Status attention_hopper_int8(CudaContext&, const TensorView&, const Int8Keys&, const TensorView&,
-                                    const AttentionParams&) {
+                                    const AttentionParams&, bool) {
   return make_error(ErrorCode::unsupported,
                     "attention hopper int8: this layerstream was built without the Hopper kernels");
 }

@@ -16,9 +16,10 @@
 //                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
 //                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes: the
 //                   fragment loads hit 32 distinct banks), Q.K by 64 mma (16 n-tiles x 4
-//                   k-steps of 32), scores s = fl32(fl32(a * sk) * float(d)), the tile max over
-//                   the quad, alpha, p8, integer row sums, P.V by 64 mma (16 channel tiles x
-//                   4 k-steps) into int32, then the fold. The keys of a 32-key group are loaded
+//                   k-steps of 32), u = fl32(sk * float(d)), the tile max mu over the quad,
+//                   sT, alpha, beta, p8 of fmaf(a, fl32(u - mu), kP8Top) (fast ex2 byte or
+//                   the threshold table: template kTable), integer row sums of p8, P.V by
+//                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold. The keys of a 32-key group are loaded
 //                   into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
 //                   16+4t+{2,3} (n-tiles 0..3, column pair t), so each thread's Q.K accumulators
 //                   ARE its P.V A fragment (keys 4t..4t+3 and 16+4t..16+4t+3): no shuffles.
@@ -28,6 +29,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/int8_p8_check.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/int8_attention_math.h"
 
@@ -224,6 +226,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // (keys along the row) and the tile's 128 key scales.
 constexpr int kStageBytes = kTile * kRowPad + kDh * kRowPad + kTile * 4;
 
+template <bool kTable>
 __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = smem + 2 * kStageBytes;  // [warps][16 rows][144 B]
@@ -328,29 +331,34 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
         mma_s8(sc[nt], qa[ks], b0, b1);
       }
     }
-    // Scores, tile max (rows g, g + 8: the quad's 4 threads share them).
-    float s[16][4];
-    float tmax[2] = {-INFINITY, -INFINITY};
+    // Contract v2 (§4.2-4.4): u = fl32(sk * float(d)) (masked keys -inf: out of the max),
+    // the tile max mu per row (rows g, g + 8: the quad's 4 threads share them).
+    float u[16][4];
+    float mu[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
         float v = -INFINITY;
-        if (key < nk) v = lq::mul(lq::mul(arow[rr], sSk[key]), __int2float_rn(sc[nt][e]));
-        s[nt][e] = v;
-        tmax[rr] = v > tmax[rr] ? v : tmax[rr];
+        if (key < nk) v = lq::mul(sSk[key], __int2float_rn(sc[nt][e]));
+        u[nt][e] = v;
+        mu[rr] = v > mu[rr] ? v : mu[rr];
       }
-    float alpha[2];
+    // sT = fl32(a mu) (the tile's largest score, log2 units), m_new, alpha, beta.
+    float alpha[2], beta[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 1));
-      tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 2));
-      const float m_new = tmax[rr] > m[rr] ? tmax[rr] : m[rr];
+      mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 1));
+      mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 2));
+      const float sT = lq::mul(arow[rr], mu[rr]);
+      const float m_new = sT > m[rr] ? sT : m[rr];
       alpha[rr] = m[rr] == -INFINITY ? 0.0f : i8a::exp2e(lq::sub(m[rr], m_new));
+      beta[rr] = i8a::exp2e(lq::sub(sT, m_new));
       m[rr] = m_new;
     }
-    // p8, the integer row sums, the P A fragments (k-step = 32-key group).
+    // p8 of x = fmaf(a, fl32(u - mu), kP8Top) (255 at the tile's maximum; masked keys 0), the
+    // integer row sums lt, the P A fragments (k-step = 32-key group).
     uint32_t pa[4][4];
     int lt[2] = {0, 0};
 #pragma unroll
@@ -362,23 +370,25 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int rr = e >> 1;
-          int p = 0, pl = 0;
-          if (s[nt][e] != -INFINITY) i8a::p8_pl(lq::sub(s[nt][e], m[rr]), &p, &pl);
-          lt[rr] += pl;  // <= 128 * 255 * 2^14 < 2^31
+          uint32_t p = 0;
+          if (u[nt][e] != -INFINITY)
+            p = p8dev::p8_word<kTable>(lq::fma(arow[rr], lq::sub(u[nt][e], mu[rr]), i8a::kP8Top)) & 0xFFu;
+          lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
           const int reg = (ntl >> 1) * 2 + rr;            // 16+ half for ntl 2, 3
           const int byte = (ntl & 1) * 2 + (e & 1);         // 4t + {0,1} | 4t + {2,3}
-          w[reg] |= static_cast<uint32_t>(p) << (8 * byte);
+          w[reg] |= p << (8 * byte);
         }
       }
       pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
     }
+    // l = fmaf(l, alpha, fl32(float(lt) beta)) (float(lt) exact: lt <= 255 * 128).
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 1);
       lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 2);
-      l[rr] = lq::add(lq::mul(l[rr], alpha[rr]), lq::mul(__int2float_rn(lt[rr]), i8a::kPlInvScale));
+      l[rr] = lq::fma(l[rr], alpha[rr], lq::mul(__int2float_rn(lt[rr]), beta[rr]));
     }
-    // P.V into int32, then the fold.
+    // P.V into int32, then acc = fmaf(acc, alpha, fl32(float(ot) beta)) (|ot| < 2^22: exact).
 #pragma unroll
     for (int ct = 0; ct < 16; ++ct) {
       int ot[4] = {0, 0, 0, 0};
@@ -390,7 +400,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
         mma_u8s8(ot, pa[grp], b0, b1);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[ct][e] = lq::add(lq::mul(acc[ct][e], alpha[e >> 1]), __int2float_rn(ot[e]));
+      for (int e = 0; e < 4; ++e)
+        acc[ct][e] = lq::fma(acc[ct][e], alpha[e >> 1], lq::mul(__int2float_rn(ot[e]), beta[e >> 1]));
     }
   }
   // ---- out or state
@@ -503,7 +514,7 @@ Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorV
 }
 
 Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
-                              const AttentionParams& p) {
+                              const AttentionParams& p, bool p8_table) {
   if (q.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported("attention_int8", "needs bf16 q, out; got " + q.shape_str() + ", " + out.shape_str());
   LS_CHECK_MSG(q.ndim == 3 && out.ndim == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
@@ -540,10 +551,11 @@ Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8K
     return unsupported("attention_int8", "the kernel needs " + std::to_string(kAttnSmem) +
                                              " bytes of shared memory per block; this device allows " +
                                              std::to_string(ctx.max_smem_optin));
-  LS_CUDA_CHECK(cudaFuncSetAttribute(attention_int8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kAttnSmem)));
+  const auto kernel = p8_table ? attention_int8_kernel<true> : attention_int8_kernel<false>;
+  LS_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAttnSmem)));
   const dim3 grid(static_cast<unsigned>(div_up(Mq, kWarps * 16)), static_cast<unsigned>(H));
-  attention_int8_kernel<<<grid, kWarps * 32, kAttnSmem, ctx.stream>>>(a);
+  kernel<<<grid, kWarps * 32, kAttnSmem, ctx.stream>>>(a);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }

@@ -19,6 +19,7 @@
 #include "backend/cuda/attention_cudnn.cuh"
 #include "backend/cuda/attention_hopper.cuh"
 #include "backend/cuda/attention_hopper_int8.cuh"
+#include "backend/cuda/int8_p8_check.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ext.h"
@@ -436,9 +437,16 @@ class CudaBackend final : public Backend {
   Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
                         const AttentionParams& p) override {
     DeviceGuard g(ctx_.device);
-    if (int8_hopper_fits(q, keys, out, p)) return attention_hopper_int8(ctx_, q, keys, out, p);
-    return cuda_op_attention_int8(ctx_, q, keys, out, p);
+    const bool table = int8_p8_table();
+    if (int8_hopper_fits(q, keys, out, p)) return attention_hopper_int8(ctx_, q, keys, out, p, table);
+    return cuda_op_attention_int8(ctx_, q, keys, out, p, table);
   }
+  // p8 (contract v2, int8_p8_check.cuh): the fast ex2 byte where this device's ex2 gives the
+  // table on every pattern (checked once per device, on first use), else the table's binary
+  // search; cuda::set_int8_p8_path(b, "table") forces the table (tests, benchmarks).
+  bool int8_p8_table() const { return int8_p8_forced_table_ || !int8_p8_check(ctx_.device).ex2; }
+  std::string int8_p8() const { return int8_p8_table() ? "table" : "ex2"; }
+  void set_int8_p8_table(bool table) { int8_p8_forced_table_ = table; }
   bool int8_hopper_fits(const TensorView& q, const Int8Keys& keys, const TensorView& out,
                         const AttentionParams& p) const {
     return !int8_portable_ && attention_hopper_int8_built() && cuda::int8_hopper_fits(sm_90_, q, keys, out, p).empty();
@@ -548,6 +556,7 @@ class CudaBackend final : public Backend {
   std::string prop_name_;
   bool sm_90_ = false;          // compute capability 9.0 (the Hopper kernels)
   bool int8_portable_ = false;  // set_int8_attention_kernel("portable")
+  bool int8_p8_forced_table_ = false;  // set_int8_p8_path("table")
 };
 
 }  // namespace
@@ -616,6 +625,28 @@ Status set_int8_attention_kernel(Backend& b, const std::string& kernel) {
 std::string int8_attention_kernel(Backend& b) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   return c ? c->int8_kernel() : "";
+}
+Status set_int8_p8_path(Backend& b, const std::string& path) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return make_error(ErrorCode::invalid_argument, "set_int8_p8_path: not a CUDA backend");
+  if (path != "auto" && path != "table")
+    return make_error(ErrorCode::invalid_argument, "set_int8_p8_path: '" + path + "' (auto or table)");
+  c->set_int8_p8_table(path == "table");
+  return Status();
+}
+std::string int8_p8_path(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return "";
+  DeviceGuard g(c->context().device);
+  return c->int8_p8();
+}
+std::string int8_p8_check_summary(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return "";
+  const Int8P8Check& r = int8_p8_check(c->context().device);
+  if (!r.error.empty()) return r.error;
+  return std::to_string(r.patterns) + " patterns, " + std::to_string(r.mismatches) + " mismatches, " +
+         std::to_string(r.ms) + " ms: " + (r.ex2 ? "ex2" : "table");
 }
 std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out) {

@@ -88,6 +88,17 @@ int device_index(Backend& b);
 Status set_int8_attention_kernel(Backend& b, const std::string& kernel);
 std::string int8_attention_kernel(Backend& b);
 
+// p8 of attention int8 (contract v2, docs/int8-attention.md §4.3, §7a): "auto" (the default:
+// the fast MUFU.EX2 byte where the once-per-device check found this device's ex2 equal to the
+// threshold table on every pattern, else the table) or "table" (always the binary search of
+// the thresholds). Both give the CPU reference's bytes wherever "auto" picks ex2.
+// int8_p8_path names what attention int8 uses now: "ex2" or "table" ("" when `b` is not a
+// CUDA backend; the first call runs the check). int8_p8_check_summary: the check's numbers
+// ("3254779902 patterns, 0 mismatches, 9.1 ms: ex2"), for logs.
+Status set_int8_p8_path(Backend& b, const std::string& path);
+std::string int8_p8_path(Backend& b);
+std::string int8_p8_check_summary(Backend& b);
+
 // The cuBLASLt algorithm pinned for a GEMM key, as text (for logs and benchmarks):
 // "algo 66 tile 20 stages 5 splitk 1 red 0 swizzle 0 custom 0 cluster 2 ws 0".
 std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,

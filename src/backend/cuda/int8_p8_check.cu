@@ -1,0 +1,104 @@
+// The once-per-device check of attention int8's fast p8 path (int8_p8_check.cuh): a kernel
+// compares, for EVERY fp32 pattern the kernels can meet, the fast byte (low byte of
+// fl32(ex2.approx.ftz(x) + 2^23)) with the table's p8 (the binary search the table path
+// uses), and counts the patterns where they differ. The patterns: x in [+0, kP8Top] (bits
+// [0, bits(kP8Top)]), x in [-inf, -0] (bits [0x80000000, 0xFF800000]) and every NaN (bits
+// 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3.25e9 patterns. x > kP8Top never
+// occurs (x = fmaf(a_i, w, kP8Top) with a_i > 0, w <= 0). Zero mismatches: the kernels use
+// the fast path on this device (bit-identical to the CPU's table); else the table path.
+#include "backend/cuda/int8_p8_check.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace ls::cuda {
+namespace {
+
+constexpr uint32_t kTopBits = 0x40FFA37Cu;                // bits(kP8Top) = bits(0x1.ffa37cp+2)
+constexpr uint64_t kSegA = uint64_t{kTopBits} + 1;         // [0, bits(kP8Top)]
+constexpr uint64_t kSegB = 0xFF800000ull - 0x80000000ull + 1;  // [-0, -inf]
+constexpr uint64_t kSegN = 0x7FFFFFull;                    // NaN mantissas 1 .. 2^23 - 1, each sign
+constexpr uint64_t kPatterns = kSegA + kSegB + 2 * kSegN;
+
+__device__ __forceinline__ uint32_t pattern(uint64_t i) {
+  if (i < kSegA) return static_cast<uint32_t>(i);
+  i -= kSegA;
+  if (i < kSegB) return 0x80000000u + static_cast<uint32_t>(i);
+  i -= kSegB;
+  if (i < kSegN) return 0x7F800001u + static_cast<uint32_t>(i);
+  return 0xFF800001u + static_cast<uint32_t>(i - kSegN);
+}
+
+// Grid-stride, consecutive patterns on consecutive lanes (so the table's constant loads of a
+// warp mostly hit one address: a broadcast). One atomic per warp.
+__global__ void p8_scan_kernel(unsigned long long* mismatches) {
+  uint32_t bad = 0;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < kPatterns; i += stride) {
+    const float x = __uint_as_float(pattern(i));
+    bad += (p8dev::fast_word(x) & 0xFFu) != p8dev::table_p8(x);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
+  if ((threadIdx.x & 31u) == 0 && bad != 0) atomicAdd(mismatches, static_cast<unsigned long long>(bad));
+}
+
+Int8P8Check run_check(int device) {
+  static_assert(i8a::kP8Top == 0x1.ffa37cp+2f, "kTopBits is bits(kP8Top)");
+  Int8P8Check r;
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  cudaStream_t s = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  unsigned long long* d = nullptr;
+  const auto fail = [&](cudaError_t e) {
+    if (r.error.empty()) r.error = std::string("attention int8 p8 check: ") + cudaGetErrorString(e);
+  };
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreate(&e0);
+  if (e == cudaSuccess) e = cudaEventCreate(&e1);
+  if (e == cudaSuccess) e = cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(*d), s);
+  if (e == cudaSuccess) e = cudaMemsetAsync(d, 0, sizeof(*d), s);
+  if (e == cudaSuccess) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaEventRecord(e0, s);
+    p8_scan_kernel<<<static_cast<unsigned>(sms > 0 ? 8 * sms : 1024), 256, 0, s>>>(d);
+    e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaEventRecord(e1, s);
+  }
+  unsigned long long bad = 0;
+  if (e == cudaSuccess) e = cudaMemcpyAsync(&bad, d, sizeof(bad), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e == cudaSuccess) {
+    cudaEventElapsedTime(&r.ms, e0, e1);
+    r.mismatches = bad;
+    r.patterns = kPatterns;
+    r.ex2 = bad == 0;
+  } else {
+    fail(e);
+  }
+  if (d != nullptr) cudaFreeAsync(d, s);
+  if (s != nullptr) cudaStreamSynchronize(s), cudaStreamDestroy(s);
+  if (e0 != nullptr) cudaEventDestroy(e0);
+  if (e1 != nullptr) cudaEventDestroy(e1);
+  if (prev >= 0) cudaSetDevice(prev);
+  return r;
+}
+
+}  // namespace
+
+const Int8P8Check& int8_p8_check(int device) {
+  static std::mutex mu;
+  static std::map<int, Int8P8Check> done;  // node-based: references stay valid
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = done.find(device);
+  if (it == done.end()) it = done.emplace(device, run_check(device)).first;
+  return it->second;
+}
+
+}  // namespace ls::cuda
