@@ -13,12 +13,11 @@
 //   i8a::exp2e(t)             the defined exp2 for t <= 0 (§4.3, coefficients E): alpha, beta
 //   i8a::score_factor(scale, Dh)  cs = fl32(fl32(scale * log2e) * (1/Dh))
 //   i8a::p8_table(x)          contract v2's p8 (§4.3): #{k : theta_k <= x}, x <= kP8Top
-//   i8a::exp2p255, p8, p8_pl  contract v1's p8 and pl (the 255 E polynomial): no longer
-//                             used by the CPU reference; the CUDA kernels use them until
-//                             their v2 change lands, which removes them
+//   i8a::scale_ok(scale)      the scales int8 attention takes (positive, finite; 0 = default)
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "backend/cpu/linear_quant_math.h"
 
@@ -30,14 +29,10 @@ constexpr float kLog2e = 0x1.715476p+0f;   // fl32(log2(e))
 constexpr float kExp2Min = -125.0f;         // exp2c(t) = 0 below this
 
 // exp2 polynomial coefficients c0..c5 (Horner from c5), as literals so device code needs
-// no host object: E (exp2e) = fl32(ln2^k / k!); P255 (exp2p255) = fl32(255 * E_k) (one
-// rounding of the product of 255 and the float E_k).
-
-// The coefficients as named scalars (the Hopper kernel evaluates the same polynomial inline).
+// no host object: E (exp2e) = fl32(ln2^k / k!). (Contract v1 also had P255 = fl32(255 E_k)
+// for p8 and its 22-bit row-sum term pl; v2 takes p8 from the threshold table below.)
 constexpr float kE0 = 0x1p+0f, kE1 = 0x1.62e430p-1f, kE2 = 0x1.ebfbe0p-3f, kE3 = 0x1.c6b08ep-5f,
                 kE4 = 0x1.3b2ab6p-7f, kE5 = 0x1.5d87fep-10f;
-constexpr float kP0 = 0x1.fe0000p+7f, kP1 = 0x1.61814cp+7f, kP2 = 0x1.ea0fe4p+5f, kP3 = 0x1.c4e9dep+3f,
-                kP4 = 0x1.39ef8cp+1f, kP5 = 0x1.5c2a76p-2f;
 
 LQ_HD bool negative_sign(int c) { return ((static_cast<uint32_t>(c) * 2654435761u) >> 31) != 0; }
 
@@ -79,23 +74,14 @@ LQ_HD float exp2c(float t, float c0, float c1, float c2, float c3, float c4, flo
 }
 // alpha = exp2e(m - m_new)
 LQ_HD float exp2e(float t) { return exp2c(t, kE0, kE1, kE2, kE3, kE4, kE5); }
-// 255 * 2^t (before p8's rounding)
-LQ_HD float exp2p255(float t) { return exp2c(t, kP0, kP1, kP2, kP3, kP4, kP5); }
 
-LQ_HD int p8(float t) {
-  const float r = lq::rint(exp2p255(t));
-  return static_cast<int>(r > 255.0f ? 255.0f : r);
-}
-// The row-sum term of a score (docs §4.4): pl = rint(fl32(exp2p255(t) * 2^14)), an integer in
-// [0, 255 * 2^14] (the same 255 * 2^t as p8 with 14 more bits: the denominator must not be
-// the sum of the coarse p8, whose rounding loses the mass of the many small p of a peaked row).
-constexpr float kPlScale = 16384.0f;          // 2^14
-constexpr float kPlInvScale = 0x1p-14f;       // exact
-LQ_HD void p8_pl(float t, int* p8v, int* plv) {
-  const float e = exp2p255(t);
-  const float r = lq::rint(e);
-  *p8v = static_cast<int>(r > 255.0f ? 255.0f : r);
-  *plv = static_cast<int>(lq::rint(lq::mul(e, kPlScale)));
+// The attention scale of int8: AttentionParams::scale, 0 meaning 1/sqrt(Dh). It must be
+// positive and finite (0 included as "the default"): x = fmaf(a, w, kP8Top) <= kP8Top needs
+// a > 0 (a negative scale would put x above kP8Top, where the GPU's fast p8 byte wraps and
+// the table saturates), so every backend refuses others (scale_error).
+inline bool scale_ok(float scale) { return scale >= 0.0f && scale <= 3.4028234663852886e38f; }
+inline std::string scale_error(float scale) {
+  return "attention_int8: the scale must be positive and finite (0 = 1/sqrt(head dim)); got " + std::to_string(scale);
 }
 
 LQ_HD float score_factor(float scale, int Dh) {

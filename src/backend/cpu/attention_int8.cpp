@@ -178,6 +178,7 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
     return make_error(ErrorCode::invalid_argument, "attention_int8: kv_tile must be in [1, " +
                                                        std::to_string(kInt8MaxKvTile) + "]; got " +
                                                        std::to_string(p.kv_tile));
+  if (!i8a::scale_ok(p.scale)) return make_error(ErrorCode::invalid_argument, i8a::scale_error(p.scale));
   LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
   LS_CHECK_MSG(Mk > 0, "attention_int8 over zero keys");
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));

@@ -26,6 +26,7 @@
 #include "backend/cuda/linear_quant_bench.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pack.cuh"
+#include "backend/int8_attention_math.h"
 #include "core/alloc_fault.h"
 
 namespace ls::cuda {
@@ -436,6 +437,7 @@ class CudaBackend final : public Backend {
   // cuda::set_int8_attention_kernel (cuda_ext.h) forces the portable one for tests and benches.
   Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
                         const AttentionParams& p) override {
+    if (!i8a::scale_ok(p.scale)) return make_error(ErrorCode::invalid_argument, i8a::scale_error(p.scale));
     DeviceGuard g(ctx_.device);
     const bool table = int8_p8_table();
     if (int8_hopper_fits(q, keys, out, p)) return attention_hopper_int8(ctx_, q, keys, out, p, table);
