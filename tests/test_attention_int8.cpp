@@ -320,8 +320,8 @@ std::vector<uint16_t> scalar_reference(const Inputs& in, int64_t kv_tile) {
         const float m_new = std::max(m, sT);
         const float alpha = m == -INFINITY ? 0.0f : i8a::exp2e(m - m_new);
         const float beta = i8a::exp2e(sT - m_new);
-        l = std::fmaf(l, alpha, static_cast<float>(lt) * beta);
-        for (int64_t c = 0; c < Dh; ++c) acc[c] = std::fmaf(acc[c], alpha, static_cast<float>(ot[c]) * beta);
+        l = std::fmaf(static_cast<float>(lt), beta, l * alpha);
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = std::fmaf(static_cast<float>(ot[c]), beta, acc[c] * alpha);
         m = m_new;
       }
       for (int64_t c = 0; c < Dh; ++c) out[static_cast<size_t>((i * H + h) * Dh + c)] = f32_to_bf16(acc[c] * sv[c] / l);

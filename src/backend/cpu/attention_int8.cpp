@@ -250,8 +250,8 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
         const float m_new = sT > m ? sT : m;
         const float alpha = m == neg_inf ? 0.0f : i8a::exp2e(lq::sub(m, m_new));
         const float beta = i8a::exp2e(lq::sub(sT, m_new));
-        l = lq::fma(l, alpha, lq::mul(static_cast<float>(lt), beta));
-        for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::fma(acc[c], alpha, lq::mul(static_cast<float>(ot[c]), beta));
+        l = lq::fma(static_cast<float>(lt), beta, lq::mul(l, alpha));
+        for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::fma(static_cast<float>(ot[c]), beta, lq::mul(acc[c], alpha));
         m = m_new;
       }
       if (!p.finalize) {

@@ -31,9 +31,9 @@
 //             binary search (kTable true); masked keys 0 (int8_p8_check.cuh)
 //       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
-//       l   = fmaf(l, alpha, fl32(float(lt) beta)); acc = fmaf(acc, alpha, fl32(float(ot) beta))
-//             (one block later in the pipeline, with that block's alpha and beta; the beta
-//             product skipped where every beta of the warp is 1: fl32(y 1) = y)
+//       l   = fmaf(float(lt), beta, fl32(l alpha)); acc = fmaf(float(ot), beta, fl32(acc alpha))
+//             (one block later in the pipeline, with that block's alpha and beta; the alpha
+//             product skipped where every alpha of the warp is 1: fl32(y 1) = y)
 //     out = bf16(fl32(fl32(acc sv) / l)), or the state (acc, m, l) for the next chunk.
 //
 // Invariance: a query's bits depend on its row and the keys alone (row-local quantisation,
@@ -392,24 +392,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         lt[1] = static_cast<int>(__dp4a(p[kk][2 * half + 1], 0x01010101u, static_cast<unsigned>(lt[1])));
       }
   };
-  // The fold of one block (v2): l = fmaf(l, alpha, fl32(float(lt) beta)), acc = fmaf(acc,
-  // alpha, fl32(float(ot) beta)); the multiplication by beta skipped where every beta of the
-  // warp is 1 (fl32(y * 1) = y). float(ot) by the 1.5 2^23 trick (|ot| <= 255 127 128 < 2^22).
+  // The fold of one block (v2 §4.4): l = fmaf(float(lt), beta, fl32(l alpha)), acc =
+  // fmaf(float(ot), beta, fl32(acc alpha)). One of alpha, beta is 1 (m' = max(m, sT)); the
+  // common case is alpha = 1 (the tile did not raise the row's maximum), where fl32(acc * 1)
+  // = acc, so the multiplication by alpha is skipped where every alpha of the warp is 1: one
+  // FFMA per accumulator. float(ot) by the 1.5 2^23 trick (|ot| <= 255 127 128 < 2^22).
   const auto fold = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       int x = lt[r];
       x += __shfl_xor_sync(0xffffffffu, x, 1);
       x += __shfl_xor_sync(0xffffffffu, x, 2);
-      Fl[r] = __fmaf_rn(Fl[r], al[r], __fmul_rn(__int2float_rn(x), be[r]));
+      Fl[r] = __fmaf_rn(__int2float_rn(x), be[r], __fmul_rn(Fl[r], al[r]));
     }
-    if (__all_sync(0xffffffffu, be[0] == 1.0f && be[1] == 1.0f)) {
+    if (__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(F[i], al[(i / 2) % 2], small_int_to_float(I[i]));
+      for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(small_int_to_float(I[i]), be[(i / 2) % 2], F[i]);
     } else {
 #pragma unroll
       for (int i = 0; i < 64; ++i)
-        F[i] = __fmaf_rn(F[i], al[(i / 2) % 2], __fmul_rn(small_int_to_float(I[i]), be[(i / 2) % 2]));
+        F[i] = __fmaf_rn(small_int_to_float(I[i]), be[(i / 2) % 2], __fmul_rn(F[i], al[(i / 2) % 2]));
     }
   };
   const auto release = [&](uint32_t bar) {

@@ -381,14 +381,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       }
       pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
     }
-    // l = fmaf(l, alpha, fl32(float(lt) beta)) (float(lt) exact: lt <= 255 * 128).
+    // l = fmaf(float(lt), beta, fl32(l alpha)) (float(lt) exact: lt <= 255 * 128).
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 1);
       lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 2);
-      l[rr] = lq::fma(l[rr], alpha[rr], lq::mul(__int2float_rn(lt[rr]), beta[rr]));
+      l[rr] = lq::fma(__int2float_rn(lt[rr]), beta[rr], lq::mul(l[rr], alpha[rr]));
     }
-    // P.V into int32, then acc = fmaf(acc, alpha, fl32(float(ot) beta)) (|ot| < 2^22: exact).
+    // P.V into int32, then acc = fmaf(float(ot), beta, fl32(acc alpha)) (|ot| < 2^22: exact).
 #pragma unroll
     for (int ct = 0; ct < 16; ++ct) {
       int ot[4] = {0, 0, 0, 0};
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        acc[ct][e] = lq::fma(acc[ct][e], alpha[e >> 1], lq::mul(__int2float_rn(ot[e]), beta[e >> 1]));
+        acc[ct][e] = lq::fma(__int2float_rn(ot[e]), beta[e >> 1], lq::mul(acc[ct][e], alpha[e >> 1]));
     }
   }
   // ---- out or state
