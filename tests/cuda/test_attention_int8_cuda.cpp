@@ -326,6 +326,14 @@ TEST(Int8AttentionCuda, Refusals) {
   const Status s = (*c)->set_model_head_dim(64);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("head dim 64"), std::string::npos) << s.message();
+  // A negative scale would put x above kP8Top, where the fast p8 byte wraps: refused before
+  // any tensor is read (i8a::scale_ok, as on the CPU).
+  AttentionParams neg = tile128();
+  neg.scale = -0.5f;
+  const Status sc = E->cuda->attention_int8(TensorView{}, Int8Keys{}, TensorView{}, neg);
+  ASSERT_FALSE(sc.ok());
+  EXPECT_EQ(sc.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(sc.message().find("scale must be positive"), std::string::npos) << sc.message();
 }
 
 }  // namespace
