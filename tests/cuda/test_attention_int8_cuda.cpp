@@ -151,7 +151,8 @@ class Int8Kernel : public ::testing::TestWithParam<KernelPath> {
 };
 
 // Contract v2's p8: the check scans every pattern once per device; on the H200 (whose ex2 the
-// table was measured on) it must find 0 mismatches and pick the fast path. The hook forces
+// table was measured on) it must find 0 mismatches and pick the fast path; the table path
+// must be exact on every device. The hook forces
 // the table and "auto" gives the check's choice back.
 TEST(Int8AttentionCuda, P8CheckSelectsEx2OnTheH200) {
   NEED_GPU();
@@ -160,6 +161,10 @@ TEST(Int8AttentionCuda, P8CheckSelectsEx2OnTheH200) {
   const std::string path = cuda::int8_p8_path(*E->cuda);
   std::printf("[ info ] %s: p8 check %s\n", prop.name, cuda::int8_p8_check_summary(*E->cuda).c_str());
   EXPECT_TRUE(path == "ex2" || path == "table") << path;
+  // The table path (the fast byte corrected against the thresholds) equals the binary
+  // search on every pattern, from the fast byte and from guesses 3 steps off: exact anywhere.
+  EXPECT_NE(cuda::int8_p8_check_summary(*E->cuda).find("table path 0 mismatches"), std::string::npos)
+      << cuda::int8_p8_check_summary(*E->cuda);
   if (std::string(prop.name).find("H200") != std::string::npos) {
     EXPECT_EQ(path, "ex2");
   }

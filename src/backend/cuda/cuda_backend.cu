@@ -647,8 +647,8 @@ std::string int8_p8_check_summary(Backend& b) {
   if (!c) return "";
   const Int8P8Check& r = int8_p8_check(c->context().device);
   if (!r.error.empty()) return r.error;
-  return std::to_string(r.patterns) + " patterns, " + std::to_string(r.mismatches) + " mismatches, " +
-         std::to_string(r.ms) + " ms: " + (r.ex2 ? "ex2" : "table");
+  return std::to_string(r.patterns) + " patterns, " + std::to_string(r.mismatches) + " mismatches, table path " +
+         std::to_string(r.table_mismatches) + " mismatches, " + std::to_string(r.ms) + " ms: " + (r.ex2 ? "ex2" : "table");
 }
 std::string describe_pinned_gemm(Backend& b, const TensorView& x, const TensorView& w, const TensorView* bias,
                                  const TensorView& out) {
