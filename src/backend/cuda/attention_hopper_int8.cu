@@ -43,7 +43,10 @@
 //
 // Speed: v1 (run 5) 346 TOP/s, ~24.9 issued instructions per score. v2 (SASS count, session
 // 11): ~17.7 per score in the main loop (float(d) 2, u 1, max 1, w 1, x 1, MUFU.EX2 1, byte 1,
-// PRMT 0.75, dp4a 0.25, sk loads 0.5, the fold 4, ~0.6 spill loads/stores).
+// PRMT 0.75, dp4a 0.25, sk loads 0.5, the fold 4, ~0.6 spill loads/stores). Session 11
+// "opt": compile-time variants (kVar, below; bench/results/issue26/README.md) cut the loop
+// to ~11.8 SASS per score by this page's count (run 7's 20.1 by the same count) and the
+// spills to 4 B; not yet timed on the GPU (run 8 pending): variant 0 is what runs.
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <cmath>
