@@ -199,18 +199,18 @@ int main(int argc, char** argv) {
   std::string variant_rows;
   for (size_t pos = 0; portable && !variants.empty() && pos < variants.size();) {
     const size_t comma = std::min(variants.find(',', pos), variants.size());
-    const std::string v = variants.substr(pos, comma - pos);
+    const std::string var = variants.substr(pos, comma - pos);
     pos = comma + 1;
-    setenv("LAYERSTREAM_HOPPER8_VARIANT", v.c_str(), 1);
+    setenv("LAYERSTREAM_HOPPER8_VARIANT", var.c_str(), 1);
     check(b.copy(o_h, q), "clobber the output");  // no stale bytes from the last variant
-    row("int8_hopper_v" + v, describe(b.numerics()) + " p8 " + p8_path, time([&]() { return b.attention_int8(q, keys, o_h, p); }));
+    row("int8_hopper_v" + var, describe(b.numerics()) + " p8 " + p8_path, time([&]() { return b.attention_int8(q, keys, o_h, p); }));
     std::vector<int64_t> zero{0};
     check(b.copy(counter, TensorView(zero.data(), DType::f64, {1})), "counter");
     const TensorView a2(o_h.data, DType::bf16, {S, I}, o_h.device), b2(o_p.data, DType::bf16, {S, I}, o_p.device);
     check(cuda::count_unequal(b, a2, b2, counter), "count_unequal");
     check(b.copy(TensorView(zero.data(), DType::f64, {1}), counter), "counter");
     check(b.synchronize(), "synchronize");
-    std::printf("int8 hopper variant %s vs portable: %lld of %lld outputs differ\n", v.c_str(),
+    std::printf("int8 hopper variant %s vs portable: %lld of %lld outputs differ\n", var.c_str(),
                 static_cast<long long>(zero[0]), static_cast<long long>(S * I));
     if (zero[0] != 0) unequal = zero[0];
   }
