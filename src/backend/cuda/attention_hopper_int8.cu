@@ -23,17 +23,19 @@
 //     registers and 4..64 by shuffles, the CPU's adds in the CPU's stage order) into shared
 //     memory in the 128-byte swizzled layout wgmma reads; then per block, ping-pong:
 //       d   = q8 k8^T                 wgmma m64n128k32 s8 x s8 -> s32 (exact)
-//       u   = fl32(sk_j float(d))     (contract v2 §4.2; float(d) by the 1.5 2^23 trick)
+//       u   = fl32(sk_j float(d))     (contract v2 §4.2; float(d) by I2F, exact)
 //       mu  = max_j u (masked keys of a partial last tile -inf); sT = fl32(a_i mu);
 //       m'  = max(m, sT); alpha = exp2e(fl32(m - m')) (0 when m = -inf); beta = exp2e(fl32(sT - m'))
 //       p8  = p8 of x = fmaf(a_i, fl32(u - mu), kP8Top): the low byte of fl32(ex2.approx(x) +
-//             2^23) (kTable false: the device check found ex2 = the table) or the table's
-//             binary search (kTable true); masked keys 0 (int8_p8_check.cuh)
+//             2^23) (kTable false: the device check found ex2 = the table) or the fast byte
+//             corrected by the table (kTable true); masked keys 0 (int8_p8_check.cuh)
 //       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
 //       l   = fmaf(float(lt), beta, fl32(l alpha)); acc = fmaf(float(ot), beta, fl32(acc alpha))
-//             (one block later in the pipeline, with that block's alpha and beta; the alpha
-//             product skipped where every alpha of the warp is 1: fl32(y 1) = y)
+//             (one block later in the pipeline: block j - 1's P V is issued before block j's
+//             Q K^T, and its fold runs while Q K^T is on the tensor cores; the alpha product
+//             skipped where every alpha of the warp is 1: fl32(y 1) = y). The masking of a
+//             partial tile is compiled into the last block's softmax only.
 //     out = bf16(fl32(fl32(acc sv) / l)), or the state (acc, m, l) for the next chunk.
 //
 // Invariance: a query's bits depend on its row and the keys alone (row-local quantisation,
@@ -41,12 +43,11 @@
 // streamed chunks (multiples of 128 keys) carrying the state (f32 [Mq, H, 136], the CPU
 // reference's layout: acc in channel order, [128] m, [129] l) give one call's bytes.
 //
-// Speed: v1 (run 5) 346 TOP/s, ~24.9 issued instructions per score. v2 (SASS count, session
-// 11): ~17.7 per score in the main loop (float(d) 2, u 1, max 1, w 1, x 1, MUFU.EX2 1, byte 1,
-// PRMT 0.75, dp4a 0.25, sk loads 0.5, the fold 4, ~0.6 spill loads/stores). Session 11
-// "opt": compile-time variants (kVar, below; bench/results/issue26/README.md) cut the loop
-// to ~11.8 SASS per score by this page's count (run 7's 20.1 by the same count) and the
-// spills to 4 B; not yet timed on the GPU (run 8 pending): variant 0 is what runs.
+// Speed (H200, S = 111,274, 56 x 128, bf16 FLOP count; bench/results/issue26/): v1 (run 5) 346
+// TOP/s, ~24.9 issued instructions per score; v2 as first written (run 7) 488; this kernel
+// (run 8, helper opt's variant 15: the hoisted mask, P V before Q K^T, I2F for d and ot)
+// 586, ~11.8 SASS instructions per score in the main loop by nvdisasm (run 7's loop 20.1 by
+// the same count), 24 B of spill loads; the bf16 Hopper kernel 621 in the same run.
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <cmath>
@@ -76,8 +77,6 @@ constexpr int kVBytes = kD * kN;   // v8^T block (128 channels x 128 keys), 16 K
 constexpr int kSkBytes = kN * 4 * 4;  // key scales: 128 keys x 4 heads
 constexpr int kPermuteThreads = 96;   // producer warps 1-3
 constexpr int smem_bytes() { return kQBytes + kStages * (kKBytes + kVBytes + kSkBytes) + kBr * 4 + 256 + 1024; }
-constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
-constexpr uint32_t kMagicBits = 0x4B400000u;
 
 struct Args {
   const uint16_t* q;
@@ -113,10 +112,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
-}
-// float(x) for |x| < 2^22, exactly: bits(1.5 2^23 + x) - 1.5 2^23.
-__device__ __forceinline__ float small_int_to_float(int32_t x) {
-  return __fsub_rn(__int_as_float(x + static_cast<int32_t>(kMagicBits)), kMagic);
 }
 // d (+)= A B, m64n128k32, s8 A and B from shared memory (both K-major, 128-byte swizzle), s32.
 __device__ __forceinline__ void wgmma_s8_ss(int32_t (&d)[64], uint64_t da, uint64_t db, int scale_d) {
@@ -192,12 +187,7 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
   }
 }
 
-// Compile-time variants (session 11 "opt", timed side by side in one device call; bits):
-constexpr int kVHoist = 1;   // the masking of a partial tile only in the last block's softmax
-constexpr int kVOrder = 2;   // P V of block j - 1 issued before Q K^T of block j: fold, then softmax
-constexpr int kVI2fD = 4;    // float(d) by I2F instead of the 1.5 2^23 trick
-constexpr int kVI2fOt = 8;   // float(ot) by I2F instead of the trick
-template <bool kTable, int kVar>
+template <bool kTable>
 __global__ void __launch_bounds__(kThreads, 1)
     int8_attention_kernel(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                           const __grid_constant__ CUtensorMap ts, const Args a) {
@@ -326,16 +316,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Contract v2 §4.2-4.4 on block (stage s, nk valid keys): u = fl32(sk float(d)), the tile
   // max mu, sT = fl32(a mu), m, alpha, beta (returned for the fold after this block's P V),
   // and sc becomes the p8 words (byte 0 = p8 of x = fmaf(a, fl32(u - mu), kP8Top)).
-  const auto d_to_float = [](int32_t x) {
-    if constexpr ((kVar & kVI2fD) != 0) return __int2float_rn(x);
-    else return small_int_to_float(x);
-  };
-  const auto ot_to_float = [](int32_t x) {
-    if constexpr ((kVar & kVI2fOt) != 0) return __int2float_rn(x);
-    else return small_int_to_float(x);
-  };
+  // float(d) and float(ot) by I2F (I2FP.F32.S32 on sm_90, exact: |x| < 2^22): one issue
+  // slot each where the 1.5 2^23 trick took two (run 8: 586 against 550 TOP/s).
+  const auto d_to_float = [](int32_t x) { return __int2float_rn(x); };
+  const auto ot_to_float = [](int32_t x) { return __int2float_rn(x); };
   const auto softmax = [&](auto masked, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
-    constexpr bool kMask = decltype(masked)::value || (kVar & kVHoist) == 0;
+    constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
     float uv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
 #pragma unroll
@@ -447,19 +433,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   sched_arrive(cw);
   wgmma_wait<0>();
   fence_regs(sc);
-  float alpha[2], alpha_prev[2], beta[2], beta_prev[2];
+  float alpha[2], beta[2];
   const auto softmax_block = [&](int s, int64_t b, float (&al)[2], float (&be)[2]) {
     const int nk = static_cast<int>(a.Mk - b < kN ? a.Mk - b : kN);
-    if constexpr ((kVar & kVHoist) == 0) softmax(std::true_type{}, s, nk, al, be);
-    else if (nk < kN) softmax(std::true_type{}, s, nk, al, be);
+    if (nk < kN) softmax(std::true_type{}, s, nk, al, be);
     else softmax(std::false_type{}, s, nk, al, be);
   };
   softmax_block(0, 0, alpha, beta);
   release(k_empty(0));
-  alpha_prev[0] = alpha[0];
-  alpha_prev[1] = alpha[1];
-  beta_prev[0] = beta[0];
-  beta_prev[1] = beta[1];
   uint32_t p[4][4];
   int lt[2];
   int j = 1;
@@ -470,45 +451,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(v_ready(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
     pack_p(p, lt);  // P of block j - 1
     fence_regs(I);
-    if constexpr ((kVar & kVOrder) != 0) {
-      // P V of block j - 1 first, then Q K^T of block j: the fold of block j - 1 runs while
-      // Q K^T is on the tensor cores, and I is dead during the softmax.
-      sched_wait(cw);
-      wgmma_fence();
-      issue_pv(sp, p);
-      wgmma_commit();
-      issue_qk(s);
-      wgmma_commit();
-      sched_arrive(cw);
-      wgmma_wait<1>();
-      fence_regs(I);
-      release(v_empty(sp));
-      fold(alpha, beta, lt);  // block j - 1, with its own alpha, beta
-      wgmma_wait<0>();
-      fence_regs(sc);
-      softmax_block(s, b, alpha, beta);
-      release(k_empty(s));
-      continue;
-    }
+    // P V of block j - 1 first, then Q K^T of block j: the fold of block j - 1 runs while
+    // Q K^T is on the tensor cores, and I is dead during the softmax.
     sched_wait(cw);
     wgmma_fence();
-    issue_qk(s);
-    wgmma_commit();
     issue_pv(sp, p);
+    wgmma_commit();
+    issue_qk(s);
     wgmma_commit();
     sched_arrive(cw);
     wgmma_wait<1>();
+    fence_regs(I);
+    release(v_empty(sp));
+    fold(alpha, beta, lt);  // block j - 1, with its own alpha, beta
+    wgmma_wait<0>();
     fence_regs(sc);
     softmax_block(s, b, alpha, beta);
     release(k_empty(s));
-    wgmma_wait<0>();
-    fence_regs(I);
-    release(v_empty(sp));
-    fold(alpha_prev, beta_prev, lt);  // block j - 1, with its own alpha, beta
-    alpha_prev[0] = alpha[0];
-    alpha_prev[1] = alpha[1];
-    beta_prev[0] = beta[0];
-    beta_prev[1] = beta[1];
   }
   {  // the last block's P V
     const int sp = (j - 1) % kStages;
@@ -522,8 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(I);
     release(v_empty(sp));
-    if constexpr ((kVar & kVOrder) != 0) fold(alpha, beta, lt);
-    else fold(alpha_prev, beta_prev, lt);
+    fold(alpha, beta, lt);
   }
   if (a.state && !a.finalize) {
 #pragma unroll
@@ -563,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else
-template <bool kTable, int kVar>
+template <bool kTable>
 __global__ void int8_attention_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                       const __grid_constant__ CUtensorMap, const Args) {
 #ifdef __CUDA_ARCH__
@@ -675,25 +633,17 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
                                                   " bytes of shared memory per block; the device allows " +
                                                   std::to_string(ctx.max_smem_optin));
   const dim3 grid(static_cast<unsigned>((Mq + kBr - 1) / kBr), static_cast<unsigned>(H));
-  // Hidden for the variant bench (session 11 "opt"): LAYERSTREAM_HOPPER8_VARIANT = k.
-  const char* ve = std::getenv("LAYERSTREAM_HOPPER8_VARIANT");
-  const int var = ve != nullptr ? std::atoi(ve) : 0;
-  cudaError_t attr_err = cudaSuccess;
-  const auto launch = [&](auto kernel) {
-    attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (attr_err == cudaSuccess) kernel<<<grid, kThreads, kSmem, ctx.stream>>>(tk, tv, ts, a);
-  };
-  if (p8_table) launch(int8_attention_kernel<true, 0>);
-  else {
-    switch (var) {
-      case 1: launch(int8_attention_kernel<false, 1>); break;
-      case 3: launch(int8_attention_kernel<false, 3>); break;
-      case 5: launch(int8_attention_kernel<false, 5>); break;
-      case 7: launch(int8_attention_kernel<false, 7>); break;
-      case 11: launch(int8_attention_kernel<false, 11>); break;
-      case 15: launch(int8_attention_kernel<false, 15>); break;
-      default: launch(int8_attention_kernel<false, 0>); break;
-    }
+  // The shared-memory opt-in once per process (both instantiations).
+  static std::once_flag once;
+  static cudaError_t attr_err = cudaSuccess;
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(int8_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (attr_err == cudaSuccess)
+      attr_err = cudaFuncSetAttribute(int8_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  if (attr_err == cudaSuccess) {
+    if (p8_table) int8_attention_kernel<true><<<grid, kThreads, kSmem, ctx.stream>>>(tk, tv, ts, a);
+    else int8_attention_kernel<false><<<grid, kThreads, kSmem, ctx.stream>>>(tk, tv, ts, a);
   }
   if (attr_err != cudaSuccess)
     return make_error(ErrorCode::device, std::string("attention hopper int8: shared memory opt-in: ") +
