@@ -157,12 +157,13 @@ BackendDescription cuda_description(CudaBuild build) {
   // 128-key tile). Where the build has the sm_90a kernels the CUDA backend runs the Hopper
   // kernel (attention_hopper_int8.cu) on sm_90 GPUs, else the portable mma.sync kernel
   // (attention_int8.cu, sm_80+); the same bytes either way. On the H200 at S = 111,274, by the
-  // bf16 FLOP count: 346 TOP/s Hopper, 117 portable (one run, bench/results/issue26/run5).
+  // bf16 FLOP count (contract v2): 586 TOP/s Hopper, 225 portable (one run,
+  // bench/results/issue26/run8; v1: 346 and 117, run 5).
   // No row quantum (the contract has none; a slice's last 128-query CTA is padded, a small
   // cost kept out of the plans). Never auto's choice.
   const AttentionEntry int8{.algorithm = AttentionAlgorithm::int8,
                             .default_kv_tile = kInt8DefaultKvTile,
-                            .tflops = build.hopper ? 346.0 : 117.0,
+                            .tflops = build.hopper ? 586.0 : 225.0,
                             .head_dims = {128},
                             .key_prepass = true,
                             .with = build.hopper ? "with the int8 attention kernel (Hopper on sm_90, else portable)"
