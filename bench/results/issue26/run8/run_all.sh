@@ -6,6 +6,10 @@
 # int8 streaming cases, the stock H3 block with int8 and with the default (bench_cuda_block),
 # and the 50-block int8 forward at unlimited / 8G / 3G (bench_budget --attention int8).
 #   OUT=... bash bench/results/issue26/run8/run_all.sh
+# (Ran at e383875. Since ea20dc1 the variants and --hopper-variants are gone: variant 15 is the
+# kernel; this script is the record of run 8, not a tool for the current tree. Its best-variant
+# pick read the wrong field at the time (fixed here), so the block and budget half ran in a
+# second call with LAYERSTREAM_HOPPER8_VARIANT=15.)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; B=build-gpu; t0=$(date +%s); V=${V:-0,3,7,11,15}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -31,7 +35,7 @@ timeout 200 "$B"/bench/bench_int8_kernels --s 111274 --reps 3 --table --hopper-v
 echo "bench rc $? ($(el) s)"; cat "$OUT/bench_int8_kernels.log"
 best=""; bestr=0
 for v in $pass; do
-  d=$(grep -E "^int8 hopper variant $v vs portable" "$OUT/bench_int8_kernels.log" | awk '{print $6}')
+  d=$(grep -E "^int8 hopper variant $v vs portable" "$OUT/bench_int8_kernels.log" | awk '{print $7}')
   r=$(grep -E "^int8_hopper_v$v " "$OUT/bench_int8_kernels.log" | awk '{for(i=1;i<=NF;i++) if($i=="TOP/s"){print $(i-1); exit}}')
   [ "$d" = 0 ] && [ -n "$r" ] && awk "BEGIN{exit !($r > $bestr)}" && { best=$v; bestr=$r; }
 done
