@@ -55,7 +55,6 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/hopper_pipeline.cuh"
