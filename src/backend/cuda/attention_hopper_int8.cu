@@ -315,10 +315,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Contract v2 §4.2-4.4 on block (stage s, nk valid keys): u = fl32(sk float(d)), the tile
   // max mu, sT = fl32(a mu), m, alpha, beta (returned for the fold after this block's P V),
   // and sc becomes the p8 words (byte 0 = p8 of x = fmaf(a, fl32(u - mu), kP8Top)).
-  // float(d) and float(ot) by I2F (I2FP.F32.S32 on sm_90, exact: |x| < 2^22): one issue
-  // slot each where the 1.5 2^23 trick took two (run 8: 586 against 550 TOP/s).
-  const auto d_to_float = [](int32_t x) { return __int2float_rn(x); };
-  const auto ot_to_float = [](int32_t x) { return __int2float_rn(x); };
+  // float(d) and float(ot) by __int2float_rn (I2FP.F32.S32 on sm_90, exact: |x| < 2^22): one
+  // issue slot each where the 1.5 2^23 trick took two (run 8: 586 against 550 TOP/s).
   const auto softmax = [&](auto masked, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
     constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
     float uv[64];
@@ -328,10 +326,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       float skx, sky;
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
-      uv[4 * j + 0] = __fmul_rn(skx, d_to_float(sc[4 * j + 0]));
-      uv[4 * j + 1] = __fmul_rn(sky, d_to_float(sc[4 * j + 1]));
-      uv[4 * j + 2] = __fmul_rn(skx, d_to_float(sc[4 * j + 2]));
-      uv[4 * j + 3] = __fmul_rn(sky, d_to_float(sc[4 * j + 3]));
+      uv[4 * j + 0] = __fmul_rn(skx, __int2float_rn(sc[4 * j + 0]));
+      uv[4 * j + 1] = __fmul_rn(sky, __int2float_rn(sc[4 * j + 1]));
+      uv[4 * j + 2] = __fmul_rn(skx, __int2float_rn(sc[4 * j + 2]));
+      uv[4 * j + 3] = __fmul_rn(sky, __int2float_rn(sc[4 * j + 3]));
     }
     if (kMask && nk < kN) {  // masked keys: out of the max (and p8 = 0 below)
 #pragma unroll
@@ -400,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // fmaf(float(ot), beta, fl32(acc alpha)). One of alpha, beta is 1 (m' = max(m, sT)); the
   // common case is alpha = 1 (the tile did not raise the row's maximum), where fl32(acc * 1)
   // = acc, so the multiplication by alpha is skipped where every alpha of the warp is 1: one
-  // FFMA per accumulator. float(ot) by the 1.5 2^23 trick (|ot| <= 255 127 128 < 2^22).
+  // FFMA per accumulator. float(ot) exact (|ot| <= 255 127 128 < 2^22).
   const auto fold = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -411,11 +409,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(ot_to_float(I[i]), be[(i / 2) % 2], F[i]);
+      for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], F[i]);
     } else {
 #pragma unroll
       for (int i = 0; i < 64; ++i)
-        F[i] = __fmaf_rn(ot_to_float(I[i]), be[(i / 2) % 2], __fmul_rn(F[i], al[(i / 2) % 2]));
+        F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], __fmul_rn(F[i], al[(i / 2) % 2]));
     }
   };
   const auto release = [&](uint32_t bar) {

@@ -19,8 +19,8 @@
 //                   k-steps of 32), u = fl32(sk * float(d)), the tile max mu over the quad,
 //                   sT, alpha, beta, p8 of fmaf(a, fl32(u - mu), kP8Top) (fast ex2 byte or
 //                   the threshold table: template kTable), integer row sums of p8, P.V by
-//                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold. The keys of a 32-key group are loaded
-//                   into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
+//                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold. The
+//                   keys of a 32-key group are loaded into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
 //                   16+4t+{2,3} (n-tiles 0..3, column pair t), so each thread's Q.K accumulators
 //                   ARE its P.V A fragment (keys 4t..4t+3 and 16+4t..16+4t+3): no shuffles.
 #include <algorithm>

@@ -444,8 +444,9 @@ class CudaBackend final : public Backend {
     return cuda_op_attention_int8(ctx_, q, keys, out, p, table);
   }
   // p8 (contract v2, int8_p8_check.cuh): the fast ex2 byte where this device's ex2 gives the
-  // table on every pattern (checked once per device, on first use), else the table's binary
-  // search; cuda::set_int8_p8_path(b, "table") forces the table (tests, benchmarks).
+  // table on every pattern (checked once per device, on first use), else the table path (the
+  // fast byte corrected against the thresholds); cuda::set_int8_p8_path(b, "table") forces
+  // the table path (tests, benchmarks).
   bool int8_p8_table() const { return int8_p8_forced_table_ || !int8_p8_check(ctx_.device).ex2; }
   std::string int8_p8() const { return int8_p8_table() ? "table" : "ex2"; }
   void set_int8_p8_table(bool table) { int8_p8_forced_table_ = table; }

@@ -1,7 +1,8 @@
 // The once-per-device check of attention int8's fast p8 path (int8_p8_check.cuh): a kernel
 // compares, for EVERY fp32 pattern the kernels can meet, the fast byte (low byte of
-// fl32(ex2.approx.ftz(x) + 2^23)) with the table's p8 (the binary search the table path
-// uses), and counts the patterns where they differ. The patterns: x in [+0, kP8Top] (bits
+// fl32(ex2.approx.ftz(x) + 2^23)) with the table's p8 (a binary search of the thresholds),
+// and counts the patterns where they differ; it also checks the table path (the fast byte
+// corrected against the thresholds) against the same binary search. The patterns: x in [+0, kP8Top] (bits
 // [0, bits(kP8Top)]), x in [-inf, -0] (bits [0x80000000, 0xFF800000]) and every NaN (bits
 // 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3.25e9 patterns. x > kP8Top never
 // occurs (x = fmaf(a_i, w, kP8Top) with a_i > 0, w <= 0). Zero mismatches: the kernels use

@@ -39,8 +39,8 @@ Status cuda_op_int8_key_stats(CudaContext& ctx, const TensorView& k, const Tenso
                               bool reset);
 Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
                             const Int8Keys& keys);
-// p8_table: p8 by the threshold table's binary search instead of the fast ex2 byte
-// (int8_p8_check.cuh; the backend passes the once-per-device check's choice).
+// p8_table: p8 by the table path (the fast ex2 byte corrected against the thresholds) instead
+// of the fast byte alone (int8_p8_check.cuh; the backend passes the once-per-device check's choice).
 Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
                               const AttentionParams& p, bool p8_table);
 // linear_quant.cu: Backend::linear for every WeightFormat (bf16 goes to cuda_op_gemm). Its
