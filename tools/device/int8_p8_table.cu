@@ -16,6 +16,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cuda/int8_p8_check.cuh"
+
 #define CK(x)                                                                              \
   do {                                                                                     \
     cudaError_t e_ = (x);                                                                  \
@@ -25,12 +27,8 @@
     }                                                                                      \
   } while (0)
 
-__device__ __forceinline__ float ex2a(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ int p8dev(float x) { return __float_as_uint(__fadd_rn(ex2a(x), 8388608.0f)) & 0xFF; }
+// The fast byte exactly as the kernels compute it (int8_p8_check.cuh's p8dev::fast_word).
+__device__ __forceinline__ int p8dev(float x) { return static_cast<int>(ls::cuda::p8dev::fast_word(x) & 0xFFu); }
 
 // Positive domain: bits [0, kPosEnd] (x in [+0, ~7.9965], ex2 < 255.4: the byte cannot wrap).
 // Negative domain: bits [0x80000000, 0xFF800000] (-0 down to -inf).
