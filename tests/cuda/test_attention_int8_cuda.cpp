@@ -152,8 +152,8 @@ class Int8Kernel : public ::testing::TestWithParam<KernelPath> {
 
 // Contract v2's p8: the check scans every pattern once per device; on the H200 (whose ex2 the
 // table was measured on) it must find 0 mismatches and pick the fast path; the table path
-// must be exact on every device. The hook forces
-// the table and "auto" gives the check's choice back.
+// must be exact on every device. The hook forces the table and "auto" gives the check's
+// choice back.
 TEST(Int8AttentionCuda, P8CheckSelectsEx2OnTheH200) {
   NEED_GPU();
   cudaDeviceProp prop{};
