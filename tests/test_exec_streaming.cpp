@@ -53,6 +53,9 @@ TEST(ExecStreaming, Int8DeferredTransferQueue) {
   for (uint64_t seed = 1; seed <= 3; ++seed)
     test::check_streaming_knobs(seed, "cpu-deferred", 3, false, 12, false, /*int8=*/true);
   test::check_streaming_budgets(11, "cpu-deferred", 3, false, 10, false, /*int8=*/true);
+  // The wide case: S ~ 1,100 rows in chunks of kv_tile rows, so the prepare walk reuses each
+  // int8 chunk buffer while an earlier chunk's copy out may still be held back.
+  test::check_streaming_knobs(101, "cpu-deferred", 2, true, 8, false, /*int8=*/true);
 }
 
 TEST(ExecStreaming, Int8BudgetSweepAndInputModes) {

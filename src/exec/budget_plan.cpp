@@ -318,17 +318,22 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
                  I = static_cast<uint64_t>(c.cfg.inner()), L = static_cast<uint64_t>(c.L);
   Traffic t;
   t.weights = c.w.streamed_block_bytes(ch.R, c.L);
+  const bool int8 = c.o.int8_attention;
   if (lv.kv) {
     LS_CHECK(ch.attn > 0);
-    const uint64_t kv = 2 * S * I * 2;  // K and V of all rows, bf16
+    // K and V of all rows: bf16, or the int8 prepared keys (k8, sk, v8t: 2 I + 4 H bytes a key).
+    const uint64_t H = static_cast<uint64_t>(c.cfg.heads);
+    const uint64_t kv = int8 ? S * (2 * I + 4 * H) : 2 * S * I * 2;
     const uint64_t slices = (S + static_cast<uint64_t>(ch.attn) - 1) / static_cast<uint64_t>(ch.attn);
-    // Pass 1 out once; pass 2 back in for every query slice but the first (attended in pass 1).
+    // Out once (bf16: pass 1; int8: the prepare walk); back in for every query slice but the
+    // first (attended behind those copies).
     t.kv = L * (kv + (slices - 1) * kv);
   }
   if (lv.res) {
     t.residual = S * D * 2 * (1 + 5 * L) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
-    // With K/V offload pass 1 also reads the first query slice's rows for its Q.
-    if (lv.kv) t.residual += L * std::min(S, static_cast<uint64_t>(ch.attn)) * D * 2;
+    // With K/V offload the first query slice's rows are read once more for its Q; int8 reads
+    // every row once more (pass 1 takes the statistics, the prepare computes K, V again).
+    if (lv.kv) t.residual += L * std::min(S, static_cast<uint64_t>(ch.attn)) * D * 2 + (int8 ? L * S * D * 2 : 0);
   }
   return t;
 }
@@ -342,6 +347,11 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
 //   attention pass 1 (K/V offload): max(0, kv / B_d2h + W / B_h2d [+ x / B_h2d]
 //                                   - 4SDI / T_gemm (K, V) - 4aSI / T_att (the first
 //                                   query slice's attention, run behind the copies))
+//   int8 attention (K/V offload): kv = S (2 I + 4 H), the prepared keys; pass 1 (the key
+//                                   statistics, nothing out) max(0, W / B_h2d [+ x / B_h2d]
+//                                   - 4SDI / T_gemm); the prepare walk as pass 1 above
+//                                   without W (K, V computed again, copied out prepared,
+//                                   the first query slice attending behind the copies)
 //   attention pass 2 (K/V offload): (s - 1) x max(0, kv / B_h2d - a k), per reloaded
 //                                   slice, k = 4SI / T_att + 4DI / T_gemm [- 4D / B_h2d]
 //                                   (its attention and Q / out GEMMs [minus its residual
@@ -368,10 +378,14 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
   if (lv.kv) {
     const double a = std::min(S, static_cast<double>(ch.attn));
     const double slices = std::ceil(S / a);
-    const double out = kv / Bd + W / Bh + (lv.res ? x / Bh : 0.0);
+    // int8: the keys cross in their prepared form; pass 1 only reads (statistics), the
+    // prepare walk copies out behind the K/V GEMMs again and the first slice's attention.
+    const double kvx = c.o.int8_attention ? static_cast<double>(t.kv) / (L * slices) : kv;
+    if (c.o.int8_attention) per_block += std::max(0.0, W / Bh + (lv.res ? x / Bh : 0.0) - kv_gemms);
+    const double out = kvx / Bd + (c.o.int8_attention ? 0.0 : W / Bh) + (lv.res ? x / Bh : 0.0);
     per_block += std::max(0.0, out - kv_gemms - 4.0 * a * S * I / Ta);
     const double k = std::max(0.0, 4.0 * S * I / Ta + 4.0 * D * I / Tg - (lv.res ? 4.0 * D / Bh : 0.0));
-    per_block += (slices - 1.0) * std::max(0.0, kv / Bh - a * k);
+    per_block += (slices - 1.0) * std::max(0.0, kvx / Bh - a * k);
   } else if (lv.res) {
     per_block += std::max(0.0, W / Bh + x / Bh - kv_gemms);
     per_block += std::max(0.0, 2.0 * x / Bh - 4.0 * S * S * I / Ta - kv_gemms);

@@ -284,24 +284,33 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
 }
 
 // [int8 attention] K/V offload (docs/int8-attention.md §6). Three walks over the chunks,
-// each chunk of `chunk` keys (whole kv_tiles) in device buffer j = c % 2:
-//   pass 1   K, V bf16 of chunk c into kc[j], vc[j]; the key statistics merged in; the bf16
-//            chunk copied out to host K/V rows [k0, k1) (no attention yet: the statistics
-//            are complete only after every key).
-//   prepare  chunk c copied back into kc[j], vc[j]; int8_prepare into the int8 chunk buffer
-//            q8[j]; the prepared chunk copied out over the same host rows (k8 | sk in host K's
-//            2 n I bytes, v8t compact [H Dh, n] in host V's: about half the bytes).
-//   pass 2   per query slice, every prepared chunk streamed into q8[g % 2] two loads ahead,
-//            attention_int8 carrying the fp32 state across chunks (exactly one call's bytes).
-// Fences per buffer j: loaded (transfer -> compute), used (compute done reading kc/vc or q8
-// [j]), computed (compute wrote the buffer), saved (the copy out of it is done).
+// each chunk of `chunk` keys (whole kv_tiles), device buffers j = c % 2:
+//   pass 1   K, V bf16 of chunk c computed into kc[j], vc[j] and merged into the key
+//            statistics, nothing copied out: attention cannot start before the statistics
+//            are complete, and the bf16 keys would cross twice (out, then back in for the
+//            prepare: 8 S I bytes a block that no compute hides).
+//   prepare  the first query slice's Q, then chunk c's K, V computed again from the same
+//            residual rows by the same calls (the same bits: the GEMMs are row-invariant and
+//            the sub-slices are pass 1's), int8_prepare into q8[j], the prepared chunk copied
+//            out to host K/V rows [k0, k1) (k8 | sk in host K's 2 n I bytes, v8t compact in
+//            host V's), and while that copy runs the first query slice attends the chunk still
+//            in q8[j] (its fp32 state carried chunk to chunk in ascending order: exactly the
+//            calls pass 2 would make for it), so the copies hide behind that attention.
+//   pass 2   slice 0's out-projection, then every further query slice against every prepared
+//            chunk streamed into q8[g % 2] two loads ahead, carrying the fp32 state.
+// Per block: S (2 I + 4 H) bytes out, the same in per query slice after the first, and (with
+// residual offload) the residual rows read once more than bf16 offload reads them; the K/V
+// GEMMs run twice. A query's bits do not depend on where its key tiles come from, so every
+// row equals the one-call result.
+// Fences per buffer j: loaded (transfer -> compute), used (compute done reading q8[j]),
+// computed (compute wrote q8[j]), saved (the copy out of q8[j] is done).
 Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
                                    int64_t kv_tile, KvOffload& kv) {
   Backend& be = st.be;
   Arena& arena = st.arena;
   const int64_t S = st.S, H = st.cfg.heads, Dh = st.cfg.head_dim, I = st.cfg.inner();
   const int64_t chunk = kv.chunk, n_chunks = (S + chunk - 1) / chunk;
-  const int64_t n0 = std::min(S, slice);
+  const int64_t n0 = std::min(S, slice);  // the first query slice is rows [0, n0)
   LS_CHECK_MSG(I % 4 == 0, "int8 K/V offload keeps the f32 key scales after k8 in host K: I % 4 == 0");
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
   LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, chunk, n0));
@@ -323,60 +332,86 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     const auto [k0, k1] = rows_of(c);
     return Int8ChunkViews::host(kv, k0, k1, I, H, Dh);
   };
-  // Pass 1 (each chunk's rows in sub-slices of at most `slice` rows).
-  RowRanges pass1;
-  for (int64_t c = 0; c < n_chunks; ++c)
-    for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) pass1.push_back(ab);
-  LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, pass1, /*reads=*/true, /*writes=*/false));
-  for (int64_t c = 0; c < n_chunks; ++c) {
+  // Queries [a, b) (in q) against the prepared chunk c (in q8[j]), the state carried in from
+  // chunk c - 1 and finalised into o on the last chunk.
+  auto attend = [&](int64_t a, int64_t b, int64_t c, int j) -> Status {
+    const int64_t n = b - a;
     const auto [k0, k1] = rows_of(c);
-    const int j = static_cast<int>(c % 2);
-    LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out is done
+    const AttentionParams ap = chunk_params(st, state, n, kv_tile, c, n_chunks);
+    return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
+                             o.slice_rows(0, n).unflatten_last(H, Dh), ap);
+  };
+  // Chunk c's K and V into kc[j], vc[j] from its residual rows, in sub-slices of at most
+  // `slice` rows (h is scratch), by the walk `walk`; `each` runs after every sub-slice.
+  auto compute_kv = [&](ResidualWalk& walk, int64_t c, int j, const auto& each) -> Status {
+    const auto [k0, k1] = rows_of(c);
     for (const auto& [a, b] : row_slices(k0, k1, slice)) {
-      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(a, b));
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
       const TensorView kr = kc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
       const TensorView vr = vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
       LS_TRY(blk.attn_kv(r, a, b, kr, vr, h.slice_rows(0, std::min(b - a, n0))));
-      LS_TRY(be.int8_key_stats(kr, vr, stats, a == 0));
-      LS_TRY(walk1.out(r, a, b));
+      LS_TRY(each(kr, vr, a));
+      LS_TRY(walk.out(r, a, b));
     }
-    LS_TRY(copy_out_chunk(st, kv, bufs, j, k0, k1));
-  }
-  LS_TRY(walk1.finish());
-  LS_TRY(st.mark("attention pass 1"));
-  // Prepare: bf16 chunks back in (two ahead), int8 chunks out over the same host rows.
-  auto load_bf16 = [&](int64_t c) -> Status {
-    const auto [k0, k1] = rows_of(c);
-    const int j = static_cast<int>(c % 2);
-    LS_TRY(kv.used[j].wait(Queue::transfer));  // prepare of chunk c - 2 no longer reads kc/vc[j]
-    LS_TRY(be.copy_async(kc[j].slice_rows(0, k1 - k0), kv.k_host.slice_rows(k0, k1), Queue::transfer));
-    LS_TRY(be.copy_async(vc[j].slice_rows(0, k1 - k0), kv.v_host.slice_rows(k0, k1), Queue::transfer));
-    st.kv_bytes += static_cast<uint64_t>(2 * (k1 - k0) * I * 2);
-    return kv.loaded[j].signal(Queue::transfer);
+    return Status();
   };
-  for (int64_t c = 0; c < std::min<int64_t>(2, n_chunks); ++c) LS_TRY(load_bf16(c));
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const auto [k0, k1] = rows_of(c);
-    const int64_t n = k1 - k0;
-    const int j = static_cast<int>(c % 2);
-    LS_TRY(kv.loaded[j].wait(Queue::compute));
-    LS_TRY(kv.saved[j].wait(Queue::compute));  // q8[j]'s previous copy out is done
-    LS_TRY(be.int8_prepare(kc[j].slice_rows(0, n).unflatten_last(H, Dh), vc[j].slice_rows(0, n).unflatten_last(H, Dh),
-                           stats, q8[j].slice(0, n)));
-    LS_TRY(kv.used[j].signal(Queue::compute));
-    LS_TRY(kv.used[j].wait(Queue::transfer));
-    const Int8ChunkViews d = device_views(j, n), hst = host_views(c);
-    LS_TRY(be.copy_async(hst.k8, d.k8, Queue::transfer));
-    LS_TRY(be.copy_async(hst.sk, d.sk, Queue::transfer));
-    LS_TRY(be.copy_async(hst.v8t, d.v8t, Queue::transfer));
-    LS_TRY(kv.saved[j].signal(Queue::transfer));
-    st.kv_bytes += static_cast<uint64_t>(n * (2 * I + 4 * H));
-    if (c + 2 < n_chunks) LS_TRY(load_bf16(c + 2));
+  RowRanges chunk_rows;
+  for (int64_t c = 0; c < n_chunks; ++c)
+    for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) chunk_rows.push_back(ab);
+  // Pass 1: the statistics (compute only; kc[j], vc[j] are scratch here).
+  {
+    LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, chunk_rows, /*reads=*/true, /*writes=*/false));
+    for (int64_t c = 0; c < n_chunks; ++c)
+      LS_TRY(compute_kv(walk1, c, static_cast<int>(c % 2), [&](const TensorView& kr, const TensorView& vr, int64_t a) {
+        return be.int8_key_stats(kr, vr, stats, a == 0);
+      }));
+    LS_TRY(walk1.finish());
+  }
+  LS_TRY(st.mark("attention pass 1"));
+  // Prepare, with the first query slice's attention behind the copies out.
+  {
+    RowRanges prep_rows{{0, n0}};
+    prep_rows.insert(prep_rows.end(), chunk_rows.begin(), chunk_rows.end());
+    LS_ASSIGN_OR_RETURN(ResidualWalk walkp, ResidualWalk::begin(st, rs, prep_rows, /*reads=*/true, /*writes=*/false));
+    {
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walkp.in(0, n0));
+      LS_TRY(blk.attn_q(r, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
+      LS_TRY(walkp.out(r, 0, n0));
+    }
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const auto [k0, k1] = rows_of(c);
+      const int64_t n = k1 - k0;
+      const int j = static_cast<int>(c % 2);
+      LS_TRY(compute_kv(walkp, c, j, [](const TensorView&, const TensorView&, int64_t) { return Status(); }));
+      LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
+      LS_TRY(be.int8_prepare(kc[j].slice_rows(0, n).unflatten_last(H, Dh),
+                             vc[j].slice_rows(0, n).unflatten_last(H, Dh), stats, q8[j].slice(0, n)));
+      LS_TRY(kv.computed[j].signal(Queue::compute));
+      LS_TRY(kv.computed[j].wait(Queue::transfer));
+      const Int8ChunkViews d = device_views(j, n), hst = host_views(c);
+      LS_TRY(be.copy_async(hst.k8, d.k8, Queue::transfer));
+      LS_TRY(be.copy_async(hst.sk, d.sk, Queue::transfer));
+      LS_TRY(be.copy_async(hst.v8t, d.v8t, Queue::transfer));
+      LS_TRY(kv.saved[j].signal(Queue::transfer));
+      st.kv_bytes += static_cast<uint64_t>(n * (2 * I + 4 * H));
+      // The first query slice against chunk c, behind the copy out (both only read q8[j]).
+      LS_TRY(attend(0, n0, c, j));
+      LS_TRY(kv.used[j].signal(Queue::compute));
+    }
+    LS_TRY(walkp.finish());
   }
   LS_TRY(st.mark("attention int8 prepare"));
-  // Pass 2: every query slice against the prepared chunks.
+  // Pass 2: slice 0's out-projection and gated add (its attention is done), then every
+  // further query slice against the prepared chunks.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
                                                               /*writes=*/true));
+  {
+    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(0, n0));
+    LS_TRY(blk.attn_out(r, 0, n0, o, h));
+    LS_TRY(walk2.out(r, 0, n0));
+  }
+  // Load g streams chunk g % n_chunks into q8[g % 2] two steps ahead of its use; the chunk's
+  // prepared bytes were copied out on the transfer queue before (in order).
   auto load = [&](int64_t g) -> Status {
     const int64_t c = g % n_chunks;
     const auto [k0, k1] = rows_of(c);
@@ -389,18 +424,11 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     st.kv_bytes += static_cast<uint64_t>((k1 - k0) * (2 * I + 4 * H));
     return kv.loaded[j].signal(Queue::transfer);
   };
-  // Chunk g's prepared bytes were copied out on the transfer queue before these loads (in
-  // order), and q8[j]'s last reader before them is that copy out: same queue.
-  auto attend = [&](int64_t a, int64_t b, int64_t c, int j) -> Status {
-    const int64_t n = b - a;
-    const auto [k0, k1] = rows_of(c);
-    const AttentionParams ap = chunk_params(st, state, n, kv_tile, c, n_chunks);
-    return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
-                             o.slice_rows(0, n).unflatten_last(H, Dh), ap);
-  };
-  LS_TRY(stream_chunks(st, walk2, blk, bufs, kv, row_slices(0, S, slice), n_chunks, load, attend));
-  // Nothing is left in flight that writes a phase buffer: every load was waited for by
-  // the attention that read it; the last copies out were waited for by pass 2's loads.
+  LS_TRY(stream_chunks(st, walk2, blk, bufs, kv, row_slices(n0, S, slice), n_chunks, load, attend));
+  // Nothing is left in flight that writes a phase buffer: every load was waited for by the
+  // attention that read it; with one query slice no load follows the last copies out, which
+  // only READ q8 (what they write to the host is rewritten, in queue order, by the next
+  // block's prepare before any load reads it).
   return walk2.finish();
 }
 
