@@ -198,6 +198,7 @@ constexpr int kVDTrick = 1;   // float(d) by the 1.5 2^23 trick
 constexpr int kVOtTrick = 2;  // float(ot) by the 1.5 2^23 trick
 constexpr int kVHalf = 4;     // bits 1 / 2 only for odd accumulators (even ones keep I2FP)
 constexpr int kVSk128 = 8;    // key scales: 8 LDS.128 per block (a lane's 32 keys repacked)
+constexpr int kVOneExp = 16;  // one exp2e per row and block: alpha or beta is exp2e(0) = 1
 // float(x) for |x| < 2^22, exactly: bits 0x4B400000 + x are the float 1.5 2^23 + x (spacing
 // 1 in [2^23, 2^24)); subtracting 1.5 2^23 is exact.
 __device__ __forceinline__ float small_int_to_float(int32_t x) {
@@ -417,8 +418,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       mu[r] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float sT = __fmul_rn(c_r[r], mu[r]);  // the tile's largest score (log2 units)
       const float m_new = fmaxf(m_r[r], sT);
-      alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new));
-      beta[r] = i8a::exp2e(__fsub_rn(sT, m_new));  // exp2e(0) = 1
+      if constexpr ((kVar & kVOneExp) != 0) {
+        // exp2e(+-0) = 1 exactly (rint 0, f 0, the polynomial c0 = 1, times 2^0), and m' =
+        // max(m, sT) makes ta or tb 0 unless an operand is NaN or inf: one polynomial per
+        // row, the second only where both are nonzero (never for finite scores). The same
+        // values as the two calls below in every case.
+        const float ta = __fsub_rn(m_r[r], m_new), tb = __fsub_rn(sT, m_new);
+        const bool a1 = ta == 0.0f;
+        const float e = i8a::exp2e(a1 ? tb : ta);
+        alpha[r] = m_r[r] == -INFINITY ? 0.0f : a1 ? 1.0f : e;
+        beta[r] = a1 ? e : tb == 0.0f ? 1.0f : i8a::exp2e(tb);
+      } else {
+        alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new));
+        beta[r] = i8a::exp2e(__fsub_rn(sT, m_new));  // exp2e(0) = 1
+      }
       m_r[r] = m_new;
     }
 #pragma unroll
@@ -705,15 +718,13 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   else {
     switch (var) {
       case 1: launch(int8_attention_kernel<false, 1>); break;
-      case 2: launch(int8_attention_kernel<false, 2>); break;
       case 3: launch(int8_attention_kernel<false, 3>); break;
-      case 5: launch(int8_attention_kernel<false, 5>); break;
-      case 6: launch(int8_attention_kernel<false, 6>); break;
       case 7: launch(int8_attention_kernel<false, 7>); break;
       case 8: launch(int8_attention_kernel<false, 8>); break;
-      case 9: launch(int8_attention_kernel<false, 9>); break;
-      case 10: launch(int8_attention_kernel<false, 10>); break;
-      case 13: launch(int8_attention_kernel<false, 13>); break;
+      case 16: launch(int8_attention_kernel<false, 16>); break;
+      case 17: launch(int8_attention_kernel<false, 17>); break;
+      case 24: launch(int8_attention_kernel<false, 24>); break;
+      case 25: launch(int8_attention_kernel<false, 25>); break;
       default: launch(int8_attention_kernel<false, 0>); break;
     }
   }
