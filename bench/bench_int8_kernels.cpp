@@ -9,8 +9,6 @@
 // Each timed call after one warm-up; the median and the best of --reps.
 //   bench_int8_kernels [--s N] [--reps R] [--out FILE.json] [--no-portable] [--no-bf16] [--table]
 // (--table: also the Hopper kernel with p8 by the table path, cuda::set_int8_p8_path)
-// (hidden: --hopper-variants 0,1,... times compile-time variants of the Hopper kernel, each
-// against the portable output; LAYERSTREAM_HOPPER8_VARIANT, session 12 "opt2")
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -51,7 +49,6 @@ int main(int argc, char** argv) {
   int64_t S = 111274, reps = 3;
   bool portable = true, bf16 = true, table = false;
   std::string out = "bench_int8_kernels.json";
-  std::string variants;  // hidden: --hopper-variants 0,1,3 (LAYERSTREAM_HOPPER8_VARIANT)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-portable") {
@@ -73,7 +70,6 @@ int main(int argc, char** argv) {
     if (a == "--s") S = std::atoll(argv[i + 1]);
     else if (a == "--reps") reps = std::max<int64_t>(1, std::atoll(argv[i + 1]));
     else if (a == "--out") out = argv[i + 1];
-    else if (a == "--hopper-variants") variants = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -197,25 +193,6 @@ int main(int argc, char** argv) {
   }
   std::printf("int8 %s vs portable: %lld of %lld outputs differ\n", auto_kernel.c_str(), static_cast<long long>(unequal),
               static_cast<long long>(S * I));
-  for (size_t pos = 0; portable && !variants.empty() && pos < variants.size();) {
-    const size_t comma = std::min(variants.find(',', pos), variants.size());
-    const std::string var = variants.substr(pos, comma - pos);
-    pos = comma + 1;
-    setenv("LAYERSTREAM_HOPPER8_VARIANT", var.c_str(), 1);
-    check(b.copy(o_h, q), "clobber the output");  // no stale bytes from the last variant
-    row("int8_hopper_v" + var, describe(b.numerics()) + " p8 " + p8_path,
-        time([&]() { return b.attention_int8(q, keys, o_h, p); }));
-    std::vector<int64_t> zero{0};
-    check(b.copy(counter, TensorView(zero.data(), DType::f64, {1})), "counter");
-    const TensorView a2(o_h.data, DType::bf16, {S, I}, o_h.device), b2(o_p.data, DType::bf16, {S, I}, o_p.device);
-    check(cuda::count_unequal(b, a2, b2, counter), "count_unequal");
-    check(b.copy(TensorView(zero.data(), DType::f64, {1}), counter), "counter");
-    check(b.synchronize(), "synchronize");
-    std::printf("int8 hopper variant %s vs portable: %lld of %lld outputs differ\n", var.c_str(),
-                static_cast<long long>(zero[0]), static_cast<long long>(S * I));
-    if (zero[0] != 0) unequal = zero[0];
-  }
-  unsetenv("LAYERSTREAM_HOPPER8_VARIANT");
   for (const AttentionAlgorithm a : {AttentionAlgorithm::hopper, AttentionAlgorithm::cudnn}) {
     if (!bf16) break;
     Numerics nb;
