@@ -54,7 +54,6 @@ struct Args : bench::ModelClipArgs {
   std::string device = "cuda", json, reference_hash, attention = "auto";
   bool profile = false;
   int64_t kv_tile = 0;  // 0: the backend's default_kv_tile()
-  int64_t kv_chunk = 0;  // 0: the default (about kDefaultKvChunkKeys keys)
   std::vector<std::string> budgets = {"unlimited", "24G", "12G", "8G", "6G", "4G", "3G"};
 };
 
@@ -64,9 +63,6 @@ Args parse(int argc, char** argv) {
                  std::string("bench_budget: the whole model, one denoiser call per total device budget (issue 5)\n") +
                      bench::kModelClipUsage +
                      "  --kv-tile N         keys per attention tile (default: the device's; 8192 with CUDA + cuDNN)\n"
-                     "  --kv-chunk N        keys per K/V offload chunk, a multiple of the kv tile (default 0: about " +
-                     std::to_string(exec::kDefaultKvChunkKeys) +
-                     "); a memory knob, never a bit\n"
                      "  --budgets LIST      comma list: unlimited, 24G, 3.5GiB, ... (default "
                      "unlimited,24G,12G,8G,6G,4G,3G);\n"
                      "                      SIZE:keep-prefetch keeps two block slots where the planner would take one,\n"
@@ -80,7 +76,6 @@ Args parse(int argc, char** argv) {
                  2);
   bench::add_model_clip(f, a)
       .integer("--kv-tile", a.kv_tile)
-      .integer("--kv-chunk", a.kv_chunk)
       .list("--budgets", a.budgets)
       .text("--reference-hash", a.reference_hash)
       .text("--device", a.device)
@@ -170,7 +165,6 @@ int main(int argc, char** argv) {
   api::MemorySpec memory;
   memory.mode = api::MemoryMode::total_budget;
   memory.knobs.kv_tile = kv_tile;
-  memory.knobs.kv_chunk_rows = a.kv_chunk;
   auto minimum = session.minimum_budget(clip.cond, {a.sigma}, memory);
   if (!minimum.ok()) die(minimum.error().message);
   std::printf("smallest total budget that plans: %s (%" PRIu64 " bytes)\n", format_bytes(*minimum).c_str(), *minimum);
