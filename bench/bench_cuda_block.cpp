@@ -4,7 +4,8 @@
 //   stock:  one slice of S rows (the plain PyTorch-order block);
 //   sliced: pass 1 computes K, V for all tokens (qkv weight rows [I, 3I) alone), pass 2
 //           walks slices of --slice tokens: Q (rows [0, I)), attention against all
-//           keys, out_proj, gated add; then the MLP per slice.
+//           keys, out_proj, gated add; then the MLP per slice. With attention int8
+//           the keys' statistics and int8 form are made once between the passes.
 // Reports per S: median block time (ms) over --iters after --warmup, peak arena bytes
 // of each mode, attention and GEMM TFLOP/s measured alone, and whether the sliced
 // residual equals the stock one byte for byte. Timing: backend synchronize() around
@@ -292,6 +293,18 @@ void block_sliced(Backend& b, Arena& ar, const Weights& w, const Inputs& in, con
     ok(b.gemm(h, w.qkv.slice_rows(I, 3 * I), nullptr, kv.slice_rows(a, e)), "kv proj");
     ok(b.qk_norm_rope(k.slice_rows(a, e), w.kn, in.rope.slice_rows(a, e), 1e-5f), "k norm");
   }
+  // attention int8: the key statistics and the prepared keys once, after pass 1, as the
+  // executor's two-pass attention does (attention_all_keys per slice would prepare all
+  // keys again for every slice: session 12's run 10 timed that, 15.5 ms a slice).
+  const bool int8 = b.numerics().attention == AttentionAlgorithm::int8;
+  Int8Keys keys;
+  if (int8) {
+    const TensorView sb = take(ar, DType::f32, {3, H, Dh}, "int8 stats");
+    const TensorView kb = take(ar, DType::u8, {int8_keys_bytes(S, H, Dh)}, "int8 keys");
+    keys = int8_keys_view(kb.data, S, H, Dh, kb.device);
+    ok(b.int8_key_stats(k, v, sb, /*reset=*/true), "int8 stats");
+    ok(b.int8_prepare(k, v, sb, keys), "int8 prepare");
+  }
   // Pass 2: per slice Q, attention over all keys, out_proj, gated add.
   for (int64_t a = 0; a < S; a += c) {
     Arena::Scope s2(ar);
@@ -303,7 +316,8 @@ void block_sliced(Backend& b, Arena& ar, const Weights& w, const Inputs& in, con
     ok(b.gemm(h, w.qkv.slice_rows(0, I), nullptr, q.flatten_last2()), "q proj");
     ok(b.qk_norm_rope(q, w.qn, in.rope.slice_rows(a, e), 1e-5f), "q norm");
     TensorView o = take(ar, DType::bf16, {n, H, Dh}, "attn out");
-    attend(b, ar, q, k, v, o, ap);
+    if (int8) ok(b.attention_int8(q, keys, o, ap), "attention int8");
+    else attend(b, ar, q, k, v, o, ap);
     ok(b.gemm(o.flatten_last2(), w.out, nullptr, h), "out_proj");
     ok(b.gated_add(x, h, chunk(w, 2), rows), "gated_add msa");
   }

@@ -8,7 +8,12 @@
 // Inputs: counter-hashed approximate normal(0, 1) bf16 with two outlier channels in K (+12).
 // Each timed call after one warm-up; the median and the best of --reps.
 //   bench_int8_kernels [--s N] [--reps R] [--out FILE.json] [--no-portable] [--no-bf16] [--table]
-// (--table: also the Hopper kernel with p8 by the table path, cuda::set_int8_p8_path)
+//                      [--chunked ROWS]
+// (--table: also the Hopper kernel with p8 by the table path, cuda::set_int8_p8_path;
+// --chunked ROWS: the first ROWS queries against all S keys, in one call and in key chunks of
+// 4,096 / 8,192 / 16,384 / 32,768 keys carrying the fp32 state as K/V offload's pass 2 does,
+// each chunked output compared byte for byte with the one-call output: the cost per call of
+// a query slice and of its key chunks)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,7 +51,7 @@ void check(const Status& s, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t S = 111274, reps = 3;
+  int64_t S = 111274, reps = 3, chunked = 0;
   bool portable = true, bf16 = true, table = false;
   std::string out = "bench_int8_kernels.json";
   for (int i = 1; i < argc; ++i) {
@@ -70,6 +75,7 @@ int main(int argc, char** argv) {
     if (a == "--s") S = std::atoll(argv[i + 1]);
     else if (a == "--reps") reps = std::max<int64_t>(1, std::atoll(argv[i + 1]));
     else if (a == "--out") out = argv[i + 1];
+    else if (a == "--chunked") chunked = std::atoll(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -180,16 +186,54 @@ int main(int argc, char** argv) {
         time([&]() { return b.attention_int8(q, keys, o_p, p); }));
     check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
   }
-  // The two int8 outputs, byte for byte.
-  int64_t unequal = -1;
-  if (portable) {
+  // The same kernel on the first `chunked` queries: one call, then key chunks with the state.
+  std::string chunk_rows;
+  const auto count_diff = [&](const TensorView& x, const TensorView& y, int64_t rows_n) {
     std::vector<int64_t> zero{0};
     check(b.copy(counter, TensorView(zero.data(), DType::f64, {1})), "counter");
-    const TensorView a2(o_h.data, DType::bf16, {S, I}, o_h.device), b2(o_p.data, DType::bf16, {S, I}, o_p.device);
+    const TensorView a2(x.data, DType::bf16, {rows_n, I}, x.device), b2(y.data, DType::bf16, {rows_n, I}, y.device);
     check(cuda::count_unequal(b, a2, b2, counter), "count_unequal");
     check(b.copy(TensorView(zero.data(), DType::f64, {1}), counter), "counter");
     check(b.synchronize(), "synchronize");
-    unequal = zero[0];
+    return zero[0];
+  };
+  // The two int8 outputs, byte for byte.
+  int64_t unequal = -1;
+  if (portable) unequal = count_diff(o_h, o_p, S);
+  // (after the comparison above: this reuses o_p)
+  if (chunked > 0) {
+    const int64_t nq = std::min(S, chunked);
+    const TensorView qn = q.slice_rows(0, nq), on = o_h.slice_rows(0, nq), pn = o_p.slice_rows(0, nq);
+    const TensorView state = alloc(DType::f32, {nq, H, Dh + kAttentionStateExtra});
+    const double fl = 4.0 * static_cast<double>(nq) * static_cast<double>(S) * static_cast<double>(I);
+    const Timing one = time([&]() { return b.attention_int8(qn, keys, on, p); });
+    std::printf("chunked: %lld queries x %lld keys, one call   median %8.2f ms  %7.1f TOP/s\n",
+                static_cast<long long>(nq), static_cast<long long>(S), 1e3 * one.median, fl / one.median / 1e12);
+    for (const int64_t c : {int64_t{4096}, int64_t{8192}, int64_t{16384}, int64_t{32768}}) {
+      const int64_t nc = (S + c - 1) / c;
+      const Timing t = time([&]() -> Status {
+        for (int64_t j = 0; j < nc; ++j) {
+          AttentionParams pc = p;
+          pc.state = state;
+          pc.state_in = j > 0;
+          pc.finalize = j == nc - 1;
+          LS_TRY(b.attention_int8(qn, keys.slice(j * c, std::min(S, (j + 1) * c)), pn, pc));
+        }
+        return Status();
+      });
+      const int64_t d = count_diff(on, pn, nq);
+      std::printf("chunked: %5lld-key chunks (%3lld calls)        median %8.2f ms  %7.1f TOP/s  x%.3f one call, "
+                  "%.3f ms per call more; %lld outputs differ\n",
+                  static_cast<long long>(c), static_cast<long long>(nc), 1e3 * t.median, fl / t.median / 1e12,
+                  t.median / one.median, 1e3 * (t.median - one.median) / static_cast<double>(nc), static_cast<long long>(d));
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "%s    {\"queries\": %lld, \"chunk_keys\": %lld, \"calls\": %lld, \"median_seconds\": %.6f, "
+                    "\"one_call_median_seconds\": %.6f, \"unequal_outputs\": %lld}",
+                    chunk_rows.empty() ? "" : ",\n", static_cast<long long>(nq), static_cast<long long>(c),
+                    static_cast<long long>(nc), t.median, one.median, static_cast<long long>(d));
+      chunk_rows += buf;
+    }
   }
   std::printf("int8 %s vs portable: %lld of %lld outputs differ\n", auto_kernel.c_str(), static_cast<long long>(unequal),
               static_cast<long long>(S * I));
@@ -218,7 +262,8 @@ int main(int argc, char** argv) {
                      ",\n  \"flop_count\": \"4 S^2 H Dh\",\n  \"int8_p8_path\": \"" + p8_path + "\",\n  \"int8_p8_check\": \"" +
                      bench::json_escape(p8_check) + "\",\n  \"int8_prepare_median_seconds\": " +
                      std::to_string(prep.median) + ",\n  \"int8_hopper_vs_portable_unequal_outputs\": " +
-                     std::to_string(unequal) + ",\n  \"runs\": [\n" + rows + "\n  ]\n}\n";
+                     std::to_string(unequal) + ",\n  \"runs\": [\n" + rows + "\n  ],\n  \"chunked\": [\n" + chunk_rows +
+                     "\n  ]\n}\n";
   if (!bench::write_json_text(out, json)) {
     std::fprintf(stderr, "bench_int8_kernels: cannot write %s\n", out.c_str());
     return 1;
