@@ -14,7 +14,9 @@
 //
 // Usage: bench_cuda_block [--device cuda] [--S 32768,111274] [--slice 8192]
 //                         [--iters 3] [--warmup 1] [--kv-tile N (default: the backend's, 8192 with cuDNN)] [--json out.json]
-//                         [--attention-only | --gemm-only] [--dump DIR] [--op-times]
+//                         [--attention-only | --gemm-only] [--dump DIR] [--op-times] [--attention A]
+//   --attention A     auto | native | cudnn | hopper | int8: the attention algorithm (a numerics
+//                     setting, recorded in the JSON); overrides LAYERSTREAM_ATTENTION.
 //   --op-times        one more stock block, synchronised after every op: each op's
 //                     device time (JSON "op_ms"; the ops' labels, e.g. "qkv", "attention").
 //   --attention-only  attention alone (full S); no block, weights not filled.
@@ -357,6 +359,7 @@ int main(int argc, char** argv) {
   int64_t slice = 8192, kv_tile = 0;  // 0: the backend's default_kv_tile()
   int iters = 3, warmup = 1;
   bool attention_only = false, gemm_only = false, op_times = false;
+  std::string attention;  // empty: the developer variable or the default
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -374,6 +377,7 @@ int main(int argc, char** argv) {
     else if (a == "--gemm-only") gemm_only = true;
     else if (a == "--op-times") op_times = true;
     else if (a == "--dump") dump_dir = next();
+    else if (a == "--attention") attention = next();
     else die("unknown argument " + a);
   }
   if (attention_only && gemm_only) die("--attention-only and --gemm-only exclude each other");
@@ -386,6 +390,11 @@ int main(int argc, char** argv) {
                                &from_env),
      "developer variables");
   for (const std::string& e : from_env) std::fprintf(stderr, "bench_cuda_block: using developer variable %s\n", e.c_str());
+  if (!attention.empty()) {
+    auto alg = parse_attention(attention);
+    if (!alg.ok()) die(alg.error().message);
+    numerics.attention = *alg;
+  }
   auto be = make_backend(device, numerics, diagnostics);
   if (!be.ok()) die(be.error().message);
   Backend& b = **be;

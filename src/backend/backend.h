@@ -19,6 +19,7 @@
 // against by tests/test_backend_ops (parity harness).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -54,6 +55,12 @@ struct AttentionParams {
   bool state_in = false;
   bool finalize = true;
 };
+
+// The softmax scale every backend applies: p.scale, or 1/sqrt(Dh) rounded once from double
+// when p.scale is 0 (the one statement of that default; a bit of it is a bit of every output).
+inline float attention_scale(const AttentionParams& p, int64_t Dh) {
+  return p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+}
 
 // invalid_argument unless p's streamed-key settings fit a chunk of Mk keys for queries
 // [Mq, H, Dh]: a state view exactly f32 [Mq, H, Dh + kAttentionStateExtra], contiguous,

@@ -44,7 +44,7 @@ echo "bench_int8_kernels rc $? ($(( $(date +%s) - t0 )) s)"
 cat "$OUT/bench_int8_kernels.log"
 if [ "${BLOCK:-0}" = 1 ]; then
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-  LAYERSTREAM_ATTENTION=int8 timeout 150 "$B"/bench/bench_cuda_block --S "$S" --json "$OUT/block_int8.json" >"$OUT/block_int8.log" 2>&1
+  timeout 150 "$B"/bench/bench_cuda_block --attention int8 --S "$S" --json "$OUT/block_int8.json" >"$OUT/block_int8.log" 2>&1
   echo "block int8 rc $? ($(( $(date +%s) - t0 )) s)"; grep -E "^S=" "$OUT/block_int8.log"
   timeout 150 "$B"/bench/bench_cuda_block --S "$S" --json "$OUT/block_default.json" >"$OUT/block_default.log" 2>&1
   echo "block default rc $? ($(( $(date +%s) - t0 )) s)"; grep -E "^S=" "$OUT/block_default.log"

@@ -236,7 +236,7 @@ Status cpu_op_attention(const TensorView& q, const TensorView& k, const TensorVi
                       "attention: kv_tile must be positive; got " + std::to_string(p.kv_tile));
   LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
   LS_CHECK_MSG(Mk > 0, "attention over zero keys");
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const float scale = attention_scale(p, Dh);
 
   AttentionArgs a{&q, &k, &v, &out, Mq, Mk, H, Dh, p.kv_tile, scale,
                   p.state.empty() ? nullptr : p.state.ptr<float>(), p.state_in, p.finalize};

@@ -181,7 +181,7 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
   if (!i8a::scale_ok(p.scale)) return make_error(ErrorCode::invalid_argument, i8a::scale_error(p.scale));
   LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
   LS_CHECK_MSG(Mk > 0, "attention_int8 over zero keys");
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const float scale = attention_scale(p, Dh);
   const float cs = i8a::score_factor(scale, static_cast<int>(Dh));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t ld = keys.v8t.stride[1], hs = keys.v8t.stride[0];

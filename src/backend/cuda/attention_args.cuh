@@ -43,7 +43,7 @@ inline Status fill_attention_args(const char* who, const TensorView& q, const Te
   if (a.state && (reinterpret_cast<uintptr_t>(a.state) & 7u) != 0)
     return unsupported(who, "the state needs 8-byte aligned memory (an arena piece is)");
   const int64_t Dh = q.shape[2];
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const float scale = attention_scale(p, Dh);
   if (!(scale > 0.0f)) return unsupported(who, "softmax scale must be positive");
   a.scale_log2 = scale * kLog2e;
   return Status();

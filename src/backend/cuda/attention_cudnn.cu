@@ -766,7 +766,7 @@ Status attention_cudnn(CudaContext& ctx, const TensorView& q, const TensorView& 
                           " at q_chunk " + std::to_string(q_chunk) +
                           " (attention_cudnn_workspace_bytes); hand a larger view to set_workspace or use "
                           "attention native");
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const float scale = attention_scale(p, Dh);
   if (!(scale > 0.0f)) return unsupported("attention (cudnn)", "softmax scale must be positive");
 
   // Plans for the full tile length and (if any) the last, shorter tile.

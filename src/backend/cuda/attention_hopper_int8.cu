@@ -619,7 +619,7 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   a.o_hs = out.stride[1];
   a.Mq = Mq;
   a.Mk = Mk;
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(kD)));
+  const float scale = attention_scale(p, kD);
   a.cs = i8a::score_factor(scale, kD);
   a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
   a.state_in = p.state_in;

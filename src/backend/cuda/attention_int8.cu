@@ -535,7 +535,7 @@ Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8K
                    (reinterpret_cast<uintptr_t>(out.data) & 3u) == 0,
                "attention_int8: out rows must be 4-byte aligned");
   if (Mq == 0) return Status();
-  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const float scale = attention_scale(p, Dh);
   AttnArgs a{};
   a.q = q.ptr<const uint16_t>(), a.q_rs = q.stride[0], a.q_hs = q.stride[1];
   a.k8 = keys.k8.ptr<const int8_t>(), a.k8_rs = keys.k8.stride[0];
