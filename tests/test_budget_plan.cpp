@@ -476,6 +476,28 @@ TEST(BudgetPlan, PcieArithmetic) {
   EXPECT_EQ(res->host_pinned_bytes, x);
 }
 
+// attention int8 (docs/int8-attention.md §6): only the prepared keys cross, S (2 I + 4 H)
+// bytes (k8, sk, v8t), out once per block and back in per query slice but the first
+// (attended by the prepare walk); the host holds them in that size; with residual offload
+// every row is read once more than bf16 offload reads it (pass 1 and the prepare).
+TEST(BudgetPlan, PcieArithmeticInt8) {
+  h3::H3Config cfg;
+  const uint64_t S = 111274, I = 7168, H = 56, D = 5376, kv8 = S * (2 * I + 4 * H), x = S * D * 2;
+  BudgetOptions o;
+  o.int8_attention = true;
+  o.kv_tile = 128;
+  auto r = plan_total_budget(cfg, clip_15s_1mp(), 3 * GiB, o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(r->kv_offload);
+  const uint64_t slices = (S + r->activations.attn_slice - 1) / r->activations.attn_slice;
+  EXPECT_EQ(r->pcie_kv_bytes, 50 * slices * kv8);
+  EXPECT_EQ(r->host_pinned_bytes, kv8 + x);
+  ASSERT_TRUE(r->residual_offload);  // at 3 GiB (bench/results/issue26 run 10's plan)
+  EXPECT_EQ(r->pcie_residual_bytes, x * (1 + 5 * 50) + 110774ull * D * 2 +
+                                        50ull * static_cast<uint64_t>(r->activations.attn_slice) * D * 2 + 50 * x);
+  std::printf("%s\n", r->describe().c_str());
+}
+
 // The exposed-transfer model by hand (budget_plan.cpp exposed_seconds) for the 4 GiB
 // K/V-only plan: pass 1's copies out (and the block's weights) against the K/V GEMMs
 // and the first query slice's attention; pass 2's reload per further slice against that

@@ -308,6 +308,13 @@ std::vector<Mode> offload_modes(const BudgetOptions& o) {
   return v;
 }
 
+// Pinned host bytes of K/V offload (one block's, reused): bf16 K and V, or with attention
+// int8 the prepared keys (k8 + sk + v8t, 2 I + 4 H bytes a key; exec KvOffload).
+uint64_t host_kv_bytes(const H3Config& cfg, uint64_t S, bool int8) {
+  const uint64_t I = static_cast<uint64_t>(cfg.inner()), H = static_cast<uint64_t>(cfg.heads);
+  return int8 ? S * (2 * I + 4 * H) : 2 * S * I * 2;
+}
+
 // Host <-> device bytes per forward of a choice (see the top of this file).
 struct Traffic {
   uint64_t weights = 0, kv = 0, residual = 0;
@@ -463,7 +470,7 @@ DevicePeak peak_of(const Context& c, int64_t R, uint64_t act, Level lv) {
   d.predicted_peak_bytes = std::max({d.steps_peak_bytes, d.text_peak_bytes, d.precompute_peak_bytes});
   const uint64_t S = static_cast<uint64_t>(c.z.S);
   d.host_pinned_bytes = c.w.streamed_block_bytes(R, c.L);  // streamed blocks' pinned copies
-  if (lv.kv) d.host_pinned_bytes += 2 * S * static_cast<uint64_t>(c.cfg.inner()) * 2;  // one block's K, V
+  if (lv.kv) d.host_pinned_bytes += host_kv_bytes(c.cfg, S, c.o.int8_attention);  // one block's K, V
   if (lv.res) d.host_pinned_bytes += S * static_cast<uint64_t>(c.cfg.hidden) * 2;       // the residual x
   return d;
 }
@@ -683,7 +690,7 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const CallLayout& la
   bp.pcie_kv_bytes = t.kv;
   bp.pcie_residual_bytes = t.residual;
   const uint64_t S = static_cast<uint64_t>(c.z.S);
-  if (lv.kv) bp.host_pinned_bytes += 2 * S * static_cast<uint64_t>(cfg.inner()) * 2;  // one block's K, V (reused)
+  if (lv.kv) bp.host_pinned_bytes += host_kv_bytes(cfg, S, c.o.int8_attention);  // one block's K, V (reused)
   if (lv.res) bp.host_pinned_bytes += S * static_cast<uint64_t>(cfg.hidden) * 2;      // the residual x
   return bp;
 }

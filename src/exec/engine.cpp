@@ -257,7 +257,7 @@ Status Engine::Impl::ensure_arenas(const Plan& plan) {
     }
   }
   if (plan.kv_offload) {
-    const uint64_t need = 2 * Arena::aligned_bytes(static_cast<size_t>(S * cfg.inner() * 2));
+    const uint64_t need = KvOffload::host_bytes(S, cfg.inner(), plan.knobs.int8_attention ? cfg.heads : 0);
     if (!pinned_kv || pinned_kv->capacity() != need) {
       pinned_kv.reset();
       LS_ASSIGN_OR_RETURN(pinned_kv, Arena::create(be->pinned_host_memory(), need));
@@ -981,10 +981,12 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const h3::PackedLayo
   LS_TRY(st.mark("embed"));
 
   // ---- the block loop ----
-  // K/V offload: host K, V [S, I] (pinned, reused block after block) and its fences.
+  // K/V offload: host K, V (pinned, reused block after block; int8: the prepared keys'
+  // layout, about half the bytes) and its fences.
   std::optional<KvOffload> kv;
   if (kv_off) {
-    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(bk, *m.pinned_kv, st.S, cfg.inner(), plan.kv_chunk));
+    LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(bk, *m.pinned_kv, st.S, cfg.inner(), plan.kv_chunk,
+                                                       plan.knobs.int8_attention ? cfg.heads : 0));
     kv.emplace(std::move(k));
   }
   LS_TRY(m.run_blocks(st, attn, mlp, plan, kv ? &*kv : nullptr, log));

@@ -5,12 +5,25 @@
 
 namespace ls::exec {
 
-Expected<KvOffload> KvOffload::create(Backend& be, Arena& pinned, int64_t S, int64_t I, int64_t chunk) {
+uint64_t KvOffload::host_bytes(int64_t S, int64_t I, int64_t int8_heads) {
+  if (int8_heads > 0)
+    return Arena::aligned_bytes(static_cast<size_t>(S * (I + 4 * int8_heads))) +
+           Arena::aligned_bytes(static_cast<size_t>(S * I));
+  return 2 * Arena::aligned_bytes(static_cast<size_t>(S * I * 2));
+}
+
+Expected<KvOffload> KvOffload::create(Backend& be, Arena& pinned, int64_t S, int64_t I, int64_t chunk,
+                                      int64_t int8_heads) {
   KvOffload kv;
   kv.chunk = chunk;
   pinned.rewind(Arena::Mark{0});
-  LS_ASSIGN_OR_RETURN(kv.k_host, pinned.alloc(DType::bf16, {S, I}, "host K"));
-  LS_ASSIGN_OR_RETURN(kv.v_host, pinned.alloc(DType::bf16, {S, I}, "host V"));
+  if (int8_heads > 0) {
+    LS_ASSIGN_OR_RETURN(kv.k_host, pinned.alloc(DType::u8, {S, I + 4 * int8_heads}, "host K (int8: k8 | sk)"));
+    LS_ASSIGN_OR_RETURN(kv.v_host, pinned.alloc(DType::u8, {S, I}, "host V (int8: v8t)"));
+  } else {
+    LS_ASSIGN_OR_RETURN(kv.k_host, pinned.alloc(DType::bf16, {S, I}, "host K"));
+    LS_ASSIGN_OR_RETURN(kv.v_host, pinned.alloc(DType::bf16, {S, I}, "host V"));
+  }
   for (int j = 0; j < 2; ++j) {
     LS_ASSIGN_OR_RETURN(kv.computed[j], be.take_fence());
     LS_ASSIGN_OR_RETURN(kv.saved[j], be.take_fence());
@@ -79,7 +92,7 @@ AttentionParams chunk_params(const ForwardState& st, const TensorView& state, in
 
 // [int8 attention] a prepared chunk of n keys as three 2-D views (k8 i8 [n, I], sk f32
 // [n, H], v8t i8 [H Dh, n]): in the device chunk buffer `keys`, or over host K/V rows
-// [k0, k1) (k8 | sk in host K's 2 n I bytes, v8t compact in host V's).
+// [k0, k1) (k8 | sk in host K's n (I + 4 H) bytes, v8t compact in host V's n I).
 struct Int8ChunkViews {
   TensorView k8, sk, v8t;
   static Int8ChunkViews device(const Int8Keys& keys, int64_t n, int64_t I, int64_t H, int64_t Dh) {
@@ -312,6 +325,8 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   const int64_t chunk = kv.chunk, n_chunks = (S + chunk - 1) / chunk;
   const int64_t n0 = std::min(S, slice);  // the first query slice is rows [0, n0)
   LS_CHECK_MSG(I % 4 == 0, "int8 K/V offload keeps the f32 key scales after k8 in host K: I % 4 == 0");
+  LS_CHECK_MSG(kv.k_host.dtype == DType::u8 && kv.k_host.size(1) == I + 4 * H && kv.v_host.size(1) == I,
+               "int8 K/V offload needs the int8 host buffers (KvOffload::create with int8_heads = H)");
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
   LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, chunk, n0));
   const auto& [kc, vc, h, q, o, state] = bufs;

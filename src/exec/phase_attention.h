@@ -27,18 +27,26 @@
 
 namespace ls::exec {
 
-// What the K/V offload holds for one forward: host K, V bf16 [S, I] (pinned, reused
-// block after block) and its fences, per device chunk buffer j in {0, 1}:
+// What the K/V offload holds for one forward: host K, V (pinned, reused block after block)
+// and its fences. bf16 attention: K, V bf16 [S, I]. attention int8 (int8_heads = H > 0): only
+// the prepared keys cross (docs/int8-attention.md §6), so host K is u8 [S, I + 4 H] (each
+// chunk's k8 then its f32 key scales, in the chunk's rows' bytes) and host V u8 [S, I] (each
+// chunk's v8t, compact): S (2 I + 4 H) bytes, about half of bf16's 4 S I. Per device chunk
+// buffer j in {0, 1}:
 //   computed[j]: pass 1's K/V of the chunk in buffer j are computed (compute queue)
 //   saved[j]   : that chunk's copy out to the host is done (transfer queue)
 //   loaded[j]  : pass 2's copy of a chunk into buffer j is done (transfer queue)
 //   used[j]    : attention on the chunk in buffer j is done (compute queue)
 struct KvOffload {
-  TensorView k_host, v_host;  // bf16 [S, I], pinned host
+  TensorView k_host, v_host;  // pinned host: bf16 [S, I] each, or int8's u8 [S, I + 4 H], [S, I]
   int64_t chunk = 0;          // rows per device chunk buffer (a multiple of kv_tile, or S)
   Backend::Fence computed[2], saved[2], loaded[2], used[2];
-  // Takes the host buffers from `pinned` (rewound first) and 8 fences from `be`.
-  static Expected<KvOffload> create(Backend& be, Arena& pinned, int64_t S, int64_t I, int64_t chunk);
+  // Takes the host buffers from `pinned` (rewound first; at least host_bytes) and 8 fences
+  // from `be`.
+  static Expected<KvOffload> create(Backend& be, Arena& pinned, int64_t S, int64_t I, int64_t chunk,
+                                    int64_t int8_heads = 0);
+  // The pinned arena's capacity for the host buffers (each aligned as Arena allocates).
+  static uint64_t host_bytes(int64_t S, int64_t I, int64_t int8_heads = 0);
 };
 
 // One block's attention half under `specs`: residual x updated in place.
