@@ -1,5 +1,6 @@
 #include "cli_util.h"  // (not "cli/...": tests/test_cli_parse.cpp compiles this file in)
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +41,39 @@ std::string opts_text(const std::string& type, const std::string& def, bool requ
 
 Expected<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
   return parse_int(std::string_view(flag), std::string_view(text), IntRange{lo, hi});
+}
+
+Expected<KeyframeArg> parse_keyframe_arg(const std::string& arg) {
+  KeyframeArg k;
+  k.path = arg;
+  const size_t at = arg.rfind('@');
+  if (at == std::string::npos || at + 1 >= arg.size()) return k;
+  const std::string f = arg.substr(at + 1);
+  if (f == "last") {
+    k.last = true;
+  } else if (std::all_of(f.begin(), f.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    LS_ASSIGN_OR_RETURN(const int64_t fr, parse_int("--keyframe frame", f, 0, 10000000));
+    k.frame = fr;
+  } else {
+    return k;  // not a frame: '@' is part of the path
+  }
+  k.path = arg.substr(0, at);
+  return k;
+}
+
+Expected<int64_t> keyframe_pixel_frame(const KeyframeArg& k, const std::optional<std::string>& meta, int64_t frames) {
+  int64_t f = 0;
+  if (k.last) {
+    f = frames - 1;
+  } else if (k.frame) {
+    f = *k.frame;
+  } else if (meta) {
+    LS_ASSIGN_OR_RETURN(f, parse_int(k.path + " metadata pixel_frame", *meta, 0, 10000000));
+  }
+  if (f >= frames)
+    return Error{ErrorCode::invalid_argument, k.path + ": keyframe at pixel frame " + std::to_string(f) +
+                                                  " is past the clip's last frame " + std::to_string(frames - 1)};
+  return f;
 }
 
 Expected<api::MemorySpec> memory_from_flags(const MemoryFlags& f, api::MemoryRequest* request) {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,6 +57,19 @@ using ranges::parse_size;
 // The same as parse_int(flag, text, {lo, hi}) (for values whose range depends on the
 // input, such as a keyframe's frame index).
 Expected<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
+
+// --keyframe FILE[@FRAME|@last] (forward and generate, one grammar): the suffix after the
+// last '@' is split off only when it is a frame ("last" or digits), so a path with '@' in
+// it stays whole ("shot@2x.safetensors").
+struct KeyframeArg {
+  std::string path;
+  std::optional<int64_t> frame;  // @FRAME; nullopt: @last, else the file's metadata or 0
+  bool last = false;             // @last
+};
+Expected<KeyframeArg> parse_keyframe_arg(const std::string& arg);
+// The keyframe's pixel frame in a clip of `frames` pixel frames: @last, @FRAME, else the
+// file's "pixel_frame" metadata (`meta`), else 0; invalid_argument past the last frame.
+Expected<int64_t> keyframe_pixel_frame(const KeyframeArg& k, const std::optional<std::string>& meta, int64_t frames);
 
 // A numeric flag bound as text, and whether it was given on the command line at all
 // (an empty value, `--kv-tile ''`, is given: it is refused, never taken as the default).

@@ -67,21 +67,14 @@ struct ForwardOptions : RunFlags {
   bool no_prefetch = false, keep_prefetch = false, kv_offload = false, residual_offload = false;
 };
 
-// A --keyframe FILE[@FRAME|@last]: the file through the shared loader (cli/inputs.h),
-// the frame from @FRAME, @last, the file's "pixel_frame" metadata, or 0.
+// A --keyframe FILE[@FRAME|@last] (cli_util.h's one grammar): the file through the shared
+// loader (cli/inputs.h), the frame from @FRAME, @last, the file's "pixel_frame" metadata, or 0.
 Expected<h3::Keyframe> load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::ClipGeometry& g) {
-  std::string path = arg, frame;
-  if (auto at = arg.rfind('@'); at != std::string::npos) path = arg.substr(0, at), frame = arg.substr(at + 1);
-  LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(path));
+  LS_ASSIGN_OR_RETURN(const KeyframeArg ka, parse_keyframe_arg(arg));
+  LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(ka.path));
   std::optional<std::string> meta_frame;
   LS_ASSIGN_OR_RETURN(h3::Keyframe k, load_forward_keyframe(*file, cfg, g, meta_frame));
-  if (frame == "last") {
-    k.pixel_frame = g.frames - 1;
-  } else if (!frame.empty()) {
-    LS_ASSIGN_OR_RETURN(k.pixel_frame, parse_int("--keyframe frame", frame, 0, g.frames - 1));
-  } else if (meta_frame) {
-    LS_ASSIGN_OR_RETURN(k.pixel_frame, parse_int(path + " metadata pixel_frame", *meta_frame, 0, g.frames - 1));
-  }
+  LS_ASSIGN_OR_RETURN(k.pixel_frame, keyframe_pixel_frame(ka, meta_frame, g.frames));
   return k;
 }
 

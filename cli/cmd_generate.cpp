@@ -56,48 +56,13 @@ struct GenerateOptions : RunFlags {
 
 int fail(const Error& e) { return report_error(kCmd, e); }
 
-// "FILE" or "FILE@FRAME" (FRAME: a pixel frame index or "last").
-struct KeyframeArg {
-  std::string path;
-  std::optional<int64_t> frame;  // nullopt = from the file's metadata or 0
-  bool last = false;
-};
-Expected<KeyframeArg> parse_keyframe_arg(const std::string& arg) {
-  KeyframeArg k;
-  k.path = arg;
-  const size_t at = arg.rfind('@');
-  if (at != std::string::npos && at + 1 < arg.size()) {
-    const std::string f = arg.substr(at + 1);
-    if (f == "last") {
-      k.last = true;
-      k.path = arg.substr(0, at);
-    } else if (std::all_of(f.begin(), f.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
-      LS_ASSIGN_OR_RETURN(int64_t fr, parse_int("--keyframe frame", f, 0, 10000000));
-      k.frame = fr;
-      k.path = arg.substr(0, at);
-    }
-  }
-  return k;
-}
-
 Status load_keyframe(const std::string& arg, const h3::H3Config& cfg, const h3::ClipGeometry& g, h3::Keyframe& kf) {
   LS_ASSIGN_OR_RETURN(KeyframeArg ka, parse_keyframe_arg(arg));
   LS_ASSIGN_OR_RETURN(auto file, SafetensorsReader::open(ka.path));
   LS_TRY(load_generate_keyframe(*file, cfg, g, kf));
-  if (ka.last) {
-    kf.pixel_frame = g.frames - 1;
-  } else if (ka.frame) {
-    kf.pixel_frame = *ka.frame;
-  } else {
-    auto it = file->metadata().find("pixel_frame");
-    kf.pixel_frame = 0;
-    if (it != file->metadata().end()) {
-      LS_ASSIGN_OR_RETURN(kf.pixel_frame, parse_int(ka.path + " metadata pixel_frame", it->second, 0, 10000000));
-    }
-  }
-  if (kf.pixel_frame >= g.frames)
-    return make_error(ErrorCode::invalid_argument, ka.path + ": keyframe at pixel frame " + std::to_string(kf.pixel_frame) +
-                                                       " is past the clip's last frame " + std::to_string(g.frames - 1));
+  std::optional<std::string> meta;
+  if (auto it = file->metadata().find("pixel_frame"); it != file->metadata().end()) meta = it->second;
+  LS_ASSIGN_OR_RETURN(kf.pixel_frame, keyframe_pixel_frame(ka, meta, g.frames));
   return {};
 }
 

@@ -127,3 +127,51 @@ TEST(CliParse, FlagTextGivenEmptyIsRefused) {
     }
   }
 }
+
+// --keyframe FILE[@FRAME|@last]: one grammar for forward and generate. The suffix is split
+// off only when it is a frame, so a path with '@' stays whole; the pixel frame comes from
+// @last, @FRAME, the file's metadata or 0, and one past the clip's last frame is refused.
+TEST(CliParse, KeyframeArgument) {
+  struct Case {
+    const char* arg;
+    const char* path;
+    int64_t frame;  // -1: none
+    bool last;
+  };
+  for (const Case& c : {Case{"kf.safetensors", "kf.safetensors", -1, false},
+                        Case{"kf.safetensors@3", "kf.safetensors", 3, false},
+                        Case{"kf.safetensors@last", "kf.safetensors", -1, true},
+                        Case{"shot@2x.safetensors", "shot@2x.safetensors", -1, false},
+                        Case{"a@b@7", "a@b", 7, false}, Case{"trailing@", "trailing@", -1, false}}) {
+    auto k = parse_keyframe_arg(c.arg);
+    ASSERT_TRUE(k.ok()) << c.arg << ": " << k.error().message;
+    EXPECT_EQ(k->path, c.path) << c.arg;
+    EXPECT_EQ(k->frame.has_value(), c.frame >= 0) << c.arg;
+    if (c.frame >= 0 && k->frame) {
+      EXPECT_EQ(*k->frame, c.frame) << c.arg;
+    }
+    EXPECT_EQ(k->last, c.last) << c.arg;
+  }
+  auto big = parse_keyframe_arg("kf@99999999999");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.error().message.find("--keyframe frame"), std::string::npos) << big.error().message;
+
+  const auto frame_of = [](const char* arg, std::optional<std::string> meta, int64_t frames) {
+    auto k = parse_keyframe_arg(arg);
+    EXPECT_TRUE(k.ok());
+    return keyframe_pixel_frame(*k, meta, frames);
+  };
+  EXPECT_EQ(*frame_of("kf", std::nullopt, 9), 0);
+  EXPECT_EQ(*frame_of("kf", std::string("4"), 9), 4);
+  EXPECT_EQ(*frame_of("kf@last", std::string("4"), 9), 8);
+  EXPECT_EQ(*frame_of("kf@2", std::string("4"), 9), 2);  // the flag wins over the metadata
+  auto past = frame_of("kf@9", std::nullopt, 9);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.error().message, "kf: keyframe at pixel frame 9 is past the clip's last frame 8");
+  auto past_meta = frame_of("kf", std::string("12"), 9);
+  ASSERT_FALSE(past_meta.ok());
+  EXPECT_EQ(past_meta.error().message, "kf: keyframe at pixel frame 12 is past the clip's last frame 8");
+  auto bad_meta = frame_of("kf", std::string("x"), 9);
+  ASSERT_FALSE(bad_meta.ok());
+  EXPECT_NE(bad_meta.error().message.find("kf metadata pixel_frame"), std::string::npos) << bad_meta.error().message;
+}
