@@ -216,6 +216,10 @@ AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice
     for (int j = 0; j < 2; ++j)
       s.int8_chunk[j] =
           PlannedBuffer{"int8 key chunk " + std::to_string(j), DType::u8, 1, int8_keys_bytes(where.kv_chunk, Hl, Dh)};
+    // The bf16 K, V of a chunk are compute-queue scratch here (computed, prepared, never
+    // copied: the int8 chunks are what crosses), so one pair serves every chunk.
+    s.k_chunk[1].reset();
+    s.v_chunk[1].reset();
   } else {
     s.int8_keys = PlannedBuffer{"int8 keys", DType::u8, 1, int8_keys_bytes(keys, Hl, Dh)};
   }

@@ -55,6 +55,7 @@ struct OffloadBuffers {
 Expected<OffloadBuffers> offload_buffers(ForwardState& st, const AttnSpecs& sp, int64_t chunk, int64_t n0) {
   OffloadBuffers b;
   for (int j = 0; j < 2; ++j) {
+    if (!sp.k_chunk[j]) continue;  // int8: one bf16 pair (attention_specs)
     LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], chunk));
     LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], chunk));
     st.phase_kv += static_cast<uint64_t>(b.kc[j].nbytes() + b.vc[j].nbytes());
@@ -313,7 +314,7 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
 //            chunk streamed into q8[g % 2] two loads ahead, carrying the fp32 state.
 // Per block: S (2 I + 4 H) bytes out, the same in per query slice after the first, and (with
 // residual offload) the residual rows read once more than bf16 offload reads them; the K/V
-// GEMMs run twice. A query's bits do not depend on where its key tiles come from, so every
+// GEMMs run twice. The bf16 K, V are compute-queue scratch: one pair, kc[0] and vc[0]. A query's bits do not depend on where its key tiles come from, so every
 // row equals the one-call result.
 // Fences per buffer j: loaded (transfer -> compute), used (compute done reading q8[j]),
 // computed (compute wrote q8[j]), saved (the copy out of q8[j] is done).
@@ -356,14 +357,15 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
                              o.slice_rows(0, n).unflatten_last(H, Dh), ap);
   };
-  // Chunk c's K and V into kc[j], vc[j] from its residual rows, in sub-slices of at most
-  // `slice` rows (h is scratch), by the walk `walk`; `each` runs after every sub-slice.
-  auto compute_kv = [&](ResidualWalk& walk, int64_t c, int j, const auto& each) -> Status {
+  // Chunk c's K and V into kc[0], vc[0] (compute-queue scratch, one pair: attention_specs)
+  // from its residual rows, in sub-slices of at most `slice` rows (h is scratch), by the
+  // walk `walk`; `each` runs after every sub-slice.
+  auto compute_kv = [&](ResidualWalk& walk, int64_t c, const auto& each) -> Status {
     const auto [k0, k1] = rows_of(c);
     for (const auto& [a, b] : row_slices(k0, k1, slice)) {
       LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
-      const TensorView kr = kc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
-      const TensorView vr = vc[j].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
+      const TensorView kr = kc[0].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
+      const TensorView vr = vc[0].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
       LS_TRY(blk.attn_kv(r, a, b, kr, vr, h.slice_rows(0, std::min(b - a, n0))));
       LS_TRY(each(kr, vr, a));
       LS_TRY(walk.out(r, a, b));
@@ -377,7 +379,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   {
     LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, chunk_rows, /*reads=*/true, /*writes=*/false));
     for (int64_t c = 0; c < n_chunks; ++c)
-      LS_TRY(compute_kv(walk1, c, static_cast<int>(c % 2), [&](const TensorView& kr, const TensorView& vr, int64_t a) {
+      LS_TRY(compute_kv(walk1, c, [&](const TensorView& kr, const TensorView& vr, int64_t a) {
         return be.int8_key_stats(kr, vr, stats, a == 0);
       }));
     LS_TRY(walk1.finish());
@@ -397,10 +399,10 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
       const auto [k0, k1] = rows_of(c);
       const int64_t n = k1 - k0;
       const int j = static_cast<int>(c % 2);
-      LS_TRY(compute_kv(walkp, c, j, [](const TensorView&, const TensorView&, int64_t) { return Status(); }));
+      LS_TRY(compute_kv(walkp, c, [](const TensorView&, const TensorView&, int64_t) { return Status(); }));
       LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
-      LS_TRY(be.int8_prepare(kc[j].slice_rows(0, n).unflatten_last(H, Dh),
-                             vc[j].slice_rows(0, n).unflatten_last(H, Dh), stats, q8[j].slice(0, n)));
+      LS_TRY(be.int8_prepare(kc[0].slice_rows(0, n).unflatten_last(H, Dh),
+                             vc[0].slice_rows(0, n).unflatten_last(H, Dh), stats, q8[j].slice(0, n)));
       LS_TRY(kv.computed[j].signal(Queue::compute));
       LS_TRY(kv.computed[j].wait(Queue::transfer));
       const Int8ChunkViews d = device_views(j, n), hst = host_views(c);
