@@ -274,6 +274,10 @@ TEST(ExecPlan, KvChunkResolution) {
   EXPECT_EQ(*resolve_kv_chunk(0, 8192, 111274), 8192);
   EXPECT_EQ(*resolve_kv_chunk(0, 1024, 3000), 3000);  // whole sequence in one chunk
   EXPECT_EQ(*resolve_kv_chunk(0, 16, 97), 97);
+  // attention int8: 16,384 keys by default (fewer state-carrying calls per query slice).
+  EXPECT_EQ(*resolve_kv_chunk(0, 128, 111274, /*int8=*/true), 16384);
+  EXPECT_EQ(*resolve_kv_chunk(0, 128, 9000, /*int8=*/true), 9000);
+  EXPECT_EQ(*resolve_kv_chunk(4096, 128, 111274, /*int8=*/true), 4096);  // an explicit chunk stays
   EXPECT_EQ(*resolve_kv_chunk(2048, 1024, 111274), 2048);
   EXPECT_EQ(*resolve_kv_chunk(1024, 1024, 111274), 1024);
   EXPECT_EQ(*resolve_kv_chunk(1500, 1024, 1400), 1400);      // >= S: S, multiple or not

@@ -62,3 +62,66 @@ TEST(ExecStreaming, Int8BudgetSweepAndInputModes) {
   for (uint64_t seed = 11; seed <= 12; ++seed) test::check_streaming_budgets(seed, "cpu", 3, false, 10, false, /*int8=*/true);
   test::check_streaming_knobs(31, "cpu", 2, false, 10, /*all_modes=*/true, /*int8=*/true);
 }
+
+// [int8 attention] K/V offload with chunks longer than the bf16 scratch (exec::
+// kInt8KvScratchRows): each chunk's K, V are computed and prepared in pieces of that many
+// rows, in pass 1 (the statistics) and in the prepare walk (into the int8 chunk at the
+// piece's offset). One block at tiny width, S > 4,096: the default int8 chunk (all keys in
+// one chunk, two pieces) and 4,608-key chunks (a chunk of pieces 4,096 + 512, then the rest),
+// the latter with residual offload, on the CPU and the deferred transfer queue; every run
+// gives the stock run's bytes.
+TEST(ExecStreaming, Int8OffloadPreparesLongChunksInPieces) {
+  for (const char* device : {"cpu", "cpu-deferred"}) {
+    SCOPED_TRACE(device);
+    std::unique_ptr<Backend> be = test::streaming_backend(device);
+    ASSERT_TRUE(be);
+    Numerics n = be->numerics();
+    n.attention = AttentionAlgorithm::int8;
+    n.kv_tile = 0;
+    ASSERT_TRUE(be->set_numerics(n, be->diagnostics()).ok());
+    std::mt19937_64 rng(7);
+    test::StreamingCase c;
+    c.cfg = test::tiny_cfg(rng, /*vary=*/false);
+    c.cfg.num_layers = 1;
+    c.cfg.refiner_layers = 0;
+    c.cfg.head_dim = 32;
+    c.src = std::make_unique<h3::H3SyntheticSource>(c.cfg, 7);
+    c.cond = test::clip(226, 256, 256, 16);
+    c.in = test::random_inputs(rng, c.cfg, c.cond);
+    c.kv_tile = kInt8DefaultKvTile;
+    exec::Plan stock;
+    test::StreamingRun ref;
+    ASSERT_TRUE(test::stock_run(*c.src, c, *be, stock, ref));
+    const int64_t S = stock.sizes.S;
+    ASSERT_GT(S, exec::kInt8KvScratchRows + 512) << "the clip must give chunks of several pieces";
+    ASSERT_LT(S, exec::kInt8DefaultKvChunkKeys);
+    // cpu: the default chunk; the deferred queue: both chunkings, the second with the residual
+    // offloaded too (five forwards in all: the stock runs are the costly part).
+    const bool deferred = std::string(device) == "cpu-deferred";
+    for (const int64_t chunk_rows : {int64_t{0}, int64_t{4608}}) {
+      if (!deferred && chunk_rows != 0) continue;
+      for (const bool res_off : {false, true}) {
+        if (res_off != (deferred && chunk_rows != 0)) continue;
+        exec::PlanKnobs k;
+        k.kv_tile = c.kv_tile;
+        k.int8_attention = true;
+        k.kv_offload = true;
+        k.kv_chunk_rows = chunk_rows;
+        k.residual_offload = res_off;
+        k.attn_chunk_tokens = S / 2 + 1;
+        k.mlp_chunk_tokens = S / 2 + 1;
+        auto p = exec::make_plan(c.cfg, c.cond, k);
+        ASSERT_TRUE(p.ok()) << p.error().message;
+        EXPECT_EQ(p->kv_chunk, chunk_rows == 0 ? S : chunk_rows);
+        const test::StreamingRun got = test::run_streaming(c, *be, exec::Residency{}, *p);
+        test::expect_same(ref, got, "S " + std::to_string(S) + ", chunk " + std::to_string(p->kv_chunk) +
+                                        (res_off ? ", residual offloaded" : ""));
+        if (got.ok) {
+          EXPECT_EQ(got.r.report.pcie_kv_bytes,
+                    2 * static_cast<uint64_t>(S) * static_cast<uint64_t>(2 * c.cfg.inner() + 4 * c.cfg.heads));
+        }
+      }
+    }
+    test::expect_deferred(*be);
+  }
+}

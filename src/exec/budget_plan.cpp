@@ -433,7 +433,7 @@ Expected<Context> make_context(const H3Config& cfg, const CallLayout& layout, co
   const SequenceSizes z = sequence_sizes(*lay);
   Context c{cfg, o, z, o.tensors ? tally_weights(*o.tensors) : tally_weights(h3::h3_tensor_specs(cfg))};
   c.L = cfg.num_layers;
-  LS_ASSIGN_OR_RETURN(c.kv_chunk, resolve_kv_chunk(o.kv_chunk_rows, o.kv_tile, z.S));
+  LS_ASSIGN_OR_RETURN(c.kv_chunk, resolve_kv_chunk(o.kv_chunk_rows, o.kv_tile, z.S, o.int8_attention));
   c.tables = table_bytes(cfg, o.modulation_rows);
   c.scratch = precompute_scratch(cfg, c.w, o.modulation_rows);
   c.refiner_act = refiner_peak_bytes(cfg, lay->L, o.int8_attention);  // L = the geometry's text tokens

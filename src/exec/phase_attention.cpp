@@ -55,9 +55,10 @@ struct OffloadBuffers {
 Expected<OffloadBuffers> offload_buffers(ForwardState& st, const AttnSpecs& sp, int64_t chunk, int64_t n0) {
   OffloadBuffers b;
   for (int j = 0; j < 2; ++j) {
-    if (!sp.k_chunk[j]) continue;  // int8: one bf16 pair (attention_specs)
-    LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], chunk));
-    LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], chunk));
+    if (!sp.k_chunk[j]) continue;  // int8: one bf16 pair of at most kInt8KvScratchRows rows
+    const int64_t rows = std::min(chunk, sp.k_chunk[j]->rows);
+    LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], rows));
+    LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], rows));
     st.phase_kv += static_cast<uint64_t>(b.kc[j].nbytes() + b.vc[j].nbytes());
   }
   LS_ASSIGN_OR_RETURN(b.h, alloc_rows(st.arena, sp.h, n0));
@@ -357,15 +358,21 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
                              o.slice_rows(0, n).unflatten_last(H, Dh), ap);
   };
-  // Chunk c's K and V into kc[0], vc[0] (compute-queue scratch, one pair: attention_specs)
-  // from its residual rows, in sub-slices of at most `slice` rows (h is scratch), by the
-  // walk `walk`; `each` runs after every sub-slice.
-  auto compute_kv = [&](ResidualWalk& walk, int64_t c, const auto& each) -> Status {
+  // A chunk is computed and prepared in pieces of at most P rows (the bf16 scratch's; P is
+  // a multiple of 16 or the whole chunk, so every piece starts where Int8Keys::slice may).
+  const int64_t P = kc[0].rows();
+  auto pieces = [&](int64_t c) {
     const auto [k0, k1] = rows_of(c);
-    for (const auto& [a, b] : row_slices(k0, k1, slice)) {
+    return row_slices(k0, k1, P);
+  };
+  // Keys [p0, p1) (one piece) into kc[0], vc[0] (compute-queue scratch, one pair:
+  // attention_specs) from their residual rows, in sub-slices of at most `slice` rows (h is
+  // scratch), by the walk `walk`; `each` runs after every sub-slice.
+  auto compute_kv = [&](ResidualWalk& walk, int64_t p0, int64_t p1, const auto& each) -> Status {
+    for (const auto& [a, b] : row_slices(p0, p1, slice)) {
       LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
-      const TensorView kr = kc[0].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
-      const TensorView vr = vc[0].slice_rows(a - k0, b - k0).unflatten_last(H, Dh);
+      const TensorView kr = kc[0].slice_rows(a - p0, b - p0).unflatten_last(H, Dh);
+      const TensorView vr = vc[0].slice_rows(a - p0, b - p0).unflatten_last(H, Dh);
       LS_TRY(blk.attn_kv(r, a, b, kr, vr, h.slice_rows(0, std::min(b - a, n0))));
       LS_TRY(each(kr, vr, a));
       LS_TRY(walk.out(r, a, b));
@@ -374,14 +381,16 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   };
   RowRanges chunk_rows;
   for (int64_t c = 0; c < n_chunks; ++c)
-    for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) chunk_rows.push_back(ab);
+    for (const auto& [p0, p1] : pieces(c))
+      for (const auto& ab : row_slices(p0, p1, slice)) chunk_rows.push_back(ab);
   // Pass 1: the statistics (compute only; kc[j], vc[j] are scratch here).
   {
     LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, chunk_rows, /*reads=*/true, /*writes=*/false));
     for (int64_t c = 0; c < n_chunks; ++c)
-      LS_TRY(compute_kv(walk1, c, [&](const TensorView& kr, const TensorView& vr, int64_t a) {
-        return be.int8_key_stats(kr, vr, stats, a == 0);
-      }));
+      for (const auto& [p0, p1] : pieces(c))
+        LS_TRY(compute_kv(walk1, p0, p1, [&](const TensorView& kr, const TensorView& vr, int64_t a) {
+          return be.int8_key_stats(kr, vr, stats, a == 0);
+        }));
     LS_TRY(walk1.finish());
   }
   LS_TRY(st.mark("attention pass 1"));
@@ -399,10 +408,13 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
       const auto [k0, k1] = rows_of(c);
       const int64_t n = k1 - k0;
       const int j = static_cast<int>(c % 2);
-      LS_TRY(compute_kv(walkp, c, [](const TensorView&, const TensorView&, int64_t) { return Status(); }));
-      LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
-      LS_TRY(be.int8_prepare(kc[0].slice_rows(0, n).unflatten_last(H, Dh),
-                             vc[0].slice_rows(0, n).unflatten_last(H, Dh), stats, q8[j].slice(0, n)));
+      for (const auto& [p0, p1] : pieces(c)) {
+        LS_TRY(compute_kv(walkp, p0, p1, [](const TensorView&, const TensorView&, int64_t) { return Status(); }));
+        if (p0 == k0) LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
+        LS_TRY(be.int8_prepare(kc[0].slice_rows(0, p1 - p0).unflatten_last(H, Dh),
+                               vc[0].slice_rows(0, p1 - p0).unflatten_last(H, Dh), stats,
+                               q8[j].slice(p0 - k0, p1 - k0)));
+      }
       LS_TRY(kv.computed[j].signal(Queue::compute));
       LS_TRY(kv.computed[j].wait(Queue::transfer));
       const Int8ChunkViews d = device_views(j, n), hst = host_views(c);

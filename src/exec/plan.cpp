@@ -51,14 +51,15 @@ const PlannedBuffer* find_buffer(const std::vector<PlannedBuffer>& buffers, cons
   return nullptr;
 }
 
-Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S) {
+Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S, bool int8) {
   if (kv_tile < 1) return make_error(ErrorCode::invalid_argument, "kv_tile must be >= 1");
   if (kv_chunk_rows < 0)
     return make_error(ErrorCode::invalid_argument,
                       "kv_chunk_rows must be >= 0 (0 = the default, about " + std::to_string(kDefaultKvChunkKeys) +
                           " keys)");
   if (kv_chunk_rows == 0) {
-    const int64_t tiles = (kDefaultKvChunkKeys + kv_tile - 1) / kv_tile;
+    const int64_t keys = int8 ? kInt8DefaultKvChunkKeys : kDefaultKvChunkKeys;
+    const int64_t tiles = (keys + kv_tile - 1) / kv_tile;
     return std::min(S, kv_tile * tiles);
   }
   if (kv_chunk_rows >= S) return S;
@@ -254,7 +255,7 @@ Expected<Plan> make_plan(const h3::H3Config& cfg, const SequenceSizes& z, const 
   r.attn = knobs.attn_chunk_tokens == 0 ? 0 : std::min(knobs.attn_chunk_tokens, R);
   r.mlp = knobs.mlp_chunk_tokens == 0 ? R : std::min(knobs.mlp_chunk_tokens, R);
   r.fin = knobs.final_chunk_tokens == 0 ? T : std::min(knobs.final_chunk_tokens, T);
-  LS_ASSIGN_OR_RETURN(const int64_t chunk, resolve_kv_chunk(knobs.kv_chunk_rows, knobs.kv_tile, z.S));
+  LS_ASSIGN_OR_RETURN(const int64_t chunk, resolve_kv_chunk(knobs.kv_chunk_rows, knobs.kv_tile, z.S, knobs.int8_attention));
   r.where = rank_placement(z, knobs.ranks, knobs.int8_attention);
   r.where.kv_offload = knobs.kv_offload;
   r.where.residual_offload = knobs.residual_offload;

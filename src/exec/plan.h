@@ -14,6 +14,8 @@
 //               two-pass: K and V for all rows, then per slice h, Q, attention out
 //               K/V offload: 2 K chunks + 2 V chunks of kv_chunk rows (one in use, one
 //               streaming), then per slice h, Q, attention out, fp32 attention state
+//               (attention int8: one bf16 K, V scratch pair of at most kInt8KvScratchRows
+//               rows and two int8 key chunks of kv_chunk keys)
 //     mlp     : per slice: h, fc1 out (2F), swiglu out (F)
 //     final   : [PDD effective heads] + per slice: h, fp32 modulated rows, fp32 head out
 //   residual offload: every phase starts with TWO "residual slice 0/1" bf16 [n, D] (n =
@@ -83,11 +85,20 @@ inline int64_t rank_rows(int64_t S, int64_t ranks) { return ranks <= 1 ? S : (S 
 
 // Default K/V chunk: about 4096 keys, rounded up to whole kv_tile tiles.
 constexpr int64_t kDefaultKvChunkKeys = 4096;
+// [int8 attention] default K/V chunk: 16,384 keys. Each chunk is one attention call per query
+// slice, which reads and writes the slice's fp32 state and quantises its Q again; at 4,096
+// keys (32 key tiles a call) that cost is a large share of the call (bench/results/issue26,
+// run 10: pass 2 at 3 GiB ran ~30 % above the one-call rate). The chunk's bf16 K, V are
+// compute scratch of at most kInt8KvScratchRows rows (prepared in pieces), so a larger int8
+// chunk costs only its prepared bytes (2 I + 4 H a key, twice).
+constexpr int64_t kInt8DefaultKvChunkKeys = 16384;
+constexpr int64_t kInt8KvScratchRows = 4096;
 
 // The resolved rows of a K/V chunk for S keys (see PlanKnobs::kv_chunk_rows): always a
-// multiple of kv_tile unless it equals S. Errors (invalid_argument): kv_chunk_rows < 0,
-// or not a multiple of kv_tile while < S; kv_tile < 1.
-Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S);
+// multiple of kv_tile unless it equals S; the default about kDefaultKvChunkKeys keys
+// (int8: kInt8DefaultKvChunkKeys). Errors (invalid_argument): kv_chunk_rows < 0, or not a
+// multiple of kv_tile while < S; kv_tile < 1.
+Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S, bool int8 = false);
 
 // Where K/V and the residual live, as the buffer-list functions take it (resolved).
 struct Placement {
