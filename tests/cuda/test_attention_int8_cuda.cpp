@@ -241,6 +241,23 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
     ASSERT_TRUE(ref.ok());
     ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
     const std::vector<uint8_t> want = host_bytes(*ref);
+    {  // Prepared in pieces into slices of one buffer (int8 K/V offload's prepare walk, whose
+       // pieces start at multiples of 16 keys): the one-call prepare's bytes, every part.
+      Keys P = keys_for(Mk, H);
+      for (const int64_t a : {int64_t{0}, int64_t{256}, int64_t{512}}) {
+        const int64_t b = std::min(Mk, a + 256);
+        ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(a, b), v.d.slice_rows(a, b), K.dstats, P.d.slice(a, b)).ok());
+      }
+      EXPECT_EQ(host_bytes(P.d.k8), host_bytes(K.d.k8)) << "prepare in pieces: k8";
+      EXPECT_EQ(host_bytes(P.d.sk), host_bytes(K.d.sk)) << "prepare in pieces: sk";
+      const auto v8t_rows = [&](const Int8Keys& x) {  // [H 128, n] rows of stride ld (copy takes row strides)
+        TensorView t(x.v8t.data, DType::i8, {H * 128, Mk}, x.v8t.device);
+        t.stride[0] = x.v8t.stride[1];
+        return t;
+      };
+      EXPECT_EQ(host_bytes(v8t_rows(P.d)), host_bytes(v8t_rows(K.d))) << "prepare in pieces: v8t";
+      EXPECT_EQ(host_bytes(P.d.sv), host_bytes(K.d.sv)) << "prepare in pieces: sv";
+    }
     for (const std::vector<int64_t>& cuts :
          {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
       auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
