@@ -308,9 +308,10 @@ std::vector<Mode> offload_modes(const BudgetOptions& o) {
   return v;
 }
 
-// Pinned host bytes of K/V offload (one block's, reused): bf16 K and V, or with attention
-// int8 the prepared keys (k8 + sk + v8t, 2 I + 4 H bytes a key; exec KvOffload).
-uint64_t host_kv_bytes(const H3Config& cfg, uint64_t S, bool int8) {
+// One block's K and V of all S rows in the form K/V offload moves and keeps on the host: bf16
+// K and V, or with attention int8 the prepared keys (k8 + sk + v8t, 2 I + 4 H bytes a key;
+// exec KvOffload). Per block it crosses out once and back in per query slice but the first.
+uint64_t offload_kv_bytes(const H3Config& cfg, uint64_t S, bool int8) {
   const uint64_t I = static_cast<uint64_t>(cfg.inner()), H = static_cast<uint64_t>(cfg.heads);
   return int8 ? S * (2 * I + 4 * H) : 2 * S * I * 2;
 }
@@ -322,15 +323,13 @@ struct Traffic {
 };
 Traffic traffic(const Context& c, Level lv, const Choice& ch) {
   const uint64_t S = static_cast<uint64_t>(c.z.S), D = static_cast<uint64_t>(c.cfg.hidden),
-                 I = static_cast<uint64_t>(c.cfg.inner()), L = static_cast<uint64_t>(c.L);
+                 L = static_cast<uint64_t>(c.L);
   Traffic t;
   t.weights = c.w.streamed_block_bytes(ch.R, c.L);
   const bool int8 = c.o.int8_attention;
   if (lv.kv) {
     LS_CHECK(ch.attn > 0);
-    // K and V of all rows: bf16, or the int8 prepared keys (k8, sk, v8t: 2 I + 4 H bytes a key).
-    const uint64_t H = static_cast<uint64_t>(c.cfg.heads);
-    const uint64_t kv = int8 ? S * (2 * I + 4 * H) : 2 * S * I * 2;
+    const uint64_t kv = offload_kv_bytes(c.cfg, S, int8);
     const uint64_t slices = (S + static_cast<uint64_t>(ch.attn) - 1) / static_cast<uint64_t>(ch.attn);
     // Out once (bf16: pass 1; int8: the prepare walk); back in for every query slice but the
     // first (attended behind those copies).
@@ -349,7 +348,7 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
 // B_d2h bytes/s; T_att, T_gemm FLOP/s). Every offload copy runs on the ONE transfer
 // queue (in call order, beside the weight streaming), so per block and phase the copies
 // hide behind that phase's compute, and what is left shows (a = attention slice rows,
-// s = ceil(S / a), kv = 4SI bytes of K and V, x = 2SD bytes of residual, W = a streamed
+// s = ceil(S / a), kv = 4SI bytes of K and V (offload_kv_bytes), x = 2SD bytes of residual, W = a streamed
 // block's weights, which cross during the block's first phase):
 //   attention pass 1 (K/V offload): max(0, kv / B_d2h + W / B_h2d [+ x / B_h2d]
 //                                   - 4SDI / T_gemm (K, V) - 4aSI / T_att (the first
@@ -379,20 +378,19 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
                Tg = f.gemm_tflops * 1e12;
   const double S = static_cast<double>(c.z.S), I = static_cast<double>(c.cfg.inner()),
                D = static_cast<double>(c.cfg.hidden), F = static_cast<double>(c.cfg.ffn), L = static_cast<double>(c.L);
-  const double kv = 4.0 * S * I, x = 2.0 * S * D, W = static_cast<double>(t.weights) / L;
+  const double kv = static_cast<double>(offload_kv_bytes(c.cfg, c.z.S, c.o.int8_attention)), x = 2.0 * S * D, W = static_cast<double>(t.weights) / L;
   const double kv_gemms = 4.0 * S * D * I / Tg;  // K and V (or Q and out) of all rows
   double per_block = 0;
   if (lv.kv) {
     const double a = std::min(S, static_cast<double>(ch.attn));
     const double slices = std::ceil(S / a);
-    // int8: the keys cross in their prepared form; pass 1 only reads (statistics), the
-    // prepare walk copies out behind the K/V GEMMs again and the first slice's attention.
-    const double kvx = c.o.int8_attention ? static_cast<double>(t.kv) / (L * slices) : kv;
+    // int8: pass 1 only reads (statistics), the prepare walk copies out behind the K/V GEMMs
+    // again and the first slice's attention.
     if (c.o.int8_attention) per_block += std::max(0.0, W / Bh + (lv.res ? x / Bh : 0.0) - kv_gemms);
-    const double out = kvx / Bd + (c.o.int8_attention ? 0.0 : W / Bh) + (lv.res ? x / Bh : 0.0);
+    const double out = kv / Bd + (c.o.int8_attention ? 0.0 : W / Bh) + (lv.res ? x / Bh : 0.0);
     per_block += std::max(0.0, out - kv_gemms - 4.0 * a * S * I / Ta);
     const double k = std::max(0.0, 4.0 * S * I / Ta + 4.0 * D * I / Tg - (lv.res ? 4.0 * D / Bh : 0.0));
-    per_block += (slices - 1.0) * std::max(0.0, kvx / Bh - a * k);
+    per_block += (slices - 1.0) * std::max(0.0, kv / Bh - a * k);
   } else if (lv.res) {
     per_block += std::max(0.0, W / Bh + x / Bh - kv_gemms);
     per_block += std::max(0.0, 2.0 * x / Bh - 4.0 * S * S * I / Ta - kv_gemms);
@@ -470,7 +468,7 @@ DevicePeak peak_of(const Context& c, int64_t R, uint64_t act, Level lv) {
   d.predicted_peak_bytes = std::max({d.steps_peak_bytes, d.text_peak_bytes, d.precompute_peak_bytes});
   const uint64_t S = static_cast<uint64_t>(c.z.S);
   d.host_pinned_bytes = c.w.streamed_block_bytes(R, c.L);  // streamed blocks' pinned copies
-  if (lv.kv) d.host_pinned_bytes += host_kv_bytes(c.cfg, S, c.o.int8_attention);  // one block's K, V
+  if (lv.kv) d.host_pinned_bytes += offload_kv_bytes(c.cfg, S, c.o.int8_attention);  // one block's K, V
   if (lv.res) d.host_pinned_bytes += S * static_cast<uint64_t>(c.cfg.hidden) * 2;       // the residual x
   return d;
 }
@@ -690,7 +688,7 @@ Expected<BudgetPlan> plan_total_budget(const H3Config& cfg, const CallLayout& la
   bp.pcie_kv_bytes = t.kv;
   bp.pcie_residual_bytes = t.residual;
   const uint64_t S = static_cast<uint64_t>(c.z.S);
-  if (lv.kv) bp.host_pinned_bytes += host_kv_bytes(cfg, S, c.o.int8_attention);  // one block's K, V (reused)
+  if (lv.kv) bp.host_pinned_bytes += offload_kv_bytes(cfg, S, c.o.int8_attention);  // one block's K, V (reused)
   if (lv.res) bp.host_pinned_bytes += S * static_cast<uint64_t>(cfg.hidden) * 2;      // the residual x
   return bp;
 }

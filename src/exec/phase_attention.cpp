@@ -52,13 +52,13 @@ struct OffloadBuffers {
   TensorView kc[2], vc[2];
   TensorView h, q, o, state;  // bf16 [n, D], bf16 [n, I], bf16 [n, I], f32 [n, H (Dh + 8)]
 };
-Expected<OffloadBuffers> offload_buffers(ForwardState& st, const AttnSpecs& sp, int64_t chunk, int64_t n0) {
+Expected<OffloadBuffers> offload_buffers(ForwardState& st, const AttnSpecs& sp, int64_t n0) {
   OffloadBuffers b;
   for (int j = 0; j < 2; ++j) {
     if (!sp.k_chunk[j]) continue;  // int8: one bf16 pair of at most kInt8KvScratchRows rows
-    const int64_t rows = std::min(chunk, sp.k_chunk[j]->rows);
-    LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], rows));
-    LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], rows));
+    // Rows as planned: kv_chunk (bf16), min(kv_chunk, kInt8KvScratchRows) (int8 scratch).
+    LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], sp.k_chunk[j]->rows));
+    LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], sp.v_chunk[j]->rows));
     st.phase_kv += static_cast<uint64_t>(b.kc[j].nbytes() + b.vc[j].nbytes());
   }
   LS_ASSIGN_OR_RETURN(b.h, alloc_rows(st.arena, sp.h, n0));
@@ -232,7 +232,7 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   const int64_t chunk = kv.chunk, n_chunks = (S + chunk - 1) / chunk;
   const int64_t n0 = std::min(S, slice);  // the first query slice is rows [0, n0)
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
-  LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, chunk, n0));
+  LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, n0));
   const auto& [kc, vc, h, q, o, state] = bufs;
   // Queries [a, b) (in q) against chunk c (in buffer j), the state carried in from chunk
   // c - 1 and finalised into o on the last chunk.
@@ -299,23 +299,25 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
 }
 
 // [int8 attention] K/V offload (docs/int8-attention.md §6). Three walks over the chunks,
-// each chunk of `chunk` keys (whole kv_tiles), device buffers j = c % 2:
-//   pass 1   K, V bf16 of chunk c computed into kc[j], vc[j] and merged into the key
-//            statistics, nothing copied out: attention cannot start before the statistics
+// each chunk of `chunk` keys (whole kv_tiles), int8 chunk buffers q8[j], j = c % 2; a chunk's
+// bf16 K, V are computed in pieces of at most kInt8KvScratchRows rows into ONE compute-queue
+// scratch pair kc[0], vc[0]:
+//   pass 1   K, V bf16 of chunk c computed and merged into the key statistics, nothing
+//            copied out: attention cannot start before the statistics
 //            are complete, and the bf16 keys would cross twice (out, then back in for the
 //            prepare: 8 S I bytes a block that no compute hides).
 //   prepare  the first query slice's Q, then chunk c's K, V computed again from the same
 //            residual rows by the same calls (the same bits: the GEMMs are row-invariant and
-//            the sub-slices are pass 1's), int8_prepare into q8[j], the prepared chunk copied
-//            out to host K/V rows [k0, k1) (k8 | sk in host K's 2 n I bytes, v8t compact in
-//            host V's), and while that copy runs the first query slice attends the chunk still
+//            the sub-slices are pass 1's), int8_prepare piece by piece into q8[j], the prepared
+//            chunk copied out to host K/V rows [k0, k1) (k8 | sk in host K's n (I + 4 H)
+//            bytes, v8t compact in host V's n I), and while that copy runs the first query slice attends the chunk still
 //            in q8[j] (its fp32 state carried chunk to chunk in ascending order: exactly the
 //            calls pass 2 would make for it), so the copies hide behind that attention.
 //   pass 2   slice 0's out-projection, then every further query slice against every prepared
 //            chunk streamed into q8[g % 2] two loads ahead, carrying the fp32 state.
 // Per block: S (2 I + 4 H) bytes out, the same in per query slice after the first, and (with
 // residual offload) the residual rows read once more than bf16 offload reads them; the K/V
-// GEMMs run twice. The bf16 K, V are compute-queue scratch: one pair, kc[0] and vc[0]. A query's bits do not depend on where its key tiles come from, so every
+// GEMMs run twice. A query's bits do not depend on where its key tiles come from, so every
 // row equals the one-call result.
 // Fences per buffer j: loaded (transfer -> compute), used (compute done reading q8[j]),
 // computed (compute wrote q8[j]), saved (the copy out of q8[j] is done).
@@ -330,7 +332,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   LS_CHECK_MSG(kv.k_host.dtype == DType::u8 && kv.k_host.size(1) == I + 4 * H && kv.v_host.size(1) == I,
                "int8 K/V offload needs the int8 host buffers (KvOffload::create with int8_heads = H)");
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
-  LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, chunk, n0));
+  LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, n0));
   const auto& [kc, vc, h, q, o, state] = bufs;
   Int8Keys q8[2];
   LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
@@ -383,7 +385,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   for (int64_t c = 0; c < n_chunks; ++c)
     for (const auto& [p0, p1] : pieces(c))
       for (const auto& ab : row_slices(p0, p1, slice)) chunk_rows.push_back(ab);
-  // Pass 1: the statistics (compute only; kc[j], vc[j] are scratch here).
+  // Pass 1: the statistics (compute only).
   {
     LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, chunk_rows, /*reads=*/true, /*writes=*/false));
     for (int64_t c = 0; c < n_chunks; ++c)
