@@ -13,7 +13,8 @@
 // --chunked ROWS: the first ROWS queries against all S keys, in one call and in key chunks of
 // 4,096 / 8,192 / 16,384 / 32,768 keys carrying the fp32 state as K/V offload's pass 2 does,
 // each chunked output compared byte for byte with the one-call output: the cost per call of
-// a query slice and of its key chunks)
+// a query slice and of its key chunks, for the Hopper kernel and, unless --no-portable, the
+// portable one)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -201,13 +202,19 @@ int main(int argc, char** argv) {
   int64_t unequal = -1;
   if (portable) unequal = count_diff(o_h, o_p, S);
   // (after the comparison above: this reuses o_p)
-  if (chunked > 0) {
+  // Every kernel measured above (the portable one too, unless --no-portable): the fixed cost
+  // per call is each kernel's own (its prologue and the state round trip).
+  std::vector<std::string> chunk_kernels;
+  if (chunked > 0) chunk_kernels.push_back(auto_kernel);
+  if (chunked > 0 && portable) chunk_kernels.push_back("portable");
+  for (const std::string& ck : chunk_kernels) {
+    check(cuda::set_int8_attention_kernel(b, ck == "portable" ? "portable" : "auto"), "chunked kernel");
     const int64_t nq = std::min(S, chunked);
     const TensorView qn = q.slice_rows(0, nq), on = o_h.slice_rows(0, nq), pn = o_p.slice_rows(0, nq);
     const TensorView state = alloc(DType::f32, {nq, H, Dh + kAttentionStateExtra});
     const double fl = 4.0 * static_cast<double>(nq) * static_cast<double>(S) * static_cast<double>(I);
     const Timing one = time([&]() { return b.attention_int8(qn, keys, on, p); });
-    std::printf("chunked: %lld queries x %lld keys, one call   median %8.2f ms  %7.1f TOP/s\n",
+    std::printf("chunked %s: %lld queries x %lld keys, one call   median %8.2f ms  %7.1f TOP/s\n", ck.c_str(),
                 static_cast<long long>(nq), static_cast<long long>(S), 1e3 * one.median, fl / one.median / 1e12);
     for (const int64_t c : {int64_t{4096}, int64_t{8192}, int64_t{16384}, int64_t{32768}}) {
       const int64_t nc = (S + c - 1) / c;
@@ -222,19 +229,20 @@ int main(int argc, char** argv) {
         return Status();
       });
       const int64_t d = count_diff(on, pn, nq);
-      std::printf("chunked: %5lld-key chunks (%3lld calls)        median %8.2f ms  %7.1f TOP/s  x%.3f one call, "
+      std::printf("chunked %s: %5lld-key chunks (%3lld calls)        median %8.2f ms  %7.1f TOP/s  x%.3f one call, "
                   "%.3f ms per call more; %lld outputs differ\n",
-                  static_cast<long long>(c), static_cast<long long>(nc), 1e3 * t.median, fl / t.median / 1e12,
+                  ck.c_str(), static_cast<long long>(c), static_cast<long long>(nc), 1e3 * t.median, fl / t.median / 1e12,
                   t.median / one.median, 1e3 * (t.median - one.median) / static_cast<double>(nc), static_cast<long long>(d));
       char buf[320];
       std::snprintf(buf, sizeof buf,
-                    "%s    {\"queries\": %lld, \"chunk_keys\": %lld, \"calls\": %lld, \"median_seconds\": %.6f, "
+                    "%s    {\"kernel\": \"%s\", \"queries\": %lld, \"chunk_keys\": %lld, \"calls\": %lld, \"median_seconds\": %.6f, "
                     "\"one_call_median_seconds\": %.6f, \"unequal_outputs\": %lld}",
-                    chunk_rows.empty() ? "" : ",\n", static_cast<long long>(nq), static_cast<long long>(c),
+                    chunk_rows.empty() ? "" : ",\n", ck.c_str(), static_cast<long long>(nq), static_cast<long long>(c),
                     static_cast<long long>(nc), t.median, one.median, static_cast<long long>(d));
       chunk_rows += buf;
     }
   }
+  if (!chunk_kernels.empty()) check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
   std::printf("int8 %s vs portable: %lld of %lld outputs differ\n", auto_kernel.c_str(), static_cast<long long>(unequal),
               static_cast<long long>(S * I));
   for (const AttentionAlgorithm a : {AttentionAlgorithm::hopper, AttentionAlgorithm::cudnn}) {

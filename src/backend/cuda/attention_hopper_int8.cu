@@ -139,17 +139,23 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
   bool neg[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) neg[i] = i8a::negative_sign(4 * lane + i);
+  // All 16 rows' loads first: the row loop used to wait one global-memory latency per row,
+  // ~16 serial latencies before the first Q K^T of every CTA (bench_int8_kernels --chunked: a
+  // fixed ~0.4 ms per call at S = 111,274, which the streamed chunks pay once per chunk).
+  uint2 raw[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int64_t row = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + r;
+    raw[r] = row < a.Mq ? *reinterpret_cast<const uint2*>(a.q + row * a.q_rs + h * a.q_hs + 4 * lane) : make_uint2(0u, 0u);
+  }
+#pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int R = 64 * cw + 16 * warp + r;
-    const int64_t row = static_cast<int64_t>(q0) + R;
-    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (row < a.Mq) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(a.q + row * a.q_rs + h * a.q_hs + 4 * lane);
-      x[0] = __uint_as_float((raw.x & 0xFFFFu) << 16);
-      x[1] = __uint_as_float(raw.x & 0xFFFF0000u);
-      x[2] = __uint_as_float((raw.y & 0xFFFFu) << 16);
-      x[3] = __uint_as_float(raw.y & 0xFFFF0000u);
-    }
+    float x[4];  // bf16 widened exactly; a row past Mq is zeros (its q8 is never stored out)
+    x[0] = __uint_as_float((raw[r].x & 0xFFFFu) << 16);
+    x[1] = __uint_as_float(raw[r].x & 0xFFFF0000u);
+    x[2] = __uint_as_float((raw[r].y & 0xFFFFu) << 16);
+    x[3] = __uint_as_float(raw[r].y & 0xFFFF0000u);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       if (neg[i]) x[i] = -x[i];
@@ -268,13 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t row_base = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + g;  // rows row_base, + 8
   const int H = static_cast<int>(gridDim.y);
 
-  quantise_q(a, sQ, sSq, q0, h, cw);
-  fence_async_smem();
-  wg_sync(cw);
-  float c_r[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) c_r[r] = __fmul_rn(sSq[64 * cw + 16 * warp + g + 8 * r], a.cs);  // a_i (§4.1)
-
+  // The streamed state first: its loads are in flight while the Q rows are quantised.
   float F[64];     // acc: n8 block j, element i: row g + 8 (i / 2), channel 8j + 2t + (i & 1)
   int32_t I[64];   // this block's integer P V (ot)
   int32_t sc[64];  // scores of the current block, then the bits of fl32(e + 1.5 2^23) (p8 in byte 0)
@@ -300,6 +300,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  quantise_q(a, sQ, sSq, q0, h, cw);
+  fence_async_smem();
+  wg_sync(cw);
+  float c_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) c_r[r] = __fmul_rn(sSq[64 * cw + 16 * warp + g + 8 * r], a.cs);  // a_i (§4.1)
+
   const uint64_t q_desc = smem_desc(sQ + static_cast<uint32_t>(cw) * 64u * 128u);
   const auto issue_qk = [&](int s) {
     const uint64_t k_desc = smem_desc(sK + static_cast<uint32_t>(s * kKBytes));

@@ -259,14 +259,22 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
   // ---- Q: rotate, quantise (per row, the warp together), into this warp's smem rows.
   unsigned char* myQ = sQ + warp * 16 * kRowPad;
   float arow[2] = {0.0f, 0.0f};  // a of rows g, g + 8
+  // All 16 rows' loads first (a row loop that loads as it goes waits one global-memory
+  // latency per row before the first tile: a fixed cost per call that streamed key chunks pay
+  // once per chunk). Rows past Mq are zeros; their q8 is never stored out.
+  uint16_t qraw[16][4];
+#pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int64_t i = q0 + r;
-    float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (i < a.Mq) {
-      const uint16_t* qr = a.q + i * a.q_rs + h * a.q_hs + 4 * lane;
+    const uint16_t* qr = a.q + i * a.q_rs + h * a.q_hs + 4 * lane;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) y[e] = bf16_bits_to_f32(qr[e]);
-    }
+    for (int e = 0; e < 4; ++e) qraw[r][e] = i < a.Mq ? qr[e] : uint16_t{0};
+  }
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    float y[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = bf16_bits_to_f32(qraw[r][e]);
     rotate_warp(y, lane);
     uint32_t w;
     const float s = quant_row_warp(y, &w);
