@@ -170,12 +170,12 @@ int main(int argc, char** argv) {
     j["N"] = l.N;
     j["K"] = l.K;
     // per format: the op on rows [0, m)
-    auto timed = [&](int f, int64_t m) -> double {
+    auto timed = [&](int fi, int64_t m) -> double {
       const TensorView xm = x.slice_rows(0, m), ym = y.slice_rows(0, m), am = act.slice_rows(0, m);
       // the bf16 / fp8 input: swiglu(u) for fc2, else x
       auto input = [&]() -> Status { return l.swiglu ? b.swiglu(xm, am) : Status(); };
       const TensorView in = l.swiglu ? am : xm;
-      switch (f) {
+      switch (fi) {
         case 0:
           return median_ms(b, warmup, iters, [&]() -> Status {
             LS_TRY(input());
@@ -194,16 +194,16 @@ int main(int argc, char** argv) {
                            "int8 gemm");
       }
     };
-    for (int f = 0; f < kF; ++f) {
-      const double t = timed(f, M);
+    for (int fi = 0; fi < kF; ++fi) {
+      const double t = timed(fi, M);
       const double rate = ops * static_cast<double>(M) / (t * 1e-3) / 1e12;
-      const double t_last = last > 0 ? timed(f, last) : 0.0;
+      const double t_last = last > 0 ? timed(fi, last) : 0.0;
       const double at_s = static_cast<double>(full_slices) * t + t_last;
-      block[f] += at_s;
-      j[fmt_names[f]] = {{"ms", t}, {f == 1 || f == 3 ? "tops" : "tflops", rate}, {"ms_at_S", at_s}};
+      block[fi] += at_s;
+      j[fmt_names[fi]] = {{"ms", t}, {fi == 1 || fi == 3 ? "tops" : "tflops", rate}, {"ms_at_S", at_s}};
       std::printf("%-8s N %5lld K %5lld M %lld %-15s %8.3f ms %7.1f %s   (S = %lld: %8.2f ms)\n", l.name,
-                  static_cast<long long>(l.N), static_cast<long long>(l.K), static_cast<long long>(M), fmt_names[f], t,
-                  rate, f == 1 || f == 3 ? "TOP/s" : "TFLOP/s", static_cast<long long>(S), at_s);
+                  static_cast<long long>(l.N), static_cast<long long>(l.K), static_cast<long long>(M), fmt_names[fi], t,
+                  rate, fi == 1 || fi == 3 ? "TOP/s" : "TFLOP/s", static_cast<long long>(S), at_s);
     }
     // The stages around the GEMM alone (the split of the whole op: activation quantiser,
     // GEMM, epilogue), at M rows: int8 (FHT + absmax + quantise; fc2 with the swiglu input)
@@ -249,10 +249,10 @@ int main(int argc, char** argv) {
                   ops * static_cast<double>(M) / (t * 1e-3) / 1e12);
     }
   }
-  for (int f = 0; f < kF; ++f) {
-    out["block_linears_ms_at_S"][fmt_names[f]] = block[f];
+  for (int fi = 0; fi < kF; ++fi) {
+    out["block_linears_ms_at_S"][fmt_names[fi]] = block[fi];
     std::printf("four linears of one block at S = %lld, %s: %.1f ms (%.3fx bf16)\n", static_cast<long long>(S),
-                fmt_names[f], block[f], block[f] / block[0]);
+                fmt_names[fi], block[fi], block[fi] / block[0]);
   }
   if (!json_path.empty() && !bench::write_json_text(json_path, out.dump(2) + "\n")) die("cannot write " + json_path);
   return 0;

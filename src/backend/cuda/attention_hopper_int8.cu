@@ -59,6 +59,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/hopper_pipeline.cuh"
 #include "backend/cuda/int8_p8_check.cuh"
+#include "backend/cuda/int8_quant_warp.cuh"
 #include "backend/int8_attention_math.h"
 
 namespace ls::cuda {
@@ -136,12 +137,9 @@ __device__ __forceinline__ void wg_sync(int cw) { asm volatile("bar.sync %0, 128
 __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sSq, int q0, int h, int cw) {
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
-  bool neg[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) neg[i] = i8a::negative_sign(4 * lane + i);
-  // All 16 rows' loads first: the row loop used to wait one global-memory latency per row,
-  // ~16 serial latencies before the first Q K^T of every CTA (bench_int8_kernels --chunked: a
-  // fixed ~0.4 ms per call at S = 111,274, which the streamed chunks pay once per chunk).
+  // All 16 rows' loads first, then the 16 rows' arithmetic unrolled: one global-memory
+  // latency per warp instead of one per row before the CTA's first Q K^T (run 11: S = 111,274
+  // 586 -> 591 TOP/s; the fixed cost per call of streamed key chunks, ~0.4 ms, barely moved).
   uint2 raw[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
@@ -151,41 +149,14 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int R = 64 * cw + 16 * warp + r;
-    float x[4];  // bf16 widened exactly; a row past Mq is zeros (its q8 is never stored out)
+    float x[4];  // bf16 widened exactly; a row past Mq is zeros (its output is never written)
     x[0] = __uint_as_float((raw[r].x & 0xFFFFu) << 16);
     x[1] = __uint_as_float(raw[r].x & 0xFFFF0000u);
     x[2] = __uint_as_float((raw[r].y & 0xFFFFu) << 16);
     x[3] = __uint_as_float(raw[r].y & 0xFFFF0000u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (neg[i]) x[i] = -x[i];
-    {  // strides 1, 2 in registers (i8a::rotate's order)
-      const float a0 = __fadd_rn(x[0], x[1]), b0 = __fsub_rn(x[0], x[1]);
-      const float a1 = __fadd_rn(x[2], x[3]), b1 = __fsub_rn(x[2], x[3]);
-      x[0] = __fadd_rn(a0, a1);
-      x[2] = __fsub_rn(a0, a1);
-      x[1] = __fadd_rn(b0, b1);
-      x[3] = __fsub_rn(b0, b1);
-    }
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {  // strides 4m across lanes
-      const bool upper = (lane & m) != 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float o = __shfl_xor_sync(0xffffffffu, x[i], m);
-        x[i] = upper ? __fsub_rn(o, x[i]) : __fadd_rn(x[i], o);
-      }
-    }
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) amax = lq::max_nan_ignoring(amax, lq::abs(x[i]));
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) amax = lq::max_nan_ignoring(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    const float s = i8a::row_scale(amax);
-    uint32_t packed = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      packed |= (static_cast<uint32_t>(static_cast<int32_t>(i8a::quant(x[i], s))) & 0xFFu) << (8 * i);
+    i8w::rotate_warp(x, lane);
+    uint32_t packed;
+    const float s = i8w::quant_row_warp(x, &packed);
     const uint32_t addr = sQ + static_cast<uint32_t>(R * 128 + ((((lane >> 2) ^ (R & 7))) << 4) + (lane & 3) * 4);
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
     if (lane == 0) sSq[R] = s;

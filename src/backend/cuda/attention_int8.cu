@@ -30,6 +30,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/int8_p8_check.cuh"
+#include "backend/cuda/int8_quant_warp.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/int8_attention_math.h"
 
@@ -91,44 +92,8 @@ __global__ void sv_kernel(const float* st, int64_t HD, float* sv) {
   if (i < HD) sv[i] = i8a::row_scale(st[2 * HD + i]);
 }
 
-// x[e] is channel 4 * lane + e of a 128-vector held by the warp: x <- R x (docs §3).
-__device__ __forceinline__ void rotate_warp(float x[4], int lane) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (i8a::negative_sign(4 * lane + e)) x[e] = -x[e];
-  {  // stride 1: (0, 1), (2, 3)
-    const float a0 = x[0], b0 = x[1], a1 = x[2], b1 = x[3];
-    x[0] = lq::add(a0, b0), x[1] = lq::sub(a0, b0), x[2] = lq::add(a1, b1), x[3] = lq::sub(a1, b1);
-  }
-  {  // stride 2: (0, 2), (1, 3)
-    const float a0 = x[0], b0 = x[2], a1 = x[1], b1 = x[3];
-    x[0] = lq::add(a0, b0), x[2] = lq::sub(a0, b0), x[1] = lq::add(a1, b1), x[3] = lq::sub(a1, b1);
-  }
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {  // strides 4, 8, ..., 64: lane bit m
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
-      x[e] = upper ? lq::sub(p, x[e]) : lq::add(x[e], p);
-    }
-  }
-}
-
-// Quantise the warp's rotated row: returns the scale, writes the 4 int8 of this lane packed.
-__device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* packed) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) amax = lq::max_nan_ignoring(amax, lq::abs(y[e]));
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) amax = lq::max_nan_ignoring(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  const float s = i8a::row_scale(amax);
-  uint32_t w = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) w |= static_cast<uint32_t>(static_cast<uint8_t>(i8a::quant(y[e], s))) << (8 * e);
-  *packed = w;
-  return s;
-}
+using i8w::quant_row_warp;  // int8_quant_warp.cuh (shared with the Hopper kernel)
+using i8w::rotate_warp;
 
 // One warp per (key j, head h): k8[j, h, :] and sk[j, h].
 __global__ void prepare_k_kernel(const uint16_t* k, int64_t ks, int64_t n, int H, const float* st, int8_t* k8,
@@ -260,8 +225,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
   unsigned char* myQ = sQ + warp * 16 * kRowPad;
   float arow[2] = {0.0f, 0.0f};  // a of rows g, g + 8
   // All 16 rows' loads first (a row loop that loads as it goes waits one global-memory
-  // latency per row before the first tile: a fixed cost per call that streamed key chunks pay
-  // once per chunk). Rows past Mq are zeros; their q8 is never stored out.
+  // latency per row before the first tile). Rows past Mq are zeros; their output is never
+  // written.
   uint16_t qraw[16][4];
 #pragma unroll
   for (int r = 0; r < 16; ++r) {

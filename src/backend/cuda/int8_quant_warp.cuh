@@ -1,0 +1,54 @@
+// The INT8 attention quantiser of one 128-channel row held by a warp (docs/int8-attention.md
+// §3-4.1), shared by the portable kernel (attention_int8.cu: Q rows and the prepare's K rows)
+// and the Hopper kernel (attention_hopper_int8.cu: Q rows). Lane l holds channels 4l..4l+3.
+// The adds are i8a::rotate's, in its stage order (strides 1, 2 in registers, 4..64 across
+// lanes by shuffles), so the bytes are the CPU reference's (tests/cuda/test_attention_int8_cuda).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/int8_attention_math.h"
+
+namespace ls::cuda::i8w {
+
+// x[e] is channel 4 * lane + e of a 128-vector held by the warp: x <- R x (docs §3).
+__device__ __forceinline__ void rotate_warp(float x[4], int lane) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (i8a::negative_sign(4 * lane + e)) x[e] = -x[e];
+  {  // stride 1: (0, 1), (2, 3)
+    const float a0 = x[0], b0 = x[1], a1 = x[2], b1 = x[3];
+    x[0] = lq::add(a0, b0), x[1] = lq::sub(a0, b0), x[2] = lq::add(a1, b1), x[3] = lq::sub(a1, b1);
+  }
+  {  // stride 2: (0, 2), (1, 3)
+    const float a0 = x[0], b0 = x[2], a1 = x[1], b1 = x[3];
+    x[0] = lq::add(a0, b0), x[2] = lq::sub(a0, b0), x[1] = lq::add(a1, b1), x[3] = lq::sub(a1, b1);
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {  // strides 4, 8, ..., 64: lane bit m
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
+      x[e] = upper ? lq::sub(p, x[e]) : lq::add(x[e], p);
+    }
+  }
+}
+
+// Quantise the warp's rotated row: returns the scale, writes this lane's 4 int8 packed
+// (channel 4 lane + e in byte e).
+__device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* packed) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) amax = lq::max_nan_ignoring(amax, lq::abs(y[e]));
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) amax = lq::max_nan_ignoring(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  const float s = i8a::row_scale(amax);
+  uint32_t w = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) w |= static_cast<uint32_t>(static_cast<uint8_t>(i8a::quant(y[e], s))) << (8 * e);
+  *packed = w;
+  return s;
+}
+
+}  // namespace ls::cuda::i8w
