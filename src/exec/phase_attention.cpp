@@ -112,6 +112,22 @@ struct Int8ChunkViews {
   }
 };
 
+// Rows [a, b) of one walk: Q into q (h is scratch), or the out-projection and gated add of
+// the attention output o (h is scratch). The offloaded paths run these for the first query
+// slice, whose attention is done chunk by chunk in between (pass 1 or the int8 prepare).
+Status walk_q(ResidualWalk& walk, const h3::DitBlock& blk, int64_t a, int64_t b, const TensorView& h,
+              const TensorView& q) {
+  LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
+  LS_TRY(blk.attn_q(r, a, b, h, q));
+  return walk.out(r, a, b);
+}
+Status walk_out(ResidualWalk& walk, const h3::DitBlock& blk, int64_t a, int64_t b, const TensorView& o,
+                const TensorView& h) {
+  LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
+  LS_TRY(blk.attn_out(r, a, b, o, h));
+  return walk.out(r, a, b);
+}
+
 // Pass 2 of K/V offload over the query slices `slices` (g = 0, 1 loaded before): per slice
 // its Q, then every chunk c in order from buffer j = g % 2 (wait loaded[j], attend(a, b, c,
 // j), signal used[j], load(g + 2) while one is left), then its out-projection and gated add.
@@ -249,11 +265,7 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   for (int64_t c = 0; c < n_chunks; ++c)
     for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) pass1.push_back(ab);
   LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, pass1, /*reads=*/true, /*writes=*/false));
-  {
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(0, n0));
-    LS_TRY(blk.attn_q(r, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
-    LS_TRY(walk1.out(r, 0, n0));
-  }
+  LS_TRY(walk_q(walk1, blk, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t k0 = c * chunk, k1 = std::min(S, k0 + chunk);
     const int j = static_cast<int>(c % 2);
@@ -276,11 +288,7 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   // buffer g % 2 two steps ahead of its use.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
                                                               /*writes=*/true));
-  {
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(0, n0));
-    LS_TRY(blk.attn_out(r, 0, n0, o, h));
-    LS_TRY(walk2.out(r, 0, n0));
-  }
+  LS_TRY(walk_out(walk2, blk, 0, n0, o, h));
   auto load = [&](int64_t g) -> Status {
     const int64_t c = g % n_chunks, k0 = c * chunk, k1 = std::min(S, k0 + chunk);
     const int j = static_cast<int>(g % 2);
@@ -401,11 +409,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     RowRanges prep_rows{{0, n0}};
     prep_rows.insert(prep_rows.end(), chunk_rows.begin(), chunk_rows.end());
     LS_ASSIGN_OR_RETURN(ResidualWalk walkp, ResidualWalk::begin(st, rs, prep_rows, /*reads=*/true, /*writes=*/false));
-    {
-      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walkp.in(0, n0));
-      LS_TRY(blk.attn_q(r, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
-      LS_TRY(walkp.out(r, 0, n0));
-    }
+    LS_TRY(walk_q(walkp, blk, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
     for (int64_t c = 0; c < n_chunks; ++c) {
       const auto [k0, k1] = rows_of(c);
       const int64_t n = k1 - k0;
@@ -436,11 +440,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   // further query slice against the prepared chunks.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
                                                               /*writes=*/true));
-  {
-    LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk2.in(0, n0));
-    LS_TRY(blk.attn_out(r, 0, n0, o, h));
-    LS_TRY(walk2.out(r, 0, n0));
-  }
+  LS_TRY(walk_out(walk2, blk, 0, n0, o, h));
   // Load g streams chunk g % n_chunks into q8[g % 2] two steps ahead of its use; the chunk's
   // prepared bytes were copied out on the transfer queue before (in order).
   auto load = [&](int64_t g) -> Status {
