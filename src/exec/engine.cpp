@@ -56,6 +56,13 @@ uint64_t ForwardResult::hash() const {
 
 namespace {
 
+// The head count KvOffload lays its host buffers out for: H with attention int8 (the
+// prepared keys), 0 for bf16 K/V. The pinned arena's size and the offload's views both use
+// it, so they cannot disagree.
+int64_t kv_offload_int8_heads(const Plan& plan, const h3::H3Config& cfg) {
+  return plan.knobs.int8_attention ? cfg.heads : 0;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -257,7 +264,7 @@ Status Engine::Impl::ensure_arenas(const Plan& plan) {
     }
   }
   if (plan.kv_offload) {
-    const uint64_t need = KvOffload::host_bytes(S, cfg.inner(), plan.knobs.int8_attention ? cfg.heads : 0);
+    const uint64_t need = KvOffload::host_bytes(S, cfg.inner(), kv_offload_int8_heads(plan, cfg));
     if (!pinned_kv || pinned_kv->capacity() != need) {
       pinned_kv.reset();
       LS_ASSIGN_OR_RETURN(pinned_kv, Arena::create(be->pinned_host_memory(), need));
@@ -986,7 +993,7 @@ Status Engine::Impl::forward_rank(const Conditioning& cond, const h3::PackedLayo
   std::optional<KvOffload> kv;
   if (kv_off) {
     LS_ASSIGN_OR_RETURN(KvOffload k, KvOffload::create(bk, *m.pinned_kv, st.S, cfg.inner(), plan.kv_chunk,
-                                                       plan.knobs.int8_attention ? cfg.heads : 0));
+                                                       kv_offload_int8_heads(plan, cfg)));
     kv.emplace(std::move(k));
   }
   LS_TRY(m.run_blocks(st, attn, mlp, plan, kv ? &*kv : nullptr, log));
