@@ -11,7 +11,8 @@ OUT=${OUT:-/tmp/out}; B=build-gpu; t0=$(date +%s)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAYERSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DLAYERSTREAM_EXTRA_INCLUDE="$PWD/.deps/include" -DLAYERSTREAM_GTEST_SOURCE="$PWD/.deps/googletest" >"$OUT/cfg.log" 2>&1
-cmake --build "$B" -j16 --target test_attention_int8_cuda test_exec_streaming_cuda bench_int8_kernels bench_budget bench_cuda_block >"$OUT/build.log" 2>&1
+targets="test_attention_int8_cuda test_exec_streaming_cuda bench_int8_kernels bench_budget"; [ "${BLOCK:-0}" = 1 ] && targets="$targets bench_cuda_block"
+cmake --build "$B" -j16 --target $targets >"$OUT/build.log" 2>&1
 rc=$?; echo "build rc $rc after $(( $(date +%s) - t0 )) s"; [ $rc -ne 0 ] && { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 TI=$(find "$B" -name test_attention_int8_cuda -type f | head -1)
 TS=$(find "$B" -name test_exec_streaming_cuda -type f | head -1)
