@@ -18,10 +18,11 @@
 //     8 ((p % 4) / 2) (4 byte permutes per chunk), so that each lane's Q K^T accumulators are
 //     already its u8 A fragment of P V (no shuffles), then fence.proxy.async and arrive on a
 //     third barrier.
-//   warpgroups 1, 2, consumers (setmaxnreg 240), 64 queries each: first they quantise their
-//     Q rows (§4.1, one warp per row, lane l channels 4l..4l+3: the rotation's strides 1, 2 in
-//     registers and 4..64 by shuffles, the CPU's adds in the CPU's stage order) into shared
-//     memory in the 128-byte swizzled layout wgmma reads; then per block, ping-pong:
+//   warpgroups 1, 2, consumers (setmaxnreg 240), 64 queries each: first they load their
+//     streamed state (if any) and quantise their Q rows (§4.1, int8_quant_warp.cuh: one warp
+//     per row, lane l channels 4l..4l+3, the rotation's strides 1, 2 in registers and 4..64 by
+//     shuffles, the CPU's adds in the CPU's stage order) into shared memory in the 128-byte
+//     swizzled layout wgmma reads; then per block, ping-pong:
 //       d   = q8 k8^T                 wgmma m64n128k32 s8 x s8 -> s32 (exact)
 //       u   = fl32(sk_j float(d))     (contract v2 §4.2; float(d) by I2F, exact)
 //       mu  = max_j u (masked keys of a partial last tile -inf); sT = fl32(a_i mu);
