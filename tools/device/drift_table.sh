@@ -22,7 +22,9 @@
 # printed as soon as that run ends, so a run cut by LIMIT keeps the rows it finished.
 # DRIFT_ARGS adds bench_drift flags, e.g. "--budget 48G" to leave GPU memory to other work
 # running beside it (memory never changes a bit, so neither does the table).
-# Usage (device): [VARIANTS=int8] [LIMIT=300] [DRIFT_ARGS=...] tools/device/drift_table.sh
+# SIGMAS (default 0.9,0.5,0.1) picks the rows: session 13 ran SIGMAS=0.1 alone, the row that
+# LIMIT cut in session 12.
+# Usage (device): [VARIANTS=int8] [SIGMAS=0.9,0.5,0.1] [LIMIT=300] [DRIFT_ARGS=...] tools/device/drift_table.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/ls-drift-out}
 mkdir -p "$OUT"
@@ -30,14 +32,15 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PA
 BIN=${BIN:-build-bin}
 LIMIT=${LIMIT:-300}
 VARIANTS=${VARIANTS:-int8}
+SIGMAS=${SIGMAS:-0.9,0.5,0.1}
 CLIP=${CLIP:---frames 56 --width 768 --height 512 --text-tokens 256}
 if [ ! -x "$BIN/bench_drift" ]; then
   tools/device/build.sh build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   mkdir -p "$BIN" && cp build-gpu/bench/bench_drift "$BIN/"
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/summary.txt"
-echo "command: $BIN/bench_drift --preset h3 $CLIP --sigmas 0.9,0.5,0.1 --variants $VARIANTS ${DRIFT_ARGS:-} --json drift.json" | tee -a "$OUT/summary.txt"
-timeout "$LIMIT" "$BIN/bench_drift" --preset h3 $CLIP --sigmas 0.9,0.5,0.1 --variants "$VARIANTS" ${DRIFT_ARGS:-} \
+echo "command: $BIN/bench_drift --preset h3 $CLIP --sigmas $SIGMAS --variants $VARIANTS ${DRIFT_ARGS:-} --json drift.json" | tee -a "$OUT/summary.txt"
+timeout "$LIMIT" "$BIN/bench_drift" --preset h3 $CLIP --sigmas "$SIGMAS" --variants "$VARIANTS" ${DRIFT_ARGS:-} \
   --json "$OUT/drift.json" >"$OUT/drift.log" 2>&1
 echo "rc $?" | tee -a "$OUT/summary.txt"
 grep -E "^bench_drift|since start|rel L2|\| 0\.|total|FAILED" "$OUT/drift.log" | tee -a "$OUT/summary.txt"
