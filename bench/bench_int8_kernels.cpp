@@ -13,12 +13,13 @@
 // --chunked ROWS: the first ROWS queries against all S keys, in one call and in key chunks of
 // 4,096 / 8,192 / 16,384 / 32,768 keys carrying the fp32 state as K/V offload's pass 2 does,
 // each chunked output compared byte for byte with the one-call output: the cost per call of
-// a query slice and of its key chunks, for the Hopper kernel and, unless --no-portable, the
-// portable one)
+// a query slice and of its key chunks, for the Hopper int8 kernel, the portable one unless
+// --no-portable, and the bf16 kernels unless --no-bf16, in chunks of whole kv_tiles)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -202,45 +203,59 @@ int main(int argc, char** argv) {
   int64_t unequal = -1;
   if (portable) unequal = count_diff(o_h, o_p, S);
   // (after the comparison above: this reuses o_p)
-  // Every kernel measured above (the portable one too, unless --no-portable): the fixed cost
-  // per call is each kernel's own (its prologue and the state round trip).
-  std::vector<std::string> chunk_kernels;
-  if (chunked > 0) chunk_kernels.push_back(auto_kernel);
-  if (chunked > 0 && portable) chunk_kernels.push_back("portable");
-  for (const std::string& ck : chunk_kernels) {
-    check(cuda::set_int8_attention_kernel(b, ck == "portable" ? "portable" : "auto"), "chunked kernel");
+  // The first `chunked` queries against all S keys with one kernel: one call, then key chunks
+  // (whole kv_tiles) carrying the fp32 state as K/V offload's pass 2 does, each chunked
+  // output compared byte for byte with the one-call output. call(k0, k1, out, params) attends
+  // the queries to keys [k0, k1).
+  using ChunkCall = std::function<Status(int64_t, int64_t, const TensorView&, const AttentionParams&)>;
+  // One state buffer for every kernel (the arena's spare GiB also holds the bf16 workspace).
+  const TensorView chunk_state =
+      chunked > 0 ? alloc(DType::f32, {std::min(S, chunked), H, Dh + kAttentionStateExtra}) : TensorView();
+  const auto time_chunked = [&](const std::string& name, const AttentionParams& base, const ChunkCall& call) {
     const int64_t nq = std::min(S, chunked);
-    const TensorView qn = q.slice_rows(0, nq), on = o_h.slice_rows(0, nq), pn = o_p.slice_rows(0, nq);
-    const TensorView state = alloc(DType::f32, {nq, H, Dh + kAttentionStateExtra});
+    const TensorView on = o_h.slice_rows(0, nq), pn = o_p.slice_rows(0, nq), state = chunk_state;
     const double fl = 4.0 * static_cast<double>(nq) * static_cast<double>(S) * static_cast<double>(I);
-    const Timing one = time([&]() { return b.attention_int8(qn, keys, on, p); });
-    std::printf("chunked %s: %lld queries x %lld keys, one call   median %8.2f ms  %7.1f TOP/s\n", ck.c_str(),
+    const Timing one = time([&]() { return call(0, S, on, base); });
+    std::printf("chunked %s: %lld queries x %lld keys, one call   median %8.2f ms  %7.1f TOP/s\n", name.c_str(),
                 static_cast<long long>(nq), static_cast<long long>(S), 1e3 * one.median, fl / one.median / 1e12);
     for (const int64_t c : {int64_t{4096}, int64_t{8192}, int64_t{16384}, int64_t{32768}}) {
+      if (c % base.kv_tile != 0) continue;  // chunks are whole tiles (bf16 hopper / cudnn: 8,192 keys)
       const int64_t nc = (S + c - 1) / c;
       const Timing t = time([&]() -> Status {
         for (int64_t j = 0; j < nc; ++j) {
-          AttentionParams pc = p;
+          AttentionParams pc = base;
           pc.state = state;
           pc.state_in = j > 0;
           pc.finalize = j == nc - 1;
-          LS_TRY(b.attention_int8(qn, keys.slice(j * c, std::min(S, (j + 1) * c)), pn, pc));
+          LS_TRY(call(j * c, std::min(S, (j + 1) * c), pn, pc));
         }
         return Status();
       });
       const int64_t d = count_diff(on, pn, nq);
       std::printf("chunked %s: %5lld-key chunks (%3lld calls)        median %8.2f ms  %7.1f TOP/s  x%.3f one call, "
                   "%.3f ms per call more; %lld outputs differ\n",
-                  ck.c_str(), static_cast<long long>(c), static_cast<long long>(nc), 1e3 * t.median, fl / t.median / 1e12,
+                  name.c_str(), static_cast<long long>(c), static_cast<long long>(nc), 1e3 * t.median, fl / t.median / 1e12,
                   t.median / one.median, 1e3 * (t.median - one.median) / static_cast<double>(nc), static_cast<long long>(d));
       char buf[320];
       std::snprintf(buf, sizeof buf,
                     "%s    {\"kernel\": \"%s\", \"queries\": %lld, \"chunk_keys\": %lld, \"calls\": %lld, \"median_seconds\": %.6f, "
                     "\"one_call_median_seconds\": %.6f, \"unequal_outputs\": %lld}",
-                    chunk_rows.empty() ? "" : ",\n", ck.c_str(), static_cast<long long>(nq), static_cast<long long>(c),
+                    chunk_rows.empty() ? "" : ",\n", name.c_str(), static_cast<long long>(nq), static_cast<long long>(c),
                     static_cast<long long>(nc), t.median, one.median, static_cast<long long>(d));
       chunk_rows += buf;
     }
+  };
+  // Every int8 kernel measured above (the portable one too, unless --no-portable): the fixed
+  // cost per call is each kernel's own (its prologue and the state round trip).
+  std::vector<std::string> chunk_kernels;
+  if (chunked > 0) chunk_kernels.push_back(auto_kernel);
+  if (chunked > 0 && portable) chunk_kernels.push_back("portable");
+  for (const std::string& ck : chunk_kernels) {
+    check(cuda::set_int8_attention_kernel(b, ck == "portable" ? "portable" : "auto"), "chunked kernel");
+    const TensorView qn = q.slice_rows(0, std::min(S, chunked));
+    time_chunked(ck, p, [&](int64_t k0, int64_t k1, const TensorView& dst, const AttentionParams& pc) {
+      return b.attention_int8(qn, keys.slice(k0, k1), dst, pc);
+    });
   }
   if (!chunk_kernels.empty()) check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
   std::printf("int8 %s vs portable: %lld of %lld outputs differ\n", auto_kernel.c_str(), static_cast<long long>(unequal),
@@ -262,6 +277,13 @@ int main(int argc, char** argv) {
     AttentionParams pb;
     pb.kv_tile = b.numerics().kv_tile;
     row(std::string("bf16_") + to_string(a), describe(b.numerics()), time([&]() { return b.attention(q, k, v, o_p, pb); }));
+    if (chunked > 0) {  // bf16 K/V offload's pass 2 (its default chunk: 8,192 keys at kv_tile 8,192)
+      const TensorView qn = q.slice_rows(0, std::min(S, chunked));
+      time_chunked(std::string("bf16_") + to_string(a), pb,
+                   [&](int64_t k0, int64_t k1, const TensorView& dst, const AttentionParams& pc) {
+                     return b.attention(qn, k.slice_rows(k0, k1), v.slice_rows(k0, k1), dst, pc);
+                   });
+    }
     check(b.set_workspace(TensorView()), "unset workspace");
   }
   std::string json = "{\n  \"bench\": \"int8_kernels\",\n  \"device\": \"" + bench::json_escape(b.name()) +
