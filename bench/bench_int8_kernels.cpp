@@ -208,12 +208,13 @@ int main(int argc, char** argv) {
   // output compared byte for byte with the one-call output. call(k0, k1, out, params) attends
   // the queries to keys [k0, k1).
   using ChunkCall = std::function<Status(int64_t, int64_t, const TensorView&, const AttentionParams&)>;
-  // One state buffer for every kernel (the arena's spare GiB also holds the bf16 workspace).
-  const TensorView chunk_state =
-      chunked > 0 ? alloc(DType::f32, {std::min(S, chunked), H, Dh + kAttentionStateExtra}) : TensorView();
+  // The queries and one state buffer for every kernel (the arena's spare GiB also holds the
+  // bf16 workspace).
+  const int64_t nq = std::min(S, chunked);
+  const TensorView chunk_q = q.slice_rows(0, nq);
+  const TensorView chunk_state = chunked > 0 ? alloc(DType::f32, {nq, H, Dh + kAttentionStateExtra}) : TensorView();
   const auto time_chunked = [&](const std::string& name, const AttentionParams& base, const ChunkCall& call) {
-    const int64_t nq = std::min(S, chunked);
-    const TensorView on = o_h.slice_rows(0, nq), pn = o_p.slice_rows(0, nq), state = chunk_state;
+    const TensorView on = o_h.slice_rows(0, nq), pn = o_p.slice_rows(0, nq);
     const double fl = 4.0 * static_cast<double>(nq) * static_cast<double>(S) * static_cast<double>(I);
     const Timing one = time([&]() { return call(0, S, on, base); });
     std::printf("chunked %s: %lld queries x %lld keys, one call   median %8.2f ms  %7.1f TOP/s\n", name.c_str(),
@@ -224,7 +225,7 @@ int main(int argc, char** argv) {
       const Timing t = time([&]() -> Status {
         for (int64_t j = 0; j < nc; ++j) {
           AttentionParams pc = base;
-          pc.state = state;
+          pc.state = chunk_state;
           pc.state_in = j > 0;
           pc.finalize = j == nc - 1;
           LS_TRY(call(j * c, std::min(S, (j + 1) * c), pn, pc));
@@ -252,9 +253,8 @@ int main(int argc, char** argv) {
   if (chunked > 0 && portable) chunk_kernels.push_back("portable");
   for (const std::string& ck : chunk_kernels) {
     check(cuda::set_int8_attention_kernel(b, ck == "portable" ? "portable" : "auto"), "chunked kernel");
-    const TensorView qn = q.slice_rows(0, std::min(S, chunked));
     time_chunked(ck, p, [&](int64_t k0, int64_t k1, const TensorView& dst, const AttentionParams& pc) {
-      return b.attention_int8(qn, keys.slice(k0, k1), dst, pc);
+      return b.attention_int8(chunk_q, keys.slice(k0, k1), dst, pc);
     });
   }
   if (!chunk_kernels.empty()) check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
@@ -278,10 +278,9 @@ int main(int argc, char** argv) {
     pb.kv_tile = b.numerics().kv_tile;
     row(std::string("bf16_") + to_string(a), describe(b.numerics()), time([&]() { return b.attention(q, k, v, o_p, pb); }));
     if (chunked > 0) {  // bf16 K/V offload's pass 2 (its default chunk: 8,192 keys at kv_tile 8,192)
-      const TensorView qn = q.slice_rows(0, std::min(S, chunked));
       time_chunked(std::string("bf16_") + to_string(a), pb,
                    [&](int64_t k0, int64_t k1, const TensorView& dst, const AttentionParams& pc) {
-                     return b.attention(qn, k.slice_rows(k0, k1), v.slice_rows(k0, k1), dst, pc);
+                     return b.attention(chunk_q, k.slice_rows(k0, k1), v.slice_rows(k0, k1), dst, pc);
                    });
     }
     check(b.set_workspace(TensorView()), "unset workspace");

@@ -231,9 +231,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int64_t i = q0 + r;
-    const uint16_t* qr = a.q + i * a.q_rs + h * a.q_hs + 4 * lane;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) qraw[r][e] = i < a.Mq ? qr[e] : uint16_t{0};
+    for (int e = 0; e < 4; ++e) qraw[r][e] = i < a.Mq ? a.q[i * a.q_rs + h * a.q_hs + 4 * lane + e] : uint16_t{0};
   }
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
