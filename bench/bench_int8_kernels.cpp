@@ -5,6 +5,8 @@
 // width), non-causal. TOP/s by the bf16 kernel's FLOP count 4 S^2 H Dh ("equivalent" for
 // int8). Also: the key statistics + prepare time, and the two int8 kernels' full outputs
 // compared byte for byte on the GPU (cuda::count_unequal), since they must be equal.
+// On sm_90 the Hopper kernel is timed in both launches, persistent (the default) and one CTA
+// per (query tile, head) ("hopper-grid", the launch before session 14), outputs compared.
 // Inputs: counter-hashed approximate normal(0, 1) bf16 with two outlier channels in K (+12).
 // Each timed call after one warm-up; the median and the best of --reps.
 //   bench_int8_kernels [--s N] [--reps R] [--out FILE.json] [--no-portable] [--no-bf16] [--table]
@@ -13,7 +15,7 @@
 // --chunked ROWS: the first ROWS queries against all S keys, in one call and in key chunks of
 // 4,096 / 8,192 / 16,384 / 32,768 keys carrying the fp32 state as K/V offload's pass 2 does,
 // each chunked output compared byte for byte with the one-call output: the cost per call of
-// a query slice and of its key chunks, for the Hopper int8 kernel, the portable one unless
+// a query slice and of its key chunks, for the Hopper int8 kernel (both launches), the portable one unless
 // --no-portable, and the bf16 kernels unless --no-bf16, in chunks of whole kv_tiles)
 #include <algorithm>
 #include <chrono>
@@ -182,14 +184,17 @@ int main(int argc, char** argv) {
         time([&]() { return b.attention_int8(q, keys, o_p, p); }));
     check(cuda::set_int8_p8_path(b, "auto"), "p8 auto");
   }
-  if (portable) {
-    check(cuda::set_int8_attention_kernel(b, "portable"), "portable");
-    row("int8_portable", describe(b.numerics()) + " p8 " + p8_path,
+  // The Hopper kernel's two launches (persistent: one CTA per SM over the (query tile, head)
+  // items, the default; grid: one CTA per item, the launch before session 14), byte for byte.
+  int64_t grid_unequal = -1;
+  const bool hopper = auto_kernel == "hopper";
+  if (hopper) {
+    check(cuda::set_int8_attention_kernel(b, "hopper-grid"), "hopper-grid");
+    row("int8_hopper_grid", describe(b.numerics()) + " p8 " + p8_path,
         time([&]() { return b.attention_int8(q, keys, o_p, p); }));
     check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
   }
-  // The same kernel on the first `chunked` queries: one call, then key chunks with the state.
-  std::string chunk_rows;
+  // Outputs compared on the GPU, byte for byte (bf16 [rows_n, I]).
   const auto count_diff = [&](const TensorView& x, const TensorView& y, int64_t rows_n) {
     std::vector<int64_t> zero{0};
     check(b.copy(counter, TensorView(zero.data(), DType::f64, {1})), "counter");
@@ -199,6 +204,19 @@ int main(int argc, char** argv) {
     check(b.synchronize(), "synchronize");
     return zero[0];
   };
+  if (hopper) {
+    grid_unequal = count_diff(o_h, o_p, S);
+    std::printf("int8 hopper persistent vs grid: %lld of %lld outputs differ\n", static_cast<long long>(grid_unequal),
+                static_cast<long long>(S * I));
+  }
+  if (portable) {
+    check(cuda::set_int8_attention_kernel(b, "portable"), "portable");
+    row("int8_portable", describe(b.numerics()) + " p8 " + p8_path,
+        time([&]() { return b.attention_int8(q, keys, o_p, p); }));
+    check(cuda::set_int8_attention_kernel(b, "auto"), "auto");
+  }
+  // The same kernel on the first `chunked` queries: one call, then key chunks with the state.
+  std::string chunk_rows;
   // The two int8 outputs, byte for byte.
   int64_t unequal = -1;
   if (portable) unequal = count_diff(o_h, o_p, S);
@@ -250,9 +268,10 @@ int main(int argc, char** argv) {
   // cost per call is each kernel's own (its prologue and the state round trip).
   std::vector<std::string> chunk_kernels;
   if (chunked > 0) chunk_kernels.push_back(auto_kernel);
+  if (chunked > 0 && hopper) chunk_kernels.push_back("hopper-grid");
   if (chunked > 0 && portable) chunk_kernels.push_back("portable");
   for (const std::string& ck : chunk_kernels) {
-    check(cuda::set_int8_attention_kernel(b, ck == "portable" ? "portable" : "auto"), "chunked kernel");
+    check(cuda::set_int8_attention_kernel(b, ck == auto_kernel ? "auto" : ck), "chunked kernel");
     time_chunked(ck, p, [&](int64_t k0, int64_t k1, const TensorView& dst, const AttentionParams& pc) {
       return b.attention_int8(chunk_q, keys.slice(k0, k1), dst, pc);
     });
@@ -291,11 +310,12 @@ int main(int argc, char** argv) {
                      ",\n  \"flop_count\": \"4 S^2 H Dh\",\n  \"int8_p8_path\": \"" + p8_path + "\",\n  \"int8_p8_check\": \"" +
                      bench::json_escape(p8_check) + "\",\n  \"int8_prepare_median_seconds\": " +
                      std::to_string(prep.median) + ",\n  \"int8_hopper_vs_portable_unequal_outputs\": " +
-                     std::to_string(unequal) + ",\n  \"runs\": [\n" + rows + "\n  ],\n  \"chunked\": [\n" + chunk_rows +
+                     std::to_string(unequal) + ",\n  \"int8_hopper_persistent_vs_grid_unequal_outputs\": " +
+                     std::to_string(grid_unequal) + ",\n  \"runs\": [\n" + rows + "\n  ],\n  \"chunked\": [\n" + chunk_rows +
                      "\n  ]\n}\n";
   if (!bench::write_json_text(out, json)) {
     std::fprintf(stderr, "bench_int8_kernels: cannot write %s\n", out.c_str());
     return 1;
   }
-  return !portable || unequal == 0 ? 0 : 3;
+  return (!portable || unequal == 0) && grid_unequal <= 0 ? 0 : 3;
 }

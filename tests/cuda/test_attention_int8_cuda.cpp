@@ -189,6 +189,8 @@ TEST(Int8AttentionCuda, AutoRunsTheHopperKernelOnSm90) {
   EXPECT_EQ(cuda::int8_attention_kernel(*E->cuda), hopper ? "hopper" : "portable") << prop.name;
   ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "portable").ok());
   EXPECT_EQ(cuda::int8_attention_kernel(*E->cuda), "portable");
+  ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "hopper-grid").ok());
+  EXPECT_EQ(cuda::int8_attention_kernel(*E->cuda), hopper ? "hopper" : "portable");
   ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
   EXPECT_FALSE(cuda::set_int8_attention_kernel(*E->cuda, "fast").ok());
   std::printf("[ info ] %s: attention int8 runs the %s kernel\n", prop.name, cuda::int8_attention_kernel(*E->cuda).c_str());
@@ -291,24 +293,31 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Int8Kernel,
-                         ::testing::Combine(::testing::Values(std::string("auto"), std::string("portable")),
+                         ::testing::Combine(::testing::Values(std::string("auto"), std::string("hopper-grid"),
+                                                              std::string("portable")),
                                             ::testing::Values(std::string("auto"), std::string("table"))),
                          [](const ::testing::TestParamInfo<KernelPath>& i) {
-                           return std::get<0>(i.param) + "_p8" + std::get<1>(i.param);
+                           std::string k = std::get<0>(i.param);
+                           for (char& c : k) c = c == '-' ? '_' : c;
+                           return k + "_p8" + std::get<1>(i.param);
                          });
 
 // The two kernels and the two p8 paths give each other's bytes at a size with many 128-key
-// tiles, a partial last tile and a partial last query block (H = 8: the Hopper kernel under
-// auto on sm_90).
+// tiles, a partial last tile and a partial last query block (H = 12: the Hopper kernel under
+// auto on sm_90). 17 query tiles x 12 heads = 204 (query tile, head) items, more than the
+// H200's 132 SMs, so the persistent Hopper grid (auto) takes one or two items per CTA and its
+// ring and ping-pong run on from one item into the next; "hopper-grid" launches a CTA per
+// item. Last, auto again in streamed chunks of 1,536 keys carrying the state (each CTA's
+// items then start from a loaded state).
 TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
   NEED_GPU();
-  const int64_t Mq = 1000, Mk = 4100, H = 8;
+  const int64_t Mq = 2100, Mk = 4100, H = 12;
   Pair q = make(Mq, H, 21, true), k = make(Mk, H, 22, true), v = make(Mk, H, 23, false);
   Keys K = keys_for(Mk, H);
   ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
   ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
   std::vector<std::vector<uint8_t>> outs;
-  for (const char* kernel : {"portable", "auto"})
+  for (const char* kernel : {"portable", "auto", "hopper-grid"})
     for (const char* path : {"table", "auto"}) {
       auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "out");
       ASSERT_TRUE(o.ok());
@@ -319,6 +328,20 @@ TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
     }
   ASSERT_TRUE(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
   ASSERT_TRUE(cuda::set_int8_p8_path(*E->cuda, "auto").ok());
+  {
+    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "chunked");
+    auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+    ASSERT_TRUE(o.ok() && st.ok());
+    for (int64_t c0 = 0; c0 < Mk; c0 += 1536) {
+      const int64_t c1 = std::min(Mk, c0 + 1536);
+      AttentionParams p = tile128();
+      p.state = *st;
+      p.state_in = c0 > 0;
+      p.finalize = c1 == Mk;
+      ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d.slice(c0, c1), *o, p).ok());
+    }
+    outs.push_back(host_bytes(*o));
+  }
   const std::vector<uint8_t>& y = outs[0];  // portable, table
   for (size_t w = 1; w < outs.size(); ++w) {
     const std::vector<uint8_t>& x = outs[w];
@@ -327,7 +350,8 @@ TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
       differ += std::memcmp(&x[i], &y[i], 2) != 0;
       nonzero += (x[i] | (x[i + 1] & 0x7f)) != 0;
     }
-    EXPECT_EQ(differ, 0) << "run " << w << " (portable/auto table/auto) of " << x.size() / 2 << " outputs";
+    EXPECT_EQ(differ, 0) << "run " << w << " (portable/auto/hopper-grid table/auto, then auto chunked) of "
+                         << x.size() / 2 << " outputs";
     EXPECT_GT(nonzero, Mq * H * 64);
   }
 }

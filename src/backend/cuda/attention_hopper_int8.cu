@@ -51,6 +51,7 @@
 // the same count), 24 B of spill loads; the bf16 Hopper kernel 621 in the same run.
 #include "backend/cuda/attention_hopper_int8.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -89,6 +90,7 @@ struct Args {
   float cs;  // i8a::score_factor(scale, 128)
   float* state;
   bool state_in, finalize;
+  int H, q_tiles, items;  // items = q_tiles * H (query tile fastest), taken in order by the grid
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -183,10 +185,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto v_ready = [&](int s) { return bars + 8u * static_cast<uint32_t>(2 * kStages + s); };
   const auto k_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(3 * kStages + s); };
   const auto v_empty = [&](int s) { return bars + 8u * static_cast<uint32_t>(4 * kStages + s); };
-  const int h = static_cast<int>(blockIdx.y);
-  const int q0 = static_cast<int>(blockIdx.x) * kBr;
   const int wg = static_cast<int>(threadIdx.x) / 128;
   const int nblocks = static_cast<int>((a.Mk + kN - 1) / kN);
+  // Items (query tile, head) = (item % q_tiles, item / q_tiles): this CTA takes blockIdx.x,
+  // blockIdx.x + gridDim.x, ... Every role walks the same items, and the ring's blocks are
+  // counted across them (g = the CTA's block count so far): stage g % kStages, phase
+  // (g / kStages) & 1.
+  const auto item_head = [&](int item) { return item / a.q_tiles; };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
@@ -203,22 +208,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x == 0) {
-      for (int j = 0; j < nblocks; ++j) {
-        const int s = j % kStages;
-        const uint32_t round = static_cast<uint32_t>(j / kStages);
-        if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
-        mbar_expect_tx(k_full(s), kKBytes + kSkBytes);
-        tma_load_3d(sK + s * kKBytes, &tk, 0, h, kN * j, k_full(s));
-        tma_load_2d(sS + s * kSkBytes, &ts, h & ~3, kN * j, k_full(s));
-        if (round > 0) mbar_wait(v_empty(s), (round - 1) & 1u);
-        mbar_expect_tx(v_full(s), kVBytes);
-        tma_load_3d(sV + s * kVBytes, &tv, kN * j, 0, h, v_full(s));
+      uint32_t g = 0;
+      for (int item = static_cast<int>(blockIdx.x); item < a.items; item += static_cast<int>(gridDim.x)) {
+        const int h = item_head(item);
+        for (int j = 0; j < nblocks; ++j, ++g) {
+          const int s = static_cast<int>(g % kStages);
+          const uint32_t round = g / kStages;
+          if (round > 0) mbar_wait(k_empty(s), (round - 1) & 1u);
+          mbar_expect_tx(k_full(s), kKBytes + kSkBytes);
+          tma_load_3d(sK + s * kKBytes, &tk, 0, h, kN * j, k_full(s));
+          tma_load_2d(sS + s * kSkBytes, &ts, h & ~3, kN * j, k_full(s));
+          if (round > 0) mbar_wait(v_empty(s), (round - 1) & 1u);
+          mbar_expect_tx(v_full(s), kVBytes);
+          tma_load_3d(sV + s * kVBytes, &tv, kN * j, 0, h, v_full(s));
+        }
       }
     } else if (threadIdx.x >= 32) {
       const int pt = static_cast<int>(threadIdx.x) - 32;
-      for (int j = 0; j < nblocks; ++j) {
-        const int s = j % kStages;
-        mbar_wait(v_full(s), static_cast<uint32_t>(j / kStages) & 1u);
+      const uint32_t total = static_cast<uint32_t>(nblocks) *
+                             static_cast<uint32_t>((a.items - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                                                   static_cast<int>(gridDim.x));
+      for (uint32_t g = 0; g < total; ++g) {
+        const int s = static_cast<int>(g % kStages);
+        mbar_wait(v_full(s), (g / kStages) & 1u);
         const uint32_t vb = sV + static_cast<uint32_t>(s * kVBytes);
         for (int i = pt; i < kVBytes / 16; i += kPermuteThreads) {
           uint32_t w0, w1, w2, w3;
@@ -243,41 +255,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t row_base = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + g;  // rows row_base, + 8
-  const int H = static_cast<int>(gridDim.y);
+  const int H = a.H;
+  int h = 0;             // the current item's head
+  int64_t row_base = 0;  // the current item's rows of this thread: row_base, row_base + 8
 
-  // The streamed state first: its loads are in flight while the Q rows are quantised.
   float F[64];     // acc: n8 block j, element i: row g + 8 (i / 2), channel 8j + 2t + (i & 1)
   int32_t I[64];   // this block's integer P V (ot)
   int32_t sc[64];  // scores of the current block, then the bits of fl32(e + 1.5 2^23) (p8 in byte 0)
-  float Fl[2] = {0.0f, 0.0f};
-  float m_r[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int i = 0; i < 64; ++i) F[i] = 0.0f;
+  float Fl[2], m_r[2], c_r[2];
 #pragma unroll
   for (int i = 0; i < 64; ++i) I[i] = 0;
-  if (a.state && a.state_in) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t row = row_base + 8 * r;
-      if (row >= a.Mq) continue;
-      const float* st = a.state + (row * H + h) * kStateRow;
-      m_r[r] = st[kD];
-      Fl[r] = st[kD + 1];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float2 x = *reinterpret_cast<const float2*>(st + 8 * j + 2 * t);
-        F[4 * j + 2 * r] = x.x;
-        F[4 * j + 2 * r + 1] = x.y;
-      }
-    }
-  }
-  quantise_q(a, sQ, sSq, q0, h, cw);
-  fence_async_smem();
-  wg_sync(cw);
-  float c_r[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) c_r[r] = __fmul_rn(sSq[64 * cw + 16 * warp + g + 8 * r], a.cs);  // a_i (§4.1)
 
   const uint64_t q_desc = smem_desc(sQ + static_cast<uint32_t>(cw) * 64u * 128u);
   const auto issue_qk = [&](int s) {
@@ -399,100 +386,145 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
   };
-  if (cw == 1) sched_arrive(1);
-  // Block 0: Q K^T and the softmax.
-  mbar_wait(k_full(0), 0);
-  sched_wait(cw);
-  wgmma_fence();
-  issue_qk(0);
-  wgmma_commit();
-  sched_arrive(cw);
-  wgmma_wait<0>();
-  fence_regs(sc);
-  float alpha[2], beta[2];
   const auto softmax_block = [&](int s, int64_t b, float (&al)[2], float (&be)[2]) {
     const int nk = static_cast<int>(a.Mk - b < kN ? a.Mk - b : kN);
     if (nk < kN) softmax(std::true_type{}, s, nk, al, be);
     else softmax(std::false_type{}, s, nk, al, be);
   };
-  softmax_block(0, 0, alpha, beta);
-  release(k_empty(0));
-  uint32_t p[4][4];
-  int lt[2];
-  int j = 1;
-  for (; j < nblocks; ++j) {
-    const int s = j % kStages, sp = (j - 1) % kStages;
-    const int64_t b = static_cast<int64_t>(kN) * j;
-    mbar_wait(k_full(s), static_cast<uint32_t>(j / kStages) & 1u);
-    mbar_wait(v_ready(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
-    pack_p(p, lt);  // P of block j - 1
-    fence_regs(I);
-    // P V of block j - 1 first, then Q K^T of block j: the fold of block j - 1 runs while
-    // Q K^T is on the tensor cores, and I is dead during the softmax.
+  // The turns of the ping-pong run on across items: warpgroup 1's first arrival lets
+  // warpgroup 0 take the CTA's first turn, and warpgroup 1's last turn of the last item
+  // arrives for nobody.
+  const auto stage = [](uint32_t x) { return static_cast<int>(x % kStages); };
+  const auto phase = [](uint32_t x) { return (x / kStages) & 1u; };
+  if (cw == 1) sched_arrive(1);
+  uint32_t gb = 0;  // ring blocks consumed before this item
+  for (int item = static_cast<int>(blockIdx.x); item < a.items; item += static_cast<int>(gridDim.x)) {
+    h = item_head(item);
+    const int q0 = (item % a.q_tiles) * kBr;
+    row_base = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + g;
+    const bool last_item = item + static_cast<int>(gridDim.x) >= a.items;
+    // The streamed state first: its loads are in flight while the Q rows are quantised.
+    Fl[0] = Fl[1] = 0.0f;
+    m_r[0] = m_r[1] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) F[i] = 0.0f;
+    if (a.state && a.state_in) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = row_base + 8 * r;
+        if (row >= a.Mq) continue;
+        const float* st = a.state + (row * H + h) * kStateRow;
+        m_r[r] = st[kD];
+        Fl[r] = st[kD + 1];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float2 x = *reinterpret_cast<const float2*>(st + 8 * j + 2 * t);
+          F[4 * j + 2 * r] = x.x;
+          F[4 * j + 2 * r + 1] = x.y;
+        }
+      }
+    }
+    // This warpgroup's Q rows and sSq entries: its previous item's Q K^T are complete (every
+    // thread waited for them before that item's last softmax, and its last turn's bar.sync
+    // came after those waits).
+    quantise_q(a, sQ, sSq, q0, h, cw);
+    fence_async_smem();
+    wg_sync(cw);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) c_r[r] = __fmul_rn(sSq[64 * cw + 16 * warp + g + 8 * r], a.cs);  // a_i (§4.1)
+
+    // Block 0: Q K^T and the softmax.
+    mbar_wait(k_full(stage(gb)), phase(gb));
     sched_wait(cw);
     wgmma_fence();
-    issue_pv(sp, p);
-    wgmma_commit();
-    issue_qk(s);
+    issue_qk(stage(gb));
     wgmma_commit();
     sched_arrive(cw);
-    wgmma_wait<1>();
-    fence_regs(I);
-    release(v_empty(sp));
-    fold(alpha, beta, lt);  // block j - 1, with its own alpha, beta
     wgmma_wait<0>();
     fence_regs(sc);
-    softmax_block(s, b, alpha, beta);
-    release(k_empty(s));
-  }
-  {  // the last block's P V
-    const int sp = (j - 1) % kStages;
-    mbar_wait(v_ready(sp), static_cast<uint32_t>((j - 1) / kStages) & 1u);
-    pack_p(p, lt);
-    sched_wait(cw);
-    wgmma_fence();
-    issue_pv(sp, p);
-    wgmma_commit();
-    if (cw == 0) sched_arrive(cw);  // warpgroup 1 takes no further turn of warpgroup 0's
-    wgmma_wait<0>();
-    fence_regs(I);
-    release(v_empty(sp));
-    fold(alpha, beta, lt);
-  }
-  if (a.state && !a.finalize) {
+    float alpha[2], beta[2];
+    softmax_block(stage(gb), 0, alpha, beta);
+    release(k_empty(stage(gb)));
+    uint32_t p[4][4];
+    int lt[2];
+    int j = 1;
+    for (; j < nblocks; ++j) {
+      const uint32_t x = gb + static_cast<uint32_t>(j);
+      const int s = stage(x), sp = stage(x - 1);
+      const int64_t b = static_cast<int64_t>(kN) * j;
+      mbar_wait(k_full(s), phase(x));
+      mbar_wait(v_ready(sp), phase(x - 1));
+      pack_p(p, lt);  // P of block j - 1
+      fence_regs(I);
+      // P V of block j - 1 first, then Q K^T of block j: the fold of block j - 1 runs while
+      // Q K^T is on the tensor cores, and I is dead during the softmax.
+      sched_wait(cw);
+      wgmma_fence();
+      issue_pv(sp, p);
+      wgmma_commit();
+      issue_qk(s);
+      wgmma_commit();
+      sched_arrive(cw);
+      wgmma_wait<1>();
+      fence_regs(I);
+      release(v_empty(sp));
+      fold(alpha, beta, lt);  // block j - 1, with its own alpha, beta
+      wgmma_wait<0>();
+      fence_regs(sc);
+      softmax_block(s, b, alpha, beta);
+      release(k_empty(s));
+    }
+    {  // the last block's P V
+      const uint32_t x = gb + static_cast<uint32_t>(j - 1);
+      const int sp = stage(x);
+      mbar_wait(v_ready(sp), phase(x));
+      pack_p(p, lt);
+      sched_wait(cw);
+      wgmma_fence();
+      issue_pv(sp, p);
+      wgmma_commit();
+      if (cw == 0 || !last_item) sched_arrive(cw);
+      wgmma_wait<0>();
+      fence_regs(I);
+      release(v_empty(sp));
+      fold(alpha, beta, lt);
+    }
+    gb += static_cast<uint32_t>(nblocks);
+    if (a.state && !a.finalize) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = row_base + 8 * r;
+        if (row >= a.Mq) continue;
+        float* st = a.state + (row * H + h) * kStateRow;
+        if (t == 0) {
+          st[kD] = m_r[r];
+          st[kD + 1] = Fl[r];
+        }
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj)
+          *reinterpret_cast<float2*>(st + 8 * jj + 2 * t) = make_float2(F[4 * jj + 2 * r], F[4 * jj + 2 * r + 1]);
+      }
+      continue;
+    }
+    float sv[32];
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const float2 x = *reinterpret_cast<const float2*>(a.sv + h * kD + 8 * jj + 2 * t);
+      sv[2 * jj] = x.x;
+      sv[2 * jj + 1] = x.y;
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t row = row_base + 8 * r;
       if (row >= a.Mq) continue;
-      float* st = a.state + (row * H + h) * kStateRow;
-      if (t == 0) {
-        st[kD] = m_r[r];
-        st[kD + 1] = Fl[r];
+      uint16_t* orow = a.o + row * a.o_rs + h * a.o_hs;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const float x0 = __fdiv_rn(__fmul_rn(F[4 * jj + 2 * r], sv[2 * jj]), Fl[r]);
+        const float x1 = __fdiv_rn(__fmul_rn(F[4 * jj + 2 * r + 1], sv[2 * jj + 1]), Fl[r]);
+        *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * t) =
+            static_cast<uint32_t>(f32_to_bf16_bits(x0)) | (static_cast<uint32_t>(f32_to_bf16_bits(x1)) << 16);
       }
-#pragma unroll
-      for (int jj = 0; jj < 16; ++jj)
-        *reinterpret_cast<float2*>(st + 8 * jj + 2 * t) = make_float2(F[4 * jj + 2 * r], F[4 * jj + 2 * r + 1]);
-    }
-    return;
-  }
-  float sv[32];
-#pragma unroll
-  for (int jj = 0; jj < 16; ++jj) {
-    const float2 x = *reinterpret_cast<const float2*>(a.sv + h * kD + 8 * jj + 2 * t);
-    sv[2 * jj] = x.x;
-    sv[2 * jj + 1] = x.y;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = row_base + 8 * r;
-    if (row >= a.Mq) continue;
-    uint16_t* orow = a.o + row * a.o_rs + h * a.o_hs;
-#pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {
-      const float x0 = __fdiv_rn(__fmul_rn(F[4 * jj + 2 * r], sv[2 * jj]), Fl[r]);
-      const float x1 = __fdiv_rn(__fmul_rn(F[4 * jj + 2 * r + 1], sv[2 * jj + 1]), Fl[r]);
-      *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * t) =
-          static_cast<uint32_t>(f32_to_bf16_bits(x0)) | (static_cast<uint32_t>(f32_to_bf16_bits(x1)) << 16);
     }
   }
 }
@@ -558,7 +590,7 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
 }
 
 Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
-                             const AttentionParams& p, bool p8_table) {
+                             const AttentionParams& p, bool p8_table, bool persistent) {
   const std::string why = int8_hopper_fits(true, q, keys, out, p);
   if (!why.empty()) return make_error(ErrorCode::unsupported, "attention hopper int8: " + why);
   const int64_t Mq = q.size(0), H = q.size(1), Mk = keys.keys();
@@ -603,12 +635,22 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
   a.state_in = p.state_in;
   a.finalize = p.finalize;
+  a.H = static_cast<int>(H);
+  a.q_tiles = static_cast<int>((Mq + kBr - 1) / kBr);
+  const int64_t items = static_cast<int64_t>(a.q_tiles) * H;
+  if (items >= (int64_t{1} << 30))  // item + gridDim.x stays an int
+    return make_error(ErrorCode::unsupported, "attention hopper int8: 2^30 or more (query tile, head) items");
+  a.items = static_cast<int>(items);
   constexpr int kSmem = smem_bytes();
   if (ctx.max_smem_optin < static_cast<size_t>(kSmem))
     return make_error(ErrorCode::unsupported, "attention hopper int8: needs " + std::to_string(kSmem) +
                                                   " bytes of shared memory per block; the device allows " +
                                                   std::to_string(ctx.max_smem_optin));
-  const dim3 grid(static_cast<unsigned>((Mq + kBr - 1) / kBr), static_cast<unsigned>(H));
+  // Persistent: one CTA per SM, each taking items blockIdx.x, + grid, ... (the ring and the
+  // ping-pong run on across items, so an item's start and end overlap its neighbours'
+  // loads); else one CTA per item (the launch before session 14, for side-by-side timing).
+  const int64_t ctas = persistent ? std::min<int64_t>(items, std::max(ctx.sm_count, 1)) : items;
+  const dim3 grid(static_cast<unsigned>(ctas));
   // The shared-memory opt-in once per process (both instantiations).
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;

@@ -35,8 +35,11 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
 // [Mq, H, 136]: acc, m, l, the CPU reference's layout). Call only where int8_hopper_fits
 // said "" (checked again: unsupported with that message otherwise).
 // p8_table: p8 by the threshold table instead of the fast ex2 byte (int8_p8_check.cuh).
+// persistent: one CTA per SM looping over the (query tile, head) items (the default launch),
+// else one CTA per item (the launch before session 14, kept for side-by-side timing:
+// cuda::set_int8_attention_kernel(b, "hopper-grid")). The same bytes either way.
 Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Keys& keys, const TensorView& out,
-                             const AttentionParams& p, bool p8_table);
+                             const AttentionParams& p, bool p8_table, bool persistent);
 #else
 inline bool attention_hopper_int8_built() { return false; }
 inline std::string int8_hopper_fits(bool, const TensorView&, const Int8Keys&, const TensorView&,
@@ -45,7 +48,7 @@ inline std::string int8_hopper_fits(bool, const TensorView&, const Int8Keys&, co
          "CMAKE_CUDA_ARCHITECTURES)";
 }
 inline Status attention_hopper_int8(CudaContext&, const TensorView&, const Int8Keys&, const TensorView&,
-                                    const AttentionParams&, bool) {
+                                    const AttentionParams&, bool, bool) {
   return make_error(ErrorCode::unsupported,
                     "attention hopper int8: this layerstream was built without the Hopper kernels");
 }

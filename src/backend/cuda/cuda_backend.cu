@@ -440,7 +440,7 @@ class CudaBackend final : public Backend {
     if (!i8a::scale_ok(p.scale)) return make_error(ErrorCode::invalid_argument, i8a::scale_error(p.scale));
     DeviceGuard g(ctx_.device);
     const bool table = int8_p8_table();
-    if (int8_hopper_fits(q, keys, out, p)) return attention_hopper_int8(ctx_, q, keys, out, p, table);
+    if (int8_hopper_fits(q, keys, out, p)) return attention_hopper_int8(ctx_, q, keys, out, p, table, !int8_grid_);
     return cuda_op_attention_int8(ctx_, q, keys, out, p, table);
   }
   // p8 (contract v2, int8_p8_check.cuh): the fast ex2 byte where this device's ex2 gives the
@@ -458,7 +458,10 @@ class CudaBackend final : public Backend {
   std::string int8_kernel() const {
     return !int8_portable_ && attention_hopper_int8_built() && sm_90_ ? "hopper" : "portable";
   }
-  void set_int8_portable(bool portable) { int8_portable_ = portable; }
+  void set_int8_kernel(bool portable, bool grid) {
+    int8_portable_ = portable;
+    int8_grid_ = grid;
+  }
   Expected<int64_t> count_nonfinite(const TensorView& t) override {
     DeviceGuard g(ctx_.device);
     return cuda_op_count_nonfinite(ctx_, t);
@@ -559,6 +562,7 @@ class CudaBackend final : public Backend {
   std::string prop_name_;
   bool sm_90_ = false;          // compute capability 9.0 (the Hopper kernels)
   bool int8_portable_ = false;  // set_int8_attention_kernel("portable")
+  bool int8_grid_ = false;      // set_int8_attention_kernel("hopper-grid"): one CTA per item
   bool int8_p8_forced_table_ = false;  // set_int8_p8_path("table")
 };
 
@@ -619,10 +623,10 @@ int device_index(Backend& b) {
 Status set_int8_attention_kernel(Backend& b, const std::string& kernel) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return make_error(ErrorCode::invalid_argument, "set_int8_attention_kernel: not a CUDA backend");
-  if (kernel != "auto" && kernel != "portable")
+  if (kernel != "auto" && kernel != "portable" && kernel != "hopper-grid")
     return make_error(ErrorCode::invalid_argument,
-                      "set_int8_attention_kernel: '" + kernel + "' (auto or portable)");
-  c->set_int8_portable(kernel == "portable");
+                      "set_int8_attention_kernel: '" + kernel + "' (auto, hopper-grid or portable)");
+  c->set_int8_kernel(kernel == "portable", kernel == "hopper-grid");
   return Status();
 }
 std::string int8_attention_kernel(Backend& b) {

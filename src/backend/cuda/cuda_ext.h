@@ -82,9 +82,11 @@ int device_index(Backend& b);
 
 // Attention int8's kernel (docs/int8-attention.md §7): "auto" (the default: the Hopper
 // kernel on sm_90 where the build has it and the call fits, else the portable kernel) or
-// "portable" (always the portable mma.sync kernel). Both give the same bytes; this exists so
-// that tests and benchmarks can run each on the same GPU. int8_attention_kernel names what
-// auto runs on this backend: "hopper" or "portable" ("" when `b` is not a CUDA backend).
+// "portable" (always the portable mma.sync kernel), or "hopper-grid" (auto, but the Hopper
+// kernel launched with one CTA per (query tile, head) instead of its persistent grid of one CTA
+// per SM: the launch before session 14). All give the same bytes; this exists so that tests and
+// benchmarks can run each on the same GPU. int8_attention_kernel names what auto runs on this
+// backend: "hopper" or "portable" ("" when `b` is not a CUDA backend).
 Status set_int8_attention_kernel(Backend& b, const std::string& kernel);
 std::string int8_attention_kernel(Backend& b);
 
