@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -179,6 +180,68 @@ TEST(Int8Math, QuantiserByHand) {
   EXPECT_EQ(i8a::quant(3.0f, s), 127);
   EXPECT_EQ(i8a::quant(-3.0f, s), -127);
   EXPECT_EQ(i8a::row_scale(0.0f), 1e-30f);
+}
+
+// i8a::div_rd / quant_rd (the GPU kernels' division-free quotient): the IEEE quotient's bits
+// for every seed within 1 ulp of 1/s (the GPU seeds with rcp.approx.f32, at most 1 ulp off),
+// on quotients chosen to be hard: within a few ulps of every half-integer the quantiser
+// rounds at, within a few ulps of fp32 midpoints, and random ones; divisors over the row
+// scales' range and the output divisor l's (255 .. 2^38). Subnormal quotients only through
+// quant_rd (which rounds them to 0 either way; the kernels' output division takes the IEEE
+// one for numerators below 2^-87).
+TEST(Int8Math, DivisionFreeQuotientEqualsIeeeDivision) {
+  std::mt19937_64 rng(20261203);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  const auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  };
+  int64_t quotients = 0, quants = 0, differ = 0, qdiffer = 0;
+  const auto check = [&](float x, float s) {
+    const float want = x / s;
+    const float nearest = 1.0f / s;
+    for (const float r0 : {std::nextafter(nearest, 0.0f), nearest, std::nextafter(nearest, INFINITY)}) {
+      const double r = i8a::recip_d(s, r0);
+      if (std::fabs(want) >= 0x1p-126f || want == 0.0f) {
+        ++quotients;
+        differ += bits(i8a::div_rd(x, r)) != bits(want);
+      }
+      ++quants;
+      qdiffer += i8a::quant_rd(x, r) != i8a::quant(x, s);
+    }
+  };
+  for (int si = 0; si < 3000; ++si) {
+    // Row scales (amax / 127 over bf16 rows: 1e-30 .. 1e30, mostly near 1) and l (255 .. 2^38).
+    const float s = si % 3 == 0   ? static_cast<float>(std::pow(10.0, -30.0 + 60.0 * u01(rng)))
+                    : si % 3 == 1 ? static_cast<float>(std::pow(2.0, -8.0 + 16.0 * u01(rng)))
+                                  : static_cast<float>(std::pow(2.0, 8.0 + 30.0 * u01(rng)));
+    for (int k = -128; k <= 127; ++k) {  // near the half-integers k + 0.5
+      const float x = static_cast<float>((k + 0.5) * static_cast<double>(s));
+      float lo = x, hi = x;
+      check(x, s);
+      for (int n = 0; n < 3; ++n) {
+        lo = std::nextafter(lo, -INFINITY), hi = std::nextafter(hi, INFINITY);
+        check(lo, s), check(hi, s);
+      }
+    }
+    for (int n = 0; n < 200; ++n) {  // near fp32 midpoints of quotients over many binades
+      const float q = static_cast<float>(std::ldexp(1.0 + u01(rng), static_cast<int>(u01(rng) * 200.0) - 100));
+      const double mid = (static_cast<double>(q) + static_cast<double>(std::nextafter(q, INFINITY))) / 2.0;
+      const float x = static_cast<float>(mid * static_cast<double>(s));
+      if (!std::isfinite(x)) continue;
+      check(x, s), check(std::nextafter(x, 0.0f), s), check(std::nextafter(x, INFINITY), s), check(-x, s);
+    }
+    for (int n = 0; n < 100; ++n) check(static_cast<float>((u01(rng) * 255.2 - 127.6) * static_cast<double>(s)), s);
+  }
+  for (const float x : {0.0f, -0.0f, INFINITY, -INFINITY, 1.0f, 1e-45f}) check(x, 3.0f);
+  EXPECT_EQ(i8a::div_rd(5.0f, i8a::recip_d(INFINITY, 0.0f)), 0.0f);  // x / inf = 0
+  EXPECT_TRUE(std::isnan(i8a::div_rd(std::nanf(""), i8a::recip_d(3.0f, 1.0f / 3.0f))));
+  EXPECT_EQ(differ, 0) << "of " << quotients << " quotients";
+  EXPECT_EQ(qdiffer, 0) << "of " << quants << " quantised values";
+  EXPECT_GT(quotients, 5000000);
+  std::printf("[ info ] %lld quotients, %lld quantised values: the IEEE division's bits\n",
+              static_cast<long long>(quotients), static_cast<long long>(quants));
 }
 
 TEST(Int8Math, RotationIsScaledOrthogonal) {

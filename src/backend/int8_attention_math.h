@@ -10,6 +10,9 @@
 //                             transform, strides 1, 2, ..., Dh/2 (§3)
 //   i8a::row_scale(amax)      max(fl32(amax * fl32(1/127)), 1e-30)
 //   i8a::quant(x, s)          clamp(rint(fl32(x / s)), -127, 127) (NaN -> 0)
+//   i8a::recip_d(s, r0), div_rd(x, r), quant_rd(x, r)
+//                             fl32(x / s) and quant(x, s) without a division instruction: the
+//                             SAME bits, for the GPU kernels (below)
 //   i8a::exp2e(t)             the defined exp2 for t <= 0 (§4.3, coefficients E): alpha, beta
 //   i8a::score_factor(scale, Dh)  cs = fl32(fl32(scale * log2e) * (1/Dh))
 //   i8a::p8_table(x)          contract v2's p8 (§4.3): #{k : theta_k <= x}, x <= kP8Top
@@ -54,11 +57,75 @@ LQ_HD float row_scale(float amax) {
   return s > kTiny ? s : kTiny;
 }
 
-LQ_HD int8_t quant(float x, float s) {
-  const float r = lq::rint(lq::div(x, s));
+LQ_HD int8_t clamp127(float r) {  // r = rint(...); NaN -> 0
   if (!(r == r)) return 0;
   return static_cast<int8_t>(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
 }
+LQ_HD int8_t quant(float x, float s) { return clamp127(lq::rint(lq::div(x, s))); }
+
+// ---- fl32(x / s) without a division (session 14) ----------------------------------------
+// CUDA's correctly rounded fp32 division (__fdiv_rn) is a fast path plus a range check that
+// branches to a slow-path subroutine; each division is its own basic block, so a warp
+// quantising 16 rows cannot interleave them, and the Hopper kernel spent ~10 us per (query
+// tile, head) quantising Q (bench/results/issue26/run12, the per-item trace). This computes
+// the same bits with no branch, from one reciprocal per divisor:
+//   r = 1/s to within 2^-52 relative: two Newton steps in fp64, e = fma(-s, r, 1), r =
+//       fma(r, e, r), from a seed r0 within 2^-22 of 1/s (on the GPU rcp.approx.f32, at most
+//       1 ulp off: 2^-23); the first step leaves ~2^-44, the second the rounding, <= 2^-53
+//       (1 + 2^-35) (e is computed with one rounding of a value ~2^-44, r + r e with one);
+//   fl32(x / s) = fl32(fl64(x * r)) wherever x / s is in fp32's NORMAL range: fl64(x r) is
+//       within 2^-52 (1 + 2^-34) of x / s, and no fp32 rounding boundary (a midpoint
+//       between adjacent floats) lies that close: for floats x = X 2^a, s = S 2^b (X, S odd,
+//       < 2^24) and a normal-range midpoint m = M 2^c (M odd, 2^24 < M < 2^25), x - s m is
+//       2^min(a, b + c) times a nonzero integer (by parity; where a = b + c, X = S M is
+//       impossible as S M >= M > X), so |x/s - m| >= |x/s| / (1.5 S M) > 2^-50 |x/s|: both
+//       round to the same float. (A SUBNORMAL quotient can be a midpoint exactly, e.g. 9 2^-149
+//       / 6, where fl64(x r) may fall on either side: there the bits may differ. quant_rd
+//       rounds such quotients, |x/s| < 2^-126, to 0 either way; the output division of the
+//       kernels takes the IEEE division for its rare tiny numerators.)
+//       x = 0, +-inf, NaN: the IEEE division's result (r finite and > 0).
+// Valid for s in [2^-126, 2^126] (1/s normal: the row scale is at least kTiny = 1e-30 and a
+// finite rotated bf16 row's amax / 127 is far below 2^126; the output's divisor l is >= 255)
+// and s = +inf (r = 0: x / inf = 0, inf / inf = NaN, as IEEE). tests/test_attention_int8.cpp
+// checks it against the IEEE division on adversarial quotients (within ulps of half-integers
+// and of midpoints); the CUDA tests compare the kernels' bytes with the CPU's.
+LQ_HD double recip_d(float s, float r0) {
+  const double sd = static_cast<double>(s);
+  double r = static_cast<double>(r0);
+#if defined(__CUDA_ARCH__)
+  double e = __fma_rn(-sd, r, 1.0);
+  r = __fma_rn(r, e, r);
+  e = __fma_rn(-sd, r, 1.0);
+  r = __fma_rn(r, e, r);
+#else
+  double e = std::fma(-sd, r, 1.0);
+  r = std::fma(r, e, r);
+  e = std::fma(-sd, r, 1.0);
+  r = std::fma(r, e, r);
+#endif
+  return s > 3.4028234663852886e38f ? 0.0 : r;  // s = +inf: the Newton steps would give NaN
+}
+LQ_HD float div_rd(float x, double r) {
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(__dmul_rn(static_cast<double>(x), r));
+#else
+  return static_cast<float>(static_cast<double>(x) * r);
+#endif
+}
+LQ_HD int8_t quant_rd(float x, double r) { return clamp127(lq::rint(div_rd(x, r))); }
+#if defined(__CUDACC__)
+// The device seed: rcp.approx.f32 (at most 1 ulp off, PTX ISA), no branch. (Declared in
+// nvcc's host pass too, where device code is parsed.)
+__device__ __forceinline__ double recip_d(float s) {
+  float r0;
+#if defined(__CUDA_ARCH__)
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
+#else
+  r0 = 1.0f / s;
+#endif
+  return recip_d(s, r0);
+}
+#endif
 
 LQ_HD float exp2c(float t, float c0, float c1, float c2, float c3, float c4, float c5) {
   if (t < kExp2Min) return 0.0f;

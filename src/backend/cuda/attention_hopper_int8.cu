@@ -506,12 +506,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
-    float sv[32];
+    // out = bf16(fl32(fl32(acc sv) / l)): the division by i8a::div_rd (one fp64 reciprocal
+    // of l per row; the IEEE division where a tiny numerator needs it, int8_quant_warp.cuh).
+    bool ieee = false;
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       const float2 x = *reinterpret_cast<const float2*>(a.sv + h * kD + 8 * jj + 2 * t);
-      sv[2 * jj] = x.x;
-      sv[2 * jj + 1] = x.y;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // F becomes y = fl32(acc sv)
+        F[4 * jj + i] = __fmul_rn(F[4 * jj + i], (i & 1) ? x.y : x.x);
+        ieee |= i8w::out_needs_ieee(F[4 * jj + i]);
+      }
+    }
+    if (__any_sync(0xffffffffu, ieee)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) F[i] = __fdiv_rn(F[i], Fl[(i / 2) % 2]);
+    } else {
+      const double rl[2] = {i8a::recip_d(Fl[0]), i8a::recip_d(Fl[1])};
+#pragma unroll
+      for (int i = 0; i < 64; ++i) F[i] = i8a::div_rd(F[i], rl[(i / 2) % 2]);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -519,12 +532,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (row >= a.Mq) continue;
       uint16_t* orow = a.o + row * a.o_rs + h * a.o_hs;
 #pragma unroll
-      for (int jj = 0; jj < 16; ++jj) {
-        const float x0 = __fdiv_rn(__fmul_rn(F[4 * jj + 2 * r], sv[2 * jj]), Fl[r]);
-        const float x1 = __fdiv_rn(__fmul_rn(F[4 * jj + 2 * r + 1], sv[2 * jj + 1]), Fl[r]);
-        *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * t) =
-            static_cast<uint32_t>(f32_to_bf16_bits(x0)) | (static_cast<uint32_t>(f32_to_bf16_bits(x1)) << 16);
-      }
+      for (int jj = 0; jj < 16; ++jj)
+        *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * t) = static_cast<uint32_t>(f32_to_bf16_bits(F[4 * jj + 2 * r])) |
+                                                              (static_cast<uint32_t>(f32_to_bf16_bits(F[4 * jj + 2 * r + 1])) << 16);
     }
   }
 }

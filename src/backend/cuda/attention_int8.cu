@@ -124,10 +124,10 @@ __global__ void prepare_v_kernel(const uint16_t* v, int64_t vs, int64_t n, const
   __shared__ int8_t t[kDh][32 + 4];
   const int h = blockIdx.y, c = threadIdx.x;  // 128 threads: one channel each
   const int64_t j0 = blockIdx.x * 32LL;
-  const float s = sv[h * kDh + c];
+  const double r = i8a::recip_d(sv[h * kDh + c]);  // i8a::quant's bits without a division
   for (int jj = 0; jj < 32; ++jj) {
     const int64_t j = j0 + jj;
-    t[c][jj] = j < n ? i8a::quant(bf16_bits_to_f32(v[j * vs + h * kDh + c]), s) : 0;
+    t[c][jj] = j < n ? i8a::quant_rd(bf16_bits_to_f32(v[j * vs + h * kDh + c]), r) : 0;
   }
   __syncthreads();
   int8_t* dst = v8t + h * hs + c * ld + j0;
@@ -390,15 +390,38 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       if (t == 0) st[kDh] = m[rr], st[kDh + 1] = l[rr];
       continue;
     }
+  }
+  if (!a.finalize) return;
+  // out = bf16(fl32(fl32(acc sv) / l)): the division by i8a::div_rd (one fp64 reciprocal of l
+  // per row; the IEEE division where a tiny numerator needs it, int8_quant_warp.cuh).
+  bool ieee = false;
+#pragma unroll
+  for (int ct = 0; ct < 16; ++ct)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // acc becomes y = fl32(acc sv)
+      acc[ct][i] = lq::mul(acc[ct][i], a.sv[h * kDh + 8 * ct + 2 * t + (i & 1)]);
+      ieee |= i8w::out_needs_ieee(acc[ct][i]);
+    }
+  if (__any_sync(0xffffffffu, ieee)) {
+#pragma unroll
+    for (int ct = 0; ct < 16; ++ct)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[ct][i] = lq::div(acc[ct][i], l[i / 2]);
+  } else {
+    const double rl[2] = {i8a::recip_d(l[0]), i8a::recip_d(l[1])};
+#pragma unroll
+    for (int ct = 0; ct < 16; ++ct)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[ct][i] = i8a::div_rd(acc[ct][i], rl[i / 2]);
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (rows[rr] >= a.Mq) continue;
     uint16_t* o = a.out + rows[rr] * a.o_rs + h * a.o_hs;
 #pragma unroll
-    for (int ct = 0; ct < 16; ++ct) {
-      const int c = 8 * ct + 2 * t;
-      const float o0 = lq::div(lq::mul(acc[ct][2 * rr], a.sv[h * kDh + c]), l[rr]);
-      const float o1 = lq::div(lq::mul(acc[ct][2 * rr + 1], a.sv[h * kDh + c + 1]), l[rr]);
-      *reinterpret_cast<uint32_t*>(o + c) =
-          static_cast<uint32_t>(f32_to_bf16_bits(o0)) | (static_cast<uint32_t>(f32_to_bf16_bits(o1)) << 16);
-    }
+    for (int ct = 0; ct < 16; ++ct)
+      *reinterpret_cast<uint32_t*>(o + 8 * ct + 2 * t) = static_cast<uint32_t>(f32_to_bf16_bits(acc[ct][2 * rr])) |
+                                                         (static_cast<uint32_t>(f32_to_bf16_bits(acc[ct][2 * rr + 1])) << 16);
   }
 }
 

@@ -36,19 +36,29 @@ __device__ __forceinline__ void rotate_warp(float x[4], int lane) {
 }
 
 // Quantise the warp's rotated row: returns the scale, writes this lane's 4 int8 packed
-// (channel 4 lane + e in byte e).
+// (channel 4 lane + e in byte e). i8a::quant's bits without a division instruction
+// (i8a::quant_rd: one fp64 reciprocal of the row scale, then a multiply per value), so a
+// warp's 16 rows are straight-line code the scheduler can interleave.
 __device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* packed) {
+  // fmaxf is lq::max_nan_ignoring on these operands (non-negative or NaN: a NaN is skipped,
+  // two NaN give a NaN, which row_scale maps to kTiny whatever its payload): one FMNMX.
   float amax = 0.0f;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) amax = lq::max_nan_ignoring(amax, lq::abs(y[e]));
+  for (int e = 0; e < 4; ++e) amax = fmaxf(amax, lq::abs(y[e]));
 #pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) amax = lq::max_nan_ignoring(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   const float s = i8a::row_scale(amax);
+  const double r = i8a::recip_d(s);
   uint32_t w = 0;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) w |= static_cast<uint32_t>(static_cast<uint8_t>(i8a::quant(y[e], s))) << (8 * e);
+  for (int e = 0; e < 4; ++e) w |= static_cast<uint32_t>(static_cast<uint8_t>(i8a::quant_rd(y[e], r))) << (8 * e);
   *packed = w;
   return s;
 }
+
+// The output division fl32(y / l) (docs §4.4) by i8a::div_rd, exact for every y except a
+// nonzero |y| < 2^-87 (a quotient that may be subnormal, l < 2^38): the caller takes the
+// IEEE division for the whole warp when any lane has one (never in practice).
+__device__ __forceinline__ bool out_needs_ieee(float y) { return y != 0.0f && lq::abs(y) < 0x1p-87f; }
 
 }  // namespace ls::cuda::i8w
