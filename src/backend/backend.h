@@ -399,7 +399,10 @@ class Backend {
   //          keys.sk, keys.v8t (columns [0, n)) and keys.sv (a function of stats alone).
   //   attention_int8: q bf16 [Mq, H, Dh], out bf16 [Mq, H, Dh]; keys: Int8Keys of the n keys
   //          of this call; p: kv_tile (<= kInt8MaxKvTile), scale, state/state_in/finalize as
-  //          for attention() (non-final chunks a multiple of kv_tile keys).
+  //          for attention() (non-final chunks a multiple of kv_tile keys), except that a
+  //          non-final call may leave per-row scratch in `out` for the next call of the same
+  //          sequence (the Hopper kernel's q8 cache, docs/int8-attention.md §7a): pass every
+  //          call of a streamed sequence the same q and the same out, untouched between calls.
   // The base implementations return unsupported naming the backend.
   virtual Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset);
   virtual Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,

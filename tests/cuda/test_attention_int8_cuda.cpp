@@ -11,6 +11,7 @@
 // own, all memcmp-equal to one call. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -354,6 +355,51 @@ TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
                          << x.size() / 2 << " outputs";
     EXPECT_GT(nonzero, Mq * H * 64);
   }
+}
+
+// The Hopper kernel's q8 cache (docs/int8-attention.md §7a): a non-final call of a streamed
+// sequence leaves each query row's q8 and scale in out and marks the row in the state; the
+// sequence's later calls read them instead of quantising Q again. Trusted only within one
+// sequence and only from a Hopper-written mark: a new sequence with other queries on the
+// same state and out buffers (the marks of the last one still there), and sequences that
+// switch between the portable and the Hopper kernel call to call, give their one-call bytes.
+TEST(Int8AttentionCuda, Q8CacheIsTrustedOnlyWithinASequence) {
+  NEED_GPU();
+  const int64_t Mq = 300, Mk = 700, H = 4;  // H % 4 == 0: the Hopper kernel under auto on sm_90
+  Pair qa = make(Mq, H, 31, true), qb = make(Mq, H, 32, true), k = make(Mk, H, 33, true), v = make(Mk, H, 34, false);
+  Keys K = keys_for(Mk, H);
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
+  ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+  const auto one_call = [&](const Pair& q) {
+    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "one call");
+    LS_CHECK(o.ok());
+    LS_CHECK(E->cuda->attention_int8(q.d, K.d, *o, tile128()).ok());
+    return host_bytes(*o);
+  };
+  const std::vector<uint8_t> want_a = one_call(qa), want_b = one_call(qb);
+  EXPECT_NE(want_a, want_b);
+  auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "out");
+  auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+  ASSERT_TRUE(o.ok() && st.ok());
+  // kernels[c]: the kernel of chunk call c (256-key chunks: 3 calls).
+  const auto sequence = [&](const Pair& q, const std::vector<const char*>& kernels) {
+    for (int64_t c = 0, c0 = 0; c0 < Mk; ++c, c0 += 256) {
+      const int64_t c1 = std::min(Mk, c0 + 256);
+      LS_CHECK(cuda::set_int8_attention_kernel(*E->cuda, kernels[static_cast<size_t>(c)]).ok());
+      AttentionParams p = tile128();
+      p.state = *st;
+      p.state_in = c0 > 0;
+      p.finalize = c1 == Mk;
+      LS_CHECK(E->cuda->attention_int8(q.d, K.d.slice(c0, c1), *o, p).ok());
+    }
+    LS_CHECK(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
+    return host_bytes(*o);
+  };
+  EXPECT_EQ(sequence(qa, {"auto", "auto", "auto"}), want_a) << "q8 cache within a sequence";
+  EXPECT_EQ(sequence(qb, {"auto", "auto", "auto"}), want_b) << "a new sequence on the same buffers";
+  EXPECT_EQ(sequence(qa, {"portable", "auto", "auto"}), want_a) << "portable first, then Hopper";
+  EXPECT_EQ(sequence(qb, {"auto", "portable", "auto"}), want_b) << "the portable kernel between Hopper calls";
+  EXPECT_EQ(sequence(qa, {"auto", "hopper-grid", "portable"}), want_a) << "Hopper launches, then portable";
 }
 
 TEST(Int8AttentionCuda, Refusals) {

@@ -90,8 +90,20 @@ struct Args {
   float cs;  // i8a::score_factor(scale, 128)
   float* state;
   bool state_in, finalize;
+  bool q8_cache;  // streamed state and out not overlapping q: the q8 cache below may be used
   int H, q_tiles, items;  // items = q_tiles * H (query tile fastest), taken in order by the grid
 };
+
+// The q8 cache of a streamed call sequence (docs/int8-attention.md §7a). A query row's q8 and
+// sq depend on its q row alone, and every call of a sequence has the same q; out is written
+// only by the final call. So a call that saves the state (not final) also leaves each row's
+// q8 (128 bytes) and sq (4 bytes) in that row's out (256 bytes, bf16 [row, h, 0..128)) and
+// marks the row's state with kQ8CachedBits in its first unused float ([Dh + 2]); the next call
+// of the sequence (state_in) takes q8 and sq from there instead of quantising its Q rows
+// again: the same bytes, ~7 us of each item's prologue saved (run 12 call 4's trace). A
+// state written by the portable kernel carries 0 there, a first call (no state_in) never
+// looks, so a stale mark of an earlier sequence in the same buffer is never trusted.
+constexpr uint32_t kQ8CachedBits = 0x7fc0a8c8u;  // a quiet NaN pattern no m, l or acc takes here
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LS_HOPPER8_DEVICE 1
@@ -137,9 +149,35 @@ __device__ __forceinline__ void wg_sync(int cw) { asm volatile("bar.sync %0, 128
 
 // §4.1 for the 64 rows of consumer warpgroup cw: one warp per row (16 rows per warp), q8
 // into the Q tile (128-byte swizzle: chunk c of row R at (c ^ (R % 8)) * 16), sq into sSq.
+// From the q8 cache where every row of the warp has it (a warp-uniform choice), else
+// quantised, and saved into the cache where this call saves the state.
 __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sSq, int q0, int h, int cw) {
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
+  const int64_t row0 = static_cast<int64_t>(q0) + 64 * cw + 16 * warp;
+  const auto cache_of = [&](int64_t row) {  // the row's 256 out bytes: q8 [0, 128), sq [128, 132)
+    return reinterpret_cast<uint8_t*>(a.o + row * a.o_rs + h * a.o_hs);
+  };
+  if (a.q8_cache && a.state_in) {
+    const int64_t row = row0 + (lane & 15);
+    const bool ok = row >= a.Mq || __float_as_uint(a.state[(row * a.H + h) * kStateRow + kD + 2]) == kQ8CachedBits;
+    if (__all_sync(0xffffffffu, ok)) {
+      uint32_t w[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r)  // a row past Mq: zeros and kTiny, as quantising its zero row gives
+        w[r] = row0 + r < a.Mq ? reinterpret_cast<const uint32_t*>(cache_of(row0 + r))[lane] : 0u;
+      const float sq = row < a.Mq ? *reinterpret_cast<const float*>(cache_of(row) + 128) : i8a::kTiny;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const int R = 64 * cw + 16 * warp + r;
+        const uint32_t addr = sQ + static_cast<uint32_t>(R * 128 + ((((lane >> 2) ^ (R & 7))) << 4) + (lane & 3) * 4);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(w[r]) : "memory");
+      }
+      if (lane < 16) sSq[64 * cw + 16 * warp + lane] = sq;
+      return;
+    }
+  }
+  const bool save = a.q8_cache && !a.finalize;
   // All 16 rows' loads first, then the 16 rows' arithmetic unrolled: one global-memory
   // latency per warp instead of one per row before the CTA's first Q K^T (run 11: S = 111,274
   // 586 -> 591 TOP/s; the fixed cost per call of streamed key chunks, ~0.4 ms, barely moved).
@@ -149,6 +187,8 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
     const int64_t row = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + r;
     raw[r] = row < a.Mq ? *reinterpret_cast<const uint2*>(a.q + row * a.q_rs + h * a.q_hs + 4 * lane) : make_uint2(0u, 0u);
   }
+  uint32_t q8w[16];  // this lane's q8 word and the scale of each row, for the cache
+  float sq[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int R = 64 * cw + 16 * warp + r;
@@ -163,6 +203,16 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
     const uint32_t addr = sQ + static_cast<uint32_t>(R * 128 + ((((lane >> 2) ^ (R & 7))) << 4) + (lane & 3) * 4);
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
     if (lane == 0) sSq[R] = s;
+    q8w[r] = packed;
+    sq[r] = s;
+  }
+  if (save) {  // after the rows: a store's branch inside the loop would split it into blocks
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      if (row0 + r < a.Mq) {
+        reinterpret_cast<uint32_t*>(cache_of(row0 + r))[lane] = q8w[r];
+        if (lane == 0) *reinterpret_cast<float*>(cache_of(row0 + r) + 128) = sq[r];
+      }
   }
 }
 
@@ -499,6 +549,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (t == 0) {
           st[kD] = m_r[r];
           st[kD + 1] = Fl[r];
+          if (a.q8_cache) st[kD + 2] = __uint_as_float(kQ8CachedBits);  // quantise_q saved or read it
         }
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj)
@@ -645,6 +696,17 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
   a.state_in = p.state_in;
   a.finalize = p.finalize;
+  {  // the q8 cache needs a state and out's bytes apart from q's (it writes out before the last read of q)
+    const auto span = [](const TensorView& t) {
+      const auto* b = static_cast<const uint8_t*>(t.data);
+      int64_t last = 0;
+      for (int d = 0; d < t.ndim; ++d) last += (t.size(d) - 1) * t.stride[d];
+      return std::make_pair(b, b + 2 * (last + 1));  // bf16
+    };
+    const auto [q_lo, q_hi] = span(q);
+    const auto [o_lo, o_hi] = span(out);
+    a.q8_cache = a.state != nullptr && (o_hi <= q_lo || q_hi <= o_lo);
+  }
   a.H = static_cast<int>(H);
   a.q_tiles = static_cast<int>((Mq + kBr - 1) / kBr);
   const int64_t items = static_cast<int64_t>(a.q_tiles) * H;

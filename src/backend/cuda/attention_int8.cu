@@ -387,7 +387,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
         st[8 * ct + 2 * t] = acc[ct][2 * rr];
         st[8 * ct + 2 * t + 1] = acc[ct][2 * rr + 1];
       }
-      if (t == 0) st[kDh] = m[rr], st[kDh + 1] = l[rr];
+      // [kDh + 2] = 0: no q8 cache in out (the Hopper kernel's, attention_hopper_int8.cu).
+      if (t == 0) st[kDh] = m[rr], st[kDh + 1] = l[rr], st[kDh + 2] = 0.0f;
       continue;
     }
   }
