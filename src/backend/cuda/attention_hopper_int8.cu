@@ -7,9 +7,11 @@
 // portable kernel elsewhere without a numerics field to tell them apart.
 //
 // Inputs: bf16 q; the contract's Int8Keys as they are (k8 s8 [n, H, 128], sk f32 [n, H],
-// v8t s8 [H, 128, ld] keys contiguous, sv f32 [H, 128]). No scratch.
+// v8t s8 [H, 128, ld] keys contiguous, sv f32 [H, 128]). No scratch; in a streamed sequence
+// out also holds the q8 cache between calls (below).
 //
-// One CTA = 128 queries x 1 head, 384 threads:
+// Persistent (session 14): one CTA per SM walks the (query tile, head) items in order; the
+// roles below run on from one item into the next. One item = 128 queries x 1 head, 384 threads:
 //   warpgroup 0, producer (setmaxnreg 24): thread 0 issues the TMA loads, per 128-key block
 //     K8 (16 KiB) + the block's key scales (a box of 4 heads x 128 keys of sk [n, H], 2 KiB:
 //     needs H % 4 == 0) on one barrier, V8^T (16 KiB) on another, into a ring of kStages;
@@ -48,7 +50,9 @@
 // TOP/s, ~24.9 issued instructions per score; v2 as first written (run 7) 488; this kernel
 // (run 8, helper opt's variant 15: the hoisted mask, P V before Q K^T, I2F for d and ot)
 // 586, ~11.8 SASS instructions per score in the main loop by nvdisasm (run 7's loop 20.1 by
-// the same count), 24 B of spill loads; the bf16 Hopper kernel 621 in the same run.
+// the same count), 24 B of spill loads; the bf16 Hopper kernel 621 in the same run. Session
+// 14 (run 12): 590 (the persistent launch), and the cost per streamed chunk call from ~0.4 to
+// 0.15 ms (the quantiser without branching divisions, the q8 cache).
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <algorithm>
@@ -721,7 +725,11 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   // Persistent: one CTA per SM, each taking items blockIdx.x, + grid, ... (the ring and the
   // ping-pong run on across items, so an item's start and end overlap its neighbours'
   // loads); else one CTA per item (the launch before session 14, for side-by-side timing).
-  const int64_t ctas = persistent ? std::min<int64_t>(items, std::max(ctx.sm_count, 1)) : items;
+  // The ring's block count per CTA is a uint32 whose stage (count % 3) must not wrap: a
+  // persistent CTA walks ceil(items / ctas) items of nblocks blocks; past 2^31 (an hour-long
+  // call) the launch is one CTA per item, whose count is nblocks < 2^23.
+  int64_t ctas = persistent ? std::min<int64_t>(items, std::max(ctx.sm_count, 1)) : items;
+  if ((items + ctas - 1) / ctas * ((Mk + kN - 1) / kN) >= (int64_t{1} << 31)) ctas = items;
   const dim3 grid(static_cast<unsigned>(ctas));
   // The shared-memory opt-in once per process (both instantiations).
   static std::once_flag once;
