@@ -159,6 +159,10 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int64_t row0 = static_cast<int64_t>(q0) + 64 * cw + 16 * warp;
+  const auto q_slot = [&](int r) {  // this lane's 4 bytes of the warp's row r in the swizzled Q tile
+    const int R = 64 * cw + 16 * warp + r;
+    return sQ + static_cast<uint32_t>(R * 128 + ((((lane >> 2) ^ (R & 7))) << 4) + (lane & 3) * 4);
+  };
   const auto cache_of = [&](int64_t row) {  // the row's 256 out bytes: q8 [0, 128), sq [128, 132)
     return reinterpret_cast<uint8_t*>(a.o + row * a.o_rs + h * a.o_hs);
   };
@@ -172,11 +176,7 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
         w[r] = row0 + r < a.Mq ? reinterpret_cast<const uint32_t*>(cache_of(row0 + r))[lane] : 0u;
       const float sq = row < a.Mq ? *reinterpret_cast<const float*>(cache_of(row) + 128) : i8a::kTiny;
 #pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        const int R = 64 * cw + 16 * warp + r;
-        const uint32_t addr = sQ + static_cast<uint32_t>(R * 128 + ((((lane >> 2) ^ (R & 7))) << 4) + (lane & 3) * 4);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(w[r]) : "memory");
-      }
+      for (int r = 0; r < 16; ++r) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_slot(r)), "r"(w[r]) : "memory");
       if (lane < 16) sSq[64 * cw + 16 * warp + lane] = sq;
       return;
     }
@@ -188,7 +188,7 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
   uint2 raw[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
-    const int64_t row = static_cast<int64_t>(q0) + 64 * cw + 16 * warp + r;
+    const int64_t row = row0 + r;
     raw[r] = row < a.Mq ? *reinterpret_cast<const uint2*>(a.q + row * a.q_rs + h * a.q_hs + 4 * lane) : make_uint2(0u, 0u);
   }
   uint32_t q8w[16];  // this lane's q8 word and the scale of each row, for the cache
@@ -204,8 +204,7 @@ __device__ __forceinline__ void quantise_q(const Args& a, uint32_t sQ, float* sS
     i8w::rotate_warp(x, lane);
     uint32_t packed;
     const float s = i8w::quant_row_warp(x, &packed);
-    const uint32_t addr = sQ + static_cast<uint32_t>(R * 128 + ((((lane >> 2) ^ (R & 7))) << 4) + (lane & 3) * 4);
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_slot(r)), "r"(packed) : "memory");
     if (lane == 0) sSq[R] = s;
     q8w[r] = packed;
     sq[r] = s;
@@ -573,14 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ieee |= i8w::out_needs_ieee(F[4 * jj + i]);
       }
     }
-    if (__any_sync(0xffffffffu, ieee)) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fdiv_rn(F[i], Fl[(i / 2) % 2]);
-    } else {
-      const double rl[2] = {i8a::recip_d(Fl[0]), i8a::recip_d(Fl[1])};
-#pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = i8a::div_rd(F[i], rl[(i / 2) % 2]);
-    }
+    i8w::divide_by_row_sums(F, Fl, ieee);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t row = row_base + 8 * r;
@@ -705,7 +697,7 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
       const auto* b = static_cast<const uint8_t*>(t.data);
       int64_t last = 0;
       for (int d = 0; d < t.ndim; ++d) last += (t.size(d) - 1) * t.stride[d];
-      return std::make_pair(b, b + 2 * (last + 1));  // bf16
+      return std::make_pair(b, b + (last + 1) * static_cast<int64_t>(t.elem_size()));
     };
     const auto [q_lo, q_hi] = span(q);
     const auto [o_lo, o_hi] = span(out);

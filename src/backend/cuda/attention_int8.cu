@@ -403,18 +403,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       acc[ct][i] = lq::mul(acc[ct][i], a.sv[h * kDh + 8 * ct + 2 * t + (i & 1)]);
       ieee |= i8w::out_needs_ieee(acc[ct][i]);
     }
-  if (__any_sync(0xffffffffu, ieee)) {
-#pragma unroll
-    for (int ct = 0; ct < 16; ++ct)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[ct][i] = lq::div(acc[ct][i], l[i / 2]);
-  } else {
-    const double rl[2] = {i8a::recip_d(l[0]), i8a::recip_d(l[1])};
-#pragma unroll
-    for (int ct = 0; ct < 16; ++ct)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[ct][i] = i8a::div_rd(acc[ct][i], rl[i / 2]);
-  }
+  i8w::divide_by_row_sums(&acc[0][0], l, ieee);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     if (rows[rr] >= a.Mq) continue;

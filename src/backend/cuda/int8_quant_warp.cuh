@@ -56,9 +56,21 @@ __device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* pack
   return s;
 }
 
-// The output division fl32(y / l) (docs §4.4) by i8a::div_rd, exact for every y except a
-// nonzero |y| < 2^-87 (a quotient that may be subnormal, l < 2^38): the caller takes the
-// IEEE division for the whole warp when any lane has one (never in practice).
+// The output division fl32(y / l) (docs §4.4) of a thread's 64 values, value i in row
+// (i / 2) % 2 (the accumulator layout of both kernels: F[64] / acc[16][4]), l[row] the row
+// sums. By i8a::div_rd (one fp64 reciprocal per row), exact for every y except a nonzero
+// |y| < 2^-87 (a quotient that may be subnormal, l < 2^38): the whole warp takes the IEEE
+// division when any lane has one (never in practice).
 __device__ __forceinline__ bool out_needs_ieee(float y) { return y != 0.0f && lq::abs(y) < 0x1p-87f; }
+__device__ __forceinline__ void divide_by_row_sums(float* y, const float (&l)[2], bool ieee) {
+  if (__any_sync(0xffffffffu, ieee)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) y[i] = lq::div(y[i], l[(i / 2) % 2]);
+  } else {
+    const double rl[2] = {i8a::recip_d(l[0]), i8a::recip_d(l[1])};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) y[i] = i8a::div_rd(y[i], rl[(i / 2) % 2]);
+  }
+}
 
 }  // namespace ls::cuda::i8w
