@@ -301,10 +301,11 @@ void block_sliced(Backend& b, Arena& ar, const Weights& w, const Inputs& in, con
   const bool int8 = b.numerics().attention == AttentionAlgorithm::int8;
   Int8Keys keys;
   if (int8) {
-    const TensorView sb = take(ar, DType::f32, {3, H, Dh}, "int8 stats");
+    const TensorView sb = take(ar, DType::f32, {2 + int8_stat_blocks(S), H, Dh}, "int8 stats");
+    const TensorView vs = take(ar, DType::f32, {int8_stat_blocks(S), 2, H, Dh}, "int8 V scales");
     const TensorView kb = take(ar, DType::u8, {int8_keys_bytes(S, H, Dh)}, "int8 keys");
-    keys = int8_keys_view(kb.data, S, H, Dh, kb.device);
-    ok(b.int8_key_stats(k, v, sb, /*reset=*/true), "int8 stats");
+    keys = int8_keys_view(kb.data, S, H, Dh, kb.device, vs);
+    ok(b.int8_key_stats(k, v, sb, /*k0=*/0, /*reset=*/true), "int8 stats");
     ok(b.int8_prepare(k, v, sb, keys), "int8 prepare");
   }
   // Pass 2: per slice Q, attention over all keys, out_proj, gated add.

@@ -109,9 +109,10 @@ int main(int argc, char** argv) {
   const TensorView q = alloc(DType::bf16, {S, H, Dh}), k = alloc(DType::bf16, {S, H, Dh}),
                    v = alloc(DType::bf16, {S, H, Dh}), o_h = alloc(DType::bf16, {S, H, Dh}),
                    o_p = alloc(DType::bf16, {S, H, Dh});
-  const TensorView stats = alloc(DType::f32, {3, H, Dh}), kbuf = alloc(DType::u8, {kb});
+  const TensorView stats = alloc(DType::f32, {2 + int8_stat_blocks(S), H, Dh}), kbuf = alloc(DType::u8, {kb});
+  const TensorView vs = alloc(DType::f32, {int8_stat_blocks(S), 2, H, Dh});
   const TensorView counter = alloc(DType::f64, {1});
-  const Int8Keys keys = int8_keys_view(kbuf.data, S, H, Dh, kbuf.device);
+  const Int8Keys keys = int8_keys_view(kbuf.data, S, H, Dh, kbuf.device, vs);
   {
     const int64_t rows = 8192;
     std::vector<uint16_t> h(static_cast<size_t>(rows * I));
@@ -169,7 +170,7 @@ int main(int argc, char** argv) {
   AttentionParams p;
   p.kv_tile = b.numerics().kv_tile;
   const Timing prep = time([&]() -> Status {
-    LS_TRY(b.int8_key_stats(k, v, stats, true));
+    LS_TRY(b.int8_key_stats(k, v, stats, 0, true));
     return b.int8_prepare(k, v, stats, keys);
   });
   std::printf("int8 statistics + prepare     median %9.2f ms\n", 1e3 * prep.median);

@@ -66,8 +66,9 @@ class ForwardingBackend : public Backend {
   Status silu(const TensorView& x) override { return in_->silu(x); }
   Status time_embedding(const TensorView& t, const TensorView& o) override { return in_->time_embedding(t, o); }
   Status convert(const TensorView& s, const TensorView& d) override { return in_->convert(s, d); }
-  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) override {
-    return in_->int8_key_stats(k, v, stats, reset);
+  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                        bool reset) override {
+    return in_->int8_key_stats(k, v, stats, k0, reset);
   }
   Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats, const Int8Keys& keys) override {
     return in_->int8_prepare(k, v, stats, keys);

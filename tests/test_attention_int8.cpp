@@ -45,13 +45,15 @@ Backend* cpu() {
   return b.get();
 }
 
-// A byte buffer holding one Int8Keys (plus guard bytes via HostTensor).
+// A byte buffer holding one Int8Keys of keys [k0, k0 + n) and its own V-scale table (of the
+// statistics blocks up to key k0 + n; plus guard bytes via HostTensor).
 struct KeysBuf {
-  KeysBuf(int64_t n, int64_t H, int64_t Dh) : buf(DType::u8, {int8_keys_bytes(n, H, Dh) + 256}) {
+  KeysBuf(int64_t n, int64_t H, int64_t Dh, int64_t k0 = 0)
+      : buf(DType::u8, {int8_keys_bytes(n, H, Dh) + 256}), vs(DType::f32, {int8_stat_blocks(k0 + n), 2, H, Dh}) {
     void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(buf.data()) + 255) / 256 * 256);
-    keys = int8_keys_view(base, n, H, Dh, Device{});
+    keys = int8_keys_view(base, n, H, Dh, Device{}, vs, k0);
   }
-  HostTensor buf;
+  HostTensor buf, vs;
   Int8Keys keys;
 };
 
@@ -80,7 +82,7 @@ struct Inputs {
 
 // Stats + prepare over all keys (one call each).
 void prepare_all(const Inputs& in, const TensorView& stats, const Int8Keys& keys) {
-  ASSERT_TRUE(cpu()->int8_key_stats(in.k, in.v, stats, true).ok());
+  ASSERT_TRUE(cpu()->int8_key_stats(in.k, in.v, stats, 0, true).ok());
   ASSERT_TRUE(cpu()->int8_prepare(in.k, in.v, stats, keys).ok());
 }
 
@@ -274,7 +276,7 @@ TEST(Int8Attention, OneKeyByHand) {
   test::set(v, 0, 1.0), test::set(v, 1, -0.5);
   HostTensor stats(DType::f32, {3, 1, 2}), out(DType::bf16, {1, 1, 2});
   KeysBuf kb(1, 1, 2);
-  ASSERT_TRUE(cpu()->int8_key_stats(k, v, stats, true).ok());
+  ASSERT_TRUE(cpu()->int8_key_stats(k, v, stats, 0, true).ok());
   EXPECT_EQ(test::get(stats, 0), 2.0);   // kmax
   EXPECT_EQ(test::get(stats, 2), 2.0);   // kmin
   EXPECT_EQ(test::get(stats, 5), 0.5);   // vabs of channel 1
@@ -296,7 +298,7 @@ TEST(Int8Attention, RefusesANegativeOrNonFiniteScale) {
   test::set(q, 0, 0.5), test::set(k, 0, 1.0), test::set(v, 0, 1.0);
   HostTensor stats(DType::f32, {3, 1, 2}), out(DType::bf16, {1, 1, 2});
   KeysBuf kb(1, 1, 2);
-  ASSERT_TRUE(cpu()->int8_key_stats(k, v, stats, true).ok());
+  ASSERT_TRUE(cpu()->int8_key_stats(k, v, stats, 0, true).ok());
   ASSERT_TRUE(cpu()->int8_prepare(k, v, stats, kb.keys).ok());
   for (float bad : {-0.125f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     AttentionParams p;
@@ -424,16 +426,16 @@ TEST(Int8Attention, StatisticsAndPrepareAreSliceInvariant) {
   const std::vector<int64_t> cuts = {0, 1, 97, 500, 1024, Mk};
   for (size_t i = 0; i + 1 < cuts.size(); ++i)
     ASSERT_TRUE(cpu()->int8_key_stats(in.k.view().slice_rows(cuts[i], cuts[i + 1]),
-                                      in.v.view().slice_rows(cuts[i], cuts[i + 1]), sliced, i == 0)
+                                      in.v.view().slice_rows(cuts[i], cuts[i + 1]), sliced, cuts[i], i == 0)
                     .ok());
   EXPECT_TRUE(test::same_bytes(whole, sliced));
   // Prepare per chunk (keys [a, b) into a chunk's own buffer) = the chunk's bytes of one prepare.
   for (const auto& [a, b] : std::vector<std::pair<int64_t, int64_t>>{{0, 512}, {512, 1024}, {1024, 1025}, {96, 97}}) {
-    KeysBuf part(b - a, H, Dh);
+    KeysBuf part(b - a, H, Dh, a);
     ASSERT_TRUE(cpu()->int8_prepare(in.k.view().slice_rows(a, b), in.v.view().slice_rows(a, b), sliced, part.keys).ok());
     EXPECT_TRUE(test::same_bytes(part.keys.k8, all.keys.k8.slice_rows(a, b)));
     EXPECT_TRUE(test::same_bytes(part.keys.sk, all.keys.sk.slice_rows(a, b)));
-    EXPECT_TRUE(test::same_bytes(part.keys.sv, all.keys.sv));
+    EXPECT_TRUE(test::same_bytes(part.keys.vs, all.keys.vs));
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c < Dh; ++c)
         EXPECT_EQ(std::memcmp(part.keys.v8t.at(h, c), static_cast<int8_t*>(all.keys.v8t.at(h, c)) + a,
@@ -469,7 +471,7 @@ TEST(Int8Attention, QuerySlicingsAndKeyChunksGiveTheSameBytes) {
         HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
         for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
           const int64_t c1 = std::min(Mk, c0 + chunk);
-          KeysBuf part(c1 - c0, H, Dh);
+          KeysBuf part(c1 - c0, H, Dh, c0);
           ASSERT_TRUE(
               cpu()->int8_prepare(in.k.view().slice_rows(c0, c1), in.v.view().slice_rows(c0, c1), stats, part.keys).ok());
           AttentionParams p;
@@ -552,17 +554,22 @@ TEST(Int8Attention, AccuracyWithOutlierChannels) {
 TEST(Int8Attention, Refusals) {
   Inputs in(2, 8, 1, 24, 3, false);  // head dim 24: not a power of two
   HostTensor stats(DType::f32, {3, 1, 24});
-  const Status s = cpu()->int8_key_stats(in.k, in.v, stats, true);
+  const Status s = cpu()->int8_key_stats(in.k, in.v, stats, 0, true);
   EXPECT_EQ(s.error().code, ErrorCode::unsupported);
   EXPECT_NE(s.message().find("power-of-two head dim"), std::string::npos) << s.message();
   Numerics n;
   n.attention = AttentionAlgorithm::int8;
-  n.kv_tile = kInt8MaxKvTile + 1;
-  const Status v = validate(n);
-  EXPECT_EQ(v.error().code, ErrorCode::invalid_argument);
-  EXPECT_NE(v.message().find("65536"), std::string::npos) << v.message();
-  n.kv_tile = kInt8MaxKvTile;
-  EXPECT_TRUE(validate(n).ok());
+  // A run's kv_tile divides the statistics block (tiles never straddle blocks, contract v3).
+  for (const int64_t bad : {int64_t{300}, 2 * kInt8StatBlock, kInt8MaxKvTile + 1}) {
+    n.kv_tile = bad;
+    const Status v = validate(n);
+    EXPECT_EQ(v.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(v.message().find("divisor of 4096"), std::string::npos) << v.message();
+  }
+  for (const int64_t good : {int64_t{1}, int64_t{128}, kInt8StatBlock}) {
+    n.kv_tile = good;
+    EXPECT_TRUE(validate(n).ok());
+  }
   EXPECT_EQ(cpu()->numerics().attention, AttentionAlgorithm::int8);
   EXPECT_NE(describe(cpu()->numerics()).find("attention int8"), std::string::npos);
   // A model of another head dim is refused when it loads, naming the device and its algorithms.

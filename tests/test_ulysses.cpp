@@ -8,6 +8,7 @@
 // rank count) and a failing rank that must not leave its peers waiting.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -93,7 +94,8 @@ void check_case(uint64_t seed, int plans_per_n, bool all_modes = false, bool int
   test::Inputs in = test::random_inputs(rng, cfg, cond);
   const float sigmas[] = {1.0f, 0.95f, 0.8f, 0.5f, 0.1f};
   const float sigma = sigmas[std::uniform_int_distribution<int>(0, 4)(rng)];
-  const int64_t kv_tile = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? 1024 : std::uniform_int_distribution<int64_t>(1, 16)(rng);
+  int64_t kv_tile = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? 1024 : std::uniform_int_distribution<int64_t>(1, 16)(rng);
+  if (int8) kv_tile = static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(kv_tile)));  // divides 4096
 
   // The reference: one rank, stock plan.
   Ranks one = make_ranks(src, 1, kv_tile, {}, int8);

@@ -14,15 +14,14 @@ int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 int64_t ld_of(int64_t n) { return align_up(n, 64); }
 
 struct Parts {
-  int64_t k8, sk, v8t, sv, total;
+  int64_t k8, sk, v8t, total;
 };
 Parts parts(int64_t n, int64_t H, int64_t Dh) {
   Parts p{};
   p.k8 = 0;
   p.sk = align_up(p.k8 + n * H * Dh, kAlign);
   p.v8t = align_up(p.sk + n * H * 4, kAlign);
-  p.sv = align_up(p.v8t + H * Dh * ld_of(n), kAlign);
-  p.total = align_up(p.sv + H * Dh * 4, kAlign);
+  p.total = align_up(p.v8t + H * Dh * ld_of(n), kAlign);
   return p;
 }
 
@@ -37,16 +36,28 @@ Int8Keys Int8Keys::slice(int64_t a, int64_t b) const {
   s.sk = sk.slice_rows(a, b);
   s.v8t.data = static_cast<int8_t*>(v8t.data) + a;
   s.v8t.shape[2] = b - a;
+  s.k0 = k0 + a;
   return s;
 }
 
 int64_t int8_keys_bytes(int64_t n, int64_t H, int64_t Dh) { return parts(n, H, Dh).total; }
 
-int64_t int8_all_scratch_bytes(int64_t Mk, int64_t H, int64_t Dh) {
-  return align_up(int8_stats_bytes(H, Dh), kAlign) + int8_keys_bytes(Mk, H, Dh);
+int64_t int8_tables_bytes(int64_t S, int64_t H, int64_t Dh) {
+  return align_up(int8_stats_bytes(S, H, Dh), kAlign) + align_up(int8_vscale_bytes(S, H, Dh), kAlign);
 }
 
-Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device dev) {
+std::pair<TensorView, TensorView> int8_tables_view(void* bytes, int64_t S, int64_t H, int64_t Dh, Device dev) {
+  char* b = static_cast<char*>(bytes);
+  const int64_t NB = int8_stat_blocks(S);
+  return {TensorView(b, DType::f32, {2 + NB, H, Dh}, dev),
+          TensorView(b + align_up(int8_stats_bytes(S, H, Dh), kAlign), DType::f32, {NB, 2, H, Dh}, dev)};
+}
+
+int64_t int8_all_scratch_bytes(int64_t Mk, int64_t H, int64_t Dh) {
+  return int8_tables_bytes(Mk, H, Dh) + int8_keys_bytes(Mk, H, Dh);
+}
+
+Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device dev, const TensorView& vs, int64_t k0) {
   const Parts p = parts(n, H, Dh);
   char* b = static_cast<char*>(bytes);
   Int8Keys k;
@@ -55,7 +66,8 @@ Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device de
   const int64_t ld = ld_of(n);
   k.v8t = TensorView(b + p.v8t, DType::i8, {H, Dh, ld}, dev);
   k.v8t.shape[2] = n;  // strides {Dh * ld, ld, 1} kept
-  k.sv = TensorView(b + p.sv, DType::f32, {H, Dh}, dev);
+  k.vs = vs;
+  k.k0 = k0;
   return k;
 }
 
@@ -67,9 +79,9 @@ Status attention_int8_all(Backend& be, const TensorView& q, const TensorView& k,
                "int8 attention scratch " + scratch.shape_str() + " is smaller than " + std::to_string(need) +
                    " bytes");
   char* base = static_cast<char*>(scratch.data);
-  const TensorView stats(base, DType::f32, {3, H, Dh}, scratch.device);
-  const Int8Keys keys = int8_keys_view(base + align_up(int8_stats_bytes(H, Dh), kAlign), Mk, H, Dh, scratch.device);
-  LS_TRY(be.int8_key_stats(k, v, stats, /*reset=*/true));
+  const auto [stats, vs] = int8_tables_view(base, Mk, H, Dh, scratch.device);
+  const Int8Keys keys = int8_keys_view(base + int8_tables_bytes(Mk, H, Dh), Mk, H, Dh, scratch.device, vs);
+  LS_TRY(be.int8_key_stats(k, v, stats, /*k0=*/0, /*reset=*/true));
   LS_TRY(be.int8_prepare(k, v, stats, keys));
   return be.attention_int8(q, keys, out, p);
 }

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "backend/numerics.h"
 #include "core/arena.h"
@@ -69,15 +70,20 @@ inline float attention_scale(const AttentionParams& p, int64_t Dh) {
 Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, int64_t H, int64_t Dh);
 
 // Prepared keys of INT8 attention (AttentionAlgorithm::int8; docs/int8-attention.md §3, §5):
-// one chunk of n keys (or all Mk keys) after Backend::int8_prepare.
+// keys [k0, k0 + n) of a sequence (one chunk, or all keys) after Backend::int8_prepare.
 struct Int8Keys {
   TensorView k8;   // i8  [n, H, Dh]: rotated, centred, per-row quantised keys (inner contiguous)
   TensorView sk;   // f32 [n, H]: the per-row key scales (contiguous)
   TensorView v8t;  // i8  [H, Dh, n], strides {Dh * ld, ld, 1}: V per channel, keys contiguous;
                    //     ld >= n, ld % 16 == 0; columns [n, ld) are never read
-  TensorView sv;   // f32 [H, Dh]: the per-channel V scales (the same for every chunk of a block)
+  TensorView vs;   // f32 [NB, 2, H, Dh] (contiguous): the V scales of EVERY statistics block
+                   //     of the sequence (NB = int8_stat_blocks(S)), indexed by absolute block
+                   //     b = key / kInt8StatBlock: [b][0] = sv_b, [b][1] = rho_b (docs §3);
+                   //     shared by every chunk of the sequence
+  int64_t k0 = 0;  // the absolute index (in the sequence) of this set's first key
   int64_t keys() const { return k8.empty() ? 0 : k8.size(0); }
-  // Keys [a, b) of this set (a % 16 == 0 unless b == a: v8t's rows keep their 16-byte alignment).
+  // Keys [a, b) of this set (a % 16 == 0 unless b == a: v8t's rows keep their 16-byte
+  // alignment); k0 moves by a, vs is the same table.
   Int8Keys slice(int64_t a, int64_t b) const;
 };
 
@@ -388,23 +394,32 @@ class Backend {
   virtual Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                            const AttentionParams& p) = 0;
 
-  // ---- INT8 attention (AttentionAlgorithm::int8; docs/int8-attention.md, the contract) ----
-  // Three steps per block: key statistics accumulated over every key (pass 1, any
-  // slicing: max/min are exact), a prepare once the statistics are complete (per chunk of
-  // keys or all at once: nothing crosses keys), then attention of query slices against
-  // the prepared keys (streamed chunks carry the fp32 state exactly as attention() does).
-  //   stats: f32 [3, H, Dh] = (kmax, kmin, max |v|) per (head, channel); reset: overwrite
-  //          with the statistics of k, v [n, H, Dh] bf16 (strided rows), else merge them in.
-  //   int8_prepare: k, v bf16 [n, H, Dh] (keys of one chunk), stats complete; writes keys.k8,
-  //          keys.sk, keys.v8t (columns [0, n)) and keys.sv (a function of stats alone).
+  // ---- INT8 attention (AttentionAlgorithm::int8; docs/int8-attention.md, the contract v3) ----
+  // Per block: key statistics accumulated per absolute statistics block of kInt8StatBlock
+  // keys (max/min: exact, any slicing), each key prepared once its own block's statistics
+  // (and block 0's) are complete (per chunk of keys or all at once: nothing else crosses
+  // keys), then attention of query slices against the prepared keys (streamed chunks carry
+  // the fp32 state exactly as attention() does).
+  //   int8_key_stats: k, v bf16 [n, H, Dh] (strided rows) = keys [k0, k0 + n) of the sequence;
+  //          stats f32 [2 + NB, H, Dh] (contiguous): [0] kmax, [1] kmin over the keys of
+  //          block 0 (keys < kInt8StatBlock), [2 + b] max |v| over the keys of block b.
+  //          reset: every entry initialised (-inf, +inf, 0) before this call's keys merge in;
+  //          else they merge into the previous values. Keys past block NB - 1 are an error.
+  //   int8_prepare: k, v bf16 [n, H, Dh] = keys [keys.k0, keys.k0 + n); stats complete for
+  //          block 0's K and for the V of every block from the one before keys.k0's to the
+  //          one of the last key; writes keys.k8, keys.sk, keys.v8t (columns [0, n)) and
+  //          keys.vs rows of the blocks of these keys (sv_b, rho_b: functions of stats alone).
   //   attention_int8: q bf16 [Mq, H, Dh], out bf16 [Mq, H, Dh]; keys: Int8Keys of the n keys
-  //          of this call; p: kv_tile (<= kInt8MaxKvTile), scale, state/state_in/finalize as
-  //          for attention() (non-final chunks a multiple of kv_tile keys), except that a
+  //          of this call; p: kv_tile (<= kInt8MaxKvTile; dividing kInt8StatBlock, with
+  //          keys.k0 a multiple of it, where the keys cross a block boundary), scale,
+  //          state/state_in/finalize as for attention() (non-final chunks a multiple of
+  //          kv_tile keys; a sequence's calls in ascending key order), except that a
   //          non-final call may leave per-row scratch in `out` for the next call of the same
   //          sequence (the Hopper kernel's q8 cache, docs/int8-attention.md §7a): pass every
   //          call of a streamed sequence the same q and the same out, untouched between calls.
   // The base implementations return unsupported naming the backend.
-  virtual Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset);
+  virtual Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                                bool reset);
   virtual Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
                               const Int8Keys& keys);
   virtual Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
@@ -506,7 +521,7 @@ class Backend {
                                    const TensorView& out);
 };
 
-inline Status Backend::int8_key_stats(const TensorView&, const TensorView&, const TensorView&, bool) {
+inline Status Backend::int8_key_stats(const TensorView&, const TensorView&, const TensorView&, int64_t, bool) {
   return make_error(ErrorCode::unsupported, name() + " has no int8 attention");
 }
 inline Status Backend::int8_prepare(const TensorView&, const TensorView&, const TensorView&, const Int8Keys&) {
@@ -517,17 +532,25 @@ inline Status Backend::attention_int8(const TensorView&, const Int8Keys&, const 
 }
 
 // ---- INT8 attention helpers (src/backend/attention_int8.cpp; docs/int8-attention.md §5) ----
-// Bytes of one Int8Keys of n keys (ld = round_up(n, 64)): k8 | sk | v8t | sv, each part
-// 256-byte aligned. Carve them from a buffer of that many bytes with int8_keys_view.
+// Bytes of one Int8Keys' per-key parts of n keys (ld = round_up(n, 64)): k8 | sk | v8t, each
+// part 256-byte aligned. Carve them from a buffer of that many bytes with int8_keys_view.
 int64_t int8_keys_bytes(int64_t n, int64_t H, int64_t Dh);
-// The views of an Int8Keys of n keys in `bytes` (>= int8_keys_bytes(n, H, Dh), 256-byte aligned).
-Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device dev);
-// Bytes of the statistics f32 [3, H, Dh].
-inline int64_t int8_stats_bytes(int64_t H, int64_t Dh) { return 3 * H * Dh * 4; }
-// Scratch bytes of attention_int8_all over Mk keys: the statistics and one Int8Keys of Mk keys.
+// The per-key views of an Int8Keys of n keys in `bytes` (>= int8_keys_bytes(n, H, Dh),
+// 256-byte aligned), with the sequence's V-scale table `vs` and first key k0.
+Int8Keys int8_keys_view(void* bytes, int64_t n, int64_t H, int64_t Dh, Device dev, const TensorView& vs,
+                        int64_t k0 = 0);
+// Bytes of the statistics f32 [2 + NB, H, Dh] and of the V-scale table f32 [NB, 2, H, Dh] of a
+// sequence of S keys (NB = int8_stat_blocks(S)).
+inline int64_t int8_stats_bytes(int64_t S, int64_t H, int64_t Dh) { return (2 + int8_stat_blocks(S)) * H * Dh * 4; }
+inline int64_t int8_vscale_bytes(int64_t S, int64_t H, int64_t Dh) { return int8_stat_blocks(S) * 2 * H * Dh * 4; }
+// The views of the statistics and the V-scale table in `bytes` (u8, >= int8_tables_bytes(S, H,
+// Dh), 256-byte aligned): stats first, then vs.
+int64_t int8_tables_bytes(int64_t S, int64_t H, int64_t Dh);
+std::pair<TensorView, TensorView> int8_tables_view(void* bytes, int64_t S, int64_t H, int64_t Dh, Device dev);
+// Scratch bytes of attention_int8_all over Mk keys: the tables and one Int8Keys of Mk keys.
 int64_t int8_all_scratch_bytes(int64_t Mk, int64_t H, int64_t Dh);
 // INT8 attention of q against all keys k, v in one call (the stock path, the text refiner):
-// int8_key_stats (reset), int8_prepare, attention_int8. scratch: a device buffer of at least
+// int8_key_stats (k0 0, reset), int8_prepare, attention_int8. scratch: a device buffer of at least
 // int8_all_scratch_bytes(Mk, H, Dh) bytes (u8, 256-byte aligned). Same shapes as attention().
 Status attention_int8_all(Backend& be, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const AttentionParams& p, const TensorView& scratch);

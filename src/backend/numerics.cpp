@@ -113,9 +113,13 @@ Status validate(const Numerics& n) {
     return bad("fp32 GEMM order " + std::to_string(g) + " is not one of lanes16 (0), cublaslt (1)");
   if (n.kv_tile < 0)
     return bad("kv_tile " + std::to_string(n.kv_tile) + ": needs >= 1 keys per tile (or 0: the backend's default)");
-  if (n.attention == AttentionAlgorithm::int8 && n.kv_tile > kInt8MaxKvTile)
-    return bad("kv_tile " + std::to_string(n.kv_tile) + " with attention int8: at most " +
-               std::to_string(kInt8MaxKvTile) + " keys per tile (the int32 P.V sums of a tile must not overflow)");
+  // int8: tiles never straddle a statistics block (V's scale changes there), so a run's
+  // kv_tile divides kInt8StatBlock (a power of two up to 4096; the op alone takes any tile
+  // up to kInt8MaxKvTile over keys of one block, docs/int8-attention.md §4.4).
+  if (n.attention == AttentionAlgorithm::int8 && n.kv_tile > 0 && kInt8StatBlock % n.kv_tile != 0)
+    return bad("kv_tile " + std::to_string(n.kv_tile) + " with attention int8: needs a divisor of " +
+               std::to_string(kInt8StatBlock) + " (a power of two up to " + std::to_string(kInt8StatBlock) +
+               "; the statistics block, which tiles never straddle)");
   if (n.cudnn_q_chunk < 64 || n.cudnn_q_chunk > 65536 || n.cudnn_q_chunk % 64 != 0)
     return bad("cudnn_q_chunk " + std::to_string(n.cudnn_q_chunk) + ": needs a multiple of 64 in [64, 65536] (default " +
                std::to_string(kDefaultCudnnQChunk) + ")");

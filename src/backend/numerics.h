@@ -80,6 +80,14 @@ constexpr int64_t kInt8MaxKvTile = 65536;
 // The default kv_tile of attention int8 on every backend: the CUDA kernels fold the
 // softmax state once per 128-key block, so 128 is the one tile they run (docs/int8-attention.md §7).
 constexpr int64_t kInt8DefaultKvTile = 128;
+// The statistics block of attention int8 (contract v3, docs/int8-attention.md §1-§3): V's
+// per-channel scale is taken per absolute block of this many keys (keys [4096 b, 4096 (b + 1))
+// of the sequence), and K's centre over block 0, so a block's keys can be quantised as soon
+// as the block's own keys have been seen. A key range that crosses a block boundary needs
+// a kv_tile dividing it (tiles never straddle blocks).
+constexpr int64_t kInt8StatBlock = 4096;
+// The number of statistics blocks of a sequence of S keys (at least 1).
+constexpr int64_t int8_stat_blocks(int64_t S) { return S <= kInt8StatBlock ? 1 : (S + kInt8StatBlock - 1) / kInt8StatBlock; }
 
 const char* to_string(AttentionAlgorithm a);  // "auto", "native", "cudnn", "hopper", "int8"
 const char* to_string(GemmF32Order g);        // "lanes16", "cublaslt"

@@ -211,7 +211,7 @@ AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice
     s.int8_keys = PlannedBuffer{"int8 attention scratch", DType::u8, 1, int8_all_scratch_bytes(S, Hl, Dh)};
     return s;
   }
-  s.int8_stats = PlannedBuffer{"int8 key statistics", DType::u8, 1, int8_stats_bytes(Hl, Dh)};
+  s.int8_stats = PlannedBuffer{"int8 key statistics and V scales", DType::u8, 1, int8_tables_bytes(keys, Hl, Dh)};
   if (s.kind == AttentionKind::offloaded_kv) {
     for (int j = 0; j < 2; ++j)
       s.int8_chunk[j] =

@@ -36,11 +36,17 @@ Expected<KvOffload> KvOffload::create(Backend& be, Arena& pinned, int64_t S, int
 namespace {
 
 // [int8 attention] views over the byte buffers of AttnSpecs::int8_* (docs/int8-attention.md §6).
-TensorView int8_stats_view(const TensorView& bytes, int64_t H, int64_t Dh) {
-  return TensorView(bytes.data, DType::f32, {3, H, Dh}, bytes.device);
+// The statistics f32 [2 + NB, H, Dh] and the V-scale table f32 [NB, 2, H, Dh] of a sequence of
+// S keys (one buffer, AttnSpecs::int8_stats), and the prepared keys of n keys from key k0.
+struct Int8Tables {
+  TensorView stats, vs;
+};
+Int8Tables int8_tables_of(const TensorView& bytes, int64_t S, int64_t H, int64_t Dh) {
+  const auto [stats, vs] = int8_tables_view(bytes.data, S, H, Dh, bytes.device);
+  return {stats, vs};
 }
-Int8Keys int8_keys_of(const TensorView& bytes, int64_t n, int64_t H, int64_t Dh) {
-  return int8_keys_view(bytes.data, n, H, Dh, bytes.device);
+Int8Keys int8_keys_of(const TensorView& bytes, int64_t n, int64_t H, int64_t Dh, const TensorView& vs) {
+  return int8_keys_view(bytes.data, n, H, Dh, bytes.device, vs);
 }
 
 // The device buffers of K/V offload (bf16 and int8): two chunk buffers per tensor of
@@ -183,13 +189,13 @@ Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::Di
   // [int8 attention] the statistics, accumulated slice by slice in pass 1, and the keys
   // prepared once after it (docs/int8-attention.md §6).
   const bool int8 = sp.int8_stats.has_value();
-  TensorView stats;
+  Int8Tables tables;
   Int8Keys keys;
   if (int8) {
     LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
     LS_ASSIGN_OR_RETURN(const TensorView kb, alloc_rows(arena, *sp.int8_keys, 1));
-    stats = int8_stats_view(sb, H, Dh);
-    keys = int8_keys_of(kb, S, H, Dh);
+    tables = int8_tables_of(sb, S, H, Dh);
+    keys = int8_keys_of(kb, S, H, Dh, tables.vs);
   }
   // Pass 1: K and V of every row before any residual row changes.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
@@ -197,11 +203,11 @@ Status attention_resident_kv(ForwardState& st, const AttnSpecs& sp, const h3::Di
   for (const auto& [a, b] : row_slices(0, S, slice)) {
     LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk1.in(a, b));
     LS_TRY(blk.attn_kv(r, a, b, k_all.slice_rows(a, b), v_all.slice_rows(a, b), h.slice_rows(0, b - a)));
-    if (int8) LS_TRY(st.be.int8_key_stats(k_all.slice_rows(a, b), v_all.slice_rows(a, b), stats, a == 0));
+    if (int8) LS_TRY(st.be.int8_key_stats(k_all.slice_rows(a, b), v_all.slice_rows(a, b), tables.stats, a, a == 0));
     LS_TRY(walk1.out(r, a, b));
   }
   LS_TRY(walk1.finish());
-  if (int8) LS_TRY(st.be.int8_prepare(k_all, v_all, stats, keys));
+  if (int8) LS_TRY(st.be.int8_prepare(k_all, v_all, tables.stats, keys));
   LS_TRY(st.mark("attention pass 1"));
   // Pass 2: per slice Q, attention against all keys, out-projection, gated add.
   LS_ASSIGN_OR_RETURN(ResidualWalk walk2, ResidualWalk::begin(st, rs, row_slices(0, S, slice), /*reads=*/true,
@@ -344,14 +350,19 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   const auto& [kc, vc, h, q, o, state] = bufs;
   Int8Keys q8[2];
   LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
-  const TensorView stats = int8_stats_view(sb, H, Dh);
+  const auto [stats, vs] = int8_tables_of(sb, S, H, Dh);
+  // The V-scale table (every block's sv, rho) stays on the device; pass 2 streams k8, sk and
+  // v8t only.
   for (int j = 0; j < 2; ++j) {
     LS_ASSIGN_OR_RETURN(const TensorView b, alloc_rows(arena, *sp.int8_chunk[j], 1));
-    q8[j] = int8_keys_of(b, chunk, H, Dh);
+    q8[j] = int8_keys_of(b, chunk, H, Dh, vs);
   }
-  // sv is a function of the statistics alone, written by every prepare: one copy serves both
-  // buffers (pass 2 streams k8, sk and v8t only; with one chunk buffer 1 is never prepared).
-  q8[1].sv = q8[0].sv;
+  // Buffer j holding the chunk whose first key is k0.
+  auto at = [&](int j, int64_t k0) {
+    Int8Keys k = q8[j];
+    k.k0 = k0;
+    return k;
+  };
   auto rows_of = [&](int64_t c) { return std::make_pair(c * chunk, std::min(S, (c + 1) * chunk)); };
   // The prepared chunk c (n keys) on the device (buffer j) and on the host.
   auto device_views = [&](int j, int64_t n) { return Int8ChunkViews::device(q8[j], n, I, H, Dh); };
@@ -365,7 +376,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     const int64_t n = b - a;
     const auto [k0, k1] = rows_of(c);
     const AttentionParams ap = chunk_params(st, state, n, kv_tile, c, n_chunks);
-    return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), q8[j].slice(0, k1 - k0),
+    return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), at(j, k0).slice(0, k1 - k0),
                              o.slice_rows(0, n).unflatten_last(H, Dh), ap);
   };
   // A chunk is computed and prepared in pieces of at most P rows (the bf16 scratch's; P is
@@ -399,7 +410,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     for (int64_t c = 0; c < n_chunks; ++c)
       for (const auto& [p0, p1] : pieces(c))
         LS_TRY(compute_kv(walk1, p0, p1, [&](const TensorView& kr, const TensorView& vr, int64_t a) {
-          return be.int8_key_stats(kr, vr, stats, a == 0);
+          return be.int8_key_stats(kr, vr, stats, a, a == 0);
         }));
     LS_TRY(walk1.finish());
   }
@@ -419,7 +430,7 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
         if (p0 == k0) LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
         LS_TRY(be.int8_prepare(kc[0].slice_rows(0, p1 - p0).unflatten_last(H, Dh),
                                vc[0].slice_rows(0, p1 - p0).unflatten_last(H, Dh), stats,
-                               q8[j].slice(p0 - k0, p1 - k0)));
+                               at(j, k0).slice(p0 - k0, p1 - k0)));
       }
       LS_TRY(kv.computed[j].signal(Queue::compute));
       LS_TRY(kv.computed[j].wait(Queue::transfer));
@@ -527,10 +538,10 @@ Status attention_ulysses(ForwardState& st, const AttnSpecs& sp, const h3::DitBlo
   if (sp.int8_stats) {
     LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
     LS_ASSIGN_OR_RETURN(const TensorView kb, alloc_rows(arena, *sp.int8_keys, 1));
-    const TensorView stats = int8_stats_view(sb, Hl, Dh);
-    keys8 = int8_keys_of(kb, S, Hl, Dh);
-    LS_TRY(be.int8_key_stats(keys, vals, stats, true));
-    LS_TRY(be.int8_prepare(keys, vals, stats, keys8));
+    const Int8Tables t = int8_tables_of(sb, S, Hl, Dh);
+    keys8 = int8_keys_of(kb, S, Hl, Dh, t.vs);
+    LS_TRY(be.int8_key_stats(keys, vals, t.stats, 0, true));
+    LS_TRY(be.int8_prepare(keys, vals, t.stats, keys8));
   }
   LS_TRY(st.mark("attention pass 1"));
   // Pass 2.

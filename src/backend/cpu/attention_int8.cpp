@@ -2,14 +2,18 @@
 // the contract; backend.h, the interface). The element arithmetic is
 // src/backend/int8_attention_math.h, shared with the CUDA kernels.
 //
-//   int8_key_stats  stats[0|1|2, h, c] = max k / min k / max |v| over the keys given,
-//                   merged with max/min into the previous values unless reset.
-//   int8_prepare    per key row and head: y = R(fl32(k - mu)), sk = row_scale(max |y|),
-//                   k8 = quant(y, sk); v8t[h, c, j] = quant(v, sv_c); sv from the stats.
+//   int8_key_stats  stats[0|1, h, c] = max k / min k over the keys of statistics block 0,
+//                   stats[2 + b, h, c] = max |v| over the keys of block b (contract v3:
+//                   blocks of kInt8StatBlock absolute keys), merged with max/min into the
+//                   previous values unless reset.
+//   int8_prepare    per key row and head: y = R(fl32(k - mu)) (mu from block 0), sk =
+//                   row_scale(max |y|), k8 = quant(y, sk); v8t[h, c, j] = quant(v, sv_b,c) with
+//                   b the key's block; the blocks' sv_b and rho_b = sv_{b-1} / sv_b into vs.
 //   attention_int8  per (query, head): y = R(q), sq = row_scale(max |y|), q8 = quant(y, sq),
 //                   a = fl32(sq * cs); per tile of kv_tile keys P against the TILE's own
 //                   maximum (p8 by the threshold table, §4.3), integer tile sums (P.V and
-//                   the row sum, both of p8), folded in fp32 (§4.4, contract v2).
+//                   the row sum, both of p8), folded in fp32 (§4.4): acc is kept in units of
+//                   the current block's sv, rescaled by rho_b where a tile starts block b.
 // Every result element depends only on its own row (query, key) or channel, so any
 // slicing of queries, any chunking of keys into calls (state carried) and any thread
 // count give the same bytes. Parallel over (head, query) for attention, over keys for
@@ -68,9 +72,18 @@ void check_keys(const Int8Keys& keys, int64_t H, int64_t Dh) {
                    keys.v8t.stride[1] % 16 == 0 && keys.v8t.stride[0] >= Dh * keys.v8t.stride[1],
                "int8 keys: v8t must be i8 [H, Dh, n] with keys contiguous and a row stride ld >= n, ld % 16 == 0; got " +
                    keys.v8t.shape_str() + " with ld " + std::to_string(keys.v8t.stride[1]));
-  LS_CHECK_MSG(keys.sv.dtype == DType::f32 && keys.sv.ndim == 2 && keys.sv.size(0) == H && keys.sv.size(1) == Dh &&
-                   keys.sv.is_contiguous(),
-               "int8 keys: sv must be f32 [H, Dh]; got " + keys.sv.shape_str());
+  LS_CHECK_MSG(keys.vs.dtype == DType::f32 && keys.vs.ndim == 4 && keys.vs.size(1) == 2 && keys.vs.size(2) == H &&
+                   keys.vs.size(3) == Dh && keys.vs.is_contiguous(),
+               "int8 keys: vs must be a contiguous f32 [NB, 2, H, Dh]; got " + keys.vs.shape_str());
+  LS_CHECK_MSG(keys.k0 >= 0 && (n == 0 || (keys.k0 + n - 1) / kInt8StatBlock < keys.vs.size(0)),
+               "int8 keys [" + std::to_string(keys.k0) + ", " + std::to_string(keys.k0 + n) + ") lie past the " +
+                   std::to_string(keys.vs.size(0)) + " statistics blocks of their V-scale table");
+}
+
+void check_stats(const char* op, const TensorView& stats, int64_t H, int64_t Dh) {
+  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) >= 3 && stats.size(1) == H &&
+                   stats.size(2) == Dh && stats.is_contiguous(),
+               std::string(op) + ": stats must be a contiguous f32 [2 + NB, H, Dh]; got " + stats.shape_str());
 }
 
 inline float bf16_at(const TensorView& t, int64_t r, int64_t h, int64_t c) {
@@ -97,53 +110,78 @@ inline int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t n) {
 
 }  // namespace
 
-Status cpu_op_int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) {
+Status cpu_op_int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                             bool reset) {
   LS_TRY(require_host("int8_key_stats", {&k, &v, &stats}));
   LS_TRY(check_bf16_keys("int8_key_stats", k, v));
   const int64_t n = k.size(0), H = k.size(1), Dh = k.size(2);
-  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) == 3 && stats.size(1) == H &&
-                   stats.size(2) == Dh && stats.is_contiguous(),
-               "int8_key_stats: stats must be a contiguous f32 [3, H, Dh]; got " + stats.shape_str());
+  check_stats("int8_key_stats", stats, H, Dh);
+  const int64_t NB = stats.size(0) - 2;
+  LS_CHECK_MSG(k0 >= 0 && (n == 0 || (k0 + n - 1) / kInt8StatBlock < NB),
+               "int8_key_stats: keys [" + std::to_string(k0) + ", " + std::to_string(k0 + n) + ") lie past the " +
+                   std::to_string(NB) + " statistics blocks of stats " + stats.shape_str());
   float* st = stats.ptr<float>();
   const int64_t HD = H * Dh;
   const float inf = std::numeric_limits<float>::infinity();
+  if (reset) {
+    for (int64_t i = 0; i < HD; ++i) {
+      st[i] = -inf;
+      st[HD + i] = inf;
+    }
+    for (int64_t i = 2 * HD; i < (2 + NB) * HD; ++i) st[i] = 0.0f;
+  }
+  // K's extremes over the keys of block 0 only; V's max |v| per block (max/min: exact, order-free).
+  const int64_t n0 = std::clamp<int64_t>(kInt8StatBlock - k0, 0, n);
   parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h)
       for (int64_t c = 0; c < Dh; ++c) {
-        float kmax = reset ? -inf : st[h * Dh + c], kmin = reset ? inf : st[HD + h * Dh + c];
-        float vabs = reset ? 0.0f : st[2 * HD + h * Dh + c];
-        for (int64_t j = 0; j < n; ++j) {
-          const float kv = bf16_at(k, j, h, c), vv = lq::abs(bf16_at(v, j, h, c));
+        float kmax = st[h * Dh + c], kmin = st[HD + h * Dh + c];
+        for (int64_t j = 0; j < n0; ++j) {
+          const float kv = bf16_at(k, j, h, c);
           kmax = kv > kmax ? kv : kmax;
           kmin = kv < kmin ? kv : kmin;
-          vabs = vv > vabs ? vv : vabs;
         }
         st[h * Dh + c] = kmax;
         st[HD + h * Dh + c] = kmin;
-        st[2 * HD + h * Dh + c] = vabs;
+        for (int64_t j = 0; j < n; ++j) {
+          float& vabs = st[(2 + (k0 + j) / kInt8StatBlock) * HD + h * Dh + c];
+          const float vv = lq::abs(bf16_at(v, j, h, c));
+          vabs = vv > vabs ? vv : vabs;
+        }
       }
   });
   return Status();
 }
 
 Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats, const Int8Keys& keys) {
-  LS_TRY(require_host("int8_prepare", {&k, &v, &stats, &keys.k8, &keys.sk, &keys.v8t, &keys.sv}));
+  LS_TRY(require_host("int8_prepare", {&k, &v, &stats, &keys.k8, &keys.sk, &keys.v8t, &keys.vs}));
   LS_TRY(check_bf16_keys("int8_prepare", k, v));
   const int64_t n = k.size(0), H = k.size(1), Dh = k.size(2), HD = H * Dh;
-  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) == 3 && stats.size(1) == H &&
-                   stats.size(2) == Dh && stats.is_contiguous(),
-               "int8_prepare: stats must be a contiguous f32 [3, H, Dh]; got " + stats.shape_str());
+  check_stats("int8_prepare", stats, H, Dh);
   LS_CHECK_MSG(keys.keys() == n, "int8_prepare: " + std::to_string(n) + " keys into prepared keys of " +
                                      std::to_string(keys.keys()));
   check_keys(keys, H, Dh);
+  LS_CHECK_MSG(keys.vs.size(0) == stats.size(0) - 2,
+               "int8_prepare: the V-scale table " + keys.vs.shape_str() + " and stats " + stats.shape_str() +
+                   " must have the same number of statistics blocks");
+  if (n == 0) return Status();
   const float* st = stats.ptr<float>();
-  float* sv = keys.sv.ptr<float>();
-  for (int64_t i = 0; i < HD; ++i) sv[i] = i8a::row_scale(st[2 * HD + i]);
+  // The blocks of these keys: sv_b = row_scale(max |v| of block b), rho_b = fl32(sv_{b-1} / sv_b)
+  // (rho_0 = 1), each a function of the statistics alone (docs §3; idempotent per block).
+  const int64_t k0 = keys.k0, b0 = k0 / kInt8StatBlock, b1 = (k0 + n - 1) / kInt8StatBlock;
+  float* vs = keys.vs.ptr<float>();
+  for (int64_t b = b0; b <= b1; ++b)
+    for (int64_t i = 0; i < HD; ++i) {
+      const float sv = i8a::row_scale(st[(2 + b) * HD + i]);
+      vs[(2 * b) * HD + i] = sv;
+      vs[(2 * b + 1) * HD + i] = b == 0 ? 1.0f : lq::div(i8a::row_scale(st[(1 + b) * HD + i]), sv);
+    }
   const int64_t ld = keys.v8t.stride[1], hs = keys.v8t.stride[0];
   int8_t* v8t = keys.v8t.ptr<int8_t>();
   parallel_for(n, std::max<int64_t>(1, 4096 / HD), [&](int64_t j0, int64_t j1) {
     float y[kMaxHeadDim];
-    for (int64_t j = j0; j < j1; ++j)
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* sv = vs + 2 * ((k0 + j) / kInt8StatBlock) * HD;
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t c = 0; c < Dh; ++c) {
           const float mu = lq::mul(0.5f, lq::add(st[h * Dh + c], st[HD + h * Dh + c]));
@@ -158,12 +196,13 @@ Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const Tenso
         for (int64_t c = 0; c < Dh; ++c) k8[c] = i8a::quant(y[c], s);
         for (int64_t c = 0; c < Dh; ++c) v8t[h * hs + c * ld + j] = i8a::quant(bf16_at(v, j, h, c), sv[h * Dh + c]);
       }
+    }
   });
   return Status();
 }
 
 Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out, const AttentionParams& p) {
-  LS_TRY(require_host("attention_int8", {&q, &out, &p.state, &keys.k8, &keys.sk, &keys.v8t, &keys.sv}));
+  LS_TRY(require_host("attention_int8", {&q, &out, &p.state, &keys.k8, &keys.sk, &keys.v8t, &keys.vs}));
   if (q.dtype != DType::bf16 || out.dtype != DType::bf16)
     return unsupported_dtypes("attention_int8",
                               std::string("q=") + dtype_name(q.dtype) + " out=" + dtype_name(out.dtype),
@@ -181,12 +220,21 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
   if (!i8a::scale_ok(p.scale)) return make_error(ErrorCode::invalid_argument, i8a::scale_error(p.scale));
   LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
   LS_CHECK_MSG(Mk > 0, "attention_int8 over zero keys");
+  // Keys [k0, k0 + Mk) of the sequence; tiles never straddle a statistics block.
+  const int64_t k0 = keys.k0, HD = H * Dh;
+  if (k0 / kInt8StatBlock != (k0 + Mk - 1) / kInt8StatBlock &&
+      (kInt8StatBlock % p.kv_tile != 0 || k0 % p.kv_tile != 0))
+    return make_error(ErrorCode::invalid_argument,
+                      "attention_int8: keys [" + std::to_string(k0) + ", " + std::to_string(k0 + Mk) +
+                          ") cross a statistics block boundary (every " + std::to_string(kInt8StatBlock) +
+                          " keys): kv_tile " + std::to_string(p.kv_tile) + " must divide " +
+                          std::to_string(kInt8StatBlock) + " and the first key");
   const float scale = attention_scale(p, Dh);
   const float cs = i8a::score_factor(scale, static_cast<int>(Dh));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t ld = keys.v8t.stride[1], hs = keys.v8t.stride[0];
   const int8_t* v8t = keys.v8t.ptr<int8_t>();
-  const float* sv = keys.sv.ptr<float>();
+  const float* vs = keys.vs.ptr<float>();
   float* state = p.state.empty() ? nullptr : p.state.ptr<float>();
   const int64_t work = std::max<int64_t>(1, 2 * Mk * Dh);
   parallel_for(H * Mq, std::max<int64_t>(1, (1 << 18) / work), [&](int64_t b, int64_t e) {
@@ -244,6 +292,13 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
             ot[c] += sum;
           }
         }
+        // A tile that starts statistics block b > 0 first moves acc from block b - 1's units of
+        // V to block b's: acc_c = fl32(acc_c * rho_b,c) (§4.4, contract v3).
+        const int64_t ta = k0 + t0;
+        if (ta > 0 && ta % kInt8StatBlock == 0) {
+          const float* rho = vs + (2 * (ta / kInt8StatBlock) + 1) * HD + h * Dh;
+          for (int64_t c = 0; c < Dh; ++c) acc[c] = lq::mul(acc[c], rho[c]);
+        }
         // The fold (§4.4): the tile's integer partials scaled by beta = 2^(sT - m_new), the
         // state by alpha = 2^(m - m_new); both by the defined exp2e (exp2e(0) = 1 exactly).
         const float sT = lq::mul(a, mu);
@@ -260,8 +315,10 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
         st[Dh + 1] = l;
         continue;
       }
+      // acc is in the units of the last key's block: out = fl32(fl32(acc * sv_bL) / l).
+      const float* sv = vs + 2 * ((k0 + Mk - 1) / kInt8StatBlock) * HD + h * Dh;
       uint16_t* o = static_cast<uint16_t*>(out.at(i, h));
-      for (int64_t c = 0; c < Dh; ++c) o[c] = f32_to_bf16(lq::div(lq::mul(acc[c], sv[h * Dh + c]), l));
+      for (int64_t c = 0; c < Dh; ++c) o[c] = f32_to_bf16(lq::div(lq::mul(acc[c], sv[c]), l));
     }
   });
   return Status();

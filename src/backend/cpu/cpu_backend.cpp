@@ -135,8 +135,9 @@ Status CpuBackend::attention(const TensorView& q, const TensorView& k, const Ten
                              const AttentionParams& p) {
   return cpu_op_attention(q, k, v, out, p);
 }
-Status CpuBackend::int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) {
-  return cpu_op_int8_key_stats(k, v, stats, reset);
+Status CpuBackend::int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                                  bool reset) {
+  return cpu_op_int8_key_stats(k, v, stats, k0, reset);
 }
 Status CpuBackend::int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
                                 const Int8Keys& keys) {

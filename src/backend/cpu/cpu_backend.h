@@ -57,7 +57,8 @@ class CpuBackend final : public Backend {
   Status silu(const TensorView& x) override;
   Status time_embedding(const TensorView& t, const TensorView& out) override;
   Status convert(const TensorView& src, const TensorView& dst) override;
-  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) override;
+  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                        bool reset) override;
   Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
                       const Int8Keys& keys) override;
   Status attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,

@@ -23,7 +23,8 @@ Status cpu_op_silu(const TensorView& x);
 Status cpu_op_time_embedding(const TensorView& t, const TensorView& out);
 Status cpu_op_convert(const TensorView& src, const TensorView& dst);
 // INT8 attention (attention_int8.cpp; docs/int8-attention.md).
-Status cpu_op_int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset);
+Status cpu_op_int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                             bool reset);
 Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats, const Int8Keys& keys);
 Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const TensorView& out,
                              const AttentionParams& p);
