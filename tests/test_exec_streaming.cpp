@@ -63,14 +63,16 @@ TEST(ExecStreaming, Int8BudgetSweepAndInputModes) {
   test::check_streaming_knobs(31, "cpu", 2, false, 10, /*all_modes=*/true, /*int8=*/true);
 }
 
-// [int8 attention] K/V offload with chunks longer than the bf16 scratch (exec::
-// kInt8KvScratchRows): each chunk's K, V are computed and prepared in pieces of that many
-// rows, in pass 1 (the statistics) and in the prepare walk (into the int8 chunk at the
-// piece's offset). One block at tiny width, S > 4,096: the default int8 chunk (all keys in
-// one chunk, two pieces) and 4,608-key chunks (a chunk of pieces 4,096 + 512, then the rest),
-// the latter with residual offload, on the CPU and the deferred transfer queue; every run
-// gives the stock run's bytes.
-TEST(ExecStreaming, Int8OffloadPreparesLongChunksInPieces) {
+// [int8 attention] K/V offload over several statistics blocks (kInt8StatBlock keys, contract
+// v3): the prepare walk computes each block's K, V into the bf16 scratch (one block), takes
+// its statistics and prepares its segments into the chunks they belong to, attending the
+// first query slice to a chunk once its last segment is prepared. One block at tiny width,
+// S > 4,096 (two statistics blocks): the default int8 chunk (all keys in one chunk: two
+// segments), 1,024-key chunks (a block in four chunks, and a chunk across the boundary
+// where S's chunks do not divide it) and 4,608-key chunks (block 0 plus 512 keys of block 1,
+// then the rest), the latter with residual offload, on the CPU and the deferred transfer
+// queue; every run gives the stock run's bytes.
+TEST(ExecStreaming, Int8OffloadPreparesBlocksAcrossChunks) {
   for (const char* device : {"cpu", "cpu-deferred"}) {
     SCOPED_TRACE(device);
     std::unique_ptr<Backend> be = test::streaming_backend(device);
@@ -93,13 +95,13 @@ TEST(ExecStreaming, Int8OffloadPreparesLongChunksInPieces) {
     test::StreamingRun ref;
     ASSERT_TRUE(test::stock_run(*c.src, c, *be, stock, ref));
     const int64_t S = stock.sizes.S;
-    ASSERT_GT(S, exec::kInt8KvScratchRows + 512) << "the clip must give chunks of several pieces";
+    ASSERT_GT(S, kInt8StatBlock + 512) << "the clip must give two statistics blocks";
     ASSERT_LT(S, exec::kInt8DefaultKvChunkKeys);
     // cpu: the default chunk; the deferred queue: both chunkings, the second with the residual
     // offloaded too (five forwards in all: the stock runs are the costly part).
     const bool deferred = std::string(device) == "cpu-deferred";
-    for (const int64_t chunk_rows : {int64_t{0}, int64_t{4608}}) {
-      if (!deferred && chunk_rows != 0) continue;
+    for (const int64_t chunk_rows : {int64_t{0}, int64_t{1024}, int64_t{4608}}) {
+      if (deferred != (chunk_rows == 4608)) continue;
       for (const bool res_off : {false, true}) {
         if (res_off != (deferred && chunk_rows != 0)) continue;
         exec::PlanKnobs k;

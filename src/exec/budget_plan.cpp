@@ -337,9 +337,9 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
   }
   if (lv.res) {
     t.residual = S * D * 2 * (1 + 5 * L) + static_cast<uint64_t>(c.z.target_rows) * D * 2;
-    // With K/V offload the first query slice's rows are read once more for its Q; int8 reads
-    // every row once more (pass 1 takes the statistics, the prepare computes K, V again).
-    if (lv.kv) t.residual += L * std::min(S, static_cast<uint64_t>(ch.attn)) * D * 2 + (int8 ? L * S * D * 2 : 0);
+    // With K/V offload the first query slice's rows are read once more for its Q (int8 too:
+    // its prepare walk is pass 1, contract v3).
+    if (lv.kv) t.residual += L * std::min(S, static_cast<uint64_t>(ch.attn)) * D * 2;
   }
   return t;
 }
@@ -353,11 +353,10 @@ Traffic traffic(const Context& c, Level lv, const Choice& ch) {
 //   attention pass 1 (K/V offload): max(0, kv / B_d2h + W / B_h2d [+ x / B_h2d]
 //                                   - 4SDI / T_gemm (K, V) - 4aSI / T_att (the first
 //                                   query slice's attention, run behind the copies))
-//   int8 attention (K/V offload): kv = S (2 I + 4 H), the prepared keys; pass 1 (the key
-//                                   statistics, nothing out) max(0, W / B_h2d [+ x / B_h2d]
-//                                   - 4SDI / T_gemm); the prepare walk as pass 1 above
-//                                   without W (K, V computed again, copied out prepared,
-//                                   the first query slice attending behind the copies)
+//   int8 attention (K/V offload): kv = S (2 I + 4 H), the prepared keys; the prepare walk
+//                                   is pass 1 above (K, V computed once, block by block,
+//                                   copied out prepared, the first query slice attending
+//                                   behind the copies)
 //   attention pass 2 (K/V offload): (s - 1) x max(0, kv / B_h2d - a k), per reloaded
 //                                   slice, k = 4SI / T_att + 4DI / T_gemm [- 4D / B_h2d]
 //                                   (its attention and Q / out GEMMs [minus its residual
@@ -384,10 +383,9 @@ double exposed_seconds(const Context& c, Level lv, const Choice& ch) {
   if (lv.kv) {
     const double a = std::min(S, static_cast<double>(ch.attn));
     const double slices = std::ceil(S / a);
-    // int8: pass 1 only reads (statistics), the prepare walk copies out behind the K/V GEMMs
-    // again and the first slice's attention.
-    if (c.o.int8_attention) per_block += std::max(0.0, W / Bh + (lv.res ? x / Bh : 0.0) - kv_gemms);
-    const double out = kv / Bd + (c.o.int8_attention ? 0.0 : W / Bh) + (lv.res ? x / Bh : 0.0);
+    // Pass 1 (int8: the prepare walk) copies out behind the K/V GEMMs and the first slice's
+    // attention.
+    const double out = kv / Bd + W / Bh + (lv.res ? x / Bh : 0.0);
     per_block += std::max(0.0, out - kv_gemms - 4.0 * a * S * I / Ta);
     const double k = std::max(0.0, 4.0 * S * I / Ta + 4.0 * D * I / Tg - (lv.res ? 4.0 * D / Bh : 0.0));
     per_block += (slices - 1.0) * std::max(0.0, kv / Bh - a * k);

@@ -216,10 +216,10 @@ AttnSpecs attention_specs(const h3::H3Config& cfg, int64_t S, int64_t attn_slice
     for (int j = 0; j < 2; ++j)
       s.int8_chunk[j] =
           PlannedBuffer{"int8 key chunk " + std::to_string(j), DType::u8, 1, int8_keys_bytes(where.kv_chunk, Hl, Dh)};
-    // The bf16 K, V of a chunk are compute-queue scratch here (computed, prepared, never
-    // copied: the int8 chunks are what crosses), so one pair serves every chunk, and the
-    // chunk is prepared in pieces of at most kInt8KvScratchRows rows.
-    const int64_t scratch = std::min(where.kv_chunk, kInt8KvScratchRows);
+    // The bf16 K, V are compute-queue scratch here (computed, prepared, never copied: the
+    // int8 chunks are what crosses), one statistics block at a time (contract v3: a block's
+    // keys are prepared once the block has been seen), so one pair of a block's rows serves.
+    const int64_t scratch = std::min(S, kInt8StatBlock);
     s.k_chunk[0] = PlannedBuffer{"K chunk 0 (int8: bf16 scratch)", DType::bf16, scratch, cfg.inner()};
     s.v_chunk[0] = PlannedBuffer{"V chunk 0 (int8: bf16 scratch)", DType::bf16, scratch, cfg.inner()};
     s.k_chunk[1].reset();

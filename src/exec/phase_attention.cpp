@@ -61,8 +61,8 @@ struct OffloadBuffers {
 Expected<OffloadBuffers> offload_buffers(ForwardState& st, const AttnSpecs& sp, int64_t n0) {
   OffloadBuffers b;
   for (int j = 0; j < 2; ++j) {
-    if (!sp.k_chunk[j]) continue;  // int8: one bf16 pair of at most kInt8KvScratchRows rows
-    // Rows as planned: kv_chunk (bf16), min(kv_chunk, kInt8KvScratchRows) (int8 scratch).
+    if (!sp.k_chunk[j]) continue;  // int8: one bf16 pair of one statistics block
+    // Rows as planned: kv_chunk (bf16), min(S, kInt8StatBlock) (int8 scratch).
     LS_ASSIGN_OR_RETURN(b.kc[j], alloc_rows(st.arena, *sp.k_chunk[j], sp.k_chunk[j]->rows));
     LS_ASSIGN_OR_RETURN(b.vc[j], alloc_rows(st.arena, *sp.v_chunk[j], sp.v_chunk[j]->rows));
     st.phase_kv += static_cast<uint64_t>(b.kc[j].nbytes() + b.vc[j].nbytes());
@@ -312,27 +312,27 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   return walk2.finish();
 }
 
-// [int8 attention] K/V offload (docs/int8-attention.md §6). Three walks over the chunks,
-// each chunk of `chunk` keys (whole kv_tiles), int8 chunk buffers q8[j], j = c % 2; a chunk's
-// bf16 K, V are computed in pieces of at most kInt8KvScratchRows rows into ONE compute-queue
-// scratch pair kc[0], vc[0]:
-//   pass 1   K, V bf16 of chunk c computed and merged into the key statistics, nothing
-//            copied out: attention cannot start before the statistics
-//            are complete, and the bf16 keys would cross twice (out, then back in for the
-//            prepare: 8 S I bytes a block that no compute hides).
-//   prepare  the first query slice's Q, then chunk c's K, V computed again from the same
-//            residual rows by the same calls (the same bits: the GEMMs are row-invariant and
-//            the sub-slices are pass 1's), int8_prepare piece by piece into q8[j], the prepared
-//            chunk copied out to host K/V rows [k0, k1) (k8 | sk in host K's n (I + 4 H)
-//            bytes, v8t compact in host V's n I), and while that copy runs the first query slice attends the chunk still
-//            in q8[j] (its fp32 state carried chunk to chunk in ascending order: exactly the
-//            calls pass 2 would make for it), so the copies hide behind that attention.
+// [int8 attention] K/V offload (docs/int8-attention.md §6). Two walks. Chunks of `chunk`
+// keys (whole kv_tiles) go through int8 chunk buffers q8[j], j = c % 2; the statistics are
+// per absolute block of kInt8StatBlock keys (contract v3), so a key can be prepared as soon
+// as its own block (and block 0) has been seen:
+//   prepare  the first query slice's Q; then block by block: the block's bf16 K, V computed
+//            from its residual rows into ONE compute-queue scratch pair kc[0], vc[0] (a
+//            block's rows), its statistics (reset on block 0, which also gives K's centre),
+//            and int8_prepare of each of its segments (the block's keys within one chunk)
+//            into the chunk's buffer q8[j] at the segment's offset. When a chunk's last
+//            segment is prepared, the prepared chunk is copied out to host K/V rows [k0, k1)
+//            (k8 | sk in host K's n (I + 4 H) bytes, v8t compact in host V's n I), and while
+//            that copy runs the first query slice attends the chunk still in q8[j] (its fp32
+//            state carried chunk to chunk in ascending order: exactly the calls pass 2 would
+//            make for it), so the copies hide behind that attention.
 //   pass 2   slice 0's out-projection, then every further query slice against every prepared
 //            chunk streamed into q8[g % 2] two loads ahead, carrying the fp32 state.
-// Per block: S (2 I + 4 H) bytes out, the same in per query slice after the first, and (with
-// residual offload) the residual rows read once more than bf16 offload reads them; the K/V
-// GEMMs run twice. A query's bits do not depend on where its key tiles come from, so every
-// row equals the one-call result.
+// Per block: S (2 I + 4 H) bytes out, the same in per query slice after the first; the K/V
+// GEMMs run once and (with residual offload) the residual rows are read as bf16 offload
+// reads them. A query's bits do not depend on where its key tiles come from, so every row
+// equals the one-call result. (Contract v2's statistics spanned all keys, so v2 ran a third
+// walk first, pass 1, and computed K, V twice: ~5 % of the 3G forward, session 14.)
 // Fences per buffer j: loaded (transfer -> compute), used (compute done reading q8[j]),
 // computed (compute wrote q8[j]), saved (the copy out of q8[j] is done).
 Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const h3::DitBlock& blk, int64_t slice,
@@ -348,6 +348,10 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
   LS_ASSIGN_OR_RETURN(const ResidualBuffers rs, st.residual_buffers(sp.residual_slice, n0));
   LS_ASSIGN_OR_RETURN(const OffloadBuffers bufs, offload_buffers(st, sp, n0));
   const auto& [kc, vc, h, q, o, state] = bufs;
+  // The bf16 scratch holds one statistics block (or all keys when S is shorter).
+  const int64_t block = std::min(S, kInt8StatBlock);
+  LS_CHECK_MSG(kc[0].rows() >= block, "int8 K/V offload: the bf16 scratch holds " + std::to_string(kc[0].rows()) +
+                                          " rows, less than a statistics block of " + std::to_string(block));
   Int8Keys q8[2];
   LS_ASSIGN_OR_RETURN(const TensorView sb, alloc_rows(arena, *sp.int8_stats, 1));
   const auto [stats, vs] = int8_tables_of(sb, S, H, Dh);
@@ -379,73 +383,47 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
     return be.attention_int8(q.slice_rows(0, n).unflatten_last(H, Dh), at(j, k0).slice(0, k1 - k0),
                              o.slice_rows(0, n).unflatten_last(H, Dh), ap);
   };
-  // A chunk is computed and prepared in pieces of at most P rows (the bf16 scratch's; P is
-  // a multiple of 16 or the whole chunk, so every piece starts where Int8Keys::slice may).
-  const int64_t P = kc[0].rows();
-  auto pieces = [&](int64_t c) {
-    const auto [k0, k1] = rows_of(c);
-    return row_slices(k0, k1, P);
-  };
-  // Keys [p0, p1) (one piece) into kc[0], vc[0] (compute-queue scratch, one pair:
-  // attention_specs) from their residual rows, in sub-slices of at most `slice` rows (h is
-  // scratch), by the walk `walk`; `each` runs after every sub-slice.
-  auto compute_kv = [&](ResidualWalk& walk, int64_t p0, int64_t p1, const auto& each) -> Status {
-    for (const auto& [a, b] : row_slices(p0, p1, slice)) {
-      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, b));
-      const TensorView kr = kc[0].slice_rows(a - p0, b - p0).unflatten_last(H, Dh);
-      const TensorView vr = vc[0].slice_rows(a - p0, b - p0).unflatten_last(H, Dh);
-      LS_TRY(blk.attn_kv(r, a, b, kr, vr, h.slice_rows(0, std::min(b - a, n0))));
-      LS_TRY(each(kr, vr, a));
-      LS_TRY(walk.out(r, a, b));
+  const int64_t n_blocks = (S + block - 1) / block;
+  RowRanges prep_rows{{0, n0}};
+  for (int64_t b = 0; b < n_blocks; ++b)
+    for (const auto& ab : row_slices(b * block, std::min(S, (b + 1) * block), slice)) prep_rows.push_back(ab);
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk, ResidualWalk::begin(st, rs, prep_rows, /*reads=*/true, /*writes=*/false));
+  LS_TRY(walk_q(walk, blk, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t b0 = b * block, b1 = std::min(S, b0 + block);
+    // The block's K, V into the scratch, in sub-slices of at most `slice` rows, and its statistics.
+    for (const auto& [a, e] : row_slices(b0, b1, slice)) {
+      LS_ASSIGN_OR_RETURN(const h3::BlockRows r, walk.in(a, e));
+      const TensorView kr = kc[0].slice_rows(a - b0, e - b0).unflatten_last(H, Dh);
+      const TensorView vr = vc[0].slice_rows(a - b0, e - b0).unflatten_last(H, Dh);
+      LS_TRY(blk.attn_kv(r, a, e, kr, vr, h.slice_rows(0, std::min(e - a, n0))));
+      LS_TRY(be.int8_key_stats(kr, vr, stats, a, a == 0));
+      LS_TRY(walk.out(r, a, e));
     }
-    return Status();
-  };
-  RowRanges chunk_rows;
-  for (int64_t c = 0; c < n_chunks; ++c)
-    for (const auto& [p0, p1] : pieces(c))
-      for (const auto& ab : row_slices(p0, p1, slice)) chunk_rows.push_back(ab);
-  // Pass 1: the statistics (compute only).
-  {
-    LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, chunk_rows, /*reads=*/true, /*writes=*/false));
-    for (int64_t c = 0; c < n_chunks; ++c)
-      for (const auto& [p0, p1] : pieces(c))
-        LS_TRY(compute_kv(walk1, p0, p1, [&](const TensorView& kr, const TensorView& vr, int64_t a) {
-          return be.int8_key_stats(kr, vr, stats, a, a == 0);
-        }));
-    LS_TRY(walk1.finish());
-  }
-  LS_TRY(st.mark("attention pass 1"));
-  // Prepare, with the first query slice's attention behind the copies out.
-  {
-    RowRanges prep_rows{{0, n0}};
-    prep_rows.insert(prep_rows.end(), chunk_rows.begin(), chunk_rows.end());
-    LS_ASSIGN_OR_RETURN(ResidualWalk walkp, ResidualWalk::begin(st, rs, prep_rows, /*reads=*/true, /*writes=*/false));
-    LS_TRY(walk_q(walkp, blk, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
-    for (int64_t c = 0; c < n_chunks; ++c) {
+    // Its segments, one per chunk it meets; a chunk whose last key is here is complete.
+    for (int64_t c = b0 / chunk; c * chunk < b1; ++c) {
       const auto [k0, k1] = rows_of(c);
-      const int64_t n = k1 - k0;
+      const int64_t s0 = std::max(k0, b0), s1 = std::min(k1, b1);
       const int j = static_cast<int>(c % 2);
-      for (const auto& [p0, p1] : pieces(c)) {
-        LS_TRY(compute_kv(walkp, p0, p1, [](const TensorView&, const TensorView&, int64_t) { return Status(); }));
-        if (p0 == k0) LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
-        LS_TRY(be.int8_prepare(kc[0].slice_rows(0, p1 - p0).unflatten_last(H, Dh),
-                               vc[0].slice_rows(0, p1 - p0).unflatten_last(H, Dh), stats,
-                               at(j, k0).slice(p0 - k0, p1 - k0)));
-      }
+      if (s0 == k0) LS_TRY(kv.saved[j].wait(Queue::compute));  // chunk c - 2's copy out of q8[j] is done
+      LS_TRY(be.int8_prepare(kc[0].slice_rows(s0 - b0, s1 - b0).unflatten_last(H, Dh),
+                             vc[0].slice_rows(s0 - b0, s1 - b0).unflatten_last(H, Dh), stats,
+                             at(j, k0).slice(s0 - k0, s1 - k0)));
+      if (s1 < k1) continue;  // the chunk goes on in the next block
       LS_TRY(kv.computed[j].signal(Queue::compute));
       LS_TRY(kv.computed[j].wait(Queue::transfer));
-      const Int8ChunkViews d = device_views(j, n), hst = host_views(c);
+      const Int8ChunkViews d = device_views(j, k1 - k0), hst = host_views(c);
       LS_TRY(be.copy_async(hst.k8, d.k8, Queue::transfer));
       LS_TRY(be.copy_async(hst.sk, d.sk, Queue::transfer));
       LS_TRY(be.copy_async(hst.v8t, d.v8t, Queue::transfer));
       LS_TRY(kv.saved[j].signal(Queue::transfer));
-      st.kv_bytes += static_cast<uint64_t>(n * (2 * I + 4 * H));
+      st.kv_bytes += static_cast<uint64_t>((k1 - k0) * (2 * I + 4 * H));
       // The first query slice against chunk c, behind the copy out (both only read q8[j]).
       LS_TRY(attend(0, n0, c, j));
       LS_TRY(kv.used[j].signal(Queue::compute));
     }
-    LS_TRY(walkp.finish());
   }
+  LS_TRY(walk.finish());
   LS_TRY(st.mark("attention int8 prepare"));
   // Pass 2: slice 0's out-projection and gated add (its attention is done), then every
   // further query slice against the prepared chunks.

@@ -70,6 +70,12 @@ Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64
                       "kv_chunk_rows " + std::to_string(kv_chunk_rows) + " must be a multiple of kv_tile " +
                           std::to_string(kv_tile) + " (or at least S = " + std::to_string(S) +
                           "): chunks must hold whole attention tiles");
+  if (int8 && S > kInt8StatBlock && kv_chunk_rows % 16 != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "kv_chunk_rows " + std::to_string(kv_chunk_rows) +
+                          " with attention int8 over more than " + std::to_string(kInt8StatBlock) +
+                          " keys must be a multiple of 16 (a statistics block's keys are prepared into a chunk at "
+                          "their offset)");
   return kv_chunk_rows;
 }
 

@@ -14,8 +14,8 @@
 //               two-pass: K and V for all rows, then per slice h, Q, attention out
 //               K/V offload: 2 K chunks + 2 V chunks of kv_chunk rows (one in use, one
 //               streaming), then per slice h, Q, attention out, fp32 attention state
-//               (attention int8: one bf16 K, V scratch pair of at most kInt8KvScratchRows
-//               rows and two int8 key chunks of kv_chunk keys)
+//               (attention int8: one bf16 K, V scratch pair of one statistics block,
+//               min(S, kInt8StatBlock) rows, and two int8 key chunks of kv_chunk keys)
 //     mlp     : per slice: h, fc1 out (2F), swiglu out (F)
 //     final   : [PDD effective heads] + per slice: h, fp32 modulated rows, fp32 head out
 //   residual offload: every phase starts with TWO "residual slice 0/1" bf16 [n, D] (n =
@@ -86,13 +86,13 @@ inline int64_t rank_rows(int64_t S, int64_t ranks) { return ranks <= 1 ? S : (S 
 // Default K/V chunk: about 4096 keys, rounded up to whole kv_tile tiles.
 constexpr int64_t kDefaultKvChunkKeys = 4096;
 // [int8 attention] default K/V chunk: 16,384 keys. Each chunk is one attention call per query
-// slice, which reads and writes the slice's fp32 state and quantises its Q again; at 4,096
-// keys (32 key tiles a call) that cost is a large share of the call (bench/results/issue26,
-// run 10: pass 2 at 3 GiB ran ~30 % above the one-call rate). The chunk's bf16 K, V are
-// compute scratch of at most kInt8KvScratchRows rows (prepared in pieces), so a larger int8
-// chunk costs only its prepared bytes (2 I + 4 H a key, twice).
+// slice, which reads and writes the slice's fp32 state (bench/results/issue26, run 10: pass 2
+// at 3 GiB with 4,096-key chunks ran ~30 % above the one-call rate; session 14 cut the cost
+// per call to 0.15 ms). The bf16 K, V are compute scratch of one statistics block
+// (kInt8StatBlock rows, numerics.h), so a larger int8 chunk costs only its prepared bytes
+// (2 I + 4 H a key, twice). With S > kInt8StatBlock an int8 chunk is a multiple of 16 keys
+// (a block's keys are prepared into a chunk at their offset, Int8Keys::slice's alignment).
 constexpr int64_t kInt8DefaultKvChunkKeys = 16384;
-constexpr int64_t kInt8KvScratchRows = 4096;
 
 // The resolved rows of a K/V chunk for S keys (see PlanKnobs::kv_chunk_rows): always a
 // multiple of kv_tile unless it equals S; the default about kDefaultKvChunkKeys keys
