@@ -1,23 +1,32 @@
-// CUDA INT8 attention against the CPU reference (docs/int8-attention.md, contract v2), for
+// CUDA INT8 attention against the CPU reference (docs/int8-attention.md, contract v3), for
 // BOTH p8 paths (the fast ex2 byte the device check picks, and the threshold table forced by
 // cuda::set_int8_p8_path) and BOTH kernels:
 // the portable one (attention_int8.cu, forced by cuda::set_int8_attention_kernel) and what
 // the backend runs by default (on an sm_90 GPU of a build with the Hopper kernels, the Hopper
-// kernel attention_hopper_int8.cu for head counts that are multiples of 4; asserted). The key
-// statistics, the prepared keys (k8, sk, v8t, sv) and the attention output are the CPU's
+// kernel attention_hopper_int8.cu for head counts that are multiples of 4; asserted), in its
+// persistent and its one-CTA-per-item ("hopper-grid") launches. The key statistics, the
+// prepared keys (k8, sk, v8t), the V-scale table vs and the attention output are the CPU's
 // BYTES (every op is IEEE-defined, the integer sums exact, the fold in the CPU's order at
 // kv_tile 128); and the CUDA results are plan-invariant: query slicings (1-row slices, a
 // last slice of 1 row), streamed key chunks carrying the state, chunks prepared on their
-// own, all memcmp-equal to one call. Skips without a GPU.
+// own, all memcmp-equal to one call. Contract v3's statistics blocks of 4,096 keys: the
+// MultiBlock cases (3 blocks, V's amplitude different per block so that rho_b is far from
+// 1) check statistics merged from slices that cross block boundaries, prepares in pieces
+// whose 32-key groups straddle a boundary, the acc rescale where a tile starts a block
+// (inside a call, and at a call's first key), and the refusal of a call that crosses a
+// boundary from a first key off the 128-key tile grid. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -71,19 +80,24 @@ std::vector<uint8_t> cpu_bytes(const TensorView& t) {
   return b;
 }
 
-// bf16 [n, H, 128] on host and device; K with two outlier channels (offset 12).
+// bf16 [n, H, 128] on host and device; K with two outlier channels (offset 12). With
+// block_amplitudes, row r is scaled by 1, 3, 0.25 for statistics blocks 0, 1, 2 (mod 3) of
+// r / 4096: V's scales then differ per block (rho_b = sv_{b-1} / sv_b near 1/3 and 12), so a
+// missing or misplaced rescale of acc changes the output.
 struct Pair {
   std::vector<uint16_t> host;
   TensorView h, d;
 };
-Pair make(int64_t n, int64_t H, uint32_t seed, bool outliers) {
+Pair make(int64_t n, int64_t H, uint32_t seed, bool outliers, bool block_amplitudes = false) {
   Pair p;
   p.host.resize(static_cast<size_t>(n * H * 128));
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float amplitude[3] = {1.0f, 3.0f, 0.25f};
   for (size_t i = 0; i < p.host.size(); ++i) {
-    const int64_t c = static_cast<int64_t>(i % 128);
-    p.host[i] = f32_to_bf16(nd(rng) + (outliers && (c == 1 || c == 67) ? 12.0f : 0.0f));
+    const int64_t c = static_cast<int64_t>(i % 128), row = static_cast<int64_t>(i) / (H * 128);
+    const float a = block_amplitudes ? amplitude[(row / kInt8StatBlock) % 3] : 1.0f;
+    p.host[i] = f32_to_bf16(a * (nd(rng) + (outliers && (c == 1 || c == 67) ? 12.0f : 0.0f)));
   }
   p.h = TensorView(p.host.data(), DType::bf16, {n, H, 128});
   auto d = env()->arena->alloc(DType::bf16, {n, H, 128}, "test bf16");
@@ -93,27 +107,63 @@ Pair make(int64_t n, int64_t H, uint32_t seed, bool outliers) {
   return p;
 }
 
+// The prepared keys of a whole sequence of n keys (k0 = 0) on host and device, with the
+// sequence's statistics f32 [2 + NB, H, 128] and V-scale table f32 [NB, 2, H, 128]
+// (NB = int8_stat_blocks(n)).
 struct Keys {
   std::vector<uint8_t> host;
   Int8Keys h, d;
   TensorView hstats, dstats;
-  std::vector<float> hs;
+  std::vector<float> hs, hv;
 };
 Keys keys_for(int64_t n, int64_t H) {
   Keys k;
-  const int64_t bytes = int8_keys_bytes(n, H, 128);
+  const int64_t bytes = int8_keys_bytes(n, H, 128), NB = int8_stat_blocks(n);
   k.host.assign(static_cast<size_t>(bytes + 256), 0);
   void* hb = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(k.host.data()) + 255) / 256 * 256);
-  k.h = int8_keys_view(hb, n, H, 128, Device{});
+  k.hv.assign(static_cast<size_t>(NB * 2 * H * 128), 0.0f);
+  k.h = int8_keys_view(hb, n, H, 128, Device{}, TensorView(k.hv.data(), DType::f32, {NB, 2, H, 128}));
   auto d = env()->arena->alloc(DType::u8, {bytes}, "test keys");
-  LS_CHECK(d.ok());
-  k.d = int8_keys_view(d->data, n, H, 128, d->device);
-  k.hs.assign(static_cast<size_t>(3 * H * 128), 0.0f);
-  k.hstats = TensorView(k.hs.data(), DType::f32, {3, H, 128});
-  auto s = env()->arena->alloc(DType::f32, {3, H, 128}, "test stats");
+  auto dv = env()->arena->alloc(DType::f32, {NB, 2, H, 128}, "test V scales");
+  LS_CHECK(d.ok() && dv.ok());
+  k.d = int8_keys_view(d->data, n, H, 128, d->device, *dv);
+  k.hs.assign(static_cast<size_t>((2 + NB) * H * 128), 0.0f);
+  k.hstats = TensorView(k.hs.data(), DType::f32, {2 + NB, H, 128});
+  auto s = env()->arena->alloc(DType::f32, {2 + NB, H, 128}, "test stats");
   LS_CHECK(s.ok());
   k.dstats = *s;
   return k;
+}
+
+// A device buffer for the prepared keys [k0, k0 + n) of a sequence whose V-scale table is vs
+// (int8 K/V offload's chunk buffers).
+Int8Keys chunk_keys(int64_t n, int64_t H, const TensorView& vs, int64_t k0) {
+  auto d = env()->arena->alloc(DType::u8, {int8_keys_bytes(n, H, 128)}, "test chunk keys");
+  LS_CHECK(d.ok());
+  return int8_keys_view(d->data, n, H, 128, d->device, vs, k0);
+}
+
+// A device V-scale table of NB blocks filled with NaN (0xFF bytes): a row a prepare does not
+// write stays NaN, and NaN would reach any output that read it.
+TensorView poisoned_vs(int64_t NB, int64_t H) {
+  auto d = env()->arena->alloc(DType::f32, {NB, 2, H, 128}, "test poisoned V scales");
+  LS_CHECK(d.ok());
+  std::vector<uint8_t> ff(static_cast<size_t>(NB * 2 * H * 128 * 4), 0xFF);
+  LS_CHECK(env()->cuda->copy(*d, TensorView(ff.data(), DType::f32, {NB, 2, H, 128})).ok());
+  return *d;
+}
+
+// Outputs (bf16 bytes) equal, and more than min_nonzero of them nonzero (the test can fail).
+void expect_same_outputs(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, int64_t min_nonzero,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t differ = 0, nonzero = 0;
+  for (size_t i = 0; i + 1 < got.size(); i += 2) {
+    differ += std::memcmp(&got[i], &want[i], 2) != 0;
+    nonzero += (got[i] | (got[i + 1] & 0x7f)) != 0;
+  }
+  EXPECT_EQ(differ, 0) << what << ": of " << got.size() / 2 << " outputs";
+  EXPECT_GT(nonzero, min_nonzero) << what;
 }
 
 std::vector<uint8_t> v8t_rows(const Int8Keys& k, bool device) {  // the n used bytes of every (h, c) row
@@ -205,14 +255,14 @@ TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
     SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk) + " H " + std::to_string(H));
     Pair q = make(Mq, H, 1, true), k = make(Mk, H, 2, true), v = make(Mk, H, 3, false);
     Keys K = keys_for(Mk, H);
-    ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, true).ok());
+    ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
     ASSERT_TRUE(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
-    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
     ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
     EXPECT_EQ(host_bytes(K.dstats), cpu_bytes(K.hstats)) << "statistics";
     EXPECT_EQ(host_bytes(K.d.k8), cpu_bytes(K.h.k8)) << "k8";
     EXPECT_EQ(host_bytes(K.d.sk), cpu_bytes(K.h.sk)) << "sk";
-    EXPECT_EQ(host_bytes(K.d.sv), cpu_bytes(K.h.sv)) << "sv";
+    EXPECT_EQ(host_bytes(K.d.vs), cpu_bytes(K.h.vs)) << "vs";
     EXPECT_EQ(v8t_rows(K.d, true), v8t_rows(K.h, false)) << "v8t";
     std::vector<uint16_t> oh(static_cast<size_t>(Mq * H * 128));
     TensorView out_h(oh.data(), DType::bf16, {Mq, H, 128});
@@ -237,8 +287,8 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
     const int64_t Mq = 200, Mk = 700;
     Pair q = make(Mq, H, 11, true), k = make(Mk, H, 12, true), v = make(Mk, H, 13, false);
     Keys K = keys_for(Mk, H);
-    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, true).ok());
-    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, false).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(0, 300), v.d.slice_rows(0, 300), K.dstats, 0, true).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(300, Mk), v.d.slice_rows(300, Mk), K.dstats, 300, false).ok());
     ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
     auto ref = E->arena->alloc(DType::bf16, {Mq, H, 128}, "ref");
     ASSERT_TRUE(ref.ok());
@@ -259,7 +309,7 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
         return t;
       };
       EXPECT_EQ(host_bytes(v8t_rows(P.d)), host_bytes(v8t_rows(K.d))) << "prepare in pieces: v8t";
-      EXPECT_EQ(host_bytes(P.d.sv), host_bytes(K.d.sv)) << "prepare in pieces: sv";
+      EXPECT_EQ(host_bytes(P.d.vs), host_bytes(K.d.vs)) << "prepare in pieces: vs";
     }
     for (const std::vector<int64_t>& cuts :
          {std::vector<int64_t>{0, 199, 200}, std::vector<int64_t>{0, 1, 2, 3, 64, 65, 200}}) {
@@ -277,19 +327,176 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
       ASSERT_TRUE(o.ok() && st.ok());
       for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
         const int64_t c1 = std::min(Mk, c0 + chunk);
-        // Each chunk prepared into its own buffer (the offload path) and, alternately, a
-        // slice of the one prepared set.
-        Keys part = keys_for(c1 - c0, H);
-        ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part.d).ok());
+        // Each chunk prepared into its own buffer (the offload path: keys from c0, the
+        // sequence's V-scale table) and, alternately, a slice of the one prepared set.
+        const Int8Keys part = chunk_keys(c1 - c0, H, K.d.vs, c0);
+        ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part).ok());
         AttentionParams p = tile128();
         p.state = *st;
         p.state_in = c0 > 0;
         p.finalize = c1 == Mk;
-        const Int8Keys& use = (c0 / chunk) % 2 == 0 ? part.d : K.d.slice(c0, c1);
+        const Int8Keys use = (c0 / chunk) % 2 == 0 ? part : K.d.slice(c0, c1);
         ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
       }
       EXPECT_EQ(host_bytes(*o), want) << "chunks of " << chunk;
     }
+  }
+}
+
+// ---- contract v3: several statistics blocks ------------------------------------------------
+
+// The key ranges of single calls checked against the CPU: [4096, 8192) starts block 1 with no
+// state (acc = 0 rescaled by rho_1 at the first tile, then its own block only), [4112, 4400)
+// a first key off the tile grid inside block 1 (no rescale), [3072, Mk) crossing blocks 1 and
+// 2 from a first key on the grid (rescales at its tiles 8 and 40).
+std::vector<std::pair<int64_t, int64_t>> sub_ranges(int64_t Mk) { return {{4096, 8192}, {4112, 4400}, {3072, Mk}}; }
+
+// The CPU reference of one multi-block shape, once per process (every kernel and p8 path of
+// the parameterised test compares against it; the inputs are the same seeds).
+struct CpuRef {
+  std::vector<uint8_t> stats, k8, sk, v8t, vs, out;
+  std::vector<std::vector<uint8_t>> sub;  // outputs over sub_ranges(Mk)
+};
+const CpuRef& cpu_reference(int64_t Mq, int64_t Mk, int64_t H, const Pair& q, const Pair& k, const Pair& v) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, CpuRef> cache;
+  const auto key = std::make_tuple(Mq, Mk, H);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  Env* E = env();
+  Keys K = keys_for(Mk, H);
+  CpuRef r;
+  LS_CHECK(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
+  LS_CHECK(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
+  r.stats = cpu_bytes(K.hstats);
+  r.k8 = cpu_bytes(K.h.k8);
+  r.sk = cpu_bytes(K.h.sk);
+  r.v8t = v8t_rows(K.h, false);
+  r.vs = cpu_bytes(K.h.vs);
+  std::vector<uint16_t> oh(static_cast<size_t>(Mq * H * 128));
+  const TensorView out_h(oh.data(), DType::bf16, {Mq, H, 128});
+  LS_CHECK(E->cpu->attention_int8(q.h, K.h, out_h, tile128()).ok());
+  r.out = cpu_bytes(out_h);
+  for (const auto& [a, b] : sub_ranges(Mk)) {
+    LS_CHECK(E->cpu->attention_int8(q.h, K.h.slice(a, b), out_h, tile128()).ok());
+    r.sub.push_back(cpu_bytes(out_h));
+  }
+  return cache.emplace(key, std::move(r)).first->second;
+}
+
+// Three statistics blocks (Mk 9,000 and 8,300; H 4 and 12: the Hopper kernel under auto and
+// hopper-grid on sm_90, the portable one when forced), V's amplitude x1 / x3 / x0.25 per
+// block. Every result is the CPU reference's bytes. Where acc is rescaled (a tile whose
+// absolute first key is 4096 or 8192): the one call (tiles 32 and 64), the query slicings,
+// the streamed chunks of 1,536 (inside the calls [3072, 4608) and [7680, 9216)) and of 4,096
+// keys (at the first tile of the calls from 4096 and 8192, on a loaded state), and the single
+// calls [4096, 8192) and [3072, Mk). The statistics, the prepare in pieces and the refusal
+// check the blocks' bookkeeping.
+TEST_P(Int8Kernel, MultiBlockEqualsTheCpuReferenceBytes) {
+  NEED_GPU();
+  for (const auto& [Mq, Mk, H] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{130, 9000, 4}, {257, 8300, 12}}) {
+    SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk) + " H " + std::to_string(H));
+    const int64_t NB = int8_stat_blocks(Mk), HD = H * 128, min_nonzero = Mq * HD / 2;
+    ASSERT_EQ(NB, 3);
+    Pair q = make(Mq, H, 41, true), k = make(Mk, H, 42, true), v = make(Mk, H, 43, false, /*block_amplitudes=*/true);
+    const CpuRef& R = cpu_reference(Mq, Mk, H, q, k, v);
+    Keys K = keys_for(Mk, H);
+    ASSERT_EQ(K.d.vs.size(0), 3);
+    // One call: statistics, prepared keys, V-scale table, output.
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
+    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+    EXPECT_EQ(host_bytes(K.dstats), R.stats) << "statistics";
+    EXPECT_EQ(host_bytes(K.d.k8), R.k8) << "k8";
+    EXPECT_EQ(host_bytes(K.d.sk), R.sk) << "sk";
+    EXPECT_EQ(v8t_rows(K.d, true), R.v8t) << "v8t";
+    EXPECT_EQ(host_bytes(K.d.vs), R.vs) << "vs";
+    {  // rho_1, rho_2 far from 1 in most channels (about 1/3 and 12): the rescale matters
+      std::vector<float> vs(R.vs.size() / 4);
+      std::memcpy(vs.data(), R.vs.data(), R.vs.size());
+      for (int64_t b = 0; b < NB; ++b) {
+        int64_t far = 0;
+        for (int64_t i = 0; i < HD; ++i) far += std::fabs(vs[static_cast<size_t>((2 * b + 1) * HD + i)] - 1.0f) > 0.5f;
+        if (b == 0) EXPECT_EQ(far, 0) << "rho_0 = 1";
+        else EXPECT_GT(far, HD / 2) << "rho_" << b;
+      }
+    }
+    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "out");
+    auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+    ASSERT_TRUE(o.ok() && st.ok());
+    ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *o, tile128()).ok());
+    expect_same_outputs(host_bytes(*o), R.out, min_nonzero, "one call");
+    // Statistics merged from slices that cross block boundaries (4096 inside [4000, 4200),
+    // 8192 inside [4200, 8200)), reset by the first slice only, in two orders.
+    for (const std::vector<std::pair<int64_t, int64_t>>& slices :
+         {std::vector<std::pair<int64_t, int64_t>>{{0, 300}, {300, 4000}, {4000, 4200}, {4200, 8200}, {8200, Mk}},
+          std::vector<std::pair<int64_t, int64_t>>{{4000, 4200}, {0, 4000}, {8200, Mk}, {4200, 8200}}}) {
+      auto sb = E->arena->alloc(DType::f32, {2 + NB, H, 128}, "sliced stats");
+      ASSERT_TRUE(sb.ok());
+      for (size_t i = 0; i < slices.size(); ++i) {
+        const auto [a, b] = slices[i];
+        ASSERT_TRUE(E->cuda->int8_key_stats(k.d.slice_rows(a, b), v.d.slice_rows(a, b), *sb, a, i == 0).ok());
+      }
+      EXPECT_EQ(host_bytes(*sb), R.stats) << "statistics in slices from " << slices[0].first;
+    }
+    {  // Prepared in pieces into slices of one buffer: pieces from 4080 and 8176 put a 32-key
+       // group of prepare_v across the boundaries 4096 and 8192 (two blocks' scales in it).
+      Keys P = keys_for(Mk, H);
+      const std::vector<int64_t> cuts{0, 4080, 4112, 8176, Mk};
+      for (size_t i = 0; i + 1 < cuts.size(); ++i)
+        ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(cuts[i], cuts[i + 1]), v.d.slice_rows(cuts[i], cuts[i + 1]),
+                                          K.dstats, P.d.slice(cuts[i], cuts[i + 1]))
+                        .ok());
+      EXPECT_EQ(host_bytes(P.d.k8), R.k8) << "prepare in pieces: k8";
+      EXPECT_EQ(host_bytes(P.d.sk), R.sk) << "prepare in pieces: sk";
+      EXPECT_EQ(v8t_rows(P.d, true), R.v8t) << "prepare in pieces: v8t";
+      EXPECT_EQ(host_bytes(P.d.vs), R.vs) << "prepare in pieces: vs";
+    }
+    // Query slicings (every slice crosses all three blocks: rescaled at tiles 32 and 64).
+    {
+      const std::vector<int64_t> cuts{0, 1, 64, 65, Mq};
+      auto os = E->arena->alloc(DType::bf16, {Mq, H, 128}, "sliced");
+      ASSERT_TRUE(os.ok());
+      for (size_t i = 0; i + 1 < cuts.size(); ++i)
+        ASSERT_TRUE(E->cuda->attention_int8(q.d.slice_rows(cuts[i], cuts[i + 1]), K.d,
+                                            os->slice_rows(cuts[i], cuts[i + 1]), tile128())
+                        .ok());
+      expect_same_outputs(host_bytes(*os), R.out, min_nonzero, "query slicing");
+    }
+    // Streamed chunks carrying the state: even chunks prepared into their own buffers with
+    // their own V-scale table (NaN where that chunk's prepare wrote nothing: the calls read
+    // only the rows of their own blocks), odd chunks slices of the one prepared set (k0 moved
+    // by Int8Keys::slice). 1,536: the rescale inside the calls [3072, 4608) and [7680, Mk);
+    // 4,096: at the first tile of the calls [4096, 8192) and [8192, Mk).
+    for (const int64_t chunk : {int64_t{1536}, int64_t{4096}}) {
+      const TensorView pv = poisoned_vs(NB, H);
+      for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
+        const int64_t c1 = std::min(Mk, c0 + chunk);
+        Int8Keys use = K.d.slice(c0, c1);
+        EXPECT_EQ(use.k0, c0);
+        if ((c0 / chunk) % 2 == 0) {
+          use = chunk_keys(c1 - c0, H, pv, c0);
+          ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, use).ok());
+        }
+        AttentionParams p = tile128();
+        p.state = *st;
+        p.state_in = c0 > 0;
+        p.finalize = c1 == Mk;
+        ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
+      }
+      expect_same_outputs(host_bytes(*o), R.out, min_nonzero, "chunks of " + std::to_string(chunk));
+    }
+    // Single calls over key ranges of the sequence (sub_ranges) = the CPU's calls.
+    const auto ranges = sub_ranges(Mk);
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto [a, b] = ranges[i];
+      ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d.slice(a, b), *o, tile128()).ok());
+      expect_same_outputs(host_bytes(*o), R.sub[i], min_nonzero,
+                          "keys [" + std::to_string(a) + ", " + std::to_string(b) + ")");
+    }
+    // Keys crossing a block boundary from a first key off the 128-key grid: refused, as on
+    // the CPU (tiles would straddle the boundary).
+    const Status s = E->cuda->attention_int8(q.d, K.d.slice(4000, 4208), *o, tile128());
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(s.message().find("statistics block"), std::string::npos) << s.message();
   }
 }
 
@@ -309,13 +516,16 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Int8Kernel,
 // H200's 132 SMs, so the persistent Hopper grid (auto) takes one or two items per CTA and its
 // ring and ping-pong run on from one item into the next; "hopper-grid" launches a CTA per
 // item. Last, auto again in streamed chunks of 1,536 keys carrying the state (each CTA's
-// items then start from a loaded state).
+// items then start from a loaded state). Mk = 4,100: two statistics blocks (contract v3),
+// the last tile (keys 4096..4099) entering block 1 (acc rescaled by rho_1), in the chunked
+// run inside the call of keys [3072, 4100).
 TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
   NEED_GPU();
   const int64_t Mq = 2100, Mk = 4100, H = 12;
+  ASSERT_EQ(int8_stat_blocks(Mk), 2);
   Pair q = make(Mq, H, 21, true), k = make(Mk, H, 22, true), v = make(Mk, H, 23, false);
   Keys K = keys_for(Mk, H);
-  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
   ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
   std::vector<std::vector<uint8_t>> outs;
   for (const char* kernel : {"portable", "auto", "hopper-grid"})
@@ -368,7 +578,7 @@ TEST(Int8AttentionCuda, Q8CacheIsTrustedOnlyWithinASequence) {
   const int64_t Mq = 300, Mk = 700, H = 4;  // H % 4 == 0: the Hopper kernel under auto on sm_90
   Pair qa = make(Mq, H, 31, true), qb = make(Mq, H, 32, true), k = make(Mk, H, 33, true), v = make(Mk, H, 34, false);
   Keys K = keys_for(Mk, H);
-  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, true).ok());
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
   ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
   const auto one_call = [&](const Pair& q) {
     auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "one call");

@@ -7,8 +7,9 @@
 // portable kernel elsewhere without a numerics field to tell them apart.
 //
 // Inputs: bf16 q; the contract's Int8Keys as they are (k8 s8 [n, H, 128], sk f32 [n, H],
-// v8t s8 [H, 128, ld] keys contiguous, sv f32 [H, 128]). No scratch; in a streamed sequence
-// out also holds the q8 cache between calls (below).
+// v8t s8 [H, 128, ld] keys contiguous, the V-scale table vs f32 [NB, 2, H, 128] of the
+// sequence and k0, the absolute index of the call's first key). No scratch; in a streamed
+// sequence out also holds the q8 cache between calls (below).
 //
 // Persistent (session 14): one CTA per SM walks the (query tile, head) items in order; the
 // roles below run on from one item into the next. One item = 128 queries x 1 head, 384 threads:
@@ -39,7 +40,17 @@
 //             Q K^T, and its fold runs while Q K^T is on the tensor cores; the alpha product
 //             skipped where every alpha of the warp is 1: fl32(y 1) = y). The masking of a
 //             partial tile is compiled into the last block's softmax only.
-//     out = bf16(fl32(fl32(acc sv) / l)), or the state (acc, m, l) for the next chunk.
+//       contract v3: acc is in units of the current statistics block's V scale sv_b (v8 of
+//             block b's keys is quant(v, sv_b)); before the fold of a block whose absolute
+//             first key is a multiple of 4096 (> 0), starting statistics block b, acc =
+//             fl32(acc rho_b) (rho_b = fl32(sv_{b-1} / sv_b), from vs). It runs right after
+//             the previous block's fold (or after the state's load, for the item's first
+//             block), where ot (I) is dead and only acc and the in-flight Q K^T are live; a
+//             warp-uniform test on the block index, rho by 16 float2 loads only there (one
+//             block in 32). l and m are free of V's scale: never rescaled.
+//     out = bf16(fl32(fl32(acc sv) / l)) with sv of the last key's block, or the state (acc,
+//     m, l) for the next chunk (acc in the units of its last block: the next call of the
+//     sequence goes on from there).
 //
 // Invariance: a query's bits depend on its row and the keys alone (row-local quantisation,
 // per-row state, every fold per 128-key tile), so query slicings give one call's bytes, and
@@ -82,12 +93,18 @@ constexpr int kKBytes = kN * kD;   // k8 block, 16 KiB
 constexpr int kVBytes = kD * kN;   // v8^T block (128 channels x 128 keys), 16 KiB
 constexpr int kSkBytes = kN * 4 * 4;  // key scales: 128 keys x 4 heads
 constexpr int kPermuteThreads = 96;   // producer warps 1-3
+constexpr int kStatBlock = static_cast<int>(kInt8StatBlock);  // keys per statistics block (4096)
+static_assert(kStatBlock % kN == 0 && (kStatBlock & (kStatBlock - 1)) == 0,
+              "128-key blocks never straddle a statistics block; the block test is a mask");
 constexpr int smem_bytes() { return kQBytes + kStages * (kKBytes + kVBytes + kSkBytes) + kBr * 4 + 256 + 1024; }
 
 struct Args {
   const uint16_t* q;
   int64_t q_rs, q_hs;
-  const float* sv;
+  const float* sv;  // sv [H, 128] of the block of the call's last key (the output's units)
+  const float* vs;  // the V-scale table f32 [NB, 2, H, 128]: rho_b at vs + (2 b + 1) H 128
+  int64_t kb0;      // the statistics block of the call's first key, k0 / 4096
+  int k0r;          // k0 % 4096: block j of the call starts key 4096 kb0 + k0r + 128 j
   uint16_t* o;
   int64_t o_rs, o_hs;
   int64_t Mq, Mk;
@@ -435,6 +452,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], __fmul_rn(F[i], al[(i / 2) % 2]));
     }
   };
+  // Contract v3 (§4.4): before block jn's fold, where block jn starts statistics block b > 0
+  // (its absolute first key 4096 kb0 + k0r + 128 jn a multiple of 4096), acc moves from block
+  // b - 1's units of V to b's: acc = fl32(acc rho_b), a plain multiply (the CPU's, before
+  // its fold). Warp-uniform (jn, the call's k0); rho of this thread's channels 8 jj + 2 t +
+  // {0, 1} (both rows) by 16 float2 loads only at a block entry. rel < 2^31: jn < 2^23.
+  // Registers: the main loop's peak (sc, I, P and acc live around the wgmma issue) leaves
+  // none spare, so nothing of this may stay live across the loop: the uniform parts (kb0,
+  // k0r, jn, h) sit in uniform registers, and the thread's channel offset 2 t comes from
+  // %laneid read here (a volatile read, not hoisted: a hoisted 64-bit per-thread offset
+  // cost 2 more spill loads and a spill store per block, by ptxas and nvdisasm).
+  const auto enter_block = [&](int jn) {
+    const int rel = a.k0r + kN * jn;
+    if ((rel & (kStatBlock - 1)) != 0 || (jn == 0 && a.kb0 == 0)) return;  // not a block start, or key 0
+    uint32_t lane_now;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_now));
+    const float* rho = a.vs + ((2 * (a.kb0 + rel / kStatBlock) + 1) * H + h) * kD;
+    const float2* rho2 = reinterpret_cast<const float2*>(rho) + (lane_now & 3u);  // channels 2 t, 2 t + 1
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const float2 x = __ldg(rho2 + 4 * jj);
+      F[4 * jj + 0] = __fmul_rn(F[4 * jj + 0], x.x);
+      F[4 * jj + 1] = __fmul_rn(F[4 * jj + 1], x.y);
+      F[4 * jj + 2] = __fmul_rn(F[4 * jj + 2], x.x);
+      F[4 * jj + 3] = __fmul_rn(F[4 * jj + 3], x.y);
+    }
+  };
   const auto release = [&](uint32_t bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
@@ -477,6 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    enter_block(0);  // acc (the state's: its last block's units) into block 0's statistics block
     // This warpgroup's Q rows and sSq entries: its previous item's Q K^T are complete (every
     // thread waited for them before that item's last softmax, and its last turn's bar.sync
     // came after those waits).
@@ -522,6 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(I);
       release(v_empty(sp));
       fold(alpha, beta, lt);  // block j - 1, with its own alpha, beta
+      enter_block(j);         // before block j's fold (next turn): I dead, Q K^T in flight
       wgmma_wait<0>();
       fence_regs(sc);
       softmax_block(s, b, alpha, beta);
@@ -560,8 +605,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
-    // out = bf16(fl32(fl32(acc sv) / l)): the division by i8a::div_rd (one fp64 reciprocal
-    // of l per row; the IEEE division where a tiny numerator needs it, int8_quant_warp.cuh).
+    // out = bf16(fl32(fl32(acc sv) / l)), sv of the last key's block (acc's units): the
+    // division by i8a::div_rd (one fp64 reciprocal of l per row; the IEEE division where a
+    // tiny numerator needs it, int8_quant_warp.cuh).
     bool ieee = false;
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
@@ -630,9 +676,14 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
       out.size(1) != H || out.size(2) != kD || n <= 0 || K.k8.dtype != DType::i8 || K.k8.ndim != 3 ||
       K.k8.size(1) != H || K.k8.size(2) != kD || K.sk.dtype != DType::f32 || K.sk.ndim != 2 || K.sk.size(0) != n ||
       K.sk.size(1) != H || K.v8t.dtype != DType::i8 || K.v8t.ndim != 3 || K.v8t.size(0) != H ||
-      K.v8t.size(1) != kD || K.v8t.size(2) != n || K.sv.dtype != DType::f32 || K.sv.ndim != 2 || K.sv.size(0) != H ||
-      K.sv.size(1) != kD)
+      K.v8t.size(1) != kD || K.v8t.size(2) != n || K.vs.dtype != DType::f32 || K.vs.ndim != 4 || K.vs.size(1) != 2 ||
+      K.vs.size(2) != H || K.vs.size(3) != kD || !K.vs.is_contiguous() || !aligned(K.vs.data, 8) || K.k0 < 0 ||
+      (K.k0 + n - 1) / kInt8StatBlock >= K.vs.size(0))
     return "shapes or dtypes do not match (the portable kernel reports which)";
+  // Blocks never straddle a statistics block: keys crossing a block boundary start at a
+  // multiple of 128 (else the portable kernel's invalid_argument, as the CPU's).
+  if (K.k0 / kInt8StatBlock != (K.k0 + n - 1) / kInt8StatBlock && K.k0 % kN != 0)
+    return "the keys cross a statistics block boundary from a first key that is not a multiple of 128";
   if (!check_attention_state(p, q.size(0), n, H, kD).ok()) return "the streamed state does not match";
   if (H % 4 != 0 || H > 65535) return "the head count is not a multiple of 4 (the key scales' TMA boxes)";
   if (q.size(0) > (int64_t{1} << 30) || n > (int64_t{1} << 30)) return "more than 2^30 rows";
@@ -641,7 +692,7 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
     return "q rows are not 8-byte aligned or out rows not 4-byte aligned";
   if (!aligned(keys.k8.data, 16) || keys.k8.stride[0] % 16 || keys.k8.stride[1] != kD || keys.k8.stride[2] != 1 ||
       !aligned(keys.v8t.data, 16) || keys.v8t.stride[1] % 16 || keys.v8t.stride[0] != kD * keys.v8t.stride[1] ||
-      keys.v8t.stride[2] != 1 || !aligned(keys.sk.data, 16) || !keys.sk.is_contiguous() || !keys.sv.is_contiguous())
+      keys.v8t.stride[2] != 1 || !aligned(keys.sk.data, 16) || !keys.sk.is_contiguous())
     return "the prepared keys' rows are not 16-byte aligned";
   return "";
 }
@@ -681,7 +732,10 @@ Status attention_hopper_int8(CudaContext& ctx, const TensorView& q, const Int8Ke
   a.q = q.ptr<uint16_t>();
   a.q_rs = q.stride[0];
   a.q_hs = q.stride[1];
-  a.sv = keys.sv.ptr<float>();
+  a.vs = keys.vs.ptr<float>();
+  a.sv = a.vs + 2 * ((keys.k0 + Mk - 1) / kInt8StatBlock) * H * kD;  // sv of the last key's block
+  a.kb0 = keys.k0 / kInt8StatBlock;
+  a.k0r = static_cast<int>(keys.k0 % kInt8StatBlock);
   a.o = out.ptr<uint16_t>();
   a.o_rs = out.stride[0];
   a.o_hs = out.stride[1];

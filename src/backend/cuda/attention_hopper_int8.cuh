@@ -26,13 +26,15 @@ inline bool attention_hopper_int8_built() { return true; }
 // runs the portable kernel: the same bytes). Needs: an sm_90 device (`sm_90` true), head dim
 // 128, kv_tile 128, H % 4 == 0 (the key scales sk [n, H] are read by TMA boxes of 4 heads:
 // its row pitch must be a multiple of 16 bytes), q and out rows 8-byte aligned, k8 / v8t /
-// sk 16-byte aligned with 16-byte row pitches.
+// sk 16-byte aligned with 16-byte row pitches, the V-scale table vs 8-byte aligned, and keys
+// that cross a statistics block boundary (contract v3) starting at a multiple of 128.
 std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& keys, const TensorView& out,
                              const AttentionParams& p);
 
-// The contract's attention_int8 (docs/int8-attention.md §5) on the Hopper kernel: q, out
-// bf16 [Mq, H, 128]; keys as Int8Keys; p's kv_tile (128), scale and streamed state (f32
-// [Mq, H, 136]: acc, m, l, the CPU reference's layout). Call only where int8_hopper_fits
+// The contract's attention_int8 (docs/int8-attention.md §5, v3) on the Hopper kernel: q, out
+// bf16 [Mq, H, 128]; keys as Int8Keys (keys [k0, k0 + n) of the sequence, its V-scale table
+// vs); p's kv_tile (128), scale and streamed state (f32 [Mq, H, 136]: acc in the units of
+// the last folded key's statistics block, m, l, the CPU reference's layout). Call only where int8_hopper_fits
 // said "" (checked again: unsupported with that message otherwise).
 // p8_table: p8 by the threshold table instead of the fast ex2 byte (int8_p8_check.cuh).
 // persistent: one CTA per SM looping over the (query tile, head) items (the default launch),

@@ -1,17 +1,24 @@
 // CUDA INT8 attention, the portable kernels (AttentionAlgorithm::int8; docs/int8-attention.md
-// is the contract, src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
+// is the contract, v3; src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
 // m16n8k32 s8.s8 for Q.K, u8.s8 for P.V), head dim 128, kv_tile 128. Every element
 // operation is the shared arithmetic of backend/int8_attention_math.h (the _rn intrinsics),
 // the integer sums are exact, and the fp32 fold runs once per 128-key tile in the CPU's
 // order, so the bytes equal the CPU reference's (tests/cuda/test_attention_int8_cuda.cpp).
+// Contract v3: the statistics are per absolute block of kInt8StatBlock = 4096 keys (K's
+// centre over block 0 only, V's scale sv_b per block b), keys [k0, k0 + n) of a call.
 //
-//   int8_key_stats  grid (columns / 128, row groups): each thread one (head, channel)
-//                   column over a strided set of rows, merged into stats with float
-//                   max/min by compare-and-swap (exact, order-free). reset: an init kernel first.
-//   int8_prepare    sv per channel; one warp per (key, head) row: lane l holds channels
-//                   4l..4l+3, the rotation's strides 1, 2 in registers and 4..64 by
-//                   shuffles (the same adds as the CPU, in the same stage order); V through a
-//                   32-key shared-memory transpose into v8t[h, c, j].
+//   int8_key_stats  grid (columns / 128, row groups, statistics blocks of the call's keys):
+//                   a CTA's rows lie in ONE block (a segment of the call's rows; the groups
+//                   stride over it), each thread one (head, channel) column; K read only
+//                   for block 0's rows; per thread one merge per statistic and block into
+//                   stats by float max/min compare-and-swap (exact, order-free). reset: an
+//                   init kernel first over all 2 + NB rows (-inf, +inf, 0...).
+//   int8_prepare    vs rows (sv_b, rho_b) of the blocks the keys touch; one warp per (key,
+//                   head) row: lane l holds channels 4l..4l+3, the rotation's strides 1, 2 in
+//                   registers and 4..64 by shuffles (the same adds as the CPU, in the same
+//                   stage order); V through a 32-key shared-memory transpose into v8t[h, c,
+//                   j], each key quantised with its own block's sv (32 keys span at most two
+//                   blocks: two fp64 reciprocals per channel).
 //   attention_int8  a CTA of 4 warps x 16 queries of one head; per 128-key tile: K (k8, sk)
 //                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
 //                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes: the
@@ -19,7 +26,9 @@
 //                   k-steps of 32), u = fl32(sk * float(d)), the tile max mu over the quad,
 //                   sT, alpha, beta, p8 of fmaf(a, fl32(u - mu), kP8Top) (fast ex2 byte or
 //                   the threshold table: template kTable), integer row sums of p8, P.V by
-//                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold. The
+//                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
+//                   (before it, at a tile starting a statistics block b > 0, acc *= rho_b:
+//                   one block entry in 32 tiles, a CTA-uniform test). The
 //                   keys of a 32-key group are loaded into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
 //                   16+4t+{2,3} (n-tiles 0..3, column pair t), so each thread's Q.K accumulators
 //                   ARE its P.V A fragment (keys 4t..4t+3 and 16+4t..16+4t+3): no shuffles.
@@ -41,6 +50,9 @@ constexpr int kDh = 128;        // the head dim of these kernels
 constexpr int kTile = 128;      // keys per tile = kv_tile (the fold granularity)
 constexpr int kWarps = 4;       // warps per CTA, 16 queries each
 constexpr int kRowPad = 144;    // shared-memory row stride in bytes (128 + 16)
+constexpr int kStatBlock = static_cast<int>(kInt8StatBlock);  // keys per statistics block (4096)
+static_assert(kStatBlock % kTile == 0 && (kStatBlock & (kStatBlock - 1)) == 0,
+              "tiles of 128 keys never straddle a statistics block; the block test is a mask");
 
 __device__ __forceinline__ void atomic_max_f(float* a, float v) {
   int* ai = reinterpret_cast<int*>(a);
@@ -61,35 +73,59 @@ __device__ __forceinline__ void atomic_min_f(float* a, float v) {
   }
 }
 
-__global__ void stats_init(float* st, int64_t HD) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= HD) return;
-  st[i] = -INFINITY;
-  st[HD + i] = INFINITY;
-  st[2 * HD + i] = 0.0f;
+// reset: stats [2 + NB, H, Dh] = (-inf | +inf | 0 ... 0), total = (2 + NB) * HD entries.
+__global__ void stats_init(float* st, int64_t HD, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    st[i] = i < HD ? -INFINITY : i < 2 * HD ? INFINITY : 0.0f;
 }
 
-// k, v: bf16 rows of H * Dh elements (row strides ks, vs); columns HD = H * Dh.
-__global__ void stats_kernel(const uint16_t* k, int64_t ks, const uint16_t* v, int64_t vs, int64_t n, int64_t HD,
-                             float* st) {
+// Keys [k0, k0 + n): k, v bf16 rows of H * Dh elements (row strides ks, vs); columns HD =
+// H * Dh. blockIdx.z (+ gridDim.z ...) = segment z: the call's rows in statistics block
+// b0 + z (b0 = k0 / 4096), rows [max(0, 4096 b - k0), min(n, 4096 (b + 1) - k0)); the
+// row groups (blockIdx.y) stride over the segment, so a thread's rows share one block and
+// it merges once per statistic. max/min are exact and order-free: any grid gives the CPU's
+// bytes (a NaN never wins a comparison, on either side).
+__global__ void stats_kernel(const uint16_t* k, int64_t ks, const uint16_t* v, int64_t vs, int64_t n, int64_t k0,
+                             int64_t HD, int64_t segments, float* st) {
   const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (col >= HD) return;
-  float kmax = -INFINITY, kmin = INFINITY, vabs = 0.0f;
-  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
-    const float kv = bf16_bits_to_f32(k[j * ks + col]);
-    const float vv = lq::abs(bf16_bits_to_f32(v[j * vs + col]));
-    kmax = kv > kmax ? kv : kmax;
-    kmin = kv < kmin ? kv : kmin;
-    vabs = vv > vabs ? vv : vabs;
+  const int64_t B = kStatBlock, b0 = k0 / B;
+  for (int64_t z = blockIdx.z; z < segments; z += gridDim.z) {
+    const int64_t b = b0 + z;
+    const int64_t r0 = b * B - k0 > 0 ? b * B - k0 : 0, r1 = (b + 1) * B - k0 < n ? (b + 1) * B - k0 : n;
+    if (r0 + blockIdx.y >= r1) continue;  // no rows of this group in the segment
+    if (b == 0) {  // K's extremes over block 0's keys only (the centre mu, docs §3)
+      float kmax = -INFINITY, kmin = INFINITY;
+      for (int64_t j = r0 + blockIdx.y; j < r1; j += gridDim.y) {
+        const float kv = bf16_bits_to_f32(k[j * ks + col]);
+        kmax = kv > kmax ? kv : kmax;
+        kmin = kv < kmin ? kv : kmin;
+      }
+      atomic_max_f(st + col, kmax);
+      atomic_min_f(st + HD + col, kmin);
+    }
+    float vabs = 0.0f;
+    for (int64_t j = r0 + blockIdx.y; j < r1; j += gridDim.y) {
+      const float vv = lq::abs(bf16_bits_to_f32(v[j * vs + col]));
+      vabs = vv > vabs ? vv : vabs;
+    }
+    atomic_max_f(st + (2 + b) * HD + col, vabs);
   }
-  atomic_max_f(st + col, kmax);
-  atomic_min_f(st + HD + col, kmin);
-  atomic_max_f(st + 2 * HD + col, vabs);
 }
 
-__global__ void sv_kernel(const float* st, int64_t HD, float* sv) {
+// The V-scale table rows of blocks b0 .. b0 + nb - 1 (docs §3): vs[b][0] = sv_b =
+// row_scale(max |v| of block b), vs[b][1] = rho_b = fl32(sv_{b-1} / sv_b) (rho_0 = 1), an IEEE
+// division (lq::div = __fdiv_rn: rho may be subnormal, where i8a::div_rd is not exact).
+__global__ void vscale_kernel(const float* st, int64_t HD, int64_t b0, int64_t nb, float* vs) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < HD) sv[i] = i8a::row_scale(st[2 * HD + i]);
+  if (i >= HD) return;
+  for (int64_t z = blockIdx.y; z < nb; z += gridDim.y) {
+    const int64_t b = b0 + z;
+    const float sv = i8a::row_scale(st[(2 + b) * HD + i]);
+    vs[2 * b * HD + i] = sv;
+    vs[(2 * b + 1) * HD + i] = b == 0 ? 1.0f : lq::div(i8a::row_scale(st[(1 + b) * HD + i]), sv);
+  }
 }
 
 using i8w::quant_row_warp;  // int8_quant_warp.cuh (shared with the Hopper kernel)
@@ -119,15 +155,24 @@ __global__ void prepare_k_kernel(const uint16_t* k, int64_t ks, int64_t n, int H
 }
 
 // V of 32 keys x 128 channels of one head through shared memory into v8t[h, c, j0..j0+31].
-__global__ void prepare_v_kernel(const uint16_t* v, int64_t vs, int64_t n, const float* sv, int8_t* v8t, int64_t ld,
-                                 int64_t hs) {
+// Key j (absolute k0 + j) is quantised with sv of its own block, row_scale(stats[2 + b]) (the
+// value vscale_kernel writes to vs; taken from stats here, the same bits, so this kernel
+// does not wait on that one's writes). 32 keys lie in at most two blocks (32 < 4096): the
+// first jb in block b, the rest in b + 1.
+__global__ void prepare_v_kernel(const uint16_t* v, int64_t vs, int64_t n, int64_t k0, const float* st, int64_t HD,
+                                 int8_t* v8t, int64_t ld, int64_t hs) {
   __shared__ int8_t t[kDh][32 + 4];
   const int h = blockIdx.y, c = threadIdx.x;  // 128 threads: one channel each
   const int64_t j0 = blockIdx.x * 32LL;
-  const double r = i8a::recip_d(sv[h * kDh + c]);  // i8a::quant's bits without a division
+  const int64_t b = (k0 + j0) / kStatBlock, col = h * kDh + c;
+  const int64_t left = (b + 1) * kStatBlock - (k0 + j0);  // keys of this group still in block b
+  const int jb = left < 32 ? static_cast<int>(left) : 32;
+  // i8a::quant's bits without a division; block b + 1's only where this group has keys there.
+  const double r0 = i8a::recip_d(i8a::row_scale(st[(2 + b) * HD + col]));
+  const double r1 = jb < 32 && j0 + jb < n ? i8a::recip_d(i8a::row_scale(st[(3 + b) * HD + col])) : r0;
   for (int jj = 0; jj < 32; ++jj) {
     const int64_t j = j0 + jj;
-    t[c][jj] = j < n ? i8a::quant_rd(bf16_bits_to_f32(v[j * vs + h * kDh + c]), r) : 0;
+    t[c][jj] = j < n ? i8a::quant_rd(bf16_bits_to_f32(v[j * vs + h * kDh + c]), jj < jb ? r0 : r1) : 0;
   }
   __syncthreads();
   int8_t* dst = v8t + h * hs + c * ld + j0;
@@ -159,7 +204,9 @@ struct AttnArgs {
   int64_t sk_rs;       // sk row stride: H
   const int8_t* v8t;
   int64_t v_hs, v_ld;  // v8t head stride, row stride (ld)
-  const float* sv;
+  const float* sv;     // sv [H, Dh] of the block of the call's last key (the output's units)
+  const float* vs;     // the V-scale table f32 [NB, 2, H, Dh]: rho_b at vs + (2 b + 1) H Dh
+  int64_t k0;          // the absolute index of the call's first key
   uint16_t* out;
   int64_t o_rs, o_hs;
   float* state;        // f32 [Mq, H, Dh + 8] or null
@@ -283,6 +330,25 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
   int stage = 0;
   for (int64_t t0 = 0; t0 < a.Mk; t0 += kTile, stage ^= 1) {
     const int nk = a.Mk - t0 < kTile ? static_cast<int>(a.Mk - t0) : kTile;
+    // Contract v3 (§4.4): acc is kept in units of the current statistics block's V scale
+    // (the P.V sums are of v8 = quant(v, sv_b)); a tile that starts block b > 0 (absolute
+    // first key ta = k0 + t0 a multiple of 4096: tiles never straddle a block) first moves
+    // acc from block b - 1's units to b's, acc = fl32(acc rho_b), rho_b = fl32(sv_{b-1} /
+    // sv_b): a plain multiply, before the fold and apart from it (as the CPU). l and m are
+    // sums and maxima of p8 and scores, free of V's scale: never rescaled. CTA-uniform (t0,
+    // k0), taken once in 32 tiles; rho by 16 float2 loads (this thread's channels 8 ct + 2 t
+    // + {0, 1}, the same for both rows) only here.
+    if (const int64_t ta = a.k0 + t0; (ta & (kStatBlock - 1)) == 0 && ta != 0) {
+      const float* rho = a.vs + ((2 * (ta / kStatBlock) + 1) * a.H + h) * kDh + 2 * t;
+#pragma unroll
+      for (int ct = 0; ct < 16; ++ct) {
+        const float2 r = __ldg(reinterpret_cast<const float2*>(rho + 8 * ct));
+        acc[ct][0] = lq::mul(acc[ct][0], r.x);
+        acc[ct][1] = lq::mul(acc[ct][1], r.y);
+        acc[ct][2] = lq::mul(acc[ct][2], r.x);
+        acc[ct][3] = lq::mul(acc[ct][3], r.y);
+      }
+    }
     cp_async_wait_all();
     __syncthreads();  // tile t0 is in `stage`; every thread is done with the other stage
     if (t0 + kTile < a.Mk) load_tile(stage ^ 1, t0 + kTile);
@@ -393,8 +459,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
     }
   }
   if (!a.finalize) return;
-  // out = bf16(fl32(fl32(acc sv) / l)): the division by i8a::div_rd (one fp64 reciprocal of l
-  // per row; the IEEE division where a tiny numerator needs it, int8_quant_warp.cuh).
+  // out = bf16(fl32(fl32(acc sv) / l)), sv of the last key's block (acc's units after the last
+  // tile): the division by i8a::div_rd (one fp64 reciprocal of l per row; the IEEE division
+  // where a tiny numerator needs it, int8_quant_warp.cuh).
   bool ieee = false;
 #pragma unroll
   for (int ct = 0; ct < 16; ++ct)
@@ -445,29 +512,52 @@ void check_keys(const Int8Keys& keys, int64_t H) {
                    aligned16(keys.v8t.data),
                "int8 keys: v8t must be i8 [H, 128, n] with ld >= n, ld % 16 == 0, 16-byte aligned; got " +
                    keys.v8t.shape_str());
-  LS_CHECK_MSG(keys.sv.dtype == DType::f32 && keys.sv.ndim == 2 && keys.sv.size(0) == H && keys.sv.size(1) == kDh &&
-                   keys.sv.is_contiguous(),
-               "int8 keys: sv must be f32 [H, 128]; got " + keys.sv.shape_str());
+  LS_CHECK_MSG(keys.vs.dtype == DType::f32 && keys.vs.ndim == 4 && keys.vs.size(1) == 2 && keys.vs.size(2) == H &&
+                   keys.vs.size(3) == kDh && keys.vs.is_contiguous() &&
+                   (reinterpret_cast<uintptr_t>(keys.vs.data) & 7u) == 0,
+               "int8 keys: vs must be a contiguous, 8-byte aligned f32 [NB, 2, H, 128]; got " + keys.vs.shape_str());
+  LS_CHECK_MSG(keys.k0 >= 0 && (n == 0 || (keys.k0 + n - 1) / kInt8StatBlock < keys.vs.size(0)),
+               "int8 keys [" + std::to_string(keys.k0) + ", " + std::to_string(keys.k0 + n) + ") lie past the " +
+                   std::to_string(keys.vs.size(0)) + " statistics blocks of their V-scale table");
 }
+
+// stats f32 [2 + NB, H, 128] (contiguous); returns NB.
+int64_t check_stats(const char* op, const TensorView& stats, int64_t H) {
+  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) >= 3 && stats.size(1) == H &&
+                   stats.size(2) == kDh && stats.is_contiguous(),
+               std::string(op) + ": stats must be a contiguous f32 [2 + NB, H, 128]; got " + stats.shape_str());
+  return stats.size(0) - 2;
+}
+
+// Launch dimensions y, z are at most 65535: kernels loop past them.
+unsigned grid_yz(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(n, 65535)); }
 
 }  // namespace
 
 Status cuda_op_int8_key_stats(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
-                              bool reset) {
+                              int64_t k0, bool reset) {
   LS_TRY(check_bf16_kv("int8_key_stats", k, v));
   const int64_t n = k.size(0), H = k.size(1), HD = H * kDh;
-  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.ndim == 3 && stats.size(0) == 3 && stats.size(1) == H &&
-                   stats.size(2) == kDh && stats.is_contiguous(),
-               "int8_key_stats: stats must be a contiguous f32 [3, H, 128]; got " + stats.shape_str());
+  const int64_t NB = check_stats("int8_key_stats", stats, H);
+  LS_CHECK_MSG(k0 >= 0 && (n == 0 || (k0 + n - 1) / kInt8StatBlock < NB),
+               "int8_key_stats: keys [" + std::to_string(k0) + ", " + std::to_string(k0 + n) + ") lie past the " +
+                   std::to_string(NB) + " statistics blocks of stats " + stats.shape_str());
   const unsigned cols = static_cast<unsigned>(div_up(HD, 128));
   if (reset) {
-    stats_init<<<cols, 128, 0, ctx.stream>>>(stats.ptr<float>(), HD);
+    const int64_t total = (2 + NB) * HD;
+    stats_init<<<static_cast<unsigned>(std::min<int64_t>(div_up(total, 256), 1 << 20)), 256, 0, ctx.stream>>>(
+        stats.ptr<float>(), HD, total);
     LS_CUDA_CHECK_LAUNCH();
   }
   if (n == 0) return Status();
-  const unsigned groups = static_cast<unsigned>(std::min<int64_t>(div_up(n, 64), 256));
-  stats_kernel<<<dim3(cols, groups), 128, 0, ctx.stream>>>(k.ptr<const uint16_t>(), k.stride[0], v.ptr<const uint16_t>(),
-                                                           v.stride[0], n, HD, stats.ptr<float>());
+  // Segments = the statistics blocks of keys [k0, k0 + n); row groups of >= 64 rows per
+  // segment, about 256 (segment, group) pairs in all (v2's 256 groups for one segment).
+  const int64_t segments = (k0 + n - 1) / kInt8StatBlock - k0 / kInt8StatBlock + 1;
+  const int64_t groups =
+      std::max<int64_t>(1, std::min(div_up(std::min<int64_t>(n, kInt8StatBlock), 64), div_up(256, segments)));
+  stats_kernel<<<dim3(cols, static_cast<unsigned>(groups), grid_yz(segments)), 128, 0, ctx.stream>>>(
+      k.ptr<const uint16_t>(), k.stride[0], v.ptr<const uint16_t>(), v.stride[0], n, k0, HD, segments,
+      stats.ptr<float>());
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
@@ -478,22 +568,26 @@ Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorV
   const int64_t n = k.size(0), H = k.size(1), HD = H * kDh;
   LS_CHECK_MSG(keys.keys() == n, "int8_prepare: " + std::to_string(n) + " keys into prepared keys of " +
                                      std::to_string(keys.keys()));
-  LS_CHECK_MSG(stats.dtype == DType::f32 && stats.is_contiguous() && stats.numel() == 3 * HD,
-               "int8_prepare: stats must be a contiguous f32 [3, H, 128]; got " + stats.shape_str());
+  const int64_t NB = check_stats("int8_prepare", stats, H);
   check_keys(keys, H);
+  LS_CHECK_MSG(keys.vs.size(0) == NB, "int8_prepare: the V-scale table " + keys.vs.shape_str() + " and stats " +
+                                          stats.shape_str() + " must have the same number of statistics blocks");
   LS_CHECK_MSG(keys.k8.stride[0] == HD && keys.sk.stride[0] == H, "int8_prepare writes contiguous k8 and sk");
-  sv_kernel<<<static_cast<unsigned>(div_up(HD, 128)), 128, 0, ctx.stream>>>(stats.ptr<const float>(), HD,
-                                                                            keys.sv.ptr<float>());
-  LS_CUDA_CHECK_LAUNCH();
   if (n == 0) return Status();
+  // The vs rows of the blocks these keys touch (a function of the statistics alone: a block
+  // prepared in several calls gets the same bytes each time).
+  const int64_t k0 = keys.k0, b0 = k0 / kInt8StatBlock, nb = (k0 + n - 1) / kInt8StatBlock - b0 + 1;
+  vscale_kernel<<<dim3(static_cast<unsigned>(div_up(HD, 128)), grid_yz(nb)), 128, 0, ctx.stream>>>(
+      stats.ptr<const float>(), HD, b0, nb, keys.vs.ptr<float>());
+  LS_CUDA_CHECK_LAUNCH();
   const int64_t warps = n * H;
   prepare_k_kernel<<<static_cast<unsigned>(div_up(warps * 32, 256)), 256, 0, ctx.stream>>>(
       k.ptr<const uint16_t>(), k.stride[0], n, static_cast<int>(H), stats.ptr<const float>(), keys.k8.ptr<int8_t>(),
       keys.sk.ptr<float>());
   LS_CUDA_CHECK_LAUNCH();
   prepare_v_kernel<<<dim3(static_cast<unsigned>(div_up(n, 32)), static_cast<unsigned>(H)), kDh, 0, ctx.stream>>>(
-      v.ptr<const uint16_t>(), v.stride[0], n, keys.sv.ptr<const float>(), keys.v8t.ptr<int8_t>(), keys.v8t.stride[1],
-      keys.v8t.stride[0]);
+      v.ptr<const uint16_t>(), v.stride[0], n, k0, stats.ptr<const float>(), HD, keys.v8t.ptr<int8_t>(),
+      keys.v8t.stride[1], keys.v8t.stride[0]);
   LS_CUDA_CHECK_LAUNCH();
   return Status();
 }
@@ -516,6 +610,15 @@ Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8K
   check_keys(keys, H);
   LS_TRY(check_attention_state(p, Mq, Mk, H, Dh));
   LS_CHECK_MSG(Mk > 0, "attention_int8 over zero keys");
+  // Tiles never straddle a statistics block (contract v3): keys that cross a block boundary
+  // start at a multiple of the tile (128 divides 4096), as the CPU requires.
+  const int64_t k0 = keys.k0;
+  if (k0 / kInt8StatBlock != (k0 + Mk - 1) / kInt8StatBlock && k0 % kTile != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "attention_int8: keys [" + std::to_string(k0) + ", " + std::to_string(k0 + Mk) +
+                          ") cross a statistics block boundary (every " + std::to_string(kInt8StatBlock) +
+                          " keys): kv_tile " + std::to_string(p.kv_tile) + " must divide " +
+                          std::to_string(kInt8StatBlock) + " and the first key");
   LS_CHECK_MSG((out.stride[0] % 2 == 0) && (out.stride[1] % 2 == 0) &&
                    (reinterpret_cast<uintptr_t>(out.data) & 3u) == 0,
                "attention_int8: out rows must be 4-byte aligned");
@@ -526,7 +629,9 @@ Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8K
   a.k8 = keys.k8.ptr<const int8_t>(), a.k8_rs = keys.k8.stride[0];
   a.sk = keys.sk.ptr<const float>(), a.sk_rs = keys.sk.stride[0];
   a.v8t = keys.v8t.ptr<const int8_t>(), a.v_hs = keys.v8t.stride[0], a.v_ld = keys.v8t.stride[1];
-  a.sv = keys.sv.ptr<const float>();
+  a.vs = keys.vs.ptr<const float>();
+  a.sv = a.vs + 2 * ((k0 + Mk - 1) / kInt8StatBlock) * H * kDh;  // sv of the last key's block
+  a.k0 = k0;
   a.out = out.ptr<uint16_t>(), a.o_rs = out.stride[0], a.o_hs = out.stride[1];
   a.state = p.state.empty() ? nullptr : p.state.ptr<float>();
   a.Mq = Mq, a.Mk = Mk, a.H = static_cast<int>(H);

@@ -421,9 +421,10 @@ class CudaBackend final : public Backend {
     DeviceGuard g(ctx_.device);
     return cuda_op_attention(ctx_, q, k, v, out, p);
   }
-  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, bool reset) override {
+  Status int8_key_stats(const TensorView& k, const TensorView& v, const TensorView& stats, int64_t k0,
+                        bool reset) override {
     DeviceGuard g(ctx_.device);
-    return cuda_op_int8_key_stats(ctx_, k, v, stats, reset);
+    return cuda_op_int8_key_stats(ctx_, k, v, stats, k0, reset);
   }
   Status int8_prepare(const TensorView& k, const TensorView& v, const TensorView& stats,
                       const Int8Keys& keys) override {

@@ -33,10 +33,11 @@ Status cuda_op_time_embedding(CudaContext& ctx, const TensorView& t, const Tenso
 Status cuda_op_convert(CudaContext& ctx, const TensorView& src, const TensorView& dst);
 Status cuda_op_attention(CudaContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionParams& p);
-// attention_int8.cu: the portable INT8 attention kernels (docs/int8-attention.md; sm_80+,
-// head dim 128, kv_tile 128).
+// attention_int8.cu: the portable INT8 attention kernels (docs/int8-attention.md, contract
+// v3: statistics per absolute block of kInt8StatBlock keys; sm_80+, head dim 128, kv_tile 128).
+// k0: the absolute index of k's first key (Backend::int8_key_stats).
 Status cuda_op_int8_key_stats(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
-                              bool reset);
+                              int64_t k0, bool reset);
 Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorView& v, const TensorView& stats,
                             const Int8Keys& keys);
 // p8_table: p8 by the table path (the fast ex2 byte corrected against the thresholds) instead
