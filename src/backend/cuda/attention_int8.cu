@@ -28,7 +28,7 @@
 //                   the threshold table: template kTable), integer row sums of p8, P.V by
 //                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
 //                   (before it, at a tile starting a statistics block b > 0, acc *= rho_b:
-//                   one block entry in 32 tiles, a CTA-uniform test). The
+//                   one block entry in 32 tiles: an outer loop over the blocks). The
 //                   keys of a 32-key group are loaded into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
 //                   16+4t+{2,3} (n-tiles 0..3, column pair t), so each thread's Q.K accumulators
 //                   ARE its P.V A fragment (keys 4t..4t+3 and 16+4t..16+4t+3): no shuffles.
@@ -326,19 +326,21 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       l[rr] = st[kDh + 1];
     }
   }
-  // ---- the tiles
+  // ---- the tiles, statistics block by statistics block
   int stage = 0;
-  for (int64_t t0 = 0; t0 < a.Mk; t0 += kTile, stage ^= 1) {
-    const int nk = a.Mk - t0 < kTile ? static_cast<int>(a.Mk - t0) : kTile;
+  for (int64_t t0 = 0; t0 < a.Mk;) {
     // Contract v3 (§4.4): acc is kept in units of the current statistics block's V scale
     // (the P.V sums are of v8 = quant(v, sv_b)); a tile that starts block b > 0 (absolute
     // first key ta = k0 + t0 a multiple of 4096: tiles never straddle a block) first moves
     // acc from block b - 1's units to b's, acc = fl32(acc rho_b), rho_b = fl32(sv_{b-1} /
     // sv_b): a plain multiply, before the fold and apart from it (as the CPU). l and m are
     // sums and maxima of p8 and scores, free of V's scale: never rescaled. CTA-uniform (t0,
-    // k0), taken once in 32 tiles; rho by 16 float2 loads (this thread's channels 8 ct + 2 t
-    // + {0, 1}, the same for both rows) only here.
-    if (const int64_t ta = a.k0 + t0; (ta & (kStatBlock - 1)) == 0 && ta != 0) {
+    // k0); rho by 16 float2 loads (this thread's channels 8 ct + 2 t + {0, 1}, the same for
+    // both rows). It sits in an outer loop over the blocks, so the tile loop below is v2's
+    // loop body unchanged (a test and branch inside it cost 2.6 % of the kernel's rate on the
+    // H200: bench/results/issue26/run13, call 3).
+    const int64_t ta = a.k0 + t0;
+    if ((ta & (kStatBlock - 1)) == 0 && ta != 0) {
       const float* rho = a.vs + ((2 * (ta / kStatBlock) + 1) * a.H + h) * kDh + 2 * t;
 #pragma unroll
       for (int ct = 0; ct < 16; ++ct) {
@@ -349,98 +351,104 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
         acc[ct][3] = lq::mul(acc[ct][3], r.y);
       }
     }
-    cp_async_wait_all();
-    __syncthreads();  // tile t0 is in `stage`; every thread is done with the other stage
-    if (t0 + kTile < a.Mk) load_tile(stage ^ 1, t0 + kTile);
-    cp_async_commit();
-    const unsigned char* sK = smem + stage * kStageBytes;
-    const unsigned char* sV = sK + kTile * kRowPad;
-    const float* sSk = reinterpret_cast<const float*>(sV + kDh * kRowPad);
-    // Q.K: sc[nt][0..3] = d of (row g, key key_of(nt, 2t)), (g, key_of(nt, 2t+1)), (g+8, ..), (g+8, ..)
-    int sc[16][4];
+    // The call's tiles in this block: up to the next block start (key k0 + t1) or the end.
+    const int64_t t_next = (ta / kStatBlock + 1) * kStatBlock - a.k0;
+    const int64_t t1 = t_next < a.Mk ? t_next : a.Mk;
+    for (; t0 < t1; t0 += kTile, stage ^= 1) {
+      const int nk = a.Mk - t0 < kTile ? static_cast<int>(a.Mk - t0) : kTile;
+      cp_async_wait_all();
+      __syncthreads();  // tile t0 is in `stage`; every thread is done with the other stage
+      if (t0 + kTile < a.Mk) load_tile(stage ^ 1, t0 + kTile);
+      cp_async_commit();
+      const unsigned char* sK = smem + stage * kStageBytes;
+      const unsigned char* sV = sK + kTile * kRowPad;
+      const float* sSk = reinterpret_cast<const float*>(sV + kDh * kRowPad);
+      // Q.K: sc[nt][0..3] = d of (row g, key key_of(nt, 2t)), (g, key_of(nt, 2t+1)), (g+8, ..), (g+8, ..)
+      int sc[16][4];
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
-      const unsigned char* kr = sK + key_of(nt, g) * kRowPad;
+      for (int nt = 0; nt < 16; ++nt) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
+        const unsigned char* kr = sK + key_of(nt, g) * kRowPad;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 4 * t);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 16 + 4 * t);
-        mma_s8(sc[nt], qa[ks], b0, b1);
-      }
-    }
-    // Contract v2 (§4.2-4.4): u = fl32(sk * float(d)) (masked keys -inf: out of the max),
-    // the tile max mu per row (rows g, g + 8: the quad's 4 threads share them).
-    float u[16][4];
-    float mu[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
-        float v = -INFINITY;
-        if (key < nk) v = lq::mul(sSk[key], __int2float_rn(sc[nt][e]));
-        u[nt][e] = v;
-        mu[rr] = v > mu[rr] ? v : mu[rr];
-      }
-    // sT = fl32(a mu) (the tile's largest score, log2 units), m_new, alpha, beta.
-    float alpha[2], beta[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 1));
-      mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 2));
-      const float sT = lq::mul(arow[rr], mu[rr]);
-      const float m_new = sT > m[rr] ? sT : m[rr];
-      alpha[rr] = m[rr] == -INFINITY ? 0.0f : i8a::exp2e(lq::sub(m[rr], m_new));
-      beta[rr] = i8a::exp2e(lq::sub(sT, m_new));
-      m[rr] = m_new;
-    }
-    // p8 of x = fmaf(a, fl32(u - mu), kP8Top) (255 at the tile's maximum; masked keys 0), the
-    // integer row sums lt, the P A fragments (k-step = 32-key group).
-    uint32_t pa[4][4];
-    int lt[2] = {0, 0};
-#pragma unroll
-    for (int grp = 0; grp < 4; ++grp) {
-      uint32_t w[4] = {0, 0, 0, 0};  // a0: (g, 4t..), a1: (g+8, 4t..), a2: (g, 16+4t..), a3: (g+8, 16+4t..)
-#pragma unroll
-      for (int ntl = 0; ntl < 4; ++ntl) {
-        const int nt = grp * 4 + ntl;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int rr = e >> 1;
-          uint32_t p = 0;
-          if (u[nt][e] != -INFINITY)
-            p = p8dev::p8_word<kTable>(lq::fma(arow[rr], lq::sub(u[nt][e], mu[rr]), i8a::kP8Top)) & 0xFFu;
-          lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
-          const int reg = (ntl >> 1) * 2 + rr;            // 16+ half for ntl 2, 3
-          const int byte = (ntl & 1) * 2 + (e & 1);         // 4t + {0,1} | 4t + {2,3}
-          w[reg] |= p << (8 * byte);
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 4 * t);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 16 + 4 * t);
+          mma_s8(sc[nt], qa[ks], b0, b1);
         }
       }
-      pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
-    }
-    // l = fmaf(float(lt), beta, fl32(l alpha)) (float(lt) exact: lt <= 255 * 128).
+      // Contract v2 (§4.2-4.4): u = fl32(sk * float(d)) (masked keys -inf: out of the max),
+      // the tile max mu per row (rows g, g + 8: the quad's 4 threads share them).
+      float u[16][4];
+      float mu[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 1);
-      lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 2);
-      l[rr] = lq::fma(__int2float_rn(lt[rr]), beta[rr], lq::mul(l[rr], alpha[rr]));
-    }
-    // P.V into int32, then acc = fmaf(float(ot), beta, fl32(acc alpha)) (|ot| < 2^22: exact).
+      for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-    for (int ct = 0; ct < 16; ++ct) {
-      int ot[4] = {0, 0, 0, 0};
-      const unsigned char* vr = sV + (8 * ct + g) * kRowPad;
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
+          float v = -INFINITY;
+          if (key < nk) v = lq::mul(sSk[key], __int2float_rn(sc[nt][e]));
+          u[nt][e] = v;
+          mu[rr] = v > mu[rr] ? v : mu[rr];
+        }
+      // sT = fl32(a mu) (the tile's largest score, log2 units), m_new, alpha, beta.
+      float alpha[2], beta[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 1));
+        mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 2));
+        const float sT = lq::mul(arow[rr], mu[rr]);
+        const float m_new = sT > m[rr] ? sT : m[rr];
+        alpha[rr] = m[rr] == -INFINITY ? 0.0f : i8a::exp2e(lq::sub(m[rr], m_new));
+        beta[rr] = i8a::exp2e(lq::sub(sT, m_new));
+        m[rr] = m_new;
+      }
+      // p8 of x = fmaf(a, fl32(u - mu), kP8Top) (255 at the tile's maximum; masked keys 0), the
+      // integer row sums lt, the P A fragments (k-step = 32-key group).
+      uint32_t pa[4][4];
+      int lt[2] = {0, 0};
 #pragma unroll
       for (int grp = 0; grp < 4; ++grp) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 4 * t);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 16 + 4 * t);
-        mma_u8s8(ot, pa[grp], b0, b1);
-      }
+        uint32_t w[4] = {0, 0, 0, 0};  // a0: (g, 4t..), a1: (g+8, 4t..), a2: (g, 16+4t..), a3: (g+8, 16+4t..)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[ct][e] = lq::fma(__int2float_rn(ot[e]), beta[e >> 1], lq::mul(acc[ct][e], alpha[e >> 1]));
-    }
+        for (int ntl = 0; ntl < 4; ++ntl) {
+          const int nt = grp * 4 + ntl;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int rr = e >> 1;
+            uint32_t p = 0;
+            if (u[nt][e] != -INFINITY)
+              p = p8dev::p8_word<kTable>(lq::fma(arow[rr], lq::sub(u[nt][e], mu[rr]), i8a::kP8Top)) & 0xFFu;
+            lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
+            const int reg = (ntl >> 1) * 2 + rr;            // 16+ half for ntl 2, 3
+            const int byte = (ntl & 1) * 2 + (e & 1);         // 4t + {0,1} | 4t + {2,3}
+            w[reg] |= p << (8 * byte);
+          }
+        }
+        pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
+      }
+      // l = fmaf(float(lt), beta, fl32(l alpha)) (float(lt) exact: lt <= 255 * 128).
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 1);
+        lt[rr] += __shfl_xor_sync(0xffffffffu, lt[rr], 2);
+        l[rr] = lq::fma(__int2float_rn(lt[rr]), beta[rr], lq::mul(l[rr], alpha[rr]));
+      }
+      // P.V into int32, then acc = fmaf(float(ot), beta, fl32(acc alpha)) (|ot| < 2^22: exact).
+#pragma unroll
+      for (int ct = 0; ct < 16; ++ct) {
+        int ot[4] = {0, 0, 0, 0};
+        const unsigned char* vr = sV + (8 * ct + g) * kRowPad;
+#pragma unroll
+        for (int grp = 0; grp < 4; ++grp) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 4 * t);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 16 + 4 * t);
+          mma_u8s8(ot, pa[grp], b0, b1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc[ct][e] = lq::fma(__int2float_rn(ot[e]), beta[e >> 1], lq::mul(acc[ct][e], alpha[e >> 1]));
+      }
+    }  // the tiles of one statistics block
   }
   // ---- out or state
 #pragma unroll
