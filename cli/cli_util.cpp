@@ -264,7 +264,8 @@ void add_plan_flags(CLI::App& app, RunFlags& o) {
   add_int_flag(app, "--final-chunk", o.final_chunk, range::chunk, "rows per final-layer slice (0 = all)", "0");
   add_int_flag(app, "--kv-tile", o.kv_tile, range::kv_tile,
                "keys per attention tile: a numerics setting (1024 on the CPU and with --attention native; 8192 on "
-               "CUDA with hopper or cudnn attention, which auto picks)", "the device's");
+               "CUDA with hopper or cudnn attention, which auto picks; 128 with --attention int8, where it must "
+               "divide 4096, the int8 statistics block, and CUDA runs 128 only)", "the device's");
   add_numerics_flags(app, o.numerics);
   add_lora_flags(app, o.lora);
   add_weight_flags(app, o.wflags);
