@@ -135,6 +135,19 @@ Status attend(const TensorView& q, const Int8Keys& keys, const TensorView& out, 
   return cpu()->attention_int8(q, keys, out, p);
 }
 
+// Each slicing of the queries (cuts over [0, Mq)) against the same keys gives ref's bytes.
+void expect_query_slicings(const Inputs& in, const Int8Keys& keys, const HostTensor& ref, int64_t kv_tile,
+                           const std::vector<std::vector<int64_t>>& slicings) {
+  for (const std::vector<int64_t>& cuts : slicings) {
+    HostTensor out(DType::bf16, {in.q.view().size(0), in.q.view().size(1), in.q.view().size(2)});
+    for (size_t i = 0; i + 1 < cuts.size(); ++i)
+      ASSERT_TRUE(attend(in.q.view().slice_rows(cuts[i], cuts[i + 1]), keys, out.view().slice_rows(cuts[i], cuts[i + 1]),
+                         kv_tile)
+                      .ok());
+    EXPECT_TRUE(test::same_bytes(ref, out));
+  }
+}
+
 // ---- the element arithmetic -------------------------------------------------------------
 
 TEST(Int8Math, Exp2IsDefinedAndAccurate) {
@@ -553,14 +566,7 @@ TEST(Int8Attention, QuerySlicingsAndKeyChunksGiveTheSameBytes) {
       ASSERT_TRUE(attend(in.q, kb.keys, ref, tile).ok());
       EXPECT_GT(test::count_nonzero(ref), Mq * H * Dh / 2);
       // Query slicings, the last slice 1 row.
-      for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 36, 37}, std::vector<int64_t>{0, 1, 2, 19, 37}}) {
-        HostTensor out(DType::bf16, {Mq, H, Dh});
-        for (size_t i = 0; i + 1 < cuts.size(); ++i)
-          ASSERT_TRUE(attend(in.q.view().slice_rows(cuts[i], cuts[i + 1]), kb.keys,
-                             out.view().slice_rows(cuts[i], cuts[i + 1]), tile)
-                          .ok());
-        EXPECT_TRUE(test::same_bytes(ref, out));
-      }
+      expect_query_slicings(in, kb.keys, ref, tile, {{0, 36, 37}, {0, 1, 2, 19, 37}});
       // Streamed keys: chunks of whole tiles, each prepared on its own (the offload path), state carried.
       for (const int64_t chunk : {tile, 3 * tile, 1024 / tile * tile}) {
         HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
@@ -693,14 +699,7 @@ TEST(Int8Attention, QuerySlicingsAndKeyChunksAcrossBlocksGiveTheSameBytes) {
     ASSERT_TRUE(attend(in.q, kb.keys, ref, tile).ok());
     EXPECT_GT(test::count_nonzero(ref), Mq * H * Dh / 2);
     // Query slicings, the last slice 1 row.
-    for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 8, 9}, std::vector<int64_t>{0, 1, 2, 5, 9}}) {
-      HostTensor out(DType::bf16, {Mq, H, Dh});
-      for (size_t i = 0; i + 1 < cuts.size(); ++i)
-        ASSERT_TRUE(attend(in.q.view().slice_rows(cuts[i], cuts[i + 1]), kb.keys,
-                           out.view().slice_rows(cuts[i], cuts[i + 1]), tile)
-                        .ok());
-      EXPECT_TRUE(test::same_bytes(ref, out));
-    }
+    expect_query_slicings(in, kb.keys, ref, tile, {{0, 8, 9}, {0, 1, 2, 5, 9}});
     // Streamed keys: chunks of whole tiles, each prepared on its own with its k0 (its own
     // V-scale table), state carried; chunks of 1536 and 3 tiles cross block boundaries.
     for (const int64_t chunk : {int64_t{1536}, kBlock, 3 * tile}) {

@@ -118,6 +118,16 @@ struct Int8ChunkViews {
   }
 };
 
+// The residual rows of an offloaded attention's first walk: the first query slice [0, n0)
+// (its Q), then keys [0, S) group by group (chunks of `group` rows: bf16 K/V chunks, int8
+// statistics blocks), each in sub-slices of at most `slice` rows (the GEMMs are row-invariant).
+RowRanges q_then_groups(int64_t n0, int64_t S, int64_t group, int64_t slice) {
+  RowRanges rows{{0, n0}};
+  for (int64_t g0 = 0; g0 < S; g0 += group)
+    for (const auto& ab : row_slices(g0, std::min(S, g0 + group), slice)) rows.push_back(ab);
+  return rows;
+}
+
 // Rows [a, b) of one walk: Q into q (h is scratch), or the out-projection and gated add of
 // the attention output o (h is scratch). The offloaded paths run these for the first query
 // slice, whose attention is done chunk by chunk in between (pass 1 or the int8 prepare).
@@ -267,10 +277,8 @@ Status attention_offloaded_kv(ForwardState& st, const AttnSpecs& sp, const h3::D
   };
   // Pass 1's residual rows: the first query slice (its Q), then each chunk's rows in
   // sub-slices of at most `slice` rows (the GEMMs are row-invariant).
-  RowRanges pass1{{0, n0}};
-  for (int64_t c = 0; c < n_chunks; ++c)
-    for (const auto& ab : row_slices(c * chunk, std::min(S, (c + 1) * chunk), slice)) pass1.push_back(ab);
-  LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, pass1, /*reads=*/true, /*writes=*/false));
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk1, ResidualWalk::begin(st, rs, q_then_groups(n0, S, chunk, slice),
+                                                              /*reads=*/true, /*writes=*/false));
   LS_TRY(walk_q(walk1, blk, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t k0 = c * chunk, k1 = std::min(S, k0 + chunk);
@@ -384,10 +392,8 @@ Status attention_offloaded_kv_int8(ForwardState& st, const AttnSpecs& sp, const 
                              o.slice_rows(0, n).unflatten_last(H, Dh), ap);
   };
   const int64_t n_blocks = (S + block - 1) / block;
-  RowRanges prep_rows{{0, n0}};
-  for (int64_t b = 0; b < n_blocks; ++b)
-    for (const auto& ab : row_slices(b * block, std::min(S, (b + 1) * block), slice)) prep_rows.push_back(ab);
-  LS_ASSIGN_OR_RETURN(ResidualWalk walk, ResidualWalk::begin(st, rs, prep_rows, /*reads=*/true, /*writes=*/false));
+  LS_ASSIGN_OR_RETURN(ResidualWalk walk, ResidualWalk::begin(st, rs, q_then_groups(n0, S, block, slice),
+                                                             /*reads=*/true, /*writes=*/false));
   LS_TRY(walk_q(walk, blk, 0, n0, h, q));  // h is scratch: the K/V sub-slices reuse it below
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t b0 = b * block, b1 = std::min(S, b0 + block);
