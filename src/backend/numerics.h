@@ -86,6 +86,15 @@ constexpr int64_t kInt8DefaultKvTile = 128;
 // as the block's own keys have been seen. A key range that crosses a block boundary needs
 // a kv_tile dividing it (tiles never straddle blocks).
 constexpr int64_t kInt8StatBlock = 4096;
+// K's scale groups of attention int8 (contract v4, docs/int8-attention.md §3): key j (absolute)
+// is in group (j / 128, j % 8), the 16 keys of one 128-key tile that share j % 8 (fewer in the
+// sequence's last, partial tile); they share one scale sk, the row scale of the group's largest
+// |y|. Those are exactly the keys whose scores one thread of the CUDA kernels' MMA fragments
+// holds together (key % 8 in {2t, 2t + 1}), so a thread needs 2-4 scales per tile, and the
+// score is one FFMA of the integer dot product (docs §4.2). A prepare call starts at a multiple
+// of kInt8KeyGroupTile and covers whole tiles, but for the sequence's last.
+constexpr int64_t kInt8KeyGroupTile = 128;
+constexpr int64_t kInt8KeyGroupStride = 8;
 // The number of statistics blocks of a sequence of S keys (at least 1).
 constexpr int64_t int8_stat_blocks(int64_t S) { return S <= kInt8StatBlock ? 1 : (S + kInt8StatBlock - 1) / kInt8StatBlock; }
 
