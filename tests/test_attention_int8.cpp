@@ -12,8 +12,8 @@
 //    scale differing strongly per block and K shifted per block; the scalar's output
 //    without the rho rescale, with K's centre over all keys, or with v3's per-key K scale
 //    NOT equal (the cases exercise what v3 and v4 add), and v3's score form giving other
-//    bytes somewhere; at huge scores (|sT| >= 4096, x above kP8Top: the GPU's clamped
-//    branch) the scalar's bytes, finite, and v3's score form other bytes;
+//    bytes somewhere; at huge scores (|sT| >= 4096: v3's form there, both forms in a GPU
+//    warp) the scalar's bytes, finite, and the one-FFMA form everywhere other bytes;
 //  - the statistics (K's extremes over block 0, max |v| per block) by a direct count;
 //  - plan invariance (memcmp): statistics accumulated over any slicing in any order
 //    (slices crossing block boundaries), prepare per key chunk with its k0 (whole 128-key
@@ -35,6 +35,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -396,15 +397,16 @@ TEST(Int8Attention, RefusesANegativeOrNonFiniteScale) {
 // Mistakes the scalar statement makes on request: a case whose output does not change under
 // one would not test what the contract adds: v3's rho rescale and K's centre over block 0,
 // and v4's K scale per key group (per_key_scale: v3's prepare, a scale per key row) and v4's
-// score (v3_score: x = fmaf(a, fl32(u_j - mu_T), kP8Top)).
-enum class Mistake { none, no_rescale, mu_over_all_keys, per_key_scale, v3_score };
+// score (v3_score: v3's x = fmaf(a, fl32(u_j - mu_T), kP8Top) at every |sT|; fma_everywhere:
+// the one-FFMA form at |sT| >= 4096 too, where v4 keeps v3's).
+enum class Mistake { none, no_rescale, mu_over_all_keys, per_key_scale, v3_score, fma_everywhere };
 
 struct ScalarResult {
   std::vector<uint16_t> out;  // bf16 [Mq, H, Dh]
   std::vector<float> vs;      // f32 [NB, 2, H, Dh]: sv_b, rho_b
   std::vector<float> sk;      // f32 [Mk, H]: the key scales (per key group, stored per key)
   std::vector<int8_t> k8;     // i8 [Mk, H, Dh]
-  int64_t big_tiles = 0;      // (query, tile) pairs with |sT| >= 4096 (the GPU's clamped branch)
+  int64_t big_tiles = 0;      // (query, tile) pairs with |sT| >= 4096 (v3's form)
   int64_t above_top = 0;      // scores with x > kP8Top (p8 = 255 by saturation)
 };
 
@@ -418,9 +420,9 @@ static_assert(kGroupTile == kInt8KeyGroupTile && kGroupStride == kInt8KeyGroupSt
 // sv_{b-1} / sv_b (rho_0 = 1), V of key j quantised with the sv of j's block; K's row y_j =
 // R(k_j - mu), e_j = max_c |y_jc|, sk_j = row_scale(max of e over j's group (j / 128, j % 8)),
 // k8_j = quant(y_j, sk_j); every score of a tile stored: d_j the integer dot product, u_j =
-// fl32(sk_j d_j), mu_T = max u_j, sT = fl32(a mu_T), x_j = fmaf(fl32(a sk_j), d_j,
-// fl32(kP8Top - sT)), p8 by counting the thresholds (255 for every x >= theta_255: x may pass
-// kP8Top); sums in key order, acc rescaled by rho_b before folding the tile that starts block
+// fl32(sk_j d_j), mu_T = max u_j, sT = fl32(a mu_T), where |sT| < 4096 x_j = fmaf(fl32(a sk_j),
+// d_j, fl32(kP8Top - sT)) (may pass kP8Top), else v3's x_j = fmaf(a, fl32(u_j - mu_T), kP8Top);
+// p8 by counting the thresholds (255 for every x >= theta_255); sums in key order, acc rescaled by rho_b before folding the tile that starts block
 // b, the output by the last key's block's sv; one query at a time. kv_tile must divide 4096
 // where Mk > 4096 (tiles from key 0). (-ffp-contract=off: every a * b + c below is two
 // roundings; the contract's fused steps are std::fmaf.)
@@ -511,12 +513,13 @@ ScalarResult scalar_reference(const Inputs& in, int64_t kv_tile, Mistake mistake
         }
         const float sT = a * mu_t;
         res.big_tiles += std::fabs(sT) >= 4096.0f;
+        const bool one_fma = mistake == Mistake::fma_everywhere || (mistake != Mistake::v3_score && std::fabs(sT) < 4096.0f);
         const float b_t = i8a::kP8Top - sT;
         long lt = 0;
         std::vector<long> ot(Dh, 0);
         for (int64_t j = t0; j < t1; ++j) {
-          const float x = mistake == Mistake::v3_score ? std::fmaf(a, u[j - t0] - mu_t, i8a::kP8Top)
-                                                       : std::fmaf(a * sk[j], static_cast<float>(d[j - t0]), b_t);
+          const float x = one_fma ? std::fmaf(a * sk[j], static_cast<float>(d[j - t0]), b_t)
+                                  : std::fmaf(a, u[j - t0] - mu_t, i8a::kP8Top);
           res.above_top += x > i8a::kP8Top;
           int p = 0;
           for (uint32_t tb : i8a::kP8ThresholdBits) p += float_of(tb) <= x;
@@ -573,8 +576,7 @@ TEST(Int8Attention, EqualsTheScalarStatementOfTheSpec) {
     EXPECT_TRUE(kb.buf.guards_intact() && kb.vs.guards_intact() && out.guards_intact() && stats.guards_intact());
     // Contract v4: the group scale matters wherever a group has more than one key (v3's
     // per-key scale gives other bytes); the one-FFMA score against v3's form changes a p8 only
-    // now and then at ordinary scores (counted over the cases, below; HugeScores* shows it
-    // at every size of |sT|).
+    // now and then at ordinary scores (counted over the cases, below).
     if (c.Mk > kGroupStride) {
       const ScalarResult per_key = scalar_reference(in, c.kv_tile, Mistake::per_key_scale);
       EXPECT_NE(std::memcmp(want.sk.data(), per_key.sk.data(), want.sk.size() * 4), 0);
@@ -605,37 +607,50 @@ TEST(Int8Attention, EqualsTheScalarStatementOfTheSpec) {
   EXPECT_GT(v3_score_differ, 0);
 }
 
-// Inputs with huge scores: K = +-B + noise (a random sign per key, B's channels 4 .. 8 in
-// size: K's centre stays near 0), q_i = lambda_i B + noise with lambda_i 16, 64, 0.5, -16 by
-// row: rows of |sT| = |fl32(a mu_T)| well above 4096 (log2 units), many keys of a tile near
-// its maximum, and rows of ordinary scores between them.
-void make_huge_scores(Inputs& in, uint64_t seed) {
+// Inputs with huge scores and near-ties among them, built in the rotated domain (R = H D,
+// i8a::rotate; R^-1 = D H / Dh; n = Dh / 2): key 2i has rotated row 2 (127 (e_0 + .. +
+// e_{n-1}) + delta_i e_m), key 2i + 1 its negation (K's centre is 0), delta_i = i % 11 - 5,
+// m = n + 1 + h % (n - 1); query r has f_r (127 (e_0 + .. + e_{n-1}) + beta_r e_m), f_r = 64,
+// 2^-6, -64 by row, beta_r 1..3. bf16 keeps everything but delta, beta in channels 0 and n
+// (a change below 0.2 in every rotated channel), so k8 = +-(127 x n, delta), q8 = (127 x n,
+// beta) and d = +-(16129 n + beta delta): at f = +-64 |sT| ~ 1.9e5 (log2 units, Dh 64) with
+// keys 0.37 beta units apart (many p8 between 1 and 254 in a tile; the one-FFMA form's
+// cancellation there is up to 2^-24 4 |sT| ~ 0.05), at 2^-6 ordinary scores (|sT| ~ 45).
+void make_huge_scores(Inputs& in) {
   const int64_t Mq = in.q.view().size(0), Mk = in.k.view().size(0), H = in.k.view().size(1), Dh = in.k.view().size(2);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> mag(4.0, 8.0), noise(-0.25, 0.25);
-  std::vector<double> B(static_cast<size_t>(H * Dh));
-  for (double& b : B) b = (rng() & 1 ? 1.0 : -1.0) * mag(rng);
-  const double lambda[4] = {16.0, 64.0, 0.5, -16.0};
-  for (int64_t j = 0; j < Mk; ++j) {
-    const double sgn = rng() & 1 ? 1.0 : -1.0;
-    for (int64_t i = 0; i < H * Dh; ++i) test::set(in.k, j * H * Dh + i, sgn * B[static_cast<size_t>(i)] + noise(rng));
-  }
+  const int64_t n = Dh / 2;
+  // x = scale D H y / Dh for y = y0 (e_0 + .. + e_{n-1}) + y1 e_m: sum_{i<n} (-1)^popcount(i & c)
+  // is n where c % n == 0, else 0.
+  const auto unrotate = [&](TensorView t, int64_t row, int64_t h, double scale, double y0, double y1) {
+    const int64_t m = n + 1 + h % (n - 1);
+    for (int64_t c = 0; c < Dh; ++c) {
+      const double hm = (std::popcount(static_cast<uint64_t>(m & c)) % 2) != 0 ? -1.0 : 1.0;
+      const double y = (c % n == 0 ? y0 * static_cast<double>(n) : 0.0) + hm * y1;
+      const double sign = i8a::negative_sign(static_cast<int>(c)) ? -1.0 : 1.0;
+      test::set(t, (row * H + h) * Dh + c, scale * sign * y / static_cast<double>(Dh));
+    }
+  };
+  for (int64_t j = 0; j < Mk; ++j)
+    for (int64_t h = 0; h < H; ++h)
+      unrotate(in.k.view(), j, h, j % 2 == 0 ? 2.0 : -2.0, 127.0, static_cast<double>((j / 2) % 11 - 5));
+  const double f[3] = {64.0, 0x1p-6, -64.0};
   for (int64_t r = 0; r < Mq; ++r)
-    for (int64_t i = 0; i < H * Dh; ++i)
-      test::set(in.q, r * H * Dh + i, lambda[r % 4] * B[static_cast<size_t>(i)] + noise(rng));
+    for (int64_t h = 0; h < H; ++h) unrotate(in.q.view(), r, h, f[r % 3], 127.0, static_cast<double>(1 + r % 3));
 }
 
-// Contract v4's score at huge scores: x = fmaf(fl32(a sk_j), d_j, fl32(kP8Top - sT)) may pass
-// kP8Top by a few ulps of |sT| (the CUDA kernels clamp x where a warp has |sT| >= 4096; p8
-// saturates at 255 either way). On the CPU: the scalar statement's bytes, every output
-// finite, scores above kP8Top present, and v3's score form (x <= kP8Top, rounded otherwise)
-// gives other bytes.
+// Contract v4's score at huge scores: where |sT| >= 4096 (i8a::kScoreFmaLimit) the one-FFMA
+// form's cancellation could lose the maximum's 255, so those (row, tile) pairs take v3's form
+// (the CUDA kernels take both forms per row in a warp that has such a row). On the CPU, rows
+// of both kinds (make_huge_scores): the scalar statement's bytes, every output
+// finite; the one-FFMA form at every |sT| gives other bytes (so the rows above 4096 test the
+// switch), and scores x > kP8Top occur in the one-FFMA rows.
 TEST(Int8Attention, HugeScoresEqualTheScalarStatement) {
+  static_assert(i8a::kScoreFmaLimit == 4096.0f);
   for (const int64_t tile : {int64_t{128}, int64_t{64}}) {
     SCOPED_TRACE("kv_tile " + std::to_string(tile));
     const int64_t Mq = 8, Mk = 700, H = 2, Dh = 64;
     Inputs in(Mq, Mk, H, Dh, 61, false);
-    make_huge_scores(in, 61);
+    make_huge_scores(in);
     HostTensor stats(DType::f32, {3, H, Dh}), out(DType::bf16, {Mq, H, Dh});
     KeysBuf kb(Mk, H, Dh);
     prepare_all(in, stats, kb.keys);
@@ -648,16 +663,21 @@ TEST(Int8Attention, HugeScoresEqualTheScalarStatement) {
     EXPECT_EQ(finite, Mq * H * Dh);
     EXPECT_GT(test::count_nonzero(out), Mq * H * Dh / 2);
     const int64_t tiles = (Mk + tile - 1) / tile;
-    std::printf("[ info ] kv_tile %lld: %lld of %lld (query, tile) pairs with |sT| >= 4096, %lld scores x > kP8Top\n",
+    const auto differ = [&](Mistake m) {
+      const ScalarResult r = scalar_reference(in, tile, m);
+      int64_t n = 0;
+      for (size_t i = 0; i < r.out.size(); ++i) n += r.out[i] != want.out[i];
+      return n;
+    };
+    const int64_t fma_all = differ(Mistake::fma_everywhere), v3 = differ(Mistake::v3_score);
+    std::printf("[ info ] kv_tile %lld: %lld of %lld (query, tile) pairs with |sT| >= 4096, %lld scores x > kP8Top; "
+                "of %zu outputs, the one-FFMA form everywhere changes %lld, v3's form everywhere %lld\n",
                 static_cast<long long>(tile), static_cast<long long>(want.big_tiles),
-                static_cast<long long>(Mq * H * tiles), static_cast<long long>(want.above_top));
-    EXPECT_GE(want.big_tiles, Mq / 2 * H * tiles);  // the rows of lambda 16, 64, -16
-    EXPECT_GT(want.above_top, 0);
-    const ScalarResult v3 = scalar_reference(in, tile, Mistake::v3_score);
-    int64_t differ = 0;
-    for (size_t i = 0; i < v3.out.size(); ++i) differ += v3.out[i] != want.out[i];
-    std::printf("[ info ] v3's score form: %lld of %zu outputs differ\n", static_cast<long long>(differ), v3.out.size());
-    EXPECT_GT(differ, 0);
+                static_cast<long long>(Mq * H * tiles), static_cast<long long>(want.above_top), want.out.size(),
+                static_cast<long long>(fma_all), static_cast<long long>(v3));
+    EXPECT_GE(want.big_tiles, Mq / 2 * H * tiles);  // the rows of f = +-64
+    EXPECT_LT(want.big_tiles, Mq * H * tiles);      // and those of 2^-6
+    EXPECT_GT(fma_all, 0);
   }
 }
 
