@@ -10,8 +10,8 @@
 // the fold in the CPU's order at kv_tile 128); and the CUDA results are plan-invariant: query
 // slicings (1-row slices, a last slice of 1 row), streamed key chunks carrying the state,
 // chunks prepared on their own (whole 128-key tiles, contract v4), all memcmp-equal to one
-// call. Huge scores (|sT| >= 4096: the kernels' clamped branch of v4's one-FFMA score) give
-// the CPU's bytes too. Contract v3's statistics blocks of 4,096 keys: the MultiBlock cases
+// call. Huge scores (|sT| >= 4096: v3's score form for those rows, v4's one FFMA for the
+// others of the warp) give the CPU's bytes too. Contract v3's statistics blocks of 4,096 keys: the MultiBlock cases
 // (3 blocks, V's amplitude different per block so that rho_b is far from 1) check statistics
 // merged from slices that cross block boundaries, prepares in pieces that cross a boundary,
 // the acc rescale where a tile starts a block (inside a call, and at a call's first key), and
@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +36,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ext.h"
+#include "backend/int8_attention_math.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 
@@ -109,34 +111,42 @@ Pair make(int64_t n, int64_t H, uint32_t seed, bool outliers, bool block_amplitu
   return p;
 }
 
-// Huge scores (contract v4, docs/int8-attention.md §4.2): K = +-B + noise (a random sign per
-// key, B's channels 4 .. 8 in size: K's centre stays near 0), q row r = lambda_r B + noise with
-// lambda_r 16, 64, 0.5, -16 by row. Rows of |sT| from about 10^4 to 4 10^4 (log2 units, far
-// above 4096: the kernels' clamped branch, x may pass kP8Top by a few ulps of |sT|) with many
-// keys of a tile near its maximum, and rows of ordinary scores in the same warps.
-std::pair<Pair, Pair> make_huge(int64_t Mq, int64_t Mk, int64_t H, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> mag(4.0f, 8.0f), noise(-0.25f, 0.25f);
-  std::vector<float> B(static_cast<size_t>(H * 128));
-  for (float& b : B) b = (rng() & 1 ? 1.0f : -1.0f) * mag(rng);
-  const float lambda[4] = {16.0f, 64.0f, 0.5f, -16.0f};
-  const auto upload = [&](int64_t n, const auto& value) {
+// Huge scores with near-ties (contract v4, docs/int8-attention.md §4.4), built in the rotated
+// domain as tests/test_attention_int8.cpp's make_huge_scores (R = H D, R^-1 = D H / 128):
+// key 2i has rotated row 2 (127 (e_0 + .. + e_63) + delta_i e_m), key 2i + 1 its negation (K's
+// centre is 0), delta_i = i % 11 - 5, m = 65 + h % 63; query r has f_r (127 (e_0 + .. + e_63) +
+// beta_r e_m), f_r = 128, 2^-6, -128 by row, beta_r 1..3. So k8 = +-(127 x 64, delta), q8 =
+// (127 x 64, beta), d = +-(16129 64 + beta delta): rows of |sT| ~ 2.6e5 (log2 units; v3's form
+// there) with keys 0.25 beta units apart (many p8 between 1 and 254 in a tile), and rows of
+// ordinary scores (|sT| ~ 30, the one-FFMA form) in the same warps: a kernel takes both forms
+// per row there. On the CPU the one-FFMA form at every |sT| changes many of these outputs
+// (test_attention_int8: HugeScoresEqualTheScalarStatement).
+std::pair<Pair, Pair> make_huge(int64_t Mq, int64_t Mk, int64_t H) {
+  const auto upload = [&](int64_t rows, const auto& scale, const auto& y1) {
     Pair p;
-    p.host.resize(static_cast<size_t>(n * H * 128));
-    for (int64_t r = 0; r < n; ++r) {
-      const float f = value(r);
-      for (int64_t i = 0; i < H * 128; ++i)
-        p.host[static_cast<size_t>(r * H * 128 + i)] = f32_to_bf16(f * B[static_cast<size_t>(i)] + noise(rng));
-    }
-    p.h = TensorView(p.host.data(), DType::bf16, {n, H, 128});
-    auto d = env()->arena->alloc(DType::bf16, {n, H, 128}, "test bf16");
+    p.host.resize(static_cast<size_t>(rows * H * 128));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t m = 65 + h % 63;
+        for (int64_t c = 0; c < 128; ++c) {
+          const double hm = (std::popcount(static_cast<uint64_t>(m & c)) % 2) != 0 ? -1.0 : 1.0;
+          const double y = (c % 64 == 0 ? 127.0 * 64.0 : 0.0) + hm * y1(r);
+          const double sign = i8a::negative_sign(static_cast<int>(c)) ? -1.0 : 1.0;
+          p.host[static_cast<size_t>((r * H + h) * 128 + c)] = f32_to_bf16(static_cast<float>(scale(r) * sign * y / 128.0));
+        }
+      }
+    p.h = TensorView(p.host.data(), DType::bf16, {rows, H, 128});
+    auto d = env()->arena->alloc(DType::bf16, {rows, H, 128}, "test bf16");
     LS_CHECK(d.ok());
     p.d = *d;
     LS_CHECK(env()->cuda->copy(p.d, p.h).ok());
     return p;
   };
-  Pair q = upload(Mq, [&](int64_t r) { return lambda[r % 4]; });
-  Pair k = upload(Mk, [&](int64_t) { return rng() & 1 ? 1.0f : -1.0f; });
+  const double f[3] = {128.0, 0x1p-6, -128.0};
+  Pair q = upload(
+      Mq, [&](int64_t r) { return f[r % 3]; }, [](int64_t r) { return static_cast<double>(1 + r % 3); });
+  Pair k = upload(
+      Mk, [](int64_t j) { return j % 2 == 0 ? 2.0 : -2.0; }, [](int64_t j) { return static_cast<double>((j / 2) % 11 - 5); });
   return {std::move(q), std::move(k)};
 }
 
@@ -313,17 +323,17 @@ TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
   }
 }
 
-// Contract v4's score at huge scores (make_huge: |sT| >= 4096 in most rows, ordinary rows in
-// the same warps): the kernels take the clamped branch there (x = fminf(x, kP8Top) on the fast
-// p8 path, whose byte would wrap above log2(255.5); the table path saturates by itself). The
-// CPU's bytes, for one call and for streamed chunks of 256 keys carrying the state; every
-// output finite. H 2: the portable kernel; H 4: the Hopper one under auto on sm_90.
+// Contract v4's score at huge scores (make_huge: |sT| >= 4096 in two rows of three, ordinary
+// rows in the same warps): v3's form for the rows of |sT| >= 4096, the one-FFMA form for the
+// others, so a warp takes both forms per row. The CPU's bytes, for one call and for streamed
+// chunks of 256 keys carrying the state; every output finite. H 2: the portable kernel; H 4:
+// the Hopper one under auto on sm_90.
 TEST_P(Int8Kernel, HugeScoresEqualTheCpuReferenceBytes) {
   NEED_GPU();
   for (const auto& [Mq, Mk, H] :
        std::vector<std::tuple<int64_t, int64_t, int64_t>>{{200, 700, 2}, {200, 700, 4}, {130, 129, 4}}) {
     SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk) + " H " + std::to_string(H));
-    auto [q, k] = make_huge(Mq, Mk, H, 51);
+    auto [q, k] = make_huge(Mq, Mk, H);
     Pair v = make(Mk, H, 53, false);
     Keys K = keys_for(Mk, H);
     ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
