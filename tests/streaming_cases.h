@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -208,8 +209,14 @@ struct KnobDraw {
   exec::Residency res;
   exec::PlanKnobs k;
 };
+// The unit of a K/V chunk (shorter than S): whole kv_tile tiles, and with attention int8 whole
+// 128-key tiles too (contract v4: keys are prepared chunk by chunk, and K's scale groups lie
+// in 128-key tiles; exec::resolve_kv_chunk refuses other int8 chunks).
+inline int64_t kv_chunk_unit(int64_t kv_tile, bool int8) {
+  return int8 ? std::lcm(kv_tile, kInt8KeyGroupTile) : kv_tile;
+}
 inline KnobDraw draw_knobs(std::mt19937_64& rng, int v, int64_t S, int64_t L, int64_t tr, int64_t kv_tile,
-                           bool pin_edge_residency) {
+                           bool pin_edge_residency, bool int8 = false) {
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   KnobDraw d;
   d.res.resident_blocks = pick(0, 2) == 0 ? -1 : pick(0, L);
@@ -230,8 +237,8 @@ inline KnobDraw draw_knobs(std::mt19937_64& rng, int v, int64_t S, int64_t L, in
     if (pin_edge_residency) d.res.resident_blocks = v == 0 ? 0 : -1;
   }
   if (k.kv_offload) {
-    const int64_t tiles = (S + kv_tile - 1) / kv_tile;
-    k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : kv_tile * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
+    const int64_t unit = kv_chunk_unit(kv_tile, int8), tiles = (S + unit - 1) / unit;
+    k.kv_chunk_rows = pick(0, 3) == 0 ? 0 : unit * pick(1, std::max<int64_t>(1, std::min<int64_t>(tiles, 4)));
   }
   return d;
 }
@@ -249,7 +256,7 @@ inline void check_knob_draws(const h3::H3TensorSource& src, StreamingCase& c, Ba
   const int64_t S = stock.sizes.S, L = c.cfg.num_layers, tr = stock.sizes.target_rows;
   std::mt19937_64 rng(seed * 31 + 7);
   for (int v = 0; v < variants; ++v) {
-    const KnobDraw d = draw_knobs(rng, v, S, L, tr, c.kv_tile, /*pin_edge_residency=*/true);
+    const KnobDraw d = draw_knobs(rng, v, S, L, tr, c.kv_tile, /*pin_edge_residency=*/true, runs_int8(be));
     auto p = exec::make_plan(c.cfg, c.cond, d.k);
     ASSERT_TRUE(p.ok()) << p.error().message;
     expect_same(ref, run_streaming_on(src, c, be, d.res, *p), knobs_what(d.res, *p));
@@ -269,7 +276,8 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
   const int64_t S = stock->sizes.S, L = c.cfg.num_layers;
   std::mt19937_64 rng(seed * 31 + 7);
   for (int v = 0; v < variants; ++v) {
-    KnobDraw d = draw_knobs(rng, v, S, L, stock->sizes.target_rows, c.kv_tile, /*pin_edge_residency=*/false);
+    KnobDraw d =
+        draw_knobs(rng, v, S, L, stock->sizes.target_rows, c.kv_tile, /*pin_edge_residency=*/false, runs_int8(*be));
     exec::Residency& res = d.res;
     exec::PlanKnobs& k = d.k;
     // Always covered too, the overlaps (pass 1 attends the first query slice against each
@@ -278,13 +286,14 @@ inline void check_streaming_knobs(uint64_t seed, const std::string& device, int6
     //   v = 2: one K/V chunk (all rows) and one query slice (no pass-2 reload), residual on device
     //   v = 3: chunks of one tile (several chunks), one query slice, residual offloaded
     //   v = 4: chunks of one tile, 1-row query slices (every slice reloads), residual on device
+    //   (int8: a tile of at least 128 keys, kv_chunk_unit)
     //   v = 5: one chunk, several query slices, residual offloaded, 1-row MLP and head slices
     //   v = 6: residual offload alone (K, V on the device), slices of a third of the rows
     if (v >= 2 && v <= 6) {
       k.kv_offload = v != 6;
       k.residual_offload = v == 3 || v == 5 || v == 6;
       const bool one_chunk = v == 2 || v == 5;
-      k.kv_chunk_rows = !k.kv_offload ? 0 : one_chunk ? S : std::min(S, c.kv_tile);
+      k.kv_chunk_rows = !k.kv_offload ? 0 : one_chunk ? S : std::min(S, kv_chunk_unit(c.kv_tile, runs_int8(*be)));
       k.attn_chunk_tokens = v == 2 || v == 3 ? S : v == 4 ? 1 : std::max<int64_t>(1, S / 3);
       k.mlp_chunk_tokens = v == 5 ? 1 : std::max<int64_t>(1, S / 3);
       k.final_chunk_tokens = v == 5 ? 1 : 0;

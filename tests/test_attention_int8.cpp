@@ -1,36 +1,41 @@
 // INT8 attention on the CPU reference (AttentionAlgorithm::int8; docs/int8-attention.md,
-// backend.h; contract v3: statistics per absolute block of kInt8StatBlock = 4096 keys).
+// backend.h; contract v3: statistics per absolute block of kInt8StatBlock = 4096 keys;
+// contract v4: K's scale per key group (j / 128, j % 8), the score as one FFMA).
 // What is checked:
 //  - the element arithmetic (int8_attention_math.h) on hand-computed values: exp2e, the
 //    p8 threshold table of contract v2 (sorted, its steps, near correctly rounded 2^x),
 //    the quantiser, the division-free quotient, the rotation's (Rx).(Ry) = Dh x.y;
 //  - a 1-key case computed by hand, and the whole op memcmp-equal to a plain scalar
-//    statement of the spec written here (its own statistics, all scores stored, no
-//    chunking, one thread), over one statistics block and over 2-4 blocks (Mk 4097 ..
-//    12289, kv_tile 1 .. 4096) with V's scale differing strongly per block and K shifted
-//    per block: the V-scale table (sv_b, rho_b) equal to the scalar's, and the scalar's
-//    output without the rho rescale, or with K's centre over all keys, NOT equal (the
-//    cases exercise what v3 adds);
+//    statement of the spec written here (its own statistics, group scales, all scores
+//    stored, no chunking, one thread; the output, k8, sk and the V-scale table), over one
+//    statistics block and over 2-4 blocks (Mk 4097 .. 12289, kv_tile 1 .. 4096) with V's
+//    scale differing strongly per block and K shifted per block; the scalar's output
+//    without the rho rescale, with K's centre over all keys, or with v3's per-key K scale
+//    NOT equal (the cases exercise what v3 and v4 add), and v3's score form giving other
+//    bytes somewhere; at huge scores (|sT| >= 4096: v3's form there, both forms in a GPU
+//    warp) the scalar's bytes, finite, and the one-FFMA form everywhere other bytes;
 //  - the statistics (K's extremes over block 0, max |v| per block) by a direct count;
 //  - plan invariance (memcmp): statistics accumulated over any slicing in any order
-//    (slices crossing block boundaries), prepare per key chunk with its k0 (chunks
-//    crossing blocks; statistics complete only up to the chunk's block) equal to one
-//    prepare, the V-scale rows of other blocks untouched, query slicings (a last slice of
-//    1 row), streamed key chunks carrying the fp32 state (each prepared on its own with
-//    its k0; chunks crossing blocks), slices of one prepared set, kv_tile 64 and 288
-//    (longer than the reference's 256-key walk) within a block, 64 and 4096 (a tile = a
-//    block) across blocks; sizes Mk = 1, 97, 1025, 9000;
+//    (slices crossing block boundaries), prepare per key chunk with its k0 (whole 128-key
+//    tiles, contract v4; chunks crossing blocks; statistics complete only up to the chunk's
+//    block) equal to one prepare, the V-scale rows of other blocks untouched, a prepare in
+//    pieces into slices of one buffer equal to one prepare, query slicings (a last slice of
+//    1 row), streamed key chunks carrying the fp32 state (each prepared on its own over its
+//    whole key groups; chunks off the 128 grid and crossing blocks), slices of one prepared
+//    set, kv_tile 64 and 288 (longer than the reference's 256-key walk) within a block, 64
+//    and 4096 (a tile = a block) across blocks; sizes Mk = 1, 97, 1025, 9000;
 //  - accuracy against float64 attention with outlier channels in K (a bound, and worse
 //    than bf16's), over one block and over 3 blocks with V's scale per block 1, 8, 1/4
 //    (comparable errors);
-//  - the refusals: head dim, scale, kv_tile, backend without int8, a call crossing a block
-//    boundary with a kv_tile not dividing 4096 or a first key not a multiple of kv_tile
-//    (kv_tile 300 within one block is fine), and (death tests: a failed internal check)
-//    keys past the statistics' or the V-scale table's blocks, or a V-scale table and
-//    statistics of different block counts.
+//  - the refusals: head dim, scale, kv_tile, backend without int8, a prepare from a k0 off
+//    the 128-key tiles (contract v4), a call crossing a block boundary with a kv_tile not
+//    dividing 4096 or a first key not a multiple of kv_tile (kv_tile 300 within one block is
+//    fine), and (death tests: a failed internal check) keys past the statistics' or the
+//    V-scale table's blocks, or a V-scale table and statistics of different block counts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -128,6 +133,24 @@ void prepare_all(const Inputs& in, const TensorView& stats, const Int8Keys& keys
   ASSERT_TRUE(cpu()->int8_key_stats(in.k, in.v, stats, 0, true).ok());
   ASSERT_TRUE(cpu()->int8_prepare(in.k, in.v, stats, keys).ok());
 }
+
+// A streamed chunk's keys [c0, c1) of a sequence of S keys, prepared on their own: contract
+// v4's prepare covers whole key groups, so the keys [a, b) around the chunk (a = c0 rounded
+// down to a multiple of 128, b = c1 rounded up to one or S) go into their own buffer with
+// k0 = a (its own V-scale table), and the chunk is its slice (k0 = c0).
+struct ChunkKeys {
+  ChunkKeys(const Inputs& in, const TensorView& stats, int64_t c0, int64_t c1, int64_t S)
+      : a(c0 / kInt8KeyGroupTile * kInt8KeyGroupTile),
+        b(std::min(S, (c1 + kInt8KeyGroupTile - 1) / kInt8KeyGroupTile * kInt8KeyGroupTile)),
+        buf(b - a, in.k.view().size(1), in.k.view().size(2), a, S) {
+    ok = cpu()->int8_prepare(in.k.view().slice_rows(a, b), in.v.view().slice_rows(a, b), stats, buf.keys).ok();
+    keys = buf.keys.slice(c0 - a, c1 - a);
+  }
+  int64_t a, b;
+  KeysBuf buf;
+  Int8Keys keys;
+  bool ok = false;
+};
 
 Status attend(const TensorView& q, const Int8Keys& keys, const TensorView& out, int64_t kv_tile) {
   AttentionParams p;
@@ -372,23 +395,37 @@ TEST(Int8Attention, RefusesANegativeOrNonFiniteScale) {
 }
 
 // Mistakes the scalar statement makes on request: a case whose output does not change under
-// one would not test what contract v3 adds.
-enum class Mistake { none, no_rescale, mu_over_all_keys };
+// one would not test what the contract adds: v3's rho rescale and K's centre over block 0,
+// and v4's K scale per key group (per_key_scale: v3's prepare, a scale per key row) and v4's
+// score (v3_score: v3's x = fmaf(a, fl32(u_j - mu_T), kP8Top) at every |sT|; fma_everywhere:
+// the one-FFMA form at |sT| >= 4096 too, where v4 keeps v3's).
+enum class Mistake { none, no_rescale, mu_over_all_keys, per_key_scale, v3_score, fma_everywhere };
 
 struct ScalarResult {
   std::vector<uint16_t> out;  // bf16 [Mq, H, Dh]
   std::vector<float> vs;      // f32 [NB, 2, H, Dh]: sv_b, rho_b
+  std::vector<float> sk;      // f32 [Mk, H]: the key scales (per key group, stored per key)
+  std::vector<int8_t> k8;     // i8 [Mk, H, Dh]
+  int64_t big_tiles = 0;      // (query, tile) pairs with |sT| >= 4096 (v3's form)
+  int64_t above_top = 0;      // scores with x > kP8Top (p8 = 255 by saturation)
 };
 
-// The spec of docs/int8-attention.md §3-4 (contract v2's arithmetic) with contract v3's
-// statistics blocks, written plainly: per head, K's centre mu over the keys of block 0 (keys
-// < 4096), per block b sv_b = row_scale(max |v| over block b's keys) and rho_b = sv_{b-1} /
-// sv_b (rho_0 = 1), V of key j quantised with the sv of j's block; every key row, every
-// score of a tile stored, p8 by counting the thresholds, sums in key order, acc rescaled by
-// rho_b before folding the tile that starts block b, the output by the last key's block's
-// sv; one query at a time. kv_tile must divide 4096 where Mk > 4096 (tiles from key 0).
-// (-ffp-contract=off: every a * b + c below is two roundings; the contract's fused steps
-// are std::fmaf.)
+// The key groups of contract v4, stated here for the scalar statement.
+constexpr int64_t kGroupTile = 128, kGroupStride = 8;
+static_assert(kGroupTile == kInt8KeyGroupTile && kGroupStride == kInt8KeyGroupStride);
+
+// The spec of docs/int8-attention.md §3-4 (contract v2's arithmetic, v3's statistics blocks,
+// v4's key groups and score), written plainly: per head, K's centre mu over the keys of block
+// 0 (keys < 4096), per block b sv_b = row_scale(max |v| over block b's keys) and rho_b =
+// sv_{b-1} / sv_b (rho_0 = 1), V of key j quantised with the sv of j's block; K's row y_j =
+// R(k_j - mu), e_j = max_c |y_jc|, sk_j = row_scale(max of e over j's group (j / 128, j % 8)),
+// k8_j = quant(y_j, sk_j); every score of a tile stored: d_j the integer dot product, u_j =
+// fl32(sk_j d_j), mu_T = max u_j, sT = fl32(a mu_T), where |sT| < 4096 x_j = fmaf(fl32(a sk_j),
+// d_j, fl32(kP8Top - sT)) (may pass kP8Top), else v3's x_j = fmaf(a, fl32(u_j - mu_T), kP8Top);
+// p8 by counting the thresholds (255 for every x >= theta_255); sums in key order, acc rescaled by rho_b before folding the tile that starts block
+// b, the output by the last key's block's sv; one query at a time. kv_tile must divide 4096
+// where Mk > 4096 (tiles from key 0). (-ffp-contract=off: every a * b + c below is two
+// roundings; the contract's fused steps are std::fmaf.)
 ScalarResult scalar_reference(const Inputs& in, int64_t kv_tile, Mistake mistake = Mistake::none) {
   const TensorView &q = in.q.view(), &k = in.k.view(), &v = in.v.view();
   const int64_t Mq = q.size(0), Mk = k.size(0), H = q.size(1), Dh = q.size(2);
@@ -397,17 +434,17 @@ ScalarResult scalar_reference(const Inputs& in, int64_t kv_tile, Mistake mistake
   ScalarResult res;
   res.out.resize(static_cast<size_t>(Mq * H * Dh));
   res.vs.resize(static_cast<size_t>(NB * 2 * H * Dh));
+  res.sk.resize(static_cast<size_t>(Mk * H));
+  res.k8.resize(static_cast<size_t>(Mk * H * Dh));
   auto at = [&](const TensorView& t, int64_t r, int64_t h, int64_t c) {
     return static_cast<float>(test::get(t, (r * H + h) * Dh + c));
   };
-  auto quant_row = [&](std::vector<float> y, std::vector<int>* x8) {
+  // Rotates y in place; returns max |y| (the inputs are finite: no NaN to ignore).
+  auto rotate_amax = [&](std::vector<float>& y) {
     i8a::rotate(y.data(), static_cast<int>(Dh));
     float amax = 0;
     for (float e : y) amax = std::max(amax, std::fabs(e));
-    const float s = i8a::row_scale(amax);
-    x8->resize(y.size());
-    for (size_t c = 0; c < y.size(); ++c) (*x8)[c] = i8a::quant(y[c], s);
-    return s;
+    return amax;
   };
   for (int64_t h = 0; h < H; ++h) {
     std::vector<float> mu(Dh);
@@ -428,36 +465,62 @@ ScalarResult scalar_reference(const Inputs& in, int64_t kv_tile, Mistake mistake
         res.vs[static_cast<size_t>(((2 * blk + 1) * H + h) * Dh + c)] = rho[blk][c];
       }
     }
+    // K: the rotated, centred rows and their max |y|, then the group scales, then k8.
+    std::vector<std::vector<float>> yk(Mk, std::vector<float>(Dh));
+    std::vector<float> e(Mk);
+    for (int64_t j = 0; j < Mk; ++j) {
+      for (int64_t c = 0; c < Dh; ++c) yk[j][c] = at(k, j, h, c) - mu[c];
+      e[j] = rotate_amax(yk[j]);
+    }
     std::vector<std::vector<int>> k8(Mk), v8(Mk);
     std::vector<float> sk(Mk);
     for (int64_t j = 0; j < Mk; ++j) {
-      std::vector<float> y(Dh);
-      for (int64_t c = 0; c < Dh; ++c) y[c] = at(k, j, h, c) - mu[c];
-      sk[j] = quant_row(y, &k8[j]);
+      float g = e[j];
+      if (mistake != Mistake::per_key_scale)
+        for (int64_t i = j / kGroupTile * kGroupTile + j % kGroupStride; i < std::min(Mk, (j / kGroupTile + 1) * kGroupTile);
+             i += kGroupStride)
+          g = std::max(g, e[i]);
+      sk[j] = i8a::row_scale(g);
+      res.sk[static_cast<size_t>(j * H + h)] = sk[j];
+      k8[j].resize(Dh);
       v8[j].resize(Dh);
-      for (int64_t c = 0; c < Dh; ++c) v8[j][c] = i8a::quant(at(v, j, h, c), sv[j / kBlock][c]);
+      for (int64_t c = 0; c < Dh; ++c) {
+        k8[j][c] = i8a::quant(yk[j][c], sk[j]);
+        res.k8[static_cast<size_t>((j * H + h) * Dh + c)] = static_cast<int8_t>(k8[j][c]);
+        v8[j][c] = i8a::quant(at(v, j, h, c), sv[j / kBlock][c]);
+      }
     }
     for (int64_t i = 0; i < Mq; ++i) {
       std::vector<float> y(Dh);
       for (int64_t c = 0; c < Dh; ++c) y[c] = at(q, i, h, c);
-      std::vector<int> q8;
-      const float a = quant_row(y, &q8) * cs;
+      const float sq = i8a::row_scale(rotate_amax(y));
+      std::vector<int> q8(Dh);
+      for (int64_t c = 0; c < Dh; ++c) q8[c] = i8a::quant(y[c], sq);
+      const float a = sq * cs;
       float m = -INFINITY, l = 0;
       std::vector<float> acc(Dh, 0.0f);
       for (int64_t t0 = 0; t0 < Mk; t0 += kv_tile) {
         const int64_t t1 = std::min(Mk, t0 + kv_tile);
+        std::vector<int> d(t1 - t0);
         std::vector<float> u(t1 - t0);
         float mu_t = -INFINITY;
         for (int64_t j = t0; j < t1; ++j) {
-          int d = 0;
-          for (int64_t c = 0; c < Dh; ++c) d += q8[c] * k8[j][c];
-          u[j - t0] = sk[j] * static_cast<float>(d);
+          int dj = 0;
+          for (int64_t c = 0; c < Dh; ++c) dj += q8[c] * k8[j][c];
+          d[j - t0] = dj;
+          u[j - t0] = sk[j] * static_cast<float>(dj);
           mu_t = std::max(mu_t, u[j - t0]);
         }
+        const float sT = a * mu_t;
+        res.big_tiles += std::fabs(sT) >= 4096.0f;
+        const bool one_fma = mistake == Mistake::fma_everywhere || (mistake != Mistake::v3_score && std::fabs(sT) < 4096.0f);
+        const float b_t = i8a::kP8Top - sT;
         long lt = 0;
         std::vector<long> ot(Dh, 0);
         for (int64_t j = t0; j < t1; ++j) {
-          const float x = std::fmaf(a, u[j - t0] - mu_t, i8a::kP8Top);
+          const float x = one_fma ? std::fmaf(a * sk[j], static_cast<float>(d[j - t0]), b_t)
+                                  : std::fmaf(a, u[j - t0] - mu_t, i8a::kP8Top);
+          res.above_top += x > i8a::kP8Top;
           int p = 0;
           for (uint32_t tb : i8a::kP8ThresholdBits) p += float_of(tb) <= x;
           lt += p;
@@ -466,7 +529,6 @@ ScalarResult scalar_reference(const Inputs& in, int64_t kv_tile, Mistake mistake
         // acc from block b - 1's units of V to block b's where this tile starts block b.
         if (mistake != Mistake::no_rescale && t0 > 0 && t0 % kBlock == 0)
           for (int64_t c = 0; c < Dh; ++c) acc[c] = acc[c] * rho[t0 / kBlock][c];
-        const float sT = a * mu_t;
         const float m_new = std::max(m, sT);
         const float alpha = m == -INFINITY ? 0.0f : i8a::exp2e(m - m_new);
         const float beta = i8a::exp2e(sT - m_new);
@@ -488,6 +550,7 @@ TEST(Int8Attention, EqualsTheScalarStatementOfTheSpec) {
   };
   // One statistics block (v2's bytes), then 2-4 blocks: a tile of 64, a last block of one
   // key, a tile = a block, a tile of one key.
+  int64_t v3_score_differ = 0, above_top = 0;
   for (const Case& c : {Case{5, 700, 2, 64, 300}, Case{3, 97, 1, 16, 1024}, Case{2, 1, 2, 8, 7},
                         Case{4, 260, 1, 128, 64}, Case{3, 9000, 1, 16, 64}, Case{3, 4097, 2, 8, 128},
                         Case{2, 8192, 1, 16, 4096}, Case{2, 12289, 1, 16, 1}}) {
@@ -505,8 +568,23 @@ TEST(Int8Attention, EqualsTheScalarStatementOfTheSpec) {
     EXPECT_EQ(std::memcmp(out.data(), want.out.data(), want.out.size() * 2), 0);
     ASSERT_EQ(kb.vs.bytes(), want.vs.size() * 4);
     EXPECT_EQ(std::memcmp(kb.vs.data(), want.vs.data(), kb.vs.bytes()), 0);
+    ASSERT_EQ(static_cast<size_t>(kb.keys.sk.numel()), want.sk.size());
+    EXPECT_EQ(std::memcmp(kb.keys.sk.data, want.sk.data(), want.sk.size() * 4), 0);
+    ASSERT_EQ(static_cast<size_t>(kb.keys.k8.numel()), want.k8.size());
+    EXPECT_EQ(std::memcmp(kb.keys.k8.data, want.k8.data(), want.k8.size()), 0);
     EXPECT_GT(test::count_nonzero(out), c.Mq * c.H * c.Dh / 2);
     EXPECT_TRUE(kb.buf.guards_intact() && kb.vs.guards_intact() && out.guards_intact() && stats.guards_intact());
+    // Contract v4: the group scale matters wherever a group has more than one key (v3's
+    // per-key scale gives other bytes); the one-FFMA score against v3's form changes a p8 only
+    // now and then at ordinary scores (counted over the cases, below).
+    if (c.Mk > kGroupStride) {
+      const ScalarResult per_key = scalar_reference(in, c.kv_tile, Mistake::per_key_scale);
+      EXPECT_NE(std::memcmp(want.sk.data(), per_key.sk.data(), want.sk.size() * 4), 0);
+      EXPECT_NE(std::memcmp(out.data(), per_key.out.data(), per_key.out.size() * 2), 0) << "per-key K scale";
+    }
+    const ScalarResult v3 = scalar_reference(in, c.kv_tile, Mistake::v3_score);
+    for (size_t i = 0; i < v3.out.size(); ++i) v3_score_differ += v3.out[i] != static_cast<const uint16_t*>(out.data())[i];
+    above_top += want.above_top;
     if (!blocks) continue;
     // The rescale and block 0's centre matter here: rho_b != 1 in most channels of the blocks
     // b > 0, and the scalar statement without the rescale, or centred over all keys, gives
@@ -520,6 +598,86 @@ TEST(Int8Attention, EqualsTheScalarStatementOfTheSpec) {
       const ScalarResult wrong = scalar_reference(in, c.kv_tile, m);
       EXPECT_NE(std::memcmp(out.data(), wrong.out.data(), wrong.out.size() * 2), 0) << static_cast<int>(m);
     }
+  }
+  // v4's x may pass kP8Top (p8 255 by saturation) even at ordinary scores, and v3's score form
+  // gives other bytes somewhere in these cases.
+  std::printf("[ info ] over the cases: %lld scores x > kP8Top; v3's score form: %lld outputs differ\n",
+              static_cast<long long>(above_top), static_cast<long long>(v3_score_differ));
+  EXPECT_GT(above_top, 0);
+  EXPECT_GT(v3_score_differ, 0);
+}
+
+// Inputs with huge scores and near-ties among them, built in the rotated domain (R = H D,
+// i8a::rotate; R^-1 = D H / Dh; n = Dh / 2): key 2i has rotated row 2 (127 (e_0 + .. +
+// e_{n-1}) + delta_i e_m), key 2i + 1 its negation (K's centre is 0), delta_i = i % 11 - 5,
+// m = n + 1 + h % (n - 1); query r has f_r (127 (e_0 + .. + e_{n-1}) + beta_r e_m), f_r = 64,
+// 2^-6, -64 by row, beta_r 1..3. bf16 keeps everything but delta, beta in channels 0 and n
+// (a change below 0.2 in every rotated channel), so k8 = +-(127 x n, delta), q8 = (127 x n,
+// beta) and d = +-(16129 n + beta delta): at f = +-64 |sT| ~ 1.9e5 (log2 units, Dh 64) with
+// keys 0.37 beta units apart (many p8 between 1 and 254 in a tile; the one-FFMA form's
+// cancellation there is up to 2^-24 4 |sT| ~ 0.05), at 2^-6 ordinary scores (|sT| ~ 45).
+void make_huge_scores(Inputs& in) {
+  const int64_t Mq = in.q.view().size(0), Mk = in.k.view().size(0), H = in.k.view().size(1), Dh = in.k.view().size(2);
+  const int64_t n = Dh / 2;
+  // x = scale D H y / Dh for y = y0 (e_0 + .. + e_{n-1}) + y1 e_m: sum_{i<n} (-1)^popcount(i & c)
+  // is n where c % n == 0, else 0.
+  const auto unrotate = [&](TensorView t, int64_t row, int64_t h, double scale, double y0, double y1) {
+    const int64_t m = n + 1 + h % (n - 1);
+    for (int64_t c = 0; c < Dh; ++c) {
+      const double hm = (std::popcount(static_cast<uint64_t>(m & c)) % 2) != 0 ? -1.0 : 1.0;
+      const double y = (c % n == 0 ? y0 * static_cast<double>(n) : 0.0) + hm * y1;
+      const double sign = i8a::negative_sign(static_cast<int>(c)) ? -1.0 : 1.0;
+      test::set(t, (row * H + h) * Dh + c, scale * sign * y / static_cast<double>(Dh));
+    }
+  };
+  for (int64_t j = 0; j < Mk; ++j)
+    for (int64_t h = 0; h < H; ++h)
+      unrotate(in.k.view(), j, h, j % 2 == 0 ? 2.0 : -2.0, 127.0, static_cast<double>((j / 2) % 11 - 5));
+  const double f[3] = {64.0, 0x1p-6, -64.0};
+  for (int64_t r = 0; r < Mq; ++r)
+    for (int64_t h = 0; h < H; ++h) unrotate(in.q.view(), r, h, f[r % 3], 127.0, static_cast<double>(1 + r % 3));
+}
+
+// Contract v4's score at huge scores: where |sT| >= 4096 (i8a::kScoreFmaLimit) the one-FFMA
+// form's cancellation could lose the maximum's 255, so those (row, tile) pairs take v3's form
+// (the CUDA kernels take both forms per row in a warp that has such a row). On the CPU, rows
+// of both kinds (make_huge_scores): the scalar statement's bytes, every output
+// finite; the one-FFMA form at every |sT| gives other bytes (so the rows above 4096 test the
+// switch), and scores x > kP8Top occur in the one-FFMA rows.
+TEST(Int8Attention, HugeScoresEqualTheScalarStatement) {
+  static_assert(i8a::kScoreFmaLimit == 4096.0f);
+  for (const int64_t tile : {int64_t{128}, int64_t{64}}) {
+    SCOPED_TRACE("kv_tile " + std::to_string(tile));
+    const int64_t Mq = 8, Mk = 700, H = 2, Dh = 64;
+    Inputs in(Mq, Mk, H, Dh, 61, false);
+    make_huge_scores(in);
+    HostTensor stats(DType::f32, {3, H, Dh}), out(DType::bf16, {Mq, H, Dh});
+    KeysBuf kb(Mk, H, Dh);
+    prepare_all(in, stats, kb.keys);
+    ASSERT_TRUE(attend(in.q, kb.keys, out, tile).ok());
+    const ScalarResult want = scalar_reference(in, tile);
+    EXPECT_EQ(std::memcmp(out.data(), want.out.data(), want.out.size() * 2), 0);
+    EXPECT_EQ(std::memcmp(kb.keys.sk.data, want.sk.data(), want.sk.size() * 4), 0);
+    int64_t finite = 0;
+    for (int64_t i = 0; i < out.view().numel(); ++i) finite += std::isfinite(test::get(out, i));
+    EXPECT_EQ(finite, Mq * H * Dh);
+    EXPECT_GT(test::count_nonzero(out), Mq * H * Dh / 2);
+    const int64_t tiles = (Mk + tile - 1) / tile;
+    const auto differ = [&](Mistake m) {
+      const ScalarResult r = scalar_reference(in, tile, m);
+      int64_t n = 0;
+      for (size_t i = 0; i < r.out.size(); ++i) n += r.out[i] != want.out[i];
+      return n;
+    };
+    const int64_t fma_all = differ(Mistake::fma_everywhere), v3 = differ(Mistake::v3_score);
+    std::printf("[ info ] kv_tile %lld: %lld of %lld (query, tile) pairs with |sT| >= 4096, %lld scores x > kP8Top; "
+                "of %zu outputs, the one-FFMA form everywhere changes %lld, v3's form everywhere %lld\n",
+                static_cast<long long>(tile), static_cast<long long>(want.big_tiles),
+                static_cast<long long>(Mq * H * tiles), static_cast<long long>(want.above_top), want.out.size(),
+                static_cast<long long>(fma_all), static_cast<long long>(v3));
+    EXPECT_GE(want.big_tiles, Mq / 2 * H * tiles);  // the rows of f = +-64
+    EXPECT_LT(want.big_tiles, Mq * H * tiles);      // and those of 2^-6
+    EXPECT_GT(fma_all, 0);
   }
 }
 
@@ -537,8 +695,11 @@ TEST(Int8Attention, StatisticsAndPrepareAreSliceInvariant) {
                                       in.v.view().slice_rows(cuts[i], cuts[i + 1]), sliced, cuts[i], i == 0)
                     .ok());
   EXPECT_TRUE(test::same_bytes(whole, sliced));
-  // Prepare per chunk (keys [a, b) into a chunk's own buffer) = the chunk's bytes of one prepare.
-  for (const auto& [a, b] : std::vector<std::pair<int64_t, int64_t>>{{0, 512}, {512, 1024}, {1024, 1025}, {96, 97}}) {
+  // Prepare per chunk (keys [a, b) into a chunk's own buffer) = the chunk's bytes of one
+  // prepare. Contract v4: a chunk covers whole key groups, from a multiple of 128 to a
+  // multiple of 128 or the sequence's end (a last chunk of 1 key, one of 1 tile).
+  for (const auto& [a, b] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 512}, {512, 1024}, {1024, 1025}, {128, 256}, {896, 1025}}) {
     KeysBuf part(b - a, H, Dh, a);
     ASSERT_TRUE(cpu()->int8_prepare(in.k.view().slice_rows(a, b), in.v.view().slice_rows(a, b), sliced, part.keys).ok());
     EXPECT_TRUE(test::same_bytes(part.keys.k8, all.keys.k8.slice_rows(a, b)));
@@ -551,6 +712,68 @@ TEST(Int8Attention, StatisticsAndPrepareAreSliceInvariant) {
                   0);
   }
   EXPECT_GT(test::count_nonzero(all.keys.k8), Mk * H * Dh / 2);
+}
+
+// Contract v4: a prepare call starts at a multiple of 128 keys (its key groups are whole):
+// another k0 is refused (invalid_argument naming k0 and 128), writing nothing.
+TEST(Int8Attention, PrepareRefusesAFirstKeyOffTheGroupTiles) {
+  const int64_t Mk = 1025, H = 2, Dh = 16;
+  Inputs in(1, Mk, H, Dh, 55);
+  HostTensor stats(DType::f32, {3, H, Dh});
+  ASSERT_TRUE(cpu()->int8_key_stats(in.k, in.v, stats, 0, true).ok());
+  for (const int64_t k0 : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{96}, int64_t{1000}}) {
+    KeysBuf part(Mk - k0, H, Dh, k0);
+    const Status st =
+        cpu()->int8_prepare(in.k.view().slice_rows(k0, Mk), in.v.view().slice_rows(k0, Mk), stats, part.keys);
+    ASSERT_FALSE(st.ok()) << "k0 " << k0;
+    EXPECT_EQ(st.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(st.message().find(std::to_string(k0)), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("128"), std::string::npos) << st.message();
+    EXPECT_EQ(test::count_nonzero(part.keys.k8), 0) << "k0 " << k0;
+    EXPECT_EQ(test::count_nonzero(part.vs), 0) << "k0 " << k0;
+  }
+  for (const int64_t k0 : {int64_t{0}, int64_t{128}, int64_t{1024}}) {
+    KeysBuf part(Mk - k0, H, Dh, k0);
+    EXPECT_TRUE(
+        cpu()->int8_prepare(in.k.view().slice_rows(k0, Mk), in.v.view().slice_rows(k0, Mk), stats, part.keys).ok())
+        << "k0 " << k0;
+  }
+}
+
+// A prepare in pieces of whole 128-key tiles into slices of one buffer (int8 K/V offload's
+// walk; pieces of 1, 2 and 3 tiles, across a statistics block boundary, a last piece ending
+// at the sequence's end) = one prepare, byte for byte: k8, sk, v8t, vs.
+TEST(Int8Attention, PrepareInWholeTilesEqualsOnePrepare) {
+  const int64_t Mk = 4500, H = 2, Dh = 16;
+  Inputs in(1, Mk, H, Dh, 56);
+  skew_blocks(in, kVFactors, kKShift);
+  HostTensor stats(DType::f32, {2 + int8_stat_blocks(Mk), H, Dh});
+  KeysBuf all(Mk, H, Dh), pieces(Mk, H, Dh);
+  prepare_all(in, stats, all.keys);
+  const std::vector<int64_t> cuts = {0, 128, 384, 768, 3968, 4224, 4352, Mk};
+  for (size_t i = 0; i + 1 < cuts.size(); ++i)
+    ASSERT_TRUE(cpu()->int8_prepare(in.k.view().slice_rows(cuts[i], cuts[i + 1]),
+                                    in.v.view().slice_rows(cuts[i], cuts[i + 1]), stats,
+                                    pieces.keys.slice(cuts[i], cuts[i + 1]))
+                    .ok());
+  EXPECT_TRUE(test::same_bytes(pieces.keys.k8, all.keys.k8));
+  EXPECT_TRUE(test::same_bytes(pieces.keys.sk, all.keys.sk));
+  EXPECT_TRUE(test::same_bytes(pieces.vs, all.vs));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t c = 0; c < Dh; ++c)
+      EXPECT_EQ(std::memcmp(pieces.keys.v8t.at(h, c), all.keys.v8t.at(h, c), static_cast<size_t>(Mk)), 0);
+  EXPECT_GT(test::count_nonzero(all.keys.k8), Mk * H * Dh / 2);
+  // The 16 keys of a group share one scale (keys j and j + 8 of one tile, the last partial
+  // tile included), so a piece ending inside a tile (the caller's duty broken) would see a
+  // part of its last groups only.
+  int64_t pairs = 0, same = 0;
+  const float* sk = all.keys.sk.ptr<float>();
+  for (int64_t j = 0; j + kGroupStride < Mk; ++j)
+    if (j / kGroupTile == (j + kGroupStride) / kGroupTile)
+      for (int64_t h = 0; h < H; ++h) ++pairs, same += sk[j * H + h] == sk[(j + kGroupStride) * H + h];
+  EXPECT_EQ(same, pairs);
+  EXPECT_GT(pairs, Mk * H * 14 / 16);
+  EXPECT_TRUE(pieces.buf.guards_intact() && pieces.vs.guards_intact());
 }
 
 TEST(Int8Attention, QuerySlicingsAndKeyChunksGiveTheSameBytes) {
@@ -567,14 +790,14 @@ TEST(Int8Attention, QuerySlicingsAndKeyChunksGiveTheSameBytes) {
       EXPECT_GT(test::count_nonzero(ref), Mq * H * Dh / 2);
       // Query slicings, the last slice 1 row.
       expect_query_slicings(in, kb.keys, ref, tile, {{0, 36, 37}, {0, 1, 2, 19, 37}});
-      // Streamed keys: chunks of whole tiles, each prepared on its own (the offload path), state carried.
+      // Streamed keys: chunks of whole tiles, each prepared on its own (the offload path; the
+      // prepare over the chunk's whole key groups, ChunkKeys), state carried.
       for (const int64_t chunk : {tile, 3 * tile, 1024 / tile * tile}) {
         HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
         for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
           const int64_t c1 = std::min(Mk, c0 + chunk);
-          KeysBuf part(c1 - c0, H, Dh, c0);
-          ASSERT_TRUE(
-              cpu()->int8_prepare(in.k.view().slice_rows(c0, c1), in.v.view().slice_rows(c0, c1), stats, part.keys).ok());
+          const ChunkKeys part(in, stats, c0, c1, Mk);
+          ASSERT_TRUE(part.ok) << "keys [" << part.a << ", " << part.b << ")";
           AttentionParams p;
           p.kv_tile = tile;
           p.state = state;
@@ -664,9 +887,17 @@ TEST(Int8Attention, StatisticsAndPrepareAreSliceInvariantAcrossBlocks) {
     }
   }
   // Prepare per chunk with its k0 (chunks within a block, crossing one or two boundaries,
-  // starting at one, of one key) = the chunk's bytes of one prepare.
-  for (const auto& [a, b] : std::vector<std::pair<int64_t, int64_t>>{
-           {0, 4096}, {4000, 4200}, {4095, 4097}, {4096, 8192}, {4096, 4097}, {8191, 8193}, {8192, Mk}, {17, Mk}}) {
+  // starting at one, of one tile; contract v4: whole key groups, from a multiple of 128 to one
+  // or to the sequence's end) = the chunk's bytes of one prepare.
+  for (const auto& [a, b] : std::vector<std::pair<int64_t, int64_t>>{{0, 4096},
+                                                                     {3968, 4224},
+                                                                     {3968, 8320},
+                                                                     {4096, 8192},
+                                                                     {4096, 4224},
+                                                                     {8064, 8320},
+                                                                     {8192, Mk},
+                                                                     {8960, Mk},
+                                                                     {128, Mk}}) {
     KeysBuf part(b - a, H, Dh, a, Mk);
     ASSERT_TRUE(cpu()->int8_prepare(in.k.view().slice_rows(a, b), in.v.view().slice_rows(a, b), whole, part.keys).ok());
     expect_chunk_of(part, all, a, b);
@@ -700,8 +931,9 @@ TEST(Int8Attention, QuerySlicingsAndKeyChunksAcrossBlocksGiveTheSameBytes) {
     EXPECT_GT(test::count_nonzero(ref), Mq * H * Dh / 2);
     // Query slicings, the last slice 1 row.
     expect_query_slicings(in, kb.keys, ref, tile, {{0, 8, 9}, {0, 1, 2, 5, 9}});
-    // Streamed keys: chunks of whole tiles, each prepared on its own with its k0 (its own
-    // V-scale table), state carried; chunks of 1536 and 3 tiles cross block boundaries.
+    // Streamed keys: chunks of whole tiles, each prepared on its own (over its whole key
+    // groups, ChunkKeys: its own V-scale table), state carried; chunks of 1536 and 3 tiles
+    // cross block boundaries (3 tiles of 64: chunks off the 128-key grid).
     for (const int64_t chunk : {int64_t{1536}, kBlock, 3 * tile}) {
       if (chunk % tile != 0) continue;
       HostTensor out(DType::bf16, {Mq, H, Dh}), state(DType::f32, {Mq, H, Dh + kAttentionStateExtra});
@@ -709,9 +941,8 @@ TEST(Int8Attention, QuerySlicingsAndKeyChunksAcrossBlocksGiveTheSameBytes) {
       for (int64_t c0 = 0; c0 < Mk; c0 += chunk) {
         const int64_t c1 = std::min(Mk, c0 + chunk);
         crossing += c0 / kBlock != (c1 - 1) / kBlock;
-        KeysBuf part(c1 - c0, H, Dh, c0, Mk);
-        ASSERT_TRUE(
-            cpu()->int8_prepare(in.k.view().slice_rows(c0, c1), in.v.view().slice_rows(c0, c1), stats, part.keys).ok());
+        const ChunkKeys part(in, stats, c0, c1, Mk);
+        ASSERT_TRUE(part.ok) << "keys [" << part.a << ", " << part.b << ")";
         AttentionParams p;
         p.kv_tile = tile;
         p.state = state;
@@ -894,28 +1125,29 @@ TEST(Int8AttentionDeathTest, KeysPastTheTablesBlocks) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the CPU backend's thread pool
   const int64_t H = 1, Dh = 16;
   Inputs in(1, 4200, H, Dh, 4, false);
-  const TensorView k = in.k.view().slice_rows(4000, 4200), v = in.v.view().slice_rows(4000, 4200);
+  // Keys [3968, 4200): from a multiple of 128 (contract v4's prepare) to the sequence's end.
+  const TensorView k = in.k.view().slice_rows(3968, 4200), v = in.v.view().slice_rows(3968, 4200);
   HostTensor one(DType::f32, {3, H, Dh}), two(DType::f32, {4, H, Dh}), out(DType::bf16, {1, H, Dh});
-  EXPECT_DEATH((void)cpu()->int8_key_stats(k, v, one, 4000, true),
-               "keys \\[4000, 4200\\) lie past the 1 statistics blocks");
+  EXPECT_DEATH((void)cpu()->int8_key_stats(k, v, one, 3968, true),
+               "keys \\[3968, 4200\\) lie past the 1 statistics blocks");
   EXPECT_DEATH((void)cpu()->int8_key_stats(in.k, in.v, one, 0, false),
                "keys \\[0, 4200\\) lie past the 1 statistics blocks");
   ASSERT_TRUE(cpu()->int8_key_stats(in.k, in.v, two, 0, true).ok());
-  // A V-scale table of one block for keys [4000, 4200) (k0 moved past it).
-  KeysBuf short_table(200, H, Dh);
-  short_table.keys.k0 = 4000;
+  // A V-scale table of one block for keys [3968, 4200) (k0 moved past it).
+  KeysBuf short_table(232, H, Dh);
+  short_table.keys.k0 = 3968;
   EXPECT_DEATH((void)cpu()->int8_prepare(k, v, two, short_table.keys),
-               "int8 keys \\[4000, 4200\\) lie past the 1 statistics blocks");
+               "int8 keys \\[3968, 4200\\) lie past the 1 statistics blocks");
   // A table of 3 blocks with statistics of 2.
-  KeysBuf three_blocks(200, H, Dh, 4000, 9000);
+  KeysBuf three_blocks(232, H, Dh, 3968, 9000);
   EXPECT_DEATH((void)cpu()->int8_prepare(k, v, two, three_blocks.keys), "same number of statistics blocks");
-  // Prepared keys [4000, 4200) moved to [8000, 8200): past their 2-block table.
-  KeysBuf good(200, H, Dh, 4000, 4200);
+  // Prepared keys [3968, 4200) moved to [8000, 8232): past their 2-block table.
+  KeysBuf good(232, H, Dh, 3968, 4200);
   ASSERT_TRUE(cpu()->int8_prepare(k, v, two, good.keys).ok());
   ASSERT_TRUE(attend(in.q, good.keys, out, 8).ok());
   Int8Keys moved = good.keys;
   moved.k0 = 8000;
-  EXPECT_DEATH((void)attend(in.q, moved, out, 8), "int8 keys \\[8000, 8200\\) lie past the 2 statistics blocks");
+  EXPECT_DEATH((void)attend(in.q, moved, out, 8), "int8 keys \\[8000, 8232\\) lie past the 2 statistics blocks");
 }
 
 }  // namespace

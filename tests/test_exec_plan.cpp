@@ -278,6 +278,20 @@ TEST(ExecPlan, KvChunkResolution) {
   EXPECT_EQ(*resolve_kv_chunk(0, 128, 111274, /*int8=*/true), 16384);
   EXPECT_EQ(*resolve_kv_chunk(0, 128, 9000, /*int8=*/true), 9000);
   EXPECT_EQ(*resolve_kv_chunk(4096, 128, 111274, /*int8=*/true), 4096);  // an explicit chunk stays
+  // attention int8, contract v4: a chunk shorter than S is whole 128-key tiles too (keys are
+  // prepared chunk by chunk; K's scale groups lie in 128-key tiles), whatever kv_tile and S.
+  EXPECT_EQ(*resolve_kv_chunk(256, 64, 1000, /*int8=*/true), 256);
+  EXPECT_EQ(*resolve_kv_chunk(1536, 512, 111274, /*int8=*/true), 1536);
+  EXPECT_EQ(*resolve_kv_chunk(0, 64, 111274, /*int8=*/true), 16384);
+  EXPECT_EQ(*resolve_kv_chunk(200, 8, 97, /*int8=*/true), 97);  // >= S: S
+  for (auto [knob, tile, S] : {std::tuple<int64_t, int64_t, int64_t>{64, 64, 1000}, {192, 64, 9000},
+                               {1040, 16, 9000}, {8, 8, 200}}) {
+    auto r = resolve_kv_chunk(knob, tile, S, /*int8=*/true);
+    ASSERT_FALSE(r.ok()) << knob << " " << tile << " " << S;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(r.error().message.find("multiple of 128"), std::string::npos) << r.error().message;
+    EXPECT_TRUE(resolve_kv_chunk(knob, tile, S).ok()) << "bf16: whole kv_tile tiles suffice";
+  }
   EXPECT_EQ(*resolve_kv_chunk(2048, 1024, 111274), 2048);
   EXPECT_EQ(*resolve_kv_chunk(1024, 1024, 111274), 1024);
   EXPECT_EQ(*resolve_kv_chunk(1500, 1024, 1400), 1400);      // >= S: S, multiple or not

@@ -1,23 +1,26 @@
-// CUDA INT8 attention against the CPU reference (docs/int8-attention.md, contract v3), for
+// CUDA INT8 attention against the CPU reference (docs/int8-attention.md, contract v4), for
 // BOTH p8 paths (the fast ex2 byte the device check picks, and the threshold table forced by
 // cuda::set_int8_p8_path) and BOTH kernels:
 // the portable one (attention_int8.cu, forced by cuda::set_int8_attention_kernel) and what
 // the backend runs by default (on an sm_90 GPU of a build with the Hopper kernels, the Hopper
 // kernel attention_hopper_int8.cu for head counts that are multiples of 4; asserted), in its
 // persistent and its one-CTA-per-item ("hopper-grid") launches. The key statistics, the
-// prepared keys (k8, sk, v8t), the V-scale table vs and the attention output are the CPU's
-// BYTES (every op is IEEE-defined, the integer sums exact, the fold in the CPU's order at
-// kv_tile 128); and the CUDA results are plan-invariant: query slicings (1-row slices, a
-// last slice of 1 row), streamed key chunks carrying the state, chunks prepared on their
-// own, all memcmp-equal to one call. Contract v3's statistics blocks of 4,096 keys: the
-// MultiBlock cases (3 blocks, V's amplitude different per block so that rho_b is far from
-// 1) check statistics merged from slices that cross block boundaries, prepares in pieces
-// whose 32-key groups straddle a boundary, the acc rescale where a tile starts a block
-// (inside a call, and at a call's first key), and the refusal of a call that crosses a
-// boundary from a first key off the 128-key tile grid. Skips without a GPU.
+// prepared keys (k8, sk: contract v4's scale per key group, v8t), the V-scale table vs and
+// the attention output are the CPU's BYTES (every op is IEEE-defined, the integer sums exact,
+// the fold in the CPU's order at kv_tile 128); and the CUDA results are plan-invariant: query
+// slicings (1-row slices, a last slice of 1 row), streamed key chunks carrying the state,
+// chunks prepared on their own (whole 128-key tiles, contract v4), all memcmp-equal to one
+// call. Huge scores (|sT| >= 4096: v3's score form for those rows, v4's one FFMA for the
+// others of the warp) give the CPU's bytes too. Contract v3's statistics blocks of 4,096 keys: the MultiBlock cases
+// (3 blocks, V's amplitude different per block so that rho_b is far from 1) check statistics
+// merged from slices that cross block boundaries, prepares in pieces that cross a boundary,
+// the acc rescale where a tile starts a block (inside a call, and at a call's first key), and
+// the refusal of a call that crosses a boundary from a first key off the 128-key tile grid.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +36,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ext.h"
+#include "backend/int8_attention_math.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 
@@ -105,6 +109,45 @@ Pair make(int64_t n, int64_t H, uint32_t seed, bool outliers, bool block_amplitu
   p.d = *d;
   LS_CHECK(env()->cuda->copy(p.d, p.h).ok());
   return p;
+}
+
+// Huge scores with near-ties (contract v4, docs/int8-attention.md §4.4), built in the rotated
+// domain as tests/test_attention_int8.cpp's make_huge_scores (R = H D, R^-1 = D H / 128):
+// key 2i has rotated row 2 (127 (e_0 + .. + e_63) + delta_i e_m), key 2i + 1 its negation (K's
+// centre is 0), delta_i = i % 11 - 5, m = 65 + h % 63; query r has f_r (127 (e_0 + .. + e_63) +
+// beta_r e_m), f_r = 128, 2^-6, -128 by row, beta_r 1..3. So k8 = +-(127 x 64, delta), q8 =
+// (127 x 64, beta), d = +-(16129 64 + beta delta): rows of |sT| ~ 2.6e5 (log2 units; v3's form
+// there) with keys 0.25 beta units apart (many p8 between 1 and 254 in a tile), and rows of
+// ordinary scores (|sT| ~ 30, the one-FFMA form) in the same warps: a kernel takes both forms
+// per row there. On the CPU the one-FFMA form at every |sT| changes many of these outputs
+// (test_attention_int8: HugeScoresEqualTheScalarStatement).
+std::pair<Pair, Pair> make_huge(int64_t Mq, int64_t Mk, int64_t H) {
+  const auto upload = [&](int64_t rows, const auto& scale, const auto& y1) {
+    Pair p;
+    p.host.resize(static_cast<size_t>(rows * H * 128));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t m = 65 + h % 63;
+        for (int64_t c = 0; c < 128; ++c) {
+          const double hm = (std::popcount(static_cast<uint64_t>(m & c)) % 2) != 0 ? -1.0 : 1.0;
+          const double y = (c % 64 == 0 ? 127.0 * 64.0 : 0.0) + hm * y1(r);
+          const double sign = i8a::negative_sign(static_cast<int>(c)) ? -1.0 : 1.0;
+          p.host[static_cast<size_t>((r * H + h) * 128 + c)] = f32_to_bf16(static_cast<float>(scale(r) * sign * y / 128.0));
+        }
+      }
+    p.h = TensorView(p.host.data(), DType::bf16, {rows, H, 128});
+    auto d = env()->arena->alloc(DType::bf16, {rows, H, 128}, "test bf16");
+    LS_CHECK(d.ok());
+    p.d = *d;
+    LS_CHECK(env()->cuda->copy(p.d, p.h).ok());
+    return p;
+  };
+  const double f[3] = {128.0, 0x1p-6, -128.0};
+  Pair q = upload(
+      Mq, [&](int64_t r) { return f[r % 3]; }, [](int64_t r) { return static_cast<double>(1 + r % 3); });
+  Pair k = upload(
+      Mk, [](int64_t j) { return j % 2 == 0 ? 2.0 : -2.0; }, [](int64_t j) { return static_cast<double>((j / 2) % 11 - 5); });
+  return {std::move(q), std::move(k)};
 }
 
 // The prepared keys of a whole sequence of n keys (k0 = 0) on host and device, with the
@@ -280,6 +323,52 @@ TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
   }
 }
 
+// Contract v4's score at huge scores (make_huge: |sT| >= 4096 in two rows of three, ordinary
+// rows in the same warps): v3's form for the rows of |sT| >= 4096, the one-FFMA form for the
+// others, so a warp takes both forms per row. The CPU's bytes, for one call and for streamed
+// chunks of 256 keys carrying the state; every output finite. H 2: the portable kernel; H 4:
+// the Hopper one under auto on sm_90.
+TEST_P(Int8Kernel, HugeScoresEqualTheCpuReferenceBytes) {
+  NEED_GPU();
+  for (const auto& [Mq, Mk, H] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{200, 700, 2}, {200, 700, 4}, {130, 129, 4}}) {
+    SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk) + " H " + std::to_string(H));
+    auto [q, k] = make_huge(Mq, Mk, H);
+    Pair v = make(Mk, H, 53, false);
+    Keys K = keys_for(Mk, H);
+    ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
+    ASSERT_TRUE(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
+    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
+    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+    EXPECT_EQ(host_bytes(K.dstats), cpu_bytes(K.hstats)) << "statistics";
+    EXPECT_EQ(host_bytes(K.d.k8), cpu_bytes(K.h.k8)) << "k8";
+    EXPECT_EQ(host_bytes(K.d.sk), cpu_bytes(K.h.sk)) << "sk";
+    EXPECT_EQ(host_bytes(K.d.vs), cpu_bytes(K.h.vs)) << "vs";
+    EXPECT_EQ(v8t_rows(K.d, true), v8t_rows(K.h, false)) << "v8t";
+    std::vector<uint16_t> oh(static_cast<size_t>(Mq * H * 128));
+    TensorView out_h(oh.data(), DType::bf16, {Mq, H, 128});
+    ASSERT_TRUE(E->cpu->attention_int8(q.h, K.h, out_h, tile128()).ok());
+    const std::vector<uint8_t> want = cpu_bytes(out_h);
+    int64_t finite = 0;
+    for (uint16_t x : oh) finite += (x & 0x7f80) != 0x7f80;
+    EXPECT_EQ(finite, Mq * H * 128) << "CPU outputs finite";
+    auto o = E->arena->alloc(DType::bf16, {Mq, H, 128}, "out");
+    auto st = E->arena->alloc(DType::f32, {Mq, H, 128 + kAttentionStateExtra}, "state");
+    ASSERT_TRUE(o.ok() && st.ok());
+    ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *o, tile128()).ok());
+    expect_same_outputs(host_bytes(*o), want, Mq * H * 64, "one call");
+    for (int64_t c0 = 0; c0 < Mk; c0 += 256) {
+      const int64_t c1 = std::min(Mk, c0 + 256);
+      AttentionParams p = tile128();
+      p.state = *st;
+      p.state_in = c0 > 0;
+      p.finalize = c1 == Mk;
+      ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d.slice(c0, c1), *o, p).ok());
+    }
+    expect_same_outputs(host_bytes(*o), want, Mq * H * 64, "chunks of 256");
+  }
+}
+
 TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
   NEED_GPU();
   for (const int64_t H : {int64_t{2}, int64_t{4}}) {
@@ -295,7 +384,7 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
     ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d, *ref, tile128()).ok());
     const std::vector<uint8_t> want = host_bytes(*ref);
     {  // Prepared in pieces into slices of one buffer (int8 K/V offload's prepare walk, whose
-       // pieces start at multiples of 16 keys): the one-call prepare's bytes, every part.
+       // pieces are whole 128-key tiles, contract v4): the one-call prepare's bytes, every part.
       Keys P = keys_for(Mk, H);
       for (const int64_t a : {int64_t{0}, int64_t{256}, int64_t{512}}) {
         const int64_t b = std::min(Mk, a + 256);
@@ -436,10 +525,11 @@ TEST_P(Int8Kernel, MultiBlockEqualsTheCpuReferenceBytes) {
       }
       EXPECT_EQ(host_bytes(*sb), R.stats) << "statistics in slices from " << slices[0].first;
     }
-    {  // Prepared in pieces into slices of one buffer: pieces from 4080 and 8176 put a 32-key
-       // group of prepare_v across the boundaries 4096 and 8192 (two blocks' scales in it).
+    {  // Prepared in pieces into slices of one buffer (contract v4: each piece whole 128-key
+       // tiles, its key groups complete, but for the sequence's last): pieces [3968, 4224) and
+       // [4224, 8320) cross the boundaries 4096 and 8192 (two blocks' V scales in one piece).
       Keys P = keys_for(Mk, H);
-      const std::vector<int64_t> cuts{0, 4080, 4112, 8176, Mk};
+      const std::vector<int64_t> cuts{0, 3968, 4224, 8320, Mk};
       for (size_t i = 0; i + 1 < cuts.size(); ++i)
         ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(cuts[i], cuts[i + 1]), v.d.slice_rows(cuts[i], cuts[i + 1]),
                                           K.dstats, P.d.slice(cuts[i], cuts[i + 1]))
