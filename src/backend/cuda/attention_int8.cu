@@ -1,11 +1,13 @@
 // CUDA INT8 attention, the portable kernels (AttentionAlgorithm::int8; docs/int8-attention.md
-// is the contract, v3; src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
+// is the contract, v4; src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
 // m16n8k32 s8.s8 for Q.K, u8.s8 for P.V), head dim 128, kv_tile 128. Every element
 // operation is the shared arithmetic of backend/int8_attention_math.h (the _rn intrinsics),
 // the integer sums are exact, and the fp32 fold runs once per 128-key tile in the CPU's
 // order, so the bytes equal the CPU reference's (tests/cuda/test_attention_int8_cuda.cpp).
 // Contract v3: the statistics are per absolute block of kInt8StatBlock = 4096 keys (K's
 // centre over block 0 only, V's scale sv_b per block b), keys [k0, k0 + n) of a call.
+// Contract v4: K's scale per key GROUP (the 16 keys of a 128-key tile with the same j % 8,
+// stored per key), and the score x = fmaf(fl32(a sk), float(d), fl32(kP8Top - sT)).
 //
 //   int8_key_stats  grid (columns / 128, row groups, statistics blocks of the call's keys):
 //                   a CTA's rows lie in ONE block (a segment of the call's rows; the groups
@@ -13,7 +15,9 @@
 //                   for block 0's rows; per thread one merge per statistic and block into
 //                   stats by float max/min compare-and-swap (exact, order-free). reset: an
 //                   init kernel first over all 2 + NB rows (-inf, +inf, 0...).
-//   int8_prepare    vs rows (sv_b, rho_b) of the blocks the keys touch; one warp per (key,
+//   int8_prepare    vs rows (sv_b, rho_b) of the blocks the keys touch; K (k0 % 128 == 0) in
+//                   three launches (the keys' own scales into sk, k8 with the group scales,
+//                   the group scales into sk: prepare_k_scale_kernel), one warp per (key,
 //                   head) row: lane l holds channels 4l..4l+3, the rotation's strides 1, 2 in
 //                   registers and 4..64 by shuffles (the same adds as the CPU, in the same
 //                   stage order); V through a 32-key shared-memory transpose into v8t[h, c,
@@ -23,9 +27,12 @@
 //                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
 //                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes: the
 //                   fragment loads hit 32 distinct banks), Q.K by 64 mma (16 n-tiles x 4
-//                   k-steps of 32), u = fl32(sk * float(d)), the tile max mu over the quad,
-//                   sT, alpha, beta, p8 of fmaf(a, fl32(u - mu), kP8Top) (fast ex2 byte or
-//                   the threshold table: template kTable), integer row sums of p8, P.V by
+//                   k-steps of 32), the tile max mu (an integer max of d per key group, then
+//                   u = fl32(sk_g float(dmax)); the quad's shuffles), sT, alpha, beta, p8 of
+//                   fmaf(fl32(a sk_g), float(d), fl32(kP8Top - sT)) (per score I2F, FFMA, the
+//                   p8; fast ex2 byte or the threshold table: template kTable; template
+//                   kGrouped false, keys off the 128-key grid: u and fl32(a sk) per key),
+//                   integer row sums of p8, P.V by
 //                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
 //                   (before it, at a tile starting a statistics block b > 0, acc *= rho_b:
 //                   one block entry in 32 tiles: an outer loop over the blocks). The
@@ -443,7 +450,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       const auto tile_softmax = [&](auto masked_c, float (&alpha)[2], float (&beta)[2], uint32_t (&pa)[4][4],
                                     int (&lt)[2]) {
         constexpr bool kMask = decltype(masked_c)::value;
-        float skg[4];
+        [[maybe_unused]] float skg[4];
         if constexpr (kGrouped) {
           const float4 v = *reinterpret_cast<const float4*>(sSk + 4 * t);
           skg[0] = v.x, skg[1] = v.y, skg[2] = v.z, skg[3] = v.w;
@@ -481,7 +488,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
         }
         // sT = fl32(a mu) (the tile's largest score, log2 units), m_new, alpha, beta; b =
         // fl32(kP8Top - sT) and (kGrouped) A = fl32(a sk_g) per row and class.
-        float bT[2], A[2][4];
+        float bT[2];
+        [[maybe_unused]] float A[2][4];
         bool small = true;
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
@@ -514,7 +522,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
               const int nt = grp * 4 + ntl;
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
-                const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1, c = 2 * (ntl & 1) + (e & 1);
+                const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
+                [[maybe_unused]] const int c = 2 * (ntl & 1) + (e & 1);
                 uint32_t p = 0;
                 if (!kMask || key < nk) {
                   float Ak;
