@@ -485,7 +485,7 @@ CommandRun setup(CLI::App& sub) {
   sub.add_flag("--kv-offload", o->kv_offload,
                "manual: K/V in pinned host memory, streamed back per query slice (needs --attn-chunk)");
   add_int_flag(sub, "--kv-chunk", o->kv_chunk, range::kv_chunk,
-               "with --kv-offload: keys per streamed K/V chunk, a multiple of --kv-tile (0 = about 4096)", "0");
+               "with --kv-offload: keys per streamed K/V chunk, a multiple of --kv-tile (with --attention int8 also of 128; 0 = about 4096, int8 16384)", "0");
   sub.add_flag("--residual-offload", o->residual_offload,
                "manual: the residual stream in pinned host memory (needs --attn-chunk)");
   add_report_flags(sub, *o, "write the run report (plan, peaks, PCIe bytes, time, output hash, version)",

@@ -73,7 +73,8 @@ Status check_attention_state(const AttentionParams& p, int64_t Mq, int64_t Mk, i
 // keys [k0, k0 + n) of a sequence (one chunk, or all keys) after Backend::int8_prepare.
 struct Int8Keys {
   TensorView k8;   // i8  [n, H, Dh]: rotated, centred, per-row quantised keys (inner contiguous)
-  TensorView sk;   // f32 [n, H]: the per-row key scales (contiguous)
+  TensorView sk;   // f32 [n, H]: the key scales (contiguous), per key; contract v4: the 16 keys of
+                   //     a group (absolute 128-key tile, key % 8) hold the group's one scale
   TensorView v8t;  // i8  [H, Dh, n], strides {Dh * ld, ld, 1}: V per channel, keys contiguous;
                    //     ld >= n, ld % 16 == 0; columns [n, ld) are never read
   TensorView vs;   // f32 [NB, 2, H, Dh] (contiguous): the V scales of EVERY statistics block
@@ -409,6 +410,9 @@ class Backend {
   //          block 0's K and for the V of every block from the one before keys.k0's to the
   //          one of the last key; writes keys.k8, keys.sk, keys.v8t (columns [0, n)) and
   //          keys.vs rows of the blocks of these keys (sv_b, rho_b: functions of stats alone).
+  //          Whole key groups (contract v4): keys.k0 % kInt8KeyGroupTile == 0 (else
+  //          invalid_argument), and the keys end at a multiple of kInt8KeyGroupTile or at the
+  //          sequence's last key (the caller's duty: a backend does not know S).
   //   attention_int8: q bf16 [Mq, H, Dh], out bf16 [Mq, H, Dh]; keys: Int8Keys of the n keys
   //          of this call; p: kv_tile (<= kInt8MaxKvTile; dividing kInt8StatBlock, with
   //          keys.k0 a multiple of it, where the keys cross a block boundary), scale,

@@ -217,6 +217,16 @@ constexpr float kP8Top = 0x1.ffa37cp+2f;
 constexpr int kP8NaN = 255;
 
 // Host: p8(x) by binary search over the thresholds (as floats; ordered).
+// Contract v4 (docs/int8-attention.md §4.4): P's argument of a (row, tile) whose largest
+// score sT (log2 units) has |sT| < kScoreFmaLimit is the one-FFMA form fmaf(fl32(a sk),
+// float(d), fl32(kP8Top - sT)): there it lies within 2^-24 (8 + 4 |sT|) + 2^-21 < 9.8e-4 of
+// kP8Top at the tile's maximum, inside (theta_255, log2(255.5)), so the maximum's p8 is 255
+// and a GPU's fast byte (ex2 < 255.5) is right. Larger |sT| (never in a model's attention:
+// 4096 log2 units is a softmax ratio of 2^4096) take v3's fmaf(a, fl32(u - mu_T), kP8Top),
+// exactly kP8Top at the maximum.
+constexpr float kScoreFmaLimit = 4096.0f;
+LQ_HD bool score_fma_form(float sT) { return sT < kScoreFmaLimit && sT > -kScoreFmaLimit; }
+
 inline int p8_table(float x) {
   if (!(x == x)) return kP8NaN;
   int lo = 0, hi = 255;  // count of thresholds <= x lies in [lo, hi]

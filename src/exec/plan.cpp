@@ -70,12 +70,13 @@ Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64
                       "kv_chunk_rows " + std::to_string(kv_chunk_rows) + " must be a multiple of kv_tile " +
                           std::to_string(kv_tile) + " (or at least S = " + std::to_string(S) +
                           "): chunks must hold whole attention tiles");
-  if (int8 && S > kInt8StatBlock && kv_chunk_rows % 16 != 0)
+  // int8 (contract v4): keys are prepared chunk by chunk, and K's scale groups lie in
+  // 128-key tiles, so a prepare starts at a multiple of kInt8KeyGroupTile.
+  if (int8 && kv_chunk_rows % kInt8KeyGroupTile != 0)
     return make_error(ErrorCode::invalid_argument,
-                      "kv_chunk_rows " + std::to_string(kv_chunk_rows) +
-                          " with attention int8 over more than " + std::to_string(kInt8StatBlock) +
-                          " keys must be a multiple of 16 (a statistics block's keys are prepared into a chunk at "
-                          "their offset)");
+                      "kv_chunk_rows " + std::to_string(kv_chunk_rows) + " with attention int8 must be a multiple of " +
+                          std::to_string(kInt8KeyGroupTile) + " (or at least S = " + std::to_string(S) +
+                          "): keys are prepared chunk by chunk, in whole 128-key tiles (K's scale groups)");
   return kv_chunk_rows;
 }
 

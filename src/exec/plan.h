@@ -90,14 +90,14 @@ constexpr int64_t kDefaultKvChunkKeys = 4096;
 // at 3 GiB with 4,096-key chunks ran ~30 % above the one-call rate; session 14 cut the cost
 // per call to 0.15 ms). The bf16 K, V are compute scratch of one statistics block
 // (kInt8StatBlock rows, numerics.h), so a larger int8 chunk costs only its prepared bytes
-// (2 I + 4 H a key, twice). With S > kInt8StatBlock an int8 chunk is a multiple of 16 keys
-// (a block's keys are prepared into a chunk at their offset, Int8Keys::slice's alignment).
+// (2 I + 4 H a key, twice). An int8 chunk shorter than S is a multiple of 128 keys (keys are
+// prepared chunk by chunk, and K's scale groups lie in 128-key tiles: contract v4).
 constexpr int64_t kInt8DefaultKvChunkKeys = 16384;
 
 // The resolved rows of a K/V chunk for S keys (see PlanKnobs::kv_chunk_rows): always a
 // multiple of kv_tile unless it equals S; the default about kDefaultKvChunkKeys keys
 // (int8: kInt8DefaultKvChunkKeys). Errors (invalid_argument): kv_chunk_rows < 0, or not a
-// multiple of kv_tile while < S; kv_tile < 1.
+// multiple of kv_tile (int8: and of 128) while < S; kv_tile < 1.
 Expected<int64_t> resolve_kv_chunk(int64_t kv_chunk_rows, int64_t kv_tile, int64_t S, bool int8 = false);
 
 // Where K/V and the residual live, as the buffer-list functions take it (resolved).

@@ -6,12 +6,15 @@
 //                   stats[2 + b, h, c] = max |v| over the keys of block b (contract v3:
 //                   blocks of kInt8StatBlock absolute keys), merged with max/min into the
 //                   previous values unless reset.
-//   int8_prepare    per key row and head: y = R(fl32(k - mu)) (mu from block 0), sk =
-//                   row_scale(max |y|), k8 = quant(y, sk); v8t[h, c, j] = quant(v, sv_b,c) with
-//                   b the key's block; the blocks' sv_b and rho_b = sv_{b-1} / sv_b into vs.
+//   int8_prepare    per key row and head: y = R(fl32(k - mu)) (mu from block 0); sk = the
+//                   row_scale of the largest max |y| of the key's group (contract v4: the 16
+//                   keys of its 128-key tile with the same j % 8), k8 = quant(y, sk);
+//                   v8t[h, c, j] = quant(v, sv_b,c) with b the key's block; the blocks' sv_b and
+//                   rho_b = sv_{b-1} / sv_b into vs. Calls start at a multiple of 128 keys.
 //   attention_int8  per (query, head): y = R(q), sq = row_scale(max |y|), q8 = quant(y, sq),
 //                   a = fl32(sq * cs); per tile of kv_tile keys P against the TILE's own
-//                   maximum (p8 by the threshold table, §4.3), integer tile sums (P.V and
+//                   maximum, x = fmaf(fl32(a sk), float(d), fl32(kP8Top - sT)) (contract v4;
+//                   p8 by the threshold table, §4.3), integer tile sums (P.V and
 //                   the row sum, both of p8), folded in fp32 (§4.4): acc is kept in units of
 //                   the current block's sv, rescaled by rho_b where a tile starts block b.
 // Every result element depends only on its own row (query, key) or channel, so any
@@ -164,6 +167,11 @@ Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const Tenso
   LS_CHECK_MSG(keys.vs.size(0) == stats.size(0) - 2,
                "int8_prepare: the V-scale table " + keys.vs.shape_str() + " and stats " + stats.shape_str() +
                    " must have the same number of statistics blocks");
+  if (keys.k0 % kInt8KeyGroupTile != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "int8_prepare: the first key " + std::to_string(keys.k0) + " is not a multiple of " +
+                          std::to_string(kInt8KeyGroupTile) + " (K's scale groups lie in 128-key tiles: a prepare "
+                          "covers whole tiles, docs/int8-attention.md §3)");
   if (n == 0) return Status();
   const float* st = stats.ptr<float>();
   // The blocks of these keys: sv_b = row_scale(max |v| of block b), rho_b = fl32(sv_{b-1} / sv_b)
@@ -178,23 +186,51 @@ Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const Tenso
     }
   const int64_t ld = keys.v8t.stride[1], hs = keys.v8t.stride[0];
   int8_t* v8t = keys.v8t.ptr<int8_t>();
+  // y = R(fl32(k - mu)) of key j, head h (the same bits in both walks below).
+  const auto centred_rotated = [&](int64_t j, int64_t h, float* y) {
+    for (int64_t c = 0; c < Dh; ++c) {
+      const float mu = lq::mul(0.5f, lq::add(st[h * Dh + c], st[HD + h * Dh + c]));
+      y[c] = lq::sub(bf16_at(k, j, h, c), mu);
+    }
+    i8a::rotate(y, static_cast<int>(Dh));
+  };
+  // Walk 1, per key: V, and each key's own row scale row_scale(max |y|) into sk.
   parallel_for(n, std::max<int64_t>(1, 4096 / HD), [&](int64_t j0, int64_t j1) {
     float y[kMaxHeadDim];
     for (int64_t j = j0; j < j1; ++j) {
       const float* sv = vs + 2 * ((k0 + j) / kInt8StatBlock) * HD;
       for (int64_t h = 0; h < H; ++h) {
-        for (int64_t c = 0; c < Dh; ++c) {
-          const float mu = lq::mul(0.5f, lq::add(st[h * Dh + c], st[HD + h * Dh + c]));
-          y[c] = lq::sub(bf16_at(k, j, h, c), mu);
-        }
-        i8a::rotate(y, static_cast<int>(Dh));
+        centred_rotated(j, h, y);
         float amax = 0.0f;
         for (int64_t c = 0; c < Dh; ++c) amax = lq::max_nan_ignoring(amax, lq::abs(y[c]));
-        const float s = i8a::row_scale(amax);
-        static_cast<float*>(keys.sk.at(j))[h] = s;
-        int8_t* k8 = static_cast<int8_t*>(keys.k8.at(j, h));
-        for (int64_t c = 0; c < Dh; ++c) k8[c] = i8a::quant(y[c], s);
+        static_cast<float*>(keys.sk.at(j))[h] = i8a::row_scale(amax);
         for (int64_t c = 0; c < Dh; ++c) v8t[h * hs + c * ld + j] = i8a::quant(bf16_at(v, j, h, c), sv[h * Dh + c]);
+      }
+    }
+  });
+  // Walk 2, per 128-key tile (k0 is a multiple of 128, so local tiles are absolute tiles and a
+  // group never leaves its task): the group scale = the largest of its keys' row scales
+  // (row_scale is monotone: = row_scale of the group's largest max |y|; a max, exact), k8 =
+  // quant(y, group scale), then every key of the group holds the group scale in sk.
+  constexpr int64_t kG = kInt8KeyGroupStride;
+  const int64_t tiles = (n + kInt8KeyGroupTile - 1) / kInt8KeyGroupTile;
+  parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
+    float y[kMaxHeadDim];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t j0 = t * kInt8KeyGroupTile, j1 = std::min(n, j0 + kInt8KeyGroupTile);
+      for (int64_t h = 0; h < H; ++h) {
+        float gs[kG];
+        for (int64_t g = 0; g < kG; ++g) gs[g] = 0.0f;
+        for (int64_t j = j0; j < j1; ++j) {
+          const float s = static_cast<const float*>(keys.sk.at(j))[h];
+          gs[j % kG] = s > gs[j % kG] ? s : gs[j % kG];
+        }
+        for (int64_t j = j0; j < j1; ++j) {
+          centred_rotated(j, h, y);
+          int8_t* k8 = static_cast<int8_t*>(keys.k8.at(j, h));
+          for (int64_t c = 0; c < Dh; ++c) k8[c] = i8a::quant(y[c], gs[j % kG]);
+          static_cast<float*>(keys.sk.at(j))[h] = gs[j % kG];
+        }
       }
     }
   });
@@ -242,7 +278,7 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
     float acc[kMaxHeadDim];
     int32_t ot[kMaxHeadDim];
     uint8_t p8[kChunk];
-    float u[kChunk];
+    int32_t dkept[kChunk];
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t h = idx / Mq, i = idx % Mq;
       float a = 0.0f;
@@ -256,32 +292,38 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
       } else {
         for (int64_t c = 0; c < Dh; ++c) acc[c] = 0.0f;
       }
-      // u_j = fl32(sk_j * float(d_j)) (docs §4.2: float(d) exact, |d| < 2^24); the score in
-      // log2 units is a * u_j, but only the tile's largest one, sT = fl32(a * mu_T), is formed.
-      auto score_u = [&](int64_t j) {
-        const int32_t d = dot_i8(q8, static_cast<const int8_t*>(keys.k8.at(j, h)), Dh);
-        return lq::mul(static_cast<const float*>(keys.sk.at(j))[h], static_cast<float>(d));
-      };
+      // d_j = q8 . k8_j (int32, exact); u_j = fl32(sk_j * float(d_j)) (docs §4.2: float(d)
+      // exact, |d| < 2^24) only for the tile's maximum mu_T; sT = fl32(a * mu_T).
+      auto score_d = [&](int64_t j) { return dot_i8(q8, static_cast<const int8_t*>(keys.k8.at(j, h)), Dh); };
+      auto sk_of = [&](int64_t j) { return static_cast<const float*>(keys.sk.at(j))[h]; };
       for (int64_t t0 = 0; t0 < Mk; t0 += p.kv_tile) {
         const int64_t t1 = std::min(Mk, t0 + p.kv_tile);
-        // A tile of at most kChunk keys (the default kv_tile 128) keeps its u for the second
-        // walk; a longer one recomputes them (the same bits: u is a fixed function of j).
+        // A tile of at most kChunk keys (the default kv_tile 128) keeps its d for the second
+        // walk; a longer one recomputes them (the same bits: d is a fixed function of j).
         const bool kept = t1 - t0 <= kChunk;
         float mu = neg_inf;  // mu_T: a max of floats, exact and order-free
         for (int64_t j = t0; j < t1; ++j) {
-          const float uj = score_u(j);
-          if (kept) u[j - t0] = uj;
+          const int32_t dj = score_d(j);
+          if (kept) dkept[j - t0] = dj;
+          const float uj = lq::mul(sk_of(j), static_cast<float>(dj));
           mu = uj > mu ? uj : mu;
         }
+        const float sT = lq::mul(a, mu);  // the tile's largest score (log2 units)
+        const bool v4_form = i8a::score_fma_form(sT);
+        const float bT = lq::sub(i8a::kP8Top, sT);
         int64_t lt = 0;  // sum of p8 (<= 255 * kv_tile: float(lt) exact up to kv_tile 65536)
         for (int64_t c = 0; c < Dh; ++c) ot[c] = 0;
         for (int64_t c0 = t0; c0 < t1; c0 += kChunk) {
           const int64_t c1 = std::min(t1, c0 + kChunk);
           for (int64_t j = c0; j < c1; ++j) {
-            const float uj = kept ? u[j - t0] : score_u(j);
-            // x = fmaf(a, fl32(u - mu_T), kP8Top) <= kP8Top (= kP8Top at the tile's maximum:
-            // p8 = 255 there); p8 = #{k : theta_k <= x} (the H200's ex2 steps, §4.3).
-            const int pj = i8a::p8_table(lq::fma(a, lq::sub(uj, mu), i8a::kP8Top));
+            // Contract v4 (§4.4): x = fmaf(fl32(a * sk_j), float(d_j), fl32(kP8Top - sT)) where
+            // |sT| < 4096 (within 9.8e-4 of kP8Top at the tile's maximum), else v3's
+            // fmaf(a, fl32(u_j - mu_T), kP8Top); p8 = #{k : theta_k <= x} (the H200's ex2
+            // steps, §4.3), saturating: 255 for every x >= theta_255.
+            const int32_t dj = kept ? dkept[j - t0] : score_d(j);
+            const float x = v4_form ? lq::fma(lq::mul(a, sk_of(j)), static_cast<float>(dj), bT)
+                                    : lq::fma(a, lq::sub(lq::mul(sk_of(j), static_cast<float>(dj)), mu), i8a::kP8Top);
+            const int pj = i8a::p8_table(x);
             p8[j - c0] = static_cast<uint8_t>(pj);
             lt += pj;
           }
@@ -301,7 +343,6 @@ Status cpu_op_attention_int8(const TensorView& q, const Int8Keys& keys, const Te
         }
         // The fold (§4.4): the tile's integer partials scaled by beta = 2^(sT - m_new), the
         // state by alpha = 2^(m - m_new); both by the defined exp2e (exp2e(0) = 1 exactly).
-        const float sT = lq::mul(a, mu);
         const float m_new = sT > m ? sT : m;
         const float alpha = m == neg_inf ? 0.0f : i8a::exp2e(lq::sub(m, m_new));
         const float beta = i8a::exp2e(lq::sub(sT, m_new));
