@@ -36,9 +36,9 @@
 //       m'  = max(m, sT); alpha = exp2e(fl32(m - m')) (0 when m = -inf); beta = exp2e(fl32(sT - m'))
 //       p8  = p8 of x = fmaf(fl32(a_i sk_g), float(d), fl32(kP8Top - sT)) (contract v4; per
 //             score I2F, FFMA, then the byte): the low byte of fl32(ex2.approx(x) + 2^23)
-//             (kTable false: the device check found ex2 = the table; x clamped to kP8Top
-//             where a row of the warp has |sT| >= 4096) or the fast byte corrected by the
-//             table (kTable true); masked keys 0 (int8_p8_check.cuh)
+//             (kTable false: the device check found ex2 = the table) or the fast byte
+//             corrected by the table (kTable true); masked keys 0 (int8_p8_check.cuh); a row
+//             with |sT| >= 4096 (never in practice) takes v3's x = fmaf(a_i, fl32(u - mu), kP8Top)
 //       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
 //       l   = fmaf(float(lt), beta, fl32(l alpha)); acc = fmaf(float(ot), beta, fl32(acc alpha))
@@ -367,11 +367,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // score: IMNMX, I2F, FFMA, MUFU.EX2, FADD and a share of the packing (v3's FMUL and FADD per
   // score are gone; the group's A = fl32(a sk_g) is 4 FMUL per block). float(d) and float(ot)
   // by __int2float_rn (I2FP.F32.S32 on sm_90, exact: |x| < 2^22). Masked keys (a partial last
-  // tile, compiled into the last block only): INT_MIN in the max (finite u below every real
-  // key's), a class with no valid key -inf (its scale is TMA's zero fill: u would be -0), p8 0.
-  // The fast p8 byte needs x < log2(255.5): true where every row of the warp has |sT| < 4096
-  // (int8_p8_check.cuh: the bound), tested once per block (warp-uniform); else, and in the
-  // masked block, x = fminf(x, kP8Top) first (p8's identity: p8 saturates at 255).
+  // tile, compiled into the last block only): INT_MIN in the integer max, never its result
+  // where the class has a valid key (its first key, 2t + e, is this thread's own); a class
+  // with no valid key gives -inf (its scale is TMA's zero fill: u would be -0); p8 0.
+  // The one-FFMA form holds for a row whose |sT| < 4096 (i8a::score_fma_form; docs §4.4: there
+  // x < log2(255.5), so the fast byte is right, and the maximum's p8 is 255); a row with a
+  // larger |sT| (never in a model's attention) takes v3's x = fmaf(a, fl32(fl32(sk_g float(d))
+  // - mu), kP8Top), as the CPU. Tested once per block, warp-uniform: the one-FFMA loop where
+  // every row of the warp has the v4 form, else a loop choosing the form per row.
   const auto softmax = [&](auto masked, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
     constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         dm[i / 2][(i & 1) + 2 * (j & 1)] = max(dm[i / 2][(i & 1) + 2 * (j & 1)], d);
       }
     float mu[2], bT[2], A[2][2];
-    bool small = true;
+    bool v4f[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
@@ -410,31 +413,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       beta[r] = i8a::exp2e(__fsub_rn(sT, m_new));  // exp2e(0) = 1
       m_r[r] = m_new;
       bT[r] = __fsub_rn(i8a::kP8Top, sT);
-      small = small && p8dev::p8_fast_unclamped(sT);
+      v4f[r] = i8a::score_fma_form(sT);
 #pragma unroll
       for (int e = 0; e < 2; ++e) A[r][e] = __fmul_rn(c_r[r], skg[e]);
     }
-    const auto p8_all = [&](auto clamp_c) {
+    // x of score k (row (k % 4) / 2, group k & 1); kMixed: the row's form (v3's where |sT| >= 4096).
+    const auto x_of = [&](auto mixed_c, int k) {
+      constexpr bool kMixed = decltype(mixed_c)::value;
+      const int r = (k % 4) / 2, e = k & 1;
+      const float df = __int2float_rn(sc[k]);
+      if (!kMixed || v4f[r]) return __fmaf_rn(A[r][e], df, bT[r]);
+      return __fmaf_rn(c_r[r], __fsub_rn(__fmul_rn(skg[e], df), mu[r]), i8a::kP8Top);
+    };
+    const auto p8_all = [&](auto mixed_c) {
       if constexpr (kTable) {  // every x first (A, b dead before the table's branches), then p8
 #pragma unroll
-        for (int k = 0; k < 64; ++k)
-          sc[k] = __float_as_int(__fmaf_rn(A[(k % 4) / 2][k & 1], __int2float_rn(sc[k]), bT[(k % 4) / 2]));
+        for (int k = 0; k < 64; ++k) sc[k] = __float_as_int(x_of(mixed_c, k));
 #pragma unroll
         for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<true>(__int_as_float(sc[k])));
       } else {
-        constexpr bool kClamp = decltype(clamp_c)::value;
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float x = __fmaf_rn(A[i / 2][i & 1], __int2float_rn(sc[4 * j + i]), bT[i / 2]);
-            if constexpr (kClamp) x = fminf(x, i8a::kP8Top);
-            sc[4 * j + i] = static_cast<int32_t>(p8dev::p8_word<false>(x));
-          }
+        for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<false>(x_of(mixed_c, k)));
       }
     };
-    if (kTable) p8_all(std::false_type{});  // exact for any x
-    else if (!kMask && __all_sync(0xffffffffu, small)) p8_all(std::false_type{});
+    if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_all(std::false_type{});
     else p8_all(std::true_type{});
     if (kMask && nk < kN) {
 #pragma unroll

@@ -30,7 +30,7 @@
 //                   k-steps of 32), the tile max mu (an integer max of d per key group, then
 //                   u = fl32(sk_g float(dmax)); the quad's shuffles), sT, alpha, beta, p8 of
 //                   fmaf(fl32(a sk_g), float(d), fl32(kP8Top - sT)) (per score I2F, FFMA, the
-//                   p8; fast ex2 byte or the threshold table: template kTable; template
+//                   p8; v3's form for a row with |sT| >= 4096; fast ex2 byte or the threshold table: template kTable; template
 //                   kGrouped false, keys off the 128-key grid: u and fl32(a sk) per key),
 //                   integer row sums of p8, P.V by
 //                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
@@ -443,8 +443,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
       // group's scale). The tile max mu = max_j fl32(sk_j float(d_j)) is then a max of the
       // INTEGER d per (row, class) and one u = fl32(sk_g float(dmax)) per (row, class): fl32(s y)
       // is non-decreasing in y for s > 0, so the bits of the max over the keys' u. Masked keys
-      // (a partial last tile) are INT_MIN there (finite u below every real key's; a class with
-      // no valid key gives -inf: its zero-filled scale would give u = -0) and p8 = 0.
+      // (a partial last tile) are INT_MIN there, never the result where the class has a valid
+      // key (its first key 4t + cls is this thread's own); a class with no valid key gives
+      // -inf (its zero-filled scale would give u = -0); p8 = 0.
       // Not kGrouped (a call whose keys start off the 128-key grid: local tiles straddle two
       // groups per class): u and A per key, the same values.
       const auto tile_softmax = [&](auto masked_c, float (&alpha)[2], float (&beta)[2], uint32_t (&pa)[4][4],
@@ -490,7 +491,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
         // fl32(kP8Top - sT) and (kGrouped) A = fl32(a sk_g) per row and class.
         float bT[2];
         [[maybe_unused]] float A[2][4];
-        bool small = true;
+        bool v4f[2];
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 1));
@@ -501,18 +502,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
           beta[rr] = i8a::exp2e(lq::sub(sT, m_new));
           m[rr] = m_new;
           bT[rr] = lq::sub(i8a::kP8Top, sT);
-          small = small && p8dev::p8_fast_unclamped(sT);
+          v4f[rr] = i8a::score_fma_form(sT);
           if constexpr (kGrouped) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) A[rr][c] = lq::mul(arow[rr], skg[c]);
           }
         }
-        // p8 of x = fmaf(A, float(d), b) (~kP8Top at the tile's maximum; masked keys 0), the
-        // integer row sums lt, the P A fragments (k-step = 32-key group). Clamped (fminf(x,
-        // kP8Top), p8's identity) where a row of the warp has |sT| >= 4096 on the fast path
-        // (int8_p8_check.cuh: the bound), and always in the masked (last) tile.
-        const auto p8_loop = [&](auto clamp_c) {
-          constexpr bool kClamp = decltype(clamp_c)::value;
+        // p8 of x = fmaf(A, float(d), b) (within 9.8e-4 of kP8Top at the tile's maximum, below
+        // log2(255.5): the fast byte is right; masked keys 0), the integer row sums lt, the P A
+        // fragments (k-step = 32-key group). A row with |sT| >= 4096 (i8a::score_fma_form false,
+        // never in a model's attention) takes v3's x = fmaf(a, fl32(fl32(sk float(d)) - mu),
+        // kP8Top), as the CPU: tested once per tile, warp-uniform (kMixed: the form per row).
+        const auto p8_loop = [&](auto mixed_c) {
+          constexpr bool kMixed = decltype(mixed_c)::value;
           lt[0] = lt[1] = 0;
 #pragma unroll
           for (int grp = 0; grp < 4; ++grp) {
@@ -526,11 +528,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
                 [[maybe_unused]] const int c = 2 * (ntl & 1) + (e & 1);
                 uint32_t p = 0;
                 if (!kMask || key < nk) {
-                  float Ak;
-                  if constexpr (kGrouped) Ak = A[rr][c];
-                  else Ak = lq::mul(arow[rr], sSk[key]);
-                  float x = lq::fma(Ak, __int2float_rn(sc[nt][e]), bT[rr]);
-                  if constexpr (kClamp) x = fminf(x, i8a::kP8Top);
+                  float sk, Ak;
+                  if constexpr (kGrouped) sk = skg[c], Ak = A[rr][c];
+                  else sk = sSk[key], Ak = lq::mul(arow[rr], sk);
+                  const float df = __int2float_rn(sc[nt][e]);
+                  const float x = !kMixed || v4f[rr]
+                                      ? lq::fma(Ak, df, bT[rr])
+                                      : lq::fma(arow[rr], lq::sub(lq::mul(sk, df), mu[rr]), i8a::kP8Top);
                   p = p8dev::p8_word<kTable>(x) & 0xFFu;
                 }
                 lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
@@ -542,8 +546,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
             pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
           }
         };
-        if (kTable) p8_loop(std::false_type{});  // exact for any x
-        else if (!kMask && __all_sync(0xffffffffu, small)) p8_loop(std::false_type{});
+        if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_loop(std::false_type{});
         else p8_loop(std::true_type{});
       };
       float alpha[2], beta[2];

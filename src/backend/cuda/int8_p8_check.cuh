@@ -88,23 +88,6 @@ __device__ __forceinline__ uint32_t p8_word(float x) {
 }
 
 
-// Contract v4's score (docs §4.2-4.4): x = fmaf(A, float(d), b), A = fl32(a sk_j), b =
-// fl32(kP8Top - sT), sT = fl32(a mu_T). At the tile's maximum this is kP8Top only up to
-// rounding, and the fast byte above needs ex2(x) < 255.5, i.e. x < log2(255.5) = kP8Top +
-// 2.8e-3 (else the sum rounds to 2^23 + 256 and byte 0 is 0, not 255). The bound: every key
-// has fl32(sk d) <= mu_T, so sk d <= mu_T + ulp-sized slack; A d = a sk d (1 + e1), sT = a mu_T
-// (1 + e2), b = (kP8Top - sT)(1 + e3), |e_i| <= 2^-24, and the fma rounds once more: for a key
-// whose exact score a sk d is within 1 of sT (the others give x far below kP8Top),
-//   x <= kP8Top + 2^-24 (8 + 4 |sT|) + ulp(8) / 2.
-// For |sT| < 2^12 that is kP8Top + 9.8e-4 < log2(255.5): no clamp. Otherwise (scores of
-// magnitude 2^12 in log2 units: never seen, but the inputs are not ours to bound) the kernels
-// take x = fminf(x, kP8Top) first, which is p8's identity (p8(kP8Top) = 255 and p8 saturates:
-// 255 for every x >= theta_255). The test is warp-uniform (every row of the warp), once per
-// tile. The table path is exact for any x (its correction walks from any guess) and needs
-// neither.
-constexpr float kP8NoClampBound = 4096.0f;
-__device__ __forceinline__ bool p8_fast_unclamped(float sT) { return fabsf(sT) < kP8NoClampBound; }
-
 }  // namespace p8dev
 #endif
 
