@@ -1,11 +1,13 @@
 // The Hopper INT8 attention kernel (issue 26): sm_90a, wgmma with 8-bit operands at twice
 // the bf16 rate, TMA loads, warp specialisation, adapted from the bf16 kernel
 // (attention_hopper.cu: CTA shape, producer / consumer split, ping-pong, streamed state).
-// The arithmetic is docs/int8-attention.md §4 EXACTLY (kv_tile 128): the bytes equal the CPU
+// The arithmetic is docs/int8-attention.md §4 (contract v4) EXACTLY (kv_tile 128): the bytes equal the CPU
 // reference's and the portable kernel's (tests/cuda/test_attention_int8_cuda.cpp, memcmp), so
 // the CUDA backend dispatches attention int8 here on sm_90 (int8_hopper_fits) and to the
 // portable kernel elsewhere without a numerics field to tell them apart.
 //
+// Calls whose keys start off the 128-key grid (k0 % 128 != 0: a key range of a prepared
+// sequence, never a streamed chunk) go to the portable kernel (int8_hopper_fits).
 // Inputs: bf16 q; the contract's Int8Keys as they are (k8 s8 [n, H, 128], sk f32 [n, H],
 // v8t s8 [H, 128, ld] keys contiguous, the V-scale table vs f32 [NB, 2, H, 128] of the
 // sequence and k0, the absolute index of the call's first key). No scratch; in a streamed
@@ -27,12 +29,16 @@
 //     shuffles, the CPU's adds in the CPU's stage order) into shared memory in the 128-byte
 //     swizzled layout wgmma reads; then per block, ping-pong:
 //       d   = q8 k8^T                 wgmma m64n128k32 s8 x s8 -> s32 (exact)
-//       u   = fl32(sk_j float(d))     (contract v2 §4.2; float(d) by I2F, exact)
-//       mu  = max_j u (masked keys of a partial last tile -inf); sT = fl32(a_i mu);
+//       mu  = max_j fl32(sk_j float(d)) (§4.2): contract v4's key groups (16 keys of the
+//             128-key tile with one j % 8, one scale sk_g) are a thread's keys 8i + 2t + e:
+//             an integer max of d per group, u = fl32(sk_g float(dmax)), fmaxf; masked keys
+//             of a partial last tile out; sT = fl32(a_i mu);
 //       m'  = max(m, sT); alpha = exp2e(fl32(m - m')) (0 when m = -inf); beta = exp2e(fl32(sT - m'))
-//       p8  = p8 of x = fmaf(a_i, fl32(u - mu), kP8Top): the low byte of fl32(ex2.approx(x) +
-//             2^23) (kTable false: the device check found ex2 = the table) or the fast byte
-//             corrected by the table (kTable true); masked keys 0 (int8_p8_check.cuh)
+//       p8  = p8 of x = fmaf(fl32(a_i sk_g), float(d), fl32(kP8Top - sT)) (contract v4; per
+//             score I2F, FFMA, then the byte): the low byte of fl32(ex2.approx(x) + 2^23)
+//             (kTable false: the device check found ex2 = the table) or the fast byte
+//             corrected by the table (kTable true); masked keys 0 (int8_p8_check.cuh); a row
+//             with |sT| >= 4096 (never in practice) takes v3's x = fmaf(a_i, fl32(u - mu), kP8Top)
 //       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
 //       l   = fmaf(float(lt), beta, fl32(l alpha)); acc = fmaf(float(ot), beta, fl32(acc alpha))
@@ -67,6 +73,7 @@
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -348,47 +355,56 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_u8s8_rs(I, p[kk], v_desc + static_cast<uint64_t>(2 * kk), kk > 0);
   };
-  // Contract v2 §4.2-4.4 on block (stage s, nk valid keys): u = fl32(sk float(d)), the tile
-  // max mu, sT = fl32(a mu), m, alpha, beta (returned for the fold after this block's P V),
-  // and sc becomes the p8 words (byte 0 = p8 of x = fmaf(a, fl32(u - mu), kP8Top)).
-  // float(d) and float(ot) by __int2float_rn (I2FP.F32.S32 on sm_90, exact: |x| < 2^22): one
-  // issue slot each where the 1.5 2^23 trick took two (run 8: 586 against 550 TOP/s).
+  // Contract v4 §4.2-4.4 on block (stage s, nk valid keys; k0 % 128 == 0, int8_hopper_fits,
+  // so the block is an absolute 128-key tile). sc[4j + i] is d of row g + 8 (i / 2) and key
+  // 8j + 2t + (i & 1): a thread's 16 keys per row and class e = i & 1 are ONE group (residue
+  // 2t + e), whose scale every member holds in sk; taken from key 2t + e (2 shared loads per
+  // block). The tile max mu = max_j fl32(sk_j float(d_j)) is the max over (row, class) of
+  // fl32(sk_g float(dmax)), dmax the INTEGER max of the group's d (fl32(s y) is non-decreasing
+  // in y for s > 0: the same bits), then fmaxf over the classes and the quad's shuffles; sT =
+  // fl32(a mu), m, alpha, beta (returned for the fold after this block's P V); and sc becomes
+  // the p8 words (byte 0 = p8 of x = fmaf(fl32(a sk_g), float(d), fl32(kP8Top - sT))). Per
+  // score: IMNMX, I2F, FFMA, MUFU.EX2, FADD and a share of the packing (v3's FMUL and FADD per
+  // score are gone; the group's A = fl32(a sk_g) is 4 FMUL per block). float(d) and float(ot)
+  // by __int2float_rn (I2FP.F32.S32 on sm_90, exact: |x| < 2^22). Masked keys (a partial last
+  // tile, compiled into the last block only): INT_MIN in the integer max, never its result
+  // where the class has a valid key (its first key, 2t + e, is this thread's own); a class
+  // with no valid key gives -inf (its scale is TMA's zero fill: u would be -0); p8 0.
+  // The one-FFMA form holds for a row whose |sT| < 4096 (i8a::score_fma_form; docs §4.4: there
+  // x < log2(255.5), so the fast byte is right, and the maximum's p8 is 255); a row with a
+  // larger |sT| (never in a model's attention) takes v3's x = fmaf(a, fl32(fl32(sk_g float(d))
+  // - mu), kP8Top), as the CPU. Tested once per block, warp-uniform: the one-FFMA loop where
+  // every row of the warp has the v4 form, else a loop choosing the form per row.
   const auto softmax = [&](auto masked, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
     constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
-    float uv[64];
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
+    float skg[2];  // the scales of this thread's groups: keys 2t, 2t + 1 (16 bytes per key)
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skg[0]) : "r"(sk_base + static_cast<uint32_t>(16 * (2 * t))));
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skg[1]) : "r"(sk_base + static_cast<uint32_t>(16 * (2 * t + 1))));
+    // dm[r][q]: 4 independent chains per row (q = class e + 2 (j % 2)), merged below.
+    int dm[2][4];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      float skx, sky;
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skx) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t))));
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sky) : "r"(sk_base + static_cast<uint32_t>(16 * (8 * j + 2 * t + 1))));
-      uv[4 * j + 0] = __fmul_rn(skx, __int2float_rn(sc[4 * j + 0]));
-      uv[4 * j + 1] = __fmul_rn(sky, __int2float_rn(sc[4 * j + 1]));
-      uv[4 * j + 2] = __fmul_rn(skx, __int2float_rn(sc[4 * j + 2]));
-      uv[4 * j + 3] = __fmul_rn(sky, __int2float_rn(sc[4 * j + 3]));
-    }
-    if (kMask && nk < kN) {  // masked keys: out of the max (and p8 = 0 below)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int q = 0; q < 4; ++q) dm[r][q] = INT_MIN;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (8 * j + 2 * t + (i & 1) >= nk) uv[4 * j + i] = -INFINITY;
-    }
-    float m4[2][4];
+    for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      m4[0][q] = fmaxf(uv[4 * q], uv[4 * q + 1]);
-      m4[1][q] = fmaxf(uv[4 * q + 2], uv[4 * q + 3]);
-    }
-#pragma unroll
-    for (int j = 4; j < 16; ++j) {
-      m4[0][j % 4] = fmaxf(m4[0][j % 4], fmaxf(uv[4 * j], uv[4 * j + 1]));
-      m4[1][j % 4] = fmaxf(m4[1][j % 4], fmaxf(uv[4 * j + 2], uv[4 * j + 3]));
-    }
-    float mu[2];
+      for (int i = 0; i < 4; ++i) {
+        const int d = kMask && 8 * j + 2 * t + (i & 1) >= nk ? INT_MIN : sc[4 * j + i];
+        dm[i / 2][(i & 1) + 2 * (j & 1)] = max(dm[i / 2][(i & 1) + 2 * (j & 1)], d);
+      }
+    float mu[2], bT[2], A[2][2];
+    bool v4f[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int dmax = max(dm[r][e], dm[r][e + 2]);
+        const float u = !kMask || 2 * t + e < nk ? __fmul_rn(skg[e], __int2float_rn(dmax)) : -INFINITY;
+        mx = fmaxf(mx, u);
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mu[r] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float sT = __fmul_rn(c_r[r], mu[r]);  // the tile's largest score (log2 units)
@@ -396,13 +412,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new));
       beta[r] = i8a::exp2e(__fsub_rn(sT, m_new));  // exp2e(0) = 1
       m_r[r] = m_new;
+      bT[r] = __fsub_rn(i8a::kP8Top, sT);
+      v4f[r] = i8a::score_fma_form(sT);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) A[r][e] = __fmul_rn(c_r[r], skg[e]);
     }
+    // x of score k (row (k % 4) / 2, group k & 1); kMixed: the row's form (v3's where |sT| >= 4096).
+    const auto x_of = [&](auto mixed_c, int k) {
+      constexpr bool kMixed = decltype(mixed_c)::value;
+      const int r = (k % 4) / 2, e = k & 1;
+      const float df = __int2float_rn(sc[k]);
+      if (!kMixed || v4f[r]) return __fmaf_rn(A[r][e], df, bT[r]);
+      return __fmaf_rn(c_r[r], __fsub_rn(__fmul_rn(skg[e], df), mu[r]), i8a::kP8Top);
+    };
+    const auto p8_all = [&](auto mixed_c) {
+      if constexpr (kTable) {  // every x first (A, b dead before the table's branches), then p8
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+        for (int k = 0; k < 64; ++k) sc[k] = __float_as_int(x_of(mixed_c, k));
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        sc[4 * j + i] = static_cast<int32_t>(
-            p8dev::p8_word<kTable>(__fmaf_rn(c_r[i / 2], __fsub_rn(uv[4 * j + i], mu[i / 2]), i8a::kP8Top)));
+        for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<true>(__int_as_float(sc[k])));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<false>(x_of(mixed_c, k)));
+      }
+    };
+    if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_all(std::false_type{});
+    else p8_all(std::true_type{});
     if (kMask && nk < kN) {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
@@ -680,10 +715,11 @@ std::string int8_hopper_fits(bool sm_90, const TensorView& q, const Int8Keys& ke
       K.vs.size(2) != H || K.vs.size(3) != kD || !K.vs.is_contiguous() || !aligned(K.vs.data, 8) || K.k0 < 0 ||
       (K.k0 + n - 1) / kInt8StatBlock >= K.vs.size(0))
     return "shapes or dtypes do not match (the portable kernel reports which)";
-  // Blocks never straddle a statistics block: keys crossing a block boundary start at a
-  // multiple of 128 (else the portable kernel's invalid_argument, as the CPU's).
-  if (K.k0 / kInt8StatBlock != (K.k0 + n - 1) / kInt8StatBlock && K.k0 % kN != 0)
-    return "the keys cross a statistics block boundary from a first key that is not a multiple of 128";
+  // Contract v4: the kernel's blocks must be absolute 128-key tiles, K's scale groups (its
+  // score takes one scale per group). Keys starting off the grid (a key range of a prepared
+  // sequence; never a streamed chunk) go to the portable kernel's per-key form. This also
+  // keeps blocks from straddling a statistics block.
+  if (K.k0 % kN != 0) return "the first key is not a multiple of 128 (K's scale groups, contract v4)";
   if (!check_attention_state(p, q.size(0), n, H, kD).ok()) return "the streamed state does not match";
   if (H % 4 != 0 || H > 65535) return "the head count is not a multiple of 4 (the key scales' TMA boxes)";
   if (q.size(0) > (int64_t{1} << 30) || n > (int64_t{1} << 30)) return "more than 2^30 rows";

@@ -1,11 +1,13 @@
 // CUDA INT8 attention, the portable kernels (AttentionAlgorithm::int8; docs/int8-attention.md
-// is the contract, v3; src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
+// is the contract, v4; src/backend/cpu/attention_int8.cpp the reference). sm_80+ (mma.sync
 // m16n8k32 s8.s8 for Q.K, u8.s8 for P.V), head dim 128, kv_tile 128. Every element
 // operation is the shared arithmetic of backend/int8_attention_math.h (the _rn intrinsics),
 // the integer sums are exact, and the fp32 fold runs once per 128-key tile in the CPU's
 // order, so the bytes equal the CPU reference's (tests/cuda/test_attention_int8_cuda.cpp).
 // Contract v3: the statistics are per absolute block of kInt8StatBlock = 4096 keys (K's
 // centre over block 0 only, V's scale sv_b per block b), keys [k0, k0 + n) of a call.
+// Contract v4: K's scale per key GROUP (the 16 keys of a 128-key tile with the same j % 8,
+// stored per key), and the score x = fmaf(fl32(a sk), float(d), fl32(kP8Top - sT)).
 //
 //   int8_key_stats  grid (columns / 128, row groups, statistics blocks of the call's keys):
 //                   a CTA's rows lie in ONE block (a segment of the call's rows; the groups
@@ -13,7 +15,9 @@
 //                   for block 0's rows; per thread one merge per statistic and block into
 //                   stats by float max/min compare-and-swap (exact, order-free). reset: an
 //                   init kernel first over all 2 + NB rows (-inf, +inf, 0...).
-//   int8_prepare    vs rows (sv_b, rho_b) of the blocks the keys touch; one warp per (key,
+//   int8_prepare    vs rows (sv_b, rho_b) of the blocks the keys touch; K (k0 % 128 == 0) in
+//                   three launches (the keys' own scales into sk, k8 with the group scales,
+//                   the group scales into sk: prepare_k_scale_kernel), one warp per (key,
 //                   head) row: lane l holds channels 4l..4l+3, the rotation's strides 1, 2 in
 //                   registers and 4..64 by shuffles (the same adds as the CPU, in the same
 //                   stage order); V through a 32-key shared-memory transpose into v8t[h, c,
@@ -23,9 +27,12 @@
 //                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
 //                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes: the
 //                   fragment loads hit 32 distinct banks), Q.K by 64 mma (16 n-tiles x 4
-//                   k-steps of 32), u = fl32(sk * float(d)), the tile max mu over the quad,
-//                   sT, alpha, beta, p8 of fmaf(a, fl32(u - mu), kP8Top) (fast ex2 byte or
-//                   the threshold table: template kTable), integer row sums of p8, P.V by
+//                   k-steps of 32), the tile max mu (an integer max of d per key group, then
+//                   u = fl32(sk_g float(dmax)); the quad's shuffles), sT, alpha, beta, p8 of
+//                   fmaf(fl32(a sk_g), float(d), fl32(kP8Top - sT)) (per score I2F, FFMA, the
+//                   p8; v3's form for a row with |sT| >= 4096; fast ex2 byte or the threshold table: template kTable; template
+//                   kGrouped false, keys off the 128-key grid: u and fl32(a sk) per key),
+//                   integer row sums of p8, P.V by
 //                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
 //                   (before it, at a tile starting a statistics block b > 0, acc *= rho_b:
 //                   one block entry in 32 tiles: an outer loop over the blocks). The
@@ -35,7 +42,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <climits>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/int8_p8_check.cuh"
@@ -131,16 +140,24 @@ __global__ void vscale_kernel(const float* st, int64_t HD, int64_t b0, int64_t n
 using i8w::quant_row_warp;  // int8_quant_warp.cuh (shared with the Hopper kernel)
 using i8w::rotate_warp;
 
-// One warp per (key j, head h): k8[j, h, :] and sk[j, h].
-__global__ void prepare_k_kernel(const uint16_t* k, int64_t ks, int64_t n, int H, const float* st, int8_t* k8,
-                                 float* sk) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;  // j * H + h
-  if (row >= n * H) return;
-  const int64_t j = row / H;
-  const int h = static_cast<int>(row % H);
+// K's prepare, contract v4 (docs §3): key j's scale is its GROUP's, the 16 keys of its 128-key
+// tile with the same j % 8 (absolute j; the call's k0 is a multiple of 128, so local tiles
+// and residues are absolute ones; keys past the call's n are simply absent from a group).
+// No scratch (backends never allocate): sk itself carries the intermediate values, and three
+// launches in stream order separate the phases:
+//   1. prepare_k_scale_kernel, one warp per (key j, head h): y = R(fl32(k - mu)), sk[j, h] =
+//      row_scale(max |y|) (the key's own v3 scale).
+//   2. prepare_k_quant_kernel, one warp per (key, head): y again (the same bits), the group
+//      scale = the max of the group's sk values (row_scale is monotone, so this is
+//      row_scale of the group's largest max |y|; a max of floats >= kTiny: exact, order-free),
+//      k8 = quant(y, group scale). Reads sk only.
+//   3. prepare_k_group_kernel, one thread per (group, head): every key of the group gets the
+//      group scale in sk (after launch 2, which read the per-key values).
+// y is recomputed in launch 2 rather than stored (k is bf16 and the work is a few shuffles per
+// value); the cost is about twice v3's K prepare, once per key per sequence.
+__device__ __forceinline__ void centred_rotated_warp(const uint16_t* k, int64_t ks, int64_t j, int h, int H,
+                                                     const float* st, int lane, float y[4]) {
   const int64_t HD = static_cast<int64_t>(H) * kDh;
-  float y[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int c = 4 * lane + e;
@@ -148,10 +165,52 @@ __global__ void prepare_k_kernel(const uint16_t* k, int64_t ks, int64_t n, int H
     y[e] = lq::sub(bf16_bits_to_f32(k[j * ks + h * kDh + c]), mu);
   }
   rotate_warp(y, lane);
-  uint32_t w;
-  const float s = quant_row_warp(y, &w);
-  reinterpret_cast<uint32_t*>(k8 + row * kDh)[lane] = w;
+}
+
+__global__ void prepare_k_scale_kernel(const uint16_t* k, int64_t ks, int64_t n, int H, const float* st, float* sk) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;  // j * H + h
+  if (row >= n * H) return;
+  float y[4];
+  centred_rotated_warp(k, ks, row / H, static_cast<int>(row % H), H, st, lane, y);
+  const float s = i8a::row_scale(i8w::row_amax_warp(y));
   if (lane == 0) sk[row] = s;
+}
+
+// The first key of key j's group (local = absolute residues: k0 % 128 == 0); its members are
+// first + 8 m, m = 0..15, those below n.
+__device__ __forceinline__ int64_t group_first(int64_t j) {
+  return j / kInt8KeyGroupTile * kInt8KeyGroupTile + j % kInt8KeyGroupStride;
+}
+
+__global__ void prepare_k_quant_kernel(const uint16_t* k, int64_t ks, int64_t n, int H, const float* st, int8_t* k8,
+                                       const float* sk) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;  // j * H + h
+  if (row >= n * H) return;
+  const int64_t j = row / H;
+  const int h = static_cast<int>(row % H);
+  // The group scale: lanes 0..15 read member m = lane (if present), a max over the warp.
+  const int64_t jm = group_first(j) + kInt8KeyGroupStride * (lane & 15);
+  float gs = jm < n ? sk[jm * H + h] : 0.0f;  // every sk >= kTiny > 0, never NaN
+#pragma unroll
+  for (int m = 8; m >= 1; m >>= 1) gs = fmaxf(gs, __shfl_xor_sync(0xffffffffu, gs, m));
+  float y[4];
+  centred_rotated_warp(k, ks, j, h, H, st, lane, y);
+  reinterpret_cast<uint32_t*>(k8 + row * kDh)[lane] = i8w::quant_lane(y, gs);
+}
+
+__global__ void prepare_k_group_kernel(int64_t n, int H, float* sk) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // group * H + h
+  const int64_t groups = (n + kInt8KeyGroupTile - 1) / kInt8KeyGroupTile * kInt8KeyGroupStride;
+  if (i >= groups * H) return;
+  const int64_t grp = i / H;
+  const int h = static_cast<int>(i % H);
+  const int64_t first = grp / kInt8KeyGroupStride * kInt8KeyGroupTile + grp % kInt8KeyGroupStride;
+  float gs = 0.0f;
+  for (int64_t j = first; j < n && j < first + kInt8KeyGroupTile; j += kInt8KeyGroupStride)
+    gs = fmaxf(gs, sk[j * H + h]);
+  for (int64_t j = first; j < n && j < first + kInt8KeyGroupTile; j += kInt8KeyGroupStride) sk[j * H + h] = gs;
 }
 
 // V of 32 keys x 128 channels of one head through shared memory into v8t[h, c, j0..j0+31].
@@ -238,7 +297,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // (keys along the row) and the tile's 128 key scales.
 constexpr int kStageBytes = kTile * kRowPad + kDh * kRowPad + kTile * 4;
 
-template <bool kTable>
+template <bool kTable, bool kGrouped>
 __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = smem + 2 * kStageBytes;  // [warps][16 rows][144 B]
@@ -376,56 +435,125 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
           mma_s8(sc[nt], qa[ks], b0, b1);
         }
       }
-      // Contract v2 (§4.2-4.4): u = fl32(sk * float(d)) (masked keys -inf: out of the max),
-      // the tile max mu per row (rows g, g + 8: the quad's 4 threads share them).
-      float u[16][4];
-      float mu[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
-          float v = -INFINITY;
-          if (key < nk) v = lq::mul(sSk[key], __int2float_rn(sc[nt][e]));
-          u[nt][e] = v;
-          mu[rr] = v > mu[rr] ? v : mu[rr];
+      // Contract v4 (§4.2-4.4), rows g (rr 0) and g + 8 (rr 1). Key key_of(nt, 2t + (e & 1)) is
+      // 32 grp + 16 (ntl >> 1) + 4t + cls, cls = 2 (ntl & 1) + (e & 1): its residue mod 8 is
+      // 4 (t & 1) + cls, so (kGrouped: the tile is an absolute 128-key tile, k0 % 128 == 0) a
+      // thread's 32 keys per row lie in 4 groups, and the group of class cls has the scale
+      // sk[4t + cls] (the thread's first key of that class; every key of a group holds the
+      // group's scale). The tile max mu = max_j fl32(sk_j float(d_j)) is then a max of the
+      // INTEGER d per (row, class) and one u = fl32(sk_g float(dmax)) per (row, class): fl32(s y)
+      // is non-decreasing in y for s > 0, so the bits of the max over the keys' u. Masked keys
+      // (a partial last tile) are INT_MIN there, never the result where the class has a valid
+      // key (its first key 4t + cls is this thread's own); a class with no valid key gives
+      // -inf (its zero-filled scale would give u = -0); p8 = 0.
+      // Not kGrouped (a call whose keys start off the 128-key grid: local tiles straddle two
+      // groups per class): u and A per key, the same values.
+      const auto tile_softmax = [&](auto masked_c, float (&alpha)[2], float (&beta)[2], uint32_t (&pa)[4][4],
+                                    int (&lt)[2]) {
+        constexpr bool kMask = decltype(masked_c)::value;
+        [[maybe_unused]] float skg[4];
+        if constexpr (kGrouped) {
+          const float4 v = *reinterpret_cast<const float4*>(sSk + 4 * t);
+          skg[0] = v.x, skg[1] = v.y, skg[2] = v.z, skg[3] = v.w;
         }
-      // sT = fl32(a mu) (the tile's largest score, log2 units), m_new, alpha, beta.
-      float alpha[2], beta[2];
+        float mu[2] = {-INFINITY, -INFINITY};
+        if constexpr (kGrouped) {
+          int dm[2][4];
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 1));
-        mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 2));
-        const float sT = lq::mul(arow[rr], mu[rr]);
-        const float m_new = sT > m[rr] ? sT : m[rr];
-        alpha[rr] = m[rr] == -INFINITY ? 0.0f : i8a::exp2e(lq::sub(m[rr], m_new));
-        beta[rr] = i8a::exp2e(lq::sub(sT, m_new));
-        m[rr] = m_new;
-      }
-      // p8 of x = fmaf(a, fl32(u - mu), kP8Top) (255 at the tile's maximum; masked keys 0), the
-      // integer row sums lt, the P A fragments (k-step = 32-key group).
-      uint32_t pa[4][4];
-      int lt[2] = {0, 0};
+          for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-      for (int grp = 0; grp < 4; ++grp) {
-        uint32_t w[4] = {0, 0, 0, 0};  // a0: (g, 4t..), a1: (g+8, 4t..), a2: (g, 16+4t..), a3: (g+8, 16+4t..)
+            for (int c = 0; c < 4; ++c) dm[rr][c] = INT_MIN;
 #pragma unroll
-        for (int ntl = 0; ntl < 4; ++ntl) {
-          const int nt = grp * 4 + ntl;
+          for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int rr = e >> 1;
-            uint32_t p = 0;
-            if (u[nt][e] != -INFINITY)
-              p = p8dev::p8_word<kTable>(lq::fma(arow[rr], lq::sub(u[nt][e], mu[rr]), i8a::kP8Top)) & 0xFFu;
-            lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
-            const int reg = (ntl >> 1) * 2 + rr;            // 16+ half for ntl 2, 3
-            const int byte = (ntl & 1) * 2 + (e & 1);         // 4t + {0,1} | 4t + {2,3}
-            w[reg] |= p << (8 * byte);
+            for (int e = 0; e < 4; ++e) {
+              const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1, c = 2 * (nt & 1) + (e & 1);
+              const int d = kMask && key >= nk ? INT_MIN : sc[nt][e];
+              dm[rr][c] = max(dm[rr][c], d);
+            }
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const float uc = !kMask || 4 * t + c < nk ? lq::mul(skg[c], __int2float_rn(dm[rr][c])) : -INFINITY;
+              mu[rr] = fmaxf(mu[rr], uc);
+            }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
+              if (!kMask || key < nk) mu[rr] = fmaxf(mu[rr], lq::mul(sSk[key], __int2float_rn(sc[nt][e])));
+            }
+        }
+        // sT = fl32(a mu) (the tile's largest score, log2 units), m_new, alpha, beta; b =
+        // fl32(kP8Top - sT) and (kGrouped) A = fl32(a sk_g) per row and class.
+        float bT[2];
+        [[maybe_unused]] float A[2][4];
+        bool v4f[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 1));
+          mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 2));
+          const float sT = lq::mul(arow[rr], mu[rr]);
+          const float m_new = sT > m[rr] ? sT : m[rr];
+          alpha[rr] = m[rr] == -INFINITY ? 0.0f : i8a::exp2e(lq::sub(m[rr], m_new));
+          beta[rr] = i8a::exp2e(lq::sub(sT, m_new));
+          m[rr] = m_new;
+          bT[rr] = lq::sub(i8a::kP8Top, sT);
+          v4f[rr] = i8a::score_fma_form(sT);
+          if constexpr (kGrouped) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) A[rr][c] = lq::mul(arow[rr], skg[c]);
           }
         }
-        pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
-      }
+        // p8 of x = fmaf(A, float(d), b) (within 9.8e-4 of kP8Top at the tile's maximum, below
+        // log2(255.5): the fast byte is right; masked keys 0), the integer row sums lt, the P A
+        // fragments (k-step = 32-key group). A row with |sT| >= 4096 (i8a::score_fma_form false,
+        // never in a model's attention) takes v3's x = fmaf(a, fl32(fl32(sk float(d)) - mu),
+        // kP8Top), as the CPU: tested once per tile, warp-uniform (kMixed: the form per row).
+        const auto p8_loop = [&](auto mixed_c) {
+          constexpr bool kMixed = decltype(mixed_c)::value;
+          lt[0] = lt[1] = 0;
+#pragma unroll
+          for (int grp = 0; grp < 4; ++grp) {
+            uint32_t w[4] = {0, 0, 0, 0};  // a0: (g, 4t..), a1: (g+8, 4t..), a2: (g, 16+4t..), a3: (g+8, 16+4t..)
+#pragma unroll
+            for (int ntl = 0; ntl < 4; ++ntl) {
+              const int nt = grp * 4 + ntl;
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
+                [[maybe_unused]] const int c = 2 * (ntl & 1) + (e & 1);
+                uint32_t p = 0;
+                if (!kMask || key < nk) {
+                  float sk, Ak;
+                  if constexpr (kGrouped) sk = skg[c], Ak = A[rr][c];
+                  else sk = sSk[key], Ak = lq::mul(arow[rr], sk);
+                  const float df = __int2float_rn(sc[nt][e]);
+                  const float x = !kMixed || v4f[rr]
+                                      ? lq::fma(Ak, df, bT[rr])
+                                      : lq::fma(arow[rr], lq::sub(lq::mul(sk, df), mu[rr]), i8a::kP8Top);
+                  p = p8dev::p8_word<kTable>(x) & 0xFFu;
+                }
+                lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
+                const int reg = (ntl >> 1) * 2 + rr;     // 16+ half for ntl 2, 3
+                const int byte = (ntl & 1) * 2 + (e & 1);  // 4t + {0,1} | 4t + {2,3}
+                w[reg] |= p << (8 * byte);
+              }
+            }
+            pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
+          }
+        };
+        if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_loop(std::false_type{});
+        else p8_loop(std::true_type{});
+      };
+      float alpha[2], beta[2];
+      uint32_t pa[4][4];
+      int lt[2];
+      if (nk == kTile) tile_softmax(std::false_type{}, alpha, beta, pa, lt);
+      else tile_softmax(std::true_type{}, alpha, beta, pa, lt);
       // l = fmaf(float(lt), beta, fl32(l alpha)) (float(lt) exact: lt <= 255 * 128).
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
@@ -581,6 +709,14 @@ Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorV
   LS_CHECK_MSG(keys.vs.size(0) == NB, "int8_prepare: the V-scale table " + keys.vs.shape_str() + " and stats " +
                                           stats.shape_str() + " must have the same number of statistics blocks");
   LS_CHECK_MSG(keys.k8.stride[0] == HD && keys.sk.stride[0] == H, "int8_prepare writes contiguous k8 and sk");
+  // Contract v4: K's scale groups lie in 128-key tiles (docs §3), so a prepare covers whole
+  // tiles from a multiple of 128 (and runs to one or to the sequence's last key: the
+  // caller's duty, backend.h), as the CPU's.
+  if (keys.k0 % kInt8KeyGroupTile != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "int8_prepare: the first key " + std::to_string(keys.k0) + " is not a multiple of " +
+                          std::to_string(kInt8KeyGroupTile) + " (K's scale groups lie in 128-key tiles: a prepare "
+                          "covers whole tiles, docs/int8-attention.md §3)");
   if (n == 0) return Status();
   // The vs rows of the blocks these keys touch (a function of the statistics alone: a block
   // prepared in several calls gets the same bytes each time).
@@ -588,10 +724,21 @@ Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorV
   vscale_kernel<<<dim3(static_cast<unsigned>(div_up(HD, 128)), grid_yz(nb)), 128, 0, ctx.stream>>>(
       stats.ptr<const float>(), HD, b0, nb, keys.vs.ptr<float>());
   LS_CUDA_CHECK_LAUNCH();
+  // K (contract v4): the keys' own scales, k8 with their groups' scales, then the groups'
+  // scales into sk (three launches, stream-ordered: see prepare_k_scale_kernel).
   const int64_t warps = n * H;
-  prepare_k_kernel<<<static_cast<unsigned>(div_up(warps * 32, 256)), 256, 0, ctx.stream>>>(
-      k.ptr<const uint16_t>(), k.stride[0], n, static_cast<int>(H), stats.ptr<const float>(), keys.k8.ptr<int8_t>(),
-      keys.sk.ptr<float>());
+  const unsigned kblocks = static_cast<unsigned>(div_up(warps * 32, 256));
+  prepare_k_scale_kernel<<<kblocks, 256, 0, ctx.stream>>>(k.ptr<const uint16_t>(), k.stride[0], n,
+                                                          static_cast<int>(H), stats.ptr<const float>(),
+                                                          keys.sk.ptr<float>());
+  LS_CUDA_CHECK_LAUNCH();
+  prepare_k_quant_kernel<<<kblocks, 256, 0, ctx.stream>>>(k.ptr<const uint16_t>(), k.stride[0], n,
+                                                          static_cast<int>(H), stats.ptr<const float>(),
+                                                          keys.k8.ptr<int8_t>(), keys.sk.ptr<const float>());
+  LS_CUDA_CHECK_LAUNCH();
+  const int64_t group_threads = div_up(n, kInt8KeyGroupTile) * kInt8KeyGroupStride * H;
+  prepare_k_group_kernel<<<static_cast<unsigned>(div_up(group_threads, 256)), 256, 0, ctx.stream>>>(
+      n, static_cast<int>(H), keys.sk.ptr<float>());
   LS_CUDA_CHECK_LAUNCH();
   prepare_v_kernel<<<dim3(static_cast<unsigned>(div_up(n, 32)), static_cast<unsigned>(H)), kDh, 0, ctx.stream>>>(
       v.ptr<const uint16_t>(), v.stride[0], n, k0, stats.ptr<const float>(), HD, keys.v8t.ptr<int8_t>(),
@@ -649,7 +796,11 @@ Status cuda_op_attention_int8(CudaContext& ctx, const TensorView& q, const Int8K
     return unsupported("attention_int8", "the kernel needs " + std::to_string(kAttnSmem) +
                                              " bytes of shared memory per block; this device allows " +
                                              std::to_string(ctx.max_smem_optin));
-  const auto kernel = p8_table ? attention_int8_kernel<true> : attention_int8_kernel<false>;
+  // Contract v4's grouped score where local tiles are absolute 128-key tiles (the keys start
+  // on the grid: every call of a streamed sequence); else the per-key form, the same values.
+  const bool grouped = k0 % kTile == 0;
+  const auto kernel = p8_table ? (grouped ? attention_int8_kernel<true, true> : attention_int8_kernel<true, false>)
+                               : (grouped ? attention_int8_kernel<false, true> : attention_int8_kernel<false, false>);
   LS_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAttnSmem)));
   const dim3 grid(static_cast<unsigned>(div_up(Mq, kWarps * 16)), static_cast<unsigned>(H));

@@ -35,24 +35,36 @@ __device__ __forceinline__ void rotate_warp(float x[4], int lane) {
   }
 }
 
-// Quantise the warp's rotated row: returns the scale, writes this lane's 4 int8 packed
-// (channel 4 lane + e in byte e). i8a::quant's bits without a division instruction
-// (i8a::quant_rd: one fp64 reciprocal of the row scale, then a multiply per value), so a
-// warp's 16 rows are straight-line code the scheduler can interleave.
-__device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* packed) {
-  // fmaxf is lq::max_nan_ignoring on these operands (non-negative or NaN: a NaN is skipped,
-  // two NaN give a NaN, which row_scale maps to kTiny whatever its payload): one FMNMX.
+// The largest |y| of the warp's rotated row, every lane holding it (fmaxf is
+// lq::max_nan_ignoring on these operands: non-negative or NaN, a NaN is skipped, two NaN give a
+// NaN, which row_scale maps to kTiny whatever its payload): one FMNMX per value and step.
+__device__ __forceinline__ float row_amax_warp(const float y[4]) {
   float amax = 0.0f;
 #pragma unroll
   for (int e = 0; e < 4; ++e) amax = fmaxf(amax, lq::abs(y[e]));
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  const float s = i8a::row_scale(amax);
+  return amax;
+}
+
+// This lane's 4 values quantised with the scale s (channel 4 lane + e in byte e): i8a::quant's
+// bits without a division instruction (i8a::quant_rd: one fp64 reciprocal of s, then a
+// multiply per value).
+__device__ __forceinline__ uint32_t quant_lane(const float y[4], float s) {
   const double r = i8a::recip_d(s);
   uint32_t w = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) w |= static_cast<uint32_t>(static_cast<uint8_t>(i8a::quant_rd(y[e], r))) << (8 * e);
-  *packed = w;
+  return w;
+}
+
+// Quantise the warp's rotated row with its own row scale: returns the scale, writes this
+// lane's 4 int8 packed (channel 4 lane + e in byte e). Straight-line code, so a warp's 16 rows
+// are code the scheduler can interleave. (Q rows; K's rows take their group's scale, contract
+// v4, attention_int8.cu's prepare.)
+__device__ __forceinline__ float quant_row_warp(const float y[4], uint32_t* packed) {
+  const float s = i8a::row_scale(row_amax_warp(y));
+  *packed = quant_lane(y, s);
   return s;
 }
 
