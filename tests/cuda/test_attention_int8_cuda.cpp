@@ -290,6 +290,21 @@ TEST(Int8AttentionCuda, AutoRunsTheHopperKernelOnSm90) {
   std::printf("[ info ] %s: attention int8 runs the %s kernel\n", prop.name, cuda::int8_attention_kernel(*E->cuda).c_str());
 }
 
+// Statistics and prepare of all of k, v (k0 = 0) on both backends: the device's statistics,
+// k8, sk, vs and v8t are the CPU reference's bytes.
+void prepare_both(const Pair& k, const Pair& v, Keys& K) {
+  Env* E = env();
+  ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
+  ASSERT_TRUE(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
+  ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
+  ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
+  EXPECT_EQ(host_bytes(K.dstats), cpu_bytes(K.hstats)) << "statistics";
+  EXPECT_EQ(host_bytes(K.d.k8), cpu_bytes(K.h.k8)) << "k8";
+  EXPECT_EQ(host_bytes(K.d.sk), cpu_bytes(K.h.sk)) << "sk";
+  EXPECT_EQ(host_bytes(K.d.vs), cpu_bytes(K.h.vs)) << "vs";
+  EXPECT_EQ(v8t_rows(K.d, true), v8t_rows(K.h, false)) << "v8t";
+}
+
 TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
   NEED_GPU();
   // H % 4 == 0 reaches the Hopper kernel under auto on sm_90; H = 2, 3, 1 the portable one.
@@ -298,15 +313,7 @@ TEST_P(Int8Kernel, EqualsTheCpuReferenceBytes) {
     SCOPED_TRACE("Mq " + std::to_string(Mq) + " Mk " + std::to_string(Mk) + " H " + std::to_string(H));
     Pair q = make(Mq, H, 1, true), k = make(Mk, H, 2, true), v = make(Mk, H, 3, false);
     Keys K = keys_for(Mk, H);
-    ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
-    ASSERT_TRUE(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
-    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
-    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
-    EXPECT_EQ(host_bytes(K.dstats), cpu_bytes(K.hstats)) << "statistics";
-    EXPECT_EQ(host_bytes(K.d.k8), cpu_bytes(K.h.k8)) << "k8";
-    EXPECT_EQ(host_bytes(K.d.sk), cpu_bytes(K.h.sk)) << "sk";
-    EXPECT_EQ(host_bytes(K.d.vs), cpu_bytes(K.h.vs)) << "vs";
-    EXPECT_EQ(v8t_rows(K.d, true), v8t_rows(K.h, false)) << "v8t";
+    ASSERT_NO_FATAL_FAILURE(prepare_both(k, v, K));
     std::vector<uint16_t> oh(static_cast<size_t>(Mq * H * 128));
     TensorView out_h(oh.data(), DType::bf16, {Mq, H, 128});
     ASSERT_TRUE(E->cpu->attention_int8(q.h, K.h, out_h, tile128()).ok());
@@ -336,15 +343,7 @@ TEST_P(Int8Kernel, HugeScoresEqualTheCpuReferenceBytes) {
     auto [q, k] = make_huge(Mq, Mk, H);
     Pair v = make(Mk, H, 53, false);
     Keys K = keys_for(Mk, H);
-    ASSERT_TRUE(E->cpu->int8_key_stats(k.h, v.h, K.hstats, 0, true).ok());
-    ASSERT_TRUE(E->cpu->int8_prepare(k.h, v.h, K.hstats, K.h).ok());
-    ASSERT_TRUE(E->cuda->int8_key_stats(k.d, v.d, K.dstats, 0, true).ok());
-    ASSERT_TRUE(E->cuda->int8_prepare(k.d, v.d, K.dstats, K.d).ok());
-    EXPECT_EQ(host_bytes(K.dstats), cpu_bytes(K.hstats)) << "statistics";
-    EXPECT_EQ(host_bytes(K.d.k8), cpu_bytes(K.h.k8)) << "k8";
-    EXPECT_EQ(host_bytes(K.d.sk), cpu_bytes(K.h.sk)) << "sk";
-    EXPECT_EQ(host_bytes(K.d.vs), cpu_bytes(K.h.vs)) << "vs";
-    EXPECT_EQ(v8t_rows(K.d, true), v8t_rows(K.h, false)) << "v8t";
+    ASSERT_NO_FATAL_FAILURE(prepare_both(k, v, K));
     std::vector<uint16_t> oh(static_cast<size_t>(Mq * H * 128));
     TensorView out_h(oh.data(), DType::bf16, {Mq, H, 128});
     ASSERT_TRUE(E->cpu->attention_int8(q.h, K.h, out_h, tile128()).ok());
