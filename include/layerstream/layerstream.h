@@ -180,7 +180,7 @@ typedef struct ls_memory_request {
   int64_t attn_chunk;        /* rows per attention slice (two-pass); 0 = stock */
   int64_t final_chunk;       /* rows per final-layer slice; 0 = all */
   int64_t kv_offload;        /* 0 | 1: K/V in pinned host memory (needs attn_chunk) */
-  int64_t kv_chunk;          /* keys per streamed K/V chunk (with kv_offload; 0 = about 4096) */
+  int64_t kv_chunk;          /* keys per streamed K/V chunk (with kv_offload; 0 = about 4096, int8 16384; a multiple of kv_tile, with attention int8 also of 128) */
   int64_t residual_offload;  /* 0 | 1: the residual in pinned host memory (needs attn_chunk) */
   int64_t resident_blocks;   /* blocks kept on the device, 0 .. 1000 (unset = all) */
   int64_t slots;             /* 1 | 2 slots for streamed blocks (with resident_blocks) */
@@ -268,7 +268,7 @@ typedef struct ls_engine_params {
   int64_t attn_chunk;         /* KNOBS: rows per attention slice (two-pass); 0 = stock */
   int64_t final_chunk;        /* KNOBS: rows per final-layer slice; 0 = all */
   int32_t kv_offload;         /* KNOBS: K/V in pinned host memory (needs attn_chunk) */
-  int64_t kv_chunk;           /* KNOBS: keys per streamed K/V chunk (0 = about 4096) */
+  int64_t kv_chunk;           /* KNOBS: keys per streamed K/V chunk (0 = about 4096, int8 16384; int8: a multiple of 128) */
   int32_t residual_offload;   /* KNOBS: the residual in pinned host memory (needs attn_chunk) */
   int64_t resident_blocks;    /* KNOBS: blocks kept on the device; -1 (default) = all */
   int32_t slots;              /* KNOBS: slots for streamed blocks, 2 (default, prefetch) or 1 */
