@@ -42,6 +42,14 @@ Int8Keys Int8Keys::slice(int64_t a, int64_t b) const {
 
 int64_t int8_keys_bytes(int64_t n, int64_t H, int64_t Dh) { return parts(n, H, Dh).total; }
 
+Status check_int8_prepare_start(const Int8Keys& keys) {
+  if (keys.k0 % kInt8KeyGroupTile == 0) return Status();
+  return make_error(ErrorCode::invalid_argument,
+                    "int8_prepare: the first key " + std::to_string(keys.k0) + " is not a multiple of " +
+                        std::to_string(kInt8KeyGroupTile) + " (K's scale groups lie in 128-key tiles: a prepare "
+                        "covers whole tiles, docs/int8-attention.md §3)");
+}
+
 int64_t int8_tables_bytes(int64_t S, int64_t H, int64_t Dh) {
   return align_up(int8_stats_bytes(S, H, Dh), kAlign) + align_up(int8_vscale_bytes(S, H, Dh), kAlign);
 }

@@ -536,6 +536,10 @@ inline Status Backend::attention_int8(const TensorView&, const Int8Keys&, const 
 }
 
 // ---- INT8 attention helpers (src/backend/attention_int8.cpp; docs/int8-attention.md §5) ----
+// Contract v4's rule for an int8_prepare call: its first key keys.k0 is a multiple of
+// kInt8KeyGroupTile (K's scale groups lie in 128-key tiles), else invalid_argument naming k0.
+// Every backend calls it before writing anything, so the rule and message agree.
+Status check_int8_prepare_start(const Int8Keys& keys);
 // Bytes of one Int8Keys' per-key parts of n keys (ld = round_up(n, 64)): k8 | sk | v8t, each
 // part 256-byte aligned. Carve them from a buffer of that many bytes with int8_keys_view.
 int64_t int8_keys_bytes(int64_t n, int64_t H, int64_t Dh);

@@ -216,7 +216,6 @@ constexpr float kP8Top = 0x1.ffa37cp+2f;
 // p8 of a NaN x (x is never NaN for finite inputs): the byte the device's ex2 path gives.
 constexpr int kP8NaN = 255;
 
-// Host: p8(x) by binary search over the thresholds (as floats; ordered).
 // Contract v4 (docs/int8-attention.md §4.4): P's argument of a (row, tile) whose largest
 // score sT (log2 units) has |sT| < kScoreFmaLimit is the one-FFMA form fmaf(fl32(a sk),
 // float(d), fl32(kP8Top - sT)): there it lies within 2^-24 (8 + 4 |sT|) + 2^-21 < 9.8e-4 of
@@ -227,6 +226,7 @@ constexpr int kP8NaN = 255;
 constexpr float kScoreFmaLimit = 4096.0f;
 LQ_HD bool score_fma_form(float sT) { return sT < kScoreFmaLimit && sT > -kScoreFmaLimit; }
 
+// Host: p8(x) by binary search over the thresholds (as floats; ordered).
 inline int p8_table(float x) {
   if (!(x == x)) return kP8NaN;
   int lo = 0, hi = 255;  // count of thresholds <= x lies in [lo, hi]

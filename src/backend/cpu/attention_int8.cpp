@@ -167,11 +167,7 @@ Status cpu_op_int8_prepare(const TensorView& k, const TensorView& v, const Tenso
   LS_CHECK_MSG(keys.vs.size(0) == stats.size(0) - 2,
                "int8_prepare: the V-scale table " + keys.vs.shape_str() + " and stats " + stats.shape_str() +
                    " must have the same number of statistics blocks");
-  if (keys.k0 % kInt8KeyGroupTile != 0)
-    return make_error(ErrorCode::invalid_argument,
-                      "int8_prepare: the first key " + std::to_string(keys.k0) + " is not a multiple of " +
-                          std::to_string(kInt8KeyGroupTile) + " (K's scale groups lie in 128-key tiles: a prepare "
-                          "covers whole tiles, docs/int8-attention.md §3)");
+  LS_TRY(check_int8_prepare_start(keys));
   if (n == 0) return Status();
   const float* st = stats.ptr<float>();
   // The blocks of these keys: sv_b = row_scale(max |v| of block b), rho_b = fl32(sv_{b-1} / sv_b)

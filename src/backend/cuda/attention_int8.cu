@@ -711,12 +711,8 @@ Status cuda_op_int8_prepare(CudaContext& ctx, const TensorView& k, const TensorV
   LS_CHECK_MSG(keys.k8.stride[0] == HD && keys.sk.stride[0] == H, "int8_prepare writes contiguous k8 and sk");
   // Contract v4: K's scale groups lie in 128-key tiles (docs §3), so a prepare covers whole
   // tiles from a multiple of 128 (and runs to one or to the sequence's last key: the
-  // caller's duty, backend.h), as the CPU's.
-  if (keys.k0 % kInt8KeyGroupTile != 0)
-    return make_error(ErrorCode::invalid_argument,
-                      "int8_prepare: the first key " + std::to_string(keys.k0) + " is not a multiple of " +
-                          std::to_string(kInt8KeyGroupTile) + " (K's scale groups lie in 128-key tiles: a prepare "
-                          "covers whole tiles, docs/int8-attention.md §3)");
+  // caller's duty, backend.h).
+  LS_TRY(check_int8_prepare_start(keys));
   if (n == 0) return Status();
   // The vs rows of the blocks these keys touch (a function of the statistics alone: a block
   // prepared in several calls gets the same bytes each time).

@@ -87,7 +87,6 @@ __device__ __forceinline__ uint32_t p8_word(float x) {
   else return fast_word(x);
 }
 
-
 }  // namespace p8dev
 #endif
 
