@@ -224,6 +224,15 @@ AttentionParams tile128() {
   p.kv_tile = 128;
   return p;
 }
+// The call over keys [c0, c1) of a streamed sequence of Mk keys: kv_tile 128, the fp32 state
+// carried in `state` (read after the first call, written until the last, which finalises).
+AttentionParams chunk_call(const TensorView& state, int64_t c0, int64_t c1, int64_t Mk) {
+  AttentionParams p = tile128();
+  p.state = state;
+  p.state_in = c0 > 0;
+  p.finalize = c1 == Mk;
+  return p;
+}
 
 // The kernel under test, "auto" (the backend's choice) or "portable", and the p8 path,
 // "auto" (the once-per-device check's choice: ex2 on the H200) or "table" (forced).
@@ -358,10 +367,7 @@ TEST_P(Int8Kernel, HugeScoresEqualTheCpuReferenceBytes) {
     expect_same_outputs(host_bytes(*o), want, Mq * H * 64, "one call");
     for (int64_t c0 = 0; c0 < Mk; c0 += 256) {
       const int64_t c1 = std::min(Mk, c0 + 256);
-      AttentionParams p = tile128();
-      p.state = *st;
-      p.state_in = c0 > 0;
-      p.finalize = c1 == Mk;
+      const AttentionParams p = chunk_call(*st, c0, c1, Mk);
       ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d.slice(c0, c1), *o, p).ok());
     }
     expect_same_outputs(host_bytes(*o), want, Mq * H * 64, "chunks of 256");
@@ -419,10 +425,7 @@ TEST_P(Int8Kernel, SlicingsAndStreamedChunksGiveTheSameBytes) {
         // sequence's V-scale table) and, alternately, a slice of the one prepared set.
         const Int8Keys part = chunk_keys(c1 - c0, H, K.d.vs, c0);
         ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, part).ok());
-        AttentionParams p = tile128();
-        p.state = *st;
-        p.state_in = c0 > 0;
-        p.finalize = c1 == Mk;
+        const AttentionParams p = chunk_call(*st, c0, c1, Mk);
         const Int8Keys use = (c0 / chunk) % 2 == 0 ? part : K.d.slice(c0, c1);
         ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
       }
@@ -564,10 +567,7 @@ TEST_P(Int8Kernel, MultiBlockEqualsTheCpuReferenceBytes) {
           use = chunk_keys(c1 - c0, H, pv, c0);
           ASSERT_TRUE(E->cuda->int8_prepare(k.d.slice_rows(c0, c1), v.d.slice_rows(c0, c1), K.dstats, use).ok());
         }
-        AttentionParams p = tile128();
-        p.state = *st;
-        p.state_in = c0 > 0;
-        p.finalize = c1 == Mk;
+        const AttentionParams p = chunk_call(*st, c0, c1, Mk);
         ASSERT_TRUE(E->cuda->attention_int8(q.d, use, *o, p).ok());
       }
       expect_same_outputs(host_bytes(*o), R.out, min_nonzero, "chunks of " + std::to_string(chunk));
@@ -634,10 +634,7 @@ TEST(Int8AttentionCuda, HopperAndPortableKernelsAndP8PathsGiveTheSameBytes) {
     ASSERT_TRUE(o.ok() && st.ok());
     for (int64_t c0 = 0; c0 < Mk; c0 += 1536) {
       const int64_t c1 = std::min(Mk, c0 + 1536);
-      AttentionParams p = tile128();
-      p.state = *st;
-      p.state_in = c0 > 0;
-      p.finalize = c1 == Mk;
+      const AttentionParams p = chunk_call(*st, c0, c1, Mk);
       ASSERT_TRUE(E->cuda->attention_int8(q.d, K.d.slice(c0, c1), *o, p).ok());
     }
     outs.push_back(host_bytes(*o));
@@ -685,10 +682,7 @@ TEST(Int8AttentionCuda, Q8CacheIsTrustedOnlyWithinASequence) {
     for (int64_t c = 0, c0 = 0; c0 < Mk; ++c, c0 += 256) {
       const int64_t c1 = std::min(Mk, c0 + 256);
       LS_CHECK(cuda::set_int8_attention_kernel(*E->cuda, kernels[static_cast<size_t>(c)]).ok());
-      AttentionParams p = tile128();
-      p.state = *st;
-      p.state_in = c0 > 0;
-      p.finalize = c1 == Mk;
+      const AttentionParams p = chunk_call(*st, c0, c1, Mk);
       LS_CHECK(E->cuda->attention_int8(q.d, K.d.slice(c0, c1), *o, p).ok());
     }
     LS_CHECK(cuda::set_int8_attention_kernel(*E->cuda, "auto").ok());
