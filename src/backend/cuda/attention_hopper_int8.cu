@@ -43,16 +43,16 @@
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
 //       l   = fmaf(float(lt), beta, fl32(l alpha)); acc = fmaf(float(ot), beta, fl32(acc alpha))
 //             (one block later in the pipeline: block j - 1's P V is issued before block j's
-//             Q K^T, and its fold runs while Q K^T is on the tensor cores; the alpha product
-//             skipped where every alpha of the warp is 1: fl32(y 1) = y). The masking of a
-//             partial tile is compiled into the last block's softmax only.
+//             Q K^T, and its acc FFMAs run inside block j's p8 loop, in the issue slots the
+//             MUFU.EX2 leaves; the alpha product skipped where every alpha of the warp is 1:
+//             fl32(y 1) = y; one exp2e per row and block, the other of alpha, beta being 1).
+//             The masking of a partial tile is compiled into the last block's softmax only.
 //       contract v3: acc is in units of the current statistics block's V scale sv_b (v8 of
 //             block b's keys is quant(v, sv_b)); before the fold of a block whose absolute
 //             first key is a multiple of 4096 (> 0), starting statistics block b, acc =
 //             fl32(acc rho_b) (rho_b = fl32(sv_{b-1} / sv_b), from vs). It runs right after
 //             the previous block's fold (or after the state's load, for the item's first
-//             block), where ot (I) is dead and only acc and the in-flight Q K^T are live; a
-//             warp-uniform test on the block index, rho by 16 float2 loads only there (one
+//             block); a warp-uniform test on the block index, rho by 16 float2 loads only there (one
 //             block in 32). l and m are free of V's scale: never rescaled.
 //     out = bf16(fl32(fl32(acc sv) / l)) with sv of the last key's block, or the state (acc,
 //     m, l) for the next chunk (acc in the units of its last block: the next call of the
@@ -69,7 +69,9 @@
 // 586, ~11.8 SASS instructions per score in the main loop by nvdisasm (run 7's loop 20.1 by
 // the same count), 24 B of spill loads; the bf16 Hopper kernel 621 in the same run. Session
 // 14 (run 12): 590 (the persistent launch), and the cost per streamed chunk call from ~0.4 to
-// 0.15 ms (the quantiser without branching divisions, the q8 cache).
+// 0.15 ms (the quantiser without branching divisions, the q8 cache). Contract v4 (session 16,
+// run 14): 621. Session 17 (run 15, side by side): 618 -> 668, the same bytes: the fold's
+// FFMAs inside the next block's p8 loop (640 alone) and one exp2e per row and block.
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <algorithm>
@@ -375,8 +377,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // larger |sT| (never in a model's attention) takes v3's x = fmaf(a, fl32(fl32(sk_g float(d))
   // - mu), kP8Top), as the CPU. Tested once per block, warp-uniform: the one-FFMA loop where
   // every row of the warp has the v4 form, else a loop choosing the form per row.
-  const auto softmax = [&](auto masked, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
+  const auto softmax = [&](auto masked, auto fuse_c, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
     constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
+    constexpr bool kFuse = decltype(fuse_c)::value;  // the previous block's fold (acc only) inside the p8 loop
+    const float be_old[2] = {beta[0], beta[1]};
     const uint32_t sk_base = sS + static_cast<uint32_t>(s * kSkBytes + 4 * (h & 3));
     float skg[2];  // the scales of this thread's groups: keys 2t, 2t + 1 (16 bytes per key)
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(skg[0]) : "r"(sk_base + static_cast<uint32_t>(16 * (2 * t))));
@@ -409,8 +413,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       mu[r] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float sT = __fmul_rn(c_r[r], mu[r]);  // the tile's largest score (log2 units)
       const float m_new = fmaxf(m_r[r], sT);
-      alpha[r] = m_r[r] == -INFINITY ? 0.0f : i8a::exp2e(__fsub_rn(m_r[r], m_new));
-      beta[r] = i8a::exp2e(__fsub_rn(sT, m_new));  // exp2e(0) = 1
+      // One of alpha, beta is exp2e(0) = 1 (m' = max(m, sT)), so one exp2e per row: of
+      // fl32(m - sT) where the tile raises the maximum (alpha; beta = 1), else of fl32(sT - m)
+      // (beta; alpha = 1). m = -inf raises it and gives exp2e(-inf) = 0 = alpha. The same bits
+      // as the two exp2e of §4.4 (session 17: part of 618 -> 668 TOP/s, run 15).
+      const bool rise = sT > m_r[r];
+      const float e = i8a::exp2e(rise ? __fsub_rn(m_r[r], sT) : __fsub_rn(sT, m_r[r]));
+      alpha[r] = rise ? e : 1.0f;
+      beta[r] = rise ? 1.0f : e;
       m_r[r] = m_new;
       bT[r] = __fsub_rn(i8a::kP8Top, sT);
       v4f[r] = i8a::score_fma_form(sT);
@@ -428,12 +438,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto p8_all = [&](auto mixed_c) {
       if constexpr (kTable) {  // every x first (A, b dead before the table's branches), then p8
 #pragma unroll
-        for (int k = 0; k < 64; ++k) sc[k] = __float_as_int(x_of(mixed_c, k));
+        for (int k = 0; k < 64; ++k) {
+          sc[k] = __float_as_int(x_of(mixed_c, k));
+          if constexpr (kFuse) F[k] = __fmaf_rn(__int2float_rn(I[k]), be_old[(k / 2) % 2], F[k]);
+        }
 #pragma unroll
         for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<true>(__int_as_float(sc[k])));
       } else {
 #pragma unroll
-        for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<false>(x_of(mixed_c, k)));
+        for (int k = 0; k < 64; ++k) {
+          sc[k] = static_cast<int32_t>(p8dev::p8_word<false>(x_of(mixed_c, k)));
+          if constexpr (kFuse) F[k] = __fmaf_rn(__int2float_rn(I[k]), be_old[(k / 2) % 2], F[k]);
+        }
       }
     };
     if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_all(std::false_type{});
@@ -468,9 +484,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The fold of one block (v2 §4.4): l = fmaf(float(lt), beta, fl32(l alpha)), acc =
   // fmaf(float(ot), beta, fl32(acc alpha)). One of alpha, beta is 1 (m' = max(m, sT)); the
   // common case is alpha = 1 (the tile did not raise the row's maximum), where fl32(acc * 1)
-  // = acc, so the multiplication by alpha is skipped where every alpha of the warp is 1: one
-  // FFMA per accumulator. float(ot) exact (|ot| <= 255 127 128 < 2^22).
-  const auto fold = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
+  // = acc, so the multiplication by alpha is skipped where every alpha of the warp is 1.
+  // fold_pre does l and the products fl32(acc alpha); the FFMA per accumulator (float(ot)
+  // exact: |ot| <= 255 127 128 < 2^22) runs inside the next block's p8 loop (softmax, kFuse),
+  // or in fold for the item's last block.
+  const auto fold_pre = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       int x = lt[r];
@@ -478,14 +496,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       x += __shfl_xor_sync(0xffffffffu, x, 2);
       Fl[r] = __fmaf_rn(__int2float_rn(x), be[r], __fmul_rn(Fl[r], al[r]));
     }
-    if (__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
+    if (!__all_sync(0xffffffffu, al[0] == 1.0f && al[1] == 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], F[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i)
-        F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], __fmul_rn(F[i], al[(i / 2) % 2]));
+      for (int i = 0; i < 64; ++i) F[i] = __fmul_rn(F[i], al[(i / 2) % 2]);
     }
+  };
+  const auto fold = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
+    fold_pre(al, be, lt);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], F[i]);
   };
   // Contract v3 (§4.4): before block jn's fold, where block jn starts statistics block b > 0
   // (its absolute first key 4096 kb0 + k0r + 128 jn a multiple of 4096), acc moves from block
@@ -517,10 +536,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
   };
-  const auto softmax_block = [&](int s, int64_t b, float (&al)[2], float (&be)[2]) {
+  const auto softmax_block = [&](auto fuse_c, int s, int64_t b, float (&al)[2], float (&be)[2]) {
     const int nk = static_cast<int>(a.Mk - b < kN ? a.Mk - b : kN);
-    if (nk < kN) softmax(std::true_type{}, s, nk, al, be);
-    else softmax(std::false_type{}, s, nk, al, be);
+    if (nk < kN) softmax(std::true_type{}, fuse_c, s, nk, al, be);
+    else softmax(std::false_type{}, fuse_c, s, nk, al, be);
   };
   // The turns of the ping-pong run on across items: warpgroup 1's first arrival lets
   // warpgroup 0 take the CTA's first turn, and warpgroup 1's last turn of the last item
@@ -575,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(sc);
     float alpha[2], beta[2];
-    softmax_block(stage(gb), 0, alpha, beta);
+    softmax_block(std::false_type{}, stage(gb), 0, alpha, beta);
     release(k_empty(stage(gb)));
     uint32_t p[4][4];
     int lt[2];
@@ -588,8 +607,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(v_ready(sp), phase(x - 1));
       pack_p(p, lt);  // P of block j - 1
       fence_regs(I);
-      // P V of block j - 1 first, then Q K^T of block j: the fold of block j - 1 runs while
-      // Q K^T is on the tensor cores, and I is dead during the softmax.
+      // P V of block j - 1 first, then Q K^T of block j; both complete before block j's
+      // softmax, whose p8 loop carries block j - 1's fold of acc: its I2F and FFMA per
+      // accumulator fill the issue slots the loop's MUFU.EX2 leaves (the fold used to run
+      // alone while Q K^T was on the tensor cores; session 17, run 15: 618 -> 640 TOP/s).
       sched_wait(cw);
       wgmma_fence();
       issue_pv(sp, p);
@@ -597,14 +618,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_qk(s);
       wgmma_commit();
       sched_arrive(cw);
-      wgmma_wait<1>();
-      fence_regs(I);
-      release(v_empty(sp));
-      fold(alpha, beta, lt);  // block j - 1, with its own alpha, beta
-      enter_block(j);         // before block j's fold (next turn): I dead, Q K^T in flight
       wgmma_wait<0>();
+      fence_regs(I);
       fence_regs(sc);
-      softmax_block(s, b, alpha, beta);
+      release(v_empty(sp));
+      fold_pre(alpha, beta, lt);  // block j - 1: l, and acc * alpha where an alpha is not 1
+      softmax_block(std::true_type{}, s, b, alpha, beta);  // + block j - 1's fmaf(float(ot), beta, acc)
+      enter_block(j);  // after block j - 1's fold, before block j's (next turn)
       release(k_empty(s));
     }
     {  // the last block's P V
