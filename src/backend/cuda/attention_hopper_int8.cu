@@ -52,8 +52,8 @@
 //             first key is a multiple of 4096 (> 0), starting statistics block b, acc =
 //             fl32(acc rho_b) (rho_b = fl32(sv_{b-1} / sv_b), from vs). It runs right after
 //             the previous block's fold (or after the state's load, for the item's first
-//             block); a warp-uniform test on the block index, rho by 16 float2 loads only there (one
-//             block in 32). l and m are free of V's scale: never rescaled.
+//             block); a warp-uniform test on the block index, rho by 16 float2 loads only
+//             there (one block in 32). l and m are free of V's scale: never rescaled.
 //     out = bf16(fl32(fl32(acc sv) / l)) with sv of the last key's block, or the state (acc,
 //     m, l) for the next chunk (acc in the units of its last block: the next call of the
 //     sequence goes on from there).
@@ -377,6 +377,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // larger |sT| (never in a model's attention) takes v3's x = fmaf(a, fl32(fl32(sk_g float(d))
   // - mu), kP8Top), as the CPU. Tested once per block, warp-uniform: the one-FFMA loop where
   // every row of the warp has the v4 form, else a loop choosing the form per row.
+  // The fold's FFMA of one accumulator: acc = fmaf(float(ot), beta, acc), acc already
+  // fl32(acc alpha) (fold_pre below); in the next block's p8 loop, or in fold.
+  const auto fold_acc = [](float& acc, int32_t ot, float be) { acc = __fmaf_rn(__int2float_rn(ot), be, acc); };
   const auto softmax = [&](auto masked, auto fuse_c, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
     constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
     constexpr bool kFuse = decltype(fuse_c)::value;  // the previous block's fold (acc only) inside the p8 loop
@@ -440,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int k = 0; k < 64; ++k) {
           sc[k] = __float_as_int(x_of(mixed_c, k));
-          if constexpr (kFuse) F[k] = __fmaf_rn(__int2float_rn(I[k]), be_old[(k / 2) % 2], F[k]);
+          if constexpr (kFuse) fold_acc(F[k], I[k], be_old[(k / 2) % 2]);
         }
 #pragma unroll
         for (int k = 0; k < 64; ++k) sc[k] = static_cast<int32_t>(p8dev::p8_word<true>(__int_as_float(sc[k])));
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int k = 0; k < 64; ++k) {
           sc[k] = static_cast<int32_t>(p8dev::p8_word<false>(x_of(mixed_c, k)));
-          if constexpr (kFuse) F[k] = __fmaf_rn(__int2float_rn(I[k]), be_old[(k / 2) % 2], F[k]);
+          if constexpr (kFuse) fold_acc(F[k], I[k], be_old[(k / 2) % 2]);
         }
       }
     };
@@ -485,9 +488,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // fmaf(float(ot), beta, fl32(acc alpha)). One of alpha, beta is 1 (m' = max(m, sT)); the
   // common case is alpha = 1 (the tile did not raise the row's maximum), where fl32(acc * 1)
   // = acc, so the multiplication by alpha is skipped where every alpha of the warp is 1.
-  // fold_pre does l and the products fl32(acc alpha); the FFMA per accumulator (float(ot)
-  // exact: |ot| <= 255 127 128 < 2^22) runs inside the next block's p8 loop (softmax, kFuse),
-  // or in fold for the item's last block.
+  // fold_pre does l and the products fl32(acc alpha); the FFMA per accumulator (fold_acc,
+  // float(ot) exact: |ot| <= 255 127 128 < 2^22) runs inside the next block's p8 loop
+  // (softmax, kFuse), or in fold for the item's last block.
   const auto fold_pre = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -504,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto fold = [&](const float (&al)[2], const float (&be)[2], const int (&lt)[2]) {
     fold_pre(al, be, lt);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) F[i] = __fmaf_rn(__int2float_rn(I[i]), be[(i / 2) % 2], F[i]);
+    for (int i = 0; i < 64; ++i) fold_acc(F[i], I[i], be[(i / 2) % 2]);
   };
   // Contract v3 (§4.4): before block jn's fold, where block jn starts statistics block b > 0
   // (its absolute first key 4096 kb0 + k0r + 128 jn a multiple of 4096), acc moves from block
