@@ -14,6 +14,7 @@
 //                             fl32(x / s) and quant(x, s) without a division instruction: the
 //                             SAME bits, for the GPU kernels (below)
 //   i8a::exp2e(t)             the defined exp2 for t <= 0 (§4.3, coefficients E): alpha, beta
+//   i8a::exp2e_nb(t)          the same bits without a branch (the CUDA kernels)
 //   i8a::score_factor(scale, Dh)  cs = fl32(fl32(scale * log2e) * (1/Dh))
 //   i8a::p8_table(x)          contract v2's p8 (§4.3): #{k : theta_k <= x}, x <= kP8Top
 //   i8a::scale_ok(scale)      the scales int8 attention takes (positive, finite; 0 = default)
@@ -141,6 +142,29 @@ LQ_HD float exp2c(float t, float c0, float c1, float c2, float c3, float c4, flo
 }
 // alpha = exp2e(m - m_new)
 LQ_HD float exp2e(float t) { return exp2c(t, kE0, kE1, kE2, kE3, kE4, kE5); }
+// exp2e with the same bits and no branch (the CUDA kernels' per-row form, session 18): rint by
+// the shift kShift = 1.5 2^23 (fl32(t + kShift) = kShift + rint(t), ties to even, for |t| <
+// 2^22: the sum lies in [2^23, 2^24), whose spacing is 1), and 2^n from the shifted sum's bits
+// (bits(t + kShift) = 0x4B400000 + n, and 0x4B400000 << 23 wraps to 0, so (bits << 23) +
+// 0x3f800000 is the fp32 2^n, normal for n >= -126). Below kExp2Min the polynomial's value is
+// computed and discarded (a select, not a branch). t = -0 gives f = -0 where exp2c has +0: the
+// polynomial's first fmaf makes both c4. tests/test_attention_int8.cpp compares it with exp2e
+// (every fp32 t in [-130, -0] was compared once: 1,124,204,554 patterns, 0 differ).
+// Why: exp2e's `t < kExp2Min` test compiled to a branch in the Hopper kernel's per-row head,
+// which split the two rows' chains (max, shuffles, exp2e) into blocks that could not overlap.
+LQ_HD float exp2e_nb(float t) {
+  constexpr float kShift = 0x1.8p23f;
+  const float sh = lq::add(t, kShift);
+  const float f = lq::sub(t, lq::sub(sh, kShift));  // exact
+  float p = kE5;
+  p = lq::fma(p, f, kE4);
+  p = lq::fma(p, f, kE3);
+  p = lq::fma(p, f, kE2);
+  p = lq::fma(p, f, kE1);
+  p = lq::fma(p, f, kE0);
+  const float r = lq::mul(p, lq::from_bits((lq::bits(sh) << 23) + 0x3f800000u));
+  return t < kExp2Min ? 0.0f : r;
+}
 
 // The attention scale of int8: AttentionParams::scale, 0 meaning 1/sqrt(Dh). It must be
 // positive and finite (0 included as "the default"): x = fmaf(a, w, kP8Top) <= kP8Top needs

@@ -39,7 +39,7 @@
 //             (kTable false: the device check found ex2 = the table) or the fast byte
 //             corrected by the table (kTable true); masked keys 0 (int8_p8_check.cuh); a row
 //             with |sT| >= 4096 (never in practice) takes v3's x = fmaf(a_i, fl32(u - mu), kP8Top)
-//       lt  = sum p8 (one dp4a per packed word of 4 P bytes)
+//       lt  = sum p8 (one dp4a per packed word of 4 P bytes; P packed at the end of the softmax)
 //       ot  = p8 v8                   wgmma m64n128k32 u8 x s8 -> s32 (exact; |ot| < 2^22)
 //       l   = fmaf(float(lt), beta, fl32(l alpha)); acc = fmaf(float(ot), beta, fl32(acc alpha))
 //             (one block later in the pipeline: block j - 1's P V is issued before block j's
@@ -71,7 +71,9 @@
 // 14 (run 12): 590 (the persistent launch), and the cost per streamed chunk call from ~0.4 to
 // 0.15 ms (the quantiser without branching divisions, the q8 cache). Contract v4 (session 16,
 // run 14): 621. Session 17 (run 15, side by side): 618 -> 668, the same bytes: the fold's
-// FFMAs inside the next block's p8 loop (640 alone) and one exp2e per row and block.
+// FFMAs inside the next block's p8 loop (640 alone) and one exp2e per row and block. Session
+// 18 (run 16): 669 -> 724, the same bytes: exp2e_nb (no branch in the per-row head; 706 alone)
+// and P packed in the p8 loop's basic block (693 alone).
 #include "backend/cuda/attention_hopper_int8.cuh"
 
 #include <algorithm>
@@ -380,6 +382,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The fold's FFMA of one accumulator: acc = fmaf(float(ot), beta, acc), acc already
   // fl32(acc alpha) (fold_pre below); in the next block's p8 loop, or in fold.
   const auto fold_acc = [](float& acc, int32_t ot, float be) { acc = __fmaf_rn(__int2float_rn(ot), be, acc); };
+  // P's u8 A fragments: lane t's keys 2t, 2t + 1, 8 + 2t, 9 + 2t of each 16 are what its
+  // fragment holds there, given V^T's keys permuted within each 16 by the producer. The low
+  // bytes of 4 words by 3 PRMT; lt (this thread's p8 sum per row) by one dp4a per word. Run
+  // at the end of the softmax, in the p8 loop's basic block, so that the PRMT and dp4a fill
+  // the issue slots the loop's MUFU.EX2 leaves (session 18, run 16: with exp2e_nb 669 -> 724
+  // TOP/s; before, they ran as a burst on the ALU pipe before the next wgmma issue).
+  uint32_t p[4][4];
+  int lt[2];
+  const auto pack_p = [&](uint32_t (&p)[4][4], int (&lt)[2]) {
+    lt[0] = 0;
+    lt[1] = 0;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int jl = 4 * kk + 2 * half, jh = jl + 1;
+        p[kk][2 * half] =
+            prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u), prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u), 0x5410u);
+        p[kk][2 * half + 1] = prmt(prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u),
+                                   prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
+        lt[0] = static_cast<int>(__dp4a(p[kk][2 * half], 0x01010101u, static_cast<unsigned>(lt[0])));
+        lt[1] = static_cast<int>(__dp4a(p[kk][2 * half + 1], 0x01010101u, static_cast<unsigned>(lt[1])));
+      }
+  };
   const auto softmax = [&](auto masked, auto fuse_c, int s, int nk, float (&alpha)[2], float (&beta)[2]) {
     constexpr bool kMask = decltype(masked)::value;  // a partial tile: the last block only
     constexpr bool kFuse = decltype(fuse_c)::value;  // the previous block's fold (acc only) inside the p8 loop
@@ -419,9 +445,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // One of alpha, beta is exp2e(0) = 1 (m' = max(m, sT)), so one exp2e per row: of
       // fl32(m - sT) where the tile raises the maximum (alpha; beta = 1), else of fl32(sT - m)
       // (beta; alpha = 1). m = -inf raises it and gives exp2e(-inf) = 0 = alpha. The same bits
-      // as the two exp2e of §4.4 (session 17: part of 618 -> 668 TOP/s, run 15).
+      // as the two exp2e of §4.4 (session 17: part of 618 -> 668 TOP/s, run 15). exp2e_nb:
+      // exp2e's bits without its branch, so the two rows' chains overlap (session 18).
       const bool rise = sT > m_r[r];
-      const float e = i8a::exp2e(rise ? __fsub_rn(m_r[r], sT) : __fsub_rn(sT, m_r[r]));
+      const float e = i8a::exp2e_nb(rise ? __fsub_rn(m_r[r], sT) : __fsub_rn(sT, m_r[r]));
       alpha[r] = rise ? e : 1.0f;
       beta[r] = rise ? 1.0f : e;
       m_r[r] = m_new;
@@ -454,35 +481,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (kFuse) fold_acc(F[k], I[k], be_old[(k / 2) % 2]);
         }
       }
+      if constexpr (!kMask) pack_p(p, lt);  // P and lt of this block (a masked block: below)
     };
     if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_all(std::false_type{});
     else p8_all(std::true_type{});
-    if (kMask && nk < kN) {
+    if constexpr (kMask) {  // softmax_block: nk < kN
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           if (8 * j + 2 * t + (i & 1) >= nk) sc[4 * j + i] = 0;
+      pack_p(p, lt);
     }
-  };
-  // P's u8 A fragments: lane t's keys 2t, 2t + 1, 8 + 2t, 9 + 2t of each 16 are what its
-  // fragment holds there, given V^T's keys permuted within each 16 by the producer. The low
-  // bytes of 4 words by 3 PRMT; lt (this thread's p8 sum per row) by one dp4a per word.
-  const auto pack_p = [&](uint32_t (&p)[4][4], int (&lt)[2]) {
-    lt[0] = 0;
-    lt[1] = 0;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int jl = 4 * kk + 2 * half, jh = jl + 1;
-        p[kk][2 * half] =
-            prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u), prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u), 0x5410u);
-        p[kk][2 * half + 1] = prmt(prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u),
-                                   prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
-        lt[0] = static_cast<int>(__dp4a(p[kk][2 * half], 0x01010101u, static_cast<unsigned>(lt[0])));
-        lt[1] = static_cast<int>(__dp4a(p[kk][2 * half + 1], 0x01010101u, static_cast<unsigned>(lt[1])));
-      }
   };
   // The fold of one block (v2 §4.4): l = fmaf(float(lt), beta, fl32(l alpha)), acc =
   // fmaf(float(ot), beta, fl32(acc alpha)). One of alpha, beta is 1 (m' = max(m, sT)); the
@@ -599,16 +609,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha[2], beta[2];
     softmax_block(std::false_type{}, stage(gb), 0, alpha, beta);
     release(k_empty(stage(gb)));
-    uint32_t p[4][4];
-    int lt[2];
     int j = 1;
     for (; j < nblocks; ++j) {
       const uint32_t x = gb + static_cast<uint32_t>(j);
       const int s = stage(x), sp = stage(x - 1);
       const int64_t b = static_cast<int64_t>(kN) * j;
       mbar_wait(k_full(s), phase(x));
-      mbar_wait(v_ready(sp), phase(x - 1));
-      pack_p(p, lt);  // P of block j - 1
+      mbar_wait(v_ready(sp), phase(x - 1));  // p, lt: block j - 1's (its softmax packed them)
       fence_regs(I);
       // P V of block j - 1 first, then Q K^T of block j; both complete before block j's
       // softmax, whose p8 loop carries block j - 1's fold of acc: its I2F and FFMA per
@@ -634,7 +641,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t x = gb + static_cast<uint32_t>(j - 1);
       const int sp = stage(x);
       mbar_wait(v_ready(sp), phase(x));
-      pack_p(p, lt);
       sched_wait(cw);
       wgmma_fence();
       issue_pv(sp, p);
