@@ -128,16 +128,20 @@ __device__ __forceinline__ double recip_d(float s) {
 }
 #endif
 
-LQ_HD float exp2c(float t, float c0, float c1, float c2, float c3, float c4, float c5) {
-  if (t < kExp2Min) return 0.0f;
-  const float nf = lq::rint(t);
-  const float f = lq::sub(t, nf);  // exact
+// The degree-5 polynomial of exp2c / exp2e_nb: Horner from c5, one fmaf per step.
+LQ_HD float exp2_horner(float f, float c0, float c1, float c2, float c3, float c4, float c5) {
   float p = c5;
   p = lq::fma(p, f, c4);
   p = lq::fma(p, f, c3);
   p = lq::fma(p, f, c2);
   p = lq::fma(p, f, c1);
-  p = lq::fma(p, f, c0);
+  return lq::fma(p, f, c0);
+}
+LQ_HD float exp2c(float t, float c0, float c1, float c2, float c3, float c4, float c5) {
+  if (t < kExp2Min) return 0.0f;
+  const float nf = lq::rint(t);
+  const float f = lq::sub(t, nf);  // exact
+  const float p = exp2_horner(f, c0, c1, c2, c3, c4, c5);
   return lq::mul(p, lq::pow2i(static_cast<int>(nf)));  // exact: the result is normal
 }
 // alpha = exp2e(m - m_new)
@@ -156,12 +160,7 @@ LQ_HD float exp2e_nb(float t) {
   constexpr float kShift = 0x1.8p23f;
   const float sh = lq::add(t, kShift);
   const float f = lq::sub(t, lq::sub(sh, kShift));  // exact
-  float p = kE5;
-  p = lq::fma(p, f, kE4);
-  p = lq::fma(p, f, kE3);
-  p = lq::fma(p, f, kE2);
-  p = lq::fma(p, f, kE1);
-  p = lq::fma(p, f, kE0);
+  const float p = exp2_horner(f, kE0, kE1, kE2, kE3, kE4, kE5);
   const float r = lq::mul(p, lq::from_bits((lq::bits(sh) << 23) + 0x3f800000u));
   return t < kExp2Min ? 0.0f : r;
 }
