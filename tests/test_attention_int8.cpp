@@ -195,6 +195,12 @@ float float_of(uint32_t b) {
   return f;
 }
 
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
 // exp2e_nb (the CUDA kernels' branch-free exp2e) gives exp2e's bits. Here: every 29th fp32
 // pattern of [-130, -0] (38.8 M), every pattern within 4,096 of each integer and half-integer
 // in [-130, 0] (rint's ties and steps, the cut at -125), and the special values. (Every pattern
@@ -209,9 +215,7 @@ TEST(Int8Math, BranchFreeExp2GivesExp2eBits) {
   };
   for (uint64_t u = 0x80000000u; u <= 0xC3020000u; u += kStride) check(float_of(static_cast<uint32_t>(u)));
   for (int k = -260; k <= 0; ++k) {
-    const float c = 0.5f * static_cast<float>(k);
-    uint32_t b;
-    std::memcpy(&b, &c, 4);
+    const uint32_t b = bits_of(0.5f * static_cast<float>(k));
     for (int d = -4096; d <= 4096; ++d) {
       const uint32_t u = b + static_cast<uint32_t>(d);
       const float t = float_of(u);
@@ -223,10 +227,24 @@ TEST(Int8Math, BranchFreeExp2GivesExp2eBits) {
   EXPECT_EQ(bad, 0) << "of " << n;
   EXPECT_GT(n, 40000000);
 }
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
+// fold_factors (the CUDA kernels' alpha and beta by one exp2e_nb) gives §4.4's two exp2e: for
+// maxima that rise, fall, stay, start at -inf, and differ by more than the cut at -125.
+TEST(Int8Math, FoldFactorsEqualTheTwoExp2e) {
+  const float ms[] = {-INFINITY, -300.0f, -7.25f, -1.0f, -0.0f, 0.0f, 0x1p-20f, 1.5f, 3.0f, 126.0f, 4095.0f};
+  int64_t n = 0;
+  for (const float m : ms)
+    for (int k = -2000; k <= 2000; ++k) {
+      const float sT = 0.0625f * static_cast<float>(k) + 0x1p-9f * static_cast<float>(k % 7);
+      const float m_new = sT > m ? sT : m;
+      const float alpha = m == -INFINITY ? 0.0f : i8a::exp2e(m - m_new);
+      const float beta = i8a::exp2e(sT - m_new);
+      float a2 = -1.0f, b2 = -1.0f;
+      i8a::fold_factors(m, sT, a2, b2);
+      ASSERT_EQ(bits_of(alpha), bits_of(a2)) << "m " << m << " sT " << sT;
+      ASSERT_EQ(bits_of(beta), bits_of(b2)) << "m " << m << " sT " << sT;
+      ++n;
+    }
+  EXPECT_EQ(n, 11 * 4001);
 }
 // fp32 bit patterns in the order of their values (-0 and +0 adjacent): ulp distances.
 int64_t ordered(float f) {

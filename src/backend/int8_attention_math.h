@@ -15,6 +15,7 @@
 //                             SAME bits, for the GPU kernels (below)
 //   i8a::exp2e(t)             the defined exp2 for t <= 0 (§4.3, coefficients E): alpha, beta
 //   i8a::exp2e_nb(t)          the same bits without a branch (the CUDA kernels)
+//   i8a::fold_factors(m, sT, alpha, beta)  §4.4's alpha and beta by one exp2e_nb (the CUDA kernels)
 //   i8a::score_factor(scale, Dh)  cs = fl32(fl32(scale * log2e) * (1/Dh))
 //   i8a::p8_table(x)          contract v2's p8 (§4.3): #{k : theta_k <= x}, x <= kP8Top
 //   i8a::scale_ok(scale)      the scales int8 attention takes (positive, finite; 0 = default)
@@ -163,6 +164,18 @@ LQ_HD float exp2e_nb(float t) {
   const float p = exp2_horner(f, kE0, kE1, kE2, kE3, kE4, kE5);
   const float r = lq::mul(p, lq::from_bits((lq::bits(sh) << 23) + 0x3f800000u));
   return t < kExp2Min ? 0.0f : r;
+}
+// The fold's factors of §4.4 for a row with running maximum m and tile maximum sT (m_new =
+// max(m, sT)): alpha = exp2e(fl32(m - m_new)) (0 when m = -inf), beta = exp2e(fl32(sT - m_new)),
+// with one exp2e_nb instead of two: one of them is exp2e(0) = 1, the other's argument is
+// -|m - sT| (fl32(m - sT) where the tile raises the maximum, else fl32(sT - m)), and m = -inf
+// raises it and gives exp2e(-inf) = 0 = alpha. The same bits as the CPU reference's two exp2e
+// (tests/test_attention_int8.cpp); the CUDA kernels' per-row form.
+LQ_HD void fold_factors(float m, float sT, float& alpha, float& beta) {
+  const bool rise = sT > m;
+  const float e = exp2e_nb(rise ? lq::sub(m, sT) : lq::sub(sT, m));
+  alpha = rise ? e : 1.0f;
+  beta = rise ? 1.0f : e;
 }
 
 // The attention scale of int8: AttentionParams::scale, 0 meaning 1/sqrt(Dh). It must be

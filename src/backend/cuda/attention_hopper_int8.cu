@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // TOP/s; before, they ran as a burst on the ALU pipe before the next wgmma issue).
   uint32_t p[4][4];
   int lt[2];
-  const auto pack_p = [&](uint32_t (&p)[4][4], int (&lt)[2]) {
+  const auto pack_p = [&] {  // into p, lt
     lt[0] = 0;
     lt[1] = 0;
 #pragma unroll
@@ -442,15 +442,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mu[r] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float sT = __fmul_rn(c_r[r], mu[r]);  // the tile's largest score (log2 units)
       const float m_new = fmaxf(m_r[r], sT);
-      // One of alpha, beta is exp2e(0) = 1 (m' = max(m, sT)), so one exp2e per row: of
-      // fl32(m - sT) where the tile raises the maximum (alpha; beta = 1), else of fl32(sT - m)
-      // (beta; alpha = 1). m = -inf raises it and gives exp2e(-inf) = 0 = alpha. The same bits
-      // as the two exp2e of §4.4 (session 17: part of 618 -> 668 TOP/s, run 15). exp2e_nb:
-      // exp2e's bits without its branch, so the two rows' chains overlap (session 18).
-      const bool rise = sT > m_r[r];
-      const float e = i8a::exp2e_nb(rise ? __fsub_rn(m_r[r], sT) : __fsub_rn(sT, m_r[r]));
-      alpha[r] = rise ? e : 1.0f;
-      beta[r] = rise ? 1.0f : e;
+      // One exp2e per row (i8a::fold_factors; session 17: part of 618 -> 668 TOP/s, run 15),
+      // without a branch (exp2e_nb, session 18), so the two rows' chains overlap.
+      i8a::fold_factors(m_r[r], sT, alpha[r], beta[r]);
       m_r[r] = m_new;
       bT[r] = __fsub_rn(i8a::kP8Top, sT);
       v4f[r] = i8a::score_fma_form(sT);
@@ -481,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (kFuse) fold_acc(F[k], I[k], be_old[(k / 2) % 2]);
         }
       }
-      if constexpr (!kMask) pack_p(p, lt);  // P and lt of this block (a masked block: below)
+      if constexpr (!kMask) pack_p();  // P and lt of this block (a masked block: below)
     };
     if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_all(std::false_type{});
     else p8_all(std::true_type{});
@@ -491,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           if (8 * j + 2 * t + (i & 1) >= nk) sc[4 * j + i] = 0;
-      pack_p(p, lt);
+      pack_p();
     }
   };
   // The fold of one block (v2 §4.4): l = fmaf(float(lt), beta, fl32(l alpha)), acc =

@@ -498,12 +498,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnA
           mu[rr] = fmaxf(mu[rr], __shfl_xor_sync(0xffffffffu, mu[rr], 2));
           const float sT = lq::mul(arow[rr], mu[rr]);
           const float m_new = sT > m[rr] ? sT : m[rr];
-          // One exp2e per row (as the Hopper kernel): one of alpha, beta is exp2e(0) = 1; m = -inf
-          // raises the maximum and gives exp2e(-inf) = 0 = alpha. exp2e_nb: the same bits, no branch.
-          const bool rise = sT > m[rr];
-          const float e = i8a::exp2e_nb(rise ? lq::sub(m[rr], sT) : lq::sub(sT, m[rr]));
-          alpha[rr] = rise ? e : 1.0f;
-          beta[rr] = rise ? 1.0f : e;
+          i8a::fold_factors(m[rr], sT, alpha[rr], beta[rr]);  // one exp2e_nb per row
           m[rr] = m_new;
           bT[rr] = lq::sub(i8a::kP8Top, sT);
           v4f[rr] = i8a::score_fma_form(sT);
