@@ -297,8 +297,17 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // (keys along the row) and the tile's 128 key scales.
 constexpr int kStageBytes = kTile * kRowPad + kDh * kRowPad + kTile * 4;
 
+// The launch bounds: 128 threads; on sm_100 and later also "at least one CTA per SM", without
+// which ptxas 13.0 for sm_120 (the RTX 50 class) caps the table-path kernels at 168 registers
+// and spills 600-732 B (with it: 255 registers, no spills; the per-key kernel's 140 / 112 B
+// either way). sm_80-90 keep the plain bound: their cubins are byte-identical to before.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define LS_I8_PORTABLE_BOUNDS __launch_bounds__(kWarps * 32, 1)
+#else
+#define LS_I8_PORTABLE_BOUNDS __launch_bounds__(kWarps * 32)
+#endif
 template <bool kTable, bool kGrouped>
-__global__ void __launch_bounds__(kWarps * 32) attention_int8_kernel(const AttnArgs a) {
+__global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = smem + 2 * kStageBytes;  // [warps][16 rows][144 B]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
