@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Session 19, device call 4 (carry [".deps", ".stage"]; .stage = Comfy Kitchen staged by
-# tools/device/comfyui_node_stage.sh, untracked): main's Hopper int8 kernel and Comfy Kitchen's
-# own INT8 attention side by side at S = 111,274, 56 x 128 (ours, Kitchen, ours), then the SASS
-# of main's kernel (cuobjdump) with every local-memory access (spill) of the consumer code
-# listed with its neighbours. Writes at most 8 files to $OUT.
+# For the next device session (not run in session 19: its device time ran out). Carry [".deps",
+# ".stage"]; .stage = Comfy Kitchen staged by tools/device/comfyui_node_stage.sh (session 19's
+# helper left one in the lead's checkout, untracked: ComfyUI 0f1fa67a, comfy-kitchen 7d86acf,
+# torchsde eb3a00e, comfy-aimdo ce3c59e, and layerstream-cpu; ~10.5 MiB): main's Hopper int8
+# kernel and Comfy Kitchen's own INT8 attention side by side at S = 111,274, 56 x 128 (ours,
+# Kitchen, ours). ~250 s plus the start. Writes at most 8 files to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; t0=$(date +%s)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -24,24 +25,4 @@ if [ -f .stage/comfyui.tar.xz ]; then
   ours 2
 else echo "no .stage: Kitchen not run"; fi
 cp /tmp/ours_1.json "$OUT/"
-O=$(find build-m -name 'attention_hopper_int8.cu.o' | head -1)
-cuobjdump -sass "$O" > /tmp/sass.txt 2>/tmp/cuobjdump.err; echo "cuobjdump rc $? ($(wc -l < /tmp/sass.txt) lines)"
-python3 - <<'PY' > "$OUT/spills.txt"
-import re
-lines = open('/tmp/sass.txt').read().split('\n')
-fn, cur = {}, None
-for l in lines:
-    m = re.match(r'\s*Function : (\S+)', l)
-    if m: cur = m.group(1); fn[cur] = []; continue
-    if cur: fn[cur].append(l)
-for name, body in fn.items():
-    if 'int8_attention_kernelILb0E' not in name: continue
-    ins = [l for l in body if re.search(r'/\*[0-9a-f]{4}\*/', l)]
-    print(name, len(ins), 'instructions;', sum('LDL' in l for l in ins), 'LDL,', sum('STL' in l for l in ins), 'STL')
-    for i, l in enumerate(ins):
-        if re.search(r'\b(LDL|STL)\b', l):
-            print('----')
-            for k in range(max(0, i - 3), min(len(ins), i + 3)): print(('>> ' if k == i else '   ') + ins[k].strip()[:110])
-PY
-head -3 "$OUT/spills.txt"; gzip -c /tmp/sass.txt > "$OUT/sass_main.txt.gz"
 echo "total $(( $(date +%s) - t0 )) s"
