@@ -6,6 +6,7 @@
 # holds its bits after the max) instead of inside the p8 loop; 5 = 4 + 1. All the same bytes
 # by construction (the same operations per value, moved between basic blocks): the CUDA int8
 # tests (bytes = the CPU reference) per variant, then rates at S = 111,274 alternating, two rounds.
+# VARS picks the variants timed, TVARS those tested (default: VARS); run2.sh runs this script.
 # Stage: rm -rf expsrc && mkdir expsrc && git archive HEAD | tar -x -C expsrc &&
 # (cd expsrc && git apply ../bench/results/issue26/run17/variants.patch)
 set -uo pipefail
@@ -17,7 +18,7 @@ cmake -S expsrc -B build-x -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAYERSTREAM_CUD
 cmake --build build-x -j16 --target bench_int8_kernels test_attention_int8_cuda >/tmp/buildx.log 2>&1
 rc=$?; echo "build x rc $rc after $(( $(date +%s) - t0 )) s"; [ $rc -ne 0 ] && { grep -E "error" /tmp/buildx.log | head -30; exit 1; }
 TX=$(find build-x -name test_attention_int8_cuda -type f | head -1)
-for xv in ${VARS:-1 2 3 4 5}; do
+for xv in ${TVARS:-${VARS:-1 2 3 4 5}}; do
   LS_H8_VARIANT=$xv timeout 150 "$TX" >/tmp/test_x$xv.log 2>&1
   echo "x$xv tests rc $? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (FAILED|PASSED)' /tmp/test_x$xv.log | tr '\n' ' ')"
   grep -E "Failure|differ" /tmp/test_x$xv.log | head -4
