@@ -4,13 +4,14 @@
 // and counts the patterns where they differ; it also checks the table path (the fast byte
 // corrected against the thresholds) against the same binary search. The patterns: x in [+0, kP8Top] (bits
 // [0, bits(kP8Top)]), x in [-inf, -0] (bits [0x80000000, 0xFF800000]) and every NaN (bits
-// 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3.25e9 patterns. x > kP8Top never
+// 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3,246,379,454 patterns. x > kP8Top never
 // occurs (x = fmaf(a_i, w, kP8Top) with a_i > 0, w <= 0). Zero mismatches: the kernels use
 // the fast path on this device (bit-identical to the CPU's table); else the table path.
 #include "backend/cuda/int8_p8_check.cuh"
 
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -18,7 +19,7 @@
 namespace ls::cuda {
 namespace {
 
-constexpr uint32_t kTopBits = 0x40FFA37Cu;                // bits(kP8Top) = bits(0x1.ffa37cp+2)
+constexpr uint32_t kTopBits = 0x40FFD1BEu;                // bits(kP8Top) = bits(0x1.ffa37cp+2) (asserted below)
 constexpr uint64_t kSegA = uint64_t{kTopBits} + 1;         // [0, bits(kP8Top)]
 constexpr uint64_t kSegB = 0xFF800000ull - 0x80000000ull + 1;  // [-0, -inf]
 constexpr uint64_t kSegN = 0x7FFFFFull;                    // NaN mantissas 1 .. 2^23 - 1, each sign
@@ -64,7 +65,10 @@ __global__ void p8_scan_kernel() {
 }
 
 Int8P8Check run_check(int device) {
-  static_assert(i8a::kP8Top == 0x1.ffa37cp+2f, "kTopBits is bits(kP8Top)");
+  // Until session 20 this constant read 0x40FFA37C (7.98871, not kP8Top = 7.99435), so the scan
+  // stopped 11,842 patterns short of kP8Top: the top of x's range, where p8 steps 254 -> 255
+  // (theta_255 = 7.99152), went unchecked. Now asserted from the value itself.
+  static_assert(std::bit_cast<uint32_t>(i8a::kP8Top) == kTopBits, "kTopBits is bits(kP8Top)");
   Int8P8Check r;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
