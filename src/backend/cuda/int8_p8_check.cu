@@ -2,10 +2,10 @@
 // compares, for EVERY fp32 pattern the kernels can meet, the fast byte (low byte of
 // fl32(ex2.approx.ftz(x) + 2^23)) with the table's p8 (a binary search of the thresholds),
 // and counts the patterns where they differ; it also checks the table path (the fast byte
-// corrected against the thresholds) against the same binary search. The patterns: x in [+0, kP8Top] (bits
-// [0, bits(kP8Top)]), x in [-inf, -0] (bits [0x80000000, 0xFF800000]) and every NaN (bits
-// 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3,246,379,454 patterns. x > kP8Top never
-// occurs (x = fmaf(a_i, w, kP8Top) with a_i > 0, w <= 0). Zero mismatches: the kernels use
+// corrected against the thresholds) against the same binary search. The patterns: x in [+0, kP8Top + 2^-9] (bits
+// [0, bits(kCheckTop)]), x in [-inf, -0] (bits [0x80000000, 0xFF800000]) and every NaN (bits
+// 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3,246,383,550 patterns. x > kP8Top + 9.8e-4
+// never occurs (§4.4; v3's form fmaf(a_i, w, kP8Top) with a_i > 0, w <= 0 is <= kP8Top). Zero mismatches: the kernels use
 // the fast path on this device (bit-identical to the CPU's table); else the table path.
 #include "backend/cuda/int8_p8_check.cuh"
 
@@ -19,8 +19,13 @@
 namespace ls::cuda {
 namespace {
 
-constexpr uint32_t kTopBits = 0x40FFD1BEu;                // bits(kP8Top) = bits(0x1.ffa37cp+2) (asserted below)
-constexpr uint64_t kSegA = uint64_t{kTopBits} + 1;         // [0, bits(kP8Top)]
+// The largest x the kernels form is kP8Top + 9.8e-4 (contract v4's one-FFMA form, §4.4), so
+// the scan goes 2^-9 past kP8Top. (Until session 20 it stopped at the bits 0x40FFA37C =
+// 7.98871, short of even kP8Top = 0x40FFD1BE: x in (7.98871, 7.99631], where p8 steps from 254
+// to 255, went unscanned.)
+constexpr float kCheckTop = i8a::kP8Top + 0x1p-9f;
+constexpr uint32_t kTopBits = std::bit_cast<uint32_t>(kCheckTop);
+constexpr uint64_t kSegA = uint64_t{kTopBits} + 1;         // [0, kCheckTop]
 constexpr uint64_t kSegB = 0xFF800000ull - 0x80000000ull + 1;  // [-0, -inf]
 constexpr uint64_t kSegN = 0x7FFFFFull;                    // NaN mantissas 1 .. 2^23 - 1, each sign
 constexpr uint64_t kPatterns = kSegA + kSegB + 2 * kSegN;
@@ -65,10 +70,6 @@ __global__ void p8_scan_kernel() {
 }
 
 Int8P8Check run_check(int device) {
-  // Until session 20 this constant read 0x40FFA37C (7.98871, not kP8Top = 7.99435), so the scan
-  // stopped 11,842 patterns short of kP8Top: the top of x's range, where p8 steps 254 -> 255
-  // (theta_255 = 7.99152), went unchecked. Now asserted from the value itself.
-  static_assert(std::bit_cast<uint32_t>(i8a::kP8Top) == kTopBits, "kTopBits is bits(kP8Top)");
   Int8P8Check r;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
