@@ -25,14 +25,15 @@
 //                   blocks: two fp64 reciprocals per channel).
 //   attention_int8  a CTA of 4 warps x 16 queries of one head; per 128-key tile: K (k8, sk)
 //                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
-//                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes: the
-//                   fragment loads hit 32 distinct banks), Q.K by 64 mma (16 n-tiles x 4
-//                   k-steps of 32), the tile max mu (an integer max of d per key group, then
+//                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes,
+//                   K's rows swizzled (k_row) so that an n-tile's 8 keys hit 8 bank groups),
+//                   the B fragments of both products by ldmatrix.x4 (two per n-tile or channel
+//                   tile), Q.K by 64 mma (16 n-tiles x 4 k-steps of 32), the tile max mu (an integer max of d per key group, then
 //                   u = fl32(sk_g float(dmax)); the quad's shuffles), sT, alpha, beta, p8 of
 //                   fmaf(fl32(a sk_g), float(d), fl32(kP8Top - sT)) (per score I2F, FFMA, the
 //                   p8; v3's form for a row with |sT| >= 4096; fast ex2 byte or the threshold table: template kTable; template
 //                   kGrouped false, keys off the 128-key grid: u and fl32(a sk) per key),
-//                   integer row sums of p8, P.V by
+//                   integer row sums of p8 (one dp4a per P register; its 4 bytes by 3 PRMT), P.V by
 //                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
 //                   (before it, at a tile starting a statistics block b > 0, acc *= rho_b:
 //                   one block entry in 32 tiles: an outer loop over the blocks). The
@@ -280,6 +281,26 @@ __device__ __forceinline__ int key_of(int nt, int c) {
   const int grp = nt >> 2, ntl = nt & 3, t = c >> 1, e = c & 1;
   return grp * 32 + (ntl >> 1) * 16 + 4 * t + (ntl & 1) * 2 + e;
 }
+// The shared-memory row of key r of a K tile. An n-tile's 8 keys (key_of(nt, 0..7)) are
+// b + {0, 1, 4, 5, 8, 9, 12, 13}: with 144-byte rows (16-byte bank group r mod 8) keys r and
+// r + 8 would share banks, so rows whose bit 3 is set swap pairs (bit 1 flipped): the 8 rows
+// then hit 8 distinct bank groups (session 20; before, every K fragment load was a 2-way
+// conflict).
+__device__ __forceinline__ int k_row(int r) { return r ^ (((r >> 3) & 1) << 1); }
+// ldmatrix of four 8 x 16-byte matrices: lane l gives the row address of matrix l / 8, row
+// l % 8, and receives in r[i] bytes 4 (l % 4) .. + 3 of row l / 4 of matrix i: for a tile
+// stored key- (or channel-) major, exactly the B fragment b of mma m16n8k32 (n = l / 4, k =
+// 4 (l % 4) ..) of the 16-byte segment matrix i covers.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 // cp.async of 16 (or 4) bytes; zero-filled when !valid (src then names a safe address).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
@@ -313,6 +334,14 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y;
   const int64_t q0 = blockIdx.x * static_cast<int64_t>(kWarps * 16) + warp * 16;
+  // This lane's ldmatrix row offsets in a stage's K and V^T tiles (ldsm_x4): K row
+  // k_row(key_of(nt, 0) + kl), kl = key_of(nt, l % 8) - key_of(nt, 0); key_of(nt, 0) has bit 1 =
+  // nt & 1 and no bit 3, kl no bit 1, so k_row flips bit 1 of key_of(nt, 0) where kl has bit 3:
+  // + 2 rows for even nt, - 2 for odd. V^T row 8 ct + l % 8. Segment 16 (l / 8) of the row.
+  const int kc = lane & 7, kl = 4 * (kc >> 1) + (kc & 1), kflip = 2 * (kc >> 2);
+  const uint32_t k_lane[2] = {static_cast<uint32_t>((kl + kflip) * kRowPad + 16 * (lane >> 3)),
+                              static_cast<uint32_t>((kl - kflip) * kRowPad + 16 * (lane >> 3))};
+  const uint32_t v_lane = static_cast<uint32_t>(kc * kRowPad + 16 * (lane >> 3));
   // Tile loads into stage st (two stages: the next tile lands while this one computes).
   // K rows past nk and V bytes never read are zero-filled or ignored: the V bytes past nk
   // inside ld are copied but multiply p8 = 0.
@@ -324,7 +353,7 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
     for (int idx = tid; idx < kTile * 8; idx += kWarps * 32) {
       const int r = idx >> 3, piece = idx & 7;
       const bool ok = r < nk;
-      cp_async16(sK + r * kRowPad + 16 * piece, ok ? a.k8 + (t0 + r) * a.k8_rs + h * kDh + 16 * piece : a.k8, ok);
+      cp_async16(sK + k_row(r) * kRowPad + 16 * piece, ok ? a.k8 + (t0 + r) * a.k8_rs + h * kDh + 16 * piece : a.k8, ok);
     }
     for (int idx = tid; idx < kDh * 8; idx += kWarps * 32) {
       const int c = idx >> 3, piece = idx & 7;
@@ -432,17 +461,22 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
       const unsigned char* sV = sK + kTile * kRowPad;
       const float* sSk = reinterpret_cast<const float*>(sV + kDh * kRowPad);
       // Q.K: sc[nt][0..3] = d of (row g, key key_of(nt, 2t)), (g, key_of(nt, 2t+1)), (g+8, ..), (g+8, ..)
+      // The B fragments by ldmatrix (two x4 per n-tile: k-steps 0, 1 and 2, 3): lane l's row is
+      // key_of(nt, l % 8) = key_of(nt, 0) + kl at k_row's place, its segment 16 (l / 8) (+ 64).
+      const uint32_t sK_s = static_cast<uint32_t>(__cvta_generic_to_shared(sK));
+      const uint32_t sV_s = static_cast<uint32_t>(__cvta_generic_to_shared(sV));
       int sc[16][4];
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
-        const unsigned char* kr = sK + key_of(nt, g) * kRowPad;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 4 * t);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 32 * ks + 16 + 4 * t);
-          mma_s8(sc[nt], qa[ks], b0, b1);
-        }
+        const uint32_t kb = sK_s + static_cast<uint32_t>(key_of(nt, 0) * kRowPad) + k_lane[nt & 1];
+        uint32_t b[4];
+        ldsm_x4(b, kb);
+        mma_s8(sc[nt], qa[0], b[0], b[1]);
+        mma_s8(sc[nt], qa[1], b[2], b[3]);
+        ldsm_x4(b, kb + 64);
+        mma_s8(sc[nt], qa[2], b[0], b[1]);
+        mma_s8(sc[nt], qa[3], b[2], b[3]);
       }
       // Contract v4 (§4.2-4.4), rows g (rr 0) and g + 8 (rr 1). Key key_of(nt, 2t + (e & 1)) is
       // 32 grp + 16 (ntl >> 1) + 4t + cls, cls = 2 (ntl & 1) + (e & 1): its residue mod 8 is
@@ -526,7 +560,11 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
           lt[0] = lt[1] = 0;
 #pragma unroll
           for (int grp = 0; grp < 4; ++grp) {
-            uint32_t w[4] = {0, 0, 0, 0};  // a0: (g, 4t..), a1: (g+8, 4t..), a2: (g, 16+4t..), a3: (g+8, 16+4t..)
+            // wd[ntl][e]: the p8 word of score (nt = 4 grp + ntl, e) (byte 0 = p8, the rest
+            // ignored; 0 for a masked key). A register of P's A fragment takes byte 0 of four
+            // words by 3 PRMT, and lt one dp4a per register (session 20; before, a shift, an OR,
+            // a mask and an add per score).
+            uint32_t wd[4][4];
 #pragma unroll
             for (int ntl = 0; ntl < 4; ++ntl) {
               const int nt = grp * 4 + ntl;
@@ -534,7 +572,7 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
               for (int e = 0; e < 4; ++e) {
                 const int key = key_of(nt, 2 * t + (e & 1)), rr = e >> 1;
                 [[maybe_unused]] const int c = 2 * (ntl & 1) + (e & 1);
-                uint32_t p = 0;
+                uint32_t w = 0;
                 if (!kMask || key < nk) {
                   float sk, Ak;
                   if constexpr (kGrouped) sk = skg[c], Ak = A[rr][c];
@@ -543,15 +581,21 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
                   const float x = !kMixed || v4f[rr]
                                       ? lq::fma(Ak, df, bT[rr])
                                       : lq::fma(arow[rr], lq::sub(lq::mul(sk, df), mu[rr]), i8a::kP8Top);
-                  p = p8dev::p8_word<kTable>(x) & 0xFFu;
+                  w = p8dev::p8_word<kTable>(x);
                 }
-                lt[rr] += static_cast<int>(p);  // <= 255 * 32 per thread
-                const int reg = (ntl >> 1) * 2 + rr;     // 16+ half for ntl 2, 3
-                const int byte = (ntl & 1) * 2 + (e & 1);  // 4t + {0,1} | 4t + {2,3}
-                w[reg] |= p << (8 * byte);
+                wd[ntl][e] = w;
               }
             }
-            pa[grp][0] = w[0], pa[grp][1] = w[1], pa[grp][2] = w[2], pa[grp][3] = w[3];
+            // Register reg = 2 (ntl / 2) + row: bytes (ntl, e) = (n0, 2 row), (n0, 2 row + 1),
+            // (n0 + 1, 2 row), (n0 + 1, 2 row + 1), n0 = 2 (reg / 2): keys 4t + {0,1} | 4t + {2,3}
+            // of its 16-key half (<= 255 * 32 per thread in lt).
+#pragma unroll
+            for (int reg = 0; reg < 4; ++reg) {
+              const int n0 = 2 * (reg >> 1), rr = reg & 1;
+              pa[grp][reg] = prmt(prmt(wd[n0][2 * rr], wd[n0][2 * rr + 1], 0x0040u),
+                                  prmt(wd[n0 + 1][2 * rr], wd[n0 + 1][2 * rr + 1], 0x0040u), 0x5410u);
+              lt[rr] = static_cast<int>(__dp4a(pa[grp][reg], 0x01010101u, static_cast<unsigned>(lt[rr])));
+            }
           }
         };
         if (__all_sync(0xffffffffu, v4f[0] && v4f[1])) p8_loop(std::false_type{});
@@ -573,13 +617,15 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
 #pragma unroll
       for (int ct = 0; ct < 16; ++ct) {
         int ot[4] = {0, 0, 0, 0};
-        const unsigned char* vr = sV + (8 * ct + g) * kRowPad;
-#pragma unroll
-        for (int grp = 0; grp < 4; ++grp) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 4 * t);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 32 * grp + 16 + 4 * t);
-          mma_u8s8(ot, pa[grp], b0, b1);
-        }
+        // V^T's B fragments by ldmatrix: rows (channels) 8 ct + l % 8, segments 16 (l / 8) (+ 64).
+        const uint32_t vb = sV_s + static_cast<uint32_t>(8 * ct * kRowPad) + v_lane;
+        uint32_t b[4];
+        ldsm_x4(b, vb);
+        mma_u8s8(ot, pa[0], b[0], b[1]);
+        mma_u8s8(ot, pa[1], b[2], b[3]);
+        ldsm_x4(b, vb + 64);
+        mma_u8s8(ot, pa[2], b[0], b[1]);
+        mma_u8s8(ot, pa[3], b[2], b[3]);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc[ct][e] = lq::fma(__int2float_rn(ot[e]), beta[e >> 1], lq::mul(acc[ct][e], alpha[e >> 1]));
