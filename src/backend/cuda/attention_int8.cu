@@ -614,6 +614,15 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
         l[rr] = lq::fma(__int2float_rn(lt[rr]), beta[rr], lq::mul(l[rr], alpha[rr]));
       }
       // P.V into int32, then acc = fmaf(float(ot), beta, fl32(acc alpha)) (|ot| < 2^22: exact).
+      // One of alpha, beta is 1 (m_new = max(m, sT)); alpha = 1, a tile that does not raise the
+      // row's maximum, is the common case, and there fl32(acc * 1) = acc: the products are
+      // skipped where every alpha of the warp is 1 (as the Hopper kernel; session 20).
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+        for (int ct = 0; ct < 16; ++ct)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[ct][e] = lq::mul(acc[ct][e], alpha[e >> 1]);
+      }
 #pragma unroll
       for (int ct = 0; ct < 16; ++ct) {
         int ot[4] = {0, 0, 0, 0};
@@ -628,7 +637,7 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
         mma_u8s8(ot, pa[3], b[2], b[3]);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          acc[ct][e] = lq::fma(__int2float_rn(ot[e]), beta[e >> 1], lq::mul(acc[ct][e], alpha[e >> 1]));
+          acc[ct][e] = lq::fma(__int2float_rn(ot[e]), beta[e >> 1], acc[ct][e]);
       }
     }  // the tiles of one statistics block
   }
