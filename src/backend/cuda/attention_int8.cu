@@ -23,9 +23,9 @@
 //                   stage order); V through a 32-key shared-memory transpose into v8t[h, c,
 //                   j], each key quantised with its own block's sv (32 keys span at most two
 //                   blocks: two fp64 reciprocals per channel).
-//   attention_int8  a CTA of 4 warps x 16 queries of one head; per 128-key tile: K (k8, sk)
+//   attention_int8  a CTA of 8 warps x 16 queries of one head (kWarps); per 128-key tile: K (k8, sk)
 //                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
-//                   lands while this one computes; 84 KiB per CTA), rows padded to 144 bytes,
+//                   lands while this one computes; 91 KiB per CTA with Q), rows padded to 144 bytes,
 //                   K's rows swizzled (k_row) so that an n-tile's 8 keys hit 8 bank groups),
 //                   the B fragments of both products by ldmatrix.x4 (two per n-tile or channel
 //                   tile), Q.K by 64 mma (16 n-tiles x 4 k-steps of 32), the tile max mu (an integer max of d per key group, then
@@ -58,7 +58,11 @@ namespace {
 
 constexpr int kDh = 128;        // the head dim of these kernels
 constexpr int kTile = 128;      // keys per tile = kv_tile (the fold granularity)
-constexpr int kWarps = 4;       // warps per CTA, 16 queries each
+// Warps per CTA, 16 queries each. 8 (session 20; was 4): the CTA's 91 KiB of shared memory
+// (two K/V stages and the Q rows) is then shared by 128 queries, and a GPU with 100 KB of
+// shared memory per SM (sm_86, sm_89, sm_120: the RTX cards), which fits one such CTA, runs 8
+// warps per SM instead of 4; 255 registers x 256 threads fit the 64 K register file.
+constexpr int kWarps = 8;
 constexpr int kRowPad = 144;    // shared-memory row stride in bytes (128 + 16)
 constexpr int kStatBlock = static_cast<int>(kInt8StatBlock);  // keys per statistics block (4096)
 static_assert(kStatBlock % kTile == 0 && (kStatBlock & (kStatBlock - 1)) == 0,
