@@ -23,18 +23,20 @@
 //                   stage order); V through a 32-key shared-memory transpose into v8t[h, c,
 //                   j], each key quantised with its own block's sv (32 keys span at most two
 //                   blocks: two fp64 reciprocals per channel).
-//   attention_int8  a CTA of 8 warps x 16 queries of one head (kWarps); per 128-key tile: K (k8, sk)
-//                   and V^T (v8t) tiles in shared memory, two stages (cp.async: the next tile
-//                   lands while this one computes; 91 KiB per CTA with Q), rows padded to 144 bytes,
-//                   K's rows swizzled (k_row) so that an n-tile's 8 keys hit 8 bank groups),
+//   attention_int8  a CTA of 8 warps x 16 queries of one head (kWarps); per 128-key tile: K
+//                   (k8, sk) and V^T (v8t) tiles in shared memory, two stages (cp.async: the
+//                   next tile lands while this one computes; 91 KiB per CTA with Q), rows
+//                   padded to 144 bytes, K's rows swizzled (k_row) so that an n-tile's 8 keys
+//                   hit 8 bank groups),
 //                   the B fragments of both products by ldmatrix.x4 (two per n-tile or channel
-//                   tile), Q.K by 64 mma (16 n-tiles x 4 k-steps of 32), the tile max mu (an integer max of d per key group, then
-//                   u = fl32(sk_g float(dmax)); the quad's shuffles), sT, alpha, beta, p8 of
+//                   tile), Q.K by 64 mma (16 n-tiles x 4 k-steps of 32), the tile max mu (an
+//                   integer max of d per key group, then u = fl32(sk_g float(dmax)); the
+//                   quad's shuffles), sT, alpha, beta, p8 of
 //                   fmaf(fl32(a sk_g), float(d), fl32(kP8Top - sT)) (per score I2F, FFMA, the
 //                   p8; v3's form for a row with |sT| >= 4096; fast ex2 byte or the threshold table: template kTable; template
 //                   kGrouped false, keys off the 128-key grid: u and fl32(a sk) per key),
-//                   integer row sums of p8 (one dp4a per P register; its 4 bytes by 3 PRMT), P.V by
-//                   64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
+//                   integer row sums of p8 (one dp4a per P register; its 4 bytes by 3
+//                   PRMT), P.V by 64 mma (16 channel tiles x 4 k-steps) into int32, then the v2 fold
 //                   (before it, at a tile starting a statistics block b > 0, acc *= rho_b:
 //                   one block entry in 32 tiles: an outer loop over the blocks). The
 //                   keys of a 32-key group are loaded into the Q.K B operand in the order 4t+{0,1} | 4t+{2,3} | 16+4t+{0,1} |
@@ -291,15 +293,16 @@ __device__ __forceinline__ int key_of(int nt, int c) {
 // then hit 8 distinct bank groups (session 20; before, every K fragment load was a 2-way
 // conflict).
 __device__ __forceinline__ int k_row(int r) { return r ^ (((r >> 3) & 1) << 1); }
-// ldmatrix of four 8 x 16-byte matrices: lane l gives the row address of matrix l / 8, row
-// l % 8, and receives in r[i] bytes 4 (l % 4) .. + 3 of row l / 4 of matrix i: for a tile
-// stored key- (or channel-) major, exactly the B fragment b of mma m16n8k32 (n = l / 4, k =
-// 4 (l % 4) ..) of the 16-byte segment matrix i covers.
+// prmt.b32: the bytes of {b, a} picked by the 4 nibbles of sel (P's packing).
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
 }
+// ldmatrix of four 8 x 16-byte matrices: lane l gives the row address of matrix l / 8, row
+// l % 8, and receives in r[i] bytes 4 (l % 4) .. + 3 of row l / 4 of matrix i: for a tile
+// stored key- (or channel-) major, exactly the B fragment b of mma m16n8k32 (n = l / 4, k =
+// 4 (l % 4) ..) of the 16-byte segment matrix i covers.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
