@@ -156,11 +156,6 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 // K-major 128-byte-swizzled tiles: 8-row groups 1024 bytes apart; a k-step of 32 bytes lies
 // inside one swizzled row (the leading offset unused).
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return hopper::smem_desc(addr, 16, 1024); }
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
 // d (+)= A B, m64n128k32, s8 A and B from shared memory (both K-major, 128-byte swizzle), s32.
 __device__ __forceinline__ void wgmma_s8_ss(int32_t (&d)[64], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
@@ -404,10 +399,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int jl = 4 * kk + 2 * half, jh = jl + 1;
-        p[kk][2 * half] =
-            prmt(prmt(sc[4 * jl], sc[4 * jl + 1], 0x0040u), prmt(sc[4 * jh], sc[4 * jh + 1], 0x0040u), 0x5410u);
-        p[kk][2 * half + 1] = prmt(prmt(sc[4 * jl + 2], sc[4 * jl + 3], 0x0040u),
-                                   prmt(sc[4 * jh + 2], sc[4 * jh + 3], 0x0040u), 0x5410u);
+        p[kk][2 * half] = p8dev::pack_p8(sc[4 * jl], sc[4 * jl + 1], sc[4 * jh], sc[4 * jh + 1]);
+        p[kk][2 * half + 1] = p8dev::pack_p8(sc[4 * jl + 2], sc[4 * jl + 3], sc[4 * jh + 2], sc[4 * jh + 3]);
         lt[0] = static_cast<int>(__dp4a(p[kk][2 * half], 0x01010101u, static_cast<unsigned>(lt[0])));
         lt[1] = static_cast<int>(__dp4a(p[kk][2 * half + 1], 0x01010101u, static_cast<unsigned>(lt[1])));
       }

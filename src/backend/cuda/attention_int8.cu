@@ -293,12 +293,6 @@ __device__ __forceinline__ int key_of(int nt, int c) {
 // then hit 8 distinct bank groups (session 20; before, every K fragment load was a 2-way
 // conflict).
 __device__ __forceinline__ int k_row(int r) { return r ^ (((r >> 3) & 1) << 1); }
-// prmt.b32: the bytes of {b, a} picked by the 4 nibbles of sel (P's packing).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
 // ldmatrix of four 8 x 16-byte matrices: lane l gives the row address of matrix l / 8, row
 // l % 8, and receives in r[i] bytes 4 (l % 4) .. + 3 of row l / 4 of matrix i: for a tile
 // stored key- (or channel-) major, exactly the B fragment b of mma m16n8k32 (n = l / 4, k =
@@ -599,8 +593,7 @@ __global__ void LS_I8_PORTABLE_BOUNDS attention_int8_kernel(const AttnArgs a) {
 #pragma unroll
             for (int reg = 0; reg < 4; ++reg) {
               const int n0 = 2 * (reg >> 1), rr = reg & 1;
-              pa[grp][reg] = prmt(prmt(wd[n0][2 * rr], wd[n0][2 * rr + 1], 0x0040u),
-                                  prmt(wd[n0 + 1][2 * rr], wd[n0 + 1][2 * rr + 1], 0x0040u), 0x5410u);
+              pa[grp][reg] = p8dev::pack_p8(wd[n0][2 * rr], wd[n0][2 * rr + 1], wd[n0 + 1][2 * rr], wd[n0 + 1][2 * rr + 1]);
               lt[rr] = static_cast<int>(__dp4a(pa[grp][reg], 0x01010101u, static_cast<unsigned>(lt[rr])));
             }
           }

@@ -96,6 +96,13 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 __device__ __forceinline__ float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+// prmt.b32: byte i of the result is the byte of {b, a} (a = bytes 0-3, b = 4-7) that nibble i
+// of sel names.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
 
 // Load element i of a bf16 or f32 table as float (the table dtype is uniform per launch).
 __device__ __forceinline__ float load_bf16_or_f32(const void* p, bool is_f32, int64_t i) {

@@ -2,11 +2,12 @@
 // compares, for EVERY fp32 pattern the kernels can meet, the fast byte (low byte of
 // fl32(ex2.approx.ftz(x) + 2^23)) with the table's p8 (a binary search of the thresholds),
 // and counts the patterns where they differ; it also checks the table path (the fast byte
-// corrected against the thresholds) against the same binary search. The patterns: x in [+0, kP8Top + 2^-9] (bits
-// [0, bits(kCheckTop)]), x in [-inf, -0] (bits [0x80000000, 0xFF800000]) and every NaN (bits
-// 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF): 3,246,383,550 patterns. x > kP8Top + 9.8e-4
-// never occurs (§4.4; v3's form fmaf(a_i, w, kP8Top) with a_i > 0, w <= 0 is <= kP8Top). Zero mismatches: the kernels use
-// the fast path on this device (bit-identical to the CPU's table); else the table path.
+// corrected against the thresholds) against the same binary search. The patterns: x in
+// [+0, kP8Top + 2^-9] (bits [0, bits(kCheckTop)]), x in [-inf, -0] (bits [0x80000000,
+// 0xFF800000]) and every NaN (bits 0x7F800001.. 0x7FFFFFFF and 0xFF800001.. 0xFFFFFFFF):
+// 3,246,383,550 patterns. x > kP8Top + 9.8e-4 never occurs (§4.4; v3's form fmaf(a_i, w,
+// kP8Top) with a_i > 0, w <= 0 is <= kP8Top). Zero mismatches: the kernels use the fast path
+// on this device (bit-identical to the CPU's table); else the table path.
 #include "backend/cuda/int8_p8_check.cuh"
 
 #include <cuda_runtime.h>

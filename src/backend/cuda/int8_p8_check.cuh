@@ -25,6 +25,9 @@
 #include <string>
 
 #include "backend/int8_attention_math.h"
+#ifdef __CUDACC__
+#include "backend/cuda/cuda_common.cuh"  // prmt
+#endif
 
 namespace ls::cuda {
 
@@ -81,6 +84,11 @@ __device__ __forceinline__ uint32_t table_p8_from(float x, uint32_t guess) {
   return k;
 }
 __device__ __forceinline__ uint32_t table_p8(float x) { return table_p8_from(x, fast_word(x) & 0xFFu); }
+// Byte 0 (the p8) of four words, in order, as one word: 4 keys' bytes of P's A fragment
+// register (3 PRMT; both kernels).
+__device__ __forceinline__ uint32_t pack_p8(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  return prmt(prmt(w0, w1, 0x0040u), prmt(w2, w3, 0x0040u), 0x5410u);
+}
 template <bool kTable>
 __device__ __forceinline__ uint32_t p8_word(float x) {
   if constexpr (kTable) return table_p8(x);
